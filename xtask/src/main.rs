@@ -1,1 +1,287 @@
-fn main() {}
+//! Project automation for emm: `cargo xtask ci | gpu | tidy`.
+//!
+//! - `ci`: formatting, clippy (`-D warnings`, all targets), tests, doc tests,
+//!   rustdoc (`-D warnings`), the Python shim's tests, and `tidy`. Each failing step
+//!   prints a hint.
+//! - `gpu`: builds every test binary (release, stripped) and the `emm` binary into
+//!   `gpu-bundle/` (git-ignored) with `run.sh`, which runs all of them with
+//!   `--include-ignored` on a GPU machine and prints one summary line per binary.
+//! - `tidy`: architecture invariants (layering, only emm-sys touches libloading,
+//!   nothing links libcuda, every crate has a README and docs.rs metadata).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(&root),
+        Some("gpu") => gpu(&root),
+        Some("tidy") => tidy(&root),
+        _ => {
+            eprintln!("usage: cargo xtask <ci|gpu|tidy>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(Path::to_path_buf).unwrap_or(here)
+}
+
+fn run(root: &Path, name: &str, hint: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("==> {name}: {cmd:?}");
+    let status = cmd.current_dir(root).status().map_err(|e| format!("{name}: could not start: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("step `{name}` failed ({status}).\n    hint: {hint}"))
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn ci(root: &Path) -> Result<(), String> {
+    run(root, "fmt", "run `cargo fmt --all` and commit the result", cargo().args(["fmt", "--all", "--check"]))?;
+    run(
+        root,
+        "clippy",
+        "fix the lints above; an `allow` needs a `reason`",
+        cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    run(
+        root,
+        "test",
+        "run the failing test alone with `cargo test -p <crate> <name>`; GPU tests are #[ignore]d and need a GPU",
+        cargo().args(["test", "--workspace", "--all-targets"]),
+    )?;
+    run(root, "doctest", "doc examples must compile; mark GPU ones `no_run`", cargo().args(["test", "--workspace", "--doc"]))?;
+    run(
+        root,
+        "rustdoc",
+        "fix broken intra-doc links and missing docs",
+        cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    if root.join("python/tests").is_dir() {
+        run(
+            root,
+            "python",
+            "the Python shim must import without Numba, CuPy or PyTorch; see python/tests",
+            Command::new("python3").args(["-m", "unittest", "discover", "-s", "python/tests", "-v"]),
+        )?;
+    }
+    tidy(root)?;
+    eprintln!("==> ci: all steps passed");
+    Ok(())
+}
+
+/// Which workspace crates each crate may depend on (normal dependencies).
+const LAYERS: &[(&str, &[&str])] = &[
+    ("emm-sys", &[]),
+    ("emm-driver", &["emm-sys"]),
+    ("emm-core", &["emm-sys", "emm-driver"]),
+    ("emm-default", &["emm-sys", "emm-driver", "emm-core"]),
+    ("emm-pool", &["emm-sys", "emm-driver", "emm-core", "emm-default"]),
+    ("emm-hostonly", &["emm-sys", "emm-driver", "emm-core", "emm-default"]),
+];
+
+fn manifest_deps(manifest: &str) -> Vec<String> {
+    // The `[dependencies]` table only: dev-dependencies may reach further.
+    let mut deps = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_deps = t == "[dependencies]";
+            continue;
+        }
+        if in_deps {
+            if let Some((name, _)) = t.split_once(['=', '.']) {
+                let name = name.trim();
+                if !name.is_empty() && !name.starts_with('#') {
+                    deps.push(name.to_owned());
+                }
+            }
+        }
+    }
+    deps
+}
+
+fn tidy(root: &Path) -> Result<(), String> {
+    eprintln!("==> tidy");
+    let mut problems = String::new();
+    let crates = root.join("crates");
+    let mut names: Vec<String> = std::fs::read_dir(&crates)
+        .map_err(|e| format!("reading {}: {e}", crates.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in &names {
+        let dir = crates.join(name);
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
+        let deps = manifest_deps(&manifest);
+        // Invariant: only emm-sys touches libloading.
+        if name != "emm-sys" && deps.iter().any(|d| d == "libloading") {
+            let _ = writeln!(problems, "- {name} depends on libloading: only emm-sys may load the driver");
+        }
+        // Invariant: layers point one way.
+        if let Some((_, allowed)) = LAYERS.iter().find(|(n, _)| n == name) {
+            for d in deps.iter().filter(|d| d.starts_with("emm")) {
+                if !allowed.contains(&d.as_str()) {
+                    let _ = writeln!(problems, "- {name} depends on {d}, a layer above or beside it (allowed: {allowed:?})");
+                }
+            }
+        }
+        // Invariant: nothing links libcuda at build time.
+        if let Ok(build) = std::fs::read_to_string(dir.join("build.rs")) {
+            if build.contains("rustc-link-lib") && build.contains("cuda") {
+                let _ = writeln!(problems, "- {name}/build.rs links libcuda");
+            }
+        }
+        if manifest.contains("links = \"cuda\"") {
+            let _ = writeln!(problems, "- {name} declares links = \"cuda\"");
+        }
+        // Every crate is ready for docs.rs and has a README.
+        if !dir.join("README.md").is_file() {
+            let _ = writeln!(problems, "- {name} has no README.md");
+        }
+        if !manifest.contains("[package.metadata.docs.rs]") {
+            let _ = writeln!(problems, "- {name} lacks [package.metadata.docs.rs]");
+        }
+        if !manifest.contains("[lints]") {
+            let _ = writeln!(problems, "- {name} does not opt into the workspace lints");
+        }
+        // No source file outside emm-sys mentions libloading.
+        if name != "emm-sys" {
+            for file in rust_files(&dir.join("src")) {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if text.contains("libloading::") {
+                    let _ = writeln!(problems, "- {} uses libloading", file.display());
+                }
+            }
+        }
+    }
+    // The libcuda override that keeps cuda-driver-sys from linking stays in place.
+    let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap_or_default();
+    if !config.contains("x86_64-unknown-linux-gnu.cuda]") {
+        let _ = writeln!(problems, "- .cargo/config.toml lost the `links = \"cuda\"` override");
+    }
+    // Built binaries do not need libcuda (checked when readelf and a build exist).
+    for bin in [root.join("target/debug/emm"), root.join("target/release/emm")] {
+        if bin.is_file() {
+            match Command::new("readelf").arg("-d").arg(&bin).output() {
+                Ok(out) if out.status.success() => {
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    if text.lines().any(|l| l.contains("NEEDED") && l.contains("libcuda")) {
+                        let _ = writeln!(problems, "- {} needs libcuda at start-up", bin.display());
+                    } else {
+                        eprintln!("    {}: no libcuda among NEEDED", bin.display());
+                    }
+                }
+                _ => eprintln!("    readelf unavailable; skipped the NEEDED check of {}", bin.display()),
+            }
+        }
+    }
+    if problems.is_empty() {
+        eprintln!("    tidy: {} crates checked, no problems", names.len());
+        Ok(())
+    } else {
+        Err(format!("tidy found problems:\n{problems}    hint: see docs/ARCHITECTURE.md, \"Invariants\""))
+    }
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn gpu(root: &Path) -> Result<(), String> {
+    let bundle = root.join("gpu-bundle");
+    let _ = std::fs::remove_dir_all(&bundle);
+    std::fs::create_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
+    eprintln!("==> building release test binaries");
+    let out = cargo()
+        .current_dir(root)
+        .args(["test", "--workspace", "--release", "--no-run", "--message-format=json"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("building tests failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let mut tests = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if !line.contains("\"profile\":{") || !line.contains("\"test\":true") {
+            continue;
+        }
+        if let Some(exe) = json_string(line, "\"executable\":\"") {
+            let src = PathBuf::from(exe);
+            // `name-hash` -> `crate__name`
+            let target = json_string(line, "\"name\":\"").unwrap_or_default();
+            let pkg = json_string(line, "\"package_id\":\"").unwrap_or_default();
+            let pkg = pkg.rsplit('/').next().unwrap_or("").split(['#', '@']).next().unwrap_or("").to_owned();
+            let name = if pkg.is_empty() || pkg.replace('-', "_") == target { target } else { format!("{pkg}__{target}") };
+            tests.push((name, src));
+        }
+    }
+    run(root, "build emm", "", cargo().args(["build", "--release", "-p", "emm-cli"]))?;
+    let mut script = String::from(
+        "#!/usr/bin/env bash\n# Runs every emm test binary, GPU tests included. Generated by `cargo xtask gpu`.\n\
+         set -u\ncd \"$(dirname \"$0\")\"\nexport EMM_REPO_ROOT=\"${EMM_REPO_ROOT:-$(pwd)/..}\"\nfail=0\n: > summary.txt\n",
+    );
+    for (name, src) in &tests {
+        let dst = bundle.join("bin").join(name);
+        std::fs::copy(src, &dst).map_err(|e| format!("copying {}: {e}", src.display()))?;
+        let _ = writeln!(
+            script,
+            "out=$(./bin/{name} --include-ignored --test-threads=1 2>&1); rc=$?\necho \"$out\" > log-{name}.txt\n\
+             line=$(echo \"$out\" | grep -E '^test result:' | tail -n1)\necho \"{name}: rc=$rc ${{line:-no result line}}\" | tee -a summary.txt\n\
+             [ $rc -eq 0 ] || fail=1\n"
+        );
+    }
+    std::fs::copy(root.join("target/release/emm"), bundle.join("bin/emm")).map_err(|e| e.to_string())?;
+    script.push_str("exit $fail\n");
+    std::fs::write(bundle.join("run.sh"), script).map_err(|e| e.to_string())?;
+    let _ = Command::new("chmod").arg("+x").arg(bundle.join("run.sh")).status();
+    let size: u64 = std::fs::read_dir(bundle.join("bin"))
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    eprintln!("==> gpu-bundle: {} test binaries + emm, {:.1} MiB; run `gpu-bundle/run.sh` on a GPU machine", tests.len(), size as f64 / 1048576.0);
+    if size > 60 << 20 {
+        return Err(format!("gpu-bundle is {size} bytes; the GPU machine takes 64 MiB in all"));
+    }
+    Ok(())
+}
+
+/// The JSON string value that follows `key` on `line` (no escapes expected in paths).
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let start = line.find(key)? + key.len();
+    let rest = &line[start..];
+    let end = rest.find('"')?;
+    Some(rest[..end].to_owned())
+}

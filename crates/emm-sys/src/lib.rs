@@ -65,6 +65,14 @@ pub enum LoadError {
     },
 }
 
+/// The loader's message with its cause (libloading puts the `dlerror` text there).
+fn describe(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
 fn format_attempts(attempts: &[(String, String)]) -> String {
     attempts
         .iter()
@@ -111,7 +119,7 @@ impl Driver {
     pub unsafe fn load_from(path: &str) -> Result<Driver, LoadError> {
         // SAFETY: forwarded to the caller.
         let library = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::NotFound {
-            attempts: vec![(path.to_owned(), e.to_string())],
+            attempts: vec![(path.to_owned(), describe(&e))],
         })?;
         // SAFETY: forwarded to the caller.
         unsafe { Driver::from_library(library, path.to_owned()) }

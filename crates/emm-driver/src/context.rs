@@ -1,0 +1,208 @@
+//! [`Context`]: a device's primary context, and the push/pop guard.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_sys::{CUcontext, Driver};
+
+use crate::device::Device;
+use crate::error::{check, driver, DriverError, Result};
+
+/// A device's primary context, retained while any clone (or any stream, event or
+/// module made in it) lives.
+///
+/// The primary context is the one the CUDA runtime, PyTorch, CuPy and Numba use, so
+/// memory emm hands out is usable by all of them.
+///
+/// Errors raised while releasing resources in `Drop` are logged through `tracing`
+/// and kept here; the next fallible call on this context (or on a stream, event or
+/// module of it) returns the first of them as [`DriverError::Deferred`], and
+/// [`Context::take_deferred_errors`] drains them all.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    raw: CUcontext,
+    device: Device,
+    drv: &'static Driver,
+    has_deferred: AtomicBool,
+    deferred: Mutex<Vec<DriverError>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: this `Inner` holds exactly one retain of the device's primary context.
+        let r = unsafe { (self.drv.device_primary_ctx_release)(self.device.raw()) };
+        if let Err(e) = check(self.drv, "cuDevicePrimaryCtxRelease_v2", r) {
+            tracing::error!(error = %e, device = self.device.ordinal(), "releasing the primary context failed");
+        }
+        if let Ok(list) = self.deferred.get_mut() {
+            for e in list.drain(..) {
+                tracing::error!(error = %e, "a deferred driver error was never retrieved");
+            }
+        }
+    }
+}
+
+impl core::fmt::Debug for Context {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Context").field("raw", &self.inner.raw).field("device", &self.inner.device).finish()
+    }
+}
+
+impl PartialEq for Context {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.raw == other.inner.raw
+    }
+}
+impl Eq for Context {}
+
+impl Context {
+    /// Retains `device`'s primary context.
+    pub fn primary(device: Device) -> Result<Context> {
+        let drv = driver()?;
+        let mut raw = CUcontext::NULL;
+        // SAFETY: `raw` is a valid out-pointer; `device` came from the driver.
+        check(drv, "cuDevicePrimaryCtxRetain", unsafe { (drv.device_primary_ctx_retain)(&mut raw, device.raw()) })?;
+        Ok(Context {
+            inner: Arc::new(Inner {
+                raw,
+                device,
+                drv,
+                has_deferred: AtomicBool::new(false),
+                deferred: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The primary context of device `ordinal`.
+    pub fn on_device(ordinal: usize) -> Result<Context> {
+        Context::primary(Device::get(ordinal)?)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUcontext {
+        self.inner.raw
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// The driver table.
+    pub fn driver(&self) -> &'static Driver {
+        self.inner.drv
+    }
+
+    /// Makes this context current on the calling thread until the guard drops, then
+    /// restores the previous one. Cheap when it is already current (no push).
+    pub fn push(&self) -> Result<ContextGuard<'_>> {
+        let drv = self.inner.drv;
+        let mut cur = CUcontext::NULL;
+        // SAFETY: `cur` is a valid out-pointer.
+        check(drv, "cuCtxGetCurrent", unsafe { (drv.ctx_get_current)(&mut cur) })?;
+        if cur == self.inner.raw {
+            return Ok(ContextGuard { ctx: self, pushed: false, _not_send: PhantomData });
+        }
+        // SAFETY: our raw context is retained for the lifetime of `self`.
+        check(drv, "cuCtxPushCurrent_v2", unsafe { (drv.ctx_push_current)(self.inner.raw) })?;
+        Ok(ContextGuard { ctx: self, pushed: true, _not_send: PhantomData })
+    }
+
+    /// Makes this context current on the calling thread (no restore).
+    pub fn set_current(&self) -> Result<()> {
+        let drv = self.inner.drv;
+        // SAFETY: our raw context is retained for the lifetime of `self`.
+        check(drv, "cuCtxSetCurrent", unsafe { (drv.ctx_set_current)(self.inner.raw) })
+    }
+
+    /// Waits for all work in the context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check_deferred()?;
+        let _g = self.push()?;
+        let drv = self.inner.drv;
+        // SAFETY: the context is current.
+        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
+    }
+
+    /// `(free, total)` bytes of the device, as `cuMemGetInfo` reports them.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        let _g = self.push()?;
+        let drv = self.inner.drv;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the context is current; both out-pointers are valid.
+        check(drv, "cuMemGetInfo_v2", unsafe { (drv.mem_get_info)(&mut free, &mut total) })?;
+        Ok((free, total))
+    }
+
+    /// Records an error raised while releasing something in `Drop`: logged now,
+    /// returned by the next fallible call.
+    pub fn record_drop_error(&self, error: DriverError) {
+        tracing::warn!(error = %error, "driver error during drop; it will be reported on the next call");
+        if let Ok(mut list) = self.inner.deferred.lock() {
+            list.push(error);
+            self.inner.has_deferred.store(true, Ordering::Release);
+        }
+    }
+
+    /// Drains every error recorded by [`Context::record_drop_error`].
+    pub fn take_deferred_errors(&self) -> Vec<DriverError> {
+        let mut list = match self.inner.deferred.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        self.inner.has_deferred.store(false, Ordering::Release);
+        std::mem::take(&mut *list)
+    }
+
+    /// Returns the first error recorded during a drop, if any, as
+    /// [`DriverError::Deferred`]. One atomic load when there is none.
+    pub fn check_deferred(&self) -> Result<()> {
+        if !self.inner.has_deferred.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut errors = self.take_deferred_errors();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let first = errors.remove(0);
+        for e in errors {
+            tracing::error!(error = %e, "further deferred driver error");
+        }
+        Err(DriverError::Deferred(Box::new(first)))
+    }
+}
+
+/// Keeps a context current on this thread; pops it on drop. Not `Send`.
+#[must_use = "the context is popped when the guard drops"]
+pub struct ContextGuard<'a> {
+    ctx: &'a Context,
+    pushed: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl ContextGuard<'_> {
+    /// The context kept current.
+    pub fn context(&self) -> &Context {
+        self.ctx
+    }
+}
+
+impl Drop for ContextGuard<'_> {
+    fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
+        let drv = self.ctx.inner.drv;
+        let mut popped = CUcontext::NULL;
+        // SAFETY: we pushed this context on this thread (the guard is not Send).
+        let r = unsafe { (drv.ctx_pop_current)(&mut popped) };
+        if let Err(e) = check(drv, "cuCtxPopCurrent_v2", r) {
+            self.ctx.record_drop_error(e);
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! [`Stream`] and [`Event`].
+
+use emm_sys::{event_flags, stream_flags, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+
+use crate::context::Context;
+use crate::error::{check, Result};
+
+/// A stream of a context: one the caller created (destroyed on drop), or one of
+/// the two default streams (never destroyed).
+#[derive(Debug)]
+pub struct Stream {
+    raw: CUstream,
+    ctx: Context,
+    owned: bool,
+}
+
+impl Stream {
+    /// A new non-blocking stream of default priority.
+    pub fn new(ctx: &Context) -> Result<Stream> {
+        Stream::with_flags(ctx, stream_flags::NON_BLOCKING, 0)
+    }
+
+    /// A new stream with `flags` (see [`emm_sys::stream_flags`]) and `priority`
+    /// (lower numbers are higher priority; the driver clamps to its range).
+    pub fn with_flags(ctx: &Context, flags: u32, priority: i32) -> Result<Stream> {
+        ctx.check_deferred()?;
+        let _g = ctx.push()?;
+        let drv = ctx.driver();
+        let mut raw = CUstream::NULL;
+        // SAFETY: the context is current; `raw` is a valid out-pointer.
+        check(drv, "cuStreamCreateWithPriority", unsafe { (drv.stream_create_with_priority)(&mut raw, flags, priority) })?;
+        Ok(Stream { raw, ctx: ctx.clone(), owned: true })
+    }
+
+    /// The legacy default stream of `ctx`.
+    pub fn legacy(ctx: &Context) -> Stream {
+        Stream { raw: CU_STREAM_LEGACY, ctx: ctx.clone(), owned: false }
+    }
+
+    /// The per-thread default stream of `ctx`.
+    pub fn per_thread(ctx: &Context) -> Stream {
+        Stream { raw: CU_STREAM_PER_THREAD, ctx: ctx.clone(), owned: false }
+    }
+
+    /// Borrows a stream made elsewhere (PyTorch's, CuPy's); never destroyed by emm.
+    ///
+    /// # Safety
+    /// `raw` must be a stream of `ctx` (or a default-stream handle) that outlives
+    /// the returned value.
+    pub unsafe fn from_raw(ctx: &Context, raw: CUstream) -> Stream {
+        Stream { raw, ctx: ctx.clone(), owned: false }
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Waits until all work queued on the stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.check_deferred()?;
+        let _g = self.ctx.push()?;
+        let drv = self.ctx.driver();
+        // SAFETY: the stream belongs to the current context and is alive.
+        check(drv, "cuStreamSynchronize", unsafe { (drv.stream_synchronize)(self.raw) })
+    }
+
+    /// `true` when all work queued on the stream has finished.
+    pub fn query(&self) -> Result<bool> {
+        let _g = self.ctx.push()?;
+        let drv = self.ctx.driver();
+        // SAFETY: as in `synchronize`.
+        let r = unsafe { (drv.stream_query)(self.raw) };
+        if r == CUresult::ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(drv, "cuStreamQuery", r).map(|()| true)
+    }
+
+    /// Makes future work on this stream wait for `event`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let _g = self.ctx.push()?;
+        let drv = self.ctx.driver();
+        // SAFETY: both handles are alive; flags must be 0.
+        check(drv, "cuStreamWaitEvent", unsafe { (drv.stream_wait_event)(self.raw, event.raw, 0) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let drv = self.ctx.driver();
+        let r = match self.ctx.push() {
+            // SAFETY: we created this stream and destroy it once.
+            Ok(_g) => check(drv, "cuStreamDestroy_v2", unsafe { (drv.stream_destroy)(self.raw) }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            self.ctx.record_drop_error(e);
+        }
+    }
+}
+
+/// An event of a context, destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    raw: CUevent,
+    ctx: Context,
+}
+
+// SAFETY: the handle is an opaque identifier usable from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above; `&Event` methods only pass the handle to thread-safe driver calls.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A new event with `flags` (see [`emm_sys::event_flags`]).
+    pub fn new(ctx: &Context, flags: u32) -> Result<Event> {
+        ctx.check_deferred()?;
+        let _g = ctx.push()?;
+        let drv = ctx.driver();
+        let mut raw = CUevent::NULL;
+        // SAFETY: the context is current; `raw` is a valid out-pointer.
+        check(drv, "cuEventCreate", unsafe { (drv.event_create)(&mut raw, flags) })?;
+        Ok(Event { raw, ctx: ctx.clone() })
+    }
+
+    /// A new event that records timing.
+    pub fn timing(ctx: &Context) -> Result<Event> {
+        Event::new(ctx, event_flags::DEFAULT)
+    }
+
+    /// A new event without timing: the cheapest to record and query.
+    pub fn sync_only(ctx: &Context) -> Result<Event> {
+        Event::new(ctx, event_flags::DISABLE_TIMING)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUevent {
+        self.raw
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.record_raw(stream.raw())
+    }
+
+    /// Records the event on a raw stream handle of the same context.
+    pub fn record_raw(&self, stream: CUstream) -> Result<()> {
+        let drv = self.ctx.driver();
+        // SAFETY: both handles are alive and belong to the same context.
+        check(drv, "cuEventRecord", unsafe { (drv.event_record)(self.raw, stream) })
+    }
+
+    /// Waits for the event.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.check_deferred()?;
+        let drv = self.ctx.driver();
+        // SAFETY: the event is alive.
+        check(drv, "cuEventSynchronize", unsafe { (drv.event_synchronize)(self.raw) })
+    }
+
+    /// `true` when the work before the event's last record has finished (or it was
+    /// never recorded).
+    pub fn query(&self) -> Result<bool> {
+        let drv = self.ctx.driver();
+        // SAFETY: the event is alive.
+        let r = unsafe { (drv.event_query)(self.raw) };
+        if r == CUresult::ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(drv, "cuEventQuery", r).map(|()| true)
+    }
+
+    /// Milliseconds between `self` (recorded first) and `end`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        let drv = self.ctx.driver();
+        let mut ms = 0f32;
+        // SAFETY: both events are alive; `ms` is a valid out-pointer.
+        check(drv, "cuEventElapsedTime", unsafe { (drv.event_elapsed_time)(&mut ms, self.raw, end.raw) })?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let drv = self.ctx.driver();
+        // SAFETY: we created this event and destroy it once.
+        let r = unsafe { (drv.event_destroy)(self.raw) };
+        if let Err(e) = check(drv, "cuEventDestroy_v2", r) {
+            self.ctx.record_drop_error(e);
+        }
+    }
+}
