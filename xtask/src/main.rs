@@ -41,11 +41,16 @@ fn workspace_root() -> PathBuf {
 
 fn run(root: &Path, name: &str, hint: &str, cmd: &mut Command) -> Result<(), String> {
     eprintln!("==> {name}: {cmd:?}");
-    let status = cmd.current_dir(root).status().map_err(|e| format!("{name}: could not start: {e}"))?;
+    let status = cmd
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("{name}: could not start: {e}"))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("step `{name}` failed ({status}).\n    hint: {hint}"))
+        Err(format!(
+            "step `{name}` failed ({status}).\n    hint: {hint}"
+        ))
     }
 }
 
@@ -54,12 +59,24 @@ fn cargo() -> Command {
 }
 
 fn ci(root: &Path) -> Result<(), String> {
-    run(root, "fmt", "run `cargo fmt --all` and commit the result", cargo().args(["fmt", "--all", "--check"]))?;
+    run(
+        root,
+        "fmt",
+        "run `cargo fmt --all` and commit the result",
+        cargo().args(["fmt", "--all", "--check"]),
+    )?;
     run(
         root,
         "clippy",
         "fix the lints above; an `allow` needs a `reason`",
-        cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
     )?;
     run(
         root,
@@ -67,19 +84,33 @@ fn ci(root: &Path) -> Result<(), String> {
         "run the failing test alone with `cargo test -p <crate> <name>`; GPU tests are #[ignore]d and need a GPU",
         cargo().args(["test", "--workspace", "--all-targets"]),
     )?;
-    run(root, "doctest", "doc examples must compile; mark GPU ones `no_run`", cargo().args(["test", "--workspace", "--doc"]))?;
+    run(
+        root,
+        "doctest",
+        "doc examples must compile; mark GPU ones `no_run`",
+        cargo().args(["test", "--workspace", "--doc"]),
+    )?;
     run(
         root,
         "rustdoc",
         "fix broken intra-doc links and missing docs",
-        cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"),
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     if root.join("python/tests").is_dir() {
         run(
             root,
             "python",
             "the Python shim must import without Numba, CuPy or PyTorch; see python/tests",
-            Command::new("python3").args(["-m", "unittest", "discover", "-s", "python/tests", "-v"]),
+            Command::new("python3").args([
+                "-m",
+                "unittest",
+                "discover",
+                "-s",
+                "python/tests",
+                "-v",
+            ]),
         )?;
     }
     tidy(root)?;
@@ -93,8 +124,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("emm-driver", &["emm-sys"]),
     ("emm-core", &["emm-sys", "emm-driver"]),
     ("emm-default", &["emm-sys", "emm-driver", "emm-core"]),
-    ("emm-pool", &["emm-sys", "emm-driver", "emm-core", "emm-default"]),
-    ("emm-hostonly", &["emm-sys", "emm-driver", "emm-core", "emm-default"]),
+    (
+        "emm-pool",
+        &["emm-sys", "emm-driver", "emm-core", "emm-default"],
+    ),
+    (
+        "emm-hostonly",
+        &["emm-sys", "emm-driver", "emm-core", "emm-default"],
+    ),
 ];
 
 fn manifest_deps(manifest: &str) -> Vec<String> {
@@ -136,7 +173,10 @@ fn tidy(root: &Path) -> Result<(), String> {
         let deps = manifest_deps(&manifest);
         // Invariant: only emm-sys touches libloading.
         if name != "emm-sys" && deps.iter().any(|d| d == "libloading") {
-            let _ = writeln!(problems, "- {name} depends on libloading: only emm-sys may load the driver");
+            let _ = writeln!(
+                problems,
+                "- {name} depends on libloading: only emm-sys may load the driver"
+            );
         }
         // Invariant: layers point one way.
         if let Some((_, allowed)) = LAYERS.iter().find(|(n, _)| n == name) {
@@ -178,21 +218,33 @@ fn tidy(root: &Path) -> Result<(), String> {
     // The libcuda override that keeps cuda-driver-sys from linking stays in place.
     let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap_or_default();
     if !config.contains("x86_64-unknown-linux-gnu.cuda]") {
-        let _ = writeln!(problems, "- .cargo/config.toml lost the `links = \"cuda\"` override");
+        let _ = writeln!(
+            problems,
+            "- .cargo/config.toml lost the `links = \"cuda\"` override"
+        );
     }
     // Built binaries do not need libcuda (checked when readelf and a build exist).
-    for bin in [root.join("target/debug/emm"), root.join("target/release/emm")] {
+    for bin in [
+        root.join("target/debug/emm"),
+        root.join("target/release/emm"),
+    ] {
         if bin.is_file() {
             match Command::new("readelf").arg("-d").arg(&bin).output() {
                 Ok(out) if out.status.success() => {
                     let text = String::from_utf8_lossy(&out.stdout);
-                    if text.lines().any(|l| l.contains("NEEDED") && l.contains("libcuda")) {
+                    if text
+                        .lines()
+                        .any(|l| l.contains("NEEDED") && l.contains("libcuda"))
+                    {
                         let _ = writeln!(problems, "- {} needs libcuda at start-up", bin.display());
                     } else {
                         eprintln!("    {}: no libcuda among NEEDED", bin.display());
                     }
                 }
-                _ => eprintln!("    readelf unavailable; skipped the NEEDED check of {}", bin.display()),
+                _ => eprintln!(
+                    "    readelf unavailable; skipped the NEEDED check of {}",
+                    bin.display()
+                ),
             }
         }
     }
@@ -200,13 +252,17 @@ fn tidy(root: &Path) -> Result<(), String> {
         eprintln!("    tidy: {} crates checked, no problems", names.len());
         Ok(())
     } else {
-        Err(format!("tidy found problems:\n{problems}    hint: see docs/ARCHITECTURE.md, \"Invariants\""))
+        Err(format!(
+            "tidy found problems:\n{problems}    hint: see docs/ARCHITECTURE.md, \"Invariants\""
+        ))
     }
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -225,11 +281,20 @@ fn gpu(root: &Path) -> Result<(), String> {
     eprintln!("==> building release test binaries");
     let out = cargo()
         .current_dir(root)
-        .args(["test", "--workspace", "--release", "--no-run", "--message-format=json"])
+        .args([
+            "test",
+            "--workspace",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ])
         .output()
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
-        return Err(format!("building tests failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "building tests failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     let mut tests = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -241,12 +306,28 @@ fn gpu(root: &Path) -> Result<(), String> {
             // `name-hash` -> `crate__name`
             let target = json_string(line, "\"name\":\"").unwrap_or_default();
             let pkg = json_string(line, "\"package_id\":\"").unwrap_or_default();
-            let pkg = pkg.rsplit('/').next().unwrap_or("").split(['#', '@']).next().unwrap_or("").to_owned();
-            let name = if pkg.is_empty() || pkg.replace('-', "_") == target { target } else { format!("{pkg}__{target}") };
+            let pkg = pkg
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .split(['#', '@'])
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            let name = if pkg.is_empty() || pkg.replace('-', "_") == target {
+                target
+            } else {
+                format!("{pkg}__{target}")
+            };
             tests.push((name, src));
         }
     }
-    run(root, "build emm", "", cargo().args(["build", "--release", "-p", "emm-cli"]))?;
+    run(
+        root,
+        "build emm",
+        "",
+        cargo().args(["build", "--release", "-p", "emm-cli"]),
+    )?;
     let mut script = String::from(
         "#!/usr/bin/env bash\n# Runs every emm test binary, GPU tests included. Generated by `cargo xtask gpu`.\n\
          set -u\ncd \"$(dirname \"$0\")\"\nexport EMM_REPO_ROOT=\"${EMM_REPO_ROOT:-$(pwd)/..}\"\nfail=0\n: > summary.txt\n",
@@ -261,19 +342,25 @@ fn gpu(root: &Path) -> Result<(), String> {
              [ $rc -eq 0 ] || fail=1\n"
         );
     }
-    std::fs::copy(root.join("target/release/emm"), bundle.join("bin/emm")).map_err(|e| e.to_string())?;
+    std::fs::copy(root.join("target/release/emm"), bundle.join("emm"))
+        .map_err(|e| e.to_string())?;
     script.push_str("exit $fail\n");
     std::fs::write(bundle.join("run.sh"), script).map_err(|e| e.to_string())?;
-    let _ = Command::new("chmod").arg("+x").arg(bundle.join("run.sh")).status();
+    let _ = Command::new("chmod")
+        .arg("+x")
+        .arg(bundle.join("run.sh"))
+        .status();
     let size: u64 = std::fs::read_dir(bundle.join("bin"))
         .map_err(|e| e.to_string())?
         .flatten()
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())
         .sum();
-    eprintln!("==> gpu-bundle: {} test binaries + emm, {:.1} MiB; run `gpu-bundle/run.sh` on a GPU machine", tests.len(), size as f64 / 1048576.0);
+    eprintln!("==> gpu-bundle: {} test binaries + emm, {:.1} MiB; run `gpu-bundle/run.sh` on a GPU machine; the CLI is `gpu-bundle/emm`", tests.len(), size as f64 / 1048576.0);
     if size > 60 << 20 {
-        return Err(format!("gpu-bundle is {size} bytes; the GPU machine takes 64 MiB in all"));
+        return Err(format!(
+            "gpu-bundle is {size} bytes; the GPU machine takes 64 MiB in all"
+        ));
     }
     Ok(())
 }

@@ -49,7 +49,10 @@ impl Drop for Inner {
 
 impl core::fmt::Debug for Context {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Context").field("raw", &self.inner.raw).field("device", &self.inner.device).finish()
+        f.debug_struct("Context")
+            .field("raw", &self.inner.raw)
+            .field("device", &self.inner.device)
+            .finish()
     }
 }
 
@@ -66,7 +69,9 @@ impl Context {
         let drv = driver()?;
         let mut raw = CUcontext::NULL;
         // SAFETY: `raw` is a valid out-pointer; `device` came from the driver.
-        check(drv, "cuDevicePrimaryCtxRetain", unsafe { (drv.device_primary_ctx_retain)(&mut raw, device.raw()) })?;
+        check(drv, "cuDevicePrimaryCtxRetain", unsafe {
+            (drv.device_primary_ctx_retain)(&mut raw, device.raw())
+        })?;
         Ok(Context {
             inner: Arc::new(Inner {
                 raw,
@@ -104,20 +109,34 @@ impl Context {
         let drv = self.inner.drv;
         let mut cur = CUcontext::NULL;
         // SAFETY: `cur` is a valid out-pointer.
-        check(drv, "cuCtxGetCurrent", unsafe { (drv.ctx_get_current)(&mut cur) })?;
+        check(drv, "cuCtxGetCurrent", unsafe {
+            (drv.ctx_get_current)(&mut cur)
+        })?;
         if cur == self.inner.raw {
-            return Ok(ContextGuard { ctx: self, pushed: false, _not_send: PhantomData });
+            return Ok(ContextGuard {
+                ctx: self,
+                pushed: false,
+                _not_send: PhantomData,
+            });
         }
         // SAFETY: our raw context is retained for the lifetime of `self`.
-        check(drv, "cuCtxPushCurrent_v2", unsafe { (drv.ctx_push_current)(self.inner.raw) })?;
-        Ok(ContextGuard { ctx: self, pushed: true, _not_send: PhantomData })
+        check(drv, "cuCtxPushCurrent_v2", unsafe {
+            (drv.ctx_push_current)(self.inner.raw)
+        })?;
+        Ok(ContextGuard {
+            ctx: self,
+            pushed: true,
+            _not_send: PhantomData,
+        })
     }
 
     /// Makes this context current on the calling thread (no restore).
     pub fn set_current(&self) -> Result<()> {
         let drv = self.inner.drv;
         // SAFETY: our raw context is retained for the lifetime of `self`.
-        check(drv, "cuCtxSetCurrent", unsafe { (drv.ctx_set_current)(self.inner.raw) })
+        check(drv, "cuCtxSetCurrent", unsafe {
+            (drv.ctx_set_current)(self.inner.raw)
+        })
     }
 
     /// Waits for all work in the context.
@@ -135,7 +154,9 @@ impl Context {
         let drv = self.inner.drv;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: the context is current; both out-pointers are valid.
-        check(drv, "cuMemGetInfo_v2", unsafe { (drv.mem_get_info)(&mut free, &mut total) })?;
+        check(drv, "cuMemGetInfo_v2", unsafe {
+            (drv.mem_get_info)(&mut free, &mut total)
+        })?;
         Ok((free, total))
     }
 

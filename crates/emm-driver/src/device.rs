@@ -19,7 +19,9 @@ impl Device {
         let drv = driver()?;
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer.
-        check(drv, "cuDeviceGetCount", unsafe { (drv.device_get_count)(&mut n) })?;
+        check(drv, "cuDeviceGetCount", unsafe {
+            (drv.device_get_count)(&mut n)
+        })?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
@@ -28,13 +30,19 @@ impl Device {
     pub fn get(ordinal: usize) -> Result<Device> {
         let n = Device::count()?;
         if ordinal >= n {
-            return Err(DriverError::invalid("device ordinal", ordinal, format!("{n} device(s)")));
+            return Err(DriverError::invalid(
+                "device ordinal",
+                ordinal,
+                format!("{n} device(s)"),
+            ));
         }
         let drv = driver()?;
         let mut raw = CUdevice(0);
         let ord = ordinal as c_int; // < n, which came from a c_int
-        // SAFETY: `raw` is a valid out-pointer and `ord` is in range.
-        check(drv, "cuDeviceGet", unsafe { (drv.device_get)(&mut raw, ord) })?;
+                                    // SAFETY: `raw` is a valid out-pointer and `ord` is in range.
+        check(drv, "cuDeviceGet", unsafe {
+            (drv.device_get)(&mut raw, ord)
+        })?;
         Ok(Device { raw, ordinal: ord })
     }
 
@@ -46,7 +54,10 @@ impl Device {
     /// Wraps a raw handle whose ordinal is `ordinal` (handles equal ordinals in
     /// every driver so far; this keeps both for clarity).
     pub fn from_raw(raw: CUdevice) -> Device {
-        Device { raw, ordinal: raw.0 }
+        Device {
+            raw,
+            ordinal: raw.0,
+        }
     }
 
     /// The raw handle.
@@ -64,10 +75,14 @@ impl Device {
         let drv = driver()?;
         let mut buf = [0 as c_char; 256];
         // SAFETY: the buffer is 256 bytes and we pass its length.
-        check(drv, "cuDeviceGetName", unsafe { (drv.device_get_name)(buf.as_mut_ptr(), 256, self.raw) })?;
+        check(drv, "cuDeviceGetName", unsafe {
+            (drv.device_get_name)(buf.as_mut_ptr(), 256, self.raw)
+        })?;
         buf[255] = 0; // the driver NUL-terminates; make sure of it
-        // SAFETY: `buf` is NUL-terminated (last byte forced to 0 above).
-        Ok(unsafe { core::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+                      // SAFETY: `buf` is NUL-terminated (last byte forced to 0 above).
+        Ok(unsafe { core::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// The device's UUID.
@@ -75,7 +90,9 @@ impl Device {
         let drv = driver()?;
         let mut u = CUuuid::default();
         // SAFETY: `u` is a valid out-pointer.
-        check(drv, "cuDeviceGetUuid", unsafe { (drv.device_get_uuid)(&mut u, self.raw) })?;
+        check(drv, "cuDeviceGetUuid", unsafe {
+            (drv.device_get_uuid)(&mut u, self.raw)
+        })?;
         Ok(u.bytes.map(|b| b as u8))
     }
 
@@ -84,7 +101,9 @@ impl Device {
         let drv = driver()?;
         let mut t = 0usize;
         // SAFETY: `t` is a valid out-pointer.
-        check(drv, "cuDeviceTotalMem_v2", unsafe { (drv.device_total_mem)(&mut t, self.raw) })?;
+        check(drv, "cuDeviceTotalMem_v2", unsafe {
+            (drv.device_total_mem)(&mut t, self.raw)
+        })?;
         Ok(t)
     }
 
@@ -93,7 +112,9 @@ impl Device {
         let drv = driver()?;
         let mut v: c_int = 0;
         // SAFETY: `v` is a valid out-pointer; an unknown attribute is a driver error.
-        check(drv, "cuDeviceGetAttribute", unsafe { (drv.device_get_attribute)(&mut v, attr, self.raw) })?;
+        check(drv, "cuDeviceGetAttribute", unsafe {
+            (drv.device_get_attribute)(&mut v, attr, self.raw)
+        })?;
         Ok(v)
     }
 
@@ -129,7 +150,9 @@ impl Device {
         let drv = driver()?;
         let mut v: c_int = 0;
         // SAFETY: `v` is a valid out-pointer.
-        check(drv, "cuDeviceCanAccessPeer", unsafe { (drv.device_can_access_peer)(&mut v, self.raw, peer.raw) })?;
+        check(drv, "cuDeviceCanAccessPeer", unsafe {
+            (drv.device_can_access_peer)(&mut v, self.raw, peer.raw)
+        })?;
         Ok(v != 0)
     }
 }

@@ -60,7 +60,11 @@ impl DriverError {
     }
 
     pub(crate) fn invalid(what: &'static str, asked: impl ToString, found: impl ToString) -> Self {
-        DriverError::InvalidArgument { what, asked: asked.to_string(), found: found.to_string() }
+        DriverError::InvalidArgument {
+            what,
+            asked: asked.to_string(),
+            found: found.to_string(),
+        }
     }
 }
 
@@ -77,11 +81,19 @@ pub fn check(drv: &Driver, call: &'static str, code: CUresult) -> Result<()> {
     if code.is_success() {
         Ok(())
     } else {
-        Err(DriverError::Call { call, code, name: drv.error_name(code), text: drv.error_string(code) })
+        Err(DriverError::Call {
+            call,
+            code,
+            name: drv.error_name(code),
+            text: drv.error_string(code),
+        })
     }
 }
 
 /// Returns the optional entry point `f`, or [`DriverError::Unsupported`] naming `symbol`.
 pub fn optional<F: Copy>(drv: &Driver, f: Option<F>, symbol: &'static str) -> Result<F> {
-    f.ok_or_else(|| DriverError::Unsupported { symbol, version: drv.version().unwrap_or(0) })
+    f.ok_or_else(|| DriverError::Unsupported {
+        symbol,
+        version: drv.version().unwrap_or(0),
+    })
 }

@@ -1,14 +1,14 @@
 //! CUDA's stream-ordered allocator: [`MemPool`], `cuMemAllocAsync`, `cuMemFreeAsync`.
 //!
 //! Every entry point here is optional in the driver; on a driver without it each
-//! call returns [`DriverError::Unsupported`](crate::DriverError::Unsupported).
+//! call returns [`DriverError::Unsupported`].
 
 use core::ffi::c_void;
 
 use emm_sys::{
-    handle_type, CUdeviceptr, CUmemAccessDesc, CUmemLocation, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemPool_attribute, CUmemoryPool, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED,
-    CU_MEM_LOCATION_TYPE_DEVICE,
+    handle_type, CUdeviceptr, CUmemAccessDesc, CUmemLocation, CUmemPoolProps,
+    CUmemPoolPtrExportData, CUmemPool_attribute, CUmemoryPool, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE,
 };
 
 use crate::context::Context;
@@ -38,25 +38,46 @@ impl MemPool {
         let create = optional(drv, drv.mem_pool_create, "cuMemPoolCreate")?;
         let props = CUmemPoolProps {
             alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
-            handle_types: if exportable { handle_type::POSIX_FILE_DESCRIPTOR } else { handle_type::NONE },
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.device().ordinal() as i32 },
+            handle_types: if exportable {
+                handle_type::POSIX_FILE_DESCRIPTOR
+            } else {
+                handle_type::NONE
+            },
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ctx.device().ordinal() as i32,
+            },
             ..CUmemPoolProps::default()
         };
         let _g = ctx.push()?;
         let mut raw = CUmemoryPool::NULL;
         // SAFETY: `props` is a fully initialised CUmemPoolProps; `raw` a valid out-pointer.
         check(drv, "cuMemPoolCreate", unsafe { create(&mut raw, &props) })?;
-        Ok(MemPool { raw, ctx: ctx.clone(), owned: true })
+        Ok(MemPool {
+            raw,
+            ctx: ctx.clone(),
+            owned: true,
+        })
     }
 
     /// The device's default pool (what `cuMemAllocAsync` uses).
     pub fn device_default(ctx: &Context) -> Result<MemPool> {
         let drv = ctx.driver();
-        let get = optional(drv, drv.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool")?;
+        let get = optional(
+            drv,
+            drv.device_get_default_mem_pool,
+            "cuDeviceGetDefaultMemPool",
+        )?;
         let mut raw = CUmemoryPool::NULL;
         // SAFETY: `raw` is a valid out-pointer.
-        check(drv, "cuDeviceGetDefaultMemPool", unsafe { get(&mut raw, ctx.device().raw()) })?;
-        Ok(MemPool { raw, ctx: ctx.clone(), owned: false })
+        check(drv, "cuDeviceGetDefaultMemPool", unsafe {
+            get(&mut raw, ctx.device().raw())
+        })?;
+        Ok(MemPool {
+            raw,
+            ctx: ctx.clone(),
+            owned: false,
+        })
     }
 
     /// The raw handle.
@@ -72,14 +93,24 @@ impl MemPool {
     /// Queues an allocation of `size` bytes on `stream`.
     pub fn alloc_async(&self, size: usize, stream: &Stream) -> Result<CUdeviceptr> {
         if size == 0 {
-            return Err(DriverError::invalid("allocation size", 0, "at least one byte is needed"));
+            return Err(DriverError::invalid(
+                "allocation size",
+                0,
+                "at least one byte is needed",
+            ));
         }
         let drv = self.ctx.driver();
-        let f = optional(drv, drv.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync")?;
+        let f = optional(
+            drv,
+            drv.mem_alloc_from_pool_async,
+            "cuMemAllocFromPoolAsync",
+        )?;
         let _g = self.ctx.push()?;
         let mut p: CUdeviceptr = 0;
         // SAFETY: pool and stream are alive and of the same context.
-        check(drv, "cuMemAllocFromPoolAsync", unsafe { f(&mut p, size, self.raw, stream.raw()) })?;
+        check(drv, "cuMemAllocFromPoolAsync", unsafe {
+            f(&mut p, size, self.raw, stream.raw())
+        })?;
         Ok(p)
     }
 
@@ -89,7 +120,9 @@ impl MemPool {
         let f = optional(drv, drv.mem_pool_get_attribute, "cuMemPoolGetAttribute")?;
         let mut v: u64 = 0;
         // SAFETY: callers pass 64-bit attributes; `v` is a valid out-pointer of that size.
-        check(drv, "cuMemPoolGetAttribute", unsafe { f(self.raw, attr, (&mut v as *mut u64).cast()) })?;
+        check(drv, "cuMemPoolGetAttribute", unsafe {
+            f(self.raw, attr, (&mut v as *mut u64).cast())
+        })?;
         Ok(v)
     }
 
@@ -98,7 +131,9 @@ impl MemPool {
         let drv = self.ctx.driver();
         let f = optional(drv, drv.mem_pool_set_attribute, "cuMemPoolSetAttribute")?;
         // SAFETY: callers pass 64-bit attributes; `value` is of that size.
-        check(drv, "cuMemPoolSetAttribute", unsafe { f(self.raw, attr, (&mut value as *mut u64).cast()) })
+        check(drv, "cuMemPoolSetAttribute", unsafe {
+            f(self.raw, attr, (&mut value as *mut u64).cast())
+        })
     }
 
     /// Releases reserved memory above `keep` bytes back to the device.
@@ -112,11 +147,20 @@ impl MemPool {
     /// Exports the pool as a POSIX file descriptor (the caller owns and closes it).
     pub fn export_fd(&self) -> Result<i32> {
         let drv = self.ctx.driver();
-        let f = optional(drv, drv.mem_pool_export_to_shareable_handle, "cuMemPoolExportToShareableHandle")?;
+        let f = optional(
+            drv,
+            drv.mem_pool_export_to_shareable_handle,
+            "cuMemPoolExportToShareableHandle",
+        )?;
         let mut fd: i32 = -1;
         // SAFETY: for POSIX_FILE_DESCRIPTOR the out-handle is an `int`.
         check(drv, "cuMemPoolExportToShareableHandle", unsafe {
-            f((&mut fd as *mut i32).cast(), self.raw, handle_type::POSIX_FILE_DESCRIPTOR, 0)
+            f(
+                (&mut fd as *mut i32).cast(),
+                self.raw,
+                handle_type::POSIX_FILE_DESCRIPTOR,
+                0,
+            )
         })?;
         Ok(fd)
     }
@@ -125,14 +169,27 @@ impl MemPool {
     /// this process) and grants `ctx`'s device read-write access to it.
     pub fn import_fd(ctx: &Context, fd: i32) -> Result<MemPool> {
         let drv = ctx.driver();
-        let f = optional(drv, drv.mem_pool_import_from_shareable_handle, "cuMemPoolImportFromShareableHandle")?;
+        let f = optional(
+            drv,
+            drv.mem_pool_import_from_shareable_handle,
+            "cuMemPoolImportFromShareableHandle",
+        )?;
         let _g = ctx.push()?;
         let mut raw = CUmemoryPool::NULL;
         // SAFETY: for POSIX_FILE_DESCRIPTOR the handle is the fd value itself.
         check(drv, "cuMemPoolImportFromShareableHandle", unsafe {
-            f(&mut raw, fd as isize as *mut c_void, handle_type::POSIX_FILE_DESCRIPTOR, 0)
+            f(
+                &mut raw,
+                fd as isize as *mut c_void,
+                handle_type::POSIX_FILE_DESCRIPTOR,
+                0,
+            )
         })?;
-        let pool = MemPool { raw, ctx: ctx.clone(), owned: true };
+        let pool = MemPool {
+            raw,
+            ctx: ctx.clone(),
+            owned: true,
+        };
         Ok(pool)
     }
 
@@ -141,7 +198,10 @@ impl MemPool {
         let drv = self.ctx.driver();
         let f = optional(drv, drv.mem_pool_set_access, "cuMemPoolSetAccess")?;
         let desc = CUmemAccessDesc {
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.device().ordinal() as i32 },
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ctx.device().ordinal() as i32,
+            },
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: one valid descriptor.
@@ -166,7 +226,9 @@ impl MemPool {
         let mut p: CUdeviceptr = 0;
         let _g = self.ctx.push()?;
         // SAFETY: the driver validates the export data against the pool.
-        check(drv, "cuMemPoolImportPointer", unsafe { f(&mut p, self.raw, &mut d) })?;
+        check(drv, "cuMemPoolImportPointer", unsafe {
+            f(&mut p, self.raw, &mut d)
+        })?;
         Ok(p)
     }
 }
@@ -204,7 +266,11 @@ pub unsafe fn free_async(ptr: CUdeviceptr, stream: &Stream) -> Result<()> {
 /// Queues an allocation from the device's default pool on `stream` (`cuMemAllocAsync`).
 pub fn alloc_async(size: usize, stream: &Stream) -> Result<CUdeviceptr> {
     if size == 0 {
-        return Err(DriverError::invalid("allocation size", 0, "at least one byte is needed"));
+        return Err(DriverError::invalid(
+            "allocation size",
+            0,
+            "at least one byte is needed",
+        ));
     }
     let ctx = stream.context();
     let drv = ctx.driver();
@@ -212,6 +278,8 @@ pub fn alloc_async(size: usize, stream: &Stream) -> Result<CUdeviceptr> {
     let _g = ctx.push()?;
     let mut p: CUdeviceptr = 0;
     // SAFETY: the stream is alive; `p` is a valid out-pointer.
-    check(drv, "cuMemAllocAsync", unsafe { f(&mut p, size, stream.raw()) })?;
+    check(drv, "cuMemAllocAsync", unsafe {
+        f(&mut p, size, stream.raw())
+    })?;
     Ok(p)
 }

@@ -25,23 +25,36 @@ impl Module {
     /// JIT-compiles and loads `ptx`.
     pub fn load_ptx(ctx: &Context, ptx: &str) -> Result<Module> {
         ctx.check_deferred()?;
-        let image = CString::new(ptx)
-            .map_err(|e| DriverError::invalid("PTX text", "text without NUL bytes", format!("a NUL at byte {}", e.nul_position())))?;
+        let image = CString::new(ptx).map_err(|e| {
+            DriverError::invalid(
+                "PTX text",
+                "text without NUL bytes",
+                format!("a NUL at byte {}", e.nul_position()),
+            )
+        })?;
         let _g = ctx.push()?;
         let drv = ctx.driver();
         let mut raw = CUmodule::NULL;
         // SAFETY: the context is current; `image` is a NUL-terminated PTX image.
-        check(drv, "cuModuleLoadData", unsafe { (drv.module_load_data)(&mut raw, image.as_ptr().cast()) })?;
-        Ok(Module { raw, ctx: ctx.clone() })
+        check(drv, "cuModuleLoadData", unsafe {
+            (drv.module_load_data)(&mut raw, image.as_ptr().cast())
+        })?;
+        Ok(Module {
+            raw,
+            ctx: ctx.clone(),
+        })
     }
 
     /// The kernel `name`.
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        let cname = CString::new(name).map_err(|_| DriverError::invalid("kernel name", name, "a NUL byte"))?;
+        let cname = CString::new(name)
+            .map_err(|_| DriverError::invalid("kernel name", name, "a NUL byte"))?;
         let drv = self.ctx.driver();
         let mut raw = CUfunction::NULL;
         // SAFETY: the module is alive; `cname` is NUL-terminated.
-        check(drv, "cuModuleGetFunction", unsafe { (drv.module_get_function)(&mut raw, self.raw, cname.as_ptr()) })?;
+        check(drv, "cuModuleGetFunction", unsafe {
+            (drv.module_get_function)(&mut raw, self.raw, cname.as_ptr())
+        })?;
         Ok(Function { raw, module: self })
     }
 
@@ -56,7 +69,9 @@ impl Drop for Module {
         let drv = self.ctx.driver();
         let r = match self.ctx.push() {
             // SAFETY: we loaded this module and unload it once.
-            Ok(_g) => check(drv, "cuModuleUnload", unsafe { (drv.module_unload)(self.raw) }),
+            Ok(_g) => check(drv, "cuModuleUnload", unsafe {
+                (drv.module_unload)(self.raw)
+            }),
             Err(e) => Err(e),
         };
         if let Err(e) = r {
@@ -81,7 +96,11 @@ impl LaunchConfig {
     pub fn for_elements(n: usize, block: u32) -> LaunchConfig {
         let block = block.max(1);
         let grid = n.div_ceil(block as usize).max(1);
-        LaunchConfig { grid: (u32::try_from(grid).unwrap_or(u32::MAX), 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: (u32::try_from(grid).unwrap_or(u32::MAX), 1, 1),
+            block: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 }
 
@@ -104,7 +123,12 @@ impl Function<'_> {
     /// `params` must hold, in order, one pointer per kernel parameter, each pointing
     /// at a value of exactly that parameter's type, and every device pointer passed
     /// must be valid for what the kernel does with it until the launch completes.
-    pub unsafe fn launch(&self, config: LaunchConfig, stream: &Stream, params: &mut [*mut c_void]) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        config: LaunchConfig,
+        stream: &Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         let ctx = &self.module.ctx;
         ctx.check_deferred()?;
         let _g = ctx.push()?;

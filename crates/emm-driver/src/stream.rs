@@ -1,6 +1,8 @@
 //! [`Stream`] and [`Event`].
 
-use emm_sys::{event_flags, stream_flags, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+use emm_sys::{
+    event_flags, stream_flags, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
+};
 
 use crate::context::Context;
 use crate::error::{check, Result};
@@ -28,18 +30,32 @@ impl Stream {
         let drv = ctx.driver();
         let mut raw = CUstream::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.
-        check(drv, "cuStreamCreateWithPriority", unsafe { (drv.stream_create_with_priority)(&mut raw, flags, priority) })?;
-        Ok(Stream { raw, ctx: ctx.clone(), owned: true })
+        check(drv, "cuStreamCreateWithPriority", unsafe {
+            (drv.stream_create_with_priority)(&mut raw, flags, priority)
+        })?;
+        Ok(Stream {
+            raw,
+            ctx: ctx.clone(),
+            owned: true,
+        })
     }
 
     /// The legacy default stream of `ctx`.
     pub fn legacy(ctx: &Context) -> Stream {
-        Stream { raw: CU_STREAM_LEGACY, ctx: ctx.clone(), owned: false }
+        Stream {
+            raw: CU_STREAM_LEGACY,
+            ctx: ctx.clone(),
+            owned: false,
+        }
     }
 
     /// The per-thread default stream of `ctx`.
     pub fn per_thread(ctx: &Context) -> Stream {
-        Stream { raw: CU_STREAM_PER_THREAD, ctx: ctx.clone(), owned: false }
+        Stream {
+            raw: CU_STREAM_PER_THREAD,
+            ctx: ctx.clone(),
+            owned: false,
+        }
     }
 
     /// Borrows a stream made elsewhere (PyTorch's, CuPy's); never destroyed by emm.
@@ -48,7 +64,11 @@ impl Stream {
     /// `raw` must be a stream of `ctx` (or a default-stream handle) that outlives
     /// the returned value.
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream) -> Stream {
-        Stream { raw, ctx: ctx.clone(), owned: false }
+        Stream {
+            raw,
+            ctx: ctx.clone(),
+            owned: false,
+        }
     }
 
     /// The raw handle.
@@ -67,7 +87,9 @@ impl Stream {
         let _g = self.ctx.push()?;
         let drv = self.ctx.driver();
         // SAFETY: the stream belongs to the current context and is alive.
-        check(drv, "cuStreamSynchronize", unsafe { (drv.stream_synchronize)(self.raw) })
+        check(drv, "cuStreamSynchronize", unsafe {
+            (drv.stream_synchronize)(self.raw)
+        })
     }
 
     /// `true` when all work queued on the stream has finished.
@@ -87,7 +109,9 @@ impl Stream {
         let _g = self.ctx.push()?;
         let drv = self.ctx.driver();
         // SAFETY: both handles are alive; flags must be 0.
-        check(drv, "cuStreamWaitEvent", unsafe { (drv.stream_wait_event)(self.raw, event.raw, 0) })
+        check(drv, "cuStreamWaitEvent", unsafe {
+            (drv.stream_wait_event)(self.raw, event.raw, 0)
+        })
     }
 }
 
@@ -99,7 +123,9 @@ impl Drop for Stream {
         let drv = self.ctx.driver();
         let r = match self.ctx.push() {
             // SAFETY: we created this stream and destroy it once.
-            Ok(_g) => check(drv, "cuStreamDestroy_v2", unsafe { (drv.stream_destroy)(self.raw) }),
+            Ok(_g) => check(drv, "cuStreamDestroy_v2", unsafe {
+                (drv.stream_destroy)(self.raw)
+            }),
             Err(e) => Err(e),
         };
         if let Err(e) = r {
@@ -128,8 +154,13 @@ impl Event {
         let drv = ctx.driver();
         let mut raw = CUevent::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.
-        check(drv, "cuEventCreate", unsafe { (drv.event_create)(&mut raw, flags) })?;
-        Ok(Event { raw, ctx: ctx.clone() })
+        check(drv, "cuEventCreate", unsafe {
+            (drv.event_create)(&mut raw, flags)
+        })?;
+        Ok(Event {
+            raw,
+            ctx: ctx.clone(),
+        })
     }
 
     /// A new event that records timing.
@@ -156,7 +187,9 @@ impl Event {
     pub fn record_raw(&self, stream: CUstream) -> Result<()> {
         let drv = self.ctx.driver();
         // SAFETY: both handles are alive and belong to the same context.
-        check(drv, "cuEventRecord", unsafe { (drv.event_record)(self.raw, stream) })
+        check(drv, "cuEventRecord", unsafe {
+            (drv.event_record)(self.raw, stream)
+        })
     }
 
     /// Waits for the event.
@@ -164,7 +197,9 @@ impl Event {
         self.ctx.check_deferred()?;
         let drv = self.ctx.driver();
         // SAFETY: the event is alive.
-        check(drv, "cuEventSynchronize", unsafe { (drv.event_synchronize)(self.raw) })
+        check(drv, "cuEventSynchronize", unsafe {
+            (drv.event_synchronize)(self.raw)
+        })
     }
 
     /// `true` when the work before the event's last record has finished (or it was
@@ -184,7 +219,9 @@ impl Event {
         let drv = self.ctx.driver();
         let mut ms = 0f32;
         // SAFETY: both events are alive; `ms` is a valid out-pointer.
-        check(drv, "cuEventElapsedTime", unsafe { (drv.event_elapsed_time)(&mut ms, self.raw, end.raw) })?;
+        check(drv, "cuEventElapsedTime", unsafe {
+            (drv.event_elapsed_time)(&mut ms, self.raw, end.raw)
+        })?;
         Ok(ms)
     }
 }

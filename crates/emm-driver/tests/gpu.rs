@@ -33,28 +33,50 @@ fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 fn bytes_to_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn driver_loads_and_device_properties_are_sane() {
     let drv = emm_driver::driver().unwrap();
-    assert!(drv.version().unwrap() >= 11_020, "driver too old for emm's tests");
+    assert!(
+        drv.version().unwrap() >= 11_020,
+        "driver too old for emm's tests"
+    );
     let n = Device::count().unwrap();
     assert!(n >= 1);
     for dev in Device::all().unwrap() {
         let name = dev.name().unwrap();
         assert!(!name.is_empty());
-        assert!(dev.total_memory().unwrap() > (1 << 30), "{name}: less than 1 GiB?");
+        assert!(
+            dev.total_memory().unwrap() > (1 << 30),
+            "{name}: less than 1 GiB?"
+        );
         let (major, minor) = dev.compute_capability().unwrap();
-        assert!((3..=20).contains(&major) && (0..10).contains(&minor), "cc {major}.{minor}");
+        assert!(
+            (3..=20).contains(&major) && (0..10).contains(&minor),
+            "cc {major}.{minor}"
+        );
         assert_ne!(dev.uuid().unwrap(), [0u8; 16]);
-        assert!(dev.attribute(emm_sys::CUdevice_attribute::MULTIPROCESSOR_COUNT).unwrap() > 0);
-        assert_eq!(dev.attribute(emm_sys::CUdevice_attribute::WARP_SIZE).unwrap(), 32);
+        assert!(
+            dev.attribute(emm_sys::CUdevice_attribute::MULTIPROCESSOR_COUNT)
+                .unwrap()
+                > 0
+        );
+        assert_eq!(
+            dev.attribute(emm_sys::CUdevice_attribute::WARP_SIZE)
+                .unwrap(),
+            32
+        );
     }
     let past = Device::get(n).unwrap_err();
-    assert!(matches!(past, DriverError::InvalidArgument { .. }), "{past}");
+    assert!(
+        matches!(past, DriverError::InvalidArgument { .. }),
+        "{past}"
+    );
     let ctx = ctx();
     let (free, total) = ctx.mem_info().unwrap();
     assert!(free <= total && total == ctx.device().total_memory().unwrap());
@@ -88,7 +110,12 @@ fn saxpy_on_a_stream_matches_the_host() {
     let got = bytes_to_f32s(&dy.to_vec().unwrap());
     for i in 0..n {
         let want = a.mul_add(x[i], y[i]);
-        assert_eq!(got[i].to_bits(), want.to_bits(), "element {i}: {} != {want}", got[i]);
+        assert_eq!(
+            got[i].to_bits(),
+            want.to_bits(),
+            "element {i}: {} != {want}",
+            got[i]
+        );
     }
 }
 
@@ -116,15 +143,22 @@ fn copies_round_trip_random_bytes() {
         unsafe {
             memory::copy_htod_async(c.ptr(), src.as_ptr(), len, &stream).unwrap();
             memory::copy_dtod_async(b.ptr(), c.ptr(), len, &stream).unwrap();
-            memory::copy_dtoh_async(dst.as_mut_slice().as_mut_ptr(), b.ptr(), len, &stream).unwrap();
+            memory::copy_dtoh_async(dst.as_mut_slice().as_mut_ptr(), b.ptr(), len, &stream)
+                .unwrap();
         }
         stream.synchronize().unwrap();
         assert_eq!(dst.as_slice(), &data[..], "async round trip of {len} bytes");
     }
     // A length mismatch is a typed error, not a short copy.
     let buf = DeviceBuffer::new(&ctx, 16).unwrap();
-    assert!(matches!(buf.copy_from_host(&[0u8; 8]), Err(DriverError::InvalidArgument { .. })));
-    assert!(matches!(DeviceBuffer::new(&ctx, 0), Err(DriverError::InvalidArgument { .. })));
+    assert!(matches!(
+        buf.copy_from_host(&[0u8; 8]),
+        Err(DriverError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        DeviceBuffer::new(&ctx, 0),
+        Err(DriverError::InvalidArgument { .. })
+    ));
 }
 
 #[test]
@@ -148,8 +182,18 @@ fn spin(module: &Module, stream: &Stream, cycles: u64) {
     let mut c = cycles;
     let mut params = [(&mut c as *mut u64).cast::<c_void>()];
     // SAFETY: spin takes one u64 and touches no memory.
-    unsafe { f.launch(LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 }, stream, &mut params) }
-        .unwrap();
+    unsafe {
+        f.launch(
+            LaunchConfig {
+                grid: (1, 1, 1),
+                block: (1, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            stream,
+            &mut params,
+        )
+    }
+    .unwrap();
 }
 
 #[test]
@@ -188,7 +232,10 @@ fn two_streams_run_independently() {
     unsafe { memory::memset_d8_async(buf.ptr(), 1, 1 << 20, &other) }.unwrap();
     other.synchronize().unwrap();
     assert!(other.query().unwrap());
-    assert!(!busy.query().unwrap(), "the other stream waited for the busy one");
+    assert!(
+        !busy.query().unwrap(),
+        "the other stream waited for the busy one"
+    );
     // The wait is ordered through an event: `other` now waits for `busy`.
     let done = Event::sync_only(&ctx).unwrap();
     done.record(&busy).unwrap();
@@ -213,7 +260,11 @@ fn an_invalid_launch_is_a_typed_error_and_the_context_keeps_working() {
         (&mut pa as *mut f32).cast(),
         (&mut pn as *mut u32).cast(),
     ];
-    let too_big = LaunchConfig { grid: (1, 1, 1), block: (4096, 1, 1), shared_mem_bytes: 0 };
+    let too_big = LaunchConfig {
+        grid: (1, 1, 1),
+        block: (4096, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: parameters match; the launch is rejected before running.
     let err = unsafe { saxpy.launch(too_big, &stream, &mut params) }.unwrap_err();
     match &err {
@@ -223,7 +274,10 @@ fn an_invalid_launch_is_a_typed_error_and_the_context_keeps_working() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert!(err.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
+    assert!(
+        err.to_string().contains("CUDA_ERROR_INVALID_VALUE"),
+        "{err}"
+    );
     // SAFETY: as above, with a valid configuration.
     unsafe { saxpy.launch(LaunchConfig::for_elements(4, 32), &stream, &mut params) }.unwrap();
     stream.synchronize().unwrap();

@@ -118,9 +118,10 @@ impl Driver {
     /// As for [`Driver::load`].
     pub unsafe fn load_from(path: &str) -> Result<Driver, LoadError> {
         // SAFETY: forwarded to the caller.
-        let library = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::NotFound {
-            attempts: vec![(path.to_owned(), describe(&e))],
-        })?;
+        let library =
+            unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::NotFound {
+                attempts: vec![(path.to_owned(), describe(&e))],
+            })?;
         // SAFETY: forwarded to the caller.
         unsafe { Driver::from_library(library, path.to_owned()) }
     }
@@ -165,7 +166,10 @@ mod tests {
         assert_eq!(r.name(), None);
         assert_eq!(r.to_string(), "unknown CUresult 123456");
         assert_eq!(format!("{r:?}"), "CUresult(123456)");
-        assert_eq!(CUresult::ERROR_OUT_OF_MEMORY.name(), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_eq!(
+            CUresult::ERROR_OUT_OF_MEMORY.name(),
+            Some("CUDA_ERROR_OUT_OF_MEMORY")
+        );
         assert!(CUresult::SUCCESS.is_success());
         assert!(!CUresult::ERROR_NOT_READY.is_success());
     }
@@ -182,7 +186,10 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert!(err.to_string().contains("/nonexistent/libcuda.so.1"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/libcuda.so.1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -214,7 +214,9 @@ impl Driver {
         let r = unsafe { (self.get_error_name)(code, &mut p) };
         if r.is_success() && !p.is_null() {
             // SAFETY: non-null and NUL-terminated per the driver's contract; static.
-            return unsafe { core::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            return unsafe { core::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned();
         }
         code.name().unwrap_or("CUDA_ERROR_UNRECOGNIZED").to_owned()
     }
@@ -226,7 +228,9 @@ impl Driver {
         let r = unsafe { (self.get_error_string)(code, &mut p) };
         if r.is_success() && !p.is_null() {
             // SAFETY: as in `error_name`.
-            return unsafe { core::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            return unsafe { core::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned();
         }
         format!("unrecognized CUresult {}", code.0)
     }

@@ -83,17 +83,50 @@ fn result_codes_match() {
 #[test]
 fn attributes_and_flags_match() {
     use c::CUdevice_attribute_enum as A;
-    assert_eq!(CUdevice_attribute::MAX_THREADS_PER_BLOCK.0, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK as i32);
-    assert_eq!(CUdevice_attribute::WARP_SIZE.0, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE as i32);
-    assert_eq!(CUdevice_attribute::CLOCK_RATE.0, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE as i32);
-    assert_eq!(CUdevice_attribute::MULTIPROCESSOR_COUNT.0, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32);
-    assert_eq!(CUdevice_attribute::INTEGRATED.0, A::CU_DEVICE_ATTRIBUTE_INTEGRATED as i32);
-    assert_eq!(CUdevice_attribute::CAN_MAP_HOST_MEMORY.0, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY as i32);
-    assert_eq!(CUdevice_attribute::PCI_BUS_ID.0, A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID as i32);
-    assert_eq!(CUdevice_attribute::PCI_DEVICE_ID.0, A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID as i32);
-    assert_eq!(CUdevice_attribute::UNIFIED_ADDRESSING.0, A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING as i32);
-    assert_eq!(CUdevice_attribute::COMPUTE_CAPABILITY_MAJOR.0, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as i32);
-    assert_eq!(CUdevice_attribute::COMPUTE_CAPABILITY_MINOR.0, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as i32);
+    assert_eq!(
+        CUdevice_attribute::MAX_THREADS_PER_BLOCK.0,
+        A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::WARP_SIZE.0,
+        A::CU_DEVICE_ATTRIBUTE_WARP_SIZE as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::CLOCK_RATE.0,
+        A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::MULTIPROCESSOR_COUNT.0,
+        A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::INTEGRATED.0,
+        A::CU_DEVICE_ATTRIBUTE_INTEGRATED as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::CAN_MAP_HOST_MEMORY.0,
+        A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::PCI_BUS_ID.0,
+        A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::PCI_DEVICE_ID.0,
+        A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::UNIFIED_ADDRESSING.0,
+        A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::COMPUTE_CAPABILITY_MAJOR.0,
+        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::COMPUTE_CAPABILITY_MINOR.0,
+        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as i32
+    );
     assert_eq!(
         CUdevice_attribute::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.0,
         A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED as i32
@@ -104,17 +137,50 @@ fn attributes_and_flags_match() {
     );
 
     use c::CUpointer_attribute_enum as P;
-    assert_eq!(CUpointer_attribute::CONTEXT.0, P::CU_POINTER_ATTRIBUTE_CONTEXT as i32);
-    assert_eq!(CUpointer_attribute::MEMORY_TYPE.0, P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE as i32);
-    assert_eq!(CUpointer_attribute::DEVICE_POINTER.0, P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER as i32);
-    assert_eq!(CUpointer_attribute::HOST_POINTER.0, P::CU_POINTER_ATTRIBUTE_HOST_POINTER as i32);
-    assert_eq!(CUpointer_attribute::IS_MANAGED.0, P::CU_POINTER_ATTRIBUTE_IS_MANAGED as i32);
-    assert_eq!(CUpointer_attribute::DEVICE_ORDINAL.0, P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as i32);
-    assert_eq!(CUpointer_attribute::RANGE_START_ADDR.0, P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as i32);
-    assert_eq!(CUpointer_attribute::RANGE_SIZE.0, P::CU_POINTER_ATTRIBUTE_RANGE_SIZE as i32);
-    assert_eq!(CUpointer_attribute::MAPPED.0, P::CU_POINTER_ATTRIBUTE_MAPPED as i32);
-    assert_eq!(memory_type::DEVICE, c::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u32);
-    assert_eq!(memory_type::HOST, c::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32);
+    assert_eq!(
+        CUpointer_attribute::CONTEXT.0,
+        P::CU_POINTER_ATTRIBUTE_CONTEXT as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::MEMORY_TYPE.0,
+        P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::DEVICE_POINTER.0,
+        P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::HOST_POINTER.0,
+        P::CU_POINTER_ATTRIBUTE_HOST_POINTER as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::IS_MANAGED.0,
+        P::CU_POINTER_ATTRIBUTE_IS_MANAGED as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::DEVICE_ORDINAL.0,
+        P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::RANGE_START_ADDR.0,
+        P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::RANGE_SIZE.0,
+        P::CU_POINTER_ATTRIBUTE_RANGE_SIZE as i32
+    );
+    assert_eq!(
+        CUpointer_attribute::MAPPED.0,
+        P::CU_POINTER_ATTRIBUTE_MAPPED as i32
+    );
+    assert_eq!(
+        memory_type::DEVICE,
+        c::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u32
+    );
+    assert_eq!(
+        memory_type::HOST,
+        c::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32
+    );
 
     assert_eq!(host_alloc::PORTABLE, c::CU_MEMHOSTALLOC_PORTABLE);
     assert_eq!(host_alloc::DEVICEMAP, c::CU_MEMHOSTALLOC_DEVICEMAP);
@@ -122,10 +188,22 @@ fn attributes_and_flags_match() {
     assert_eq!(host_register::PORTABLE, c::CU_MEMHOSTREGISTER_PORTABLE);
     assert_eq!(host_register::DEVICEMAP, c::CU_MEMHOSTREGISTER_DEVICEMAP);
     assert_eq!(host_register::IOMEMORY, c::CU_MEMHOSTREGISTER_IOMEMORY);
-    assert_eq!(stream_flags::NON_BLOCKING, c::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32);
-    assert_eq!(event_flags::BLOCKING_SYNC, c::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32);
-    assert_eq!(event_flags::DISABLE_TIMING, c::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32);
-    assert_eq!(event_flags::INTERPROCESS, c::CUevent_flags_enum::CU_EVENT_INTERPROCESS as u32);
+    assert_eq!(
+        stream_flags::NON_BLOCKING,
+        c::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32
+    );
+    assert_eq!(
+        event_flags::BLOCKING_SYNC,
+        c::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32
+    );
+    assert_eq!(
+        event_flags::DISABLE_TIMING,
+        c::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32
+    );
+    assert_eq!(
+        event_flags::INTERPROCESS,
+        c::CUevent_flags_enum::CU_EVENT_INTERPROCESS as u32
+    );
     assert_eq!(
         CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
         c::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32
