@@ -1,1 +1,45 @@
-//! emm-core
+//! The NBEP 7 memory-manager plugin interface, in Rust.
+//!
+//! | item | NBEP 7 | here |
+//! |---|---|---|
+//! | [`MemoryManager`] | `BaseCUDAMemoryManager` | a trait with every NBEP 7 method, a stream-ordered `memalloc_async`, and an out-of-memory hook (`release_cached`) |
+//! | [`DeviceAllocation`], [`DeviceView`] | `MemoryPointer`, views | owned memory released on `Drop`; borrowed views that cannot outlive it |
+//! | [`PinnedMemory`], [`MappedMemory`] | same names | owned pinned host memory, mapped or not |
+//! | [`IpcHandle`] | `IpcHandle` | legacy handles with base + offset (sub-allocations export correctly), mempool handles, staged opening across devices, bytes round trip |
+//! | [`MemoryInfo`] | `MemoryInfo` | `get_memory_info` returns a `Result`; [`EmmError::Unsupported`] is the one "unsupported" error |
+//! | [`DeferGuard`] | `defer_cleanup()` | a guard value; guards nest and are released during unwinding |
+//! | [`Router`], [`set_memory_manager`] | `set_memory_manager`, `NUMBA_CUDA_MEMORY_MANAGER` | one manager per context; `EMM_MEMORY_MANAGER` selects by name and wins, with a warning |
+//! | [`conformance`] | numba-cuda's tests | a suite any manager runs against itself |
+//!
+//! Architecture invariant: this crate allocates no device memory itself; managers do.
+//!
+//! Writing a plugin: implement [`MemoryManager`], hand out [`DeviceAllocation`]s made
+//! with [`DeviceAllocation::with_releaser`] (no allocation per block) or
+//! [`DeviceAllocation::from_raw_parts`] (a finalizer closure), compose
+//! `emm_default::HostOnly` for host memory, register a factory with
+//! [`register_manager`], and run [`conformance::run`] in a GPU test.
+//! `emm-hostonly` is a complete example.
+
+pub mod conformance;
+mod error;
+mod fd;
+mod ipc;
+mod manager;
+mod pointer;
+mod router;
+
+pub use error::{fmt_bytes, EmmError, Result};
+pub use ipc::{IpcHandle, IpcMemory};
+pub use manager::{
+    check_interface_version, DeferGuard, DeferState, MemoryInfo, MemoryManager, INTERFACE_VERSION,
+    SUPPORTED_INTERFACE_VERSIONS,
+};
+pub use pointer::{
+    DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, SYNC_STREAM,
+};
+pub use router::{
+    memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER, MANAGER_ENV,
+};
+
+pub use emm_driver;
+pub use emm_sys::{CUdeviceptr, CUstream};

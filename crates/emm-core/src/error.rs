@@ -1,0 +1,181 @@
+//! [`EmmError`]: every failure of a memory manager or of the routing.
+
+use emm_driver::DriverError;
+
+/// A failed memory-management operation.
+///
+/// Messages say what was asked and what was found, e.g. "out of device memory:
+/// requested 96.0 GiB, 79.1 GiB free of 79.6 GiB".
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EmmError {
+    /// The request could not be served even after the out-of-memory ladder.
+    #[error("out of {what} memory in manager `{manager}`: requested {}, {} free of {} total{}", fmt_bytes(*.requested), fmt_bytes(*.free), fmt_bytes(*.total), fmt_detail(.detail))]
+    OutOfMemory {
+        /// `device` or `pinned host`.
+        what: &'static str,
+        /// The manager that was asked.
+        manager: String,
+        /// Bytes requested.
+        requested: usize,
+        /// Free bytes (of the device, or of the manager's limit) when it failed.
+        free: usize,
+        /// Total bytes (of the device, or the manager's limit).
+        total: usize,
+        /// A manager's report (live, reserved, largest free block…), may be empty.
+        detail: String,
+    },
+    /// A size the manager cannot serve (zero where not allowed, or absurdly large).
+    #[error("invalid size {requested} bytes: {reason}")]
+    InvalidSize {
+        /// Bytes requested.
+        requested: usize,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A view or copy range outside its allocation.
+    #[error("range {offset}..{offset}+{len} is outside an allocation of {size} bytes")]
+    OutOfRange {
+        /// Start of the range asked for.
+        offset: usize,
+        /// Length asked for.
+        len: usize,
+        /// Size of the allocation.
+        size: usize,
+    },
+    /// The driver failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The manager does not implement this operation (NBEP 7 lets
+    /// `get_memory_info` and `get_ipc_handle` be unsupported).
+    #[error("manager `{manager}` does not support {operation}")]
+    Unsupported {
+        /// The manager.
+        manager: String,
+        /// The operation.
+        operation: &'static str,
+    },
+    /// `set_memory_manager` after memory was already allocated.
+    #[error("cannot switch the memory manager to `{requested}`: `{current}` has already served allocations in this process")]
+    AlreadyInUse {
+        /// The manager in use.
+        current: String,
+        /// The manager asked for.
+        requested: String,
+    },
+    /// A manager name that is not registered.
+    #[error("unknown memory manager `{name}`{}; known managers: {}", fmt_source(.source_var), .known.join(", "))]
+    UnknownManager {
+        /// The name asked for.
+        name: String,
+        /// The environment variable it came from, if any.
+        source_var: Option<&'static str>,
+        /// The registered names.
+        known: Vec<String>,
+    },
+    /// A manager reports an interface version this core does not support.
+    #[error("manager `{manager}` implements interface version {found}; this emm supports versions {supported}")]
+    InterfaceVersion {
+        /// The manager.
+        manager: String,
+        /// The version it reports.
+        found: u32,
+        /// The supported range, e.g. `1..=1`.
+        supported: String,
+    },
+    /// IPC handle bytes that are not a valid emm handle.
+    #[error("invalid IPC handle: {reason}")]
+    InvalidIpcHandle {
+        /// What was wrong.
+        reason: String,
+    },
+    /// A configuration value (environment variable or builder) is invalid.
+    #[error("invalid value {value:?} for {name}: {reason}")]
+    InvalidConfig {
+        /// The variable or option.
+        name: String,
+        /// The value found.
+        value: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The allocation was invalidated by `reset`; its memory is gone.
+    #[error("the allocation at {ptr:#x} was invalidated by a reset of manager `{manager}`")]
+    Invalidated {
+        /// The allocation's address.
+        ptr: u64,
+        /// The manager that was reset.
+        manager: String,
+    },
+}
+
+/// The result type of emm's managers.
+pub type Result<T, E = EmmError> = core::result::Result<T, E>;
+
+impl EmmError {
+    /// `true` for [`EmmError::OutOfMemory`] and for a driver out-of-memory code.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            EmmError::OutOfMemory { .. } => true,
+            EmmError::Driver(d) => d.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
+/// Formats a byte count for people: `512 B`, `64.0 KiB`, `1.5 GiB`.
+pub fn fmt_bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+fn fmt_detail(d: &str) -> String {
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(" ({d})")
+    }
+}
+
+fn fmt_source(s: &Option<&'static str>) -> String {
+    s.map(|v| format!(" (from {v})")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_was_asked_and_found() {
+        let e = EmmError::OutOfMemory {
+            what: "device",
+            manager: "pool".into(),
+            requested: 96 << 30,
+            free: 79 << 30,
+            total: 80 << 30,
+            detail: "live 1.0 GiB".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "out of device memory in manager `pool`: requested 96.0 GiB, 79.0 GiB free of 80.0 GiB total (live 1.0 GiB)"
+        );
+        assert!(e.is_out_of_memory());
+        let u = EmmError::UnknownManager {
+            name: "poool".into(),
+            source_var: Some("EMM_MEMORY_MANAGER"),
+            known: vec!["default".into(), "pool".into()],
+        };
+        assert_eq!(u.to_string(), "unknown memory manager `poool` (from EMM_MEMORY_MANAGER); known managers: default, pool");
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.5 KiB");
+    }
+}

@@ -1,0 +1,410 @@
+//! [`IpcHandle`]: sharing device memory with another process.
+//!
+//! Two kinds:
+//!
+//! - [`IpcHandle::Legacy`]: a `cuIpcMemHandle` of the upstream allocation plus the
+//!   offset and size of the shared range inside it, so a view into a pooled block
+//!   exports correctly (the driver only knows whole allocations).
+//! - [`IpcHandle::MemPool`]: memory of the stream-ordered allocator, which legacy
+//!   IPC cannot export. It carries the exporting process's id and the file
+//!   descriptor of the exported pool in that process, plus the pointer's export
+//!   data. The importer takes a duplicate of the descriptor with
+//!   `pidfd_open` + `pidfd_getfd` (Linux 5.6+; needs the permission to ptrace the
+//!   exporter, as a process of the same user normally has), imports the pool and
+//!   then the pointer.
+//!
+//! Handles serialise to bytes ([`IpcHandle::to_bytes`]) and back; foreign or garbled
+//! bytes give [`EmmError::InvalidIpcHandle`] saying what was wrong.
+//!
+//! Opening on another device than the one the memory lives on is NBEP 7's "staged
+//! IPC": the memory is opened on its own device, copied into a staging buffer that
+//! the *target's manager* allocates (so it is owned once, by that manager), and the
+//! mapping is closed.
+
+use emm_driver::memory;
+use emm_driver::mempool::MemPool;
+use emm_driver::{Context, Device};
+use emm_sys::CUdeviceptr;
+
+use crate::error::{EmmError, Result};
+use crate::manager::MemoryManager;
+use crate::pointer::DeviceAllocation;
+
+const MAGIC: &[u8; 6] = b"EMMIPC";
+const FORMAT_VERSION: u8 = 1;
+const KIND_LEGACY: u8 = 1;
+const KIND_MEMPOOL: u8 = 2;
+const LEGACY_BODY: usize = 64 + 8 + 8 + 8 + 16 + 4;
+const MEMPOOL_BODY: usize = 64 + 4 + 4 + 8 + 8 + 16;
+const HEADER: usize = 8;
+const TRAILER: usize = 8;
+
+/// A handle through which another process opens device memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IpcHandle {
+    /// Legacy CUDA IPC of a `cuMemAlloc`-style allocation.
+    Legacy {
+        /// The driver's `CUipcMemHandle` of the upstream allocation.
+        handle: [u8; 64],
+        /// Size of the upstream allocation.
+        base_size: usize,
+        /// Offset of the shared range in it.
+        offset: usize,
+        /// Length of the shared range.
+        size: usize,
+        /// UUID of the device that holds the memory.
+        device_uuid: [u8; 16],
+        /// The exporting process.
+        pid: u32,
+    },
+    /// Memory of an exported stream-ordered memory pool.
+    MemPool {
+        /// `CUmemPoolPtrExportData` of the pointer.
+        export: [u8; 64],
+        /// The pool's exported file descriptor, valid in the exporting process.
+        pool_fd: i32,
+        /// The exporting process.
+        pid: u32,
+        /// Offset of the shared range from the exported pointer.
+        offset: usize,
+        /// Length of the shared range.
+        size: usize,
+        /// UUID of the device that holds the memory.
+        device_uuid: [u8; 16],
+    },
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn invalid(reason: impl Into<String>) -> EmmError {
+    EmmError::InvalidIpcHandle { reason: reason.into() }
+}
+
+struct Reader<'a>(&'a [u8]);
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.0[..N]);
+        self.0 = &self.0[N..];
+        out
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+}
+
+impl IpcHandle {
+    /// Length of the shared range.
+    pub fn size(&self) -> usize {
+        match self {
+            IpcHandle::Legacy { size, .. } | IpcHandle::MemPool { size, .. } => *size,
+        }
+    }
+
+    /// Offset of the shared range in its upstream allocation.
+    pub fn offset(&self) -> usize {
+        match self {
+            IpcHandle::Legacy { offset, .. } | IpcHandle::MemPool { offset, .. } => *offset,
+        }
+    }
+
+    /// UUID of the device holding the memory.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        match self {
+            IpcHandle::Legacy { device_uuid, .. } | IpcHandle::MemPool { device_uuid, .. } => *device_uuid,
+        }
+    }
+
+    /// Serialises the handle: magic, format version, kind, fields, checksum.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + LEGACY_BODY + TRAILER);
+        out.extend_from_slice(MAGIC);
+        out.push(FORMAT_VERSION);
+        match self {
+            IpcHandle::Legacy { handle, base_size, offset, size, device_uuid, pid } => {
+                out.push(KIND_LEGACY);
+                out.extend_from_slice(handle);
+                out.extend_from_slice(&(*base_size as u64).to_le_bytes());
+                out.extend_from_slice(&(*offset as u64).to_le_bytes());
+                out.extend_from_slice(&(*size as u64).to_le_bytes());
+                out.extend_from_slice(device_uuid);
+                out.extend_from_slice(&pid.to_le_bytes());
+            }
+            IpcHandle::MemPool { export, pool_fd, pid, offset, size, device_uuid } => {
+                out.push(KIND_MEMPOOL);
+                out.extend_from_slice(export);
+                out.extend_from_slice(&pool_fd.to_le_bytes());
+                out.extend_from_slice(&pid.to_le_bytes());
+                out.extend_from_slice(&(*offset as u64).to_le_bytes());
+                out.extend_from_slice(&(*size as u64).to_le_bytes());
+                out.extend_from_slice(device_uuid);
+            }
+        }
+        let sum = fnv1a(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses bytes made by [`IpcHandle::to_bytes`]; anything else is
+    /// [`EmmError::InvalidIpcHandle`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<IpcHandle> {
+        if bytes.len() < HEADER + TRAILER {
+            return Err(invalid(format!("{} bytes is too short for an emm IPC handle (at least {})", bytes.len(), HEADER + TRAILER)));
+        }
+        if &bytes[..6] != MAGIC {
+            return Err(invalid(format!("not an emm IPC handle: it starts with {:02x?}, expected \"EMMIPC\"", &bytes[..6])));
+        }
+        if bytes[6] != FORMAT_VERSION {
+            return Err(invalid(format!("format version {} is not supported (this emm reads version {FORMAT_VERSION})", bytes[6])));
+        }
+        let body_len = match bytes[7] {
+            KIND_LEGACY => LEGACY_BODY,
+            KIND_MEMPOOL => MEMPOOL_BODY,
+            k => return Err(invalid(format!("unknown handle kind {k} (known: 1 legacy, 2 mempool)"))),
+        };
+        let want = HEADER + body_len + TRAILER;
+        if bytes.len() != want {
+            return Err(invalid(format!("a kind-{} handle is {want} bytes, found {}", bytes[7], bytes.len())));
+        }
+        let (payload, sum) = bytes.split_at(want - TRAILER);
+        let stored = u64::from_le_bytes(sum.try_into().unwrap_or([0; 8]));
+        if fnv1a(payload) != stored {
+            return Err(invalid("checksum mismatch: the handle was corrupted in transit"));
+        }
+        let mut r = Reader(&payload[HEADER..]);
+        let handle = match bytes[7] {
+            KIND_LEGACY => {
+                let handle = r.take::<64>();
+                let base_size = r.u64() as usize;
+                let offset = r.u64() as usize;
+                let size = r.u64() as usize;
+                let device_uuid = r.take::<16>();
+                let pid = r.u32();
+                if offset.checked_add(size).is_none_or(|end| end > base_size) {
+                    return Err(invalid(format!("range {offset}+{size} lies outside its allocation of {base_size} bytes")));
+                }
+                IpcHandle::Legacy { handle, base_size, offset, size, device_uuid, pid }
+            }
+            _ => {
+                let export = r.take::<64>();
+                let pool_fd = r.u32() as i32;
+                let pid = r.u32();
+                let offset = r.u64() as usize;
+                let size = r.u64() as usize;
+                let device_uuid = r.take::<16>();
+                IpcHandle::MemPool { export, pool_fd, pid, offset, size, device_uuid }
+            }
+        };
+        Ok(handle)
+    }
+
+    /// Builds a legacy handle for `[ptr, ptr+size)`, which lies in the `cuMemAlloc`
+    /// allocation that starts at `base`.
+    pub fn export_legacy(ctx: &Context, base: CUdeviceptr, ptr: CUdeviceptr, size: usize) -> Result<IpcHandle> {
+        let (real_base, base_size) = memory::address_range(ctx, ptr)?;
+        if real_base != base {
+            tracing::debug!(base, real_base, "manager's base differs from the driver's; using the driver's");
+        }
+        let offset = (ptr - real_base) as usize;
+        Ok(IpcHandle::Legacy {
+            handle: memory::ipc_get_handle(ctx, real_base)?,
+            base_size,
+            offset,
+            size,
+            device_uuid: ctx.device().uuid()?,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Opens the handle in `ctx` (another process than the exporter). When `ctx` is
+    /// on another device than the memory, the data is staged through a buffer that
+    /// `manager` allocates on `ctx`'s device (NBEP 7 "Staged IPC").
+    pub fn open(&self, ctx: &Context, manager: &dyn MemoryManager) -> Result<IpcMemory> {
+        let uuid = self.device_uuid();
+        if ctx.device().uuid()? == uuid {
+            let (ptr, mapping) = self.map(ctx)?;
+            return Ok(IpcMemory { ptr, size: self.size(), inner: Inner::Mapped(Some(mapping)) });
+        }
+        let src_dev = Device::all()?
+            .into_iter()
+            .find(|d| d.uuid().map(|u| u == uuid).unwrap_or(false))
+            .ok_or_else(|| invalid(format!("the memory lives on device {}, which this process cannot see", fmt_uuid(&uuid))))?;
+        let src_ctx = Context::primary(src_dev)?;
+        let (src_ptr, mapping) = self.map(&src_ctx)?;
+        let staging = manager.memalloc(self.size())?;
+        // SAFETY: the source mapping covers `size` bytes at `src_ptr` (checked when
+        // the handle was parsed/opened); staging holds `size` bytes.
+        let copied = unsafe { memory::copy_peer(ctx, staging.ptr(), &src_ctx, src_ptr, self.size()) };
+        drop(mapping); // closes the source mapping whatever the copy did
+        copied?;
+        Ok(IpcMemory { ptr: staging.ptr(), size: self.size(), inner: Inner::Staged(staging) })
+    }
+
+    fn map(&self, ctx: &Context) -> Result<(CUdeviceptr, Mapping)> {
+        match self {
+            IpcHandle::Legacy { handle, offset, .. } => {
+                let base = memory::ipc_open_handle(ctx, handle)?;
+                Ok((base + *offset as u64, Mapping::Legacy { ctx: ctx.clone(), base }))
+            }
+            IpcHandle::MemPool { export, pool_fd, pid, offset, .. } => {
+                let fd = crate::fd::take_fd(*pid, *pool_fd)?;
+                let imported = MemPool::import_fd(ctx, fd.raw());
+                drop(fd);
+                let pool = imported?;
+                pool.set_access(ctx).ok(); // the owner device may already have access
+                let ptr = pool.import_pointer(export)?;
+                Ok((ptr + *offset as u64, Mapping::Pool { ctx: ctx.clone(), ptr, pool }))
+            }
+        }
+    }
+}
+
+fn fmt_uuid(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+enum Mapping {
+    Legacy { ctx: Context, base: CUdeviceptr },
+    Pool { ctx: Context, ptr: CUdeviceptr, pool: MemPool },
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        match self {
+            Mapping::Legacy { ctx, base } => {
+                // SAFETY: `base` came from cuIpcOpenMemHandle and is closed once.
+                if let Err(e) = unsafe { memory::ipc_close_handle(ctx, *base) } {
+                    ctx.record_drop_error(e);
+                }
+            }
+            Mapping::Pool { ctx, ptr, pool } => {
+                // An imported pointer is freed in the importer before the exporter
+                // frees it; synchronizing makes the free complete before the pool goes.
+                let stream = emm_driver::Stream::legacy(ctx);
+                // SAFETY: `ptr` was imported from `pool` and is freed once.
+                let r = unsafe { emm_driver::mempool::free_async(*ptr, &stream) }.and_then(|()| stream.synchronize());
+                if let Err(e) = r {
+                    ctx.record_drop_error(e);
+                }
+                let _ = pool; // dropped after the free
+            }
+        }
+    }
+}
+
+enum Inner {
+    Mapped(Option<Mapping>),
+    /// The staging buffer, owned by the importing manager; released on drop.
+    Staged(#[allow(dead_code)] DeviceAllocation), // reason: held for its Drop
+}
+
+/// Device memory opened from an [`IpcHandle`]: a mapping of the exporter's memory
+/// (closed on drop), or a staged copy owned by the importing manager.
+pub struct IpcMemory {
+    ptr: CUdeviceptr,
+    size: usize,
+    inner: Inner,
+}
+
+impl core::fmt::Debug for IpcMemory {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("IpcMemory")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("staged", &self.is_staged())
+            .finish()
+    }
+}
+
+impl IpcMemory {
+    /// The device address of the shared range in this process.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Its size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `true` when the memory is a staged copy rather than a mapping.
+    pub fn is_staged(&self) -> bool {
+        matches!(self.inner, Inner::Staged(_))
+    }
+
+    /// Closes the mapping now (or releases the staging copy).
+    pub fn close(mut self) {
+        if let Inner::Mapped(m) = &mut self.inner {
+            drop(m.take());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn legacy() -> IpcHandle {
+        IpcHandle::Legacy {
+            handle: [7; 64],
+            base_size: 1 << 20,
+            offset: 4096,
+            size: 512,
+            device_uuid: [1; 16],
+            pid: 1234,
+        }
+    }
+
+    #[test]
+    fn handles_round_trip_through_bytes() {
+        for h in [
+            legacy(),
+            IpcHandle::MemPool { export: [9; 64], pool_fd: 17, pid: 99, offset: 0, size: 1 << 30, device_uuid: [3; 16] },
+        ] {
+            let b = h.to_bytes();
+            assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
+        }
+    }
+
+    #[test]
+    fn foreign_and_garbled_bytes_are_typed_errors() {
+        let good = legacy().to_bytes();
+        let err = |b: &[u8]| match IpcHandle::from_bytes(b) {
+            Err(EmmError::InvalidIpcHandle { reason }) => reason,
+            other => panic!("expected InvalidIpcHandle, got {other:?}"),
+        };
+        assert!(err(&[]).contains("too short"));
+        assert!(err(&[0u8; 64]).contains("not an emm IPC handle"));
+        let mut v = good.clone();
+        v[6] = 9;
+        assert!(err(&v).contains("format version 9"));
+        let mut k = good.clone();
+        k[7] = 5;
+        assert!(err(&k).contains("unknown handle kind 5"));
+        assert!(err(&good[..good.len() - 1]).contains("bytes, found"));
+        for i in HEADER..good.len() {
+            let mut c = good.clone();
+            c[i] ^= 0x40;
+            let r = err(&c);
+            assert!(r.contains("checksum") || r.contains("outside"), "byte {i}: {r}");
+        }
+    }
+
+    #[test]
+    fn a_range_outside_its_allocation_is_rejected() {
+        let h = IpcHandle::Legacy { handle: [0; 64], base_size: 100, offset: 90, size: 20, device_uuid: [0; 16], pid: 1 };
+        let e = IpcHandle::from_bytes(&h.to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("outside its allocation of 100 bytes"), "{e}");
+    }
+}

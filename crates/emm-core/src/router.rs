@@ -1,0 +1,362 @@
+//! Routing: which manager serves which context.
+//!
+//! - Managers are registered by name ([`Router::register`]); the `emm` crate
+//!   registers the built-ins (`default`, `pool`, `hostonly`).
+//! - [`Router::set_memory_manager`] picks one before first use; after a manager has
+//!   served a context, switching is [`EmmError::AlreadyInUse`].
+//! - `EMM_MEMORY_MANAGER` wins over `set_memory_manager` (with a `tracing` warning,
+//!   as NBEP 7 specifies); an unknown name is an error listing the known ones.
+//! - One manager instance per context, created on first use: the interface version
+//!   is checked, then `initialize` runs, then it serves.
+//! - Registering and choosing never touch the driver, so set-up order does not
+//!   matter (NBEP 7, "Import order").
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use emm_driver::Context;
+use emm_sys::CUstream;
+
+use crate::error::{EmmError, Result};
+use crate::manager::{check_interface_version, MemoryManager};
+use crate::pointer::DeviceAllocation;
+
+/// The environment variable that selects a manager by name.
+pub const MANAGER_ENV: &str = "EMM_MEMORY_MANAGER";
+
+/// The manager used when nothing else is chosen.
+pub const DEFAULT_MANAGER: &str = "default";
+
+/// Makes a manager for a context.
+pub trait ManagerFactory: Send + Sync {
+    /// A new manager serving `ctx`.
+    fn create(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>>;
+}
+
+impl<F> ManagerFactory for F
+where
+    F: Fn(&Context) -> Result<Arc<dyn MemoryManager>> + Send + Sync,
+{
+    fn create(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+        self(ctx)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    factories: BTreeMap<String, Arc<dyn ManagerFactory>>,
+    requested: Option<String>,
+    in_use: Option<String>,
+    managers: Vec<(usize, Arc<dyn MemoryManager>)>,
+}
+
+/// The routing table. Most programs use the process-wide one ([`Router::global`])
+/// through the free functions of this crate.
+#[derive(Default)]
+pub struct Router {
+    state: RwLock<State>,
+}
+
+impl core::fmt::Debug for Router {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let s = self.read();
+        f.debug_struct("Router")
+            .field("registered", &s.factories.keys().collect::<Vec<_>>())
+            .field("requested", &s.requested)
+            .field("in_use", &s.in_use)
+            .field("contexts", &s.managers.len())
+            .finish()
+    }
+}
+
+impl Router {
+    /// An empty router.
+    pub fn new() -> Router {
+        Router::default()
+    }
+
+    /// The process-wide router.
+    pub fn global() -> &'static Router {
+        static GLOBAL: OnceLock<Router> = OnceLock::new();
+        GLOBAL.get_or_init(Router::new)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers (or replaces) the factory of manager `name`.
+    pub fn register(&self, name: &str, factory: impl ManagerFactory + 'static) {
+        self.write().factories.insert(name.to_owned(), Arc::new(factory));
+    }
+
+    /// The registered names, sorted.
+    pub fn known(&self) -> Vec<String> {
+        self.read().factories.keys().cloned().collect()
+    }
+
+    /// Chooses manager `name` for every context not yet served.
+    ///
+    /// Errors: [`EmmError::UnknownManager`] for a name not registered;
+    /// [`EmmError::AlreadyInUse`] when another manager has already served a context.
+    /// When `EMM_MEMORY_MANAGER` is set it still wins, and a warning says so.
+    pub fn set_memory_manager(&self, name: &str) -> Result<()> {
+        self.set_memory_manager_with_env(name, env_choice().as_deref())
+    }
+
+    fn set_memory_manager_with_env(&self, name: &str, env: Option<&str>) -> Result<()> {
+        let mut s = self.write();
+        if !s.factories.contains_key(name) {
+            return Err(EmmError::UnknownManager { name: name.to_owned(), source_var: None, known: s.factories.keys().cloned().collect() });
+        }
+        if let Some(current) = &s.in_use {
+            if current != name {
+                return Err(EmmError::AlreadyInUse { current: current.clone(), requested: name.to_owned() });
+            }
+        }
+        if let Some(env) = env {
+            if env != name {
+                tracing::warn!(
+                    requested = name,
+                    environment = env,
+                    "{MANAGER_ENV}={env} overrides set_memory_manager(\"{name}\")"
+                );
+            }
+        }
+        s.requested = Some(name.to_owned());
+        Ok(())
+    }
+
+    /// The name that will serve the next new context: `EMM_MEMORY_MANAGER`, else the
+    /// one set, else [`DEFAULT_MANAGER`].
+    pub fn selected(&self) -> Result<String> {
+        self.selected_with_env(env_choice().as_deref())
+    }
+
+    fn selected_with_env(&self, env: Option<&str>) -> Result<String> {
+        let s = self.read();
+        Self::resolve(&s, env)
+    }
+
+    fn resolve(s: &State, env: Option<&str>) -> Result<String> {
+        let (name, source_var) = match (env, &s.requested) {
+            (Some(e), _) => (e.to_owned(), Some(MANAGER_ENV)),
+            (None, Some(r)) => (r.clone(), None),
+            (None, None) => (DEFAULT_MANAGER.to_owned(), None),
+        };
+        if s.factories.contains_key(&name) {
+            Ok(name)
+        } else {
+            Err(EmmError::UnknownManager { name, source_var, known: s.factories.keys().cloned().collect() })
+        }
+    }
+
+    /// The manager serving `ctx`, created (version-checked and initialised) on first
+    /// use.
+    pub fn manager(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+        self.manager_for_key(ctx.raw().0 as usize, env_choice().as_deref(), |f| f.create(ctx))
+    }
+
+    fn manager_for_key(
+        &self,
+        key: usize,
+        env: Option<&str>,
+        create: impl FnOnce(&dyn ManagerFactory) -> Result<Arc<dyn MemoryManager>>,
+    ) -> Result<Arc<dyn MemoryManager>> {
+        if let Some((_, m)) = self.read().managers.iter().find(|(k, _)| *k == key) {
+            return Ok(m.clone());
+        }
+        let mut s = self.write();
+        if let Some((_, m)) = s.managers.iter().find(|(k, _)| *k == key) {
+            return Ok(m.clone()); // another thread won the race
+        }
+        let name = Self::resolve(&s, env)?;
+        let factory = s.factories[&name].clone();
+        let manager = create(factory.as_ref())?;
+        check_interface_version(manager.as_ref())?;
+        manager.initialize()?;
+        s.in_use = Some(name);
+        s.managers.push((key, manager.clone()));
+        Ok(manager)
+    }
+
+    /// Every live manager, for statistics and the out-of-memory ladder.
+    pub fn managers(&self) -> Vec<Arc<dyn MemoryManager>> {
+        self.read().managers.iter().map(|(_, m)| m.clone()).collect()
+    }
+
+    /// Asks every manager to release its cached memory; returns the bytes released.
+    pub fn release_cached_everywhere(&self) -> usize {
+        let mut total = 0;
+        for m in self.managers() {
+            match m.release_cached() {
+                Ok(n) => total += n,
+                Err(e) => tracing::warn!(manager = m.name(), error = %e, "release_cached failed"),
+            }
+        }
+        total
+    }
+
+    /// Allocates `size` bytes on `stream` from `ctx`'s manager. On out-of-memory
+    /// every manager of the process releases its cache and the allocation is retried
+    /// once (the out-of-memory hook that lets two pools share a card).
+    pub fn alloc(&self, ctx: &Context, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        let m = self.manager(ctx)?;
+        match m.memalloc_async(size, stream) {
+            Err(e) if e.is_out_of_memory() => {
+                let freed = self.release_cached_everywhere();
+                tracing::info!(size, freed, "out of memory: released cached memory of every manager; retrying once");
+                m.memalloc_async(size, stream)
+            }
+            other => other,
+        }
+    }
+}
+
+fn env_choice() -> Option<String> {
+    std::env::var(MANAGER_ENV).ok().filter(|v| !v.is_empty())
+}
+
+/// Registers `name` in the process-wide router.
+pub fn register_manager(name: &str, factory: impl ManagerFactory + 'static) {
+    Router::global().register(name, factory)
+}
+
+/// Chooses the process-wide manager (see [`Router::set_memory_manager`]).
+pub fn set_memory_manager(name: &str) -> Result<()> {
+    Router::global().set_memory_manager(name)
+}
+
+/// The process-wide manager of `ctx` (see [`Router::manager`]).
+pub fn memory_manager(ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+    Router::global().manager(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipc::IpcHandle;
+    use crate::manager::{DeferGuard, MemoryInfo};
+    use crate::pointer::{DeviceView, HostAllocFlags, HostMemory};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Fake {
+        name: &'static str,
+        version: u32,
+        inits: AtomicUsize,
+    }
+
+    impl MemoryManager for Fake {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn interface_version(&self) -> u32 {
+            self.version
+        }
+        fn initialize(&self) -> Result<()> {
+            self.inits.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
+            Err(EmmError::InvalidSize { requested: size, reason: "fake" })
+        }
+        fn memhostalloc(&self, _: usize, _: HostAllocFlags) -> Result<HostMemory> {
+            Err(EmmError::Unsupported { manager: self.name.into(), operation: "memhostalloc" })
+        }
+        unsafe fn mempin(&self, _: *mut u8, _: usize, _: bool) -> Result<HostMemory> {
+            Err(EmmError::Unsupported { manager: self.name.into(), operation: "mempin" })
+        }
+        fn get_memory_info(&self) -> Result<MemoryInfo> {
+            Err(EmmError::Unsupported { manager: self.name.into(), operation: "get_memory_info" })
+        }
+        fn get_ipc_handle(&self, _: DeviceView<'_>) -> Result<IpcHandle> {
+            Err(EmmError::Unsupported { manager: self.name.into(), operation: "get_ipc_handle" })
+        }
+        fn reset(&self) -> Result<()> {
+            Ok(())
+        }
+        fn defer_cleanup(&self) -> DeferGuard {
+            DeferGuard::noop()
+        }
+    }
+
+    fn fake(name: &'static str, version: u32) -> Arc<dyn MemoryManager> {
+        Arc::new(Fake { name, version, inits: AtomicUsize::new(0) })
+    }
+
+    fn router() -> Router {
+        let r = Router::new();
+        r.register("default", |_: &Context| -> Result<Arc<dyn MemoryManager>> { unreachable!("tests create directly") });
+        r.register("pool", |_: &Context| -> Result<Arc<dyn MemoryManager>> { unreachable!() });
+        r
+    }
+
+    #[test]
+    fn default_unless_set_and_env_wins() {
+        let r = router();
+        assert_eq!(r.selected_with_env(None).unwrap(), "default");
+        r.set_memory_manager_with_env("pool", None).unwrap();
+        assert_eq!(r.selected_with_env(None).unwrap(), "pool");
+        assert_eq!(r.selected_with_env(Some("default")).unwrap(), "default");
+        // The env var wins even when set_memory_manager names another (with a warning).
+        r.set_memory_manager_with_env("pool", Some("default")).unwrap();
+        assert_eq!(r.selected_with_env(Some("default")).unwrap(), "default");
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let r = router();
+        let e = r.set_memory_manager_with_env("poool", None).unwrap_err();
+        assert_eq!(e.to_string(), "unknown memory manager `poool`; known managers: default, pool");
+        let e = r.selected_with_env(Some("rmm")).unwrap_err();
+        assert_eq!(e.to_string(), "unknown memory manager `rmm` (from EMM_MEMORY_MANAGER); known managers: default, pool");
+        assert!(Router::new().selected_with_env(None).is_err());
+    }
+
+    #[test]
+    fn one_instance_per_context_initialised_once_and_no_switch_after_use() {
+        let r = router();
+        let made = AtomicUsize::new(0);
+        let mk = |_: &dyn ManagerFactory| {
+            made.fetch_add(1, Ordering::SeqCst);
+            Ok(fake("default", 1))
+        };
+        let a = r.manager_for_key(1, None, mk).unwrap();
+        let b = r.manager_for_key(1, None, |_| unreachable!("a second instance for the same context")).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = r.manager_for_key(2, None, |_| Ok(fake("default", 1))).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        assert_eq!(r.managers().len(), 2);
+        // Switching after use is a typed error, not a silent ignore.
+        let e = r.set_memory_manager_with_env("pool", None).unwrap_err();
+        assert!(matches!(e, EmmError::AlreadyInUse { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "cannot switch the memory manager to `pool`: `default` has already served allocations in this process"
+        );
+        // Setting the manager already in use is fine.
+        r.set_memory_manager_with_env("default", None).unwrap();
+    }
+
+    #[test]
+    fn initialize_runs_before_first_use() {
+        let r = router();
+        let m = Arc::new(Fake { name: "default", version: 1, inits: AtomicUsize::new(0) });
+        let m2 = m.clone();
+        r.manager_for_key(5, None, move |_| Ok(m2 as Arc<dyn MemoryManager>)).unwrap();
+        assert_eq!(m.inits.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_wrong_interface_version_is_rejected_with_the_supported_range() {
+        let r = router();
+        let Err(e) = r.manager_for_key(9, None, |_| Ok(fake("default", 2))) else { panic!("accepted version 2") };
+        assert_eq!(e.to_string(), "manager `default` implements interface version 2; this emm supports versions 1..=1");
+        assert!(r.managers().is_empty());
+    }
+}
