@@ -1,1 +1,31 @@
-//! emm-default
+//! emm's built-in manager and the reusable host-memory half.
+//!
+//! - [`DefaultManager`]: NBEP 7's default (Numba's `NumbaCUDAMemoryManager`):
+//!   `cuMemAlloc`, frees queued and flushed past a count or a byte ratio
+//!   ([`PendingConfig`], `EMM_MAX_PENDING_DEALLOCS_COUNT` /
+//!   `EMM_MAX_PENDING_DEALLOCS_RATIO`), `defer_cleanup` nesting, flush-and-retry on
+//!   out-of-memory.
+//! - [`HostOnly`]: pinned, mapped and `mempin` host memory with a size-tracking
+//!   queue, which plugins that manage only device memory compose.
+//! - [`Upstream`]: where raw blocks come from: [`DriverUpstream`] (`cuMemAlloc`) or
+//!   [`HostUpstream`], a host-memory stand-in for machines without a GPU.
+//!
+//! ```no_run
+//! use emm_core::MemoryManager;
+//! let ctx = emm_driver::Context::on_device(0)?;
+//! let manager = emm_default::DefaultManager::new(&ctx)?;
+//! manager.initialize()?;
+//! let block = manager.memalloc(1 << 20)?;
+//! assert_eq!(block.size(), 1 << 20);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod config;
+mod host;
+mod manager;
+mod upstream;
+
+pub use config::{PendingConfig, COUNT_ENV, RATIO_ENV};
+pub use host::HostOnly;
+pub use manager::{DefaultManager, DefaultStats};
+pub use upstream::{DriverUpstream, HostUpstream, Upstream};

@@ -1,0 +1,372 @@
+//! [`DefaultManager`]: NBEP 7's built-in manager (Numba's `NumbaCUDAMemoryManager`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_core::{
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
+    IpcHandle, MemoryInfo, MemoryManager, Result, SYNC_STREAM,
+};
+use emm_driver::Context;
+use emm_sys::{CUdeviceptr, CUstream};
+
+use crate::config::PendingConfig;
+use crate::host::HostOnly;
+use crate::upstream::{DriverUpstream, Upstream};
+
+/// Counters of a [`DefaultManager`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DefaultStats {
+    /// Allocations served.
+    pub allocations: usize,
+    /// Flushes of the pending queue.
+    pub flushes: usize,
+    /// Out-of-memory retries (flush, then retry once).
+    pub oom_retries: usize,
+    /// Live allocations.
+    pub live: usize,
+    /// Live bytes.
+    pub live_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pending: Vec<(CUdeviceptr, usize)>,
+    pending_bytes: usize,
+    live: HashMap<CUdeviceptr, usize>,
+    live_bytes: usize,
+    generation: usize,
+}
+
+struct Inner<U> {
+    upstream: U,
+    config: PendingConfig,
+    capacity: AtomicUsize,
+    defer: Arc<DeferState>,
+    state: Mutex<State>,
+    allocations: AtomicUsize,
+    flushes: AtomicUsize,
+    oom_retries: AtomicUsize,
+    release_errors: Mutex<Vec<EmmError>>,
+}
+
+impl<U: Upstream> Inner<U> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn over(&self, s: &State) -> bool {
+        s.pending.len() > self.config.max_count || s.pending_bytes > self.config.max_bytes(self.capacity.load(Ordering::Relaxed))
+    }
+
+    fn take_pending(s: &mut State) -> Vec<(CUdeviceptr, usize)> {
+        s.pending_bytes = 0;
+        std::mem::take(&mut s.pending)
+    }
+
+    fn free_blocks(&self, blocks: Vec<(CUdeviceptr, usize)>) -> usize {
+        if blocks.is_empty() {
+            return 0;
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let mut bytes = 0;
+        for (ptr, size) in blocks {
+            // SAFETY: each block came from `upstream.alloc(size)`, left the live set
+            // exactly once (release or reset), and is freed once here.
+            match unsafe { self.upstream.free(ptr, size) } {
+                Ok(()) => bytes += size,
+                Err(e) => {
+                    tracing::error!(ptr = format_args!("{ptr:#x}"), size, error = %e, "freeing a pending block failed");
+                    self.release_errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                }
+            }
+        }
+        bytes
+    }
+
+    fn flush(&self) -> usize {
+        let blocks = Self::take_pending(&mut self.lock());
+        self.free_blocks(blocks)
+    }
+
+    fn flush_if_needed(&self) {
+        let blocks = {
+            let mut s = self.lock();
+            if self.defer.is_deferred() || !self.over(&s) {
+                return;
+            }
+            Self::take_pending(&mut s)
+        };
+        self.free_blocks(blocks);
+    }
+}
+
+impl<U: Upstream> DeviceRelease for Inner<U> {
+    fn release(&self, ptr: CUdeviceptr, size: usize, _stream: CUstream, token: usize) {
+        let blocks = {
+            let mut s = self.lock();
+            if token != s.generation {
+                return; // invalidated by reset: the memory was already freed
+            }
+            if s.live.remove(&ptr).is_none() {
+                return;
+            }
+            s.live_bytes -= size;
+            s.pending.push((ptr, size));
+            s.pending_bytes += size;
+            if self.defer.is_deferred() || !self.over(&s) {
+                return;
+            }
+            Self::take_pending(&mut s)
+        };
+        self.free_blocks(blocks);
+    }
+}
+
+/// NBEP 7's default manager: device memory straight from the upstream
+/// (`cuMemAlloc`), frees queued and flushed in batches.
+///
+/// - A free is queued; the queue is flushed when its count exceeds
+///   [`PendingConfig::max_count`] or its bytes exceed [`PendingConfig::max_ratio`]
+///   of device memory (both "strictly greater", as in Numba).
+/// - `defer_cleanup` holds every flush while any guard lives (guards nest; a panic
+///   unwinding through one releases it); when the last guard drops, the queue is
+///   flushed if it is over its thresholds. The out-of-memory ladder does not flush
+///   while deferred either.
+/// - Out of memory: flush the queue, retry once, then [`EmmError::OutOfMemory`] with
+///   the requested bytes and the device's free and total.
+/// - `reset` frees everything, live allocations included; those are invalidated
+///   (their drop does nothing), so nothing is freed twice.
+/// - Host memory comes from a composed [`HostOnly`] sharing the defer guard.
+pub struct DefaultManager<U: Upstream + 'static = DriverUpstream> {
+    inner: Arc<Inner<U>>,
+    host: Option<HostOnly>,
+    ctx: Option<Context>,
+}
+
+impl<U: Upstream + 'static> core::fmt::Debug for DefaultManager<U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DefaultManager").field("upstream", &self.inner.upstream.name()).field("stats", &self.stats()).finish()
+    }
+}
+
+impl DefaultManager<DriverUpstream> {
+    /// The default manager of `ctx`, configured from the environment
+    /// ([`PendingConfig::from_env`]).
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Self::with_config(ctx, PendingConfig::from_env()?)
+    }
+
+    /// The default manager of `ctx` with `config`.
+    pub fn with_config(ctx: &Context, config: PendingConfig) -> Result<Self> {
+        let mut m = DefaultManager::over(DriverUpstream::new(ctx), config);
+        m.host = Some(HostOnly::new(ctx, config, m.inner.defer.clone())?);
+        m.ctx = Some(ctx.clone());
+        Ok(m)
+    }
+}
+
+impl<U: Upstream + 'static> DefaultManager<U> {
+    /// A manager over any upstream, without host memory (for the host stand-in).
+    pub fn over(upstream: U, config: PendingConfig) -> Self {
+        DefaultManager {
+            inner: Arc::new(Inner {
+                upstream,
+                config,
+                capacity: AtomicUsize::new(0),
+                defer: DeferState::new(),
+                state: Mutex::new(State::default()),
+                allocations: AtomicUsize::new(0),
+                flushes: AtomicUsize::new(0),
+                oom_retries: AtomicUsize::new(0),
+                release_errors: Mutex::new(Vec::new()),
+            }),
+            host: None,
+            ctx: None,
+        }
+    }
+
+    /// The upstream.
+    pub fn upstream(&self) -> &U {
+        &self.inner.upstream
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> PendingConfig {
+        self.inner.config
+    }
+
+    /// `(count, bytes)` of frees waiting in the device queue.
+    pub fn pending(&self) -> (usize, usize) {
+        let s = self.inner.lock();
+        (s.pending.len(), s.pending_bytes)
+    }
+
+    /// The composed host-memory half, when serving a real context.
+    pub fn host(&self) -> Option<&HostOnly> {
+        self.host.as_ref()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DefaultStats {
+        let s = self.inner.lock();
+        DefaultStats {
+            allocations: self.inner.allocations.load(Ordering::Relaxed),
+            flushes: self.inner.flushes.load(Ordering::Relaxed),
+            oom_retries: self.inner.oom_retries.load(Ordering::Relaxed),
+            live: s.live.len(),
+            live_bytes: s.live_bytes,
+        }
+    }
+
+    /// Errors raised while freeing queued blocks (also logged when they happened).
+    pub fn take_release_errors(&self) -> Vec<EmmError> {
+        std::mem::take(&mut *self.inner.release_errors.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Flushes the device queue now (ignores the defer guard); returns bytes freed.
+    pub fn flush(&self) -> usize {
+        self.inner.flush()
+    }
+
+    fn attempt(&self, size: usize) -> Result<CUdeviceptr> {
+        match self.inner.upstream.alloc(size) {
+            Err(e) if e.is_out_of_memory() => {
+                self.inner.oom_retries.fetch_add(1, Ordering::Relaxed);
+                if !self.inner.defer.is_deferred() {
+                    self.inner.flush();
+                    if let Some(h) = &self.host {
+                        h.flush();
+                    }
+                }
+                self.inner.upstream.alloc(size).map_err(|e| {
+                    if e.is_out_of_memory() {
+                        let info = self.inner.upstream.mem_info().unwrap_or_default();
+                        let (count, bytes) = self.pending();
+                        EmmError::OutOfMemory {
+                            what: "device",
+                            manager: "default".into(),
+                            requested: size,
+                            free: info.free,
+                            total: info.total,
+                            detail: if count > 0 {
+                                format!("{count} frees of {} held back by defer_cleanup", emm_core::fmt_bytes(bytes))
+                            } else {
+                                String::new()
+                            },
+                        }
+                    } else {
+                        e
+                    }
+                })
+            }
+            other => other,
+        }
+    }
+
+    fn allocate(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        if size == 0 {
+            // SAFETY: a zero-length allocation owns nothing; the finalizer does nothing.
+            return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream, |_, _, _| {}) });
+        }
+        let ptr = self.attempt(size)?;
+        let token = {
+            let mut s = self.inner.lock();
+            s.live.insert(ptr, size);
+            s.live_bytes += size;
+            s.generation
+        };
+        self.inner.allocations.fetch_add(1, Ordering::Relaxed);
+        let owner: Arc<dyn DeviceRelease> = self.inner.clone();
+        // SAFETY: `ptr` is a fresh upstream block of `size` bytes, owned by `inner`
+        // until released through it.
+        Ok(unsafe { DeviceAllocation::with_releaser(ptr, size, stream, ptr, size, owner, token) })
+    }
+
+    fn no_host(&self, operation: &'static str) -> EmmError {
+        EmmError::Unsupported { manager: format!("default over {}", self.inner.upstream.name()), operation }
+    }
+}
+
+impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
+    fn name(&self) -> &str {
+        "default"
+    }
+
+    fn initialize(&self) -> Result<()> {
+        let info = self.inner.upstream.mem_info()?;
+        self.inner.capacity.store(info.total, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
+        self.allocate(size, SYNC_STREAM)
+    }
+
+    fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        // cuMemAlloc memory is usable on every stream at once; the allocation only
+        // remembers `stream`.
+        self.allocate(size, stream)
+    }
+
+    fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
+        self.host.as_ref().ok_or_else(|| self.no_host("memhostalloc"))?.memhostalloc(size, flags)
+    }
+
+    unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
+        let host = self.host.as_ref().ok_or_else(|| self.no_host("mempin"))?;
+        // SAFETY: forwarded to the caller.
+        unsafe { host.mempin(ptr, len, mapped) }
+    }
+
+    fn get_memory_info(&self) -> Result<MemoryInfo> {
+        self.inner.upstream.mem_info()
+    }
+
+    fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
+        let ctx = self.ctx.as_ref().ok_or_else(|| self.no_host("get_ipc_handle"))?;
+        IpcHandle::export_legacy(ctx, view.parent().base().0, view.ptr(), view.len())
+    }
+
+    fn reset(&self) -> Result<()> {
+        let blocks = {
+            let mut s = self.inner.lock();
+            s.generation = s.generation.wrapping_add(1);
+            let mut blocks = Inner::<U>::take_pending(&mut s);
+            blocks.extend(s.live.drain());
+            s.live_bytes = 0;
+            blocks
+        };
+        if let Some(ctx) = &self.ctx {
+            ctx.synchronize()?; // no kernel may still use what is freed
+        }
+        self.inner.free_blocks(blocks);
+        if let Some(h) = &self.host {
+            h.flush();
+        }
+        Ok(())
+    }
+
+    fn defer_cleanup(&self) -> DeferGuard {
+        let inner = self.inner.clone();
+        let host = self.host.clone();
+        self.inner.defer.guard(move || {
+            inner.flush_if_needed();
+            if let Some(h) = host {
+                h.flush_if_needed();
+            }
+        })
+    }
+
+    fn release_cached(&self) -> Result<usize> {
+        if self.inner.defer.is_deferred() {
+            return Ok(0);
+        }
+        Ok(self.inner.flush() + self.host.as_ref().map_or(0, HostOnly::flush))
+    }
+
+    fn context(&self) -> Option<&Context> {
+        self.ctx.as_ref()
+    }
+}
