@@ -2,11 +2,15 @@
 
 use std::process::ExitCode;
 
+mod backend;
 mod info;
+mod replay;
 
 const USAGE: &str = "usage: emm <command>
 
 commands:
+  replay    replay allocation traces through managers (the main job):
+            emm replay [TRACE...] [--manager default|pool|hostonly|all] [--json]
   info      the CUDA driver and each device (or why there is none)
 ";
 
@@ -14,6 +18,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("info") => info::run(),
+        Some("replay") => replay::run(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -35,7 +35,7 @@ pub use manager::{
     SUPPORTED_INTERFACE_VERSIONS,
 };
 pub use pointer::{
-    DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, SYNC_STREAM,
+    DeviceAllocation, DeviceRelease, DeviceView, Released, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, SYNC_STREAM,
 };
 pub use router::{
     memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER, MANAGER_ENV,

@@ -19,15 +19,32 @@ use crate::error::{EmmError, Result};
 /// `release` is called once per allocation, from the thread that drops it. It must
 /// not panic (a panic is caught and logged, and the memory is then lost).
 pub trait DeviceRelease: Send + Sync {
-    /// Takes back the block `ptr` of `size` bytes last used on `stream`. `token` is
-    /// the value the manager stored when it made the allocation.
-    fn release(&self, ptr: CUdeviceptr, size: usize, stream: CUstream, token: usize);
+    /// Takes back a block.
+    fn release(&self, block: Released);
+}
+
+/// What a dropped [`DeviceAllocation`] gives back to its manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The block's address.
+    pub ptr: CUdeviceptr,
+    /// Its size as requested.
+    pub size: usize,
+    /// The stream it was last ordered on.
+    pub stream: CUstream,
+    /// The upstream allocation containing it.
+    pub base: CUdeviceptr,
+    /// That allocation's size.
+    pub base_size: usize,
+    /// The value the manager stored when it made the allocation.
+    pub token: usize,
 }
 
 type Callback = Box<dyn FnOnce(CUdeviceptr, usize, CUstream) + Send>;
 
 enum Releaser {
     Shared(Arc<dyn DeviceRelease>, usize),
+    Borrowed(*const dyn DeviceRelease, usize),
     Callback(Callback),
     Nothing,
 }
@@ -82,6 +99,25 @@ impl DeviceAllocation {
         token: usize,
     ) -> DeviceAllocation {
         DeviceAllocation { ptr, size, stream, base, base_size, releaser: Releaser::Shared(owner, token) }
+    }
+
+    /// As [`DeviceAllocation::with_releaser`], but borrowing the releaser instead of
+    /// counting a reference to it: no shared atomic is touched per allocation, which
+    /// keeps many threads from contending on one cache line.
+    ///
+    /// # Safety
+    /// As for [`DeviceAllocation::with_releaser`], and `owner` must stay alive (not
+    /// move or drop) until this allocation is dropped or turned into raw parts.
+    pub unsafe fn with_borrowed_releaser(
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: CUstream,
+        base: CUdeviceptr,
+        base_size: usize,
+        owner: *const dyn DeviceRelease,
+        token: usize,
+    ) -> DeviceAllocation {
+        DeviceAllocation { ptr, size, stream, base, base_size, releaser: Releaser::Borrowed(owner, token) }
     }
 
     /// An allocation released by `finalizer(ptr, size, stream)`, as NBEP 7's
@@ -157,8 +193,12 @@ impl Drop for DeviceAllocation {
     fn drop(&mut self) {
         let releaser = core::mem::replace(&mut self.releaser, Releaser::Nothing);
         let (ptr, size, stream) = (self.ptr, self.size, self.stream);
+        let (base, base_size) = (self.base, self.base_size);
+        let block = move |token| Released { ptr, size, stream, base, base_size, token };
         let outcome = catch_unwind(AssertUnwindSafe(move || match releaser {
-            Releaser::Shared(owner, token) => owner.release(ptr, size, stream, token),
+            Releaser::Shared(owner, token) => owner.release(block(token)),
+            // SAFETY: the constructor's contract keeps `owner` alive until now.
+            Releaser::Borrowed(owner, token) => unsafe { (*owner).release(block(token)) },
             Releaser::Callback(f) => f(ptr, size, stream),
             Releaser::Nothing => {}
         }));
@@ -358,9 +398,10 @@ mod tests {
 
     struct Counter(AtomicUsize);
     impl DeviceRelease for Counter {
-        fn release(&self, _: CUdeviceptr, size: usize, _: CUstream, token: usize) {
-            assert_eq!(token, 7);
-            self.0.fetch_add(size, Ordering::SeqCst);
+        fn release(&self, b: Released) {
+            assert_eq!(b.token, 7);
+            assert_eq!((b.base, b.base_size), (0x800, 4096));
+            self.0.fetch_add(b.size, Ordering::SeqCst);
         }
     }
 

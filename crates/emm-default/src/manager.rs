@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, MemoryInfo, MemoryManager, Result, SYNC_STREAM,
+    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
 };
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
@@ -28,6 +28,8 @@ pub struct DefaultStats {
     pub live: usize,
     /// Live bytes.
     pub live_bytes: usize,
+    /// Peak of bytes held from the upstream (live plus pending frees).
+    pub peak_held_bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +38,7 @@ struct State {
     pending_bytes: usize,
     live: HashMap<CUdeviceptr, usize>,
     live_bytes: usize,
+    peak_held: usize,
     generation: usize,
 }
 
@@ -103,7 +106,8 @@ impl<U: Upstream> Inner<U> {
 }
 
 impl<U: Upstream> DeviceRelease for Inner<U> {
-    fn release(&self, ptr: CUdeviceptr, size: usize, _stream: CUstream, token: usize) {
+    fn release(&self, block: Released) {
+        let Released { ptr, size, token, .. } = block;
         let blocks = {
             let mut s = self.lock();
             if token != s.generation {
@@ -217,6 +221,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
             oom_retries: self.inner.oom_retries.load(Ordering::Relaxed),
             live: s.live.len(),
             live_bytes: s.live_bytes,
+            peak_held_bytes: s.peak_held,
         }
     }
 
@@ -275,6 +280,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
             let mut s = self.inner.lock();
             s.live.insert(ptr, size);
             s.live_bytes += size;
+            s.peak_held = s.peak_held.max(s.live_bytes + s.pending_bytes);
             s.generation
         };
         self.inner.allocations.fetch_add(1, Ordering::Relaxed);

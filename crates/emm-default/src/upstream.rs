@@ -221,3 +221,22 @@ impl Drop for HostUpstream {
         }
     }
 }
+
+impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn alloc(&self, size: usize) -> Result<CUdeviceptr> {
+        (**self).alloc(size)
+    }
+    unsafe fn free(&self, ptr: CUdeviceptr, size: usize) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        unsafe { (**self).free(ptr, size) }
+    }
+    fn mem_info(&self) -> Result<MemoryInfo> {
+        (**self).mem_info()
+    }
+    fn context(&self) -> Option<&Context> {
+        (**self).context()
+    }
+}

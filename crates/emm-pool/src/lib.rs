@@ -1,1 +1,29 @@
-//! emm-pool
+//! A stream-aware caching pool for device and pinned host memory, as an emm plugin.
+//!
+//! See [`PoolManager`] for the design. The pool runs over any upstream: the driver
+//! (`cuMemAlloc`), or the host stand-in ([`PoolUpstream::Host`]) for CI and for
+//! replaying traces without a GPU. [`record`] wraps any manager so that it writes a
+//! trace; [`replay`] plays traces back through managers.
+//!
+//! ```no_run
+//! use emm_core::MemoryManager;
+//! let ctx = emm_driver::Context::on_device(0)?;
+//! let stream = emm_driver::Stream::new(&ctx)?;
+//! let pool = emm_pool::PoolManager::new(&ctx)?;
+//! let block = pool.memalloc_async(1 << 20, stream.raw())?; // ordered on `stream`
+//! drop(block); // back in the pool; the next 1 MiB request on `stream` reuses it
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod arena;
+mod events;
+mod pool;
+pub mod record;
+pub mod replay;
+pub mod synth;
+mod vmm;
+
+pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
+pub use events::{DriverEvents, EventId, EventSource, HostEvents};
+pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream};
+pub use vmm::{DriverVmm, HostVmm, VirtualMemory};

@@ -1,0 +1,140 @@
+//! Ordering cross-stream reuse: an [`EventSource`] records a marker on a stream and
+//! says when the work before it has completed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_core::Result;
+use emm_driver::{Context, Event};
+use emm_sys::CUstream;
+
+/// Records completion markers on streams.
+pub trait EventSource: Send + Sync {
+    /// Records a marker after the work queued so far on `stream`.
+    fn record(&self, stream: CUstream) -> Result<EventId>;
+    /// `true` once the work before the marker has completed.
+    fn is_complete(&self, id: EventId) -> Result<bool>;
+    /// Blocks until the marker completes.
+    fn wait(&self, id: EventId) -> Result<()>;
+    /// Returns the marker to the source for reuse.
+    fn recycle(&self, id: EventId);
+}
+
+/// A marker recorded by an [`EventSource`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventId(pub usize);
+
+/// Pooled driver events (timing disabled); created on demand, reused after
+/// recycling, destroyed with the source.
+#[derive(Debug)]
+pub struct DriverEvents {
+    ctx: Context,
+    all: Mutex<Vec<Arc<Event>>>,
+    idle: Mutex<Vec<usize>>,
+}
+
+impl DriverEvents {
+    /// Events of `ctx`.
+    pub fn new(ctx: &Context) -> Self {
+        DriverEvents { ctx: ctx.clone(), all: Mutex::new(Vec::new()), idle: Mutex::new(Vec::new()) }
+    }
+
+    fn get(&self, id: EventId) -> Option<Arc<Event>> {
+        self.all.lock().unwrap_or_else(|p| p.into_inner()).get(id.0).cloned()
+    }
+}
+
+impl EventSource for DriverEvents {
+    fn record(&self, stream: CUstream) -> Result<EventId> {
+        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let id = match reused {
+            Some(i) => i,
+            None => {
+                let e = Arc::new(Event::sync_only(&self.ctx)?);
+                let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+                all.push(e);
+                all.len() - 1
+            }
+        };
+        let ev = self.get(EventId(id)).ok_or_else(|| emm_core::EmmError::InvalidSize { requested: id, reason: "unknown event" })?;
+        let _g = self.ctx.push()?;
+        ev.record_raw(stream)?;
+        Ok(EventId(id))
+    }
+
+    fn is_complete(&self, id: EventId) -> Result<bool> {
+        match self.get(id) {
+            Some(e) => Ok(e.query()?),
+            None => Ok(true),
+        }
+    }
+
+    fn wait(&self, id: EventId) -> Result<()> {
+        if let Some(e) = self.get(id) {
+            e.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn recycle(&self, id: EventId) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(id.0);
+    }
+}
+
+/// Markers for the host stand-in: complete at once, or only when the test says so.
+#[derive(Debug, Default)]
+pub struct HostEvents {
+    manual: bool,
+    state: Mutex<Vec<Arc<AtomicBool>>>,
+}
+
+impl HostEvents {
+    /// Markers that complete immediately (replay without a GPU).
+    pub fn immediate() -> Self {
+        HostEvents { manual: false, state: Mutex::new(Vec::new()) }
+    }
+
+    /// Markers that complete only through [`HostEvents::complete`] (model tests).
+    pub fn manual() -> Self {
+        HostEvents { manual: true, state: Mutex::new(Vec::new()) }
+    }
+
+    /// Completes marker `id`.
+    pub fn complete(&self, id: EventId) {
+        if let Some(f) = self.state.lock().unwrap_or_else(|p| p.into_inner()).get(id.0) {
+            f.store(true, Ordering::Release);
+        }
+    }
+
+    /// Completes every marker recorded so far.
+    pub fn complete_all(&self) {
+        for f in self.state.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            f.store(true, Ordering::Release);
+        }
+    }
+
+    /// Markers recorded and not yet complete.
+    pub fn outstanding(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|f| !f.load(Ordering::Acquire)).count()
+    }
+}
+
+impl EventSource for HostEvents {
+    fn record(&self, _stream: CUstream) -> Result<EventId> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.push(Arc::new(AtomicBool::new(!self.manual)));
+        Ok(EventId(s.len() - 1))
+    }
+
+    fn is_complete(&self, id: EventId) -> Result<bool> {
+        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()).get(id.0).is_none_or(|f| f.load(Ordering::Acquire)))
+    }
+
+    fn wait(&self, id: EventId) -> Result<()> {
+        // A host marker "waits" by completing: the test harness plays the device.
+        self.complete(id);
+        Ok(())
+    }
+
+    fn recycle(&self, _id: EventId) {}
+}

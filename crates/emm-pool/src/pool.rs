@@ -1,0 +1,599 @@
+//! [`PoolManager`]: the caching pool as an emm plugin.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use emm_core::{
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
+    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+};
+use emm_default::{DriverUpstream, HostOnly, HostUpstream, PendingConfig, Upstream};
+use emm_driver::Context;
+use emm_sys::{CUdeviceptr, CUstream};
+
+use crate::arena::{round_size, Arena, ArenaStats, SegmentPolicy, SegmentSource, StreamKey};
+use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
+
+/// Configuration of a [`PoolManager`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolConfig {
+    /// Segment sizes.
+    pub segments: SegmentPolicy,
+    /// Largest number of bytes the pool may reserve (`None`: the device's memory).
+    pub limit: Option<usize>,
+    /// Blocks a thread keeps per stream for immediate reuse.
+    pub thread_cache_blocks: usize,
+    /// Bytes a thread keeps per stream for immediate reuse.
+    pub thread_cache_bytes: usize,
+    /// Reserved bytes above which `release_cached` and a free's trim check give
+    /// wholly free segments back (`usize::MAX`: only on `trim()` or out of memory).
+    pub release_threshold: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            segments: SegmentPolicy::default(),
+            limit: None,
+            thread_cache_blocks: 8,
+            thread_cache_bytes: 256 << 20,
+            release_threshold: usize::MAX,
+        }
+    }
+}
+
+/// Statistics of a pool, with PyTorch's `memory_stats` names where they fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// `allocated_bytes.all.current`: bytes in blocks held by callers (rounded).
+    pub allocated_bytes: usize,
+    /// `allocated_bytes.all.peak` (exact for the shared path; thread-cache hits
+    /// are folded in when threads next touch the shared path).
+    pub allocated_bytes_peak: usize,
+    /// `reserved_bytes.all.current`: bytes held from the upstream.
+    pub reserved_bytes: usize,
+    /// `reserved_bytes.all.peak`.
+    pub reserved_bytes_peak: usize,
+    /// `num_alloc_retries`-like: out-of-memory ladders run.
+    pub num_alloc_retries: usize,
+    /// `num_device_alloc`: segments taken from the upstream.
+    pub num_device_alloc: usize,
+    /// `num_device_free`: segments given back.
+    pub num_device_free: usize,
+    /// `segment.all.current`.
+    pub segments: usize,
+    /// Allocations served (all paths).
+    pub allocations: u64,
+    /// Allocations served by a thread's cache (no lock, no driver call).
+    pub thread_cache_hits: u64,
+    /// Allocations served from the shared free blocks.
+    pub shared_hits: usize,
+    /// Blocks reused by another stream after their event completed.
+    pub cross_stream_reuses: usize,
+}
+
+struct SourceAdapter<'a>(&'a dyn Upstream, Option<&'a dyn VirtualMemory>);
+
+impl SegmentSource for SourceAdapter<'_> {
+    fn reserve(&self, size: usize) -> Result<Option<CUdeviceptr>> {
+        match self.1 {
+            Some(v) => v.reserve(size).map(Some),
+            None => Ok(None),
+        }
+    }
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.1.ok_or(EmmError::Unsupported { manager: "pool".into(), operation: "map" })?.map(addr, len)
+    }
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.1.ok_or(EmmError::Unsupported { manager: "pool".into(), operation: "unmap" })?.unmap(addr, len)
+    }
+    fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
+        self.0.alloc(size)
+    }
+    fn free_segment(&self, base: CUdeviceptr, size: usize) -> Result<()> {
+        // SAFETY: the arena gives back only segments it took from this upstream,
+        // once, and only when every block in them is free.
+        unsafe { self.0.free(base, size) }
+    }
+    fn device_info(&self) -> (usize, usize) {
+        self.0.mem_info().map(|i| (i.free, i.total)).unwrap_or((0, 0))
+    }
+}
+
+/// Counters one thread writes and others read (single writer: no contention).
+#[derive(Debug, Default)]
+struct ThreadCounters {
+    live_blocks: AtomicU64,
+    freed_blocks: AtomicU64,
+    allocations: AtomicU64,
+    hits: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+pub(crate) struct Core {
+    id: usize,
+    name: &'static str,
+    arena: Mutex<Arena>,
+    upstream: Box<dyn Upstream>,
+    vmm: Option<Box<dyn VirtualMemory>>,
+    events: Box<dyn EventSource>,
+    config: PoolConfig,
+    generation: AtomicUsize,
+    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+    orphan: ThreadCounters,
+    host: Option<HostOnly>,
+    ctx: Option<Context>,
+    defer: Arc<DeferState>,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    ptr: CUdeviceptr,
+    size: usize,
+    base: CUdeviceptr,
+    base_size: usize,
+    generation: usize,
+}
+
+struct StreamCache {
+    stream: StreamKey,
+    entries: Vec<Entry>,
+    bytes: usize,
+}
+
+struct Local {
+    core: Arc<Core>,
+    counters: Arc<ThreadCounters>,
+    streams: Vec<StreamCache>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let mut arena = self.core.lock();
+        let gen = self.core.generation.load(Ordering::Acquire);
+        for sc in self.streams.drain(..) {
+            for e in sc.entries {
+                if e.generation == gen {
+                    arena.free(e.ptr, sc.stream);
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    static LOCALS: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+impl Core {
+    fn source(&self) -> SourceAdapter<'_> {
+        SourceAdapter(self.upstream.as_ref(), self.vmm.as_deref())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Arena> {
+        self.arena.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on this thread's cache for this pool (created on first use).
+    fn with_local<R>(self: &Arc<Self>, f: impl FnOnce(&mut Local) -> R) -> Option<R> {
+        LOCALS
+            .try_with(|cell| {
+                let mut locals = cell.try_borrow_mut().ok()?;
+                let i = match locals.iter().position(|l| l.core.id == self.id) {
+                    Some(i) => i,
+                    None => {
+                        let counters = Arc::new(ThreadCounters::default());
+                        self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(counters.clone());
+                        locals.push(Local { core: self.clone(), counters, streams: Vec::new() });
+                        locals.len() - 1
+                    }
+                };
+                Some(f(&mut locals[i]))
+            })
+            .ok()
+            .flatten()
+    }
+
+    fn flush_stream(&self, arena: &mut Arena, sc: &mut StreamCache, gen: usize) {
+        for e in sc.entries.drain(..) {
+            if e.generation == gen {
+                arena.free(e.ptr, sc.stream);
+            }
+        }
+        sc.bytes = 0;
+    }
+
+    fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        if size == 0 {
+            // SAFETY: a zero-length allocation owns nothing.
+            return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream, |_, _, _| {}) });
+        }
+        if size > isize::MAX as usize / 2 {
+            return Err(EmmError::InvalidSize { requested: size, reason: "larger than any device" });
+        }
+        let rsize = round_size(size);
+        let key = stream.0 as StreamKey;
+        let gen = self.generation.load(Ordering::Acquire);
+        // Fast path: this thread's cache for this stream, exact rounded size.
+        let hit = self.with_local(|local| {
+            bump(&local.counters.allocations);
+            let sc = local.streams.iter_mut().find(|s| s.stream == key)?;
+            let i = sc.entries.iter().rposition(|e| e.size == rsize && e.generation == gen)?;
+            let e = sc.entries.swap_remove(i);
+            sc.bytes -= e.size;
+            bump(&local.counters.hits);
+            bump(&local.counters.live_blocks);
+            Some(e)
+        });
+        let entry = match hit {
+            Some(Some(e)) => e,
+            other => {
+                let mut arena = self.lock();
+                if other.is_some() {
+                    // A miss: give this stream's cached blocks back first, so they
+                    // can coalesce and serve this request.
+                    self.with_local(|local| {
+                        if let Some(sc) = local.streams.iter_mut().find(|s| s.stream == key) {
+                            self.flush_stream(&mut arena, sc, gen);
+                        }
+                        bump(&local.counters.live_blocks);
+                    });
+                } else {
+                    bump(&self.orphan.allocations);
+                    bump(&self.orphan.live_blocks);
+                }
+                let (ptr, base, base_size) = arena
+                    .alloc(rsize, key, self.events.as_ref(), &self.source())
+                    .inspect_err(|_| {
+                        // Undo the live count taken above.
+                        let _ = self.with_local(|l| {
+                            l.counters.live_blocks.store(l.counters.live_blocks.load(Ordering::Relaxed) - 1, Ordering::Relaxed)
+                        });
+                    })?;
+                Entry { ptr, size: rsize, base, base_size, generation: gen }
+            }
+        };
+        let owner: *const dyn DeviceRelease = Arc::as_ptr(self) as *const Core;
+        // SAFETY: the block is live in the arena, owned by this core until released
+        // through it; the core outlives every allocation (PoolManager's Drop leaks it
+        // while any is live).
+        Ok(unsafe {
+            DeviceAllocation::with_borrowed_releaser(entry.ptr, size, stream, entry.base, entry.base_size, owner, entry.generation)
+        })
+    }
+
+    fn give_back(&self, ptr: CUdeviceptr, size: usize, stream: CUstream, token: usize, base: (CUdeviceptr, usize)) {
+        let gen = self.generation.load(Ordering::Acquire);
+        let rsize = round_size(size);
+        let key = stream.0 as StreamKey;
+        let cfg = &self.config;
+        let cached = LOCALS
+            .try_with(|cell| {
+                let mut locals = cell.try_borrow_mut().ok()?;
+                let local = locals.iter_mut().find(|l| l.core.id == self.id)?;
+                let c = &local.counters.live_blocks;
+                c.store(c.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Relaxed);
+                if token != gen {
+                    return Some(true); // invalidated by reset
+                }
+                let sc = match local.streams.iter_mut().position(|s| s.stream == key) {
+                    Some(i) => &mut local.streams[i],
+                    None => {
+                        local.streams.push(StreamCache { stream: key, entries: Vec::with_capacity(cfg.thread_cache_blocks), bytes: 0 });
+                        local.streams.last_mut()?
+                    }
+                };
+                if sc.entries.len() < cfg.thread_cache_blocks && sc.bytes + rsize <= cfg.thread_cache_bytes {
+                    sc.entries.push(Entry { ptr, size: rsize, base: base.0, base_size: base.1, generation: gen });
+                    sc.bytes += rsize;
+                    return Some(true);
+                }
+                Some(false)
+            })
+            .ok()
+            .flatten();
+        match cached {
+            Some(true) => {}
+            Some(false) => {
+                self.lock().free(ptr, key);
+            }
+            None => {
+                // No cache on this thread (or it is being torn down).
+                bump(&self.orphan.freed_blocks);
+                if token == gen {
+                    self.lock().free(ptr, key);
+                }
+            }
+        }
+    }
+
+    fn live_blocks(&self) -> i64 {
+        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let t: i64 = threads.iter().map(|c| c.live_blocks.load(Ordering::Relaxed) as i64).sum();
+        t + self.orphan.live_blocks.load(Ordering::Relaxed) as i64 - self.orphan.freed_blocks.load(Ordering::Relaxed) as i64
+    }
+}
+
+impl DeviceRelease for Core {
+    fn release(&self, b: Released) {
+        self.give_back(b.ptr, b.size, b.stream, b.token, (b.base, b.base_size));
+    }
+}
+
+/// Where a pool's segments come from.
+pub enum PoolUpstream {
+    /// `cuMemAlloc` in a context.
+    Driver(Context),
+    /// The host stand-in (no GPU): `capacity` bytes, `touch` to back blocks with
+    /// real host memory.
+    Host {
+        /// Bytes of the stand-in device.
+        capacity: usize,
+        /// Back blocks with real memory.
+        touch: bool,
+    },
+    /// Any other upstream, with its event source and optional virtual memory.
+    Custom(Box<dyn Upstream>, Box<dyn EventSource>, Option<Box<dyn VirtualMemory>>, Option<Context>),
+}
+
+/// The caching pool: a stream-aware best-fit allocator over segments, with
+/// per-thread caches so that a same-stream allocate+free pair takes no lock and
+/// makes no driver call.
+///
+/// - **Stream-aware.** A block freed on stream S goes back to S's free blocks and is
+///   reused on S at once (stream order makes that safe). Another stream T takes it
+///   only after an event recorded on S has completed (events are pooled).
+/// - **Thread caches.** Each thread keeps up to [`PoolConfig::thread_cache_blocks`]
+///   freed blocks per stream; an allocation of the same rounded size on the same
+///   stream takes one back without a lock. A miss gives that stream's cached blocks
+///   back to the shared arena first, so nothing stays fragmented in a cache.
+/// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
+///   large blocks use different segments; lookups are `O(log n)`.
+/// - **Out of memory**: wait for pending cross-stream events, give back every
+///   wholly free segment, retry, then [`EmmError::OutOfMemory`] with a report (live,
+///   reserved, largest free block, the device's free and total).
+/// - **`defer_cleanup`**: the pool never synchronizes on a free, so there is nothing
+///   to defer for device memory; the guard defers the pinned-host queue of the
+///   composed [`HostOnly`].
+/// - **The synchronous path** (`memalloc`) orders memory on the legacy default
+///   stream: safe there and on every blocking stream; a non-blocking stream must
+///   first wait for the legacy stream (as with RMM's pool).
+pub struct PoolManager {
+    core: Arc<Core>,
+}
+
+impl core::fmt::Debug for PoolManager {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PoolManager").field("stats", &self.stats()).finish()
+    }
+}
+
+impl PoolManager {
+    /// A pool of device memory in `ctx` (`cuMemAlloc` segments) with host memory
+    /// from a composed [`HostOnly`].
+    pub fn new(ctx: &Context) -> Result<PoolManager> {
+        Self::with_config(PoolUpstream::Driver(ctx.clone()), PoolConfig::default())
+    }
+
+    /// A pool over `upstream` with `config`.
+    pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
+        let defer = DeferState::new();
+        type Parts = (Box<dyn Upstream>, Box<dyn EventSource>, Option<Box<dyn VirtualMemory>>, Option<Context>);
+        let (up, events, vmm, ctx): Parts = match upstream {
+            PoolUpstream::Driver(ctx) => {
+                let vmm = if config.segments.expandable { DriverVmm::new(&ctx) } else { None };
+                let vmm = vmm.filter(|v| v.granularity().is_ok_and(|g| config.segments.large_round % g == 0));
+                (
+                    Box::new(DriverUpstream::new(&ctx)),
+                    Box::new(DriverEvents::new(&ctx)),
+                    vmm.map(|v| Box::new(v) as Box<dyn VirtualMemory>),
+                    Some(ctx),
+                )
+            }
+            PoolUpstream::Host { capacity, touch } => {
+                let host = Arc::new(HostUpstream::new(capacity, touch));
+                let vmm: Option<Box<dyn VirtualMemory>> =
+                    if config.segments.expandable && !touch { Some(Box::new(HostVmm::new(host.clone()))) } else { None };
+                (Box::new(host), Box::new(HostEvents::immediate()), vmm, None)
+            }
+            PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
+        };
+        let name = "pool";
+        let host = match &ctx {
+            Some(c) => Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?),
+            None => None,
+        };
+        let limit = config.limit;
+        Ok(PoolManager {
+            core: Arc::new(Core {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                name,
+                arena: Mutex::new(Arena::new(config.segments, limit)),
+                upstream: up,
+                vmm,
+                events,
+                config,
+                generation: AtomicUsize::new(0),
+                threads: Mutex::new(Vec::new()),
+                orphan: ThreadCounters::default(),
+                host,
+                ctx,
+                defer,
+            }),
+        })
+    }
+
+    /// A pool over the host stand-in of `capacity` bytes (no GPU needed).
+    pub fn host(capacity: usize, config: PoolConfig) -> Result<PoolManager> {
+        Self::with_config(PoolUpstream::Host { capacity, touch: false }, config)
+    }
+
+    /// Allocates on `stream` (the stream-ordered path; same as
+    /// [`MemoryManager::memalloc_async`]).
+    pub fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        self.core.alloc(size, stream)
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> PoolStats {
+        let a: ArenaStats = self.core.lock().stats;
+        let threads = self.core.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let allocations = threads.iter().map(|c| c.allocations.load(Ordering::Relaxed)).sum::<u64>()
+            + self.core.orphan.allocations.load(Ordering::Relaxed);
+        let thread_cache_hits = threads.iter().map(|c| c.hits.load(Ordering::Relaxed)).sum();
+        PoolStats {
+            allocated_bytes: a.live,
+            allocated_bytes_peak: a.peak_live,
+            reserved_bytes: a.reserved,
+            reserved_bytes_peak: a.peak_reserved,
+            num_alloc_retries: a.oom_ladders,
+            num_device_alloc: a.upstream_allocs,
+            num_device_free: a.upstream_frees,
+            segments: a.segments,
+            allocations,
+            thread_cache_hits,
+            shared_hits: a.hits,
+            cross_stream_reuses: a.cross_stream_reuses,
+        }
+    }
+
+    /// Gives every wholly free segment back to the upstream (after returning this
+    /// thread's cached blocks); returns the bytes released. Blocks cached by other
+    /// live threads stay until those threads allocate again or exit.
+    pub fn trim(&self) -> usize {
+        let gen = self.core.generation.load(Ordering::Acquire);
+        let mut arena = self.core.lock();
+        let _ = self.core.with_local(|local| {
+            for sc in &mut local.streams {
+                self.core.flush_stream(&mut arena, sc, gen);
+            }
+        });
+        arena.release_free_segments(&self.core.source())
+    }
+
+    /// Checks the pool's internal consistency (for tests); returns what is wrong.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.core.lock().check()
+    }
+
+    /// Pending cross-stream event groups (for tests).
+    pub fn pending_event_groups(&self) -> usize {
+        self.core.lock().pending_groups()
+    }
+
+    /// The composed host-memory half, when serving a real context.
+    pub fn host_only(&self) -> Option<&HostOnly> {
+        self.core.host.as_ref()
+    }
+
+    fn no_host(&self, operation: &'static str) -> EmmError {
+        EmmError::Unsupported { manager: "pool over the host stand-in".into(), operation }
+    }
+}
+
+impl Drop for PoolManager {
+    fn drop(&mut self) {
+        // Allocations point at the core without counting references; if any is
+        // still live, the core must outlive it: leak it rather than free under it.
+        let live = self.core.live_blocks();
+        if live > 0 {
+            tracing::warn!(live, "pool dropped while {live} allocations are live; its memory is kept until exit");
+            std::mem::forget(self.core.clone());
+            return;
+        }
+        let gen = self.core.generation.load(Ordering::Acquire);
+        let mut arena = self.core.lock();
+        let _ = self.core.with_local(|local| {
+            for sc in &mut local.streams {
+                self.core.flush_stream(&mut arena, sc, gen);
+            }
+        });
+        arena.release_free_segments(&self.core.source());
+    }
+}
+
+impl MemoryManager for PoolManager {
+    fn name(&self) -> &str {
+        self.core.name
+    }
+
+    fn initialize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
+        self.core.alloc(size, SYNC_STREAM)
+    }
+
+    fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        self.core.alloc(size, stream)
+    }
+
+    fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
+        self.core.host.as_ref().ok_or_else(|| self.no_host("memhostalloc"))?.memhostalloc(size, flags)
+    }
+
+    unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
+        let host = self.core.host.as_ref().ok_or_else(|| self.no_host("mempin"))?;
+        // SAFETY: forwarded to the caller.
+        unsafe { host.mempin(ptr, len, mapped) }
+    }
+
+    fn get_memory_info(&self) -> Result<MemoryInfo> {
+        self.core.upstream.mem_info()
+    }
+
+    fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
+        let ctx = self.core.ctx.as_ref().ok_or_else(|| self.no_host("get_ipc_handle"))?;
+        if self.core.vmm.is_some() && view.len() > crate::arena::SMALL_MAX {
+            return Err(EmmError::Unsupported {
+                manager: "pool (large blocks in its expandable segment; build it with expandable: false for legacy IPC)".into(),
+                operation: "get_ipc_handle",
+            });
+        }
+        IpcHandle::export_legacy(ctx, view.parent().base().0, view.ptr(), view.len())
+    }
+
+    fn reset(&self) -> Result<()> {
+        self.core.generation.fetch_add(1, Ordering::AcqRel);
+        if let Some(ctx) = &self.core.ctx {
+            ctx.synchronize()?;
+        }
+        let segments = self.core.lock().drain_segments(&self.core.source());
+        for (base, size) in segments {
+            // SAFETY: every segment came from this upstream; after the generation
+            // bump no block of it is handed out or taken back again.
+            if let Err(e) = unsafe { self.core.upstream.free(base, size) } {
+                tracing::error!(error = %e, "freeing a segment during reset failed");
+            }
+        }
+        if let Some(h) = &self.core.host {
+            h.flush();
+        }
+        Ok(())
+    }
+
+    fn defer_cleanup(&self) -> DeferGuard {
+        let host = self.core.host.clone();
+        self.core.defer.guard(move || {
+            if let Some(h) = host {
+                h.flush_if_needed();
+            }
+        })
+    }
+
+    fn release_cached(&self) -> Result<usize> {
+        Ok(self.trim() + self.core.host.as_ref().map_or(0, HostOnly::flush))
+    }
+
+    fn context(&self) -> Option<&Context> {
+        self.core.ctx.as_ref()
+    }
+}

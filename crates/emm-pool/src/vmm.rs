@@ -1,0 +1,182 @@
+//! Virtual memory for the pool's expandable segment: reserve address space once,
+//! back it with memory in pieces as the pool grows, give pieces back when free.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use emm_core::{EmmError, Result};
+use emm_default::{HostUpstream, Upstream};
+use emm_driver::{check, optional, Context};
+use emm_sys::{
+    CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_LOCATION_TYPE_DEVICE,
+};
+
+/// Address-space reservation and mapping.
+pub trait VirtualMemory: Send + Sync {
+    /// Reserves `size` bytes of address space.
+    fn reserve(&self, size: usize) -> Result<CUdeviceptr>;
+    /// Backs `[addr, addr+len)` with memory.
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
+    /// Releases a range given to `map` whole.
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
+}
+
+/// The driver's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
+/// `cuMemMap`, `cuMemSetAccess`); reservations are freed on drop.
+pub struct DriverVmm {
+    ctx: Context,
+    state: Mutex<(Vec<(CUdeviceptr, usize)>, HashMap<CUdeviceptr, (u64, usize)>)>,
+}
+
+impl DriverVmm {
+    /// VMM in `ctx`, or `None` when the driver or device lacks it.
+    pub fn new(ctx: &Context) -> Option<DriverVmm> {
+        if !ctx.device().supports_virtual_memory().unwrap_or(false) {
+            return None;
+        }
+        Some(DriverVmm { ctx: ctx.clone(), state: Mutex::new((Vec::new(), HashMap::new())) })
+    }
+
+    fn prop(&self) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: self.ctx.device().ordinal() as i32 },
+            ..CUmemAllocationProp::default()
+        }
+    }
+
+    /// The driver's recommended granularity (2 MiB on current GPUs).
+    pub fn granularity(&self) -> Result<usize> {
+        let drv = self.ctx.driver();
+        let f = optional(drv, drv.mem_get_allocation_granularity, "cuMemGetAllocationGranularity")?;
+        let mut g = 0usize;
+        let prop = self.prop();
+        // SAFETY: valid out-pointer and a fully initialised prop.
+        check(drv, "cuMemGetAllocationGranularity", unsafe { f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) })?;
+        Ok(g)
+    }
+}
+
+impl VirtualMemory for DriverVmm {
+    fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
+        let drv = self.ctx.driver();
+        let f = optional(drv, drv.mem_address_reserve, "cuMemAddressReserve")?;
+        let _g = self.ctx.push()?;
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no fixed address or alignment asked.
+        check(drv, "cuMemAddressReserve", unsafe { f(&mut p, size, 0, 0, 0) })?;
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0.push((p, size));
+        Ok(p)
+    }
+
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        let drv = self.ctx.driver();
+        let create = optional(drv, drv.mem_create, "cuMemCreate")?;
+        let map = optional(drv, drv.mem_map, "cuMemMap")?;
+        let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
+        let release = optional(drv, drv.mem_release, "cuMemRelease")?;
+        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        let _g = self.ctx.push()?;
+        let prop = self.prop();
+        let mut h = 0u64;
+        // SAFETY: valid out-pointer and prop; `len` is a multiple of the granularity.
+        check(drv, "cuMemCreate", unsafe { create(&mut h, len, &prop, 0) })?;
+        // SAFETY: `[addr, addr+len)` lies in our reservation and is not mapped.
+        if let Err(e) = check(drv, "cuMemMap", unsafe { map(addr, len, 0, h, 0) }) {
+            // SAFETY: the handle was created above and is released once.
+            let _ = unsafe { release(h) };
+            return Err(e.into());
+        }
+        let desc = CUmemAccessDesc { location: prop.location, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        // SAFETY: the range was just mapped; one valid descriptor.
+        if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(addr, len, &desc, 1) }) {
+            // SAFETY: undo the map and the handle made above, once each.
+            unsafe {
+                let _ = unmap(addr, len);
+                let _ = release(h);
+            }
+            return Err(e.into());
+        }
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1.insert(addr, (h, len));
+        Ok(())
+    }
+
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        let drv = self.ctx.driver();
+        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        let release = optional(drv, drv.mem_release, "cuMemRelease")?;
+        let Some((h, l)) = self.state.lock().unwrap_or_else(|e| e.into_inner()).1.remove(&addr) else {
+            return Err(EmmError::InvalidSize { requested: len, reason: "unmap of a range that is not mapped" });
+        };
+        let _g = self.ctx.push()?;
+        // Unmapping waits for nothing: the pool only unmaps blocks freed in stream
+        // order; make sure the device is done with them first.
+        self.ctx.synchronize()?;
+        // SAFETY: `[addr, addr+l)` was mapped by `map` with handle `h`; each is
+        // undone once.
+        check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
+        // SAFETY: as above.
+        check(drv, "cuMemRelease", unsafe { release(h) })?;
+        Ok(())
+    }
+}
+
+impl Drop for DriverVmm {
+    fn drop(&mut self) {
+        let drv = self.ctx.driver();
+        let (reservations, mapped) = std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let (Some(unmap), Some(release), Some(free)) = (drv.mem_unmap, drv.mem_release, drv.mem_address_free) else {
+            return;
+        };
+        let _ = self.ctx.synchronize();
+        for (addr, (h, len)) in mapped {
+            // SAFETY: each mapping and handle is undone once.
+            let r = unsafe { check(drv, "cuMemUnmap", unmap(addr, len)).and_then(|()| check(drv, "cuMemRelease", release(h))) };
+            if let Err(e) = r {
+                self.ctx.record_drop_error(e);
+            }
+        }
+        for (addr, size) in reservations {
+            // SAFETY: each reservation is freed once, after its mappings.
+            if let Err(e) = check(drv, "cuMemAddressFree", unsafe { free(addr, size) }) {
+                self.ctx.record_drop_error(e);
+            }
+        }
+    }
+}
+
+/// Virtual memory for the host stand-in: address space from a counter, memory
+/// accounted against the stand-in's capacity.
+pub struct HostVmm {
+    upstream: Arc<HostUpstream>,
+    pieces: Mutex<HashMap<CUdeviceptr, (CUdeviceptr, usize)>>,
+}
+
+impl HostVmm {
+    /// Accounts mappings against `upstream`'s capacity.
+    pub fn new(upstream: Arc<HostUpstream>) -> Self {
+        HostVmm { upstream, pieces: Mutex::new(HashMap::new()) }
+    }
+}
+
+static NEXT_VA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 56);
+
+impl VirtualMemory for HostVmm {
+    fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
+        Ok(NEXT_VA.fetch_add(size as u64 + (1 << 30), std::sync::atomic::Ordering::Relaxed))
+    }
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        let backing = self.upstream.alloc(len)?;
+        self.pieces.lock().unwrap_or_else(|e| e.into_inner()).insert(addr, (backing, len));
+        Ok(())
+    }
+    fn unmap(&self, addr: CUdeviceptr, _len: usize) -> Result<()> {
+        let piece = self.pieces.lock().unwrap_or_else(|e| e.into_inner()).remove(&addr);
+        match piece {
+            // SAFETY: the backing block came from `alloc(len)` of this upstream.
+            Some((b, l)) => unsafe { self.upstream.free(b, l) },
+            None => Err(EmmError::InvalidSize { requested: 0, reason: "unmap of a range that is not mapped" }),
+        }
+    }
+}
