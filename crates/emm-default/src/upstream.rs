@@ -173,8 +173,8 @@ impl Upstream for HostUpstream {
             }
             p as u64
         } else {
-            let aligned = size.div_ceil(256) * 256;
-            FAKE_ADDRESS.fetch_add(aligned + 256, Ordering::AcqRel) as u64
+            let aligned = size.div_ceil(512) * 512;
+            FAKE_ADDRESS.fetch_add(aligned + 512, Ordering::AcqRel) as u64
         };
         if let Ok(mut l) = self.live.lock() {
             l.insert(ptr, size);

@@ -46,6 +46,10 @@ impl Kind {
 /// A stream as the pool keys it.
 pub type StreamKey = usize;
 
+/// The key of free blocks whose last stream's work is known to be complete: any
+/// stream may take them.
+pub const SETTLED: StreamKey = usize::MAX;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Live,
@@ -226,8 +230,8 @@ impl Arena {
         Some(addr)
     }
 
-    /// Moves blocks whose event completed to `stream`'s free set.
-    fn collect_pending(&mut self, events: &dyn EventSource, stream: StreamKey) -> Result<bool> {
+    /// Moves blocks whose event completed to the settled free set.
+    fn collect_pending(&mut self, events: &dyn EventSource) -> Result<bool> {
         let mut moved = false;
         let mut i = 0;
         while i < self.pending.len() {
@@ -237,7 +241,7 @@ impl Arena {
                 for a in addrs {
                     if let Some(b) = self.blocks.remove(&a) {
                         self.stats.cross_stream_reuses += 1;
-                        self.insert_free(a, b.size, b.segment, stream);
+                        self.insert_free(a, b.size, b.segment, SETTLED);
                         moved = true;
                     }
                 }
@@ -291,14 +295,19 @@ impl Arena {
             self.stats.hits += 1;
             return Ok(self.finish(a, size));
         }
-        if self.collect_pending(events, stream)? {
-            if let Some(a) = self.take_fit(size, kind, stream) {
+        let settled = |me: &mut Self| me.take_fit(size, kind, SETTLED);
+        if let Some(a) = settled(self) {
+            self.stats.hits += 1;
+            return Ok(self.finish(a, size));
+        }
+        if self.collect_pending(events)? {
+            if let Some(a) = settled(self) {
                 self.stats.hits += 1;
                 return Ok(self.finish(a, size));
             }
         }
-        if self.steal_from_other_streams(events, stream)? && self.collect_pending(events, stream)? {
-            if let Some(a) = self.take_fit(size, kind, stream) {
+        if self.steal_from_other_streams(events, stream)? && self.collect_pending(events)? {
+            if let Some(a) = settled(self) {
                 self.stats.hits += 1;
                 return Ok(self.finish(a, size));
             }
@@ -370,20 +379,13 @@ impl Arena {
         first: EmmError,
     ) -> Result<(CUdeviceptr, CUdeviceptr, usize)> {
         self.stats.oom_ladders += 1;
-        // 1. Wait for every pending cross-stream event; those blocks become ours.
-        for (id, _) in &self.pending {
-            events.wait(*id)?;
-        }
-        self.collect_pending(events, stream)?;
-        if let Some(a) = self.take_fit(size, kind, stream) {
+        // 1. Wait for the work of every stream holding free blocks; those blocks
+        //    become usable by any stream, and coalesce.
+        self.consolidate(events)?;
+        if let Some(a) = self.take_fit(size, kind, SETTLED) {
             return Ok(self.finish(a, size));
         }
-        // 2. Give back every wholly free segment, whatever stream freed it last.
-        self.steal_from_other_streams(events, stream)?;
-        for (id, _) in &self.pending {
-            events.wait(*id)?;
-        }
-        self.collect_pending(events, stream)?;
+        // 2. Give back every wholly free segment.
         self.release_free_segments(source);
         // 3. Retry the upstream.
         let seg = self.policy.segment_for(size, kind);
@@ -394,7 +396,7 @@ impl Arena {
         match retry {
             Ok(_) => {
                 self.stats.misses += 1;
-                let a = self.take_fit(size, kind, stream).ok_or_else(|| first.clone())?;
+                let a = self.take_fit(size, kind, stream).or_else(|| self.take_fit(size, kind, SETTLED)).ok_or_else(|| first.clone())?;
                 Ok(self.finish(a, size))
             }
             Err(_) => {
@@ -510,6 +512,17 @@ impl Arena {
             released += len;
         }
         released
+    }
+
+    /// Records an event on every stream holding free blocks, waits for all pending
+    /// events, and makes those blocks settled (usable by any stream, coalesced).
+    pub fn consolidate(&mut self, events: &dyn EventSource) -> Result<()> {
+        self.steal_from_other_streams(events, SETTLED)?;
+        for (id, _) in &self.pending {
+            events.wait(*id)?;
+        }
+        self.collect_pending(events)?;
+        Ok(())
     }
 
     /// The largest free block, any stream.

@@ -86,17 +86,18 @@ impl EventSource for DriverEvents {
 pub struct HostEvents {
     manual: bool,
     state: Mutex<Vec<Arc<AtomicBool>>>,
+    streams: Mutex<Vec<usize>>,
 }
 
 impl HostEvents {
     /// Markers that complete immediately (replay without a GPU).
     pub fn immediate() -> Self {
-        HostEvents { manual: false, state: Mutex::new(Vec::new()) }
+        HostEvents { manual: false, state: Mutex::new(Vec::new()), streams: Mutex::new(Vec::new()) }
     }
 
     /// Markers that complete only through [`HostEvents::complete`] (model tests).
     pub fn manual() -> Self {
-        HostEvents { manual: true, state: Mutex::new(Vec::new()) }
+        HostEvents { manual: true, state: Mutex::new(Vec::new()), streams: Mutex::new(Vec::new()) }
     }
 
     /// Completes marker `id`.
@@ -113,6 +114,13 @@ impl HostEvents {
         }
     }
 
+    /// `(stream, complete)` of every marker recorded so far, in order.
+    pub fn log(&self) -> Vec<(usize, bool)> {
+        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        streams.iter().zip(state.iter()).map(|(&s, f)| (s, f.load(Ordering::Acquire))).collect()
+    }
+
     /// Markers recorded and not yet complete.
     pub fn outstanding(&self) -> usize {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|f| !f.load(Ordering::Acquire)).count()
@@ -120,7 +128,8 @@ impl HostEvents {
 }
 
 impl EventSource for HostEvents {
-    fn record(&self, _stream: CUstream) -> Result<EventId> {
+    fn record(&self, stream: CUstream) -> Result<EventId> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream.0 as usize);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.push(Arc::new(AtomicBool::new(!self.manual)));
         Ok(EventId(s.len() - 1))
@@ -137,4 +146,19 @@ impl EventSource for HostEvents {
     }
 
     fn recycle(&self, _id: EventId) {}
+}
+
+impl<T: EventSource + ?Sized> EventSource for Arc<T> {
+    fn record(&self, stream: CUstream) -> Result<EventId> {
+        (**self).record(stream)
+    }
+    fn is_complete(&self, id: EventId) -> Result<bool> {
+        (**self).is_complete(id)
+    }
+    fn wait(&self, id: EventId) -> Result<()> {
+        (**self).wait(id)
+    }
+    fn recycle(&self, id: EventId) {
+        (**self).recycle(id)
+    }
 }

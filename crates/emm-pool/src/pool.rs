@@ -475,6 +475,9 @@ impl PoolManager {
                 self.core.flush_stream(&mut arena, sc, gen);
             }
         });
+        if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
+            tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
+        }
         arena.release_free_segments(&self.core.source())
     }
 
