@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod backend;
+mod bench;
 mod info;
 mod replay;
 
@@ -11,6 +12,7 @@ const USAGE: &str = "usage: emm <command>
 commands:
   replay    replay allocation traces through managers (the main job):
             emm replay [TRACE...] [--manager default|pool|hostonly|all] [--json]
+  bench     allocate+free pairs through every path, side by side [--json]
   info      the CUDA driver and each device (or why there is none)
 ";
 
@@ -19,6 +21,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("info") => info::run(),
         Some("replay") => replay::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -1,1 +1,309 @@
-//! emm-hostonly
+//! An emm plugin of NBEP 7's "device memory only" kind, on CUDA's stream-ordered
+//! allocator. Read this file top to bottom: it is a complete plugin.
+//!
+//! 1. **Device memory** comes from a memory pool the plugin creates on its context's
+//!    device (`cuMemPoolCreate`, exportable as a POSIX file descriptor for IPC),
+//!    with `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the allocation's stream.
+//!    The synchronous NBEP 7 `memalloc` allocates on the legacy default stream and
+//!    synchronizes it before returning, so the memory is safe on any stream.
+//! 2. **Host memory** is forwarded to a composed [`HostOnly`] (NBEP 7's
+//!    `HostOnlyCUDAMemoryManager`, by composition instead of inheritance).
+//! 3. **Release threshold**: bytes the pool keeps reserved at synchronization points
+//!    ([`HostOnlyConfig::release_threshold`], or `EMM_HOSTONLY_RELEASE_THRESHOLD` in
+//!    bytes, or `max`). [`HostOnlyManager::trim`] gives memory back
+//!    (`cuMemPoolTrimTo`).
+//! 4. **IPC**: legacy `cuIpcGetMemHandle` cannot export pool memory (rmm#1029,
+//!    ucx#7110), so handles are [`IpcHandle::MemPool`]: the pool's file descriptor
+//!    plus the pointer's export data. The importer takes the descriptor from this
+//!    process with `pidfd_getfd` (see `emm_core::IpcHandle`), imports the pool, then
+//!    the pointer.
+//! 5. **`defer_cleanup`**: frees are stream-ordered and never synchronize the device,
+//!    so there is nothing to defer for device memory; the guard defers the pinned
+//!    host queue of [`HostOnly`].
+//! 6. On a driver or device without the stream-ordered allocator,
+//!    [`HostOnlyManager::new`] fails with [`EmmError::Unsupported`].
+//!
+//! ```no_run
+//! use emm_core::MemoryManager;
+//! let ctx = emm_driver::Context::on_device(0)?;
+//! let manager = emm_hostonly::HostOnlyManager::new(&ctx)?;
+//! let stream = emm_driver::Stream::new(&ctx)?;
+//! let block = manager.memalloc_async(1 << 20, stream.raw())?; // freed on `stream` when dropped
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use emm_core::{
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
+    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+};
+use emm_default::{HostOnly, PendingConfig};
+use emm_driver::mempool::{free_async, MemPool};
+use emm_driver::{Context, Stream};
+use emm_sys::{CUmemPool_attribute as Attr, CUstream};
+
+/// `EMM_HOSTONLY_RELEASE_THRESHOLD`: bytes the pool keeps reserved (or `max`).
+pub const RELEASE_THRESHOLD_ENV: &str = "EMM_HOSTONLY_RELEASE_THRESHOLD";
+
+/// Configuration of a [`HostOnlyManager`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostOnlyConfig {
+    /// Bytes the pool keeps reserved at synchronization points (default: all of
+    /// them, `u64::MAX`, so freed memory is reused instead of returned).
+    pub release_threshold: u64,
+}
+
+impl Default for HostOnlyConfig {
+    fn default() -> Self {
+        HostOnlyConfig { release_threshold: u64::MAX }
+    }
+}
+
+impl HostOnlyConfig {
+    /// The defaults, with [`RELEASE_THRESHOLD_ENV`] applied when set.
+    pub fn from_env() -> Result<Self> {
+        let mut c = HostOnlyConfig::default();
+        if let Ok(v) = std::env::var(RELEASE_THRESHOLD_ENV) {
+            c.release_threshold = match v.trim() {
+                "" => c.release_threshold,
+                "max" => u64::MAX,
+                n => n.parse().map_err(|_| EmmError::InvalidConfig {
+                    name: RELEASE_THRESHOLD_ENV.into(),
+                    value: v.clone(),
+                    reason: "expected a number of bytes or `max`".into(),
+                })?,
+            };
+        }
+        Ok(c)
+    }
+}
+
+/// Bytes of the pool, from its attributes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Bytes reserved from the device now.
+    pub reserved: u64,
+    /// High-water mark of `reserved`.
+    pub reserved_high: u64,
+    /// Bytes in allocations now.
+    pub used: u64,
+    /// High-water mark of `used`.
+    pub used_high: u64,
+}
+
+struct Inner {
+    ctx: Context,
+    pool: MemPool,
+    /// Live allocations and the stream each is freed on (for `reset`).
+    live: Mutex<HashMap<u64, usize>>,
+    generation: Mutex<usize>,
+}
+
+impl DeviceRelease for Inner {
+    fn release(&self, b: Released) {
+        if *self.generation.lock().unwrap_or_else(|p| p.into_inner()) != b.token {
+            return; // freed by reset already
+        }
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&b.ptr);
+        // SAFETY: `b.stream` is the stream the caller ordered the memory on (a
+        // stream of this context that outlives its allocations, or a default stream).
+        let stream = unsafe { Stream::from_raw(&self.ctx, b.stream) };
+        // SAFETY: `b.ptr` came from this pool and is freed once, on its stream.
+        if let Err(e) = unsafe { free_async(b.ptr, &stream) } {
+            self.ctx.record_drop_error(e);
+        }
+    }
+}
+
+/// Device memory from CUDA's stream-ordered allocator, host memory from
+/// [`HostOnly`]. See the crate docs.
+pub struct HostOnlyManager {
+    inner: Arc<Inner>,
+    host: HostOnly,
+    defer: Arc<DeferState>,
+    exported_fd: OnceLock<std::result::Result<std::os::fd::OwnedFd, String>>,
+}
+
+impl core::fmt::Debug for HostOnlyManager {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HostOnlyManager").field("usage", &self.usage().ok()).finish()
+    }
+}
+
+impl HostOnlyManager {
+    /// A manager for `ctx`, configured from the environment.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Self::with_config(ctx, HostOnlyConfig::from_env()?)
+    }
+
+    /// A manager for `ctx` with `config`.
+    pub fn with_config(ctx: &Context, config: HostOnlyConfig) -> Result<Self> {
+        if !ctx.device().supports_memory_pools()? {
+            return Err(EmmError::Unsupported {
+                manager: "hostonly".into(),
+                operation: "CUDA's stream-ordered allocator (this driver or device lacks cuMemAllocAsync and memory pools)",
+            });
+        }
+        // Exportable for IPC when the device allows it; plain otherwise.
+        let pool = MemPool::create(ctx, true).or_else(|_| MemPool::create(ctx, false))?;
+        pool.set_attribute(Attr::RELEASE_THRESHOLD, config.release_threshold)?;
+        let defer = DeferState::new();
+        Ok(HostOnlyManager {
+            inner: Arc::new(Inner { ctx: ctx.clone(), pool, live: Mutex::new(HashMap::new()), generation: Mutex::new(0) }),
+            host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
+            defer,
+            exported_fd: OnceLock::new(),
+        })
+    }
+
+    /// The pool's reserved and used bytes.
+    pub fn usage(&self) -> Result<PoolUsage> {
+        let p = &self.inner.pool;
+        Ok(PoolUsage {
+            reserved: p.attribute(Attr::RESERVED_MEM_CURRENT)?,
+            reserved_high: p.attribute(Attr::RESERVED_MEM_HIGH)?,
+            used: p.attribute(Attr::USED_MEM_CURRENT)?,
+            used_high: p.attribute(Attr::USED_MEM_HIGH)?,
+        })
+    }
+
+    /// Gives reserved memory above `keep` bytes back to the device (after the
+    /// context's queued frees have run); returns the bytes released.
+    pub fn trim(&self, keep: usize) -> Result<u64> {
+        self.inner.ctx.synchronize()?;
+        let before = self.inner.pool.attribute(Attr::RESERVED_MEM_CURRENT)?;
+        self.inner.pool.trim_to(keep)?;
+        let after = self.inner.pool.attribute(Attr::RESERVED_MEM_CURRENT)?;
+        Ok(before.saturating_sub(after))
+    }
+
+    fn allocate(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        if size == 0 {
+            // SAFETY: owns nothing.
+            return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream, |_, _, _| {}) });
+        }
+        // SAFETY: callers pass a stream of this context or a default stream.
+        let s = unsafe { Stream::from_raw(&self.inner.ctx, stream) };
+        let ptr = match self.inner.pool.alloc_async(size, &s) {
+            Ok(p) => p,
+            Err(e) if e.is_out_of_memory() => {
+                // The out-of-memory ladder: let queued frees finish, trim, retry.
+                self.trim(0)?;
+                self.inner.pool.alloc_async(size, &s).map_err(|e| {
+                    if e.is_out_of_memory() {
+                        let (free, total) = self.inner.ctx.mem_info().unwrap_or((0, 0));
+                        EmmError::OutOfMemory {
+                            what: "device",
+                            manager: "hostonly".into(),
+                            requested: size,
+                            free,
+                            total,
+                            detail: String::new(),
+                        }
+                    } else {
+                        e.into()
+                    }
+                })?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let token = *self.inner.generation.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, stream.0 as usize);
+        let owner: Arc<dyn DeviceRelease> = self.inner.clone();
+        // SAFETY: a fresh pool block of `size` bytes, released once through `owner`.
+        Ok(unsafe { DeviceAllocation::with_releaser(ptr, size, stream, ptr, size, owner, token) })
+    }
+
+    fn pool_fd(&self) -> Result<i32> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let fd = self.exported_fd.get_or_init(|| {
+            let fd = self.inner.pool.export_fd().map_err(|e| e.to_string())?;
+            // SAFETY: the driver handed us a new descriptor; we own it from now on.
+            Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+        });
+        match fd {
+            Ok(fd) => Ok(fd.as_raw_fd()),
+            Err(e) => Err(EmmError::Unsupported {
+                manager: format!("hostonly (the pool could not be exported: {e})"),
+                operation: "get_ipc_handle",
+            }),
+        }
+    }
+}
+
+impl MemoryManager for HostOnlyManager {
+    fn name(&self) -> &str {
+        "hostonly"
+    }
+
+    fn initialize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
+        let a = self.allocate(size, SYNC_STREAM)?;
+        // Safe on any stream once the allocation itself has run.
+        Stream::legacy(&self.inner.ctx).synchronize()?;
+        Ok(a)
+    }
+
+    fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        self.allocate(size, stream)
+    }
+
+    fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
+        self.host.memhostalloc(size, flags)
+    }
+
+    unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.host.mempin(ptr, len, mapped) }
+    }
+
+    fn get_memory_info(&self) -> Result<MemoryInfo> {
+        let (free, total) = self.inner.ctx.mem_info()?;
+        Ok(MemoryInfo { free, total })
+    }
+
+    fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
+        let parent = view.parent();
+        Ok(IpcHandle::MemPool {
+            export: self.inner.pool.export_pointer(parent.ptr())?,
+            pool_fd: self.pool_fd()?,
+            pid: std::process::id(),
+            offset: (view.ptr() - parent.ptr()) as usize,
+            size: view.len(),
+            device_uuid: self.inner.ctx.device().uuid()?,
+        })
+    }
+
+    fn reset(&self) -> Result<()> {
+        *self.inner.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        let live: Vec<(u64, usize)> = self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        let legacy = Stream::legacy(&self.inner.ctx);
+        self.inner.ctx.synchronize()?;
+        for (ptr, _) in live {
+            // SAFETY: every live pointer came from this pool; after the generation
+            // bump its owner's drop does nothing, so it is freed once, here.
+            unsafe { free_async(ptr, &legacy) }?;
+        }
+        self.trim(0)?;
+        self.host.flush();
+        Ok(())
+    }
+
+    fn defer_cleanup(&self) -> DeferGuard {
+        let host = self.host.clone();
+        self.defer.guard(move || host.flush_if_needed())
+    }
+
+    fn release_cached(&self) -> Result<usize> {
+        Ok(self.trim(0)? as usize + self.host.flush())
+    }
+
+    fn context(&self) -> Option<&Context> {
+        Some(&self.inner.ctx)
+    }
+}

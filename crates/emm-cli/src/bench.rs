@@ -1,0 +1,211 @@
+//! `emm bench`: allocate+free pairs through every path, side by side in one run.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use emm_core::MemoryManager;
+use emm_driver::{memory, mempool, Context, Stream};
+use emm_pool::{PoolConfig, PoolManager};
+
+use crate::backend::Backend;
+
+const SIZES: &[(usize, &str)] = &[(256, "256 B"), (64 << 10, "64 KiB"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")];
+const REPS: usize = 7;
+
+/// Median over `REPS` repetitions of the mean time of one pair, in nanoseconds.
+fn median_ns(iters: usize, mut pair: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    for _ in 0..iters.min(1000) {
+        pair()?; // warm up: the pool's first pair goes upstream
+    }
+    let mut v = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let t = Instant::now();
+        for _ in 0..iters {
+            pair()?;
+        }
+        v.push(t.elapsed().as_nanos() as f64 / iters as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[REPS / 2])
+}
+
+fn fmt_ns(ns: f64) -> String {
+    if ns < 1_000.0 {
+        format!("{ns:.1} ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.2} us", ns / 1e3)
+    } else {
+        format!("{:.2} ms", ns / 1e6)
+    }
+}
+
+pub fn run(args: &[String]) -> ExitCode {
+    let json = args.iter().any(|a| a == "--json");
+    let backend = Backend::detect();
+    if !json {
+        println!("{}", backend.describe());
+    }
+    let rows = match &backend {
+        Backend::Gpu { ctx, .. } => gpu_rows(ctx),
+        Backend::Host { .. } => host_rows(),
+    };
+    let rows = match rows {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("emm bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if json {
+        for (path, cells) in &rows {
+            let vals: Vec<String> = SIZES
+                .iter()
+                .zip(cells)
+                .map(|((s, _), c)| format!("\"{s}\":{}", c.map_or("null".into(), |v| format!("{v:.1}"))))
+                .collect();
+            println!("{{\"path\":\"{path}\",\"backend\":\"{}\",\"ns_per_pair\":{{{}}}}}", backend.name(), vals.join(","));
+        }
+    } else {
+        print!("{:<52}", "allocate+free pair (median of 7)");
+        for (_, n) in SIZES {
+            print!("{n:>12}");
+        }
+        println!();
+        for (path, cells) in &rows {
+            print!("{path:<52}");
+            for c in cells {
+                print!("{:>12}", c.map_or("-".into(), fmt_ns));
+            }
+            println!();
+        }
+    }
+    match &backend {
+        Backend::Gpu { ctx, .. } => threads(ctx, json),
+        Backend::Host { .. } => ExitCode::SUCCESS,
+    }
+}
+
+type Rows = Vec<(String, Vec<Option<f64>>)>;
+
+fn host_rows() -> Result<Rows, String> {
+    let e2s = |e: emm_core::EmmError| e.to_string();
+    let pool = PoolManager::host(1 << 40, PoolConfig::default()).map_err(e2s)?;
+    let mut cells = Vec::new();
+    for &(size, _) in SIZES {
+        cells.push(Some(median_ns(200_000, || pool.alloc(size, emm_core::SYNC_STREAM).map(drop).map_err(e2s))?));
+    }
+    Ok(vec![("emm pool, host stand-in (bookkeeping only)".into(), cells)])
+}
+
+fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
+    let e2s = |e: emm_core::EmmError| e.to_string();
+    let d2s = |e: emm_driver::DriverError| e.to_string();
+    ctx.set_current().map_err(d2s)?;
+    let stream = Stream::new(ctx).map_err(d2s)?;
+    let s = stream.raw();
+    let mut rows: Rows = Vec::new();
+
+    let pool = PoolManager::new(ctx).map_err(e2s)?;
+    let mut cells = Vec::new();
+    for &(size, _) in SIZES {
+        cells.push(Some(median_ns(200_000, || pool.alloc(size, s).map(drop).map_err(e2s))?));
+    }
+    rows.push(("emm pool, same stream".into(), cells));
+
+    let mut cells = Vec::new();
+    for &(size, _) in SIZES {
+        cells.push(Some(median_ns(200, || {
+            let p = memory::alloc(ctx, size).map_err(d2s)?;
+            // SAFETY: allocated just above, freed once.
+            unsafe { memory::free(ctx, p) }.map_err(d2s)
+        })?));
+    }
+    rows.push(("cuMemAlloc + cuMemFree".into(), cells));
+
+    if ctx.device().supports_memory_pools().map_err(d2s)? {
+        let default_pool = mempool::MemPool::device_default(ctx).map_err(d2s)?;
+        default_pool.set_attribute(emm_sys::CUmemPool_attribute::RELEASE_THRESHOLD, u64::MAX).map_err(d2s)?;
+        let mut cells = Vec::new();
+        for &(size, _) in SIZES {
+            cells.push(Some(median_ns(20_000, || {
+                let p = mempool::alloc_async(size, &stream).map_err(d2s)?;
+                // SAFETY: allocated just above on `stream`, freed once there.
+                unsafe { mempool::free_async(p, &stream) }.map_err(d2s)
+            })?));
+        }
+        stream.synchronize().map_err(d2s)?;
+        rows.push(("cuMemAllocAsync + cuMemFreeAsync (default pool)".into(), cells));
+
+        let ho = emm_hostonly::HostOnlyManager::new(ctx).map_err(e2s)?;
+        let mut cells = Vec::new();
+        for &(size, _) in SIZES {
+            cells.push(Some(median_ns(20_000, || ho.memalloc_async(size, s).map(drop).map_err(e2s))?));
+        }
+        stream.synchronize().map_err(d2s)?;
+        rows.push(("emm hostonly (its own mempool), same stream".into(), cells));
+    }
+
+    let dm = emm_default::DefaultManager::new(ctx).map_err(e2s)?;
+    dm.initialize().map_err(e2s)?;
+    let mut cells = Vec::new();
+    for &(size, _) in SIZES {
+        cells.push(Some(median_ns(500, || dm.memalloc(size).map(drop).map_err(e2s))?));
+    }
+    rows.push(("emm default (deferred cuMemFree)".into(), cells));
+
+    let mut cells = Vec::new();
+    for &(size, _) in SIZES {
+        cells.push(Some(median_ns(2_000_000, || {
+            let v: Vec<u8> = Vec::with_capacity(size);
+            std::hint::black_box(&v);
+            Ok(())
+        })?));
+    }
+    rows.push(("libc malloc + free (host floor)".into(), cells));
+    Ok(rows)
+}
+
+/// Sixteen threads, each on its own stream, against one thread: aggregate pairs/s.
+fn threads(ctx: &Context, json: bool) -> ExitCode {
+    let pool = match PoolManager::new(ctx) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("emm bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let per_thread = 2_000_000usize;
+    let run = |n: usize| -> f64 {
+        let start = Instant::now();
+        std::thread::scope(|sc| {
+            for t in 0..n {
+                let pool = &pool;
+                sc.spawn(move || {
+                    let _ = ctx.set_current();
+                    let stream = Stream::new(ctx).expect("stream");
+                    let sizes = [256usize, 4096, 65_536, 1 << 20];
+                    for i in 0..per_thread {
+                        let size = sizes[(i + t) % 4];
+                        drop(pool.alloc(size, stream.raw()));
+                    }
+                    let _ = stream.synchronize();
+                });
+            }
+        });
+        (n * per_thread) as f64 / start.elapsed().as_secs_f64()
+    };
+    run(1); // warm up
+    let one = run(1);
+    let sixteen = run(16);
+    if json {
+        println!("{{\"path\":\"emm pool threads\",\"pairs_per_second_1\":{one:.0},\"pairs_per_second_16\":{sixteen:.0}}}");
+    } else {
+        println!(
+            "emm pool, mixed sizes, own stream per thread: 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x)",
+            one / 1e6,
+            sixteen / 1e6,
+            sixteen / one
+        );
+    }
+    ExitCode::SUCCESS
+}

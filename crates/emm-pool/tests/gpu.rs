@@ -1,0 +1,152 @@
+//! The pool on a GPU: conformance, a 16-thread stress test, out of memory, trim.
+
+use emm_core::{conformance, EmmError, MemoryManager};
+use emm_driver::{memory, Context, Stream};
+use emm_pool::{PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
+
+fn ctx() -> Context {
+    Context::on_device(0).expect("device 0")
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pool_passes_the_conformance_suite() {
+    let ctx = ctx();
+    for expandable in [true, false] {
+        let cfg = PoolConfig { segments: SegmentPolicy { expandable, ..SegmentPolicy::default() }, ..PoolConfig::default() };
+        let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
+        let report = conformance::run(&pool, &ctx);
+        print!("expandable {expandable}:\n{report}");
+        assert!(report.all_passed(), "expandable {expandable}");
+        pool.check().unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixteen_threads_random_sizes_and_streams_keep_their_data() {
+    let ctx = ctx();
+    let pool = PoolManager::new(&ctx).unwrap();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16u32)
+            .map(|t| {
+                let (pool, ctx) = (&pool, &ctx);
+                s.spawn(move || -> Result<(), String> {
+                    ctx.set_current().map_err(|e| e.to_string())?;
+                    let streams: Vec<Stream> = (0..3).map(|_| Stream::new(ctx).unwrap()).collect();
+                    let mut x = 0x9E37_79B9u64 ^ u64::from(t);
+                    let mut held = Vec::new();
+                    for i in 0..400u32 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let size = 4 + (x % (if x % 16 == 0 { 48 << 20 } else { 200_000 })) as usize;
+                        let stream = &streams[(x >> 20) as usize % 3];
+                        let a = pool.memalloc_async(size, stream.raw()).map_err(|e| e.to_string())?;
+                        let word = (t << 24) | i;
+                        // SAFETY: `a` holds at least size/4 words until it is dropped,
+                        // which happens after the check below synchronizes.
+                        unsafe { memory::memset_d32_async(a.ptr(), word, size / 4, stream) }.map_err(|e| e.to_string())?;
+                        held.push((a, word, stream));
+                        if held.len() > 6 || x % 3 == 0 {
+                            let (a, word, stream) = held.remove((x as usize >> 8) % held.len());
+                            let n = a.size() / 4;
+                            let mut back = vec![0u32; n];
+                            // SAFETY: `back` holds n words; synchronized below.
+                            unsafe { memory::copy_dtoh_async(back.as_mut_ptr().cast(), a.ptr(), n * 4, stream) }
+                                .map_err(|e| e.to_string())?;
+                            stream.synchronize().map_err(|e| e.to_string())?;
+                            if let Some(bad) = back.iter().position(|&w| w != word) {
+                                return Err(format!("thread {t}: block of {} bytes overwritten at word {bad}", a.size()));
+                            }
+                        }
+                    }
+                    for s in &streams {
+                        s.synchronize().map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    pool.check().unwrap();
+    let st = pool.stats();
+    assert!(st.allocations >= 16 * 400);
+    assert!(st.thread_cache_hits + st.shared_hits as u64 > 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn out_of_memory_is_typed_releases_the_cache_and_the_next_allocation_works() {
+    let ctx = ctx();
+    let pool = PoolManager::new(&ctx).unwrap();
+    // Fill the cache with freed blocks.
+    let held: Vec<_> = (0..8).map(|_| pool.memalloc(1 << 30).unwrap()).collect();
+    drop(held);
+    let reserved = pool.stats().reserved_bytes;
+    assert!(reserved >= 8 << 30);
+    let (_, total) = ctx.mem_info().unwrap();
+    let err = pool.memalloc(total + (1 << 30)).unwrap_err();
+    match &err {
+        EmmError::OutOfMemory { requested, total: t, detail, .. } => {
+            assert_eq!(*requested, total + (1 << 30));
+            assert_eq!(*t, total);
+            assert!(detail.contains("largest free block"), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(pool.stats().reserved_bytes < reserved, "the ladder released cached segments");
+    let ok = pool.memalloc(1 << 30).unwrap();
+    assert_eq!(ok.size(), 1 << 30);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn trim_gives_every_byte_back_to_the_device() {
+    let ctx = ctx();
+    ctx.synchronize().unwrap();
+    let (free0, _) = ctx.mem_info().unwrap();
+    {
+        let pool = PoolManager::new(&ctx).unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let mut held = Vec::new();
+        for i in 0..200usize {
+            held.push(pool.memalloc_async(1000 + i * 37_000, stream.raw()).unwrap());
+            if i % 3 == 0 {
+                held.swap_remove(i % held.len());
+            }
+        }
+        held.push(pool.memalloc(300 << 20).unwrap());
+        let (free_mid, _) = ctx.mem_info().unwrap();
+        assert!(free_mid < free0);
+        drop(held);
+        stream.synchronize().unwrap();
+        pool.trim();
+        assert_eq!(pool.stats().reserved_bytes, 0, "{:?}", pool.stats());
+        let (free1, _) = ctx.mem_info().unwrap();
+        assert!(free1 + (2 << 20) >= free0, "free memory {free0} -> {free1} after trim");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
+    let ctx = ctx();
+    let cfg = PoolConfig { thread_cache_blocks: 0, ..PoolConfig::default() };
+    let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
+    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let a = pool.memalloc_async(4 << 20, s1.raw()).unwrap();
+    let addr = a.ptr();
+    drop(a);
+    // Same stream: reused at once.
+    let b = pool.memalloc_async(4 << 20, s1.raw()).unwrap();
+    assert_eq!(b.ptr(), addr);
+    drop(b);
+    s1.synchronize().unwrap();
+    // Another stream: only through an event (recorded and, here, already complete).
+    let c = pool.memalloc_async(4 << 20, s2.raw()).unwrap();
+    assert_eq!(c.ptr(), addr, "an idle stream's block is reused after its event");
+    assert!(pool.stats().cross_stream_reuses >= 1);
+}
