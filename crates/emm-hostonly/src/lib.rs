@@ -124,6 +124,7 @@ pub struct HostOnlyManager {
     host: HostOnly,
     defer: Arc<DeferState>,
     exported_fd: OnceLock<std::result::Result<std::os::fd::OwnedFd, String>>,
+    export_error: Option<String>,
 }
 
 impl core::fmt::Debug for HostOnlyManager {
@@ -146,8 +147,15 @@ impl HostOnlyManager {
                 operation: "CUDA's stream-ordered allocator (this driver or device lacks cuMemAllocAsync and memory pools)",
             });
         }
-        // Exportable for IPC when the device allows it; plain otherwise.
-        let pool = MemPool::create(ctx, true).or_else(|_| MemPool::create(ctx, false))?;
+        // Exportable for IPC when the device allows it; plain otherwise (and IPC then
+        // says why it is unsupported).
+        let (pool, export_error) = match MemPool::create(ctx, true) {
+            Ok(p) => (p, None),
+            Err(e) => {
+                tracing::warn!(error = %e, "an exportable memory pool could not be created; IPC is unavailable");
+                (MemPool::create(ctx, false)?, Some(e.to_string()))
+            }
+        };
         pool.set_attribute(Attr::RELEASE_THRESHOLD, config.release_threshold)?;
         let defer = DeferState::new();
         Ok(HostOnlyManager {
@@ -155,6 +163,7 @@ impl HostOnlyManager {
             host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
             defer,
             exported_fd: OnceLock::new(),
+            export_error,
         })
     }
 
@@ -268,10 +277,17 @@ impl MemoryManager for HostOnlyManager {
     }
 
     fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
+        if let Some(e) = &self.export_error {
+            return Err(EmmError::Unsupported {
+                manager: format!("hostonly (its pool is not exportable: {e})"),
+                operation: "get_ipc_handle",
+            });
+        }
         let parent = view.parent();
+        let pool_fd = self.pool_fd()?;
         Ok(IpcHandle::MemPool {
             export: self.inner.pool.export_pointer(parent.ptr())?,
-            pool_fd: self.pool_fd()?,
+            pool_fd,
             pid: std::process::id(),
             offset: (view.ptr() - parent.ptr()) as usize,
             size: view.len(),

@@ -102,6 +102,10 @@ pub struct ArenaStats {
     pub cross_stream_reuses: usize,
 }
 
+fn unreachable_fit<T>(size: usize) -> Result<T> {
+    Err(EmmError::InvalidSize { requested: size, reason: "the pool found no block after growing (a bug; please report it)" })
+}
+
 /// What a caller needs to make a segment: the arena does no I/O itself.
 pub(crate) trait SegmentSource {
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr>;
@@ -166,9 +170,27 @@ impl SegmentPolicy {
     }
 }
 
+/// What is known of a stream's free blocks.
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamState {
+    /// An event recorded on the stream after its latest free (created streams).
+    last_event: Option<EventId>,
+    /// Some free block of the stream was given back without an event (its stream
+    /// may be gone): none of its blocks can move to another stream before a
+    /// device-wide synchronization.
+    uncovered: bool,
+}
+
+/// The legacy and per-thread default streams (and null): never destroyed, so an
+/// event can be recorded on them at any time.
+fn is_default_stream(s: StreamKey) -> bool {
+    s <= 2
+}
+
 #[derive(Default)]
 pub(crate) struct Arena {
     blocks: BTreeMap<CUdeviceptr, Block>,
+    streams: HashMap<StreamKey, StreamState>,
     free: HashMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
     pending: Vec<(EventId, Vec<CUdeviceptr>)>,
     segments: BTreeMap<CUdeviceptr, Segment>,
@@ -252,22 +274,36 @@ impl Arena {
         Ok(moved)
     }
 
-    /// Records an event on every other stream holding free blocks and parks those
-    /// blocks until it completes.
+    /// Parks the free blocks of every other stream until an event on that stream
+    /// completes: a default stream gets an event recorded now; a created stream
+    /// uses the event recorded at its latest free (it may be destroyed since, so
+    /// nothing is recorded on it here); a stream with uncovered blocks is skipped.
     fn steal_from_other_streams(&mut self, events: &dyn EventSource, stream: StreamKey) -> Result<bool> {
         let donors: Vec<StreamKey> = self
             .free
             .iter()
-            .filter(|((s, _), set)| *s != stream && !set.is_empty())
+            .filter(|((s, _), set)| *s != stream && *s != SETTLED && !set.is_empty())
             .map(|((s, _), _)| *s)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        for donor in &donors {
-            let id = events.record(emm_sys::CUstream(*donor as *mut core::ffi::c_void))?;
+        let mut any = false;
+        for donor in donors {
+            let id = if is_default_stream(donor) {
+                events.record(emm_sys::CUstream(donor as *mut core::ffi::c_void))?
+            } else {
+                let st = self.streams.entry(donor).or_default();
+                if st.uncovered {
+                    continue;
+                }
+                match st.last_event.take() {
+                    Some(id) => id,
+                    None => continue,
+                }
+            };
             let mut addrs = Vec::new();
             for kind in [Kind::Small, Kind::Large] {
-                if let Some(set) = self.free.get_mut(&(*donor, kind)) {
+                if let Some(set) = self.free.get_mut(&(donor, kind)) {
                     for (_, a) in std::mem::take(set) {
                         if let Some(b) = self.blocks.get_mut(&a) {
                             b.state = State::Pending;
@@ -277,8 +313,9 @@ impl Arena {
                 }
             }
             self.pending.push((id, addrs));
+            any = true;
         }
-        Ok(!donors.is_empty())
+        Ok(any)
     }
 
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
@@ -290,50 +327,69 @@ impl Arena {
         events: &dyn EventSource,
         source: &dyn SegmentSource,
     ) -> Result<(CUdeviceptr, CUdeviceptr, usize)> {
+        match self.try_alloc(size, stream, events, source, true)? {
+            Some(r) => Ok(r),
+            None => unreachable_fit(size),
+        }
+    }
+
+    /// As [`Arena::alloc`]; with `grow` false, returns `None` instead of taking new
+    /// memory from the upstream.
+    pub fn try_alloc(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+        grow: bool,
+    ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
         let kind = Kind::of(size);
         if let Some(a) = self.take_fit(size, kind, stream) {
             self.stats.hits += 1;
-            return Ok(self.finish(a, size));
+            return Ok(Some(self.finish(a, size)));
         }
         let settled = |me: &mut Self| me.take_fit(size, kind, SETTLED);
         if let Some(a) = settled(self) {
             self.stats.hits += 1;
-            return Ok(self.finish(a, size));
+            return Ok(Some(self.finish(a, size)));
         }
         if self.collect_pending(events)? {
             if let Some(a) = settled(self) {
                 self.stats.hits += 1;
-                return Ok(self.finish(a, size));
+                return Ok(Some(self.finish(a, size)));
             }
         }
         if self.steal_from_other_streams(events, stream)? && self.collect_pending(events)? {
             if let Some(a) = settled(self) {
                 self.stats.hits += 1;
-                return Ok(self.finish(a, size));
+                return Ok(Some(self.finish(a, size)));
             }
+        }
+        if !grow {
+            return Ok(None);
         }
         if kind == Kind::Large && self.policy.expandable {
             match self.expand(size, stream, source) {
                 Ok(true) => {
                     self.stats.misses += 1;
                     if let Some(a) = self.take_fit(size, kind, stream) {
-                        return Ok(self.finish(a, size));
+                        return Ok(Some(self.finish(a, size)));
                     }
                 }
                 Ok(false) => {}
-                Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e),
+                Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e).map(Some),
                 Err(e) => return Err(e),
             }
         }
         let seg = self.policy.segment_for(size, kind);
         let base = match self.grow(seg, kind, stream, source) {
             Ok(b) => b,
-            Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e),
+            Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e).map(Some),
             Err(e) => return Err(e),
         };
         self.stats.misses += 1;
         let a = self.take_fit(size, kind, stream).unwrap_or(base);
-        Ok(self.finish(a, size))
+        Ok(Some(self.finish(a, size)))
     }
 
     fn finish(&mut self, addr: CUdeviceptr, size: usize) -> (CUdeviceptr, CUdeviceptr, usize) {
@@ -517,11 +573,29 @@ impl Arena {
     /// Records an event on every stream holding free blocks, waits for all pending
     /// events, and makes those blocks settled (usable by any stream, coalesced).
     pub fn consolidate(&mut self, events: &dyn EventSource) -> Result<()> {
-        self.steal_from_other_streams(events, SETTLED)?;
-        for (id, _) in &self.pending {
-            events.wait(*id)?;
+        // One device-wide synchronization covers every stream, destroyed ones too.
+        events.synchronize_all()?;
+        for (id, addrs) in std::mem::take(&mut self.pending) {
+            events.recycle(id);
+            for a in addrs {
+                if let Some(b) = self.blocks.remove(&a) {
+                    self.insert_free(a, b.size, b.segment, SETTLED);
+                }
+            }
         }
-        self.collect_pending(events)?;
+        let keys: Vec<(StreamKey, Kind)> = self.free.keys().filter(|(s, _)| *s != SETTLED).copied().collect();
+        for key in keys {
+            for (size, a) in self.free.remove(&key).unwrap_or_default() {
+                if let Some(b) = self.blocks.remove(&a) {
+                    self.insert_free(a, size, b.segment, SETTLED);
+                }
+            }
+        }
+        for (_, st) in self.streams.drain() {
+            if let Some(id) = st.last_event {
+                events.recycle(id);
+            }
+        }
         Ok(())
     }
 
@@ -530,14 +604,29 @@ impl Arena {
         self.free.values().filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz)).max().unwrap_or(0)
     }
 
-    /// Takes back a live block freed on `stream`.
-    pub fn free(&mut self, addr: CUdeviceptr, stream: StreamKey) -> bool {
+    /// Takes back a live block freed on `stream`. With `events` (the stream is
+    /// known to be alive: the caller frees on it now), a created stream gets an
+    /// event recorded after the free, so another stream can take its blocks later;
+    /// without, the stream's blocks stay with it until a device-wide sync.
+    pub fn free(&mut self, addr: CUdeviceptr, stream: StreamKey, events: Option<&dyn EventSource>) -> bool {
         match self.blocks.get(&addr) {
             Some(b) if b.state == State::Live => {
                 let b = *b;
                 self.blocks.remove(&addr);
                 self.stats.live -= b.size;
                 self.insert_free(addr, b.size, b.segment, stream);
+                if !is_default_stream(stream) && stream != SETTLED {
+                    let recorded = events.map(|ev| ev.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)));
+                    let st = self.streams.entry(stream).or_default();
+                    match recorded {
+                        Some(Ok(id)) => {
+                            if let (Some(old), Some(ev)) = (st.last_event.replace(id), events) {
+                                ev.recycle(old);
+                            }
+                        }
+                        _ => st.uncovered = true,
+                    }
+                }
                 true
             }
             _ => false,

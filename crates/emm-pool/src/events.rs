@@ -18,6 +18,8 @@ pub trait EventSource: Send + Sync {
     fn wait(&self, id: EventId) -> Result<()>;
     /// Returns the marker to the source for reuse.
     fn recycle(&self, id: EventId);
+    /// Waits for all work on every stream of the device (`cuCtxSynchronize`).
+    fn synchronize_all(&self) -> Result<()>;
 }
 
 /// A marker recorded by an [`EventSource`].
@@ -78,6 +80,10 @@ impl EventSource for DriverEvents {
 
     fn recycle(&self, id: EventId) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(id.0);
+    }
+
+    fn synchronize_all(&self) -> Result<()> {
+        Ok(self.ctx.synchronize()?)
     }
 }
 
@@ -146,6 +152,17 @@ impl EventSource for HostEvents {
     }
 
     fn recycle(&self, _id: EventId) {}
+
+    fn synchronize_all(&self) -> Result<()> {
+        // A device-wide sync: logged as a marker on "every stream" (usize::MAX).
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(usize::MAX);
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for f in s.iter() {
+            f.store(true, Ordering::Release);
+        }
+        s.push(Arc::new(AtomicBool::new(true)));
+        Ok(())
+    }
 }
 
 impl<T: EventSource + ?Sized> EventSource for Arc<T> {
@@ -160,5 +177,8 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn recycle(&self, id: EventId) {
         (**self).recycle(id)
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        (**self).synchronize_all()
     }
 }

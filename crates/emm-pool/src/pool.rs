@@ -38,7 +38,7 @@ impl Default for PoolConfig {
             segments: SegmentPolicy::default(),
             limit: None,
             thread_cache_blocks: 8,
-            thread_cache_bytes: 256 << 20,
+            thread_cache_bytes: 64 << 20,
             release_threshold: usize::MAX,
         }
     }
@@ -159,7 +159,7 @@ impl Drop for Local {
         for sc in self.streams.drain(..) {
             for e in sc.entries {
                 if e.generation == gen {
-                    arena.free(e.ptr, sc.stream);
+                    arena.free(e.ptr, sc.stream, None); // the stream may be gone
                 }
             }
         }
@@ -201,10 +201,13 @@ impl Core {
             .flatten()
     }
 
-    fn flush_stream(&self, arena: &mut Arena, sc: &mut StreamCache, gen: usize) {
+    /// Gives a stream's cached blocks to the arena; `alive`: the stream is known
+    /// to be usable now (events may be recorded on it).
+    fn flush_stream(&self, arena: &mut Arena, sc: &mut StreamCache, gen: usize, alive: bool) {
+        let events = if alive { Some(self.events.as_ref()) } else { None };
         for e in sc.entries.drain(..) {
             if e.generation == gen {
-                arena.free(e.ptr, sc.stream);
+                arena.free(e.ptr, sc.stream, events);
             }
         }
         sc.bytes = 0;
@@ -236,21 +239,29 @@ impl Core {
             Some(Some(e)) => e,
             other => {
                 let mut arena = self.lock();
+                let source = self.source();
+                let mut found = None;
                 if other.is_some() {
-                    // A miss: give this stream's cached blocks back first, so they
-                    // can coalesce and serve this request.
-                    self.with_local(|local| {
-                        if let Some(sc) = local.streams.iter_mut().find(|s| s.stream == key) {
-                            self.flush_stream(&mut arena, sc, gen);
-                        }
-                        bump(&local.counters.live_blocks);
-                    });
+                    self.with_local(|local| bump(&local.counters.live_blocks));
+                    // A miss: serve it from the arena's free blocks if possible;
+                    // before taking new memory, give this stream's cached blocks back
+                    // so they can coalesce and serve it.
+                    found = arena.try_alloc(rsize, key, self.events.as_ref(), &source, false)?;
+                    if found.is_none() {
+                        self.with_local(|local| {
+                            if let Some(sc) = local.streams.iter_mut().find(|s| s.stream == key) {
+                                self.flush_stream(&mut arena, sc, gen, true);
+                            }
+                        });
+                    }
                 } else {
                     bump(&self.orphan.allocations);
                     bump(&self.orphan.live_blocks);
                 }
-                let (ptr, base, base_size) = arena
-                    .alloc(rsize, key, self.events.as_ref(), &self.source())
+                let (ptr, base, base_size) = match found {
+                    Some(f) => Ok(f),
+                    None => arena.alloc(rsize, key, self.events.as_ref(), &source),
+                }
                     .inspect_err(|_| {
                         // Undo the live count taken above.
                         let _ = self.with_local(|l| {
@@ -302,13 +313,13 @@ impl Core {
         match cached {
             Some(true) => {}
             Some(false) => {
-                self.lock().free(ptr, key);
+                self.lock().free(ptr, key, Some(self.events.as_ref()));
             }
             None => {
                 // No cache on this thread (or it is being torn down).
                 bump(&self.orphan.freed_blocks);
                 if token == gen {
-                    self.lock().free(ptr, key);
+                    self.lock().free(ptr, key, Some(self.events.as_ref()));
                 }
             }
         }
@@ -472,7 +483,7 @@ impl PoolManager {
         let mut arena = self.core.lock();
         let _ = self.core.with_local(|local| {
             for sc in &mut local.streams {
-                self.core.flush_stream(&mut arena, sc, gen);
+                self.core.flush_stream(&mut arena, sc, gen, false);
             }
         });
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
@@ -515,7 +526,7 @@ impl Drop for PoolManager {
         let mut arena = self.core.lock();
         let _ = self.core.with_local(|local| {
             for sc in &mut local.streams {
-                self.core.flush_stream(&mut arena, sc, gen);
+                self.core.flush_stream(&mut arena, sc, gen, false);
             }
         });
         arena.release_free_segments(&self.core.source());

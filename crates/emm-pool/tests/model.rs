@@ -119,7 +119,7 @@ impl StateMachineTest for Sut {
                     let log = sut.events.log();
                     for (&fstart, &(fend, fstream, recorded)) in &sut.freed {
                         if fstart < end && start < fend && fstream != st {
-                            let ok = log.iter().skip(recorded).any(|&(s, done)| s == fstream && done);
+                            let ok = log.iter().skip(recorded).any(|&(s, done)| (s == fstream || s == usize::MAX) && done);
                             assert!(ok, "block {start:#x} reused on stream {st} before stream {fstream}'s event completed");
                         }
                     }
