@@ -99,6 +99,7 @@ fn ci(root: &Path) -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     if root.join("python/tests").is_dir() {
+        run(root, "build C ABI", "the Python tests load libemm_capi", cargo().args(["build", "-p", "emm-capi"]))?;
         run(
             root,
             "python",

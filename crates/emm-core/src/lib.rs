@@ -31,7 +31,7 @@ mod router;
 pub use error::{fmt_bytes, EmmError, Result};
 pub use ipc::{IpcHandle, IpcMemory};
 pub use manager::{
-    check_interface_version, DeferGuard, DeferState, MemoryInfo, MemoryManager, INTERFACE_VERSION,
+    check_interface_version, DeferGuard, DeferState, ManagerStats, MemoryInfo, MemoryManager, INTERFACE_VERSION,
     SUPPORTED_INTERFACE_VERSIONS,
 };
 pub use pointer::{

@@ -25,6 +25,24 @@ pub struct MemoryInfo {
     pub total: usize,
 }
 
+/// What a manager can say about its device memory (the names follow PyTorch's
+/// `memory_stats` where they fit). Counters a manager does not keep are 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagerStats {
+    /// Bytes in allocations held by callers.
+    pub allocated_bytes: usize,
+    /// Peak of `allocated_bytes`.
+    pub allocated_bytes_peak: usize,
+    /// Bytes the manager holds from the device (allocated plus cached).
+    pub reserved_bytes: usize,
+    /// Peak of `reserved_bytes`.
+    pub reserved_bytes_peak: usize,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Allocations the manager made from its upstream (the driver).
+    pub upstream_allocs: u64,
+}
+
 /// A memory manager: where a context's device and pinned host memory comes from.
 ///
 /// # Contract
@@ -128,6 +146,11 @@ pub trait MemoryManager: Send + Sync {
     /// The context the manager serves, when it serves a real one.
     fn context(&self) -> Option<&Context> {
         None
+    }
+
+    /// Statistics of device memory; the default knows nothing.
+    fn stats(&self) -> ManagerStats {
+        ManagerStats::default()
     }
 }
 

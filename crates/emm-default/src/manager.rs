@@ -375,4 +375,17 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
     fn context(&self) -> Option<&Context> {
         self.ctx.as_ref()
     }
+
+    fn stats(&self) -> emm_core::ManagerStats {
+        let st = DefaultManager::stats(self);
+        let (_, pending) = self.pending();
+        emm_core::ManagerStats {
+            allocated_bytes: st.live_bytes,
+            allocated_bytes_peak: 0,
+            reserved_bytes: st.live_bytes + pending,
+            reserved_bytes_peak: st.peak_held_bytes,
+            allocations: st.allocations as u64,
+            upstream_allocs: st.allocations as u64,
+        }
+    }
 }

@@ -322,4 +322,16 @@ impl MemoryManager for HostOnlyManager {
     fn context(&self) -> Option<&Context> {
         Some(&self.inner.ctx)
     }
+
+    fn stats(&self) -> emm_core::ManagerStats {
+        let u = self.usage().unwrap_or_default();
+        emm_core::ManagerStats {
+            allocated_bytes: u.used as usize,
+            allocated_bytes_peak: u.used_high as usize,
+            reserved_bytes: u.reserved as usize,
+            reserved_bytes_peak: u.reserved_high as usize,
+            allocations: 0,
+            upstream_allocs: 0,
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    IpcHandle, ManagerStats, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
 };
 use emm_default::{DriverUpstream, HostOnly, HostUpstream, PendingConfig, Upstream};
 use emm_driver::Context;
@@ -30,6 +30,38 @@ pub struct PoolConfig {
     /// Reserved bytes above which `release_cached` and a free's trim check give
     /// wholly free segments back (`usize::MAX`: only on `trim()` or out of memory).
     pub release_threshold: usize,
+}
+
+impl PoolConfig {
+    /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
+    /// segment off, e.g. for legacy IPC of every block) and `EMM_POOL_LIMIT` (bytes)
+    /// applied. An invalid value is an error naming the variable.
+    pub fn from_env() -> Result<PoolConfig> {
+        let mut c = PoolConfig::default();
+        if let Ok(v) = std::env::var("EMM_POOL_EXPANDABLE") {
+            c.segments.expandable = match v.trim() {
+                "" | "1" | "true" | "yes" => true,
+                "0" | "false" | "no" => false,
+                _ => {
+                    return Err(EmmError::InvalidConfig {
+                        name: "EMM_POOL_EXPANDABLE".into(),
+                        value: v,
+                        reason: "expected 0 or 1".into(),
+                    })
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("EMM_POOL_LIMIT") {
+            if !v.trim().is_empty() {
+                c.limit = Some(v.trim().parse().map_err(|_| EmmError::InvalidConfig {
+                    name: "EMM_POOL_LIMIT".into(),
+                    value: v.clone(),
+                    reason: "expected a number of bytes".into(),
+                })?);
+            }
+        }
+        Ok(c)
+    }
 }
 
 impl Default for PoolConfig {
@@ -387,10 +419,11 @@ impl core::fmt::Debug for PoolManager {
 }
 
 impl PoolManager {
-    /// A pool of device memory in `ctx` (`cuMemAlloc` segments) with host memory
-    /// from a composed [`HostOnly`].
+    /// A pool of device memory in `ctx` (`cuMemAlloc` segments, and an expandable
+    /// segment where the device has virtual memory management) with host memory from
+    /// a composed [`HostOnly`], configured by [`PoolConfig::from_env`].
     pub fn new(ctx: &Context) -> Result<PoolManager> {
-        Self::with_config(PoolUpstream::Driver(ctx.clone()), PoolConfig::default())
+        Self::with_config(PoolUpstream::Driver(ctx.clone()), PoolConfig::from_env()?)
     }
 
     /// A pool over `upstream` with `config`.
@@ -609,5 +642,17 @@ impl MemoryManager for PoolManager {
 
     fn context(&self) -> Option<&Context> {
         self.core.ctx.as_ref()
+    }
+
+    fn stats(&self) -> ManagerStats {
+        let s = PoolManager::stats(self);
+        ManagerStats {
+            allocated_bytes: s.allocated_bytes,
+            allocated_bytes_peak: s.allocated_bytes_peak,
+            reserved_bytes: s.reserved_bytes,
+            reserved_bytes_peak: s.reserved_bytes_peak,
+            allocations: s.allocations,
+            upstream_allocs: s.num_device_alloc as u64,
+        }
     }
 }

@@ -1,0 +1,653 @@
+//! The C ABI of emm. The header is `include/emm.h`; a test keeps the two in step.
+//!
+//! Conventions:
+//! - Every function returns an [`emm_status`]: `EMM_OK` (0) or an error code. The
+//!   message of the last failure on the calling thread is copied out by
+//!   [`emm_last_error`].
+//! - Device pointers are `uint64_t`; streams are `CUstream`/`cudaStream_t` values
+//!   passed as `void*` (`NULL` is the legacy default stream).
+//! - No Rust panic crosses the boundary: each entry point catches it and returns
+//!   `EMM_ERR_PANIC`.
+//! - Managers come from emm's process-wide router, so C, C++, Python and PyTorch in
+//!   one process share one manager per device.
+
+#![allow(non_camel_case_types)] // reason: C names in the ABI
+#![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use emm_core::{DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager};
+use emm_driver::Context;
+use emm_sys::CUstream;
+
+/// A status code.
+pub type emm_status = c_int;
+
+/// Success.
+pub const EMM_OK: emm_status = 0;
+/// An argument was invalid (null pointer, bad size, unknown pointer).
+pub const EMM_ERR_INVALID_ARGUMENT: emm_status = 1;
+/// Out of memory.
+pub const EMM_ERR_OUT_OF_MEMORY: emm_status = 2;
+/// The CUDA driver failed (or is missing).
+pub const EMM_ERR_DRIVER: emm_status = 3;
+/// The manager does not support the operation.
+pub const EMM_ERR_UNSUPPORTED: emm_status = 4;
+/// No manager of that name.
+pub const EMM_ERR_UNKNOWN_MANAGER: emm_status = 5;
+/// An IPC handle was invalid.
+pub const EMM_ERR_IPC: emm_status = 6;
+/// Another manager already serves this process.
+pub const EMM_ERR_ALREADY_IN_USE: emm_status = 7;
+/// A panic was caught at the boundary (a bug in emm).
+pub const EMM_ERR_PANIC: emm_status = 8;
+/// Any other error.
+pub const EMM_ERR_OTHER: emm_status = 9;
+
+thread_local! {
+    static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
+}
+
+fn set_error(code: emm_status, msg: String) -> emm_status {
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = (code, msg));
+    code
+}
+
+fn code_of(e: &EmmError) -> emm_status {
+    match e {
+        e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
+        EmmError::InvalidSize { .. } | EmmError::OutOfRange { .. } | EmmError::InvalidConfig { .. } => {
+            EMM_ERR_INVALID_ARGUMENT
+        }
+        EmmError::Driver(_) => EMM_ERR_DRIVER,
+        EmmError::Unsupported { .. } | EmmError::InterfaceVersion { .. } => EMM_ERR_UNSUPPORTED,
+        EmmError::UnknownManager { .. } => EMM_ERR_UNKNOWN_MANAGER,
+        EmmError::InvalidIpcHandle { .. } => EMM_ERR_IPC,
+        EmmError::AlreadyInUse { .. } => EMM_ERR_ALREADY_IN_USE,
+        _ => EMM_ERR_OTHER,
+    }
+}
+
+fn fail(e: EmmError) -> emm_status {
+    set_error(code_of(&e), e.to_string())
+}
+
+fn invalid(msg: impl Into<String>) -> emm_status {
+    set_error(EMM_ERR_INVALID_ARGUMENT, msg.into())
+}
+
+/// Runs `f`, turning a panic into `EMM_ERR_PANIC`.
+fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(code) => {
+            if code == EMM_OK {
+                let _ = LAST_ERROR.try_with(|e| e.borrow_mut().0 = EMM_OK);
+            }
+            code
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            set_error(EMM_ERR_PANIC, format!("a panic was caught at the C boundary (a bug in emm): {what}"))
+        }
+    }
+}
+
+/// A manager handle: the shared manager of one device plus what this handle
+/// handed out (so callers free by pointer).
+pub struct emm_manager {
+    manager: Arc<dyn MemoryManager>,
+    ctx: Context,
+    device: Mutex<HashMap<u64, DeviceAllocation>>,
+    host: Mutex<HashMap<usize, HostMemory>>,
+    ipc: Mutex<HashMap<u64, IpcMemory>>,
+}
+
+fn stream_of(s: *mut c_void) -> CUstream {
+    if s.is_null() {
+        emm_core::SYNC_STREAM
+    } else {
+        CUstream(s)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn manager_for(name: Option<&str>, device: c_int) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
+    emm::register_builtin_managers();
+    if let Some(n) = name {
+        emm::set_memory_manager(n)?;
+    }
+    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidSize { requested: 0, reason: "negative device ordinal" })?;
+    let ctx = Context::on_device(ord)?;
+    let m = emm::memory_manager(&ctx)?;
+    Ok((m, ctx))
+}
+
+/// The version of the C ABI (major * 10000 + minor * 100 + patch).
+#[no_mangle]
+pub extern "C" fn emm_abi_version() -> c_int {
+    100
+}
+
+/// Copies the last error message of this thread (NUL-terminated, truncated to
+/// `len`) into `buf`; returns the message's full length. `buf` may be null.
+#[no_mangle]
+pub unsafe extern "C" fn emm_last_error(buf: *mut c_char, len: usize) -> usize {
+    LAST_ERROR
+        .try_with(|e| {
+            let e = e.borrow();
+            let bytes = e.1.as_bytes();
+            if !buf.is_null() && len > 0 {
+                let n = bytes.len().min(len - 1);
+                // SAFETY: the caller gives `len` writable bytes at `buf`; n < len.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                    *buf.add(n) = 0;
+                }
+            }
+            bytes.len()
+        })
+        .unwrap_or(0)
+}
+
+/// The code of the last failure on this thread (`EMM_OK` after a success).
+#[no_mangle]
+pub extern "C" fn emm_last_error_code() -> emm_status {
+    LAST_ERROR.try_with(|e| e.borrow().0).unwrap_or(EMM_OK)
+}
+
+/// Opens the manager of `device`. `name` (may be null: `EMM_MEMORY_MANAGER`, else
+/// `default`) is `default`, `pool` or `hostonly`. Handles for one device share the
+/// manager. Free the handle with `emm_manager_destroy`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_manager_create(name: *const c_char, device: c_int, out: *mut *mut emm_manager) -> emm_status {
+    guard(|| {
+        if out.is_null() {
+            return invalid("emm_manager_create: `out` is null");
+        }
+        let name = if name.is_null() {
+            None
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            match unsafe { CStr::from_ptr(name) }.to_str() {
+                Ok(s) => Some(s.to_owned()),
+                Err(_) => return invalid("emm_manager_create: the name is not UTF-8"),
+            }
+        };
+        match manager_for(name.as_deref(), device) {
+            Ok((manager, ctx)) => {
+                let h = Box::new(emm_manager {
+                    manager,
+                    ctx,
+                    device: Mutex::new(HashMap::new()),
+                    host: Mutex::new(HashMap::new()),
+                    ipc: Mutex::new(HashMap::new()),
+                });
+                // SAFETY: `out` is non-null and writable per the contract.
+                unsafe { *out = Box::into_raw(h) };
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Releases a handle and everything it still holds.
+#[no_mangle]
+pub unsafe extern "C" fn emm_manager_destroy(m: *mut emm_manager) {
+    let _ = guard(|| {
+        if !m.is_null() {
+            // SAFETY: `m` came from emm_manager_create and is destroyed once.
+            drop(unsafe { Box::from_raw(m) });
+        }
+        EMM_OK
+    });
+}
+
+fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_status> {
+    if m.is_null() {
+        return Err(invalid("the manager handle is null"));
+    }
+    // SAFETY: a non-null handle came from emm_manager_create and is alive.
+    Ok(unsafe { &*m })
+}
+
+/// The name of the manager behind `m` (static storage; null for a null handle).
+#[no_mangle]
+pub unsafe extern "C" fn emm_manager_name(m: *const emm_manager) -> *const c_char {
+    match handle(m).map(|h| h.manager.name().to_owned()) {
+        Ok(n) => match n.as_str() {
+            "default" => c"default".as_ptr(),
+            "pool" => c"pool".as_ptr(),
+            "hostonly" => c"hostonly".as_ptr(),
+            _ => c"other".as_ptr(),
+        },
+        Err(_) => core::ptr::null(),
+    }
+}
+
+/// Allocates `size` bytes of device memory ordered on `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_alloc(m: *mut emm_manager, size: usize, stream: *mut c_void, out_ptr: *mut u64) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if out_ptr.is_null() {
+            return invalid("emm_alloc: `out_ptr` is null");
+        }
+        match h.manager.memalloc_async(size, stream_of(stream)) {
+            Ok(a) => {
+                let p = a.ptr();
+                if size > 0 {
+                    lock(&h.device).insert(p, a);
+                }
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *out_ptr = p };
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (null: the
+/// stream it was allocated on).
+#[no_mangle]
+pub unsafe extern "C" fn emm_free(m: *mut emm_manager, ptr: u64, stream: *mut c_void) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if ptr == 0 {
+            return EMM_OK;
+        }
+        match lock(&h.device).remove(&ptr) {
+            Some(mut a) => {
+                if !stream.is_null() {
+                    a.set_stream(CUstream(stream));
+                }
+                drop(a);
+                EMM_OK
+            }
+            None => invalid(format!("emm_free: {ptr:#x} was not allocated through this handle (or was freed already)")),
+        }
+    })
+}
+
+/// Pinned host memory: `flags` bit 0 mapped, bit 1 portable, bit 2 write-combined.
+/// `out_dev` (may be null) receives the device address of mapped memory.
+#[no_mangle]
+pub unsafe extern "C" fn emm_host_alloc(
+    m: *mut emm_manager,
+    size: usize,
+    flags: u32,
+    out_host: *mut *mut c_void,
+    out_dev: *mut u64,
+) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if out_host.is_null() {
+            return invalid("emm_host_alloc: `out_host` is null");
+        }
+        let f = HostAllocFlags { mapped: flags & 1 != 0, portable: flags & 2 != 0, write_combined: flags & 4 != 0 };
+        match h.manager.memhostalloc(size, f) {
+            Ok(mem) => {
+                let host = mem.host_ptr();
+                // SAFETY: out pointers are writable per the contract (out_dev may be null).
+                unsafe {
+                    *out_host = host.cast();
+                    if !out_dev.is_null() {
+                        *out_dev = mem.device_ptr().unwrap_or(0);
+                    }
+                }
+                lock(&h.host).insert(host as usize, mem);
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Frees pinned host memory from `emm_host_alloc`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_host_free(m: *mut emm_manager, host: *mut c_void) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        match lock(&h.host).remove(&(host as usize)) {
+            Some(mem) => {
+                drop(mem);
+                EMM_OK
+            }
+            None => invalid(format!("emm_host_free: {host:p} was not allocated through this handle")),
+        }
+    })
+}
+
+/// Free and total bytes of the device.
+#[no_mangle]
+pub unsafe extern "C" fn emm_memory_info(m: *mut emm_manager, free: *mut usize, total: *mut usize) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if free.is_null() || total.is_null() {
+            return invalid("emm_memory_info: null output pointer");
+        }
+        match h.manager.get_memory_info() {
+            Ok(i) => {
+                // SAFETY: both are non-null and writable per the contract.
+                unsafe {
+                    *free = i.free;
+                    *total = i.total;
+                }
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Statistics of a manager (see `ManagerStats` in emm-core).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct emm_stats {
+    /// Bytes in allocations held by callers.
+    pub allocated_bytes: u64,
+    /// Peak of `allocated_bytes`.
+    pub allocated_bytes_peak: u64,
+    /// Bytes held from the device.
+    pub reserved_bytes: u64,
+    /// Peak of `reserved_bytes`.
+    pub reserved_bytes_peak: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Allocations made from the driver.
+    pub upstream_allocs: u64,
+}
+
+/// Fills `out` with the manager's statistics.
+#[no_mangle]
+pub unsafe extern "C" fn emm_get_stats(m: *mut emm_manager, out: *mut emm_stats) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if out.is_null() {
+            return invalid("emm_get_stats: `out` is null");
+        }
+        let s = h.manager.stats();
+        // SAFETY: non-null and writable per the contract.
+        unsafe {
+            *out = emm_stats {
+                allocated_bytes: s.allocated_bytes as u64,
+                allocated_bytes_peak: s.allocated_bytes_peak as u64,
+                reserved_bytes: s.reserved_bytes as u64,
+                reserved_bytes_peak: s.reserved_bytes_peak as u64,
+                allocations: s.allocations,
+                upstream_allocs: s.upstream_allocs,
+            }
+        };
+        EMM_OK
+    })
+}
+
+/// Gives cached memory back to the device; `released` (may be null) gets the bytes.
+#[no_mangle]
+pub unsafe extern "C" fn emm_trim(m: *mut emm_manager, released: *mut usize) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        match h.manager.release_cached() {
+            Ok(n) => {
+                if !released.is_null() {
+                    // SAFETY: non-null and writable per the contract.
+                    unsafe { *released = n };
+                }
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Exports `[ptr+offset, ptr+offset+len)` of an allocation of this handle as IPC
+/// handle bytes into `buf` (`cap` bytes); `written` gets the length. With a null
+/// `buf`, only `written` is set (to the size needed).
+#[no_mangle]
+pub unsafe extern "C" fn emm_ipc_export(
+    m: *mut emm_manager,
+    ptr: u64,
+    offset: usize,
+    len: usize,
+    buf: *mut u8,
+    cap: usize,
+    written: *mut usize,
+) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if written.is_null() {
+            return invalid("emm_ipc_export: `written` is null");
+        }
+        let map = lock(&h.device);
+        let Some(a) = map.get(&ptr) else {
+            return invalid(format!("emm_ipc_export: {ptr:#x} was not allocated through this handle"));
+        };
+        let bytes = match a.view(offset, len).and_then(|v| h.manager.get_ipc_handle(v)) {
+            Ok(hd) => hd.to_bytes(),
+            Err(e) => return fail(e),
+        };
+        // SAFETY: non-null and writable per the contract.
+        unsafe { *written = bytes.len() };
+        if buf.is_null() {
+            return EMM_OK;
+        }
+        if cap < bytes.len() {
+            return invalid(format!("emm_ipc_export: the buffer holds {cap} bytes, the handle needs {}", bytes.len()));
+        }
+        // SAFETY: `buf` holds `cap` >= len writable bytes.
+        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+        EMM_OK
+    })
+}
+
+/// Opens IPC handle bytes from another process; `out_ptr` gets the device address
+/// (staged into this handle's manager when the memory is on another device).
+/// Close with `emm_ipc_close`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_ipc_open(m: *mut emm_manager, buf: *const u8, len: usize, out_ptr: *mut u64) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        if buf.is_null() || out_ptr.is_null() {
+            return invalid("emm_ipc_open: null pointer argument");
+        }
+        // SAFETY: `buf` holds `len` readable bytes per the contract.
+        let bytes = unsafe { core::slice::from_raw_parts(buf, len) };
+        let opened = IpcHandle::from_bytes(bytes).and_then(|hd| hd.open(&h.ctx, h.manager.as_ref()));
+        match opened {
+            Ok(mem) => {
+                let p = mem.ptr();
+                lock(&h.ipc).insert(p, mem);
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *out_ptr = p };
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Closes memory opened by `emm_ipc_open`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_status {
+    guard(|| {
+        let h = match handle(m) {
+            Ok(h) => h,
+            Err(c) => return c,
+        };
+        match lock(&h.ipc).remove(&ptr) {
+            Some(mem) => {
+                mem.close();
+                EMM_OK
+            }
+            None => invalid(format!("emm_ipc_close: {ptr:#x} was not opened through this handle")),
+        }
+    })
+}
+
+struct TorchDevice {
+    manager: Arc<dyn MemoryManager>,
+    live: Mutex<HashMap<u64, DeviceAllocation>>,
+}
+
+fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
+    static DEVICES: OnceLock<Mutex<HashMap<c_int, &'static TorchDevice>>> = OnceLock::new();
+    let map = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = lock(map);
+    if let Some(d) = map.get(&device) {
+        return Some(d);
+    }
+    // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
+    let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) { None } else { Some("pool") };
+    match manager_for(name, device) {
+        Ok((manager, _)) => {
+            let d: &'static TorchDevice = Box::leak(Box::new(TorchDevice { manager, live: Mutex::new(HashMap::new()) }));
+            map.insert(device, d);
+            Some(d)
+        }
+        Err(e) => {
+            fail(e);
+            None
+        }
+    }
+}
+
+/// PyTorch's pluggable allocator: allocate `size` bytes on `device` ordered on
+/// `stream`. Returns null on failure (PyTorch then raises its out-of-memory error);
+/// `emm_last_error` says why.
+#[no_mangle]
+pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let mut out: *mut c_void = core::ptr::null_mut();
+    let _ = guard(|| {
+        let Some(d) = torch_device(device) else { return EMM_ERR_DRIVER };
+        let Ok(size) = usize::try_from(size) else { return invalid(format!("emm_torch_alloc: negative size {size}")) };
+        match d.manager.memalloc_async(size, stream_of(stream)) {
+            Ok(a) => {
+                out = a.ptr() as *mut c_void;
+                if size > 0 {
+                    lock(&d.live).insert(a.ptr(), a);
+                }
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    });
+    out
+}
+
+/// PyTorch's pluggable allocator: free `ptr`, ordered on `stream`.
+#[no_mangle]
+pub extern "C" fn emm_torch_free(ptr: *mut c_void, _size: isize, device: c_int, stream: *mut c_void) {
+    let _ = guard(|| {
+        if ptr.is_null() {
+            return EMM_OK;
+        }
+        let Some(d) = torch_device(device) else { return EMM_ERR_DRIVER };
+        match lock(&d.live).remove(&(ptr as u64)) {
+            Some(mut a) => {
+                a.set_stream(stream_of(stream));
+                drop(a);
+                EMM_OK
+            }
+            None => invalid(format!("emm_torch_free: {ptr:p} is not an emm allocation")),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_codes_with_messages_and_null_arguments_are_rejected() {
+        // SAFETY: null handles and pointers are what is being tested.
+        unsafe {
+            assert_eq!(emm_alloc(core::ptr::null_mut(), 16, core::ptr::null_mut(), core::ptr::null_mut()), EMM_ERR_INVALID_ARGUMENT);
+            let mut buf = [0 as c_char; 64];
+            let n = emm_last_error(buf.as_mut_ptr(), buf.len());
+            assert_eq!(n, "the manager handle is null".len());
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "the manager handle is null");
+            assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
+            // Truncation keeps a NUL terminator.
+            let mut tiny = [1 as c_char; 4];
+            emm_last_error(tiny.as_mut_ptr(), 4);
+            assert_eq!(CStr::from_ptr(tiny.as_ptr()).to_bytes(), b"the");
+            assert_eq!(emm_manager_create(core::ptr::null(), 0, core::ptr::null_mut()), EMM_ERR_INVALID_ARGUMENT);
+            emm_manager_destroy(core::ptr::null_mut());
+            assert!(emm_manager_name(core::ptr::null()).is_null());
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_a_status() {
+        let code = guard(|| panic!("boom"));
+        assert_eq!(code, EMM_ERR_PANIC);
+        assert_eq!(emm_last_error_code(), EMM_ERR_PANIC);
+    }
+
+    #[test]
+    fn the_header_declares_every_exported_function() {
+        let src = include_str!("lib.rs");
+        let header = include_str!("../include/emm.h");
+        let mut names = Vec::new();
+        let mut rest = src;
+        while let Some(i) = rest.find("extern \"C\" fn ") {
+            let after = &rest[i + "extern \"C\" fn ".len()..];
+            let name = after.split('(').next().unwrap_or("").trim();
+            let args = after.split_once('(').map(|(_, a)| a.split(')').next().unwrap_or("")).unwrap_or("");
+            let count = if args.trim().is_empty() { 0 } else { args.matches(':').count() };
+            if name.starts_with("emm_") {
+                names.push((name.to_owned(), count));
+            }
+            rest = after;
+        }
+        assert!(names.len() >= 15, "found {names:?}");
+        for (name, count) in names {
+            let decl = header
+                .lines()
+                .find(|l| l.trim_end().ends_with(");") && (l.contains(&format!(" {name}(")) || l.contains(&format!("*{name}("))))
+                .unwrap_or_else(|| panic!("include/emm.h lacks {name}"));
+            let args = decl.split('(').nth(1).unwrap_or("").split(')').next().unwrap_or("");
+            let hcount = if args.trim() == "void" || args.trim().is_empty() { 0 } else { args.matches(',').count() + 1 };
+            assert_eq!(hcount, count, "{name}: {count} parameters in Rust, {hcount} in include/emm.h");
+        }
+    }
+}

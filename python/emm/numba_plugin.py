@@ -1,0 +1,84 @@
+"""A Numba EMM plugin (NBEP 7) whose device memory comes from emm.
+
+Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
+``numba.cuda.set_memory_manager(emm.numba_plugin.EmmNumbaManager)``.
+
+- Device memory: emm's manager for the context's device, chosen by
+  ``EMM_MEMORY_MANAGER`` (default here: ``pool``). Allocations made through Numba's
+  synchronous API are ordered on the legacy default stream.
+- Host memory: Numba's own ``HostOnlyCUDAMemoryManager`` (pinned, mapped, mempin).
+- ``get_ipc_handle``: Numba's legacy handle with the allocation base and the offset
+  (``GetIpcHandleMixin``), so views into pooled blocks export correctly. For the
+  pool, set ``EMM_POOL_EXPANDABLE=0`` (this module does so unless it is set): legacy
+  IPC cannot export memory of the pool's expandable (virtual-memory) segment, nor
+  of ``hostonly``'s stream-ordered pool.
+- ``get_memory_info``: the device's free and total memory.
+- ``reset``: Numba's host-memory reset, then the device manager gives its cache back.
+- ``defer_cleanup``: Numba's (host frees); emm's device frees never synchronize, so
+  nothing needs deferring there.
+
+This module imports Numba: it is only imported by Numba itself, or by a user who
+uses Numba. ``import emm`` alone does not import it.
+"""
+
+import ctypes
+import os
+
+os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
+os.environ.setdefault("EMM_MEMORY_MANAGER", "pool")
+
+from numba import cuda  # noqa: E402
+from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
+from numba.cuda.cudadrv import driver as _driver  # noqa: E402
+
+from ._lib import Manager  # noqa: E402
+
+
+def _device_pointer(value):
+    if getattr(_driver, "USE_NV_BINDING", False) or getattr(_driver, "_have_nvidia_binding", False):
+        from cuda.bindings.driver import CUdeviceptr
+        return CUdeviceptr(value)
+    return ctypes.c_uint64(value)
+
+
+class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """Numba's memory manager interface (version 1) over emm."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._emm = None
+
+    def initialize(self):
+        # Called on every context push: cheap after the first time.
+        if self._emm is None and self.context is not None:
+            self._emm = Manager(None, self.context.device.id)
+
+    def memalloc(self, size):
+        self.initialize()
+        emm = self._emm
+        ptr = emm.alloc(size)
+        allocations = self.allocations
+
+        def finalizer():
+            allocations.pop(ptr, None)
+            emm.free(ptr)
+
+        self.allocations[ptr] = size
+        return MemoryPointer(self.context, _device_pointer(ptr), size, finalizer=finalizer)
+
+    def get_memory_info(self):
+        self.initialize()
+        free, total = self._emm.memory_info()
+        return MemoryInfo(free=free, total=total)
+
+    def reset(self):
+        super().reset()
+        if self._emm is not None:
+            self._emm.trim()
+
+    @property
+    def interface_version(self):
+        return 1
+
+
+_numba_memory_manager = EmmNumbaManager
