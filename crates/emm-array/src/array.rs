@@ -1,0 +1,591 @@
+//! [`RawArray`] (runtime type and rank, for the C ABI and Python) and the typed
+//! [`MemArray`] over it.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use emm_core::{DeviceAllocation, HostAllocFlags, HostMemory, MemoryManager};
+use emm_driver::{memory, Context, Event, Stream};
+use emm_sys::CUstream;
+
+use crate::dlpack::*;
+use crate::dtype::{DataType, Element};
+use crate::indexer::Indexer;
+use crate::ArrayError;
+
+/// Which copy of the data is current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The host mirror.
+    Host,
+    /// The device copy.
+    Device,
+}
+
+/// The largest rank supported.
+pub const MAX_RANK: usize = 4;
+
+enum HostBuf {
+    /// Plain host memory (8-byte aligned), when no GPU manager is attached.
+    Heap(Vec<u64>),
+    /// Pinned memory from the manager.
+    Pinned(HostMemory),
+}
+
+impl HostBuf {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            HostBuf::Heap(v) => v.as_ptr() as *mut u8,
+            HostBuf::Pinned(h) => h.host_ptr(),
+        }
+    }
+}
+
+/// An n-dimensional array of runtime element type and rank (≤ 4), with a host
+/// mirror and a device copy. Shared through `Arc<Mutex<RawArray>>` by the typed
+/// [`MemArray`], the C ABI and DLPack exports.
+pub struct RawArray {
+    dtype: DataType,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    len: usize,
+    host: HostBuf,
+    device: Option<DeviceAllocation>,
+    side: Side,
+    manager: Option<(Arc<dyn MemoryManager>, Context)>,
+    pending: Option<Event>,
+    locks: BTreeSet<u64>,
+    next_lock: u64,
+    exports: Arc<AtomicUsize>,
+}
+
+/// Deleters run so far by every DLPack export of this process (for tests).
+pub static DLPACK_DELETERS_RUN: AtomicUsize = AtomicUsize::new(0);
+
+impl core::fmt::Debug for RawArray {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RawArray")
+            .field("dtype", &self.dtype.name())
+            .field("shape", &self.shape)
+            .field("side", &self.side)
+            .field("locks", &self.locks)
+            .finish()
+    }
+}
+
+impl RawArray {
+    /// A zeroed array on the host. With `manager`, its host mirror is pinned
+    /// memory of that manager and its device copy will come from it too.
+    pub fn new(
+        dtype: DataType,
+        shape: &[usize],
+        manager: Option<(Arc<dyn MemoryManager>, Context)>,
+    ) -> Result<RawArray, ArrayError> {
+        DataType::from_code(dtype.code, dtype.bits)?;
+        if shape.is_empty() || shape.len() > MAX_RANK {
+            return Err(ArrayError::UnsupportedRank { rank: shape.len(), max: MAX_RANK });
+        }
+        let len = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).ok_or(ArrayError::TooLarge)?;
+        let bytes = len.checked_mul(dtype.size()).ok_or(ArrayError::TooLarge)?;
+        let mut strides = vec![0usize; shape.len()];
+        let mut acc = 1;
+        for d in (0..shape.len()).rev() {
+            strides[d] = acc;
+            acc *= shape[d].max(1);
+        }
+        let host = match &manager {
+            Some((m, _)) if bytes > 0 => {
+                let h = m.memhostalloc(bytes, HostAllocFlags { portable: true, ..Default::default() })?;
+                // SAFETY: the manager gave `bytes` writable bytes.
+                unsafe { core::ptr::write_bytes(h.host_ptr(), 0, bytes) };
+                HostBuf::Pinned(h)
+            }
+            _ => HostBuf::Heap(vec![0u64; bytes.div_ceil(8).max(1)]),
+        };
+        Ok(RawArray {
+            dtype,
+            shape: shape.to_vec(),
+            strides,
+            len,
+            host,
+            device: None,
+            side: Side::Host,
+            manager,
+            pending: None,
+            locks: BTreeSet::new(),
+            next_lock: 1,
+            exports: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` without elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.len * self.dtype.size()
+    }
+
+    /// The current side.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// Live locks (DLPack exports and explicit locks).
+    pub fn locks(&self) -> Vec<u64> {
+        self.locks.iter().copied().collect()
+    }
+
+    /// Takes a lock: mutations fail until [`RawArray::unlock`] with the id.
+    pub fn lock(&mut self) -> u64 {
+        let id = self.next_lock;
+        self.next_lock += 1;
+        self.locks.insert(id);
+        id
+    }
+
+    /// Releases lock `id`.
+    pub fn unlock(&mut self, id: u64) -> Result<(), ArrayError> {
+        if self.locks.remove(&id) {
+            Ok(())
+        } else {
+            Err(ArrayError::UnknownLock { id, live: self.locks() })
+        }
+    }
+
+    fn check_unlocked(&self, op: &'static str) -> Result<(), ArrayError> {
+        if self.locks.is_empty() {
+            Ok(())
+        } else {
+            Err(ArrayError::Locked { op, locks: self.locks() })
+        }
+    }
+
+    fn check_host_ready(&mut self, op: &'static str) -> Result<(), ArrayError> {
+        if self.side != Side::Host {
+            return Err(ArrayError::WrongSide { op, current: self.side });
+        }
+        if let Some(e) = &self.pending {
+            if !e.query().map_err(emm_core::EmmError::from)? {
+                return Err(ArrayError::CopyPending { op });
+            }
+            self.pending = None;
+        }
+        Ok(())
+    }
+
+    fn context(&self) -> Result<&Context, ArrayError> {
+        self.manager.as_ref().map(|(_, c)| c).ok_or(ArrayError::NoDevice)
+    }
+
+    /// Moves the data to `side` on `stream` (null: the legacy default stream).
+    /// Returns `false` when it was already there (nothing copied). With `wait`,
+    /// the copy has finished on return; otherwise host access waits for it (and
+    /// fails with [`ArrayError::CopyPending`] until it has).
+    pub fn move_to(&mut self, side: Side, stream: CUstream, wait: bool) -> Result<bool, ArrayError> {
+        if self.side == side {
+            return Ok(false);
+        }
+        self.check_unlocked("move_to")?;
+        let ctx = self.context()?.clone();
+        let stream_raw = if stream.is_null() { emm_core::SYNC_STREAM } else { stream };
+        // SAFETY: the caller's stream belongs to the array's context (or is a
+        // default stream) and outlives this call.
+        let s = unsafe { Stream::from_raw(&ctx, stream_raw) };
+        let bytes = self.nbytes();
+        if bytes > 0 {
+            let (m, _) = self.manager.as_ref().ok_or(ArrayError::NoDevice)?;
+            if self.device.is_none() {
+                self.device = Some(m.memalloc_async(bytes, stream_raw)?);
+            }
+            let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
+            let host = self.host.ptr();
+            // SAFETY: host and device buffers both hold `bytes` bytes and are owned
+            // by the array, which outlives the copy (it waits for it before handing
+            // out the host data or freeing anything).
+            unsafe {
+                match side {
+                    Side::Device => memory::copy_htod_async(dev, host, bytes, &s),
+                    Side::Host => memory::copy_dtoh_async(host, dev, bytes, &s),
+                }
+            }
+            .map_err(emm_core::EmmError::from)?;
+            if wait {
+                s.synchronize().map_err(emm_core::EmmError::from)?;
+                self.pending = None;
+            } else {
+                let e = Event::sync_only(&ctx).map_err(emm_core::EmmError::from)?;
+                e.record(&s).map_err(emm_core::EmmError::from)?;
+                self.pending = Some(e);
+            }
+        }
+        self.side = side;
+        Ok(true)
+    }
+
+    /// Waits for a pending copy.
+    pub fn synchronize(&mut self) -> Result<(), ArrayError> {
+        if let Some(e) = self.pending.take() {
+            e.synchronize().map_err(emm_core::EmmError::from)?;
+        }
+        Ok(())
+    }
+
+    fn offset(&self, idx: &[usize]) -> Result<usize, ArrayError> {
+        if idx.len() != self.shape.len() {
+            return Err(ArrayError::OutOfBounds { index: idx.to_vec(), shape: self.shape.clone() });
+        }
+        let mut off = 0;
+        for d in 0..idx.len() {
+            if idx[d] >= self.shape[d] {
+                return Err(ArrayError::OutOfBounds { index: idx.to_vec(), shape: self.shape.clone() });
+            }
+            off += idx[d] * self.strides[d];
+        }
+        Ok(off * self.dtype.size())
+    }
+
+    /// Copies the element at `idx` into `out` (its size); host side only.
+    pub fn get_bytes(&mut self, idx: &[usize], out: &mut [u8]) -> Result<(), ArrayError> {
+        self.check_host_ready("get")?;
+        let off = self.offset(idx)?;
+        if out.len() != self.dtype.size() {
+            return Err(ArrayError::TypeMismatch { expected: self.dtype.name(), found: out.len() });
+        }
+        // SAFETY: `off + size <= nbytes` (checked index); the host buffer holds nbytes.
+        unsafe { core::ptr::copy_nonoverlapping(self.host.ptr().add(off), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Writes the element at `idx`; host side only, not while locked.
+    pub fn set_bytes(&mut self, idx: &[usize], value: &[u8]) -> Result<(), ArrayError> {
+        self.check_unlocked("set")?;
+        self.check_host_ready("set")?;
+        let off = self.offset(idx)?;
+        if value.len() != self.dtype.size() {
+            return Err(ArrayError::TypeMismatch { expected: self.dtype.name(), found: value.len() });
+        }
+        // SAFETY: as in `get_bytes`.
+        unsafe { core::ptr::copy_nonoverlapping(value.as_ptr(), self.host.ptr().add(off), value.len()) };
+        Ok(())
+    }
+
+    /// The host mirror's bytes (host side, no copy pending).
+    pub fn host_bytes(&mut self) -> Result<&[u8], ArrayError> {
+        self.check_host_ready("read the host mirror")?;
+        let n = self.nbytes();
+        // SAFETY: the host buffer holds `n` initialised bytes owned by `self`.
+        Ok(unsafe { core::slice::from_raw_parts(self.host.ptr(), n) })
+    }
+
+    /// The host mirror's bytes, writable (host side, no copy pending, not locked).
+    pub fn host_bytes_mut(&mut self) -> Result<&mut [u8], ArrayError> {
+        self.check_unlocked("write the host mirror")?;
+        self.check_host_ready("write the host mirror")?;
+        let n = self.nbytes();
+        // SAFETY: as above, and `&mut self` is exclusive.
+        Ok(unsafe { core::slice::from_raw_parts_mut(self.host.ptr(), n) })
+    }
+
+    /// The raw pointer of the current side, for kernels and foreign code.
+    pub fn data_ptr(&self) -> u64 {
+        match self.side {
+            Side::Host => self.host.ptr() as u64,
+            Side::Device => self.device.as_ref().map_or(0, DeviceAllocation::ptr),
+        }
+    }
+
+    fn dl_device(&self) -> Result<DLDevice, ArrayError> {
+        Ok(match (self.side, &self.host) {
+            (Side::Device, _) => DLDevice { device_type: KDL_CUDA, device_id: self.context()?.device().ordinal() as i32 },
+            (Side::Host, HostBuf::Pinned(_)) => DLDevice { device_type: KDL_CUDA_HOST, device_id: 0 },
+            (Side::Host, HostBuf::Heap(_)) => DLDevice { device_type: KDL_CPU, device_id: 0 },
+        })
+    }
+
+    /// `(device_type, device_id)` as `__dlpack_device__` returns it.
+    pub fn dlpack_device(&self) -> Result<(i32, i32), ArrayError> {
+        let d = self.dl_device()?;
+        Ok((d.device_type, d.device_id))
+    }
+
+    /// Number of DLPack exports whose deleter has run.
+    pub fn deleters_run(&self) -> usize {
+        self.exports.load(Ordering::Acquire)
+    }
+}
+
+#[repr(C)]
+struct ExportVersioned {
+    tensor: DLManagedTensorVersioned,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    array: Arc<Mutex<RawArray>>,
+    lock: u64,
+    count: Arc<AtomicUsize>,
+}
+
+#[repr(C)]
+struct ExportLegacy {
+    tensor: DLManagedTensor,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    array: Arc<Mutex<RawArray>>,
+    lock: u64,
+    count: Arc<AtomicUsize>,
+}
+
+fn lock_array(a: &Mutex<RawArray>) -> MutexGuard<'_, RawArray> {
+    a.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn release(array: &Arc<Mutex<RawArray>>, lock: u64, count: &AtomicUsize) {
+    let _ = lock_array(array).unlock(lock);
+    count.fetch_add(1, Ordering::AcqRel);
+    DLPACK_DELETERS_RUN.fetch_add(1, Ordering::AcqRel);
+}
+
+unsafe extern "C" fn delete_versioned(t: *mut DLManagedTensorVersioned) {
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: `t` is the first field of a boxed `ExportVersioned` (repr(C)) made by
+    // `export_versioned`; DLPack calls the deleter once.
+    let b = unsafe { Box::from_raw(t.cast::<ExportVersioned>()) };
+    release(&b.array, b.lock, &b.count);
+}
+
+unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: as in `delete_versioned`, for `ExportLegacy`.
+    let b = unsafe { Box::from_raw(t.cast::<ExportLegacy>()) };
+    release(&b.array, b.lock, &b.count);
+}
+
+fn tensor_parts(
+    array: &Arc<Mutex<RawArray>>,
+) -> Result<(DLTensor, Vec<i64>, Vec<i64>, u64, Arc<AtomicUsize>), ArrayError> {
+    let mut a = lock_array(array);
+    a.synchronize()?; // the consumer sees finished data
+    let device = a.dl_device()?;
+    let shape: Vec<i64> = a.shape.iter().map(|&s| s as i64).collect();
+    let strides: Vec<i64> = a.strides.iter().map(|&s| s as i64).collect();
+    let t = DLTensor {
+        data: a.data_ptr() as *mut core::ffi::c_void,
+        device,
+        ndim: a.shape.len() as i32,
+        dtype: DLDataType { code: a.dtype.code, bits: a.dtype.bits, lanes: 1 },
+        shape: core::ptr::null_mut(),
+        strides: core::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let lock = a.lock();
+    Ok((t, shape, strides, lock, a.exports.clone()))
+}
+
+/// Exports the array's current side as a `DLManagedTensorVersioned`. The export
+/// holds a lock and keeps the array alive until its deleter runs (exactly once,
+/// called by the consumer).
+pub fn export_versioned(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTensorVersioned, ArrayError> {
+    let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
+    let mut b = Box::new(ExportVersioned {
+        tensor: DLManagedTensorVersioned {
+            version: DLPACK_VERSION,
+            manager_ctx: core::ptr::null_mut(),
+            deleter: Some(delete_versioned),
+            flags: 0,
+            dl_tensor,
+        },
+        shape,
+        strides,
+        array: array.clone(),
+        lock,
+        count,
+    });
+    b.tensor.dl_tensor.shape = b.shape.as_mut_ptr();
+    b.tensor.dl_tensor.strides = b.strides.as_mut_ptr();
+    let p = Box::into_raw(b);
+    // SAFETY: `p` is a fresh, valid box.
+    unsafe { (*p).tensor.manager_ctx = p.cast() };
+    Ok(p.cast())
+}
+
+/// Exports the array's current side as a legacy `DLManagedTensor` (for consumers
+/// that predate DLPack 1.0). Same ownership rules as [`export_versioned`].
+pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTensor, ArrayError> {
+    let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
+    let mut b = Box::new(ExportLegacy {
+        tensor: DLManagedTensor { dl_tensor, manager_ctx: core::ptr::null_mut(), deleter: Some(delete_legacy) },
+        shape,
+        strides,
+        array: array.clone(),
+        lock,
+        count,
+    });
+    b.tensor.dl_tensor.shape = b.shape.as_mut_ptr();
+    b.tensor.dl_tensor.strides = b.strides.as_mut_ptr();
+    let p = Box::into_raw(b);
+    // SAFETY: `p` is a fresh, valid box.
+    unsafe { (*p).tensor.manager_ctx = p.cast() };
+    Ok(p.cast())
+}
+
+/// A typed `N`-dimensional array of `T` with a host mirror and a device copy,
+/// every byte from an emm manager.
+///
+/// ```no_run
+/// use emm_array::{MemArray, Side};
+/// let ctx = emm_driver::Context::on_device(0)?;
+/// let manager = emm_core::memory_manager(&ctx)?;
+/// let a = MemArray::<f32, 2>::new([4, 8], manager, &ctx)?;
+/// a.set([1, 2], 3.5)?;
+/// a.move_to(Side::Device, emm_core::SYNC_STREAM, true)?; // copies once
+/// assert!(!a.move_to(Side::Device, emm_core::SYNC_STREAM, true)?); // already there
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemArray<T: Element, const N: usize> {
+    raw: Arc<Mutex<RawArray>>,
+    indexer: Indexer<N>,
+    _t: core::marker::PhantomData<T>,
+}
+
+impl<T: Element, const N: usize> MemArray<T, N> {
+    /// A zeroed array whose memory comes from `manager` (pinned host mirror, device
+    /// copy on first move).
+    pub fn new(shape: [usize; N], manager: Arc<dyn MemoryManager>, ctx: &Context) -> Result<Self, ArrayError> {
+        Self::build(shape, Some((manager, ctx.clone())))
+    }
+
+    /// A zeroed array with a plain host mirror and no device (for tests and tools).
+    pub fn on_host(shape: [usize; N]) -> Result<Self, ArrayError> {
+        Self::build(shape, None)
+    }
+
+    fn build(shape: [usize; N], m: Option<(Arc<dyn MemoryManager>, Context)>) -> Result<Self, ArrayError> {
+        let indexer = Indexer::new(shape).ok_or(ArrayError::TooLarge)?;
+        let raw = RawArray::new(T::DTYPE, &shape, m)?;
+        Ok(MemArray { raw: Arc::new(Mutex::new(raw)), indexer, _t: core::marker::PhantomData })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RawArray> {
+        lock_array(&self.raw)
+    }
+
+    /// The indexer (shape and strides), small enough to pass to a kernel.
+    pub fn indexer(&self) -> Indexer<N> {
+        self.indexer
+    }
+
+    /// The shared raw array (for exports and the C ABI).
+    pub fn raw(&self) -> &Arc<Mutex<RawArray>> {
+        &self.raw
+    }
+
+    /// The current side.
+    pub fn side(&self) -> Side {
+        self.lock().side()
+    }
+
+    /// Checked read of one element (host side).
+    pub fn get(&self, idx: [usize; N]) -> Result<T, ArrayError> {
+        let mut v = T::default();
+        // SAFETY: `T` is a plain numeric type; its bytes are a valid view of it.
+        let bytes = unsafe { core::slice::from_raw_parts_mut((&mut v as *mut T).cast::<u8>(), core::mem::size_of::<T>()) };
+        self.lock().get_bytes(&idx, bytes)?;
+        Ok(v)
+    }
+
+    /// Checked write of one element (host side, not locked).
+    pub fn set(&self, idx: [usize; N], value: T) -> Result<(), ArrayError> {
+        // SAFETY: as in `get`.
+        let bytes = unsafe { core::slice::from_raw_parts((&value as *const T).cast::<u8>(), core::mem::size_of::<T>()) };
+        self.lock().set_bytes(&idx, bytes)
+    }
+
+    /// Runs `f` on the host mirror as a slice (host side).
+    pub fn with_host<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R, ArrayError> {
+        let mut g = self.lock();
+        let bytes = g.host_bytes()?;
+        // SAFETY: the buffer is 8-byte (heap) or page (pinned) aligned and holds
+        // `len` elements of `T`.
+        let s = unsafe { core::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / core::mem::size_of::<T>()) };
+        Ok(f(s))
+    }
+
+    /// Runs `f` on the host mirror as a mutable slice (host side, not locked).
+    pub fn with_host_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R, ArrayError> {
+        let mut g = self.lock();
+        let bytes = g.host_bytes_mut()?;
+        // SAFETY: as in `with_host`, and the guard gives exclusive access.
+        let s = unsafe {
+            core::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / core::mem::size_of::<T>())
+        };
+        Ok(f(s))
+    }
+
+    /// See [`RawArray::move_to`].
+    pub fn move_to(&self, side: Side, stream: CUstream, wait: bool) -> Result<bool, ArrayError> {
+        self.lock().move_to(side, stream, wait)
+    }
+
+    /// Waits for a pending copy.
+    pub fn synchronize(&self) -> Result<(), ArrayError> {
+        self.lock().synchronize()
+    }
+
+    /// The raw pointer of the current side, unchecked: for kernels.
+    pub fn data_ptr(&self) -> u64 {
+        self.lock().data_ptr()
+    }
+
+    /// Takes a lock (as the C ABI and Python do); mutations fail until unlocked.
+    pub fn lock_id(&self) -> u64 {
+        self.lock().lock()
+    }
+
+    /// Releases a lock.
+    pub fn unlock(&self, id: u64) -> Result<(), ArrayError> {
+        self.lock().unlock(id)
+    }
+
+    /// Exports as `DLManagedTensorVersioned` (see [`export_versioned`]).
+    pub fn to_dlpack(&self) -> Result<*mut DLManagedTensorVersioned, ArrayError> {
+        export_versioned(&self.raw)
+    }
+
+    /// Exports as a legacy `DLManagedTensor` (see [`export_legacy`]).
+    pub fn to_dlpack_legacy(&self) -> Result<*mut DLManagedTensor, ArrayError> {
+        export_legacy(&self.raw)
+    }
+
+    /// DLPack deleters run for this array so far.
+    pub fn deleters_run(&self) -> usize {
+        self.lock().deleters_run()
+    }
+}
