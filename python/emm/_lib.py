@@ -34,8 +34,10 @@ def _candidates():
     here = pathlib.Path(__file__).resolve().parent
     yield here / "libemm_capi.so"
     root = here.parent.parent
-    for profile in ("release", "debug"):
-        yield root / "target" / profile / "libemm_capi.so"
+    built = [root / "target" / p / "libemm_capi.so" for p in ("release", "debug")]
+    # The most recently built one first: a stale release build must not win.
+    built.sort(key=lambda p: p.stat().st_mtime if p.is_file() else 0, reverse=True)
+    yield from built
 
 
 def library_path():
@@ -79,6 +81,18 @@ def load():
                             ctypes.c_size_t, szp], ctypes.c_int),
         "emm_ipc_open": ([vp, ctypes.c_char_p, ctypes.c_size_t, u64p], ctypes.c_int),
         "emm_ipc_close": ([vp, ctypes.c_uint64], ctypes.c_int),
+        "emm_array_create": ([vp, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_int, szp, ctypes.POINTER(vp)], ctypes.c_int),
+        "emm_array_destroy": ([vp], None),
+        "emm_array_move": ([vp, ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "emm_array_info": ([vp, u64p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                            ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "emm_array_get": ([vp, szp, ctypes.c_int, vp, ctypes.c_size_t], ctypes.c_int),
+        "emm_array_set": ([vp, szp, ctypes.c_int, vp, ctypes.c_size_t], ctypes.c_int),
+        "emm_array_lock": ([vp, u64p], ctypes.c_int),
+        "emm_array_unlock": ([vp, ctypes.c_uint64], ctypes.c_int),
+        "emm_array_to_dlpack": ([vp, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),
+        "emm_dlpack_delete": ([vp, ctypes.c_int], None),
+        "emm_array_deleters_run": ([vp], ctypes.c_uint64),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -92,6 +106,11 @@ class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
         "allocations", "upstream_allocs")]
+
+
+def default_name():
+    """The manager the Python integrations use: ``EMM_MEMORY_MANAGER``, else ``pool``."""
+    return os.environ.get("EMM_MEMORY_MANAGER") or "pool"
 
 
 def _check(lib, status):
@@ -110,20 +129,23 @@ class Manager:
         h = ctypes.c_void_p()
         _check(lib, lib.emm_manager_create(name.encode() if name else None, int(device), ctypes.byref(h)))
         self._h = h
-        self._out = ctypes.c_uint64()
+        self._alloc, self._free = lib.emm_alloc, lib.emm_free
         self.device = int(device)
         self.name = lib.emm_manager_name(h).decode()
 
     def alloc(self, size, stream=0):
         """Device memory of ``size`` bytes ordered on ``stream`` (an int handle; 0: legacy default)."""
-        lib = self._lib
         out = ctypes.c_uint64()
-        _check(lib, lib.emm_alloc(self._h, size, stream or None, ctypes.byref(out)))
+        status = self._alloc(self._h, size, stream or None, ctypes.byref(out))
+        if status:
+            _check(self._lib, status)
         return out.value
 
     def free(self, ptr, stream=0):
         """Frees ``ptr`` ordered on ``stream`` (0: the stream it was allocated on)."""
-        _check(self._lib, self._lib.emm_free(self._h, ptr, stream or None))
+        status = self._free(self._h, ptr, stream or None)
+        if status:
+            _check(self._lib, status)
 
     def host_alloc(self, size, mapped=False, portable=False, wc=False):
         """Pinned host memory: returns ``(host_ptr, device_ptr_or_0)``."""

@@ -1,10 +1,11 @@
 """CuPy through emm: ``emm.cupy.install()`` makes ``cupy.cuda.set_allocator`` use emm.
 
-Each allocation is ordered on CuPy's current stream and freed on it when CuPy drops
+The manager is ``pool`` unless ``EMM_MEMORY_MANAGER`` names another. Each allocation
+is ordered on CuPy's current stream and freed on it when CuPy drops
 the memory. Importing this module does not import CuPy; ``install`` does.
 """
 
-from ._lib import Manager
+from ._lib import Manager, default_name
 
 _managers = {}
 
@@ -31,7 +32,7 @@ def allocator(size):
     dev = cupy.cuda.runtime.getDevice()
     mgr = _managers.get(dev)
     if mgr is None:
-        mgr = _managers[dev] = Manager(None, dev)
+        mgr = _managers[dev] = Manager(default_name(), dev)
     if size == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, dev), 0)
     stream = cupy.cuda.get_current_stream().ptr

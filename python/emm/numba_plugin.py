@@ -34,11 +34,14 @@ from numba.cuda.cudadrv import driver as _driver  # noqa: E402
 from ._lib import Manager  # noqa: E402
 
 
-def _device_pointer(value):
+def _pointer_type():
     if getattr(_driver, "USE_NV_BINDING", False) or getattr(_driver, "_have_nvidia_binding", False):
         from cuda.bindings.driver import CUdeviceptr
-        return CUdeviceptr(value)
-    return ctypes.c_uint64(value)
+        return CUdeviceptr
+    return ctypes.c_uint64
+
+
+_device_pointer = _pointer_type()
 
 
 class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
@@ -54,16 +57,16 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             self._emm = Manager(None, self.context.device.id)
 
     def memalloc(self, size):
-        self.initialize()
         emm = self._emm
+        if emm is None:
+            self.initialize()
+            emm = self._emm
         ptr = emm.alloc(size)
-        allocations = self.allocations
+        free = emm.free
 
         def finalizer():
-            allocations.pop(ptr, None)
-            emm.free(ptr)
+            free(ptr)
 
-        self.allocations[ptr] = size
         return MemoryPointer(self.context, _device_pointer(ptr), size, finalizer=finalizer)
 
     def get_memory_info(self):

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site-np:/tmp/site:$PWD/python
   for v in numba-emm torch-emm cupy-emm; do timeout 120 python3 python/gpu/bench.py $v; done
 } > $OUT/py_bench.txt 2>&1
 { echo "== torch native"; timeout 120 python3 python/gpu/torch_train.py; echo "== torch emm"; timeout 120 python3 python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
-timeout 120 python3 python/gpu/cupy_check.py > $OUT/cupy.txt 2>&1
+{ timeout 120 python3 python/gpu/cupy_check.py; timeout 120 python3 python/gpu/memarray_check.py; } > $OUT/cupy.txt 2>&1
 nvcc -O2 -std=c++17 examples/cpp/emm_example.cu -Icrates/emm-capi/include -Lgpu-bundle/lib -lemm_capi \
   -Xlinker -rpath=$PWD/gpu-bundle/lib -o /tmp/emm_example > $OUT/cpp.txt 2>&1 && /tmp/emm_example pool >> $OUT/cpp.txt 2>&1
 echo "rc=$?" >> $OUT/cpp.txt

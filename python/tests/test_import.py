@@ -14,7 +14,7 @@ FRAMEWORKS = ("numba", "cupy", "torch")
 
 class ImportWithoutFrameworks(unittest.TestCase):
     def test_importing_emm_imports_no_framework(self):
-        for m in ("emm", "emm.cupy", "emm.torch", "emm._lib"):
+        for m in ("emm", "emm.cupy", "emm.torch", "emm._lib", "emm.array"):
             importlib.import_module(m)
         for f in FRAMEWORKS:
             self.assertNotIn(f, sys.modules, f"importing emm imported {f}")
@@ -54,6 +54,48 @@ class Library(unittest.TestCase):
             emm.Manager("poool", 0)
         self.assertEqual(cm.exception.code, 5)
         self.assertIn("default, hostonly, pool", str(cm.exception))
+
+
+class HostArray(unittest.TestCase):
+    """MemArray rules that need no GPU, through the C ABI."""
+
+    def test_checked_access_locks_and_unsupported_types(self):
+        import emm
+        from emm.array import MemArray
+        a = MemArray((3, 4), "int32", host_only=True)
+        a[2, 3] = 7
+        self.assertEqual(a[2, 3], 7)
+        with self.assertRaises(emm.EmmError) as cm:
+            a[3, 0]
+        self.assertIn("out of bounds", str(cm.exception))
+        lid = a.lock()
+        with self.assertRaises(emm.EmmError) as cm:
+            a[0, 0] = 1
+        self.assertIn("locked", str(cm.exception))
+        a.unlock(lid)
+        a[0, 0] = 1
+        with self.assertRaises(emm.EmmError) as cm:
+            MemArray((2,), "complex64", host_only=True)
+        self.assertIn("supported: int8", str(cm.exception))
+        with self.assertRaises(emm.EmmError):
+            MemArray((1, 1, 1, 1, 1), "float32", host_only=True)
+        self.assertEqual(a.__dlpack_device__(), (1, 0))
+
+    def test_an_unconsumed_capsule_runs_its_deleter_once(self):
+        import emm
+        from emm.array import MemArray
+        a = MemArray((8,), "float64", host_only=True)
+        cap = a.__dlpack__(max_version=(1, 0))
+        with self.assertRaises(emm.EmmError):
+            a[0] = 1.0  # the export locks the array
+        del cap
+        self.assertEqual(a.deleters_run, 1)
+        a[0] = 1.0
+        legacy = a.__dlpack__()
+        del legacy
+        self.assertEqual(a.deleters_run, 2)
+        with self.assertRaises(BufferError):
+            a.__dlpack__(copy=True)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,24 @@ emm_status emm_ipc_export(emm_manager *m, uint64_t ptr, size_t offset, size_t le
 emm_status emm_ipc_open(emm_manager *m, const uint8_t *buf, size_t len, uint64_t *out_ptr);
 emm_status emm_ipc_close(emm_manager *m, uint64_t ptr);
 
+/* MemArray: an n-dimensional typed array (DLPack type code and bits; rank 1..4)
+ * with a host mirror and a device copy from manager m (NULL: host only). side: 0
+ * host, 1 device. Mutations fail while a lock (explicit or a DLPack export) lives. */
+typedef struct emm_array emm_array;
+emm_status emm_array_create(emm_manager *m, uint8_t code, uint8_t bits, int rank, const size_t *shape, emm_array **out);
+void emm_array_destroy(emm_array *a);
+emm_status emm_array_move(emm_array *a, int side, void *stream, int wait, int *moved);
+emm_status emm_array_info(emm_array *a, uint64_t *data, int *side, int *device_type, int *device_id);
+emm_status emm_array_get(emm_array *a, const size_t *idx, int rank, void *out, size_t size);
+emm_status emm_array_set(emm_array *a, const size_t *idx, int rank, const void *value, size_t size);
+emm_status emm_array_lock(emm_array *a, uint64_t *id);
+emm_status emm_array_unlock(emm_array *a, uint64_t id);
+/* DLPack export (versioned != 0: DLManagedTensorVersioned*, else DLManagedTensor*);
+ * emm_dlpack_delete runs the deleter of an export nobody consumed. */
+emm_status emm_array_to_dlpack(emm_array *a, int versioned, void **out);
+void emm_dlpack_delete(void *tensor, int versioned);
+uint64_t emm_array_deleters_run(emm_array *a);
+
 /* PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator). */
 void *emm_torch_alloc(ssize_t size, int device, void *stream);
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);

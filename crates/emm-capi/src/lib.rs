@@ -14,6 +14,9 @@
 #![allow(non_camel_case_types)] // reason: C names in the ABI
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
+mod array;
+pub use array::*;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -52,7 +55,7 @@ thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
 }
 
-fn set_error(code: emm_status, msg: String) -> emm_status {
+pub(crate) fn set_error(code: emm_status, msg: String) -> emm_status {
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = (code, msg));
     code
 }
@@ -72,16 +75,16 @@ fn code_of(e: &EmmError) -> emm_status {
     }
 }
 
-fn fail(e: EmmError) -> emm_status {
+pub(crate) fn fail(e: EmmError) -> emm_status {
     set_error(code_of(&e), e.to_string())
 }
 
-fn invalid(msg: impl Into<String>) -> emm_status {
+pub(crate) fn invalid(msg: impl Into<String>) -> emm_status {
     set_error(EMM_ERR_INVALID_ARGUMENT, msg.into())
 }
 
 /// Runs `f`, turning a panic into `EMM_ERR_PANIC`.
-fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
+pub(crate) fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(code) => {
             if code == EMM_OK {
@@ -103,14 +106,14 @@ fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
 /// A manager handle: the shared manager of one device plus what this handle
 /// handed out (so callers free by pointer).
 pub struct emm_manager {
-    manager: Arc<dyn MemoryManager>,
-    ctx: Context,
+    pub(crate) manager: Arc<dyn MemoryManager>,
+    pub(crate) ctx: Context,
     device: Mutex<HashMap<u64, DeviceAllocation>>,
     host: Mutex<HashMap<usize, HostMemory>>,
     ipc: Mutex<HashMap<u64, IpcMemory>>,
 }
 
-fn stream_of(s: *mut c_void) -> CUstream {
+pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
     if s.is_null() {
         emm_core::SYNC_STREAM
     } else {
@@ -214,7 +217,7 @@ pub unsafe extern "C" fn emm_manager_destroy(m: *mut emm_manager) {
     });
 }
 
-fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_status> {
+pub(crate) fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_status> {
     if m.is_null() {
         return Err(invalid("the manager handle is null"));
     }
@@ -625,7 +628,7 @@ mod tests {
 
     #[test]
     fn the_header_declares_every_exported_function() {
-        let src = include_str!("lib.rs");
+        let src = concat!(include_str!("lib.rs"), include_str!("array.rs"));
         let header = include_str!("../include/emm.h");
         let mut names = Vec::new();
         let mut rest = src;

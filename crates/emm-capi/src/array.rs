@@ -1,0 +1,291 @@
+//! MemArray over the C ABI: runtime type and rank, lock ids, DLPack export.
+
+use std::ffi::c_int;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use ::emm_array::{export_legacy, export_versioned, ArrayError, DataType, RawArray, Side};
+
+use crate::{emm_manager, emm_status, guard, handle, invalid, set_error, stream_of, EMM_OK};
+
+/// An array handle.
+pub struct emm_array {
+    raw: Arc<Mutex<RawArray>>,
+}
+
+fn fail_array(e: ArrayError) -> emm_status {
+    let code = match &e {
+        ArrayError::Memory(m) => return crate::fail(m.clone()),
+        ArrayError::UnsupportedType { .. }
+        | ArrayError::UnsupportedRank { .. }
+        | ArrayError::OutOfBounds { .. }
+        | ArrayError::TypeMismatch { .. }
+        | ArrayError::UnknownLock { .. }
+        | ArrayError::TooLarge => crate::EMM_ERR_INVALID_ARGUMENT,
+        ArrayError::NoDevice => crate::EMM_ERR_UNSUPPORTED,
+        _ => crate::EMM_ERR_OTHER,
+    };
+    set_error(code, e.to_string())
+}
+
+fn array<'a>(a: *const emm_array) -> Result<&'a emm_array, emm_status> {
+    if a.is_null() {
+        return Err(invalid("the array handle is null"));
+    }
+    // SAFETY: a non-null handle came from emm_array_create and is alive.
+    Ok(unsafe { &*a })
+}
+
+fn lock(a: &emm_array) -> std::sync::MutexGuard<'_, RawArray> {
+    a.raw.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Creates a zeroed array of DLPack type `(code, bits)` and `rank` extents from
+/// `shape`. With a manager, memory comes from it (pinned host mirror, device copy);
+/// with a null manager the array lives on the host only.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_create(
+    m: *mut emm_manager,
+    code: u8,
+    bits: u8,
+    rank: c_int,
+    shape: *const usize,
+    out: *mut *mut emm_array,
+) -> emm_status {
+    guard(|| {
+        if out.is_null() || shape.is_null() {
+            return invalid("emm_array_create: null pointer argument");
+        }
+        let Ok(rank) = usize::try_from(rank) else { return invalid(format!("emm_array_create: rank {rank}")) };
+        // SAFETY: the caller passes `rank` extents at `shape`.
+        let shape = unsafe { core::slice::from_raw_parts(shape, rank) };
+        let mgr = if m.is_null() {
+            None
+        } else {
+            match handle(m) {
+                Ok(h) => Some((h.manager.clone(), h.ctx.clone())),
+                Err(c) => return c,
+            }
+        };
+        match RawArray::new(DataType { code, bits }, shape, mgr) {
+            Ok(raw) => {
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *out = Box::into_raw(Box::new(emm_array { raw: Arc::new(Mutex::new(raw)) })) };
+                EMM_OK
+            }
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Releases an array handle (DLPack exports keep the data alive until their
+/// deleters run).
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
+    let _ = guard(|| {
+        if !a.is_null() {
+            // SAFETY: `a` came from emm_array_create and is destroyed once.
+            drop(unsafe { Box::from_raw(a) });
+        }
+        EMM_OK
+    });
+}
+
+/// Moves the array to `side` (0 host, 1 device) on `stream`; `wait` non-zero waits
+/// for the copy; `moved` (may be null) gets 0 when it was already there.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_move(a: *mut emm_array, side: c_int, stream: *mut c_void, wait: c_int, moved: *mut c_int) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        let side = match side {
+            0 => Side::Host,
+            1 => Side::Device,
+            s => return invalid(format!("emm_array_move: side {s} (0 host, 1 device)")),
+        };
+        match lock(a).move_to(side, stream_of(stream), wait != 0) {
+            Ok(m) => {
+                if !moved.is_null() {
+                    // SAFETY: non-null and writable per the contract.
+                    unsafe { *moved = c_int::from(m) };
+                }
+                EMM_OK
+            }
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Data pointer, side (0 host, 1 device) and DLPack device of the array.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_info(
+    a: *mut emm_array,
+    data: *mut u64,
+    side: *mut c_int,
+    device_type: *mut c_int,
+    device_id: *mut c_int,
+) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        if data.is_null() || side.is_null() || device_type.is_null() || device_id.is_null() {
+            return invalid("emm_array_info: null output pointer");
+        }
+        let g = lock(a);
+        match g.dlpack_device() {
+            Ok((t, i)) => {
+                // SAFETY: all four are non-null and writable per the contract.
+                unsafe {
+                    *data = g.data_ptr();
+                    *side = c_int::from(g.side() == Side::Device);
+                    *device_type = t;
+                    *device_id = i;
+                }
+                EMM_OK
+            }
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Reads element `idx` (`rank` indices) into `out` (`size` bytes: the element size).
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_get(a: *mut emm_array, idx: *const usize, rank: c_int, out: *mut c_void, size: usize) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        if idx.is_null() || out.is_null() || rank < 0 {
+            return invalid("emm_array_get: null pointer argument");
+        }
+        // SAFETY: the caller passes `rank` indices and `size` writable bytes.
+        let (idx, out) = unsafe { (core::slice::from_raw_parts(idx, rank as usize), core::slice::from_raw_parts_mut(out.cast::<u8>(), size)) };
+        match lock(a).get_bytes(idx, out) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Writes element `idx` from `value` (`size` bytes); fails while locked.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_set(a: *mut emm_array, idx: *const usize, rank: c_int, value: *const c_void, size: usize) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        if idx.is_null() || value.is_null() || rank < 0 {
+            return invalid("emm_array_set: null pointer argument");
+        }
+        // SAFETY: the caller passes `rank` indices and `size` readable bytes.
+        let (idx, value) = unsafe { (core::slice::from_raw_parts(idx, rank as usize), core::slice::from_raw_parts(value.cast::<u8>(), size)) };
+        match lock(a).set_bytes(idx, value) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Takes a lock; mutations fail until `emm_array_unlock(id)`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_lock(a: *mut emm_array, id: *mut u64) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        if id.is_null() {
+            return invalid("emm_array_lock: `id` is null");
+        }
+        // SAFETY: non-null and writable per the contract.
+        unsafe { *id = lock(a).lock() };
+        EMM_OK
+    })
+}
+
+/// Releases lock `id`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_unlock(a: *mut emm_array, id: u64) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        match lock(a).unlock(id) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Exports the current side as DLPack: `DLManagedTensorVersioned*` when
+/// `versioned`, else the legacy `DLManagedTensor*`. The export locks the array and
+/// keeps it alive until its deleter runs (call it through `emm_dlpack_delete` or the
+/// struct's own `deleter`).
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_to_dlpack(a: *mut emm_array, versioned: c_int, out: *mut *mut c_void) -> emm_status {
+    guard(|| {
+        let a = match array(a) {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+        if out.is_null() {
+            return invalid("emm_array_to_dlpack: `out` is null");
+        }
+        let r = if versioned != 0 {
+            export_versioned(&a.raw).map(|p| p.cast::<c_void>())
+        } else {
+            export_legacy(&a.raw).map(|p| p.cast::<c_void>())
+        };
+        match r {
+            Ok(p) => {
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *out = p };
+                EMM_OK
+            }
+            Err(e) => fail_array(e),
+        }
+    })
+}
+
+/// Runs the deleter of a DLPack export made by `emm_array_to_dlpack` (for a capsule
+/// that was never consumed).
+#[no_mangle]
+pub unsafe extern "C" fn emm_dlpack_delete(tensor: *mut c_void, versioned: c_int) {
+    let _ = guard(|| {
+        if tensor.is_null() {
+            return EMM_OK;
+        }
+        // SAFETY: `tensor` came from emm_array_to_dlpack with the same `versioned`
+        // and its deleter has not run.
+        unsafe {
+            if versioned != 0 {
+                let t = tensor.cast::<::emm_array::dlpack::DLManagedTensorVersioned>();
+                if let Some(d) = (*t).deleter {
+                    d(t);
+                }
+            } else {
+                let t = tensor.cast::<::emm_array::dlpack::DLManagedTensor>();
+                if let Some(d) = (*t).deleter {
+                    d(t);
+                }
+            }
+        }
+        EMM_OK
+    });
+}
+
+/// Deleters run so far for this array's exports.
+#[no_mangle]
+pub unsafe extern "C" fn emm_array_deleters_run(a: *mut emm_array) -> u64 {
+    match array(a) {
+        Ok(a) => lock(a).deleters_run() as u64,
+        Err(_) => 0,
+    }
+}
