@@ -153,7 +153,7 @@ impl Default for SegmentPolicy {
             expandable: true,
             expandable_reserve: 1 << 40,
             expand_step: 20 << 20,
-            small_segment: 2 << 20,
+            small_segment: 4 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,
         }
@@ -502,7 +502,9 @@ impl Arena {
             Some((&a, b)) if b.state == State::Free(stream) && a + b.size as u64 == end => b.size,
             _ => 0,
         };
-        let grow = (size - tail_free).max(self.policy.expand_step);
+        // Grow by at least the step, and by a thirty-second of what is mapped, so
+        // a growing pool makes few driver calls while over-reserving at most ~3%.
+        let grow = (size - tail_free).max(self.policy.expand_step).max(mapped / 32);
         let grow = grow.div_ceil(self.policy.large_round) * self.policy.large_round;
         if mapped + grow > reserve {
             return Ok(false);
