@@ -61,3 +61,8 @@ mod tests {
         assert!(e.to_string().contains("known managers: default, hostonly, pool"), "{e}");
     }
 }
+
+/// The README's examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
