@@ -84,9 +84,15 @@ impl RawArray {
     ) -> Result<RawArray, ArrayError> {
         DataType::from_code(dtype.code, dtype.bits)?;
         if shape.is_empty() || shape.len() > MAX_RANK {
-            return Err(ArrayError::UnsupportedRank { rank: shape.len(), max: MAX_RANK });
+            return Err(ArrayError::UnsupportedRank {
+                rank: shape.len(),
+                max: MAX_RANK,
+            });
         }
-        let len = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).ok_or(ArrayError::TooLarge)?;
+        let len = shape
+            .iter()
+            .try_fold(1usize, |a, &s| a.checked_mul(s))
+            .ok_or(ArrayError::TooLarge)?;
         let bytes = len.checked_mul(dtype.size()).ok_or(ArrayError::TooLarge)?;
         let mut strides = vec![0usize; shape.len()];
         let mut acc = 1;
@@ -96,7 +102,13 @@ impl RawArray {
         }
         let host = match &manager {
             Some((m, _)) if bytes > 0 => {
-                let h = m.memhostalloc(bytes, HostAllocFlags { portable: true, ..Default::default() })?;
+                let h = m.memhostalloc(
+                    bytes,
+                    HostAllocFlags {
+                        portable: true,
+                        ..Default::default()
+                    },
+                )?;
                 // SAFETY: the manager gave `bytes` writable bytes.
                 unsafe { core::ptr::write_bytes(h.host_ptr(), 0, bytes) };
                 HostBuf::Pinned(h)
@@ -172,7 +184,10 @@ impl RawArray {
         if self.locks.remove(&id) {
             Ok(())
         } else {
-            Err(ArrayError::UnknownLock { id, live: self.locks() })
+            Err(ArrayError::UnknownLock {
+                id,
+                live: self.locks(),
+            })
         }
     }
 
@@ -180,13 +195,19 @@ impl RawArray {
         if self.locks.is_empty() {
             Ok(())
         } else {
-            Err(ArrayError::Locked { op, locks: self.locks() })
+            Err(ArrayError::Locked {
+                op,
+                locks: self.locks(),
+            })
         }
     }
 
     fn check_host_ready(&mut self, op: &'static str) -> Result<(), ArrayError> {
         if self.side != Side::Host {
-            return Err(ArrayError::WrongSide { op, current: self.side });
+            return Err(ArrayError::WrongSide {
+                op,
+                current: self.side,
+            });
         }
         if let Some(e) = &self.pending {
             if !e.query().map_err(emm_core::EmmError::from)? {
@@ -198,20 +219,32 @@ impl RawArray {
     }
 
     fn context(&self) -> Result<&Context, ArrayError> {
-        self.manager.as_ref().map(|(_, c)| c).ok_or(ArrayError::NoDevice)
+        self.manager
+            .as_ref()
+            .map(|(_, c)| c)
+            .ok_or(ArrayError::NoDevice)
     }
 
     /// Moves the data to `side` on `stream` (null: the legacy default stream).
     /// Returns `false` when it was already there (nothing copied). With `wait`,
     /// the copy has finished on return; otherwise host access waits for it (and
     /// fails with [`ArrayError::CopyPending`] until it has).
-    pub fn move_to(&mut self, side: Side, stream: CUstream, wait: bool) -> Result<bool, ArrayError> {
+    pub fn move_to(
+        &mut self,
+        side: Side,
+        stream: CUstream,
+        wait: bool,
+    ) -> Result<bool, ArrayError> {
         if self.side == side {
             return Ok(false);
         }
         self.check_unlocked("move_to")?;
         let ctx = self.context()?.clone();
-        let stream_raw = if stream.is_null() { emm_core::SYNC_STREAM } else { stream };
+        let stream_raw = if stream.is_null() {
+            emm_core::SYNC_STREAM
+        } else {
+            stream
+        };
         // SAFETY: the caller's stream belongs to the array's context (or is a
         // default stream) and outlives this call.
         let s = unsafe { Stream::from_raw(&ctx, stream_raw) };
@@ -256,12 +289,18 @@ impl RawArray {
 
     fn offset(&self, idx: &[usize]) -> Result<usize, ArrayError> {
         if idx.len() != self.shape.len() {
-            return Err(ArrayError::OutOfBounds { index: idx.to_vec(), shape: self.shape.clone() });
+            return Err(ArrayError::OutOfBounds {
+                index: idx.to_vec(),
+                shape: self.shape.clone(),
+            });
         }
         let mut off = 0;
         for d in 0..idx.len() {
             if idx[d] >= self.shape[d] {
-                return Err(ArrayError::OutOfBounds { index: idx.to_vec(), shape: self.shape.clone() });
+                return Err(ArrayError::OutOfBounds {
+                    index: idx.to_vec(),
+                    shape: self.shape.clone(),
+                });
             }
             off += idx[d] * self.strides[d];
         }
@@ -273,10 +312,15 @@ impl RawArray {
         self.check_host_ready("get")?;
         let off = self.offset(idx)?;
         if out.len() != self.dtype.size() {
-            return Err(ArrayError::TypeMismatch { expected: self.dtype.name(), found: out.len() });
+            return Err(ArrayError::TypeMismatch {
+                expected: self.dtype.name(),
+                found: out.len(),
+            });
         }
         // SAFETY: `off + size <= nbytes` (checked index); the host buffer holds nbytes.
-        unsafe { core::ptr::copy_nonoverlapping(self.host.ptr().add(off), out.as_mut_ptr(), out.len()) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(self.host.ptr().add(off), out.as_mut_ptr(), out.len())
+        };
         Ok(())
     }
 
@@ -286,10 +330,15 @@ impl RawArray {
         self.check_host_ready("set")?;
         let off = self.offset(idx)?;
         if value.len() != self.dtype.size() {
-            return Err(ArrayError::TypeMismatch { expected: self.dtype.name(), found: value.len() });
+            return Err(ArrayError::TypeMismatch {
+                expected: self.dtype.name(),
+                found: value.len(),
+            });
         }
         // SAFETY: as in `get_bytes`.
-        unsafe { core::ptr::copy_nonoverlapping(value.as_ptr(), self.host.ptr().add(off), value.len()) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(value.as_ptr(), self.host.ptr().add(off), value.len())
+        };
         Ok(())
     }
 
@@ -320,9 +369,18 @@ impl RawArray {
 
     fn dl_device(&self) -> Result<DLDevice, ArrayError> {
         Ok(match (self.side, &self.host) {
-            (Side::Device, _) => DLDevice { device_type: KDL_CUDA, device_id: self.context()?.device().ordinal() as i32 },
-            (Side::Host, HostBuf::Pinned(_)) => DLDevice { device_type: KDL_CUDA_HOST, device_id: 0 },
-            (Side::Host, HostBuf::Heap(_)) => DLDevice { device_type: KDL_CPU, device_id: 0 },
+            (Side::Device, _) => DLDevice {
+                device_type: KDL_CUDA,
+                device_id: self.context()?.device().ordinal() as i32,
+            },
+            (Side::Host, HostBuf::Pinned(_)) => DLDevice {
+                device_type: KDL_CUDA_HOST,
+                device_id: 0,
+            },
+            (Side::Host, HostBuf::Heap(_)) => DLDevice {
+                device_type: KDL_CPU,
+                device_id: 0,
+            },
         })
     }
 
@@ -399,7 +457,11 @@ fn tensor_parts(
         data: a.data_ptr() as *mut core::ffi::c_void,
         device,
         ndim: a.shape.len() as i32,
-        dtype: DLDataType { code: a.dtype.code, bits: a.dtype.bits, lanes: 1 },
+        dtype: DLDataType {
+            code: a.dtype.code,
+            bits: a.dtype.bits,
+            lanes: 1,
+        },
         shape: core::ptr::null_mut(),
         strides: core::ptr::null_mut(),
         byte_offset: 0,
@@ -411,7 +473,9 @@ fn tensor_parts(
 /// Exports the array's current side as a `DLManagedTensorVersioned`. The export
 /// holds a lock and keeps the array alive until its deleter runs (exactly once,
 /// called by the consumer).
-pub fn export_versioned(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTensorVersioned, ArrayError> {
+pub fn export_versioned(
+    array: &Arc<Mutex<RawArray>>,
+) -> Result<*mut DLManagedTensorVersioned, ArrayError> {
     let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
     let mut b = Box::new(ExportVersioned {
         tensor: DLManagedTensorVersioned {
@@ -440,7 +504,11 @@ pub fn export_versioned(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTe
 pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTensor, ArrayError> {
     let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
     let mut b = Box::new(ExportLegacy {
-        tensor: DLManagedTensor { dl_tensor, manager_ctx: core::ptr::null_mut(), deleter: Some(delete_legacy) },
+        tensor: DLManagedTensor {
+            dl_tensor,
+            manager_ctx: core::ptr::null_mut(),
+            deleter: Some(delete_legacy),
+        },
         shape,
         strides,
         array: array.clone(),
@@ -478,7 +546,11 @@ pub struct MemArray<T: Element, const N: usize> {
 impl<T: Element, const N: usize> MemArray<T, N> {
     /// A zeroed array whose memory comes from `manager` (pinned host mirror, device
     /// copy on first move).
-    pub fn new(shape: [usize; N], manager: Arc<dyn MemoryManager>, ctx: &Context) -> Result<Self, ArrayError> {
+    pub fn new(
+        shape: [usize; N],
+        manager: Arc<dyn MemoryManager>,
+        ctx: &Context,
+    ) -> Result<Self, ArrayError> {
         Self::build(shape, Some((manager, ctx.clone())))
     }
 
@@ -487,10 +559,17 @@ impl<T: Element, const N: usize> MemArray<T, N> {
         Self::build(shape, None)
     }
 
-    fn build(shape: [usize; N], m: Option<(Arc<dyn MemoryManager>, Context)>) -> Result<Self, ArrayError> {
+    fn build(
+        shape: [usize; N],
+        m: Option<(Arc<dyn MemoryManager>, Context)>,
+    ) -> Result<Self, ArrayError> {
         let indexer = Indexer::new(shape).ok_or(ArrayError::TooLarge)?;
         let raw = RawArray::new(T::DTYPE, &shape, m)?;
-        Ok(MemArray { raw: Arc::new(Mutex::new(raw)), indexer, _t: core::marker::PhantomData })
+        Ok(MemArray {
+            raw: Arc::new(Mutex::new(raw)),
+            indexer,
+            _t: core::marker::PhantomData,
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, RawArray> {
@@ -516,7 +595,12 @@ impl<T: Element, const N: usize> MemArray<T, N> {
     pub fn get(&self, idx: [usize; N]) -> Result<T, ArrayError> {
         let mut v = T::default();
         // SAFETY: `T` is a plain numeric type; its bytes are a valid view of it.
-        let bytes = unsafe { core::slice::from_raw_parts_mut((&mut v as *mut T).cast::<u8>(), core::mem::size_of::<T>()) };
+        let bytes = unsafe {
+            core::slice::from_raw_parts_mut(
+                (&mut v as *mut T).cast::<u8>(),
+                core::mem::size_of::<T>(),
+            )
+        };
         self.lock().get_bytes(&idx, bytes)?;
         Ok(v)
     }
@@ -524,7 +608,12 @@ impl<T: Element, const N: usize> MemArray<T, N> {
     /// Checked write of one element (host side, not locked).
     pub fn set(&self, idx: [usize; N], value: T) -> Result<(), ArrayError> {
         // SAFETY: as in `get`.
-        let bytes = unsafe { core::slice::from_raw_parts((&value as *const T).cast::<u8>(), core::mem::size_of::<T>()) };
+        let bytes = unsafe {
+            core::slice::from_raw_parts(
+                (&value as *const T).cast::<u8>(),
+                core::mem::size_of::<T>(),
+            )
+        };
         self.lock().set_bytes(&idx, bytes)
     }
 
@@ -534,7 +623,12 @@ impl<T: Element, const N: usize> MemArray<T, N> {
         let bytes = g.host_bytes()?;
         // SAFETY: the buffer is 8-byte (heap) or page (pinned) aligned and holds
         // `len` elements of `T`.
-        let s = unsafe { core::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / core::mem::size_of::<T>()) };
+        let s = unsafe {
+            core::slice::from_raw_parts(
+                bytes.as_ptr().cast::<T>(),
+                bytes.len() / core::mem::size_of::<T>(),
+            )
+        };
         Ok(f(s))
     }
 
@@ -544,7 +638,10 @@ impl<T: Element, const N: usize> MemArray<T, N> {
         let bytes = g.host_bytes_mut()?;
         // SAFETY: as in `with_host`, and the guard gives exclusive access.
         let s = unsafe {
-            core::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / core::mem::size_of::<T>())
+            core::slice::from_raw_parts_mut(
+                bytes.as_mut_ptr().cast::<T>(),
+                bytes.len() / core::mem::size_of::<T>(),
+            )
         };
         Ok(f(s))
     }

@@ -27,7 +27,10 @@ impl DataType {
 
     /// The name numpy uses (`int32`, `float64`, …).
     pub fn name(self) -> &'static str {
-        SUPPORTED.iter().find(|(d, _)| *d == self).map_or("unsupported", |(_, n)| n)
+        SUPPORTED
+            .iter()
+            .find(|(d, _)| *d == self)
+            .map_or("unsupported", |(_, n)| n)
     }
 
     /// The type for `(code, bits)`, or an error listing the supported ones.
@@ -36,28 +39,96 @@ impl DataType {
         if SUPPORTED.iter().any(|(s, _)| *s == d) {
             Ok(d)
         } else {
-            Err(crate::ArrayError::UnsupportedType { code, bits, supported: supported_names() })
+            Err(crate::ArrayError::UnsupportedType {
+                code,
+                bits,
+                supported: supported_names(),
+            })
         }
     }
 }
 
 /// Every supported element type with its numpy name.
 pub const SUPPORTED: &[(DataType, &str)] = &[
-    (DataType { code: code::INT, bits: 8 }, "int8"),
-    (DataType { code: code::INT, bits: 16 }, "int16"),
-    (DataType { code: code::INT, bits: 32 }, "int32"),
-    (DataType { code: code::INT, bits: 64 }, "int64"),
-    (DataType { code: code::UINT, bits: 8 }, "uint8"),
-    (DataType { code: code::UINT, bits: 16 }, "uint16"),
-    (DataType { code: code::UINT, bits: 32 }, "uint32"),
-    (DataType { code: code::UINT, bits: 64 }, "uint64"),
-    (DataType { code: code::FLOAT, bits: 32 }, "float32"),
-    (DataType { code: code::FLOAT, bits: 64 }, "float64"),
+    (
+        DataType {
+            code: code::INT,
+            bits: 8,
+        },
+        "int8",
+    ),
+    (
+        DataType {
+            code: code::INT,
+            bits: 16,
+        },
+        "int16",
+    ),
+    (
+        DataType {
+            code: code::INT,
+            bits: 32,
+        },
+        "int32",
+    ),
+    (
+        DataType {
+            code: code::INT,
+            bits: 64,
+        },
+        "int64",
+    ),
+    (
+        DataType {
+            code: code::UINT,
+            bits: 8,
+        },
+        "uint8",
+    ),
+    (
+        DataType {
+            code: code::UINT,
+            bits: 16,
+        },
+        "uint16",
+    ),
+    (
+        DataType {
+            code: code::UINT,
+            bits: 32,
+        },
+        "uint32",
+    ),
+    (
+        DataType {
+            code: code::UINT,
+            bits: 64,
+        },
+        "uint64",
+    ),
+    (
+        DataType {
+            code: code::FLOAT,
+            bits: 32,
+        },
+        "float32",
+    ),
+    (
+        DataType {
+            code: code::FLOAT,
+            bits: 64,
+        },
+        "float64",
+    ),
 ];
 
 /// The names of the supported types, comma-separated.
 pub fn supported_names() -> String {
-    SUPPORTED.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
+    SUPPORTED
+        .iter()
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 mod sealed {
@@ -70,7 +141,9 @@ mod sealed {
 /// ```compile_fail
 /// let a = emm_array::MemArray::<bool, 1>::on_host([4]);
 /// ```
-pub trait Element: sealed::Sealed + Copy + Default + PartialEq + core::fmt::Debug + Send + Sync + 'static {
+pub trait Element:
+    sealed::Sealed + Copy + Default + PartialEq + core::fmt::Debug + Send + Sync + 'static
+{
     /// The DLPack type.
     const DTYPE: DataType;
 }

@@ -69,7 +69,12 @@ impl<const N: usize> Indexer<N> {
 
     /// The layout a kernel receives by value (rank ≤ 4).
     pub fn to_kernel(&self) -> KernelIndexer {
-        let mut k = KernelIndexer { shape: [1; 4], strides: [0; 4], rank: N as i32, _pad: 0 };
+        let mut k = KernelIndexer {
+            shape: [1; 4],
+            strides: [0; 4],
+            rank: N as i32,
+            _pad: 0,
+        };
         for d in 0..N.min(4) {
             k.shape[d] = self.shape[d] as i64;
             k.strides[d] = self.strides[d] as i64;

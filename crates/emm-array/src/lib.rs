@@ -18,7 +18,9 @@ pub mod dlpack;
 mod dtype;
 mod indexer;
 
-pub use array::{export_legacy, export_versioned, MemArray, RawArray, Side, DLPACK_DELETERS_RUN, MAX_RANK};
+pub use array::{
+    export_legacy, export_versioned, MemArray, RawArray, Side, DLPACK_DELETERS_RUN, MAX_RANK,
+};
 pub use dtype::{code, supported_names, DataType, Element, SUPPORTED};
 pub use indexer::{Indexer, KernelIndexer};
 

@@ -42,14 +42,32 @@ fn run<T: FromIndex, const N: usize>(
     })
     .unwrap();
     assert!(a.move_to(Side::Device, stream.raw(), false).unwrap());
-    assert!(!a.move_to(Side::Device, stream.raw(), false).unwrap(), "already on the device: no copy");
-    assert!(a.get([0; N]).is_err(), "host access while the device copy is current is an error");
+    assert!(
+        !a.move_to(Side::Device, stream.raw(), false).unwrap(),
+        "already on the device: no copy"
+    );
+    assert!(
+        a.get([0; N]).is_err(),
+        "host access while the device copy is current is an error"
+    );
     let f = module.function(kernel).unwrap();
-    let (mut p, mut k, mut n): (u64, KernelIndexer, i64) = (a.data_ptr(), ix.to_kernel(), ix.len() as i64);
-    let mut params = [(&mut p as *mut u64).cast::<c_void>(), (&mut k as *mut KernelIndexer).cast(), (&mut n as *mut i64).cast()];
+    let (mut p, mut k, mut n): (u64, KernelIndexer, i64) =
+        (a.data_ptr(), ix.to_kernel(), ix.len() as i64);
+    let mut params = [
+        (&mut p as *mut u64).cast::<c_void>(),
+        (&mut k as *mut KernelIndexer).cast(),
+        (&mut n as *mut i64).cast(),
+    ];
     // SAFETY: (T*, Indexer by value, int64) as in kernels/memarray.cu; the device
     // copy holds `len` elements until the array moves back after the stream syncs.
-    unsafe { f.launch(LaunchConfig::for_elements(ix.len(), 128), stream, &mut params) }.unwrap();
+    unsafe {
+        f.launch(
+            LaunchConfig::for_elements(ix.len(), 128),
+            stream,
+            &mut params,
+        )
+    }
+    .unwrap();
     assert!(a.move_to(Side::Host, stream.raw(), true).unwrap());
     a.with_host(|s| {
         for (i, got) in s.iter().enumerate() {
@@ -89,13 +107,20 @@ fn a_device_export_is_zero_copy_and_locks_the_array() {
     let ctx = Context::on_device(0).unwrap();
     let m: Arc<dyn MemoryManager> = Arc::new(emm_pool::PoolManager::new(&ctx).unwrap());
     let a = MemArray::<f32, 2>::new([64, 64], m, &ctx).unwrap();
-    a.move_to(Side::Device, emm_core::SYNC_STREAM, true).unwrap();
+    a.move_to(Side::Device, emm_core::SYNC_STREAM, true)
+        .unwrap();
     let t = a.to_dlpack().unwrap();
     // SAFETY: a fresh export, released once below.
     unsafe {
-        assert_eq!((*t).dl_tensor.device.device_type, emm_array::dlpack::KDL_CUDA);
+        assert_eq!(
+            (*t).dl_tensor.device.device_type,
+            emm_array::dlpack::KDL_CUDA
+        );
         assert_eq!((*t).dl_tensor.data as u64, a.data_ptr());
-        assert!(a.move_to(Side::Host, emm_core::SYNC_STREAM, true).is_err(), "locked while exported");
+        assert!(
+            a.move_to(Side::Host, emm_core::SYNC_STREAM, true).is_err(),
+            "locked while exported"
+        );
         ((*t).deleter.unwrap())(t);
     }
     assert!(a.move_to(Side::Host, emm_core::SYNC_STREAM, true).unwrap());

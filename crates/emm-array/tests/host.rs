@@ -27,14 +27,20 @@ proptest! {
 #[test]
 fn overflowing_shapes_are_rejected() {
     assert!(Indexer::new([usize::MAX, 2]).is_none());
-    assert!(matches!(MemArray::<f64, 2>::on_host([usize::MAX / 4, 3]), Err(ArrayError::TooLarge)));
+    assert!(matches!(
+        MemArray::<f64, 2>::on_host([usize::MAX / 4, 3]),
+        Err(ArrayError::TooLarge)
+    ));
 }
 
 #[test]
 fn kernel_indexer_matches_the_cuda_struct() {
     assert_eq!(core::mem::size_of::<KernelIndexer>(), 72);
     let k = Indexer::new([2, 3, 4]).unwrap().to_kernel();
-    assert_eq!((k.shape, k.strides, k.rank), ([2, 3, 4, 1], [12, 4, 1, 0], 3));
+    assert_eq!(
+        (k.shape, k.strides, k.rank),
+        ([2, 3, 4, 1], [12, 4, 1, 0], 3)
+    );
 }
 
 #[test]
@@ -44,11 +50,18 @@ fn dtypes_map_to_dlpack_codes_and_unknown_ones_list_the_supported() {
     assert_eq!(<u8 as Element>::DTYPE, DataType { code: 1, bits: 8 });
     assert_eq!(<f64 as Element>::DTYPE.name(), "float64");
     let e = DataType::from_code(2, 16).unwrap_err();
-    assert!(e.to_string().contains("supported: int8, int16, int32, int64, uint8"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("supported: int8, int16, int32, int64, uint8"),
+        "{e}"
+    );
     let e = RawArray::new(DataType { code: 5, bits: 64 }, &[3], None).unwrap_err();
     assert!(matches!(e, ArrayError::UnsupportedType { code: 5, .. }));
     let e = RawArray::new(DataType { code: 2, bits: 32 }, &[1, 1, 1, 1, 1], None).unwrap_err();
-    assert_eq!(e.to_string(), "unsupported rank 5: arrays have 1 to 4 dimensions");
+    assert_eq!(
+        e.to_string(),
+        "unsupported rank 5: arrays have 1 to 4 dimensions"
+    );
 }
 
 #[test]
@@ -59,22 +72,34 @@ fn checked_access_and_locks() {
     assert!(matches!(a.get([3, 0]), Err(ArrayError::OutOfBounds { .. })));
     let id = a.lock_id();
     let e = a.set([0, 0], 1).unwrap_err();
-    assert_eq!(e, ArrayError::Locked { op: "set", locks: vec![id] });
+    assert_eq!(
+        e,
+        ArrayError::Locked {
+            op: "set",
+            locks: vec![id]
+        }
+    );
     assert_eq!(a.get([2, 3]).unwrap(), 7, "reads are fine while locked");
     assert!(a.with_host_mut(|s| s[0] = 1).is_err());
     a.unlock(id).unwrap();
     assert!(matches!(a.unlock(id), Err(ArrayError::UnknownLock { .. })));
     a.set([0, 0], 1).unwrap();
     // Moving needs a device.
-    assert!(matches!(a.move_to(Side::Device, emm_sys::CUstream::NULL, true), Err(ArrayError::NoDevice)));
+    assert!(matches!(
+        a.move_to(Side::Device, emm_sys::CUstream::NULL, true),
+        Err(ArrayError::NoDevice)
+    ));
     // Already on the host: an early exit, no device needed.
-    assert!(!a.move_to(Side::Host, emm_sys::CUstream::NULL, true).unwrap());
+    assert!(!a
+        .move_to(Side::Host, emm_sys::CUstream::NULL, true)
+        .unwrap());
 }
 
 #[test]
 fn dlpack_exports_lock_until_their_deleter_runs_once() {
     let a = MemArray::<f64, 2>::on_host([2, 5]).unwrap();
-    a.with_host_mut(|s| s.iter_mut().enumerate().for_each(|(i, v)| *v = i as f64)).unwrap();
+    a.with_host_mut(|s| s.iter_mut().enumerate().for_each(|(i, v)| *v = i as f64))
+        .unwrap();
     let t = a.to_dlpack().unwrap();
     let l = a.to_dlpack_legacy().unwrap();
     // SAFETY: fresh exports; read their fields, then call each deleter once.
@@ -84,11 +109,18 @@ fn dlpack_exports_lock_until_their_deleter_runs_once() {
         assert_eq!((dt.ndim, dt.device.device_type), (2, dlpack::KDL_CPU));
         assert_eq!(core::slice::from_raw_parts(dt.shape, 2), &[2, 5]);
         assert_eq!(core::slice::from_raw_parts(dt.strides, 2), &[5, 1]);
-        assert_eq!(*(dt.data as *const f64).add(7), 7.0, "zero copy: the consumer sees the array's bytes");
+        assert_eq!(
+            *(dt.data as *const f64).add(7),
+            7.0,
+            "zero copy: the consumer sees the array's bytes"
+        );
         assert_eq!((dt.dtype.code, dt.dtype.bits, dt.dtype.lanes), (2, 64, 1));
         assert!(a.set([0, 0], 1.0).is_err(), "locked while exported");
         ((*t).deleter.unwrap())(t);
-        assert!(a.set([0, 0], 1.0).is_err(), "the legacy export still holds its lock");
+        assert!(
+            a.set([0, 0], 1.0).is_err(),
+            "the legacy export still holds its lock"
+        );
         ((*l).deleter.unwrap())(l);
     }
     assert_eq!(a.deleters_run(), 2);

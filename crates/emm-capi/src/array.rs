@@ -56,7 +56,9 @@ pub unsafe extern "C" fn emm_array_create(
         if out.is_null() || shape.is_null() {
             return invalid("emm_array_create: null pointer argument");
         }
-        let Ok(rank) = usize::try_from(rank) else { return invalid(format!("emm_array_create: rank {rank}")) };
+        let Ok(rank) = usize::try_from(rank) else {
+            return invalid(format!("emm_array_create: rank {rank}"));
+        };
         // SAFETY: the caller passes `rank` extents at `shape`.
         let shape = unsafe { core::slice::from_raw_parts(shape, rank) };
         let mgr = if m.is_null() {
@@ -70,7 +72,11 @@ pub unsafe extern "C" fn emm_array_create(
         match RawArray::new(DataType { code, bits }, shape, mgr) {
             Ok(raw) => {
                 // SAFETY: non-null and writable per the contract.
-                unsafe { *out = Box::into_raw(Box::new(emm_array { raw: Arc::new(Mutex::new(raw)) })) };
+                unsafe {
+                    *out = Box::into_raw(Box::new(emm_array {
+                        raw: Arc::new(Mutex::new(raw)),
+                    }))
+                };
                 EMM_OK
             }
             Err(e) => fail_array(e),
@@ -94,7 +100,13 @@ pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
 /// Moves the array to `side` (0 host, 1 device) on `stream`; `wait` non-zero waits
 /// for the copy; `moved` (may be null) gets 0 when it was already there.
 #[no_mangle]
-pub unsafe extern "C" fn emm_array_move(a: *mut emm_array, side: c_int, stream: *mut c_void, wait: c_int, moved: *mut c_int) -> emm_status {
+pub unsafe extern "C" fn emm_array_move(
+    a: *mut emm_array,
+    side: c_int,
+    stream: *mut c_void,
+    wait: c_int,
+    moved: *mut c_int,
+) -> emm_status {
     guard(|| {
         let a = match array(a) {
             Ok(a) => a,
@@ -154,7 +166,13 @@ pub unsafe extern "C" fn emm_array_info(
 
 /// Reads element `idx` (`rank` indices) into `out` (`size` bytes: the element size).
 #[no_mangle]
-pub unsafe extern "C" fn emm_array_get(a: *mut emm_array, idx: *const usize, rank: c_int, out: *mut c_void, size: usize) -> emm_status {
+pub unsafe extern "C" fn emm_array_get(
+    a: *mut emm_array,
+    idx: *const usize,
+    rank: c_int,
+    out: *mut c_void,
+    size: usize,
+) -> emm_status {
     guard(|| {
         let a = match array(a) {
             Ok(a) => a,
@@ -164,7 +182,12 @@ pub unsafe extern "C" fn emm_array_get(a: *mut emm_array, idx: *const usize, ran
             return invalid("emm_array_get: null pointer argument");
         }
         // SAFETY: the caller passes `rank` indices and `size` writable bytes.
-        let (idx, out) = unsafe { (core::slice::from_raw_parts(idx, rank as usize), core::slice::from_raw_parts_mut(out.cast::<u8>(), size)) };
+        let (idx, out) = unsafe {
+            (
+                core::slice::from_raw_parts(idx, rank as usize),
+                core::slice::from_raw_parts_mut(out.cast::<u8>(), size),
+            )
+        };
         match lock(a).get_bytes(idx, out) {
             Ok(()) => EMM_OK,
             Err(e) => fail_array(e),
@@ -174,7 +197,13 @@ pub unsafe extern "C" fn emm_array_get(a: *mut emm_array, idx: *const usize, ran
 
 /// Writes element `idx` from `value` (`size` bytes); fails while locked.
 #[no_mangle]
-pub unsafe extern "C" fn emm_array_set(a: *mut emm_array, idx: *const usize, rank: c_int, value: *const c_void, size: usize) -> emm_status {
+pub unsafe extern "C" fn emm_array_set(
+    a: *mut emm_array,
+    idx: *const usize,
+    rank: c_int,
+    value: *const c_void,
+    size: usize,
+) -> emm_status {
     guard(|| {
         let a = match array(a) {
             Ok(a) => a,
@@ -184,7 +213,12 @@ pub unsafe extern "C" fn emm_array_set(a: *mut emm_array, idx: *const usize, ran
             return invalid("emm_array_set: null pointer argument");
         }
         // SAFETY: the caller passes `rank` indices and `size` readable bytes.
-        let (idx, value) = unsafe { (core::slice::from_raw_parts(idx, rank as usize), core::slice::from_raw_parts(value.cast::<u8>(), size)) };
+        let (idx, value) = unsafe {
+            (
+                core::slice::from_raw_parts(idx, rank as usize),
+                core::slice::from_raw_parts(value.cast::<u8>(), size),
+            )
+        };
         match lock(a).set_bytes(idx, value) {
             Ok(()) => EMM_OK,
             Err(e) => fail_array(e),
@@ -229,7 +263,11 @@ pub unsafe extern "C" fn emm_array_unlock(a: *mut emm_array, id: u64) -> emm_sta
 /// keeps it alive until its deleter runs (call it through `emm_dlpack_delete` or the
 /// struct's own `deleter`).
 #[no_mangle]
-pub unsafe extern "C" fn emm_array_to_dlpack(a: *mut emm_array, versioned: c_int, out: *mut *mut c_void) -> emm_status {
+pub unsafe extern "C" fn emm_array_to_dlpack(
+    a: *mut emm_array,
+    versioned: c_int,
+    out: *mut *mut c_void,
+) -> emm_status {
     guard(|| {
         let a = match array(a) {
             Ok(a) => a,

@@ -23,7 +23,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use emm_core::{DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager};
+use emm_core::{
+    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager,
+};
 use emm_driver::Context;
 use emm_sys::CUstream;
 
@@ -63,9 +65,9 @@ pub(crate) fn set_error(code: emm_status, msg: String) -> emm_status {
 fn code_of(e: &EmmError) -> emm_status {
     match e {
         e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
-        EmmError::InvalidSize { .. } | EmmError::OutOfRange { .. } | EmmError::InvalidConfig { .. } => {
-            EMM_ERR_INVALID_ARGUMENT
-        }
+        EmmError::InvalidSize { .. }
+        | EmmError::OutOfRange { .. }
+        | EmmError::InvalidConfig { .. } => EMM_ERR_INVALID_ARGUMENT,
         EmmError::Driver(_) => EMM_ERR_DRIVER,
         EmmError::Unsupported { .. } | EmmError::InterfaceVersion { .. } => EMM_ERR_UNSUPPORTED,
         EmmError::UnknownManager { .. } => EMM_ERR_UNKNOWN_MANAGER,
@@ -98,7 +100,10 @@ pub(crate) fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            set_error(EMM_ERR_PANIC, format!("a panic was caught at the C boundary (a bug in emm): {what}"))
+            set_error(
+                EMM_ERR_PANIC,
+                format!("a panic was caught at the C boundary (a bug in emm): {what}"),
+            )
         }
     }
 }
@@ -125,12 +130,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn manager_for(name: Option<&str>, device: c_int) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
+fn manager_for(
+    name: Option<&str>,
+    device: c_int,
+) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
     emm::register_builtin_managers();
     if let Some(n) = name {
         emm::set_memory_manager(n)?;
     }
-    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidSize { requested: 0, reason: "negative device ordinal" })?;
+    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidSize {
+        requested: 0,
+        reason: "negative device ordinal",
+    })?;
     let ctx = Context::on_device(ord)?;
     let m = emm::memory_manager(&ctx)?;
     Ok((m, ctx))
@@ -173,7 +184,11 @@ pub extern "C" fn emm_last_error_code() -> emm_status {
 /// `default`) is `default`, `pool` or `hostonly`. Handles for one device share the
 /// manager. Free the handle with `emm_manager_destroy`.
 #[no_mangle]
-pub unsafe extern "C" fn emm_manager_create(name: *const c_char, device: c_int, out: *mut *mut emm_manager) -> emm_status {
+pub unsafe extern "C" fn emm_manager_create(
+    name: *const c_char,
+    device: c_int,
+    out: *mut *mut emm_manager,
+) -> emm_status {
     guard(|| {
         if out.is_null() {
             return invalid("emm_manager_create: `out` is null");
@@ -241,7 +256,12 @@ pub unsafe extern "C" fn emm_manager_name(m: *const emm_manager) -> *const c_cha
 
 /// Allocates `size` bytes of device memory ordered on `stream`.
 #[no_mangle]
-pub unsafe extern "C" fn emm_alloc(m: *mut emm_manager, size: usize, stream: *mut c_void, out_ptr: *mut u64) -> emm_status {
+pub unsafe extern "C" fn emm_alloc(
+    m: *mut emm_manager,
+    size: usize,
+    stream: *mut c_void,
+    out_ptr: *mut u64,
+) -> emm_status {
     guard(|| {
         let h = match handle(m) {
             Ok(h) => h,
@@ -268,7 +288,11 @@ pub unsafe extern "C" fn emm_alloc(m: *mut emm_manager, size: usize, stream: *mu
 /// Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (null: the
 /// stream it was allocated on).
 #[no_mangle]
-pub unsafe extern "C" fn emm_free(m: *mut emm_manager, ptr: u64, stream: *mut c_void) -> emm_status {
+pub unsafe extern "C" fn emm_free(
+    m: *mut emm_manager,
+    ptr: u64,
+    stream: *mut c_void,
+) -> emm_status {
     guard(|| {
         let h = match handle(m) {
             Ok(h) => h,
@@ -285,7 +309,9 @@ pub unsafe extern "C" fn emm_free(m: *mut emm_manager, ptr: u64, stream: *mut c_
                 drop(a);
                 EMM_OK
             }
-            None => invalid(format!("emm_free: {ptr:#x} was not allocated through this handle (or was freed already)")),
+            None => invalid(format!(
+                "emm_free: {ptr:#x} was not allocated through this handle (or was freed already)"
+            )),
         }
     })
 }
@@ -308,7 +334,11 @@ pub unsafe extern "C" fn emm_host_alloc(
         if out_host.is_null() {
             return invalid("emm_host_alloc: `out_host` is null");
         }
-        let f = HostAllocFlags { mapped: flags & 1 != 0, portable: flags & 2 != 0, write_combined: flags & 4 != 0 };
+        let f = HostAllocFlags {
+            mapped: flags & 1 != 0,
+            portable: flags & 2 != 0,
+            write_combined: flags & 4 != 0,
+        };
         match h.manager.memhostalloc(size, f) {
             Ok(mem) => {
                 let host = mem.host_ptr();
@@ -340,14 +370,20 @@ pub unsafe extern "C" fn emm_host_free(m: *mut emm_manager, host: *mut c_void) -
                 drop(mem);
                 EMM_OK
             }
-            None => invalid(format!("emm_host_free: {host:p} was not allocated through this handle")),
+            None => invalid(format!(
+                "emm_host_free: {host:p} was not allocated through this handle"
+            )),
         }
     })
 }
 
 /// Free and total bytes of the device.
 #[no_mangle]
-pub unsafe extern "C" fn emm_memory_info(m: *mut emm_manager, free: *mut usize, total: *mut usize) -> emm_status {
+pub unsafe extern "C" fn emm_memory_info(
+    m: *mut emm_manager,
+    free: *mut usize,
+    total: *mut usize,
+) -> emm_status {
     guard(|| {
         let h = match handle(m) {
             Ok(h) => h,
@@ -459,9 +495,14 @@ pub unsafe extern "C" fn emm_ipc_export(
         }
         let map = lock(&h.device);
         let Some(a) = map.get(&ptr) else {
-            return invalid(format!("emm_ipc_export: {ptr:#x} was not allocated through this handle"));
+            return invalid(format!(
+                "emm_ipc_export: {ptr:#x} was not allocated through this handle"
+            ));
         };
-        let bytes = match a.view(offset, len).and_then(|v| h.manager.get_ipc_handle(v)) {
+        let bytes = match a
+            .view(offset, len)
+            .and_then(|v| h.manager.get_ipc_handle(v))
+        {
             Ok(hd) => hd.to_bytes(),
             Err(e) => return fail(e),
         };
@@ -471,7 +512,10 @@ pub unsafe extern "C" fn emm_ipc_export(
             return EMM_OK;
         }
         if cap < bytes.len() {
-            return invalid(format!("emm_ipc_export: the buffer holds {cap} bytes, the handle needs {}", bytes.len()));
+            return invalid(format!(
+                "emm_ipc_export: the buffer holds {cap} bytes, the handle needs {}",
+                bytes.len()
+            ));
         }
         // SAFETY: `buf` holds `cap` >= len writable bytes.
         unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
@@ -483,7 +527,12 @@ pub unsafe extern "C" fn emm_ipc_export(
 /// (staged into this handle's manager when the memory is on another device).
 /// Close with `emm_ipc_close`.
 #[no_mangle]
-pub unsafe extern "C" fn emm_ipc_open(m: *mut emm_manager, buf: *const u8, len: usize, out_ptr: *mut u64) -> emm_status {
+pub unsafe extern "C" fn emm_ipc_open(
+    m: *mut emm_manager,
+    buf: *const u8,
+    len: usize,
+    out_ptr: *mut u64,
+) -> emm_status {
     guard(|| {
         let h = match handle(m) {
             Ok(h) => h,
@@ -494,7 +543,8 @@ pub unsafe extern "C" fn emm_ipc_open(m: *mut emm_manager, buf: *const u8, len: 
         }
         // SAFETY: `buf` holds `len` readable bytes per the contract.
         let bytes = unsafe { core::slice::from_raw_parts(buf, len) };
-        let opened = IpcHandle::from_bytes(bytes).and_then(|hd| hd.open(&h.ctx, h.manager.as_ref()));
+        let opened =
+            IpcHandle::from_bytes(bytes).and_then(|hd| hd.open(&h.ctx, h.manager.as_ref()));
         match opened {
             Ok(mem) => {
                 let p = mem.ptr();
@@ -521,7 +571,9 @@ pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_sta
                 mem.close();
                 EMM_OK
             }
-            None => invalid(format!("emm_ipc_close: {ptr:#x} was not opened through this handle")),
+            None => invalid(format!(
+                "emm_ipc_close: {ptr:#x} was not opened through this handle"
+            )),
         }
     })
 }
@@ -539,10 +591,17 @@ fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
         return Some(d);
     }
     // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
-    let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) { None } else { Some("pool") };
+    let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) {
+        None
+    } else {
+        Some("pool")
+    };
     match manager_for(name, device) {
         Ok((manager, _)) => {
-            let d: &'static TorchDevice = Box::leak(Box::new(TorchDevice { manager, live: Mutex::new(HashMap::new()) }));
+            let d: &'static TorchDevice = Box::leak(Box::new(TorchDevice {
+                manager,
+                live: Mutex::new(HashMap::new()),
+            }));
             map.insert(device, d);
             Some(d)
         }
@@ -560,8 +619,12 @@ fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
 pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let mut out: *mut c_void = core::ptr::null_mut();
     let _ = guard(|| {
-        let Some(d) = torch_device(device) else { return EMM_ERR_DRIVER };
-        let Ok(size) = usize::try_from(size) else { return invalid(format!("emm_torch_alloc: negative size {size}")) };
+        let Some(d) = torch_device(device) else {
+            return EMM_ERR_DRIVER;
+        };
+        let Ok(size) = usize::try_from(size) else {
+            return invalid(format!("emm_torch_alloc: negative size {size}"));
+        };
         match d.manager.memalloc_async(size, stream_of(stream)) {
             Ok(a) => {
                 out = a.ptr() as *mut c_void;
@@ -578,12 +641,19 @@ pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_voi
 
 /// PyTorch's pluggable allocator: free `ptr`, ordered on `stream`.
 #[no_mangle]
-pub extern "C" fn emm_torch_free(ptr: *mut c_void, _size: isize, device: c_int, stream: *mut c_void) {
+pub extern "C" fn emm_torch_free(
+    ptr: *mut c_void,
+    _size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) {
     let _ = guard(|| {
         if ptr.is_null() {
             return EMM_OK;
         }
-        let Some(d) = torch_device(device) else { return EMM_ERR_DRIVER };
+        let Some(d) = torch_device(device) else {
+            return EMM_ERR_DRIVER;
+        };
         match lock(&d.live).remove(&(ptr as u64)) {
             Some(mut a) => {
                 a.set_stream(stream_of(stream));
@@ -603,17 +673,31 @@ mod tests {
     fn errors_are_codes_with_messages_and_null_arguments_are_rejected() {
         // SAFETY: null handles and pointers are what is being tested.
         unsafe {
-            assert_eq!(emm_alloc(core::ptr::null_mut(), 16, core::ptr::null_mut(), core::ptr::null_mut()), EMM_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                emm_alloc(
+                    core::ptr::null_mut(),
+                    16,
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut()
+                ),
+                EMM_ERR_INVALID_ARGUMENT
+            );
             let mut buf = [0 as c_char; 64];
             let n = emm_last_error(buf.as_mut_ptr(), buf.len());
             assert_eq!(n, "the manager handle is null".len());
-            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "the manager handle is null");
+            assert_eq!(
+                CStr::from_ptr(buf.as_ptr()).to_str().unwrap(),
+                "the manager handle is null"
+            );
             assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
             // Truncation keeps a NUL terminator.
             let mut tiny = [1 as c_char; 4];
             emm_last_error(tiny.as_mut_ptr(), 4);
             assert_eq!(CStr::from_ptr(tiny.as_ptr()).to_bytes(), b"the");
-            assert_eq!(emm_manager_create(core::ptr::null(), 0, core::ptr::null_mut()), EMM_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                emm_manager_create(core::ptr::null(), 0, core::ptr::null_mut()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
         }
@@ -635,8 +719,15 @@ mod tests {
         while let Some(i) = rest.find("extern \"C\" fn ") {
             let after = &rest[i + "extern \"C\" fn ".len()..];
             let name = after.split('(').next().unwrap_or("").trim();
-            let args = after.split_once('(').map(|(_, a)| a.split(')').next().unwrap_or("")).unwrap_or("");
-            let count = if args.trim().is_empty() { 0 } else { args.matches(':').count() };
+            let args = after
+                .split_once('(')
+                .map(|(_, a)| a.split(')').next().unwrap_or(""))
+                .unwrap_or("");
+            let count = if args.trim().is_empty() {
+                0
+            } else {
+                args.matches(':').count()
+            };
             if name.starts_with("emm_") {
                 names.push((name.to_owned(), count));
             }
@@ -646,11 +737,27 @@ mod tests {
         for (name, count) in names {
             let decl = header
                 .lines()
-                .find(|l| l.trim_end().ends_with(");") && (l.contains(&format!(" {name}(")) || l.contains(&format!("*{name}("))))
+                .find(|l| {
+                    l.trim_end().ends_with(");")
+                        && (l.contains(&format!(" {name}(")) || l.contains(&format!("*{name}(")))
+                })
                 .unwrap_or_else(|| panic!("include/emm.h lacks {name}"));
-            let args = decl.split('(').nth(1).unwrap_or("").split(')').next().unwrap_or("");
-            let hcount = if args.trim() == "void" || args.trim().is_empty() { 0 } else { args.matches(',').count() + 1 };
-            assert_eq!(hcount, count, "{name}: {count} parameters in Rust, {hcount} in include/emm.h");
+            let args = decl
+                .split('(')
+                .nth(1)
+                .unwrap_or("")
+                .split(')')
+                .next()
+                .unwrap_or("");
+            let hcount = if args.trim() == "void" || args.trim().is_empty() {
+                0
+            } else {
+                args.matches(',').count() + 1
+            };
+            assert_eq!(
+                hcount, count,
+                "{name}: {count} parameters in Rust, {hcount} in include/emm.h"
+            );
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Where the main job runs: a GPU, or the host-memory stand-in.
 
 use emm_driver::{Context, Device};
-use emm_sys::CUstream;
 use emm_pool::replay::{ReplayResult, Trace};
+use emm_sys::CUstream;
 
 pub enum Backend {
     Gpu { ctx: Context, name: String },

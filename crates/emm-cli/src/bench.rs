@@ -9,7 +9,12 @@ use emm_pool::{PoolConfig, PoolManager};
 
 use crate::backend::Backend;
 
-const SIZES: &[(usize, &str)] = &[(256, "256 B"), (64 << 10, "64 KiB"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")];
+const SIZES: &[(usize, &str)] = &[
+    (256, "256 B"),
+    (64 << 10, "64 KiB"),
+    (1 << 20, "1 MiB"),
+    (64 << 20, "64 MiB"),
+];
 const REPS: usize = 7;
 
 /// Median over `REPS` repetitions of the mean time of one pair, in nanoseconds.
@@ -61,9 +66,15 @@ pub fn run(args: &[String]) -> ExitCode {
             let vals: Vec<String> = SIZES
                 .iter()
                 .zip(cells)
-                .map(|((s, _), c)| format!("\"{s}\":{}", c.map_or("null".into(), |v| format!("{v:.1}"))))
+                .map(|((s, _), c)| {
+                    format!("\"{s}\":{}", c.map_or("null".into(), |v| format!("{v:.1}")))
+                })
                 .collect();
-            println!("{{\"path\":\"{path}\",\"backend\":\"{}\",\"ns_per_pair\":{{{}}}}}", backend.name(), vals.join(","));
+            println!(
+                "{{\"path\":\"{path}\",\"backend\":\"{}\",\"ns_per_pair\":{{{}}}}}",
+                backend.name(),
+                vals.join(",")
+            );
         }
     } else {
         print!("{:<52}", "allocate+free pair (median of 7)");
@@ -92,9 +103,16 @@ fn host_rows() -> Result<Rows, String> {
     let pool = PoolManager::host(1 << 40, PoolConfig::default()).map_err(e2s)?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
-        cells.push(Some(median_ns(200_000, || pool.alloc(size, emm_core::SYNC_STREAM).map(drop).map_err(e2s))?));
+        cells.push(Some(median_ns(200_000, || {
+            pool.alloc(size, emm_core::SYNC_STREAM)
+                .map(drop)
+                .map_err(e2s)
+        })?));
     }
-    Ok(vec![("emm pool, host stand-in (bookkeeping only)".into(), cells)])
+    Ok(vec![(
+        "emm pool, host stand-in (bookkeeping only)".into(),
+        cells,
+    )])
 }
 
 fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
@@ -108,7 +126,9 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
     let pool = PoolManager::new(ctx).map_err(e2s)?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
-        cells.push(Some(median_ns(200_000, || pool.alloc(size, s).map(drop).map_err(e2s))?));
+        cells.push(Some(median_ns(200_000, || {
+            pool.alloc(size, s).map(drop).map_err(e2s)
+        })?));
     }
     rows.push(("emm pool, same stream".into(), cells));
 
@@ -124,7 +144,9 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
 
     if ctx.device().supports_memory_pools().map_err(d2s)? {
         let default_pool = mempool::MemPool::device_default(ctx).map_err(d2s)?;
-        default_pool.set_attribute(emm_sys::CUmemPool_attribute::RELEASE_THRESHOLD, u64::MAX).map_err(d2s)?;
+        default_pool
+            .set_attribute(emm_sys::CUmemPool_attribute::RELEASE_THRESHOLD, u64::MAX)
+            .map_err(d2s)?;
         let mut cells = Vec::new();
         for &(size, _) in SIZES {
             cells.push(Some(median_ns(20_000, || {
@@ -134,12 +156,17 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
             })?));
         }
         stream.synchronize().map_err(d2s)?;
-        rows.push(("cuMemAllocAsync + cuMemFreeAsync (default pool)".into(), cells));
+        rows.push((
+            "cuMemAllocAsync + cuMemFreeAsync (default pool)".into(),
+            cells,
+        ));
 
         let ho = emm_hostonly::HostOnlyManager::new(ctx).map_err(e2s)?;
         let mut cells = Vec::new();
         for &(size, _) in SIZES {
-            cells.push(Some(median_ns(20_000, || ho.memalloc_async(size, s).map(drop).map_err(e2s))?));
+            cells.push(Some(median_ns(20_000, || {
+                ho.memalloc_async(size, s).map(drop).map_err(e2s)
+            })?));
         }
         stream.synchronize().map_err(d2s)?;
         rows.push(("emm hostonly (its own mempool), same stream".into(), cells));
@@ -149,7 +176,9 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
     dm.initialize().map_err(e2s)?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
-        cells.push(Some(median_ns(500, || dm.memalloc(size).map(drop).map_err(e2s))?));
+        cells.push(Some(median_ns(500, || {
+            dm.memalloc(size).map(drop).map_err(e2s)
+        })?));
     }
     rows.push(("emm default (deferred cuMemFree)".into(), cells));
 

@@ -12,7 +12,10 @@ use emm_sys::CUstream;
 
 use crate::backend::Backend;
 
-const BUNDLED: &[(&str, &str)] = &[("gpt_train.csv", include_str!("../../../traces/gpt_train.csv"))];
+const BUNDLED: &[(&str, &str)] = &[(
+    "gpt_train.csv",
+    include_str!("../../../traces/gpt_train.csv"),
+)];
 const MANAGERS: &[&str] = &["default", "pool", "hostonly"];
 
 struct Args {
@@ -22,17 +25,27 @@ struct Args {
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
-    let mut a = Args { traces: vec![], managers: vec![], json: false };
+    let mut a = Args {
+        traces: vec![],
+        managers: vec![],
+        json: false,
+    };
     let mut it = args.iter();
     while let Some(x) = it.next() {
         match x.as_str() {
             "--json" => a.json = true,
             "--manager" | "-m" => {
-                let v = it.next().ok_or("--manager needs a value: default, pool, hostonly or all")?;
+                let v = it
+                    .next()
+                    .ok_or("--manager needs a value: default, pool, hostonly or all")?;
                 match v.as_str() {
                     "all" => a.managers = MANAGERS.iter().map(|s| s.to_string()).collect(),
                     m if MANAGERS.contains(&m) => a.managers.push(m.to_owned()),
-                    m => return Err(format!("unknown manager `{m}`; known: default, pool, hostonly, all")),
+                    m => {
+                        return Err(format!(
+                            "unknown manager `{m}`; known: default, pool, hostonly, all"
+                        ))
+                    }
                 }
             }
             f if f.starts_with('-') => return Err(format!("unknown option `{f}`")),
@@ -80,7 +93,14 @@ pub fn run(args: &[String]) -> ExitCode {
     if !args.json {
         println!(
             "{:<20} {:<9} {:>9} {:>14} {:>14} {:>9} {:>9} {:>10}",
-            "trace", "manager", "requests", "peak live", "peak reserved", "res/live", "upstream", "time"
+            "trace",
+            "manager",
+            "requests",
+            "peak live",
+            "peak reserved",
+            "res/live",
+            "upstream",
+            "time"
         );
     }
     for t in &traces {
@@ -132,7 +152,10 @@ pub fn run(args: &[String]) -> ExitCode {
                 failed = true;
             }
             if r.unknown_frees > 0 {
-                eprintln!("emm replay: {}: {} frees of ids that were not live (skipped)", t.name, r.unknown_frees);
+                eprintln!(
+                    "emm replay: {}: {} frees of ids that were not live (skipped)",
+                    t.name, r.unknown_frees
+                );
             }
         }
     }
@@ -144,7 +167,12 @@ pub fn run(args: &[String]) -> ExitCode {
 }
 
 /// Replays `t` through manager `m` from empty. `None` when `m` cannot run here.
-fn replay_one(backend: &Backend, t: &Trace, m: &str, quiet: bool) -> Result<Option<emm_pool::replay::ReplayResult>, String> {
+fn replay_one(
+    backend: &Backend,
+    t: &Trace,
+    m: &str,
+    quiet: bool,
+) -> Result<Option<emm_pool::replay::ReplayResult>, String> {
     let e2s = |e: emm_core::EmmError| e.to_string();
     let mut progress = |f: f64| {
         if !quiet {
@@ -162,17 +190,41 @@ fn replay_one(backend: &Backend, t: &Trace, m: &str, quiet: bool) -> Result<Opti
                         let s = p.stats();
                         (s.reserved_bytes_peak, s.num_device_alloc)
                     };
-                    Ok(Some(replay(t, &Target { manager: &p, probe: &probe, sample: None }, &streams, &mut progress)))
+                    Ok(Some(replay(
+                        t,
+                        &Target {
+                            manager: &p,
+                            probe: &probe,
+                            sample: None,
+                        },
+                        &streams,
+                        &mut progress,
+                    )))
                 }
                 "default" => {
-                    let d = DefaultManager::over(HostUpstream::new(capacity, false), PendingConfig::from_env().map_err(e2s)?);
+                    let d = DefaultManager::over(
+                        HostUpstream::new(capacity, false),
+                        PendingConfig::from_env().map_err(e2s)?,
+                    );
                     d.initialize().map_err(e2s)?;
                     let probe = || (d.stats().peak_held_bytes, d.upstream().alloc_count());
-                    Ok(Some(replay(t, &Target { manager: &d, probe: &probe, sample: None }, &streams, &mut progress)))
+                    Ok(Some(replay(
+                        t,
+                        &Target {
+                            manager: &d,
+                            probe: &probe,
+                            sample: None,
+                        },
+                        &streams,
+                        &mut progress,
+                    )))
                 }
                 _ => {
                     if !quiet {
-                        println!("{:<20} {:<9} skipped: needs CUDA's stream-ordered allocator (a GPU)", t.name, m);
+                        println!(
+                            "{:<20} {:<9} skipped: needs CUDA's stream-ordered allocator (a GPU)",
+                            t.name, m
+                        );
                     }
                     Ok(None)
                 }
@@ -215,13 +267,31 @@ fn replay_gpu(
                 let s = p.stats();
                 (s.reserved_bytes_peak, s.num_device_alloc)
             };
-            Ok(Some(replay(t, &Target { manager: &p, probe: &probe, sample: None }, streams, progress)))
+            Ok(Some(replay(
+                t,
+                &Target {
+                    manager: &p,
+                    probe: &probe,
+                    sample: None,
+                },
+                streams,
+                progress,
+            )))
         }
         "default" => {
             let d = DefaultManager::new(ctx).map_err(e2s)?;
             d.initialize().map_err(e2s)?;
             let probe = || (d.stats().peak_held_bytes, d.stats().allocations);
-            Ok(Some(replay(t, &Target { manager: &d, probe: &probe, sample: None }, streams, progress)))
+            Ok(Some(replay(
+                t,
+                &Target {
+                    manager: &d,
+                    probe: &probe,
+                    sample: None,
+                },
+                streams,
+                progress,
+            )))
         }
         "hostonly" => crate::backend::replay_hostonly(ctx, t, streams, progress),
         _ => Ok(None),

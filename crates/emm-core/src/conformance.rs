@@ -52,7 +52,11 @@ impl fmt::Display for Report {
             }
         }
         let passed = self.checks.iter().filter(|c| c.outcome.is_ok()).count();
-        writeln!(f, "conformance: {passed} passed, {} failed", self.checks.len() - passed)
+        writeln!(
+            f,
+            "conformance: {passed} passed, {} failed",
+            self.checks.len() - passed
+        )
     }
 }
 
@@ -78,8 +82,9 @@ const CHECKS: &[(&str, Check)] = &[
 pub fn run(manager: &dyn MemoryManager, ctx: &Context) -> Report {
     let mut report = Report::default();
     for (name, check) in CHECKS {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(manager, ctx)))
-            .unwrap_or_else(|_| Err("the check panicked".to_owned()));
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(manager, ctx)))
+                .unwrap_or_else(|_| Err("the check panicked".to_owned()));
         report.checks.push(CheckResult { name, outcome });
     }
     report
@@ -109,7 +114,10 @@ fn write_read(ctx: &Context, ptr: u64, data: &[u8]) -> Result<(), String> {
     unsafe { memory::copy_dtoh(ctx, &mut back, ptr) }.map_err(e2s)?;
     if back != data {
         let at = back.iter().zip(data).position(|(a, b)| a != b).unwrap_or(0);
-        return Err(format!("read back differs from what was written at byte {at} of {}", data.len()));
+        return Err(format!(
+            "read back differs from what was written at byte {at} of {}",
+            data.len()
+        ));
     }
     Ok(())
 }
@@ -118,13 +126,27 @@ fn initialize_is_idempotent(m: &dyn MemoryManager, _: &Context) -> Result<(), St
     m.initialize().map_err(e2s)?;
     m.initialize().map_err(e2s)?;
     if m.interface_version() != crate::INTERFACE_VERSION {
-        return Err(format!("interface_version {} (expected {})", m.interface_version(), crate::INTERFACE_VERSION));
+        return Err(format!(
+            "interface_version {} (expected {})",
+            m.interface_version(),
+            crate::INTERFACE_VERSION
+        ));
     }
     Ok(())
 }
 
 fn sizes_and_alignment(m: &dyn MemoryManager, _: &Context) -> Result<(), String> {
-    let sizes = [1usize, 7, 255, 256, 257, 4097, 65_536, 1 << 20, (33 << 20) + 5];
+    let sizes = [
+        1usize,
+        7,
+        255,
+        256,
+        257,
+        4097,
+        65_536,
+        1 << 20,
+        (33 << 20) + 5,
+    ];
     let mut live = Vec::new();
     for &s in &sizes {
         let a = m.memalloc(s).map_err(|e| format!("memalloc({s}): {e}"))?;
@@ -132,15 +154,24 @@ fn sizes_and_alignment(m: &dyn MemoryManager, _: &Context) -> Result<(), String>
             return Err(format!("memalloc({s}) returned {} bytes", a.size()));
         }
         if a.ptr() % 256 != 0 {
-            return Err(format!("memalloc({s}) returned {:#x}, not 256-byte aligned", a.ptr()));
+            return Err(format!(
+                "memalloc({s}) returned {:#x}, not 256-byte aligned",
+                a.ptr()
+            ));
         }
         live.push(a);
     }
-    let mut ranges: Vec<(u64, u64)> = live.iter().map(|a| (a.ptr(), a.ptr() + a.size() as u64)).collect();
+    let mut ranges: Vec<(u64, u64)> = live
+        .iter()
+        .map(|a| (a.ptr(), a.ptr() + a.size() as u64))
+        .collect();
     ranges.sort();
     for w in ranges.windows(2) {
         if w[0].1 > w[1].0 {
-            return Err(format!("live allocations overlap: {:#x?} and {:#x?}", w[0], w[1]));
+            return Err(format!(
+                "live allocations overlap: {:#x?} and {:#x?}",
+                w[0], w[1]
+            ));
         }
     }
     Ok(())
@@ -192,9 +223,18 @@ fn views(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let mut whole = vec![0u8; 4096];
     // SAFETY: `a` holds 4096 bytes.
     unsafe { memory::copy_dtoh(ctx, &mut whole, a.ptr()) }.map_err(e2s)?;
-    let changed: Vec<usize> = whole.iter().enumerate().filter(|(_, &b)| b != 0).map(|(i, _)| i).collect();
+    let changed: Vec<usize> = whole
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b != 0)
+        .map(|(i, _)| i)
+        .collect();
     if changed.first() != Some(&1000) || changed.last() != Some(&1099) || changed.len() != 100 {
-        return Err(format!("writing through a view changed bytes {:?}..{:?}", changed.first(), changed.last()));
+        return Err(format!(
+            "writing through a view changed bytes {:?}..{:?}",
+            changed.first(),
+            changed.last()
+        ));
     }
     match a.view(4000, 200) {
         Err(EmmError::OutOfRange { .. }) => Ok(()),
@@ -269,18 +309,43 @@ fn host_memory(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let data = pattern(77, n);
     let dev = m.memalloc(n).map_err(e2s)?;
     // Pinned, not mapped: a host buffer the copy engine reads directly.
-    let pinned = m.memhostalloc(n, HostAllocFlags { portable: true, ..Default::default() }).map_err(e2s)?;
+    let pinned = m
+        .memhostalloc(
+            n,
+            HostAllocFlags {
+                portable: true,
+                ..Default::default()
+            },
+        )
+        .map_err(e2s)?;
     if pinned.device_ptr().is_some() {
         return Err("unmapped memhostalloc returned a device pointer".into());
     }
     // SAFETY: the manager gave `n` writable bytes at host_ptr.
     unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), pinned.host_ptr(), n) };
     // SAFETY: `dev` holds n bytes; the pinned buffer n bytes.
-    unsafe { memory::copy_htod(ctx, dev.ptr(), core::slice::from_raw_parts(pinned.host_ptr(), n)) }.map_err(e2s)?;
+    unsafe {
+        memory::copy_htod(
+            ctx,
+            dev.ptr(),
+            core::slice::from_raw_parts(pinned.host_ptr(), n),
+        )
+    }
+    .map_err(e2s)?;
     write_read(ctx, dev.ptr(), &data)?;
     // Mapped: the device reads the host bytes through its own address.
-    let mapped = m.memhostalloc(n, HostAllocFlags { mapped: true, ..Default::default() }).map_err(e2s)?;
-    let dptr = mapped.device_ptr().ok_or("mapped memhostalloc returned no device pointer")?;
+    let mapped = m
+        .memhostalloc(
+            n,
+            HostAllocFlags {
+                mapped: true,
+                ..Default::default()
+            },
+        )
+        .map_err(e2s)?;
+    let dptr = mapped
+        .device_ptr()
+        .ok_or("mapped memhostalloc returned no device pointer")?;
     // SAFETY: n writable bytes.
     unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), mapped.host_ptr(), n) };
     let mut back = vec![0u8; n];
@@ -293,7 +358,9 @@ fn host_memory(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let mut own = data.clone();
     // SAFETY: `own` outlives `pinned_own` (dropped first, below).
     let pinned_own = unsafe { m.mempin(own.as_mut_ptr(), n, true) }.map_err(e2s)?;
-    let dp = pinned_own.device_ptr().ok_or("mempin(mapped=true) returned no device pointer")?;
+    let dp = pinned_own
+        .device_ptr()
+        .ok_or("mempin(mapped=true) returned no device pointer")?;
     let mut back2 = vec![0u8; n];
     // SAFETY: `dp` maps `own`'s n bytes.
     unsafe { memory::copy_dtoh(ctx, &mut back2, dp) }.map_err(e2s)?;
@@ -303,7 +370,8 @@ fn host_memory(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     }
     // Pinning the same buffer again works once it was unpinned.
     // SAFETY: as above.
-    let again = unsafe { m.mempin(own.as_mut_ptr(), n, false) }.map_err(|e| format!("re-pinning: {e}"))?;
+    let again =
+        unsafe { m.mempin(own.as_mut_ptr(), n, false) }.map_err(|e| format!("re-pinning: {e}"))?;
     drop(again);
     Ok(())
 }
@@ -320,21 +388,33 @@ fn many_threads(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
                         let a = m.memalloc_async(size, stream.raw()).map_err(e2s)?;
                         let word = (t << 16 | i) as u32;
                         // SAFETY: `a` holds at least size/4 words, until synchronize.
-                        unsafe { memory::memset_d32_async(a.ptr(), word, size / 4, &stream) }.map_err(e2s)?;
+                        unsafe { memory::memset_d32_async(a.ptr(), word, size / 4, &stream) }
+                            .map_err(e2s)?;
                         let mut back = vec![0u8; size / 4 * 4];
                         // SAFETY: as above; `back` outlives the synchronize.
-                        unsafe { memory::copy_dtoh_async(back.as_mut_ptr(), a.ptr(), back.len(), &stream) }
-                            .map_err(e2s)?;
+                        unsafe {
+                            memory::copy_dtoh_async(back.as_mut_ptr(), a.ptr(), back.len(), &stream)
+                        }
+                        .map_err(e2s)?;
                         stream.synchronize().map_err(e2s)?;
                         if !back.chunks_exact(4).all(|w| w == word.to_le_bytes()) {
-                            return Err(format!("thread {t} iteration {i}: block of {size} bytes was overwritten"));
+                            return Err(format!(
+                                "thread {t} iteration {i}: block of {size} bytes was overwritten"
+                            ));
                         }
                     }
                     Ok(())
                 })
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())).err()).collect()
+        handles
+            .into_iter()
+            .filter_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("thread panicked".into()))
+                    .err()
+            })
+            .collect()
     });
     if errors.is_empty() {
         Ok(())
@@ -346,7 +426,9 @@ fn many_threads(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
 fn reset(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let held = m.memalloc(1 << 20).map_err(e2s)?;
     m.reset().map_err(|e| format!("reset: {e}"))?;
-    let fresh = m.memalloc(1 << 20).map_err(|e| format!("memalloc after reset: {e}"))?;
+    let fresh = m
+        .memalloc(1 << 20)
+        .map_err(|e| format!("memalloc after reset: {e}"))?;
     write_read(ctx, fresh.ptr(), &pattern(3, 1 << 20))?;
     drop(held); // invalidated: dropping must do nothing harmful
     write_read(ctx, fresh.ptr(), &pattern(4, 1 << 20))?;

@@ -55,7 +55,9 @@ pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
 
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
-    Err(EmmError::InvalidIpcHandle { reason: format!("taking fd {fd} of process {pid} needs Linux's pidfd_getfd") })
+    Err(EmmError::InvalidIpcHandle {
+        reason: format!("taking fd {fd} of process {pid} needs Linux's pidfd_getfd"),
+    })
 }
 
 #[cfg(all(test, target_os = "linux"))]

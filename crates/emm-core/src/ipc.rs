@@ -85,7 +85,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 fn invalid(reason: impl Into<String>) -> EmmError {
-    EmmError::InvalidIpcHandle { reason: reason.into() }
+    EmmError::InvalidIpcHandle {
+        reason: reason.into(),
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -122,7 +124,9 @@ impl IpcHandle {
     /// UUID of the device holding the memory.
     pub fn device_uuid(&self) -> [u8; 16] {
         match self {
-            IpcHandle::Legacy { device_uuid, .. } | IpcHandle::MemPool { device_uuid, .. } => *device_uuid,
+            IpcHandle::Legacy { device_uuid, .. } | IpcHandle::MemPool { device_uuid, .. } => {
+                *device_uuid
+            }
         }
     }
 
@@ -132,7 +136,14 @@ impl IpcHandle {
         out.extend_from_slice(MAGIC);
         out.push(FORMAT_VERSION);
         match self {
-            IpcHandle::Legacy { handle, base_size, offset, size, device_uuid, pid } => {
+            IpcHandle::Legacy {
+                handle,
+                base_size,
+                offset,
+                size,
+                device_uuid,
+                pid,
+            } => {
                 out.push(KIND_LEGACY);
                 out.extend_from_slice(handle);
                 out.extend_from_slice(&(*base_size as u64).to_le_bytes());
@@ -141,7 +152,14 @@ impl IpcHandle {
                 out.extend_from_slice(device_uuid);
                 out.extend_from_slice(&pid.to_le_bytes());
             }
-            IpcHandle::MemPool { export, pool_fd, pid, offset, size, device_uuid } => {
+            IpcHandle::MemPool {
+                export,
+                pool_fd,
+                pid,
+                offset,
+                size,
+                device_uuid,
+            } => {
                 out.push(KIND_MEMPOOL);
                 out.extend_from_slice(export);
                 out.extend_from_slice(&pool_fd.to_le_bytes());
@@ -160,27 +178,47 @@ impl IpcHandle {
     /// [`EmmError::InvalidIpcHandle`].
     pub fn from_bytes(bytes: &[u8]) -> Result<IpcHandle> {
         if bytes.len() < HEADER + TRAILER {
-            return Err(invalid(format!("{} bytes is too short for an emm IPC handle (at least {})", bytes.len(), HEADER + TRAILER)));
+            return Err(invalid(format!(
+                "{} bytes is too short for an emm IPC handle (at least {})",
+                bytes.len(),
+                HEADER + TRAILER
+            )));
         }
         if &bytes[..6] != MAGIC {
-            return Err(invalid(format!("not an emm IPC handle: it starts with {:02x?}, expected \"EMMIPC\"", &bytes[..6])));
+            return Err(invalid(format!(
+                "not an emm IPC handle: it starts with {:02x?}, expected \"EMMIPC\"",
+                &bytes[..6]
+            )));
         }
         if bytes[6] != FORMAT_VERSION {
-            return Err(invalid(format!("format version {} is not supported (this emm reads version {FORMAT_VERSION})", bytes[6])));
+            return Err(invalid(format!(
+                "format version {} is not supported (this emm reads version {FORMAT_VERSION})",
+                bytes[6]
+            )));
         }
         let body_len = match bytes[7] {
             KIND_LEGACY => LEGACY_BODY,
             KIND_MEMPOOL => MEMPOOL_BODY,
-            k => return Err(invalid(format!("unknown handle kind {k} (known: 1 legacy, 2 mempool)"))),
+            k => {
+                return Err(invalid(format!(
+                    "unknown handle kind {k} (known: 1 legacy, 2 mempool)"
+                )))
+            }
         };
         let want = HEADER + body_len + TRAILER;
         if bytes.len() != want {
-            return Err(invalid(format!("a kind-{} handle is {want} bytes, found {}", bytes[7], bytes.len())));
+            return Err(invalid(format!(
+                "a kind-{} handle is {want} bytes, found {}",
+                bytes[7],
+                bytes.len()
+            )));
         }
         let (payload, sum) = bytes.split_at(want - TRAILER);
         let stored = u64::from_le_bytes(sum.try_into().unwrap_or([0; 8]));
         if fnv1a(payload) != stored {
-            return Err(invalid("checksum mismatch: the handle was corrupted in transit"));
+            return Err(invalid(
+                "checksum mismatch: the handle was corrupted in transit",
+            ));
         }
         let mut r = Reader(&payload[HEADER..]);
         let handle = match bytes[7] {
@@ -192,9 +230,18 @@ impl IpcHandle {
                 let device_uuid = r.take::<16>();
                 let pid = r.u32();
                 if offset.checked_add(size).is_none_or(|end| end > base_size) {
-                    return Err(invalid(format!("range {offset}+{size} lies outside its allocation of {base_size} bytes")));
+                    return Err(invalid(format!(
+                        "range {offset}+{size} lies outside its allocation of {base_size} bytes"
+                    )));
                 }
-                IpcHandle::Legacy { handle, base_size, offset, size, device_uuid, pid }
+                IpcHandle::Legacy {
+                    handle,
+                    base_size,
+                    offset,
+                    size,
+                    device_uuid,
+                    pid,
+                }
             }
             _ => {
                 let export = r.take::<64>();
@@ -203,7 +250,14 @@ impl IpcHandle {
                 let offset = r.u64() as usize;
                 let size = r.u64() as usize;
                 let device_uuid = r.take::<16>();
-                IpcHandle::MemPool { export, pool_fd, pid, offset, size, device_uuid }
+                IpcHandle::MemPool {
+                    export,
+                    pool_fd,
+                    pid,
+                    offset,
+                    size,
+                    device_uuid,
+                }
             }
         };
         Ok(handle)
@@ -211,10 +265,19 @@ impl IpcHandle {
 
     /// Builds a legacy handle for `[ptr, ptr+size)`, which lies in the `cuMemAlloc`
     /// allocation that starts at `base`.
-    pub fn export_legacy(ctx: &Context, base: CUdeviceptr, ptr: CUdeviceptr, size: usize) -> Result<IpcHandle> {
+    pub fn export_legacy(
+        ctx: &Context,
+        base: CUdeviceptr,
+        ptr: CUdeviceptr,
+        size: usize,
+    ) -> Result<IpcHandle> {
         let (real_base, base_size) = memory::address_range(ctx, ptr)?;
         if real_base != base {
-            tracing::debug!(base, real_base, "manager's base differs from the driver's; using the driver's");
+            tracing::debug!(
+                base,
+                real_base,
+                "manager's base differs from the driver's; using the driver's"
+            );
         }
         let offset = (ptr - real_base) as usize;
         Ok(IpcHandle::Legacy {
@@ -234,37 +297,70 @@ impl IpcHandle {
         let uuid = self.device_uuid();
         if ctx.device().uuid()? == uuid {
             let (ptr, mapping) = self.map(ctx)?;
-            return Ok(IpcMemory { ptr, size: self.size(), inner: Inner::Mapped(Some(mapping)) });
+            return Ok(IpcMemory {
+                ptr,
+                size: self.size(),
+                inner: Inner::Mapped(Some(mapping)),
+            });
         }
         let src_dev = Device::all()?
             .into_iter()
             .find(|d| d.uuid().map(|u| u == uuid).unwrap_or(false))
-            .ok_or_else(|| invalid(format!("the memory lives on device {}, which this process cannot see", fmt_uuid(&uuid))))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "the memory lives on device {}, which this process cannot see",
+                    fmt_uuid(&uuid)
+                ))
+            })?;
         let src_ctx = Context::primary(src_dev)?;
         let (src_ptr, mapping) = self.map(&src_ctx)?;
         let staging = manager.memalloc(self.size())?;
         // SAFETY: the source mapping covers `size` bytes at `src_ptr` (checked when
         // the handle was parsed/opened); staging holds `size` bytes.
-        let copied = unsafe { memory::copy_peer(ctx, staging.ptr(), &src_ctx, src_ptr, self.size()) };
+        let copied =
+            unsafe { memory::copy_peer(ctx, staging.ptr(), &src_ctx, src_ptr, self.size()) };
         drop(mapping); // closes the source mapping whatever the copy did
         copied?;
-        Ok(IpcMemory { ptr: staging.ptr(), size: self.size(), inner: Inner::Staged(staging) })
+        Ok(IpcMemory {
+            ptr: staging.ptr(),
+            size: self.size(),
+            inner: Inner::Staged(staging),
+        })
     }
 
     fn map(&self, ctx: &Context) -> Result<(CUdeviceptr, Mapping)> {
         match self {
             IpcHandle::Legacy { handle, offset, .. } => {
                 let base = memory::ipc_open_handle(ctx, handle)?;
-                Ok((base + *offset as u64, Mapping::Legacy { ctx: ctx.clone(), base }))
+                Ok((
+                    base + *offset as u64,
+                    Mapping::Legacy {
+                        ctx: ctx.clone(),
+                        base,
+                    },
+                ))
             }
-            IpcHandle::MemPool { export, pool_fd, pid, offset, .. } => {
+            IpcHandle::MemPool {
+                export,
+                pool_fd,
+                pid,
+                offset,
+                ..
+            } => {
                 let fd = crate::fd::take_fd(*pid, *pool_fd)?;
                 let imported = MemPool::import_fd(ctx, fd.raw());
                 drop(fd);
                 let pool = imported?;
                 pool.set_access(ctx).ok(); // the owner device may already have access
                 let ptr = pool.import_pointer(export)?;
-                Ok((ptr + *offset as u64, Mapping::Pool { ctx: ctx.clone(), ptr, pool }))
+                Ok((
+                    ptr + *offset as u64,
+                    Mapping::Pool {
+                        ctx: ctx.clone(),
+                        ptr,
+                        pool,
+                    },
+                ))
             }
         }
     }
@@ -275,8 +371,15 @@ fn fmt_uuid(u: &[u8; 16]) -> String {
 }
 
 enum Mapping {
-    Legacy { ctx: Context, base: CUdeviceptr },
-    Pool { ctx: Context, ptr: CUdeviceptr, pool: MemPool },
+    Legacy {
+        ctx: Context,
+        base: CUdeviceptr,
+    },
+    Pool {
+        ctx: Context,
+        ptr: CUdeviceptr,
+        pool: MemPool,
+    },
 }
 
 impl Drop for Mapping {
@@ -293,7 +396,8 @@ impl Drop for Mapping {
                 // frees it; synchronizing makes the free complete before the pool goes.
                 let stream = emm_driver::Stream::legacy(ctx);
                 // SAFETY: `ptr` was imported from `pool` and is freed once.
-                let r = unsafe { emm_driver::mempool::free_async(*ptr, &stream) }.and_then(|()| stream.synchronize());
+                let r = unsafe { emm_driver::mempool::free_async(*ptr, &stream) }
+                    .and_then(|()| stream.synchronize());
                 if let Err(e) = r {
                     ctx.record_drop_error(e);
                 }
@@ -370,7 +474,14 @@ mod tests {
     fn handles_round_trip_through_bytes() {
         for h in [
             legacy(),
-            IpcHandle::MemPool { export: [9; 64], pool_fd: 17, pid: 99, offset: 0, size: 1 << 30, device_uuid: [3; 16] },
+            IpcHandle::MemPool {
+                export: [9; 64],
+                pool_fd: 17,
+                pid: 99,
+                offset: 0,
+                size: 1 << 30,
+                device_uuid: [3; 16],
+            },
         ] {
             let b = h.to_bytes();
             assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
@@ -397,14 +508,28 @@ mod tests {
             let mut c = good.clone();
             c[i] ^= 0x40;
             let r = err(&c);
-            assert!(r.contains("checksum") || r.contains("outside"), "byte {i}: {r}");
+            assert!(
+                r.contains("checksum") || r.contains("outside"),
+                "byte {i}: {r}"
+            );
         }
     }
 
     #[test]
     fn a_range_outside_its_allocation_is_rejected() {
-        let h = IpcHandle::Legacy { handle: [0; 64], base_size: 100, offset: 90, size: 20, device_uuid: [0; 16], pid: 1 };
+        let h = IpcHandle::Legacy {
+            handle: [0; 64],
+            base_size: 100,
+            offset: 90,
+            size: 20,
+            device_uuid: [0; 16],
+            pid: 1,
+        };
         let e = IpcHandle::from_bytes(&h.to_bytes()).unwrap_err();
-        assert!(e.to_string().contains("outside its allocation of 100 bytes"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("outside its allocation of 100 bytes"),
+            "{e}"
+        );
     }
 }

@@ -31,14 +31,16 @@ mod router;
 pub use error::{fmt_bytes, EmmError, Result};
 pub use ipc::{IpcHandle, IpcMemory};
 pub use manager::{
-    check_interface_version, DeferGuard, DeferState, ManagerStats, MemoryInfo, MemoryManager, INTERFACE_VERSION,
-    SUPPORTED_INTERFACE_VERSIONS,
+    check_interface_version, DeferGuard, DeferState, ManagerStats, MemoryInfo, MemoryManager,
+    INTERFACE_VERSION, SUPPORTED_INTERFACE_VERSIONS,
 };
 pub use pointer::{
-    DeviceAllocation, DeviceRelease, DeviceView, Released, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, SYNC_STREAM,
+    DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory,
+    PinnedMemory, Released, SYNC_STREAM,
 };
 pub use router::{
-    memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER, MANAGER_ENV,
+    memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER,
+    MANAGER_ENV,
 };
 
 pub use emm_driver;

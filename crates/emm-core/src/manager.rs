@@ -163,7 +163,11 @@ pub fn check_interface_version(manager: &dyn MemoryManager) -> Result<()> {
         Err(EmmError::InterfaceVersion {
             manager: manager.name().to_owned(),
             found,
-            supported: format!("{}..={}", SUPPORTED_INTERFACE_VERSIONS.start(), SUPPORTED_INTERFACE_VERSIONS.end()),
+            supported: format!(
+                "{}..={}",
+                SUPPORTED_INTERFACE_VERSIONS.start(),
+                SUPPORTED_INTERFACE_VERSIONS.end()
+            ),
         })
     }
 }
@@ -194,7 +198,10 @@ impl DeferState {
     /// manager flushes what it held back there).
     pub fn guard(self: &Arc<Self>, on_last_release: impl FnOnce() + Send + 'static) -> DeferGuard {
         self.depth.fetch_add(1, Ordering::AcqRel);
-        DeferGuard { state: Some(self.clone()), on_last_release: Some(Box::new(on_last_release)) }
+        DeferGuard {
+            state: Some(self.clone()),
+            on_last_release: Some(Box::new(on_last_release)),
+        }
     }
 }
 
@@ -208,14 +215,19 @@ pub struct DeferGuard {
 
 impl core::fmt::Debug for DeferGuard {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("DeferGuard").field("depth", &self.state.as_ref().map(|s| s.depth())).finish()
+        f.debug_struct("DeferGuard")
+            .field("depth", &self.state.as_ref().map(|s| s.depth()))
+            .finish()
     }
 }
 
 impl DeferGuard {
     /// A guard for a manager that defers nothing.
     pub fn noop() -> DeferGuard {
-        DeferGuard { state: None, on_last_release: None }
+        DeferGuard {
+            state: None,
+            on_last_release: None,
+        }
     }
 }
 

@@ -98,7 +98,14 @@ impl DeviceAllocation {
         owner: Arc<dyn DeviceRelease>,
         token: usize,
     ) -> DeviceAllocation {
-        DeviceAllocation { ptr, size, stream, base, base_size, releaser: Releaser::Shared(owner, token) }
+        DeviceAllocation {
+            ptr,
+            size,
+            stream,
+            base,
+            base_size,
+            releaser: Releaser::Shared(owner, token),
+        }
     }
 
     /// As [`DeviceAllocation::with_releaser`], but borrowing the releaser instead of
@@ -117,7 +124,14 @@ impl DeviceAllocation {
         owner: *const dyn DeviceRelease,
         token: usize,
     ) -> DeviceAllocation {
-        DeviceAllocation { ptr, size, stream, base, base_size, releaser: Releaser::Borrowed(owner, token) }
+        DeviceAllocation {
+            ptr,
+            size,
+            stream,
+            base,
+            base_size,
+            releaser: Releaser::Borrowed(owner, token),
+        }
     }
 
     /// An allocation released by `finalizer(ptr, size, stream)`, as NBEP 7's
@@ -131,7 +145,14 @@ impl DeviceAllocation {
         stream: CUstream,
         finalizer: impl FnOnce(CUdeviceptr, usize, CUstream) + Send + 'static,
     ) -> DeviceAllocation {
-        DeviceAllocation { ptr, size, stream, base: ptr, base_size: size, releaser: Releaser::Callback(Box::new(finalizer)) }
+        DeviceAllocation {
+            ptr,
+            size,
+            stream,
+            base: ptr,
+            base_size: size,
+            releaser: Releaser::Callback(Box::new(finalizer)),
+        }
     }
 
     /// Records that this allocation lies inside the upstream allocation
@@ -169,15 +190,27 @@ impl DeviceAllocation {
 
     /// A view of the whole allocation.
     pub fn as_view(&self) -> DeviceView<'_> {
-        DeviceView { ptr: self.ptr, len: self.size, parent: self }
+        DeviceView {
+            ptr: self.ptr,
+            len: self.size,
+            parent: self,
+        }
     }
 
     /// A view of `[offset, offset+len)`; borrows the allocation, so it cannot
     /// outlive it.
     pub fn view(&self, offset: usize, len: usize) -> Result<DeviceView<'_>> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(DeviceView { ptr: self.ptr + offset as u64, len, parent: self }),
-            _ => Err(EmmError::OutOfRange { offset, len, size: self.size }),
+            Some(end) if end <= self.size => Ok(DeviceView {
+                ptr: self.ptr + offset as u64,
+                len,
+                parent: self,
+            }),
+            _ => Err(EmmError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            }),
         }
     }
 
@@ -194,7 +227,14 @@ impl Drop for DeviceAllocation {
         let releaser = core::mem::replace(&mut self.releaser, Releaser::Nothing);
         let (ptr, size, stream) = (self.ptr, self.size, self.stream);
         let (base, base_size) = (self.base, self.base_size);
-        let block = move |token| Released { ptr, size, stream, base, base_size, token };
+        let block = move |token| Released {
+            ptr,
+            size,
+            stream,
+            base,
+            base_size,
+            token,
+        };
         let outcome = catch_unwind(AssertUnwindSafe(move || match releaser {
             Releaser::Shared(owner, token) => owner.release(block(token)),
             // SAFETY: the constructor's contract keeps `owner` alive until now.
@@ -203,7 +243,11 @@ impl Drop for DeviceAllocation {
             Releaser::Nothing => {}
         }));
         if outcome.is_err() {
-            tracing::error!(ptr = format_args!("{ptr:#x}"), size, "a release callback panicked; the block is lost");
+            tracing::error!(
+                ptr = format_args!("{ptr:#x}"),
+                size,
+                "a release callback panicked; the block is lost"
+            );
         }
     }
 }
@@ -245,8 +289,16 @@ impl<'a> DeviceView<'a> {
     /// A narrower view, relative to this one.
     pub fn view(&self, offset: usize, len: usize) -> Result<DeviceView<'a>> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(DeviceView { ptr: self.ptr + offset as u64, len, parent: self.parent }),
-            _ => Err(EmmError::OutOfRange { offset, len, size: self.len }),
+            Some(end) if end <= self.len => Ok(DeviceView {
+                ptr: self.ptr + offset as u64,
+                len,
+                parent: self.parent,
+            }),
+            _ => Err(EmmError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            }),
         }
     }
 }
@@ -268,7 +320,11 @@ impl HostAllocFlags {
         use emm_sys::host_alloc::*;
         (if self.mapped { DEVICEMAP } else { 0 })
             | (if self.portable { PORTABLE } else { 0 })
-            | (if self.write_combined { WRITECOMBINED } else { 0 })
+            | (if self.write_combined {
+                WRITECOMBINED
+            } else {
+                0
+            })
     }
 }
 
@@ -291,8 +347,16 @@ impl PinnedMemory {
     ///
     /// # Safety
     /// `[host, host+size)` must be page-locked memory valid until `release` runs.
-    pub unsafe fn from_raw_parts(host: *mut u8, size: usize, release: impl FnOnce(*mut u8, usize) + Send + 'static) -> Self {
-        PinnedMemory { host, size, release: Some(Box::new(release)) }
+    pub unsafe fn from_raw_parts(
+        host: *mut u8,
+        size: usize,
+        release: impl FnOnce(*mut u8, usize) + Send + 'static,
+    ) -> Self {
+        PinnedMemory {
+            host,
+            size,
+            release: Some(Box::new(release)),
+        }
     }
 
     /// The host address.
@@ -308,7 +372,10 @@ impl PinnedMemory {
 
 impl core::fmt::Debug for PinnedMemory {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("PinnedMemory").field("host", &self.host).field("size", &self.size).finish()
+        f.debug_struct("PinnedMemory")
+            .field("host", &self.host)
+            .field("size", &self.size)
+            .finish()
     }
 }
 
@@ -409,13 +476,22 @@ mod tests {
     fn drop_releases_once_and_views_are_checked() {
         let c = Arc::new(Counter(AtomicUsize::new(0)));
         // SAFETY: a fake address, never dereferenced.
-        let a = unsafe { DeviceAllocation::with_releaser(0x1000, 256, SYNC_STREAM, 0x800, 4096, c.clone(), 7) };
+        let a = unsafe {
+            DeviceAllocation::with_releaser(0x1000, 256, SYNC_STREAM, 0x800, 4096, c.clone(), 7)
+        };
         let v = a.view(16, 32).unwrap();
         assert_eq!(v.ptr(), 0x1010);
         assert_eq!(v.offset_in_base(), 0x810);
         assert_eq!(v.view(8, 8).unwrap().ptr(), 0x1018);
         assert!(matches!(v.view(30, 8), Err(EmmError::OutOfRange { .. })));
-        assert!(matches!(a.view(250, 7), Err(EmmError::OutOfRange { offset: 250, len: 7, size: 256 })));
+        assert!(matches!(
+            a.view(250, 7),
+            Err(EmmError::OutOfRange {
+                offset: 250,
+                len: 7,
+                size: 256
+            })
+        ));
         assert!(a.view(usize::MAX, 2).is_err());
         drop(a);
         assert_eq!(c.0.load(Ordering::SeqCst), 256);
@@ -424,16 +500,24 @@ mod tests {
     #[test]
     fn a_panicking_finalizer_does_not_escape_drop() {
         // SAFETY: a fake address, never dereferenced.
-        let a = unsafe { DeviceAllocation::from_raw_parts(0x10, 8, SYNC_STREAM, |_, _, _| panic!("boom")) };
+        let a = unsafe {
+            DeviceAllocation::from_raw_parts(0x10, 8, SYNC_STREAM, |_, _, _| panic!("boom"))
+        };
         drop(a); // must not unwind
-        // SAFETY: as above.
-        let raw = unsafe { DeviceAllocation::from_raw_parts(0x10, 8, SYNC_STREAM, |_, _, _| panic!("never")) };
+                 // SAFETY: as above.
+        let raw = unsafe {
+            DeviceAllocation::from_raw_parts(0x10, 8, SYNC_STREAM, |_, _, _| panic!("never"))
+        };
         assert_eq!(raw.into_raw().0, 0x10);
     }
 
     #[test]
     fn host_flags_map_to_driver_bits() {
-        let f = HostAllocFlags { mapped: true, portable: true, write_combined: true };
+        let f = HostAllocFlags {
+            mapped: true,
+            portable: true,
+            write_combined: true,
+        };
         assert_eq!(f.driver_flags(), 0x7);
         assert_eq!(HostAllocFlags::default().driver_flags(), 0);
     }

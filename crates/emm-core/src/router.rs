@@ -91,7 +91,9 @@ impl Router {
 
     /// Registers (or replaces) the factory of manager `name`.
     pub fn register(&self, name: &str, factory: impl ManagerFactory + 'static) {
-        self.write().factories.insert(name.to_owned(), Arc::new(factory));
+        self.write()
+            .factories
+            .insert(name.to_owned(), Arc::new(factory));
     }
 
     /// The registered names, sorted.
@@ -111,11 +113,18 @@ impl Router {
     fn set_memory_manager_with_env(&self, name: &str, env: Option<&str>) -> Result<()> {
         let mut s = self.write();
         if !s.factories.contains_key(name) {
-            return Err(EmmError::UnknownManager { name: name.to_owned(), source_var: None, known: s.factories.keys().cloned().collect() });
+            return Err(EmmError::UnknownManager {
+                name: name.to_owned(),
+                source_var: None,
+                known: s.factories.keys().cloned().collect(),
+            });
         }
         if let Some(current) = &s.in_use {
             if current != name {
-                return Err(EmmError::AlreadyInUse { current: current.clone(), requested: name.to_owned() });
+                return Err(EmmError::AlreadyInUse {
+                    current: current.clone(),
+                    requested: name.to_owned(),
+                });
             }
         }
         if let Some(env) = env {
@@ -151,14 +160,20 @@ impl Router {
         if s.factories.contains_key(&name) {
             Ok(name)
         } else {
-            Err(EmmError::UnknownManager { name, source_var, known: s.factories.keys().cloned().collect() })
+            Err(EmmError::UnknownManager {
+                name,
+                source_var,
+                known: s.factories.keys().cloned().collect(),
+            })
         }
     }
 
     /// The manager serving `ctx`, created (version-checked and initialised) on first
     /// use.
     pub fn manager(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
-        self.manager_for_key(ctx.raw().0 as usize, env_choice().as_deref(), |f| f.create(ctx))
+        self.manager_for_key(ctx.raw().0 as usize, env_choice().as_deref(), |f| {
+            f.create(ctx)
+        })
     }
 
     fn manager_for_key(
@@ -186,7 +201,11 @@ impl Router {
 
     /// Every live manager, for statistics and the out-of-memory ladder.
     pub fn managers(&self) -> Vec<Arc<dyn MemoryManager>> {
-        self.read().managers.iter().map(|(_, m)| m.clone()).collect()
+        self.read()
+            .managers
+            .iter()
+            .map(|(_, m)| m.clone())
+            .collect()
     }
 
     /// Asks every manager to release its cached memory; returns the bytes released.
@@ -209,7 +228,11 @@ impl Router {
         match m.memalloc_async(size, stream) {
             Err(e) if e.is_out_of_memory() => {
                 let freed = self.release_cached_everywhere();
-                tracing::info!(size, freed, "out of memory: released cached memory of every manager; retrying once");
+                tracing::info!(
+                    size,
+                    freed,
+                    "out of memory: released cached memory of every manager; retrying once"
+                );
                 m.memalloc_async(size, stream)
             }
             other => other,
@@ -262,19 +285,34 @@ mod tests {
             Ok(())
         }
         fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
-            Err(EmmError::InvalidSize { requested: size, reason: "fake" })
+            Err(EmmError::InvalidSize {
+                requested: size,
+                reason: "fake",
+            })
         }
         fn memhostalloc(&self, _: usize, _: HostAllocFlags) -> Result<HostMemory> {
-            Err(EmmError::Unsupported { manager: self.name.into(), operation: "memhostalloc" })
+            Err(EmmError::Unsupported {
+                manager: self.name.into(),
+                operation: "memhostalloc",
+            })
         }
         unsafe fn mempin(&self, _: *mut u8, _: usize, _: bool) -> Result<HostMemory> {
-            Err(EmmError::Unsupported { manager: self.name.into(), operation: "mempin" })
+            Err(EmmError::Unsupported {
+                manager: self.name.into(),
+                operation: "mempin",
+            })
         }
         fn get_memory_info(&self) -> Result<MemoryInfo> {
-            Err(EmmError::Unsupported { manager: self.name.into(), operation: "get_memory_info" })
+            Err(EmmError::Unsupported {
+                manager: self.name.into(),
+                operation: "get_memory_info",
+            })
         }
         fn get_ipc_handle(&self, _: DeviceView<'_>) -> Result<IpcHandle> {
-            Err(EmmError::Unsupported { manager: self.name.into(), operation: "get_ipc_handle" })
+            Err(EmmError::Unsupported {
+                manager: self.name.into(),
+                operation: "get_ipc_handle",
+            })
         }
         fn reset(&self) -> Result<()> {
             Ok(())
@@ -285,13 +323,21 @@ mod tests {
     }
 
     fn fake(name: &'static str, version: u32) -> Arc<dyn MemoryManager> {
-        Arc::new(Fake { name, version, inits: AtomicUsize::new(0) })
+        Arc::new(Fake {
+            name,
+            version,
+            inits: AtomicUsize::new(0),
+        })
     }
 
     fn router() -> Router {
         let r = Router::new();
-        r.register("default", |_: &Context| -> Result<Arc<dyn MemoryManager>> { unreachable!("tests create directly") });
-        r.register("pool", |_: &Context| -> Result<Arc<dyn MemoryManager>> { unreachable!() });
+        r.register("default", |_: &Context| -> Result<Arc<dyn MemoryManager>> {
+            unreachable!("tests create directly")
+        });
+        r.register("pool", |_: &Context| -> Result<Arc<dyn MemoryManager>> {
+            unreachable!()
+        });
         r
     }
 
@@ -303,7 +349,8 @@ mod tests {
         assert_eq!(r.selected_with_env(None).unwrap(), "pool");
         assert_eq!(r.selected_with_env(Some("default")).unwrap(), "default");
         // The env var wins even when set_memory_manager names another (with a warning).
-        r.set_memory_manager_with_env("pool", Some("default")).unwrap();
+        r.set_memory_manager_with_env("pool", Some("default"))
+            .unwrap();
         assert_eq!(r.selected_with_env(Some("default")).unwrap(), "default");
     }
 
@@ -311,9 +358,15 @@ mod tests {
     fn unknown_names_list_the_known_ones() {
         let r = router();
         let e = r.set_memory_manager_with_env("poool", None).unwrap_err();
-        assert_eq!(e.to_string(), "unknown memory manager `poool`; known managers: default, pool");
+        assert_eq!(
+            e.to_string(),
+            "unknown memory manager `poool`; known managers: default, pool"
+        );
         let e = r.selected_with_env(Some("rmm")).unwrap_err();
-        assert_eq!(e.to_string(), "unknown memory manager `rmm` (from EMM_MEMORY_MANAGER); known managers: default, pool");
+        assert_eq!(
+            e.to_string(),
+            "unknown memory manager `rmm` (from EMM_MEMORY_MANAGER); known managers: default, pool"
+        );
         assert!(Router::new().selected_with_env(None).is_err());
     }
 
@@ -326,9 +379,15 @@ mod tests {
             Ok(fake("default", 1))
         };
         let a = r.manager_for_key(1, None, mk).unwrap();
-        let b = r.manager_for_key(1, None, |_| unreachable!("a second instance for the same context")).unwrap();
+        let b = r
+            .manager_for_key(1, None, |_| {
+                unreachable!("a second instance for the same context")
+            })
+            .unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        let c = r.manager_for_key(2, None, |_| Ok(fake("default", 1))).unwrap();
+        let c = r
+            .manager_for_key(2, None, |_| Ok(fake("default", 1)))
+            .unwrap();
         assert!(!Arc::ptr_eq(&a, &c));
         assert_eq!(made.load(Ordering::SeqCst), 1);
         assert_eq!(r.managers().len(), 2);
@@ -346,17 +405,27 @@ mod tests {
     #[test]
     fn initialize_runs_before_first_use() {
         let r = router();
-        let m = Arc::new(Fake { name: "default", version: 1, inits: AtomicUsize::new(0) });
+        let m = Arc::new(Fake {
+            name: "default",
+            version: 1,
+            inits: AtomicUsize::new(0),
+        });
         let m2 = m.clone();
-        r.manager_for_key(5, None, move |_| Ok(m2 as Arc<dyn MemoryManager>)).unwrap();
+        r.manager_for_key(5, None, move |_| Ok(m2 as Arc<dyn MemoryManager>))
+            .unwrap();
         assert_eq!(m.inits.load(Ordering::SeqCst), 1);
     }
 
     #[test]
     fn a_wrong_interface_version_is_rejected_with_the_supported_range() {
         let r = router();
-        let Err(e) = r.manager_for_key(9, None, |_| Ok(fake("default", 2))) else { panic!("accepted version 2") };
-        assert_eq!(e.to_string(), "manager `default` implements interface version 2; this emm supports versions 1..=1");
+        let Err(e) = r.manager_for_key(9, None, |_| Ok(fake("default", 2))) else {
+            panic!("accepted version 2")
+        };
+        assert_eq!(
+            e.to_string(),
+            "manager `default` implements interface version 2; this emm supports versions 1..=1"
+        );
         assert!(r.managers().is_empty());
     }
 }

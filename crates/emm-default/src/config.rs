@@ -21,7 +21,10 @@ pub struct PendingConfig {
 
 impl Default for PendingConfig {
     fn default() -> Self {
-        PendingConfig { max_count: 10, max_ratio: 0.2 }
+        PendingConfig {
+            max_count: 10,
+            max_ratio: 0.2,
+        }
     }
 }
 
@@ -71,14 +74,28 @@ mod tests {
     use super::*;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
     fn defaults_and_overrides() {
-        assert_eq!(PendingConfig::from_lookup(env(&[])).unwrap(), PendingConfig::default());
+        assert_eq!(
+            PendingConfig::from_lookup(env(&[])).unwrap(),
+            PendingConfig::default()
+        );
         let c = PendingConfig::from_lookup(env(&[(COUNT_ENV, "3"), (RATIO_ENV, "0.5")])).unwrap();
-        assert_eq!(c, PendingConfig { max_count: 3, max_ratio: 0.5 });
+        assert_eq!(
+            c,
+            PendingConfig {
+                max_count: 3,
+                max_ratio: 0.5
+            }
+        );
         assert_eq!(c.max_bytes(1000), 500);
     }
 
@@ -87,7 +104,10 @@ mod tests {
         let e = PendingConfig::from_lookup(env(&[(COUNT_ENV, "ten")])).unwrap_err();
         assert_eq!(e.to_string(), "invalid value \"ten\" for EMM_MAX_PENDING_DEALLOCS_COUNT: expected a non-negative integer");
         let e = PendingConfig::from_lookup(env(&[(RATIO_ENV, "1.5")])).unwrap_err();
-        assert!(e.to_string().contains("EMM_MAX_PENDING_DEALLOCS_RATIO"), "{e}");
+        assert!(
+            e.to_string().contains("EMM_MAX_PENDING_DEALLOCS_RATIO"),
+            "{e}"
+        );
         let e = PendingConfig::from_lookup(env(&[(RATIO_ENV, "NaN")])).unwrap_err();
         assert!(e.to_string().contains("between 0 and 1"), "{e}");
         assert!(PendingConfig::from_lookup(env(&[(COUNT_ENV, "-1")])).is_err());

@@ -13,7 +13,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use emm_core::{DeferState, EmmError, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, Result};
+use emm_core::{
+    DeferState, EmmError, HostAllocFlags, HostMemory, MappedMemory, PinnedMemory, Result,
+};
 use emm_driver::{memory, Context};
 use emm_sys::host_register;
 
@@ -91,7 +93,13 @@ impl HostOnly {
     pub fn new(ctx: &Context, config: PendingConfig, defer: Arc<DeferState>) -> Result<HostOnly> {
         let capacity = ctx.device().total_memory()?;
         Ok(HostOnly {
-            shared: Arc::new(Shared { ctx: ctx.clone(), config, capacity, defer, queue: Mutex::new(Queue::default()) }),
+            shared: Arc::new(Shared {
+                ctx: ctx.clone(),
+                config,
+                capacity,
+                defer,
+                queue: Mutex::new(Queue::default()),
+            }),
         })
     }
 
@@ -120,7 +128,10 @@ impl HostOnly {
     /// NBEP 7 `memhostalloc`: `size` bytes of page-locked memory.
     pub fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
         if size == 0 {
-            return Err(EmmError::InvalidSize { requested: 0, reason: "pinned allocations hold at least one byte" });
+            return Err(EmmError::InvalidSize {
+                requested: 0,
+                reason: "pinned allocations hold at least one byte",
+            });
         }
         let ctx = &self.shared.ctx;
         let ptr = match memory::host_alloc(ctx, size, flags.driver_flags()) {
@@ -146,7 +157,8 @@ impl HostOnly {
         let shared = self.shared.clone();
         // SAFETY: the driver returned `size` page-locked bytes at `ptr`, freed only
         // by this callback (through the queue).
-        let pinned = unsafe { PinnedMemory::from_raw_parts(ptr, size, move |p, s| shared.push(p, s)) };
+        let pinned =
+            unsafe { PinnedMemory::from_raw_parts(ptr, size, move |p, s| shared.push(p, s)) };
         if flags.mapped {
             let dptr = memory::host_device_pointer(ctx, ptr)?;
             Ok(HostMemory::Mapped(MappedMemory::new(pinned, dptr)))
@@ -162,7 +174,10 @@ impl HostOnly {
     /// `[ptr, ptr+len)` must be a live host allocation that outlives the result.
     pub unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
         if len == 0 {
-            return Err(EmmError::InvalidSize { requested: 0, reason: "cannot pin an empty range" });
+            return Err(EmmError::InvalidSize {
+                requested: 0,
+                reason: "cannot pin an empty range",
+            });
         }
         let ctx = self.shared.ctx.clone();
         let flags = host_register::PORTABLE | if mapped { host_register::DEVICEMAP } else { 0 };

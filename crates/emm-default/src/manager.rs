@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
-    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
+    HostMemory, IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
 };
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
@@ -60,7 +60,8 @@ impl<U: Upstream> Inner<U> {
     }
 
     fn over(&self, s: &State) -> bool {
-        s.pending.len() > self.config.max_count || s.pending_bytes > self.config.max_bytes(self.capacity.load(Ordering::Relaxed))
+        s.pending.len() > self.config.max_count
+            || s.pending_bytes > self.config.max_bytes(self.capacity.load(Ordering::Relaxed))
     }
 
     fn take_pending(s: &mut State) -> Vec<(CUdeviceptr, usize)> {
@@ -81,7 +82,10 @@ impl<U: Upstream> Inner<U> {
                 Ok(()) => bytes += size,
                 Err(e) => {
                     tracing::error!(ptr = format_args!("{ptr:#x}"), size, error = %e, "freeing a pending block failed");
-                    self.release_errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                    self.release_errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(e);
                 }
             }
         }
@@ -107,7 +111,9 @@ impl<U: Upstream> Inner<U> {
 
 impl<U: Upstream> DeviceRelease for Inner<U> {
     fn release(&self, block: Released) {
-        let Released { ptr, size, token, .. } = block;
+        let Released {
+            ptr, size, token, ..
+        } = block;
         let blocks = {
             let mut s = self.lock();
             if token != s.generation {
@@ -151,7 +157,10 @@ pub struct DefaultManager<U: Upstream + 'static = DriverUpstream> {
 
 impl<U: Upstream + 'static> core::fmt::Debug for DefaultManager<U> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("DefaultManager").field("upstream", &self.inner.upstream.name()).field("stats", &self.stats()).finish()
+        f.debug_struct("DefaultManager")
+            .field("upstream", &self.inner.upstream.name())
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -227,7 +236,13 @@ impl<U: Upstream + 'static> DefaultManager<U> {
 
     /// Errors raised while freeing queued blocks (also logged when they happened).
     pub fn take_release_errors(&self) -> Vec<EmmError> {
-        std::mem::take(&mut *self.inner.release_errors.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(
+            &mut *self
+                .inner
+                .release_errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Flushes the device queue now (ignores the defer guard); returns bytes freed.
@@ -256,7 +271,10 @@ impl<U: Upstream + 'static> DefaultManager<U> {
                             free: info.free,
                             total: info.total,
                             detail: if count > 0 {
-                                format!("{count} frees of {} held back by defer_cleanup", emm_core::fmt_bytes(bytes))
+                                format!(
+                                    "{count} frees of {} held back by defer_cleanup",
+                                    emm_core::fmt_bytes(bytes)
+                                )
                             } else {
                                 String::new()
                             },
@@ -291,7 +309,10 @@ impl<U: Upstream + 'static> DefaultManager<U> {
     }
 
     fn no_host(&self, operation: &'static str) -> EmmError {
-        EmmError::Unsupported { manager: format!("default over {}", self.inner.upstream.name()), operation }
+        EmmError::Unsupported {
+            manager: format!("default over {}", self.inner.upstream.name()),
+            operation,
+        }
     }
 }
 
@@ -317,7 +338,10 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
     }
 
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
-        self.host.as_ref().ok_or_else(|| self.no_host("memhostalloc"))?.memhostalloc(size, flags)
+        self.host
+            .as_ref()
+            .ok_or_else(|| self.no_host("memhostalloc"))?
+            .memhostalloc(size, flags)
     }
 
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
@@ -331,7 +355,10 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
     }
 
     fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
-        let ctx = self.ctx.as_ref().ok_or_else(|| self.no_host("get_ipc_handle"))?;
+        let ctx = self
+            .ctx
+            .as_ref()
+            .ok_or_else(|| self.no_host("get_ipc_handle"))?;
         IpcHandle::export_legacy(ctx, view.parent().base().0, view.ptr(), view.len())
     }
 

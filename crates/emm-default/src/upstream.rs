@@ -136,7 +136,10 @@ impl Upstream for HostUpstream {
 
     fn alloc(&self, size: usize) -> Result<CUdeviceptr> {
         if size == 0 {
-            return Err(EmmError::InvalidSize { requested: 0, reason: "upstream blocks hold at least one byte" });
+            return Err(EmmError::InvalidSize {
+                requested: 0,
+                reason: "upstream blocks hold at least one byte",
+            });
         }
         let mut cur = self.used.load(Ordering::Acquire);
         loop {
@@ -151,13 +154,19 @@ impl Upstream for HostUpstream {
                     detail: String::new(),
                 });
             };
-            match self.used.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .used
+                .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => break,
                 Err(seen) => cur = seen,
             }
         }
         let ptr = if self.touch {
-            let layout = Self::layout(size).ok_or(EmmError::InvalidSize { requested: size, reason: "too large for the host" })?;
+            let layout = Self::layout(size).ok_or(EmmError::InvalidSize {
+                requested: size,
+                reason: "too large for the host",
+            })?;
             // SAFETY: `layout` has a non-zero size.
             let p = unsafe { std::alloc::alloc(layout) };
             if p.is_null() {
@@ -204,7 +213,10 @@ impl Upstream for HostUpstream {
     }
 
     fn mem_info(&self) -> Result<MemoryInfo> {
-        Ok(MemoryInfo { free: self.capacity - self.used().min(self.capacity), total: self.capacity })
+        Ok(MemoryInfo {
+            free: self.capacity - self.used().min(self.capacity),
+            total: self.capacity,
+        })
     }
 }
 

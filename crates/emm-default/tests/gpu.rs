@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use emm_core::{
-    conformance, DeferGuard, DeferState, DeviceAllocation, DeviceView, EmmError, HostAllocFlags, HostMemory, IpcHandle,
-    MemoryInfo, MemoryManager, Result,
+    conformance, DeferGuard, DeferState, DeviceAllocation, DeviceView, EmmError, HostAllocFlags,
+    HostMemory, IpcHandle, MemoryInfo, MemoryManager, Result,
 };
 use emm_default::{DefaultManager, HostOnly, PendingConfig};
 use emm_driver::{memory, Context};
@@ -60,20 +60,27 @@ impl MemoryManager for DeviceOnlyPlugin {
     fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
         if size == 0 {
             // SAFETY: owns nothing.
-            return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, emm_core::SYNC_STREAM, |_, _, _| {}) });
+            return Ok(unsafe {
+                DeviceAllocation::from_raw_parts(0, 0, emm_core::SYNC_STREAM, |_, _, _| {})
+            });
         }
         let ptr = memory::alloc(&self.ctx, size)?;
         self.allocs.fetch_add(1, Ordering::SeqCst);
         let (ctx, frees) = (self.ctx.clone(), self.frees.clone());
         // SAFETY: a fresh cuMemAlloc block, freed once by the finalizer.
         Ok(unsafe {
-            DeviceAllocation::from_raw_parts(ptr, size, emm_core::SYNC_STREAM, move |p, _, _: CUstream| {
-                // SAFETY: allocated above, freed once.
-                if let Err(e) = memory::free(&ctx, p) {
-                    ctx.record_drop_error(e);
-                }
-                frees.fetch_add(1, Ordering::SeqCst);
-            })
+            DeviceAllocation::from_raw_parts(
+                ptr,
+                size,
+                emm_core::SYNC_STREAM,
+                move |p, _, _: CUstream| {
+                    // SAFETY: allocated above, freed once.
+                    if let Err(e) = memory::free(&ctx, p) {
+                        ctx.record_drop_error(e);
+                    }
+                    frees.fetch_add(1, Ordering::SeqCst);
+                },
+            )
         })
     }
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
@@ -114,14 +121,24 @@ fn a_device_only_plugin_composing_host_only_passes_the_conformance_suite() {
     // suite's reset check still holds because dropping `held` frees only `held`.
     assert!(report.all_passed());
     // Every finalizer ran exactly once: nothing leaked, nothing freed twice.
-    assert_eq!(p.allocs.load(Ordering::SeqCst), p.frees.load(Ordering::SeqCst));
+    assert_eq!(
+        p.allocs.load(Ordering::SeqCst),
+        p.frees.load(Ordering::SeqCst)
+    );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn frees_queue_and_flush_past_the_count_threshold() {
     let ctx = ctx();
-    let m = DefaultManager::with_config(&ctx, PendingConfig { max_count: 4, max_ratio: 0.2 }).unwrap();
+    let m = DefaultManager::with_config(
+        &ctx,
+        PendingConfig {
+            max_count: 4,
+            max_ratio: 0.2,
+        },
+    )
+    .unwrap();
     m.initialize().unwrap();
     let (free_before, _) = ctx.mem_info().unwrap();
     for i in 1..=4 {
@@ -130,11 +147,17 @@ fn frees_queue_and_flush_past_the_count_threshold() {
     }
     // Queued frees still hold device memory: 4 x 64 MiB.
     let (free_queued, _) = ctx.mem_info().unwrap();
-    assert!(free_before - free_queued >= 4 * (64 << 20) - (2 << 20), "{free_before} -> {free_queued}");
+    assert!(
+        free_before - free_queued >= 4 * (64 << 20) - (2 << 20),
+        "{free_before} -> {free_queued}"
+    );
     drop(m.memalloc(64 << 20).unwrap()); // the fifth exceeds max_count 4: flush
     assert_eq!(m.pending(), (0, 0));
     let (free_after, _) = ctx.mem_info().unwrap();
-    assert!(free_after + (2 << 20) >= free_before, "flushed memory went back to the device");
+    assert!(
+        free_after + (2 << 20) >= free_before,
+        "flushed memory went back to the device"
+    );
     assert!(m.stats().flushes >= 1);
 }
 
@@ -145,7 +168,14 @@ fn frees_flush_past_the_byte_ratio() {
     let total = ctx.device().total_memory().unwrap();
     // 1 MB of pending bytes at most (Numba's test_max_pending_bytes).
     let ratio = 1e6 / total as f64;
-    let m = DefaultManager::with_config(&ctx, PendingConfig { max_count: 1000, max_ratio: ratio }).unwrap();
+    let m = DefaultManager::with_config(
+        &ctx,
+        PendingConfig {
+            max_count: 1000,
+            max_ratio: ratio,
+        },
+    )
+    .unwrap();
     m.initialize().unwrap();
     let max = m.config().max_bytes(total);
     drop(m.memalloc(500_000).unwrap());
@@ -160,7 +190,16 @@ fn frees_flush_past_the_byte_ratio() {
 #[ignore = "needs a CUDA GPU"]
 fn defer_cleanup_holds_flushes_nests_and_survives_a_panic() {
     let ctx = ctx();
-    let m = Arc::new(DefaultManager::with_config(&ctx, PendingConfig { max_count: 1, max_ratio: 0.2 }).unwrap());
+    let m = Arc::new(
+        DefaultManager::with_config(
+            &ctx,
+            PendingConfig {
+                max_count: 1,
+                max_ratio: 0.2,
+            },
+        )
+        .unwrap(),
+    );
     m.initialize().unwrap();
     {
         let _outer = m.defer_cleanup();
@@ -173,7 +212,11 @@ fn defer_cleanup_holds_flushes_nests_and_survives_a_panic() {
         }
         drop(m.memalloc(1 << 20).unwrap());
         assert_eq!(m.pending().0, 4, "the outer guard still holds flushes");
-        assert_eq!(m.release_cached().unwrap(), 0, "nothing released while deferred");
+        assert_eq!(
+            m.release_cached().unwrap(),
+            0,
+            "nothing released while deferred"
+        );
     }
     assert_eq!(m.pending().0, 0, "the outermost guard's release flushed");
     let m2 = m.clone();
@@ -184,7 +227,11 @@ fn defer_cleanup_holds_flushes_nests_and_survives_a_panic() {
         panic!("user code failed inside defer_cleanup");
     }));
     assert!(r.is_err());
-    assert_eq!(m.pending().0, 0, "unwinding released the guard, which flushed");
+    assert_eq!(
+        m.pending().0,
+        0,
+        "unwinding released the guard, which flushed"
+    );
     drop(m.memalloc(1 << 20).unwrap());
     drop(m.memalloc(1 << 20).unwrap());
     assert_eq!(m.pending().0, 0, "flushing works normally afterwards");
@@ -194,7 +241,14 @@ fn defer_cleanup_holds_flushes_nests_and_survives_a_panic() {
 #[ignore = "needs a CUDA GPU"]
 fn out_of_memory_flushes_retries_then_reports_requested_free_and_total() {
     let ctx = ctx();
-    let m = DefaultManager::with_config(&ctx, PendingConfig { max_count: 100, max_ratio: 1.0 }).unwrap();
+    let m = DefaultManager::with_config(
+        &ctx,
+        PendingConfig {
+            max_count: 100,
+            max_ratio: 1.0,
+        },
+    )
+    .unwrap();
     m.initialize().unwrap();
     let (free, total) = ctx.mem_info().unwrap();
     // Fill most of the device with queued (not yet freed) blocks.
@@ -213,14 +267,23 @@ fn out_of_memory_flushes_retries_then_reports_requested_free_and_total() {
     // More than the device has: a typed error with the figures.
     let err = m.memalloc(total + (1 << 30)).unwrap_err();
     match &err {
-        EmmError::OutOfMemory { requested, total: t, free: f, .. } => {
+        EmmError::OutOfMemory {
+            requested,
+            total: t,
+            free: f,
+            ..
+        } => {
             assert_eq!(*requested, total + (1 << 30));
             assert_eq!(*t, total);
             assert!(*f <= total);
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert!(err.to_string().starts_with("out of device memory in manager `default`: requested"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("out of device memory in manager `default`: requested"),
+        "{err}"
+    );
     // The next allocation works.
     let ok = m.memalloc(1 << 20).unwrap();
     assert_eq!(ok.size(), 1 << 20);
@@ -230,12 +293,32 @@ fn out_of_memory_flushes_retries_then_reports_requested_free_and_total() {
 #[ignore = "needs a CUDA GPU"]
 fn pinned_frees_are_queued_with_their_sizes() {
     let ctx = ctx();
-    let m = DefaultManager::with_config(&ctx, PendingConfig { max_count: 100, max_ratio: 0.2 }).unwrap();
+    let m = DefaultManager::with_config(
+        &ctx,
+        PendingConfig {
+            max_count: 100,
+            max_ratio: 0.2,
+        },
+    )
+    .unwrap();
     m.initialize().unwrap();
     let host = m.host().unwrap();
     drop(m.memhostalloc(4096, HostAllocFlags::default()).unwrap());
-    drop(m.memhostalloc(8192, HostAllocFlags { mapped: true, ..Default::default() }).unwrap());
-    assert_eq!(host.pending(), (2, 4096 + 8192), "numba#9507: sizes are tracked");
+    drop(
+        m.memhostalloc(
+            8192,
+            HostAllocFlags {
+                mapped: true,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        host.pending(),
+        (2, 4096 + 8192),
+        "numba#9507: sizes are tracked"
+    );
     assert_eq!(m.release_cached().unwrap(), 4096 + 8192);
     assert_eq!(host.pending(), (0, 0));
     // Pinning the same buffer again and again works (unpinning is not deferred).
@@ -259,7 +342,10 @@ fn reset_frees_everything_and_invalidates_live_blocks() {
     drop(m.memalloc(256 << 20).unwrap()); // queued
     m.reset().unwrap();
     let (free1, _) = ctx.mem_info().unwrap();
-    assert!(free1 + (4 << 20) >= free0, "reset returned all memory: {free0} -> {free1}");
+    assert!(
+        free1 + (4 << 20) >= free0,
+        "reset returned all memory: {free0} -> {free1}"
+    );
     assert_eq!(m.stats().live, 0);
     let fresh = m.memalloc(256 << 20).unwrap();
     drop(held); // invalidated: must not free `fresh`, which may reuse an address
@@ -285,21 +371,46 @@ fn ipc_round_trip_of_a_view_across_processes() {
     let view = block.view(4096, 8192).unwrap();
     let handle = m.get_ipc_handle(view).unwrap();
     assert_eq!((handle.offset(), handle.size()), (4096, 8192));
-    let hex: String = handle.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = handle
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "ipc_child_process", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "ipc_child_process",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("EMM_TEST_IPC_HANDLE", hex)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("1 passed"), "child failed:\n{text}");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "child failed:\n{text}"
+    );
     assert!(text.contains("child: verified 8192 bytes"), "{text}");
     let mut back = vec![0u8; 1 << 20];
     // SAFETY: `block` holds 1 MiB.
     unsafe { memory::copy_dtoh(&ctx, &mut back, block.ptr()) }.unwrap();
-    assert!(back[4096..4096 + 8192].iter().all(|&b| b == 0xC5), "the child's write is visible");
-    assert_eq!(&back[..4096], &pattern[..4096], "bytes before the view untouched");
-    assert_eq!(&back[4096 + 8192..], &pattern[4096 + 8192..], "bytes after the view untouched");
+    assert!(
+        back[4096..4096 + 8192].iter().all(|&b| b == 0xC5),
+        "the child's write is visible"
+    );
+    assert_eq!(
+        &back[..4096],
+        &pattern[..4096],
+        "bytes before the view untouched"
+    );
+    assert_eq!(
+        &back[4096 + 8192..],
+        &pattern[4096 + 8192..],
+        "bytes after the view untouched"
+    );
 }
 
 /// The child half of `ipc_round_trip_of_a_view_across_processes`; does nothing
@@ -307,8 +418,12 @@ fn ipc_round_trip_of_a_view_across_processes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else { return };
-    let bytes: Vec<u8> = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
+        return;
+    };
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
     let handle = IpcHandle::from_bytes(&bytes).unwrap();
     let ctx = ctx();
     let m = DefaultManager::new(&ctx).unwrap();
@@ -319,7 +434,10 @@ fn ipc_child_process() {
     // SAFETY: the mapping covers 8192 bytes.
     unsafe { memory::copy_dtoh(&ctx, &mut got, mem.ptr()) }.unwrap();
     let want: Vec<u8> = (4096..4096 + 8192).map(|i| (i * 7 % 251) as u8).collect();
-    assert_eq!(got, want, "the child sees the parent's bytes at the view's offset");
+    assert_eq!(
+        got, want,
+        "the child sees the parent's bytes at the view's offset"
+    );
     // SAFETY: as above.
     unsafe { memory::memset_d8(&ctx, mem.ptr(), 0xC5, 8192) }.unwrap();
     ctx.synchronize().unwrap();
@@ -355,7 +473,9 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
     let n = emm_driver::Device::count().unwrap();
     assert!(n >= 2, "this test needs two GPUs, found {n}");
     let router = emm_core::Router::new();
-    router.register("default", |c: &Context| -> Result<Arc<dyn MemoryManager>> { Ok(Arc::new(DefaultManager::new(c)?)) });
+    router.register("default", |c: &Context| -> Result<Arc<dyn MemoryManager>> {
+        Ok(Arc::new(DefaultManager::new(c)?))
+    });
     let c0 = Context::on_device(0).unwrap();
     let c1 = Context::on_device(1).unwrap();
     let m0 = router.manager(&c0).unwrap();
@@ -373,14 +493,28 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
     // SAFETY: 1 MiB.
     unsafe { memory::copy_htod(&c0, a0.ptr(), &pattern) }.unwrap();
     let handle = m0.get_ipc_handle(a0.view(65_536, 65_536).unwrap()).unwrap();
-    let hex: String = handle.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = handle
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "staged_ipc_child_process", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "staged_ipc_child_process",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("EMM_TEST_IPC_HANDLE", hex)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("child: staged 65536 bytes intact"), "child failed:\n{text}");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("child: staged 65536 bytes intact"),
+        "child failed:\n{text}"
+    );
 }
 
 /// The child half of `two_gpus_one_manager_each_and_staged_ipc`: opens a GPU-0
@@ -388,8 +522,12 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn staged_ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else { return };
-    let bytes: Vec<u8> = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
+        return;
+    };
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
     let handle = IpcHandle::from_bytes(&bytes).unwrap();
     let c1 = Context::on_device(1).unwrap();
     let m1 = DefaultManager::new(&c1).unwrap();
@@ -397,13 +535,21 @@ fn staged_ipc_child_process() {
     let live_before = m1.stats().live;
     let mem = handle.open(&c1, &m1).unwrap();
     assert!(mem.is_staged(), "GPU 0 memory opened on GPU 1 is staged");
-    assert_eq!(m1.stats().live, live_before + 1, "the staging buffer belongs to GPU 1's manager");
+    assert_eq!(
+        m1.stats().live,
+        live_before + 1,
+        "the staging buffer belongs to GPU 1's manager"
+    );
     let mut got = vec![0u8; 65_536];
     // SAFETY: the staging buffer holds 65536 bytes on GPU 1.
     unsafe { memory::copy_dtoh(&c1, &mut got, mem.ptr()) }.unwrap();
     let want: Vec<u8> = (65_536..131_072).map(|i| (i % 253) as u8).collect();
     assert_eq!(got, want);
     drop(mem);
-    assert_eq!(m1.stats().live, live_before, "the staging buffer went back once");
+    assert_eq!(
+        m1.stats().live,
+        live_before,
+        "the staging buffer went back once"
+    );
     println!("child: staged 65536 bytes intact");
 }

@@ -133,10 +133,18 @@ impl StateMachineTest for Sut {
     type Reference = Reference;
 
     fn init_test(m: &Model) -> Sut {
-        let config = PendingConfig { max_count: m.max_count, max_ratio: m.ratio };
+        let config = PendingConfig {
+            max_count: m.max_count,
+            max_ratio: m.ratio,
+        };
         let manager = DefaultManager::over(HostUpstream::new(CAPACITY, false), config);
         manager.initialize().unwrap();
-        Sut { manager, live: vec![], invalidated: vec![], guards: vec![] }
+        Sut {
+            manager,
+            live: vec![],
+            invalidated: vec![],
+            guards: vec![],
+        }
     }
 
     fn apply(mut sut: Sut, m: &Model, step: Step) -> Sut {
@@ -152,8 +160,16 @@ impl StateMachineTest for Sut {
                 }
                 Err(e) => {
                     assert!(e.is_out_of_memory(), "{e}");
-                    assert_eq!(m.live.len(), sut.live.len(), "the model expected success for {s} bytes: {e}");
-                    assert!(e.to_string().contains(&format!("requested {}", emm_core::fmt_bytes(s))), "{e}");
+                    assert_eq!(
+                        m.live.len(),
+                        sut.live.len(),
+                        "the model expected success for {s} bytes: {e}"
+                    );
+                    assert!(
+                        e.to_string()
+                            .contains(&format!("requested {}", emm_core::fmt_bytes(s))),
+                        "{e}"
+                    );
                 }
             },
             Step::Free(i) => drop(sut.live.remove(i)),
@@ -174,7 +190,11 @@ impl StateMachineTest for Sut {
         let up = sut.manager.upstream();
         assert_eq!(up.misuse(), 0, "a block was freed twice or was foreign");
         let pending_bytes: usize = m.pending.iter().sum();
-        assert_eq!(sut.manager.pending(), (m.pending.len(), pending_bytes), "pending queue");
+        assert_eq!(
+            sut.manager.pending(),
+            (m.pending.len(), pending_bytes),
+            "pending queue"
+        );
         let live_blocks = m.live.iter().filter(|&&s| s > 0).count();
         let upstream_blocks = live_blocks + m.pending.len();
         if sut.invalidated.is_empty() {

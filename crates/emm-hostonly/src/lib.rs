@@ -36,8 +36,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{
-    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
+    HostMemory, IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
 };
 use emm_default::{HostOnly, PendingConfig};
 use emm_driver::mempool::{free_async, MemPool};
@@ -57,7 +57,9 @@ pub struct HostOnlyConfig {
 
 impl Default for HostOnlyConfig {
     fn default() -> Self {
-        HostOnlyConfig { release_threshold: u64::MAX }
+        HostOnlyConfig {
+            release_threshold: u64::MAX,
+        }
     }
 }
 
@@ -106,7 +108,10 @@ impl DeviceRelease for Inner {
         if *self.generation.lock().unwrap_or_else(|p| p.into_inner()) != b.token {
             return; // freed by reset already
         }
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&b.ptr);
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&b.ptr);
         // SAFETY: `b.stream` is the stream the caller ordered the memory on (a
         // stream of this context that outlives its allocations, or a default stream).
         let stream = unsafe { Stream::from_raw(&self.ctx, b.stream) };
@@ -129,7 +134,9 @@ pub struct HostOnlyManager {
 
 impl core::fmt::Debug for HostOnlyManager {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("HostOnlyManager").field("usage", &self.usage().ok()).finish()
+        f.debug_struct("HostOnlyManager")
+            .field("usage", &self.usage().ok())
+            .finish()
     }
 }
 
@@ -159,7 +166,12 @@ impl HostOnlyManager {
         pool.set_attribute(Attr::RELEASE_THRESHOLD, config.release_threshold)?;
         let defer = DeferState::new();
         Ok(HostOnlyManager {
-            inner: Arc::new(Inner { ctx: ctx.clone(), pool, live: Mutex::new(HashMap::new()), generation: Mutex::new(0) }),
+            inner: Arc::new(Inner {
+                ctx: ctx.clone(),
+                pool,
+                live: Mutex::new(HashMap::new()),
+                generation: Mutex::new(0),
+            }),
             host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
             defer,
             exported_fd: OnceLock::new(),
@@ -218,8 +230,16 @@ impl HostOnlyManager {
             }
             Err(e) => return Err(e.into()),
         };
-        let token = *self.inner.generation.lock().unwrap_or_else(|p| p.into_inner());
-        self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, stream.0 as usize);
+        let token = *self
+            .inner
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr, stream.0 as usize);
         let owner: Arc<dyn DeviceRelease> = self.inner.clone();
         // SAFETY: a fresh pool block of `size` bytes, released once through `owner`.
         Ok(unsafe { DeviceAllocation::with_releaser(ptr, size, stream, ptr, size, owner, token) })
@@ -296,8 +316,18 @@ impl MemoryManager for HostOnlyManager {
     }
 
     fn reset(&self) -> Result<()> {
-        *self.inner.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        let live: Vec<(u64, usize)> = self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        *self
+            .inner
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) += 1;
+        let live: Vec<(u64, usize)> = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
         let legacy = Stream::legacy(&self.inner.ctx);
         self.inner.ctx.synchronize()?;
         for (ptr, _) in live {

@@ -38,7 +38,11 @@ fn kernels_on_several_streams_write_and_read_their_allocations() {
             // SAFETY: n words, alive until the stream synchronizes.
             unsafe { memory::memset_d32_async(a.ptr(), round, n, s) }.unwrap();
             let (mut p, mut key, mut count) = (a.ptr(), 0xFFFF_0000u32 + i as u32, n as u64);
-            let mut params = [(&mut p as *mut u64).cast::<c_void>(), (&mut key as *mut u32).cast(), (&mut count as *mut u64).cast()];
+            let mut params = [
+                (&mut p as *mut u64).cast::<c_void>(),
+                (&mut key as *mut u32).cast(),
+                (&mut count as *mut u64).cast(),
+            ];
             // SAFETY: xor_words(u64, u32, u64) over n words of `a`.
             unsafe { xor.launch(LaunchConfig::for_elements(n, 256), s, &mut params) }.unwrap();
             blocks.push((a, n, round ^ (0xFFFF_0000 + i as u32)));
@@ -46,7 +50,8 @@ fn kernels_on_several_streams_write_and_read_their_allocations() {
         for ((a, n, want), s) in blocks.iter().zip(&streams) {
             let mut back = vec![0u32; *n];
             // SAFETY: n words; synchronized below.
-            unsafe { memory::copy_dtoh_async(back.as_mut_ptr().cast(), a.ptr(), n * 4, s) }.unwrap();
+            unsafe { memory::copy_dtoh_async(back.as_mut_ptr().cast(), a.ptr(), n * 4, s) }
+                .unwrap();
             s.synchronize().unwrap();
             assert!(back.iter().all(|w| w == want), "round {round}");
         }
@@ -57,19 +62,33 @@ fn kernels_on_several_streams_write_and_read_their_allocations() {
 #[ignore = "needs a CUDA GPU"]
 fn trim_returns_memory_to_the_device() {
     let ctx = ctx();
-    let m = HostOnlyManager::with_config(&ctx, HostOnlyConfig { release_threshold: u64::MAX }).unwrap();
+    let m = HostOnlyManager::with_config(
+        &ctx,
+        HostOnlyConfig {
+            release_threshold: u64::MAX,
+        },
+    )
+    .unwrap();
     let stream = Stream::new(&ctx).unwrap();
-    let held: Vec<_> = (0..4).map(|_| m.memalloc_async(512 << 20, stream.raw()).unwrap()).collect();
+    let held: Vec<_> = (0..4)
+        .map(|_| m.memalloc_async(512 << 20, stream.raw()).unwrap())
+        .collect();
     stream.synchronize().unwrap();
     drop(held);
     stream.synchronize().unwrap();
     let u = m.usage().unwrap();
-    assert!(u.reserved >= 2 << 30, "the pool keeps what was freed: {u:?}");
+    assert!(
+        u.reserved >= 2 << 30,
+        "the pool keeps what was freed: {u:?}"
+    );
     let (free_before, _) = ctx.mem_info().unwrap();
     let released = m.trim(0).unwrap();
     let (free_after, _) = ctx.mem_info().unwrap();
     assert!(released >= 2 << 30, "{released}");
-    assert!(free_after >= free_before + (2 << 30) - (64 << 20), "{free_before} -> {free_after}");
+    assert!(
+        free_after >= free_before + (2 << 30) - (64 << 20),
+        "{free_before} -> {free_after}"
+    );
     assert_eq!(m.usage().unwrap().reserved, 0);
 }
 
@@ -84,18 +103,35 @@ fn mempool_ipc_round_trip_across_processes() {
     unsafe { memory::copy_htod(&ctx, block.ptr(), &pattern) }.unwrap();
     let handle = m.get_ipc_handle(block.view(8192, 4096).unwrap()).unwrap();
     assert!(matches!(handle, IpcHandle::MemPool { .. }));
-    let hex: String = handle.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = handle
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "mempool_ipc_child_process", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "mempool_ipc_child_process",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("EMM_TEST_IPC_HANDLE", hex)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("child: mempool view verified"), "child failed:\n{text}");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("child: mempool view verified"),
+        "child failed:\n{text}"
+    );
     let mut back = vec![0u8; 1 << 20];
     // SAFETY: 1 MiB.
     unsafe { memory::copy_dtoh(&ctx, &mut back, block.ptr()) }.unwrap();
-    assert!(back[8192..8192 + 4096].iter().all(|&b| b == 0x3C), "the child's write is visible");
+    assert!(
+        back[8192..8192 + 4096].iter().all(|&b| b == 0x3C),
+        "the child's write is visible"
+    );
     assert_eq!(&back[..8192], &pattern[..8192]);
 }
 
@@ -103,8 +139,12 @@ fn mempool_ipc_round_trip_across_processes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn mempool_ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else { return };
-    let bytes: Vec<u8> = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
+        return;
+    };
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
     let handle = IpcHandle::from_bytes(&bytes).unwrap();
     let ctx = ctx();
     let m = HostOnlyManager::new(&ctx).unwrap();

@@ -103,7 +103,10 @@ pub struct ArenaStats {
 }
 
 fn unreachable_fit<T>(size: usize) -> Result<T> {
-    Err(EmmError::InvalidSize { requested: size, reason: "the pool found no block after growing (a bug; please report it)" })
+    Err(EmmError::InvalidSize {
+        requested: size,
+        reason: "the pool found no block after growing (a bug; please report it)",
+    })
 }
 
 /// What a caller needs to make a segment: the arena does no I/O itself.
@@ -119,11 +122,17 @@ pub(crate) trait SegmentSource {
     }
     /// Backs `[addr, addr+len)` of a reservation with memory.
     fn map(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
-        Err(EmmError::Unsupported { manager: "pool".into(), operation: "map" })
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "map",
+        })
     }
     /// Releases the memory behind `[addr, addr+len)` (a range given to `map` whole).
     fn unmap(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
-        Err(EmmError::Unsupported { manager: "pool".into(), operation: "unmap" })
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "unmap",
+        })
     }
 }
 
@@ -204,15 +213,28 @@ pub(crate) struct Arena {
 
 impl Arena {
     pub fn new(policy: SegmentPolicy, limit: Option<usize>) -> Self {
-        Arena { policy, limit, ..Arena::default() }
+        Arena {
+            policy,
+            limit,
+            ..Arena::default()
+        }
     }
 
-    fn insert_free(&mut self, addr: CUdeviceptr, size: usize, segment: CUdeviceptr, stream: StreamKey) {
+    fn insert_free(
+        &mut self,
+        addr: CUdeviceptr,
+        size: usize,
+        segment: CUdeviceptr,
+        stream: StreamKey,
+    ) {
         let kind = self.segments.get(&segment).map_or(Kind::Large, |s| s.kind);
         // Coalesce with a free neighbour of the same stream and segment on each side.
         let (mut addr, mut size) = (addr, size);
         if let Some((&paddr, &p)) = self.blocks.range(..addr).next_back() {
-            if p.segment == segment && p.state == State::Free(stream) && paddr + p.size as u64 == addr {
+            if p.segment == segment
+                && p.state == State::Free(stream)
+                && paddr + p.size as u64 == addr
+            {
                 self.free_set(stream, kind).remove(&(p.size, paddr));
                 self.blocks.remove(&paddr);
                 addr = paddr;
@@ -227,7 +249,14 @@ impl Arena {
                 size += n.size;
             }
         }
-        self.blocks.insert(addr, Block { size, segment, state: State::Free(stream) });
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                segment,
+                state: State::Free(stream),
+            },
+        );
         self.free_set(stream, kind).insert((size, addr));
     }
 
@@ -243,10 +272,24 @@ impl Arena {
         // pin a big free run under a small tensor); split instead.
         set.remove(&(bsize, addr));
         let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
-        self.blocks.insert(addr, Block { size, segment, state: State::Live });
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                segment,
+                state: State::Live,
+            },
+        );
         if bsize > size {
             let rest = addr + size as u64;
-            self.blocks.insert(rest, Block { size: bsize - size, segment, state: State::Free(stream) });
+            self.blocks.insert(
+                rest,
+                Block {
+                    size: bsize - size,
+                    segment,
+                    state: State::Free(stream),
+                },
+            );
             self.free_set(stream, kind).insert((bsize - size, rest));
         }
         Some(addr)
@@ -278,7 +321,11 @@ impl Arena {
     /// completes: a default stream gets an event recorded now; a created stream
     /// uses the event recorded at its latest free (it may be destroyed since, so
     /// nothing is recorded on it here); a stream with uncovered blocks is skipped.
-    fn steal_from_other_streams(&mut self, events: &dyn EventSource, stream: StreamKey) -> Result<bool> {
+    fn steal_from_other_streams(
+        &mut self,
+        events: &dyn EventSource,
+        stream: StreamKey,
+    ) -> Result<bool> {
         let donors: Vec<StreamKey> = self
             .free
             .iter()
@@ -377,14 +424,22 @@ impl Arena {
                     }
                 }
                 Ok(false) => {}
-                Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e).map(Some),
+                Err(e) if e.is_out_of_memory() => {
+                    return self
+                        .oom_ladder(size, kind, stream, events, source, e)
+                        .map(Some)
+                }
                 Err(e) => return Err(e),
             }
         }
         let seg = self.policy.segment_for(size, kind);
         let base = match self.grow(seg, kind, stream, source) {
             Ok(b) => b,
-            Err(e) if e.is_out_of_memory() => return self.oom_ladder(size, kind, stream, events, source, e).map(Some),
+            Err(e) if e.is_out_of_memory() => {
+                return self
+                    .oom_ladder(size, kind, stream, events, source, e)
+                    .map(Some)
+            }
             Err(e) => return Err(e),
         };
         self.stats.misses += 1;
@@ -400,7 +455,13 @@ impl Arena {
         (addr, segment, seg_size)
     }
 
-    fn grow(&mut self, seg: usize, kind: Kind, stream: StreamKey, source: &dyn SegmentSource) -> Result<CUdeviceptr> {
+    fn grow(
+        &mut self,
+        seg: usize,
+        kind: Kind,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+    ) -> Result<CUdeviceptr> {
         if let Some(limit) = self.limit {
             if self.stats.reserved + seg > limit {
                 let (free, total) = source.device_info();
@@ -410,12 +471,22 @@ impl Arena {
                     requested: seg,
                     free,
                     total,
-                    detail: format!("the pool's byte limit of {} would be exceeded", emm_core::fmt_bytes(limit)),
+                    detail: format!(
+                        "the pool's byte limit of {} would be exceeded",
+                        emm_core::fmt_bytes(limit)
+                    ),
                 });
             }
         }
         let base = source.alloc_segment(seg)?;
-        self.segments.insert(base, Segment { size: seg, kind, expandable: None });
+        self.segments.insert(
+            base,
+            Segment {
+                size: seg,
+                kind,
+                expandable: None,
+            },
+        );
         self.stats.reserved += seg;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.upstream_allocs += 1;
@@ -452,7 +523,10 @@ impl Arena {
         match retry {
             Ok(_) => {
                 self.stats.misses += 1;
-                let a = self.take_fit(size, kind, stream).or_else(|| self.take_fit(size, kind, SETTLED)).ok_or_else(|| first.clone())?;
+                let a = self
+                    .take_fit(size, kind, stream)
+                    .or_else(|| self.take_fit(size, kind, SETTLED))
+                    .ok_or_else(|| first.clone())?;
                 Ok(self.finish(a, size))
             }
             Err(_) => {
@@ -476,14 +550,26 @@ impl Arena {
 
     /// Grows the expandable segment so that a free block of `stream` at its end
     /// holds `size` bytes. `Ok(false)`: no virtual memory here.
-    fn expand(&mut self, size: usize, stream: StreamKey, source: &dyn SegmentSource) -> Result<bool> {
+    fn expand(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+    ) -> Result<bool> {
         let base = match self.grow_base {
             Some(0) => return Ok(false),
             Some(b) => b,
             None => match source.reserve(self.policy.expandable_reserve)? {
                 Some(b) => {
                     self.grow_base = Some(b);
-                    self.segments.insert(b, Segment { size: 0, kind: Kind::Large, expandable: Some((self.policy.expandable_reserve, Vec::new())) });
+                    self.segments.insert(
+                        b,
+                        Segment {
+                            size: 0,
+                            kind: Kind::Large,
+                            expandable: Some((self.policy.expandable_reserve, Vec::new())),
+                        },
+                    );
                     self.stats.segments += 1;
                     b
                 }
@@ -494,7 +580,11 @@ impl Arena {
             },
         };
         let (mapped, reserve) = match self.segments.get(&base) {
-            Some(Segment { size, expandable: Some((r, _)), .. }) => (*size, *r),
+            Some(Segment {
+                size,
+                expandable: Some((r, _)),
+                ..
+            }) => (*size, *r),
             _ => return Ok(false),
         };
         let end = base + mapped as u64;
@@ -504,7 +594,9 @@ impl Arena {
         };
         // Grow by at least the step, and by a thirty-second of what is mapped, so
         // a growing pool makes few driver calls while over-reserving at most ~3%.
-        let grow = (size - tail_free).max(self.policy.expand_step).max(mapped / 32);
+        let grow = (size - tail_free)
+            .max(self.policy.expand_step)
+            .max(mapped / 32);
         let grow = grow.div_ceil(self.policy.large_round) * self.policy.large_round;
         if mapped + grow > reserve {
             return Ok(false);
@@ -518,12 +610,20 @@ impl Arena {
                     requested: grow,
                     free,
                     total,
-                    detail: format!("the pool's byte limit of {} would be exceeded", emm_core::fmt_bytes(limit)),
+                    detail: format!(
+                        "the pool's byte limit of {} would be exceeded",
+                        emm_core::fmt_bytes(limit)
+                    ),
                 });
             }
         }
         source.map(end, grow)?;
-        if let Some(Segment { size, expandable: Some((_, pieces)), .. }) = self.segments.get_mut(&base) {
+        if let Some(Segment {
+            size,
+            expandable: Some((_, pieces)),
+            ..
+        }) = self.segments.get_mut(&base)
+        {
             pieces.push((mapped, grow));
             *size += grow;
         }
@@ -537,15 +637,28 @@ impl Arena {
     /// Unmaps the mapped pieces at the end of the expandable segment that lie
     /// wholly in a free block; returns bytes released.
     fn shrink_expandable(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.grow_base.filter(|&b| b != 0) else { return 0 };
+        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+            return 0;
+        };
         let mut released = 0;
         loop {
-            let Some(Segment { size: mapped, expandable: Some((_, pieces)), .. }) = self.segments.get(&base) else { break };
-            let Some(&(off, len)) = pieces.last() else { break };
+            let Some(Segment {
+                size: mapped,
+                expandable: Some((_, pieces)),
+                ..
+            }) = self.segments.get(&base)
+            else {
+                break;
+            };
+            let Some(&(off, len)) = pieces.last() else {
+                break;
+            };
             let mapped = *mapped;
             let end = base + mapped as u64;
             let piece_start = base + off as u64;
-            let Some((&a, &b)) = self.blocks.range(..end).next_back() else { break };
+            let Some((&a, &b)) = self.blocks.range(..end).next_back() else {
+                break;
+            };
             let State::Free(stream) = b.state else { break };
             if a + b.size as u64 != end || a > piece_start {
                 break;
@@ -558,10 +671,22 @@ impl Arena {
             self.blocks.remove(&a);
             if a < piece_start {
                 let rest = (piece_start - a) as usize;
-                self.blocks.insert(a, Block { size: rest, segment: base, state: State::Free(stream) });
+                self.blocks.insert(
+                    a,
+                    Block {
+                        size: rest,
+                        segment: base,
+                        state: State::Free(stream),
+                    },
+                );
                 self.free_set(stream, Kind::Large).insert((rest, a));
             }
-            if let Some(Segment { size, expandable: Some((_, pieces)), .. }) = self.segments.get_mut(&base) {
+            if let Some(Segment {
+                size,
+                expandable: Some((_, pieces)),
+                ..
+            }) = self.segments.get_mut(&base)
+            {
                 pieces.pop();
                 *size -= len;
             }
@@ -585,7 +710,12 @@ impl Arena {
                 }
             }
         }
-        let keys: Vec<(StreamKey, Kind)> = self.free.keys().filter(|(s, _)| *s != SETTLED).copied().collect();
+        let keys: Vec<(StreamKey, Kind)> = self
+            .free
+            .keys()
+            .filter(|(s, _)| *s != SETTLED)
+            .copied()
+            .collect();
         for key in keys {
             for (size, a) in self.free.remove(&key).unwrap_or_default() {
                 if let Some(b) = self.blocks.remove(&a) {
@@ -603,14 +733,23 @@ impl Arena {
 
     /// The largest free block, any stream.
     pub fn largest_free(&self) -> usize {
-        self.free.values().filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz)).max().unwrap_or(0)
+        self.free
+            .values()
+            .filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Takes back a live block freed on `stream`. With `events` (the stream is
     /// known to be alive: the caller frees on it now), a created stream gets an
     /// event recorded after the free, so another stream can take its blocks later;
     /// without, the stream's blocks stay with it until a device-wide sync.
-    pub fn free(&mut self, addr: CUdeviceptr, stream: StreamKey, events: Option<&dyn EventSource>) -> bool {
+    pub fn free(
+        &mut self,
+        addr: CUdeviceptr,
+        stream: StreamKey,
+        events: Option<&dyn EventSource>,
+    ) -> bool {
         match self.blocks.get(&addr) {
             Some(b) if b.state == State::Live => {
                 let b = *b;
@@ -618,7 +757,8 @@ impl Arena {
                 self.stats.live -= b.size;
                 self.insert_free(addr, b.size, b.segment, stream);
                 if !is_default_stream(stream) && stream != SETTLED {
-                    let recorded = events.map(|ev| ev.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)));
+                    let recorded = events
+                        .map(|ev| ev.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)));
                     let st = self.streams.entry(stream).or_default();
                     match recorded {
                         Some(Ok(id)) => {
@@ -712,13 +852,22 @@ impl Arena {
             let end = base + seg.size as u64;
             for (&a, b) in self.blocks.range(base..end) {
                 if a != at {
-                    return Err(format!("gap or overlap in segment {base:#x} at {a:#x} (expected {at:#x})"));
+                    return Err(format!(
+                        "gap or overlap in segment {base:#x} at {a:#x} (expected {at:#x})"
+                    ));
                 }
                 if b.segment != base {
-                    return Err(format!("block {a:#x} names segment {:#x}, lies in {base:#x}", b.segment));
+                    return Err(format!(
+                        "block {a:#x} names segment {:#x}, lies in {base:#x}",
+                        b.segment
+                    ));
                 }
                 if let State::Free(s) = b.state {
-                    if !self.free.get(&(s, seg.kind)).is_some_and(|set| set.contains(&(b.size, a))) {
+                    if !self
+                        .free
+                        .get(&(s, seg.kind))
+                        .is_some_and(|set| set.contains(&(b.size, a)))
+                    {
                         return Err(format!("free block {a:#x} missing from its free set"));
                     }
                 }
@@ -728,15 +877,23 @@ impl Arena {
                 at = a + b.size as u64;
             }
             if at != end {
-                return Err(format!("segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"));
+                return Err(format!(
+                    "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
+                ));
             }
         }
         if live != self.stats.live {
-            return Err(format!("live bytes {} by blocks, {} by counter", live, self.stats.live));
+            return Err(format!(
+                "live bytes {} by blocks, {} by counter",
+                live, self.stats.live
+            ));
         }
         let reserved: usize = self.segments.values().map(|s| s.size).sum();
         if reserved != self.stats.reserved {
-            return Err(format!("reserved {} by segments, {} by counter", reserved, self.stats.reserved));
+            return Err(format!(
+                "reserved {} by segments, {} by counter",
+                reserved, self.stats.reserved
+            ));
         }
         Ok(())
     }

@@ -38,11 +38,19 @@ pub struct DriverEvents {
 impl DriverEvents {
     /// Events of `ctx`.
     pub fn new(ctx: &Context) -> Self {
-        DriverEvents { ctx: ctx.clone(), all: Mutex::new(Vec::new()), idle: Mutex::new(Vec::new()) }
+        DriverEvents {
+            ctx: ctx.clone(),
+            all: Mutex::new(Vec::new()),
+            idle: Mutex::new(Vec::new()),
+        }
     }
 
     fn get(&self, id: EventId) -> Option<Arc<Event>> {
-        self.all.lock().unwrap_or_else(|p| p.into_inner()).get(id.0).cloned()
+        self.all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id.0)
+            .cloned()
     }
 }
 
@@ -58,7 +66,12 @@ impl EventSource for DriverEvents {
                 all.len() - 1
             }
         };
-        let ev = self.get(EventId(id)).ok_or_else(|| emm_core::EmmError::InvalidSize { requested: id, reason: "unknown event" })?;
+        let ev = self
+            .get(EventId(id))
+            .ok_or_else(|| emm_core::EmmError::InvalidSize {
+                requested: id,
+                reason: "unknown event",
+            })?;
         let _g = self.ctx.push()?;
         ev.record_raw(stream)?;
         Ok(EventId(id))
@@ -79,7 +92,10 @@ impl EventSource for DriverEvents {
     }
 
     fn recycle(&self, id: EventId) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(id.0);
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.0);
     }
 
     fn synchronize_all(&self) -> Result<()> {
@@ -98,17 +114,30 @@ pub struct HostEvents {
 impl HostEvents {
     /// Markers that complete immediately (replay without a GPU).
     pub fn immediate() -> Self {
-        HostEvents { manual: false, state: Mutex::new(Vec::new()), streams: Mutex::new(Vec::new()) }
+        HostEvents {
+            manual: false,
+            state: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
+        }
     }
 
     /// Markers that complete only through [`HostEvents::complete`] (model tests).
     pub fn manual() -> Self {
-        HostEvents { manual: true, state: Mutex::new(Vec::new()), streams: Mutex::new(Vec::new()) }
+        HostEvents {
+            manual: true,
+            state: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
+        }
     }
 
     /// Completes marker `id`.
     pub fn complete(&self, id: EventId) {
-        if let Some(f) = self.state.lock().unwrap_or_else(|p| p.into_inner()).get(id.0) {
+        if let Some(f) = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id.0)
+        {
             f.store(true, Ordering::Release);
         }
     }
@@ -124,25 +153,42 @@ impl HostEvents {
     pub fn log(&self) -> Vec<(usize, bool)> {
         let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        streams.iter().zip(state.iter()).map(|(&s, f)| (s, f.load(Ordering::Acquire))).collect()
+        streams
+            .iter()
+            .zip(state.iter())
+            .map(|(&s, f)| (s, f.load(Ordering::Acquire)))
+            .collect()
     }
 
     /// Markers recorded and not yet complete.
     pub fn outstanding(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|f| !f.load(Ordering::Acquire)).count()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|f| !f.load(Ordering::Acquire))
+            .count()
     }
 }
 
 impl EventSource for HostEvents {
     fn record(&self, stream: CUstream) -> Result<EventId> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream.0 as usize);
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(stream.0 as usize);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.push(Arc::new(AtomicBool::new(!self.manual)));
         Ok(EventId(s.len() - 1))
     }
 
     fn is_complete(&self, id: EventId) -> Result<bool> {
-        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()).get(id.0).is_none_or(|f| f.load(Ordering::Acquire)))
+        Ok(self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id.0)
+            .is_none_or(|f| f.load(Ordering::Acquire)))
     }
 
     fn wait(&self, id: EventId) -> Result<()> {
@@ -155,7 +201,10 @@ impl EventSource for HostEvents {
 
     fn synchronize_all(&self) -> Result<()> {
         // A device-wide sync: logged as a marker on "every stream" (usize::MAX).
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(usize::MAX);
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(usize::MAX);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         for f in s.iter() {
             f.store(true, Ordering::Release);

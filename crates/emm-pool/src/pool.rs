@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use emm_core::{
-    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, ManagerStats, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
+    HostMemory, IpcHandle, ManagerStats, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
 };
 use emm_default::{DriverUpstream, HostOnly, HostUpstream, PendingConfig, Upstream};
 use emm_driver::Context;
@@ -116,10 +116,20 @@ impl SegmentSource for SourceAdapter<'_> {
         }
     }
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        self.1.ok_or(EmmError::Unsupported { manager: "pool".into(), operation: "map" })?.map(addr, len)
+        self.1
+            .ok_or(EmmError::Unsupported {
+                manager: "pool".into(),
+                operation: "map",
+            })?
+            .map(addr, len)
     }
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        self.1.ok_or(EmmError::Unsupported { manager: "pool".into(), operation: "unmap" })?.unmap(addr, len)
+        self.1
+            .ok_or(EmmError::Unsupported {
+                manager: "pool".into(),
+                operation: "unmap",
+            })?
+            .unmap(addr, len)
     }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)
@@ -130,7 +140,10 @@ impl SegmentSource for SourceAdapter<'_> {
         unsafe { self.0.free(base, size) }
     }
     fn device_info(&self) -> (usize, usize) {
-        self.0.mem_info().map(|i| (i.free, i.total)).unwrap_or((0, 0))
+        self.0
+            .mem_info()
+            .map(|i| (i.free, i.total))
+            .unwrap_or((0, 0))
     }
 }
 
@@ -222,8 +235,15 @@ impl Core {
                     Some(i) => i,
                     None => {
                         let counters = Arc::new(ThreadCounters::default());
-                        self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(counters.clone());
-                        locals.push(Local { core: self.clone(), counters, streams: Vec::new() });
+                        self.threads
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(counters.clone());
+                        locals.push(Local {
+                            core: self.clone(),
+                            counters,
+                            streams: Vec::new(),
+                        });
                         locals.len() - 1
                     }
                 };
@@ -236,7 +256,11 @@ impl Core {
     /// Gives a stream's cached blocks to the arena; `alive`: the stream is known
     /// to be usable now (events may be recorded on it).
     fn flush_stream(&self, arena: &mut Arena, sc: &mut StreamCache, gen: usize, alive: bool) {
-        let events = if alive { Some(self.events.as_ref()) } else { None };
+        let events = if alive {
+            Some(self.events.as_ref())
+        } else {
+            None
+        };
         for e in sc.entries.drain(..) {
             if e.generation == gen {
                 arena.free(e.ptr, sc.stream, events);
@@ -251,7 +275,10 @@ impl Core {
             return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream, |_, _, _| {}) });
         }
         if size > isize::MAX as usize / 2 {
-            return Err(EmmError::InvalidSize { requested: size, reason: "larger than any device" });
+            return Err(EmmError::InvalidSize {
+                requested: size,
+                reason: "larger than any device",
+            });
         }
         let rsize = round_size(size);
         let key = stream.0 as StreamKey;
@@ -260,7 +287,10 @@ impl Core {
         let hit = self.with_local(|local| {
             bump(&local.counters.allocations);
             let sc = local.streams.iter_mut().find(|s| s.stream == key)?;
-            let i = sc.entries.iter().rposition(|e| e.size == rsize && e.generation == gen)?;
+            let i = sc
+                .entries
+                .iter()
+                .rposition(|e| e.size == rsize && e.generation == gen)?;
             let e = sc.entries.swap_remove(i);
             sc.bytes -= e.size;
             bump(&local.counters.hits);
@@ -294,13 +324,22 @@ impl Core {
                     Some(f) => Ok(f),
                     None => arena.alloc(rsize, key, self.events.as_ref(), &source),
                 }
-                    .inspect_err(|_| {
-                        // Undo the live count taken above.
-                        let _ = self.with_local(|l| {
-                            l.counters.live_blocks.store(l.counters.live_blocks.load(Ordering::Relaxed) - 1, Ordering::Relaxed)
-                        });
-                    })?;
-                Entry { ptr, size: rsize, base, base_size, generation: gen }
+                .inspect_err(|_| {
+                    // Undo the live count taken above.
+                    let _ = self.with_local(|l| {
+                        l.counters.live_blocks.store(
+                            l.counters.live_blocks.load(Ordering::Relaxed) - 1,
+                            Ordering::Relaxed,
+                        )
+                    });
+                })?;
+                Entry {
+                    ptr,
+                    size: rsize,
+                    base,
+                    base_size,
+                    generation: gen,
+                }
             }
         };
         let owner: *const dyn DeviceRelease = Arc::as_ptr(self) as *const Core;
@@ -308,11 +347,26 @@ impl Core {
         // through it; the core outlives every allocation (PoolManager's Drop leaks it
         // while any is live).
         Ok(unsafe {
-            DeviceAllocation::with_borrowed_releaser(entry.ptr, size, stream, entry.base, entry.base_size, owner, entry.generation)
+            DeviceAllocation::with_borrowed_releaser(
+                entry.ptr,
+                size,
+                stream,
+                entry.base,
+                entry.base_size,
+                owner,
+                entry.generation,
+            )
         })
     }
 
-    fn give_back(&self, ptr: CUdeviceptr, size: usize, stream: CUstream, token: usize, base: (CUdeviceptr, usize)) {
+    fn give_back(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: CUstream,
+        token: usize,
+        base: (CUdeviceptr, usize),
+    ) {
         let gen = self.generation.load(Ordering::Acquire);
         let rsize = round_size(size);
         let key = stream.0 as StreamKey;
@@ -329,12 +383,24 @@ impl Core {
                 let sc = match local.streams.iter_mut().position(|s| s.stream == key) {
                     Some(i) => &mut local.streams[i],
                     None => {
-                        local.streams.push(StreamCache { stream: key, entries: Vec::with_capacity(cfg.thread_cache_blocks), bytes: 0 });
+                        local.streams.push(StreamCache {
+                            stream: key,
+                            entries: Vec::with_capacity(cfg.thread_cache_blocks),
+                            bytes: 0,
+                        });
                         local.streams.last_mut()?
                     }
                 };
-                if sc.entries.len() < cfg.thread_cache_blocks && sc.bytes + rsize <= cfg.thread_cache_bytes {
-                    sc.entries.push(Entry { ptr, size: rsize, base: base.0, base_size: base.1, generation: gen });
+                if sc.entries.len() < cfg.thread_cache_blocks
+                    && sc.bytes + rsize <= cfg.thread_cache_bytes
+                {
+                    sc.entries.push(Entry {
+                        ptr,
+                        size: rsize,
+                        base: base.0,
+                        base_size: base.1,
+                        generation: gen,
+                    });
                     sc.bytes += rsize;
                     return Some(true);
                 }
@@ -359,8 +425,12 @@ impl Core {
 
     fn live_blocks(&self) -> i64 {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        let t: i64 = threads.iter().map(|c| c.live_blocks.load(Ordering::Relaxed) as i64).sum();
-        t + self.orphan.live_blocks.load(Ordering::Relaxed) as i64 - self.orphan.freed_blocks.load(Ordering::Relaxed) as i64
+        let t: i64 = threads
+            .iter()
+            .map(|c| c.live_blocks.load(Ordering::Relaxed) as i64)
+            .sum();
+        t + self.orphan.live_blocks.load(Ordering::Relaxed) as i64
+            - self.orphan.freed_blocks.load(Ordering::Relaxed) as i64
     }
 }
 
@@ -383,7 +453,12 @@ pub enum PoolUpstream {
         touch: bool,
     },
     /// Any other upstream, with its event source and optional virtual memory.
-    Custom(Box<dyn Upstream>, Box<dyn EventSource>, Option<Box<dyn VirtualMemory>>, Option<Context>),
+    Custom(
+        Box<dyn Upstream>,
+        Box<dyn EventSource>,
+        Option<Box<dyn VirtualMemory>>,
+        Option<Context>,
+    ),
 }
 
 /// The caching pool: a stream-aware best-fit allocator over segments, with
@@ -414,7 +489,9 @@ pub struct PoolManager {
 
 impl core::fmt::Debug for PoolManager {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("PoolManager").field("stats", &self.stats()).finish()
+        f.debug_struct("PoolManager")
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -429,11 +506,23 @@ impl PoolManager {
     /// A pool over `upstream` with `config`.
     pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
         let defer = DeferState::new();
-        type Parts = (Box<dyn Upstream>, Box<dyn EventSource>, Option<Box<dyn VirtualMemory>>, Option<Context>);
+        type Parts = (
+            Box<dyn Upstream>,
+            Box<dyn EventSource>,
+            Option<Box<dyn VirtualMemory>>,
+            Option<Context>,
+        );
         let (up, events, vmm, ctx): Parts = match upstream {
             PoolUpstream::Driver(ctx) => {
-                let vmm = if config.segments.expandable { DriverVmm::new(&ctx) } else { None };
-                let vmm = vmm.filter(|v| v.granularity().is_ok_and(|g| config.segments.large_round % g == 0));
+                let vmm = if config.segments.expandable {
+                    DriverVmm::new(&ctx)
+                } else {
+                    None
+                };
+                let vmm = vmm.filter(|v| {
+                    v.granularity()
+                        .is_ok_and(|g| config.segments.large_round % g == 0)
+                });
                 (
                     Box::new(DriverUpstream::new(&ctx)),
                     Box::new(DriverEvents::new(&ctx)),
@@ -443,8 +532,11 @@ impl PoolManager {
             }
             PoolUpstream::Host { capacity, touch } => {
                 let host = Arc::new(HostUpstream::new(capacity, touch));
-                let vmm: Option<Box<dyn VirtualMemory>> =
-                    if config.segments.expandable && !touch { Some(Box::new(HostVmm::new(host.clone()))) } else { None };
+                let vmm: Option<Box<dyn VirtualMemory>> = if config.segments.expandable && !touch {
+                    Some(Box::new(HostVmm::new(host.clone())))
+                } else {
+                    None
+                };
                 (Box::new(host), Box::new(HostEvents::immediate()), vmm, None)
             }
             PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
@@ -476,7 +568,13 @@ impl PoolManager {
 
     /// A pool over the host stand-in of `capacity` bytes (no GPU needed).
     pub fn host(capacity: usize, config: PoolConfig) -> Result<PoolManager> {
-        Self::with_config(PoolUpstream::Host { capacity, touch: false }, config)
+        Self::with_config(
+            PoolUpstream::Host {
+                capacity,
+                touch: false,
+            },
+            config,
+        )
     }
 
     /// Allocates on `stream` (the stream-ordered path; same as
@@ -489,7 +587,10 @@ impl PoolManager {
     pub fn stats(&self) -> PoolStats {
         let a: ArenaStats = self.core.lock().stats;
         let threads = self.core.threads.lock().unwrap_or_else(|p| p.into_inner());
-        let allocations = threads.iter().map(|c| c.allocations.load(Ordering::Relaxed)).sum::<u64>()
+        let allocations = threads
+            .iter()
+            .map(|c| c.allocations.load(Ordering::Relaxed))
+            .sum::<u64>()
             + self.core.orphan.allocations.load(Ordering::Relaxed);
         let thread_cache_hits = threads.iter().map(|c| c.hits.load(Ordering::Relaxed)).sum();
         PoolStats {
@@ -541,7 +642,10 @@ impl PoolManager {
     }
 
     fn no_host(&self, operation: &'static str) -> EmmError {
-        EmmError::Unsupported { manager: "pool over the host stand-in".into(), operation }
+        EmmError::Unsupported {
+            manager: "pool over the host stand-in".into(),
+            operation,
+        }
     }
 }
 
@@ -551,7 +655,10 @@ impl Drop for PoolManager {
         // still live, the core must outlive it: leak it rather than free under it.
         let live = self.core.live_blocks();
         if live > 0 {
-            tracing::warn!(live, "pool dropped while {live} allocations are live; its memory is kept until exit");
+            tracing::warn!(
+                live,
+                "pool dropped while {live} allocations are live; its memory is kept until exit"
+            );
             std::mem::forget(self.core.clone());
             return;
         }
@@ -584,11 +691,19 @@ impl MemoryManager for PoolManager {
     }
 
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
-        self.core.host.as_ref().ok_or_else(|| self.no_host("memhostalloc"))?.memhostalloc(size, flags)
+        self.core
+            .host
+            .as_ref()
+            .ok_or_else(|| self.no_host("memhostalloc"))?
+            .memhostalloc(size, flags)
     }
 
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
-        let host = self.core.host.as_ref().ok_or_else(|| self.no_host("mempin"))?;
+        let host = self
+            .core
+            .host
+            .as_ref()
+            .ok_or_else(|| self.no_host("mempin"))?;
         // SAFETY: forwarded to the caller.
         unsafe { host.mempin(ptr, len, mapped) }
     }
@@ -598,7 +713,11 @@ impl MemoryManager for PoolManager {
     }
 
     fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
-        let ctx = self.core.ctx.as_ref().ok_or_else(|| self.no_host("get_ipc_handle"))?;
+        let ctx = self
+            .core
+            .ctx
+            .as_ref()
+            .ok_or_else(|| self.no_host("get_ipc_handle"))?;
         if self.core.vmm.is_some() && view.len() > crate::arena::SMALL_MAX {
             return Err(EmmError::Unsupported {
                 manager: "pool (large blocks in its expandable segment; build it with expandable: false for legacy IPC)".into(),

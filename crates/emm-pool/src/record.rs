@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
-    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, MemoryInfo, MemoryManager, Result,
+    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, MemoryInfo,
+    MemoryManager, Result,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -44,14 +45,28 @@ pub struct RecordingManager {
 
 impl RecordingManager {
     /// Records `inner`'s traffic into `out` (a header line is written first).
-    pub fn new(inner: Arc<dyn MemoryManager>, mut out: Box<dyn Write + Send>) -> std::io::Result<Self> {
+    pub fn new(
+        inner: Arc<dyn MemoryManager>,
+        mut out: Box<dyn Write + Send>,
+    ) -> std::io::Result<Self> {
         writeln!(out, "op,id,size,stream")?;
-        Ok(RecordingManager { inner, log: Arc::new(Mutex::new(Log { out, streams: HashMap::new() })), next: AtomicU64::new(0) })
+        Ok(RecordingManager {
+            inner,
+            log: Arc::new(Mutex::new(Log {
+                out,
+                streams: HashMap::new(),
+            })),
+            next: AtomicU64::new(0),
+        })
     }
 
     /// Flushes the trace.
     pub fn flush(&self) -> std::io::Result<()> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).out.flush()
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .out
+            .flush()
     }
 
     fn wrap(&self, inner: DeviceAllocation, size: usize, stream: CUstream) -> DeviceAllocation {
@@ -68,7 +83,9 @@ impl RecordingManager {
         // finalizer drops it.
         let mut outer = unsafe {
             DeviceAllocation::from_raw_parts(ptr, size, stream, move |_, size, _| {
-                log.lock().unwrap_or_else(|p| p.into_inner()).line('f', id, size, sid);
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .line('f', id, size, sid);
                 drop(inner);
             })
         };

@@ -47,13 +47,23 @@ pub struct Trace {
 impl Trace {
     /// Parses `text` (either format).
     pub fn parse(name: &str, text: &str) -> Trace {
-        let mut t = Trace { name: name.to_owned(), ..Trace::default() };
+        let mut t = Trace {
+            name: name.to_owned(),
+            ..Trace::default()
+        };
         let mut lines = text.lines().enumerate();
-        let Some((_, header)) = lines.next() else { return t };
+        let Some((_, header)) = lines.next() else {
+            return t;
+        };
         let header = header.trim().to_ascii_lowercase();
         let rmm = header.starts_with("thread");
         if !rmm && header != "op,id,size,stream" {
-            t.errors.push((1, format!("unknown header {header:?}: expected \"op,id,size,stream\" or RMM's log header")));
+            t.errors.push((
+                1,
+                format!(
+                    "unknown header {header:?}: expected \"op,id,size,stream\" or RMM's log header"
+                ),
+            ));
             return t;
         }
         let mut rmm_ids: HashMap<u64, u64> = HashMap::new();
@@ -65,7 +75,11 @@ impl Trace {
                 continue;
             }
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
-            let parsed = if rmm { parse_rmm(&f, &mut rmm_ids, &mut next_id) } else { parse_emm(&f) };
+            let parsed = if rmm {
+                parse_rmm(&f, &mut rmm_ids, &mut next_id)
+            } else {
+                parse_emm(&f)
+            };
             match parsed {
                 Ok(Some(op)) => t.ops.push(op),
                 Ok(None) => {}
@@ -78,7 +92,10 @@ impl Trace {
     /// Reads and parses a file.
     pub fn read(path: &std::path::Path) -> std::io::Result<Trace> {
         let text = std::fs::read_to_string(path)?;
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
         Ok(Trace::parse(&name, &text))
     }
 
@@ -103,37 +120,60 @@ impl Trace {
 
     /// Allocation requests in the trace.
     pub fn requests(&self) -> usize {
-        self.ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count()
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Alloc { .. }))
+            .count()
     }
 }
 
 fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
-    s.parse().map_err(|_| format!("{what} {s:?} is not a number"))
+    s.parse()
+        .map_err(|_| format!("{what} {s:?} is not a number"))
 }
 
 fn parse_emm(f: &[&str]) -> Result<Option<Op>, String> {
     if f.len() != 4 {
-        return Err(format!("expected 4 fields (op,id,size,stream), found {}", f.len()));
+        return Err(format!(
+            "expected 4 fields (op,id,size,stream), found {}",
+            f.len()
+        ));
     }
     let id = num(f[1], "id")?;
     match f[0] {
-        "a" => Ok(Some(Op::Alloc { id, size: num(f[2], "size")?, stream: num(f[3], "stream")? })),
+        "a" => Ok(Some(Op::Alloc {
+            id,
+            size: num(f[2], "size")?,
+            stream: num(f[3], "stream")?,
+        })),
         "f" => Ok(Some(Op::Free { id })),
         other => Err(format!("op {other:?} is neither \"a\" nor \"f\"")),
     }
 }
 
-fn parse_rmm(f: &[&str], ids: &mut HashMap<u64, u64>, next: &mut u64) -> Result<Option<Op>, String> {
+fn parse_rmm(
+    f: &[&str],
+    ids: &mut HashMap<u64, u64>,
+    next: &mut u64,
+) -> Result<Option<Op>, String> {
     if f.len() < 6 {
-        return Err(format!("expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), found {}", f.len()));
+        return Err(format!(
+            "expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), found {}",
+            f.len()
+        ));
     }
-    let ptr = u64::from_str_radix(f[3].trim_start_matches("0x"), 16).map_err(|_| format!("pointer {:?} is not hex", f[3]))?;
+    let ptr = u64::from_str_radix(f[3].trim_start_matches("0x"), 16)
+        .map_err(|_| format!("pointer {:?} is not hex", f[3]))?;
     let stream = u64::from_str_radix(f[5].trim_start_matches("0x"), 16).unwrap_or(0);
     match f[2] {
         "allocate" => {
             *next += 1;
             ids.insert(ptr, *next);
-            Ok(Some(Op::Alloc { id: *next, size: num(f[4], "size")?, stream }))
+            Ok(Some(Op::Alloc {
+                id: *next,
+                size: num(f[4], "size")?,
+                stream,
+            }))
         }
         "free" => match ids.remove(&ptr) {
             Some(id) => Ok(Some(Op::Free { id })),
@@ -191,7 +231,9 @@ pub fn replay(
     for (i, op) in trace.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, stream } => {
-                let s = *stream_cache.entry(stream).or_insert_with(|| streams(stream));
+                let s = *stream_cache
+                    .entry(stream)
+                    .or_insert_with(|| streams(stream));
                 match target.manager.memalloc_async(size, s) {
                     Ok(a) => {
                         live.insert(id, a);
@@ -236,7 +278,10 @@ mod tests {
 
     #[test]
     fn both_formats_parse_and_bad_lines_are_reported_with_numbers() {
-        let t = Trace::parse("t", "op,id,size,stream\na,1,100,0\na,2,50,1\nx,3,1,0\na,4\nf,1,100,0\n");
+        let t = Trace::parse(
+            "t",
+            "op,id,size,stream\na,1,100,0\na,2,50,1\nx,3,1,0\na,4\nf,1,100,0\n",
+        );
         assert_eq!(t.ops.len(), 3);
         assert_eq!(t.errors.iter().map(|e| e.0).collect::<Vec<_>>(), vec![4, 5]);
         assert!(t.errors[0].1.contains("neither"));
@@ -246,13 +291,26 @@ mod tests {
             "r",
             "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f00,256,0x0\n1,0.2,allocate,0x7f10,64,0x0\n1,0.3,free,0x7f00,256,0x0\n1,0.4,free,0xdead,1,0x0\n",
         );
-        assert_eq!(r.ops, vec![
-            Op::Alloc { id: 1, size: 256, stream: 0 },
-            Op::Alloc { id: 2, size: 64, stream: 0 },
-            Op::Free { id: 1 }
-        ]);
+        assert_eq!(
+            r.ops,
+            vec![
+                Op::Alloc {
+                    id: 1,
+                    size: 256,
+                    stream: 0
+                },
+                Op::Alloc {
+                    id: 2,
+                    size: 64,
+                    stream: 0
+                },
+                Op::Free { id: 1 }
+            ]
+        );
         assert_eq!(r.errors.len(), 1);
         assert_eq!(r.errors[0].0, 5);
-        assert!(Trace::parse("bad", "hello\n").errors[0].1.contains("unknown header"));
+        assert!(Trace::parse("bad", "hello\n").errors[0]
+            .1
+            .contains("unknown header"));
     }
 }

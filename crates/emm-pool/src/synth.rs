@@ -26,7 +26,11 @@ impl Builder {
     fn alloc(&mut self, size: usize) -> u64 {
         self.next += 1;
         let size = size.div_ceil(512) * 512;
-        self.ops.push(Op::Alloc { id: self.next, size, stream: 0 });
+        self.ops.push(Op::Alloc {
+            id: self.next,
+            size,
+            stream: 0,
+        });
         self.next
     }
     fn free(&mut self, id: u64) {
@@ -39,13 +43,20 @@ impl Builder {
 /// activations and attention scores that live for one layer.
 pub fn inference(seed: u64, requests: usize) -> Trace {
     let mut r = Rng(seed | 1);
-    let mut b = Builder { ops: Vec::new(), next: 0 };
+    let mut b = Builder {
+        ops: Vec::new(),
+        next: 0,
+    };
     let (layers, width, heads) = (12usize, 1024usize, 16usize);
-    let weights: Vec<u64> = (0..layers * 4).map(|_| b.alloc(width * width * 2)).collect();
+    let weights: Vec<u64> = (0..layers * 4)
+        .map(|_| b.alloc(width * width * 2))
+        .collect();
     for _ in 0..requests {
         let batch = r.range(1, 32) as usize;
         let seq = r.range(16, 2048) as usize;
-        let kv: Vec<u64> = (0..layers).map(|_| b.alloc(2 * batch * seq * width * 2)).collect();
+        let kv: Vec<u64> = (0..layers)
+            .map(|_| b.alloc(2 * batch * seq * width * 2))
+            .collect();
         let mut x = b.alloc(batch * seq * width * 2);
         for _ in 0..layers {
             let qkv = b.alloc(3 * batch * seq * width * 2);
@@ -66,7 +77,11 @@ pub fn inference(seed: u64, requests: usize) -> Trace {
     for w in weights {
         b.free(w);
     }
-    Trace { name: format!("synthetic-inference-{seed}"), ops: b.ops, errors: vec![] }
+    Trace {
+        name: format!("synthetic-inference-{seed}"),
+        ops: b.ops,
+        errors: vec![],
+    }
 }
 
 /// Convolutional training: a ResNet-like stack whose feature maps halve in
@@ -74,7 +89,10 @@ pub fn inference(seed: u64, requests: usize) -> Trace {
 /// pass frees them in reverse order; image sizes vary per step (multi-scale).
 pub fn conv_training(seed: u64, steps: usize) -> Trace {
     let mut r = Rng(seed | 1);
-    let mut b = Builder { ops: Vec::new(), next: 0 };
+    let mut b = Builder {
+        ops: Vec::new(),
+        next: 0,
+    };
     let stages = [(64usize, 3usize), (128, 4), (256, 6), (512, 3)];
     let mut params = Vec::new();
     for &(c, n) in &stages {
@@ -106,5 +124,9 @@ pub fn conv_training(seed: u64, steps: usize) -> Trace {
     for p in params {
         b.free(p);
     }
-    Trace { name: format!("synthetic-conv-{seed}"), ops: b.ops, errors: vec![] }
+    Trace {
+        name: format!("synthetic-conv-{seed}"),
+        ops: b.ops,
+        errors: vec![],
+    }
 }

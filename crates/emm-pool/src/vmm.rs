@@ -8,8 +8,9 @@ use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
 use emm_driver::{check, optional, Context};
 use emm_sys::{
-    CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_LOCATION_TYPE_DEVICE,
+    CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_LOCATION_TYPE_DEVICE,
 };
 
 /// Address-space reservation and mapping.
@@ -26,7 +27,10 @@ pub trait VirtualMemory: Send + Sync {
 /// `cuMemMap`, `cuMemSetAccess`); reservations are freed on drop.
 pub struct DriverVmm {
     ctx: Context,
-    state: Mutex<(Vec<(CUdeviceptr, usize)>, HashMap<CUdeviceptr, (u64, usize)>)>,
+    state: Mutex<(
+        Vec<(CUdeviceptr, usize)>,
+        HashMap<CUdeviceptr, (u64, usize)>,
+    )>,
 }
 
 impl DriverVmm {
@@ -35,13 +39,19 @@ impl DriverVmm {
         if !ctx.device().supports_virtual_memory().unwrap_or(false) {
             return None;
         }
-        Some(DriverVmm { ctx: ctx.clone(), state: Mutex::new((Vec::new(), HashMap::new())) })
+        Some(DriverVmm {
+            ctx: ctx.clone(),
+            state: Mutex::new((Vec::new(), HashMap::new())),
+        })
     }
 
     fn prop(&self) -> CUmemAllocationProp {
         CUmemAllocationProp {
             type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: self.ctx.device().ordinal() as i32 },
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ctx.device().ordinal() as i32,
+            },
             ..CUmemAllocationProp::default()
         }
     }
@@ -49,11 +59,17 @@ impl DriverVmm {
     /// The driver's recommended granularity (2 MiB on current GPUs).
     pub fn granularity(&self) -> Result<usize> {
         let drv = self.ctx.driver();
-        let f = optional(drv, drv.mem_get_allocation_granularity, "cuMemGetAllocationGranularity")?;
+        let f = optional(
+            drv,
+            drv.mem_get_allocation_granularity,
+            "cuMemGetAllocationGranularity",
+        )?;
         let mut g = 0usize;
         let prop = self.prop();
         // SAFETY: valid out-pointer and a fully initialised prop.
-        check(drv, "cuMemGetAllocationGranularity", unsafe { f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) })?;
+        check(drv, "cuMemGetAllocationGranularity", unsafe {
+            f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        })?;
         Ok(g)
     }
 }
@@ -65,8 +81,14 @@ impl VirtualMemory for DriverVmm {
         let _g = self.ctx.push()?;
         let mut p: CUdeviceptr = 0;
         // SAFETY: valid out-pointer; no fixed address or alignment asked.
-        check(drv, "cuMemAddressReserve", unsafe { f(&mut p, size, 0, 0, 0) })?;
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0.push((p, size));
+        check(drv, "cuMemAddressReserve", unsafe {
+            f(&mut p, size, 0, 0, 0)
+        })?;
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push((p, size));
         Ok(p)
     }
 
@@ -88,9 +110,14 @@ impl VirtualMemory for DriverVmm {
             let _ = unsafe { release(h) };
             return Err(e.into());
         }
-        let desc = CUmemAccessDesc { location: prop.location, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        let desc = CUmemAccessDesc {
+            location: prop.location,
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
         // SAFETY: the range was just mapped; one valid descriptor.
-        if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(addr, len, &desc, 1) }) {
+        if let Err(e) = check(drv, "cuMemSetAccess", unsafe {
+            access(addr, len, &desc, 1)
+        }) {
             // SAFETY: undo the map and the handle made above, once each.
             unsafe {
                 let _ = unmap(addr, len);
@@ -98,7 +125,11 @@ impl VirtualMemory for DriverVmm {
             }
             return Err(e.into());
         }
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).1.insert(addr, (h, len));
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .insert(addr, (h, len));
         Ok(())
     }
 
@@ -106,8 +137,17 @@ impl VirtualMemory for DriverVmm {
         let drv = self.ctx.driver();
         let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
         let release = optional(drv, drv.mem_release, "cuMemRelease")?;
-        let Some((h, l)) = self.state.lock().unwrap_or_else(|e| e.into_inner()).1.remove(&addr) else {
-            return Err(EmmError::InvalidSize { requested: len, reason: "unmap of a range that is not mapped" });
+        let Some((h, l)) = self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .remove(&addr)
+        else {
+            return Err(EmmError::InvalidSize {
+                requested: len,
+                reason: "unmap of a range that is not mapped",
+            });
         };
         let _g = self.ctx.push()?;
         // Unmapping waits for nothing: the pool only unmaps blocks freed in stream
@@ -125,14 +165,20 @@ impl VirtualMemory for DriverVmm {
 impl Drop for DriverVmm {
     fn drop(&mut self) {
         let drv = self.ctx.driver();
-        let (reservations, mapped) = std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
-        let (Some(unmap), Some(release), Some(free)) = (drv.mem_unmap, drv.mem_release, drv.mem_address_free) else {
+        let (reservations, mapped) =
+            std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let (Some(unmap), Some(release), Some(free)) =
+            (drv.mem_unmap, drv.mem_release, drv.mem_address_free)
+        else {
             return;
         };
         let _ = self.ctx.synchronize();
         for (addr, (h, len)) in mapped {
             // SAFETY: each mapping and handle is undone once.
-            let r = unsafe { check(drv, "cuMemUnmap", unmap(addr, len)).and_then(|()| check(drv, "cuMemRelease", release(h))) };
+            let r = unsafe {
+                check(drv, "cuMemUnmap", unmap(addr, len))
+                    .and_then(|()| check(drv, "cuMemRelease", release(h)))
+            };
             if let Err(e) = r {
                 self.ctx.record_drop_error(e);
             }
@@ -156,7 +202,10 @@ pub struct HostVmm {
 impl HostVmm {
     /// Accounts mappings against `upstream`'s capacity.
     pub fn new(upstream: Arc<HostUpstream>) -> Self {
-        HostVmm { upstream, pieces: Mutex::new(HashMap::new()) }
+        HostVmm {
+            upstream,
+            pieces: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -164,19 +213,32 @@ static NEXT_VA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 impl VirtualMemory for HostVmm {
     fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
-        Ok(NEXT_VA.fetch_add(size as u64 + (1 << 30), std::sync::atomic::Ordering::Relaxed))
+        Ok(NEXT_VA.fetch_add(
+            size as u64 + (1 << 30),
+            std::sync::atomic::Ordering::Relaxed,
+        ))
     }
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         let backing = self.upstream.alloc(len)?;
-        self.pieces.lock().unwrap_or_else(|e| e.into_inner()).insert(addr, (backing, len));
+        self.pieces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, (backing, len));
         Ok(())
     }
     fn unmap(&self, addr: CUdeviceptr, _len: usize) -> Result<()> {
-        let piece = self.pieces.lock().unwrap_or_else(|e| e.into_inner()).remove(&addr);
+        let piece = self
+            .pieces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&addr);
         match piece {
             // SAFETY: the backing block came from `alloc(len)` of this upstream.
             Some((b, l)) => unsafe { self.upstream.free(b, l) },
-            None => Err(EmmError::InvalidSize { requested: 0, reason: "unmap of a range that is not mapped" }),
+            None => Err(EmmError::InvalidSize {
+                requested: 0,
+                reason: "unmap of a range that is not mapped",
+            }),
         }
     }
 }

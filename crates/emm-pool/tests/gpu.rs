@@ -13,7 +13,13 @@ fn ctx() -> Context {
 fn pool_passes_the_conformance_suite() {
     let ctx = ctx();
     for expandable in [true, false] {
-        let cfg = PoolConfig { segments: SegmentPolicy { expandable, ..SegmentPolicy::default() }, ..PoolConfig::default() };
+        let cfg = PoolConfig {
+            segments: SegmentPolicy {
+                expandable,
+                ..SegmentPolicy::default()
+            },
+            ..PoolConfig::default()
+        };
         let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
         let report = conformance::run(&pool, &ctx);
         print!("expandable {expandable}:\n{report}");
@@ -40,24 +46,38 @@ fn sixteen_threads_random_sizes_and_streams_keep_their_data() {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let size = 4 + (x % (if x % 16 == 0 { 48 << 20 } else { 200_000 })) as usize;
+                        let size =
+                            4 + (x % (if x % 16 == 0 { 48 << 20 } else { 200_000 })) as usize;
                         let stream = &streams[(x >> 20) as usize % 3];
-                        let a = pool.memalloc_async(size, stream.raw()).map_err(|e| e.to_string())?;
+                        let a = pool
+                            .memalloc_async(size, stream.raw())
+                            .map_err(|e| e.to_string())?;
                         let word = (t << 24) | i;
                         // SAFETY: `a` holds at least size/4 words until it is dropped,
                         // which happens after the check below synchronizes.
-                        unsafe { memory::memset_d32_async(a.ptr(), word, size / 4, stream) }.map_err(|e| e.to_string())?;
+                        unsafe { memory::memset_d32_async(a.ptr(), word, size / 4, stream) }
+                            .map_err(|e| e.to_string())?;
                         held.push((a, word, stream));
                         if held.len() > 6 || x % 3 == 0 {
                             let (a, word, stream) = held.remove((x as usize >> 8) % held.len());
                             let n = a.size() / 4;
                             let mut back = vec![0u32; n];
                             // SAFETY: `back` holds n words; synchronized below.
-                            unsafe { memory::copy_dtoh_async(back.as_mut_ptr().cast(), a.ptr(), n * 4, stream) }
-                                .map_err(|e| e.to_string())?;
+                            unsafe {
+                                memory::copy_dtoh_async(
+                                    back.as_mut_ptr().cast(),
+                                    a.ptr(),
+                                    n * 4,
+                                    stream,
+                                )
+                            }
+                            .map_err(|e| e.to_string())?;
                             stream.synchronize().map_err(|e| e.to_string())?;
                             if let Some(bad) = back.iter().position(|&w| w != word) {
-                                return Err(format!("thread {t}: block of {} bytes overwritten at word {bad}", a.size()));
+                                return Err(format!(
+                                    "thread {t}: block of {} bytes overwritten at word {bad}",
+                                    a.size()
+                                ));
                             }
                         }
                     }
@@ -68,7 +88,9 @@ fn sixteen_threads_random_sizes_and_streams_keep_their_data() {
                 })
             })
             .collect();
-        hs.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+        hs.into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
     });
     assert!(errors.is_empty(), "{errors:?}");
     pool.check().unwrap();
@@ -90,14 +112,22 @@ fn out_of_memory_is_typed_releases_the_cache_and_the_next_allocation_works() {
     let (_, total) = ctx.mem_info().unwrap();
     let err = pool.memalloc(total + (1 << 30)).unwrap_err();
     match &err {
-        EmmError::OutOfMemory { requested, total: t, detail, .. } => {
+        EmmError::OutOfMemory {
+            requested,
+            total: t,
+            detail,
+            ..
+        } => {
             assert_eq!(*requested, total + (1 << 30));
             assert_eq!(*t, total);
             assert!(detail.contains("largest free block"), "{detail}");
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert!(pool.stats().reserved_bytes < reserved, "the ladder released cached segments");
+    assert!(
+        pool.stats().reserved_bytes < reserved,
+        "the ladder released cached segments"
+    );
     let ok = pool.memalloc(1 << 30).unwrap();
     assert_eq!(ok.size(), 1 << 30);
 }
@@ -113,7 +143,10 @@ fn trim_gives_every_byte_back_to_the_device() {
         let stream = Stream::new(&ctx).unwrap();
         let mut held = Vec::new();
         for i in 0..200usize {
-            held.push(pool.memalloc_async(1000 + i * 37_000, stream.raw()).unwrap());
+            held.push(
+                pool.memalloc_async(1000 + i * 37_000, stream.raw())
+                    .unwrap(),
+            );
             if i % 3 == 0 {
                 held.swap_remove(i % held.len());
             }
@@ -126,7 +159,10 @@ fn trim_gives_every_byte_back_to_the_device() {
         pool.trim();
         assert_eq!(pool.stats().reserved_bytes, 0, "{:?}", pool.stats());
         let (free1, _) = ctx.mem_info().unwrap();
-        assert!(free1 + (2 << 20) >= free0, "free memory {free0} -> {free1} after trim");
+        assert!(
+            free1 + (2 << 20) >= free0,
+            "free memory {free0} -> {free1} after trim"
+        );
     }
 }
 
@@ -134,7 +170,10 @@ fn trim_gives_every_byte_back_to_the_device() {
 #[ignore = "needs a CUDA GPU"]
 fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
     let ctx = ctx();
-    let cfg = PoolConfig { thread_cache_blocks: 0, ..PoolConfig::default() };
+    let cfg = PoolConfig {
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
     let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
     let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let a = pool.memalloc_async(4 << 20, s1.raw()).unwrap();
@@ -147,6 +186,10 @@ fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
     s1.synchronize().unwrap();
     // Another stream: only through an event (recorded and, here, already complete).
     let c = pool.memalloc_async(4 << 20, s2.raw()).unwrap();
-    assert_eq!(c.ptr(), addr, "an idle stream's block is reused after its event");
+    assert_eq!(
+        c.ptr(),
+        addr,
+        "an idle stream's block is reused after its event"
+    );
     assert!(pool.stats().cross_stream_reuses >= 1);
 }

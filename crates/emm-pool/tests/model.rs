@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use emm_core::{DeviceAllocation, MemoryManager};
 use emm_default::HostUpstream;
-use emm_pool::{round_size, HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
+use emm_pool::{
+    round_size, HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy,
+};
 use emm_sys::CUstream;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
@@ -37,12 +39,22 @@ impl ReferenceStateMachine for Reference {
     type Transition = Step;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (any::<bool>(), any::<bool>()).prop_map(|(cache, expandable)| Model { cache, expandable, live: vec![] }).boxed()
+        (any::<bool>(), any::<bool>())
+            .prop_map(|(cache, expandable)| Model {
+                cache,
+                expandable,
+                live: vec![],
+            })
+            .boxed()
     }
 
     fn transitions(state: &Model) -> BoxedStrategy<Step> {
         let n = state.live.len().max(1);
-        let size = prop_oneof![1usize..2048, 2048usize..(1 << 20), (1usize << 20)..(24 << 20)];
+        let size = prop_oneof![
+            1usize..2048,
+            2048usize..(1 << 20),
+            (1usize << 20)..(24 << 20)
+        ];
         prop_oneof![
             6 => (size, 1usize..4).prop_map(|(s, st)| Step::Alloc(s, st)),
             5 => (0..n).prop_map(Step::Free),
@@ -92,10 +104,16 @@ impl StateMachineTest for Sut {
     fn init_test(m: &Model) -> Sut {
         let host = Arc::new(HostUpstream::new(CAPACITY, false));
         let events = Arc::new(HostEvents::manual());
-        let vmm: Option<Box<dyn emm_pool::VirtualMemory>> =
-            if m.expandable { Some(Box::new(HostVmm::new(host.clone()))) } else { None };
+        let vmm: Option<Box<dyn emm_pool::VirtualMemory>> = if m.expandable {
+            Some(Box::new(HostVmm::new(host.clone())))
+        } else {
+            None
+        };
         let config = PoolConfig {
-            segments: SegmentPolicy { expandable: m.expandable, ..SegmentPolicy::default() },
+            segments: SegmentPolicy {
+                expandable: m.expandable,
+                ..SegmentPolicy::default()
+            },
             thread_cache_blocks: if m.cache { 4 } else { 0 },
             ..PoolConfig::default()
         };
@@ -104,7 +122,14 @@ impl StateMachineTest for Sut {
             config,
         )
         .unwrap();
-        Sut { pool, host, events, live: vec![], freed: HashMap::new(), oom: 0 }
+        Sut {
+            pool,
+            host,
+            events,
+            live: vec![],
+            freed: HashMap::new(),
+            oom: 0,
+        }
     }
 
     fn apply(mut sut: Sut, m: &Model, step: Step) -> Sut {
@@ -119,11 +144,15 @@ impl StateMachineTest for Sut {
                     let log = sut.events.log();
                     for (&fstart, &(fend, fstream, recorded)) in &sut.freed {
                         if fstart < end && start < fend && fstream != st {
-                            let ok = log.iter().skip(recorded).any(|&(s, done)| (s == fstream || s == usize::MAX) && done);
+                            let ok = log
+                                .iter()
+                                .skip(recorded)
+                                .any(|&(s, done)| (s == fstream || s == usize::MAX) && done);
                             assert!(ok, "block {start:#x} reused on stream {st} before stream {fstream}'s event completed");
                         }
                     }
-                    sut.freed.retain(|&fs, &mut (fe, _, _)| !(fs < end && start < fe));
+                    sut.freed
+                        .retain(|&fs, &mut (fe, _, _)| !(fs < end && start < fe));
                     sut.live.push(a);
                 }
                 Err(e) => {
@@ -132,14 +161,23 @@ impl StateMachineTest for Sut {
                     // The model keeps the request; drop it from the model's view by
                     // allocating nothing: mirror with a zero-size stand-in.
                     // SAFETY: owns nothing.
-                    sut.live.push(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream(st), |_, _, _| {}) });
+                    sut.live.push(unsafe {
+                        DeviceAllocation::from_raw_parts(0, 0, stream(st), |_, _, _| {})
+                    });
                 }
             },
             Step::Free(i) => {
                 let a = sut.live.remove(i);
                 if a.size() > 0 {
                     let st = a.stream().0 as usize;
-                    sut.freed.insert(a.ptr(), (a.ptr() + round_size(a.size()) as u64, st, sut.events.log().len()));
+                    sut.freed.insert(
+                        a.ptr(),
+                        (
+                            a.ptr() + round_size(a.size()) as u64,
+                            st,
+                            sut.events.log().len(),
+                        ),
+                    );
                 }
                 drop(a);
             }
@@ -155,21 +193,43 @@ impl StateMachineTest for Sut {
     fn check_invariants(sut: &Sut, m: &Model) {
         sut.pool.check().unwrap();
         assert_eq!(sut.live.len(), m.live.len());
-        let mut ranges: Vec<(u64, u64)> =
-            sut.live.iter().filter(|a| a.size() > 0).map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64)).collect();
+        let mut ranges: Vec<(u64, u64)> = sut
+            .live
+            .iter()
+            .filter(|a| a.size() > 0)
+            .map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64))
+            .collect();
         ranges.sort();
         for w in ranges.windows(2) {
-            assert!(w[0].1 <= w[1].0, "live blocks overlap: {:#x?} {:#x?}", w[0], w[1]);
+            assert!(
+                w[0].1 <= w[1].0,
+                "live blocks overlap: {:#x?} {:#x?}",
+                w[0],
+                w[1]
+            );
         }
-        let user_live: usize = sut.live.iter().filter(|a| a.size() > 0).map(|a| round_size(a.size())).sum();
+        let user_live: usize = sut
+            .live
+            .iter()
+            .filter(|a| a.size() > 0)
+            .map(|a| round_size(a.size()))
+            .sum();
         let stats = sut.pool.stats();
         if m.cache {
-            assert!(stats.allocated_bytes >= user_live, "allocated {} < live {user_live}", stats.allocated_bytes);
+            assert!(
+                stats.allocated_bytes >= user_live,
+                "allocated {} < live {user_live}",
+                stats.allocated_bytes
+            );
         } else {
             assert_eq!(stats.allocated_bytes, user_live, "allocated bytes add up");
         }
         assert!(stats.reserved_bytes >= stats.allocated_bytes);
-        assert_eq!(stats.reserved_bytes, sut.host.used(), "reserved bytes match the upstream");
+        assert_eq!(
+            stats.reserved_bytes,
+            sut.host.used(),
+            "reserved bytes match the upstream"
+        );
         assert_eq!(sut.host.misuse(), 0);
     }
 
@@ -208,11 +268,24 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
             let s = pool.stats();
             (s.reserved_bytes_peak, s.num_device_alloc)
         };
-        let target = emm_pool::replay::Target { manager: &pool, probe: &probe, sample: None };
+        let target = emm_pool::replay::Target {
+            manager: &pool,
+            probe: &probe,
+            sample: None,
+        };
         let r = emm_pool::replay::replay(&t, &target, &|_| emm_core::SYNC_STREAM, &mut |_| {});
         assert_eq!(r.failures, 0);
         let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
-        assert!(ratio <= 1.10, "{}: peak reserved / peak live = {ratio:.3}", t.name);
-        assert!(r.upstream_allocs < t.requests() / 20, "{}: {} upstream calls", t.name, r.upstream_allocs);
+        assert!(
+            ratio <= 1.10,
+            "{}: peak reserved / peak live = {ratio:.3}",
+            t.name
+        );
+        assert!(
+            r.upstream_allocs < t.requests() / 20,
+            "{}: {} upstream calls",
+            t.name,
+            r.upstream_allocs
+        );
     }
 }

@@ -167,6 +167,7 @@ pointer_handle! {
 
 /// The legacy default stream (`CU_STREAM_LEGACY`), which synchronizes with every
 /// blocking stream of its context.
+#[allow(clippy::manual_dangling_ptr)] // reason: 0x1 is the driver's sentinel value, not a dangling pointer
 pub const CU_STREAM_LEGACY: CUstream = CUstream(0x1 as *mut c_void);
 /// The per-thread default stream (`CU_STREAM_PER_THREAD`).
 pub const CU_STREAM_PER_THREAD: CUstream = CUstream(0x2 as *mut c_void);

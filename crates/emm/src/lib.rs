@@ -18,8 +18,8 @@
 use std::sync::{Arc, Once};
 
 pub use emm_core::{
-    self as core, memory_manager, register_manager, set_memory_manager, DeviceAllocation, EmmError, MemoryManager,
-    Result, Router,
+    self as core, memory_manager, register_manager, set_memory_manager, DeviceAllocation, EmmError,
+    MemoryManager, Result, Router,
 };
 pub use emm_driver::{self as driver, Context, Device, Stream};
 pub use {emm_default, emm_hostonly, emm_pool};
@@ -36,15 +36,21 @@ pub fn register_builtin_managers() {
 
 /// Registers the built-in managers in `router`.
 pub fn register_builtins_in(router: &Router) {
-    router.register("default", |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-        Ok(Arc::new(emm_default::DefaultManager::new(ctx)?))
-    });
+    router.register(
+        "default",
+        |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
+            Ok(Arc::new(emm_default::DefaultManager::new(ctx)?))
+        },
+    );
     router.register("pool", |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
         Ok(Arc::new(emm_pool::PoolManager::new(ctx)?))
     });
-    router.register("hostonly", |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-        Ok(Arc::new(emm_hostonly::HostOnlyManager::new(ctx)?))
-    });
+    router.register(
+        "hostonly",
+        |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
+            Ok(Arc::new(emm_hostonly::HostOnlyManager::new(ctx)?))
+        },
+    );
 }
 
 #[cfg(test)]
@@ -58,7 +64,11 @@ mod tests {
         assert_eq!(r.known(), vec!["default", "hostonly", "pool"]);
         r.set_memory_manager("pool").unwrap();
         let e = r.set_memory_manager("rmm").unwrap_err();
-        assert!(e.to_string().contains("known managers: default, hostonly, pool"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("known managers: default, hostonly, pool"),
+            "{e}"
+        );
     }
 }
 

@@ -11,7 +11,9 @@ fn emm_memory_manager_selects_a_builtin_and_it_serves_allocations() {
     let ctx = emm::Context::on_device(0).unwrap();
     let m = emm::memory_manager(&ctx).unwrap();
     assert_eq!(m.name(), "pool");
-    let a = emm::Router::global().alloc(&ctx, 1 << 20, emm::core::SYNC_STREAM).unwrap();
+    let a = emm::Router::global()
+        .alloc(&ctx, 1 << 20, emm::core::SYNC_STREAM)
+        .unwrap();
     let data = vec![9u8; 1 << 20];
     // SAFETY: 1 MiB.
     unsafe { emm::driver::memory::copy_htod(&ctx, a.ptr(), &data) }.unwrap();
