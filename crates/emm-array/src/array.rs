@@ -445,9 +445,10 @@ unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
     release(&b.array, b.lock, &b.count);
 }
 
-fn tensor_parts(
-    array: &Arc<Mutex<RawArray>>,
-) -> Result<(DLTensor, Vec<i64>, Vec<i64>, u64, Arc<AtomicUsize>), ArrayError> {
+/// A tensor, its shape and strides, the export's lock id and the deleter counter.
+type Parts = (DLTensor, Vec<i64>, Vec<i64>, u64, Arc<AtomicUsize>);
+
+fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
     let mut a = lock_array(array);
     a.synchronize()?; // the consumer sees finished data
     let device = a.dl_device()?;

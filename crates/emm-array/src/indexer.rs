@@ -43,6 +43,7 @@ impl<const N: usize> Indexer<N> {
     }
 
     /// The linear offset of `idx`, or `None` when out of bounds.
+    #[allow(clippy::needless_range_loop)] // reason: walks idx, shape and strides in step
     pub fn linear(&self, idx: [usize; N]) -> Option<usize> {
         let mut off = 0;
         for d in 0..N {
@@ -55,6 +56,7 @@ impl<const N: usize> Indexer<N> {
     }
 
     /// The multi-index of linear offset `i`, or `None` when out of bounds.
+    #[allow(clippy::needless_range_loop)] // reason: walks idx and strides in step
     pub fn multi(&self, mut i: usize) -> Option<[usize; N]> {
         if i >= self.len() {
             return None;

@@ -636,6 +636,7 @@ impl Arena {
 
     /// Unmaps the mapped pieces at the end of the expandable segment that lie
     /// wholly in a free block; returns bytes released.
+    #[allow(clippy::while_let_loop)] // reason: the loop stops at any of several checks
     fn shrink_expandable(&mut self, source: &dyn SegmentSource) -> usize {
         let Some(base) = self.grow_base.filter(|&b| b != 0) else {
             return 0;

@@ -68,7 +68,7 @@ impl EventSource for DriverEvents {
         };
         let ev = self
             .get(EventId(id))
-            .ok_or_else(|| emm_core::EmmError::InvalidSize {
+            .ok_or(emm_core::EmmError::InvalidSize {
                 requested: id,
                 reason: "unknown event",
             })?;

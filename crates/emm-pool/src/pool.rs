@@ -342,7 +342,8 @@ impl Core {
                 }
             }
         };
-        let owner: *const dyn DeviceRelease = Arc::as_ptr(self) as *const Core;
+        let core: *const Core = Arc::as_ptr(self);
+        let owner: *const dyn DeviceRelease = core;
         // SAFETY: the block is live in the arena, owned by this core until released
         // through it; the core outlives every allocation (PoolManager's Drop leaks it
         // while any is live).

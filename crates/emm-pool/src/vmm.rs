@@ -23,14 +23,17 @@ pub trait VirtualMemory: Send + Sync {
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
 }
 
+/// Reservations `(base, size)` and mappings `addr -> (handle, len)`.
+type VmmState = (
+    Vec<(CUdeviceptr, usize)>,
+    HashMap<CUdeviceptr, (u64, usize)>,
+);
+
 /// The driver's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
 /// `cuMemMap`, `cuMemSetAccess`); reservations are freed on drop.
 pub struct DriverVmm {
     ctx: Context,
-    state: Mutex<(
-        Vec<(CUdeviceptr, usize)>,
-        HashMap<CUdeviceptr, (u64, usize)>,
-    )>,
+    state: Mutex<VmmState>,
 }
 
 impl DriverVmm {
