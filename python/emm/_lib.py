@@ -125,9 +125,13 @@ class Manager:
     """A handle on the manager of one device (shared with every emm user in the process)."""
 
     def __init__(self, name=None, device=0):
+        """``name``: ``default``, ``pool`` or ``hostonly``; None: ``EMM_MEMORY_MANAGER``,
+        else ``pool``. A process has one manager per device: asking for another name
+        once one has served memory raises ``EmmError`` (EMM_ERR_ALREADY_IN_USE)."""
         lib = self._lib = load()
         h = ctypes.c_void_p()
-        _check(lib, lib.emm_manager_create(name.encode() if name else None, int(device), ctypes.byref(h)))
+        name = name or default_name()
+        _check(lib, lib.emm_manager_create(name.encode(), int(device), ctypes.byref(h)))
         self._h = h
         self._alloc, self._free = lib.emm_alloc, lib.emm_free
         self.device = int(device)

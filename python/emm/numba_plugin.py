@@ -54,7 +54,7 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def initialize(self):
         # Called on every context push: cheap after the first time.
         if self._emm is None and self.context is not None:
-            self._emm = Manager(None, self.context.device.id)
+            self._emm = Manager(None, self.context.device.id)  # EMM_MEMORY_MANAGER, else pool
 
     def memalloc(self, size):
         emm = self._emm

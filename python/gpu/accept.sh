@@ -10,6 +10,9 @@ export PYTHONPATH=/tmp/site-np:/tmp/site:$PWD/python
 {
   for v in numba numba-rmm-pool numba-rmm-async torch cupy; do timeout 120 python3 .peers/py_bench.py $v; done
   for v in numba-emm torch-emm cupy-emm; do timeout 120 python3 python/gpu/bench.py $v; done
+  echo "== again, interleaved"
+  for i in 1 2; do timeout 120 python3 .peers/py_bench.py torch; timeout 120 python3 python/gpu/bench.py torch-emm;
+    timeout 120 python3 .peers/py_bench.py numba-rmm-pool; timeout 120 python3 python/gpu/bench.py numba-emm; done
 } > $OUT/py_bench.txt 2>&1
 { echo "== torch native"; timeout 120 python3 python/gpu/torch_train.py; echo "== torch emm"; timeout 120 python3 python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
 { timeout 120 python3 python/gpu/cupy_check.py; timeout 120 python3 python/gpu/memarray_check.py; } > $OUT/cupy.txt 2>&1

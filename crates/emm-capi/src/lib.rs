@@ -19,6 +19,7 @@ pub use array::*;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -580,36 +581,48 @@ pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_sta
 
 struct TorchDevice {
     manager: Arc<dyn MemoryManager>,
-    live: Mutex<HashMap<u64, DeviceAllocation>>,
+    live: Mutex<HashMap<u64, DeviceAllocation, BuildHasherDefault<AddrHasher>>>,
 }
 
+/// Device pointers are 256-byte aligned and spread out: a multiply-shift of the
+/// address is a good hash and much cheaper than SipHash on this hot path.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+const TORCH_DEVICES: usize = 64;
+
 fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
-    static DEVICES: OnceLock<Mutex<HashMap<c_int, &'static TorchDevice>>> = OnceLock::new();
-    let map = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = lock(map);
-    if let Some(d) = map.get(&device) {
-        return Some(d);
-    }
-    // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
-    let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) {
-        None
-    } else {
-        Some("pool")
+    static DEVICES: [OnceLock<Option<TorchDevice>>; TORCH_DEVICES] = [const { OnceLock::new() }; TORCH_DEVICES];
+    let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
+        invalid(format!("device {device} is outside 0..{TORCH_DEVICES}"));
+        return None;
     };
-    match manager_for(name, device) {
-        Ok((manager, _)) => {
-            let d: &'static TorchDevice = Box::leak(Box::new(TorchDevice {
-                manager,
-                live: Mutex::new(HashMap::new()),
-            }));
-            map.insert(device, d);
-            Some(d)
+    slot.get_or_init(|| {
+        // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
+        let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) { None } else { Some("pool") };
+        match manager_for(name, device) {
+            Ok((manager, _)) => Some(TorchDevice { manager, live: Mutex::new(HashMap::default()) }),
+            Err(e) => {
+                fail(e);
+                None
+            }
         }
-        Err(e) => {
-            fail(e);
-            None
-        }
-    }
+    })
+    .as_ref()
 }
 
 /// PyTorch's pluggable allocator: allocate `size` bytes on `device` ordered on

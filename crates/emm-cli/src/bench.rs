@@ -203,25 +203,38 @@ fn threads(ctx: &Context, json: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let per_thread = 2_000_000usize;
+    let per_thread = 4_000_000usize;
+    // Each thread sets up (context, stream, first pairs) before the clock starts;
+    // the clock stops when the last thread is done.
     let run = |n: usize| -> f64 {
-        let start = Instant::now();
+        let ready = std::sync::Barrier::new(n + 1);
+        let done = std::sync::Barrier::new(n + 1);
+        let mut elapsed = 0.0;
         std::thread::scope(|sc| {
             for t in 0..n {
-                let pool = &pool;
+                let (pool, ready, done) = (&pool, &ready, &done);
                 sc.spawn(move || {
                     let _ = ctx.set_current();
                     let stream = Stream::new(ctx).expect("stream");
                     let sizes = [256usize, 4096, 65_536, 1 << 20];
+                    for &s in &sizes {
+                        drop(pool.alloc(s, stream.raw()));
+                    }
+                    ready.wait();
                     for i in 0..per_thread {
                         let size = sizes[(i + t) % 4];
                         drop(pool.alloc(size, stream.raw()));
                     }
+                    done.wait();
                     let _ = stream.synchronize();
                 });
             }
+            ready.wait();
+            let start = Instant::now();
+            done.wait();
+            elapsed = start.elapsed().as_secs_f64();
         });
-        (n * per_thread) as f64 / start.elapsed().as_secs_f64()
+        (n * per_thread) as f64 / elapsed
     };
     run(1); // warm up
     let one = run(1);

@@ -148,7 +148,9 @@ impl SegmentSource for SourceAdapter<'_> {
 }
 
 /// Counters one thread writes and others read (single writer: no contention).
+/// Aligned so that two threads' counters never share a cache line.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 struct ThreadCounters {
     live_blocks: AtomicU64,
     freed_blocks: AtomicU64,
