@@ -19,8 +19,8 @@ pub use array::*;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::hash::BuildHasherDefault;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -606,16 +606,24 @@ impl std::hash::Hasher for AddrHasher {
 const TORCH_DEVICES: usize = 64;
 
 fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
-    static DEVICES: [OnceLock<Option<TorchDevice>>; TORCH_DEVICES] = [const { OnceLock::new() }; TORCH_DEVICES];
+    static DEVICES: [OnceLock<Option<TorchDevice>>; TORCH_DEVICES] =
+        [const { OnceLock::new() }; TORCH_DEVICES];
     let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
         invalid(format!("device {device} is outside 0..{TORCH_DEVICES}"));
         return None;
     };
     slot.get_or_init(|| {
         // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
-        let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) { None } else { Some("pool") };
+        let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) {
+            None
+        } else {
+            Some("pool")
+        };
         match manager_for(name, device) {
-            Ok((manager, _)) => Some(TorchDevice { manager, live: Mutex::new(HashMap::default()) }),
+            Ok((manager, _)) => Some(TorchDevice {
+                manager,
+                live: Mutex::new(HashMap::default()),
+            }),
             Err(e) => {
                 fail(e);
                 None
