@@ -263,6 +263,25 @@ impl IpcHandle {
         Ok(handle)
     }
 
+    /// The handle as lowercase hex text (for environment variables, command lines,
+    /// logs).
+    pub fn to_hex(&self) -> String {
+        self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses [`IpcHandle::to_hex`] text; bad text is [`EmmError::InvalidIpcHandle`].
+    pub fn from_hex(text: &str) -> Result<IpcHandle> {
+        let t = text.trim();
+        if t.len() % 2 != 0 {
+            return Err(invalid(format!("hex text of odd length {}", t.len())));
+        }
+        let bytes = (0..t.len() / 2)
+            .map(|i| u8::from_str_radix(t.get(2 * i..2 * i + 2).unwrap_or("zz"), 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|_| invalid("the text is not hex"))?;
+        IpcHandle::from_bytes(&bytes)
+    }
+
     /// Builds a legacy handle for `[ptr, ptr+size)`, which lies in the `cuMemAlloc`
     /// allocation that starts at `base`.
     pub fn export_legacy(
@@ -513,6 +532,15 @@ mod tests {
                 "byte {i}: {r}"
             );
         }
+    }
+
+    #[test]
+    fn hex_text_round_trips_and_bad_text_is_an_error() {
+        let h = legacy();
+        assert_eq!(IpcHandle::from_hex(&h.to_hex()).unwrap(), h);
+        assert!(IpcHandle::from_hex("abc").is_err());
+        assert!(IpcHandle::from_hex("zz").is_err());
+        assert!(IpcHandle::from_hex("ééé").is_err());
     }
 
     #[test]

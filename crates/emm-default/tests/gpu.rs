@@ -371,11 +371,7 @@ fn ipc_round_trip_of_a_view_across_processes() {
     let view = block.view(4096, 8192).unwrap();
     let handle = m.get_ipc_handle(view).unwrap();
     assert_eq!((handle.offset(), handle.size()), (4096, 8192));
-    let hex: String = handle
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = handle.to_hex();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -421,10 +417,7 @@ fn ipc_child_process() {
     let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
         return;
     };
-    let bytes: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let handle = IpcHandle::from_bytes(&bytes).unwrap();
+    let handle = IpcHandle::from_hex(&hex).unwrap();
     let ctx = ctx();
     let m = DefaultManager::new(&ctx).unwrap();
     m.initialize().unwrap();
@@ -493,11 +486,7 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
     // SAFETY: 1 MiB.
     unsafe { memory::copy_htod(&c0, a0.ptr(), &pattern) }.unwrap();
     let handle = m0.get_ipc_handle(a0.view(65_536, 65_536).unwrap()).unwrap();
-    let hex: String = handle
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = handle.to_hex();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -525,10 +514,7 @@ fn staged_ipc_child_process() {
     let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
         return;
     };
-    let bytes: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let handle = IpcHandle::from_bytes(&bytes).unwrap();
+    let handle = IpcHandle::from_hex(&hex).unwrap();
     let c1 = Context::on_device(1).unwrap();
     let m1 = DefaultManager::new(&c1).unwrap();
     m1.initialize().unwrap();

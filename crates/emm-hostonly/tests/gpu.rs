@@ -103,11 +103,7 @@ fn mempool_ipc_round_trip_across_processes() {
     unsafe { memory::copy_htod(&ctx, block.ptr(), &pattern) }.unwrap();
     let handle = m.get_ipc_handle(block.view(8192, 4096).unwrap()).unwrap();
     assert!(matches!(handle, IpcHandle::MemPool { .. }));
-    let hex: String = handle
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = handle.to_hex();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -142,10 +138,7 @@ fn mempool_ipc_child_process() {
     let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
         return;
     };
-    let bytes: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let handle = IpcHandle::from_bytes(&bytes).unwrap();
+    let handle = IpcHandle::from_hex(&hex).unwrap();
     let ctx = ctx();
     let m = HostOnlyManager::new(&ctx).unwrap();
     let mem = handle.open(&ctx, &m).unwrap();
