@@ -29,19 +29,13 @@ os.environ.setdefault("EMM_MEMORY_MANAGER", "pool")
 
 from numba import cuda  # noqa: E402
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
-from numba.cuda.cudadrv import driver as _driver  # noqa: E402
 
 from ._lib import Manager  # noqa: E402
 
 
-def _pointer_type():
-    if getattr(_driver, "USE_NV_BINDING", False) or getattr(_driver, "_have_nvidia_binding", False):
-        from cuda.bindings.driver import CUdeviceptr
-        return CUdeviceptr
-    return ctypes.c_uint64
-
-
-_device_pointer = _pointer_type()
+# MemoryPointer converts a ctypes.c_void_p to the driver's pointer type, whichever
+# binding this numba-cuda uses.
+_device_pointer = ctypes.c_void_p
 
 
 class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
