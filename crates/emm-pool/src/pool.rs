@@ -79,7 +79,8 @@ impl Default for PoolConfig {
 /// Statistics of a pool, with PyTorch's `memory_stats` names where they fit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// `allocated_bytes.all.current`: bytes in blocks held by callers (rounded).
+    /// `allocated_bytes.all.current`: bytes in blocks held by callers (rounded;
+    /// blocks waiting in thread caches are not counted).
     pub allocated_bytes: usize,
     /// `allocated_bytes.all.peak` (exact for the shared path; thread-cache hits
     /// are folded in when threads next touch the shared path).
@@ -156,6 +157,17 @@ struct ThreadCounters {
     freed_blocks: AtomicU64,
     allocations: AtomicU64,
     hits: AtomicU64,
+    /// Bytes of freed blocks sitting in this thread's cache (live to the arena,
+    /// free to the user).
+    cached_bytes: AtomicU64,
+}
+
+fn add_cached(c: &ThreadCounters, delta: i64) {
+    let v = &c.cached_bytes;
+    v.store(
+        v.load(Ordering::Relaxed).wrapping_add(delta as u64),
+        Ordering::Relaxed,
+    );
 }
 
 fn bump(c: &AtomicU64) {
@@ -210,6 +222,7 @@ impl Drop for Local {
                 }
             }
         }
+        self.counters.cached_bytes.store(0, Ordering::Relaxed);
     }
 }
 
@@ -257,7 +270,14 @@ impl Core {
 
     /// Gives a stream's cached blocks to the arena; `alive`: the stream is known
     /// to be usable now (events may be recorded on it).
-    fn flush_stream(&self, arena: &mut Arena, sc: &mut StreamCache, gen: usize, alive: bool) {
+    fn flush_stream(
+        &self,
+        arena: &mut Arena,
+        sc: &mut StreamCache,
+        counters: &ThreadCounters,
+        gen: usize,
+        alive: bool,
+    ) {
         let events = if alive {
             Some(self.events.as_ref())
         } else {
@@ -268,6 +288,7 @@ impl Core {
                 arena.free(e.ptr, sc.stream, events);
             }
         }
+        add_cached(counters, -(sc.bytes as i64));
         sc.bytes = 0;
     }
 
@@ -295,6 +316,7 @@ impl Core {
                 .rposition(|e| e.size == rsize && e.generation == gen)?;
             let e = sc.entries.swap_remove(i);
             sc.bytes -= e.size;
+            add_cached(&local.counters, -(e.size as i64));
             bump(&local.counters.hits);
             bump(&local.counters.live_blocks);
             Some(e)
@@ -314,7 +336,7 @@ impl Core {
                     if found.is_none() {
                         self.with_local(|local| {
                             if let Some(sc) = local.streams.iter_mut().find(|s| s.stream == key) {
-                                self.flush_stream(&mut arena, sc, gen, true);
+                                self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                             }
                         });
                     }
@@ -405,6 +427,7 @@ impl Core {
                         generation: gen,
                     });
                     sc.bytes += rsize;
+                    add_cached(&local.counters, rsize as i64);
                     return Some(true);
                 }
                 Some(false)
@@ -596,8 +619,12 @@ impl PoolManager {
             .sum::<u64>()
             + self.core.orphan.allocations.load(Ordering::Relaxed);
         let thread_cache_hits = threads.iter().map(|c| c.hits.load(Ordering::Relaxed)).sum();
+        let cached = threads
+            .iter()
+            .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
+            .sum::<usize>();
         PoolStats {
-            allocated_bytes: a.live,
+            allocated_bytes: a.live.saturating_sub(cached),
             allocated_bytes_peak: a.peak_live,
             reserved_bytes: a.reserved,
             reserved_bytes_peak: a.peak_reserved,
@@ -620,7 +647,8 @@ impl PoolManager {
         let mut arena = self.core.lock();
         let _ = self.core.with_local(|local| {
             for sc in &mut local.streams {
-                self.core.flush_stream(&mut arena, sc, gen, false);
+                self.core
+                    .flush_stream(&mut arena, sc, &local.counters, gen, false);
             }
         });
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
@@ -669,7 +697,8 @@ impl Drop for PoolManager {
         let mut arena = self.core.lock();
         let _ = self.core.with_local(|local| {
             for sc in &mut local.streams {
-                self.core.flush_stream(&mut arena, sc, gen, false);
+                self.core
+                    .flush_stream(&mut arena, sc, &local.counters, gen, false);
             }
         });
         arena.release_free_segments(&self.core.source());
