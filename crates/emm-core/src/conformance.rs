@@ -434,3 +434,39 @@ fn reset(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     write_read(ctx, fresh.ptr(), &pattern(4, 1 << 20))?;
     Ok(())
 }
+
+/// The environment variable through which [`run_child_test`] passes an IPC handle.
+pub const CHILD_HANDLE_ENV: &str = "EMM_TEST_IPC_HANDLE";
+
+/// For cross-process IPC tests: runs the test `name` of the current test binary in
+/// a child process, with `handle` (as hex) in [`CHILD_HANDLE_ENV`]. Returns the
+/// child's output when it passed, or its output as the error.
+pub fn run_child_test(name: &str, handle: &crate::IpcHandle) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the test binary: {e}"))?;
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_HANDLE_ENV, handle.to_hex())
+        .output()
+        .map_err(|e| format!("cannot start the child: {e}"))?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() && text.contains("1 passed") {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// In the child started by [`run_child_test`]: the handle it was given, or `None`
+/// when the test runs on its own (then it has nothing to do).
+pub fn child_handle() -> Option<Result<crate::IpcHandle, crate::EmmError>> {
+    std::env::var(CHILD_HANDLE_ENV)
+        .ok()
+        .map(|h| crate::IpcHandle::from_hex(&h))
+}

@@ -371,24 +371,8 @@ fn ipc_round_trip_of_a_view_across_processes() {
     let view = block.view(4096, 8192).unwrap();
     let handle = m.get_ipc_handle(view).unwrap();
     assert_eq!((handle.offset(), handle.size()), (4096, 8192));
-    let hex = handle.to_hex();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "ipc_child_process",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("EMM_TEST_IPC_HANDLE", hex)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "child failed:\n{text}"
-    );
+    let text = emm_core::conformance::run_child_test("ipc_child_process", &handle)
+        .unwrap_or_else(|t| panic!("child failed:\n{t}"));
     assert!(text.contains("child: verified 8192 bytes"), "{text}");
     let mut back = vec![0u8; 1 << 20];
     // SAFETY: `block` holds 1 MiB.
@@ -414,10 +398,10 @@ fn ipc_round_trip_of_a_view_across_processes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
-        return;
+    let Some(handle) = emm_core::conformance::child_handle() else {
+        return; // not started by the parent test: nothing to do
     };
-    let handle = IpcHandle::from_hex(&hex).unwrap();
+    let handle = handle.unwrap();
     let ctx = ctx();
     let m = DefaultManager::new(&ctx).unwrap();
     m.initialize().unwrap();
@@ -486,24 +470,9 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
     // SAFETY: 1 MiB.
     unsafe { memory::copy_htod(&c0, a0.ptr(), &pattern) }.unwrap();
     let handle = m0.get_ipc_handle(a0.view(65_536, 65_536).unwrap()).unwrap();
-    let hex = handle.to_hex();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "staged_ipc_child_process",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("EMM_TEST_IPC_HANDLE", hex)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("child: staged 65536 bytes intact"),
-        "child failed:\n{text}"
-    );
+    let text = emm_core::conformance::run_child_test("staged_ipc_child_process", &handle)
+        .unwrap_or_else(|t| panic!("child failed:\n{t}"));
+    assert!(text.contains("child: staged 65536 bytes intact"), "{text}");
 }
 
 /// The child half of `two_gpus_one_manager_each_and_staged_ipc`: opens a GPU-0
@@ -511,10 +480,10 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn staged_ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
-        return;
+    let Some(handle) = emm_core::conformance::child_handle() else {
+        return; // not started by the parent test: nothing to do
     };
-    let handle = IpcHandle::from_hex(&hex).unwrap();
+    let handle = handle.unwrap();
     let c1 = Context::on_device(1).unwrap();
     let m1 = DefaultManager::new(&c1).unwrap();
     m1.initialize().unwrap();

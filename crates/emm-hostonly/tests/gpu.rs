@@ -103,24 +103,9 @@ fn mempool_ipc_round_trip_across_processes() {
     unsafe { memory::copy_htod(&ctx, block.ptr(), &pattern) }.unwrap();
     let handle = m.get_ipc_handle(block.view(8192, 4096).unwrap()).unwrap();
     assert!(matches!(handle, IpcHandle::MemPool { .. }));
-    let hex = handle.to_hex();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mempool_ipc_child_process",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("EMM_TEST_IPC_HANDLE", hex)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("child: mempool view verified"),
-        "child failed:\n{text}"
-    );
+    let text = emm_core::conformance::run_child_test("mempool_ipc_child_process", &handle)
+        .unwrap_or_else(|t| panic!("child failed:\n{t}"));
+    assert!(text.contains("child: mempool view verified"), "{text}");
     let mut back = vec![0u8; 1 << 20];
     // SAFETY: 1 MiB.
     unsafe { memory::copy_dtoh(&ctx, &mut back, block.ptr()) }.unwrap();
@@ -135,10 +120,10 @@ fn mempool_ipc_round_trip_across_processes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn mempool_ipc_child_process() {
-    let Ok(hex) = std::env::var("EMM_TEST_IPC_HANDLE") else {
-        return;
+    let Some(handle) = emm_core::conformance::child_handle() else {
+        return; // not started by the parent test: nothing to do
     };
-    let handle = IpcHandle::from_hex(&hex).unwrap();
+    let handle = handle.unwrap();
     let ctx = ctx();
     let m = HostOnlyManager::new(&ctx).unwrap();
     let mem = handle.open(&ctx, &m).unwrap();
