@@ -48,7 +48,11 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def initialize(self):
         # Called on every context push: cheap after the first time.
         if self._emm is None and self.context is not None:
-            self._emm = Manager(None, self.context.device.id)  # EMM_MEMORY_MANAGER, else pool
+            dev = self.context.device
+            # Numba's Device has .id; a third-party (attached) context may carry the
+            # driver binding's CUdevice, which converts to its ordinal.
+            ordinal = dev.id if hasattr(dev, "id") else int(dev)
+            self._emm = Manager(None, ordinal)  # EMM_MEMORY_MANAGER, else pool
 
     def memalloc(self, size):
         emm = self._emm

@@ -244,7 +244,7 @@ fn out_of_memory_flushes_retries_then_reports_requested_free_and_total() {
     let m = DefaultManager::with_config(
         &ctx,
         PendingConfig {
-            max_count: 100,
+            max_count: 1_000_000,
             max_ratio: 1.0,
         },
     )
