@@ -327,8 +327,8 @@ impl Core {
                 let mut arena = self.lock();
                 let source = self.source();
                 let mut found = None;
-                if other.is_some() {
-                    self.with_local(|local| bump(&local.counters.live_blocks));
+                let on_thread = other.is_some();
+                if on_thread {
                     // A miss: serve it from the arena's free blocks if possible;
                     // before taking new memory, give this stream's cached blocks back
                     // so they can coalesce and serve it.
@@ -340,23 +340,18 @@ impl Core {
                             }
                         });
                     }
+                }
+                let (ptr, base, base_size) = match found {
+                    Some(f) => f,
+                    None => arena.alloc(rsize, key, self.events.as_ref(), &source)?,
+                };
+                // Counted live only once it exists (an error leaves no count behind).
+                if on_thread {
+                    self.with_local(|local| bump(&local.counters.live_blocks));
                 } else {
                     bump(&self.orphan.allocations);
                     bump(&self.orphan.live_blocks);
                 }
-                let (ptr, base, base_size) = match found {
-                    Some(f) => Ok(f),
-                    None => arena.alloc(rsize, key, self.events.as_ref(), &source),
-                }
-                .inspect_err(|_| {
-                    // Undo the live count taken above.
-                    let _ = self.with_local(|l| {
-                        l.counters.live_blocks.store(
-                            l.counters.live_blocks.load(Ordering::Relaxed) - 1,
-                            Ordering::Relaxed,
-                        )
-                    });
-                })?;
                 Entry {
                     ptr,
                     size: rsize,
