@@ -59,8 +59,8 @@ def main():
     # Many live arrays of mixed sizes, each written with its own value and checked.
     arrs = [cuda.to_device(np.full(s, i % 251, dtype=np.uint8))
             for i, s in enumerate([1, 255, 4096, 65537, 1 << 20] * 40)]
-    for i, a in enumerate(arrs):
-        assert (a.copy_to_host() == i % 251).all(), i
+    for i in range(len(arrs)):
+        assert (arrs[i].copy_to_host() == i % 251).all(), i
     del arrs
     gc.collect()
     assert stats()["allocated_bytes"] == base, stats()
