@@ -8,6 +8,8 @@ the memory. Importing this module does not import CuPy; ``install`` does.
 from ._lib import Manager, default_name
 
 _managers = {}
+# CuPy's functions, bound once by install(): the allocator runs per allocation.
+_get_device = _current_stream = _Unowned = _Pointer = None
 
 
 class _Block:
@@ -27,22 +29,32 @@ class _Block:
 
 def allocator(size):
     """A CuPy allocator function: ``size`` bytes on the current device and stream."""
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
+    if _get_device is None:
+        _bind()
+    dev = _get_device()
     mgr = _managers.get(dev)
     if mgr is None:
         mgr = _managers[dev] = Manager(default_name(), dev)
     if size == 0:
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, dev), 0)
-    stream = cupy.cuda.get_current_stream().ptr
+        return _Pointer(_Unowned(0, 0, None, dev), 0)
+    stream = _current_stream().ptr
     ptr = mgr.alloc(size, stream)
-    mem = cupy.cuda.UnownedMemory(ptr, size, _Block(mgr, ptr, stream), dev)
-    return cupy.cuda.MemoryPointer(mem, 0)
+    return _Pointer(_Unowned(ptr, size, _Block(mgr, ptr, stream), dev), 0)
+
+
+def _bind():
+    global _get_device, _current_stream, _Unowned, _Pointer
+    import cupy
+
+    _current_stream = cupy.cuda.get_current_stream
+    _Unowned = cupy.cuda.UnownedMemory
+    _Pointer = cupy.cuda.MemoryPointer
+    _get_device = cupy.cuda.runtime.getDevice
 
 
 def install():
     """Makes CuPy allocate through emm (``cupy.cuda.set_allocator``)."""
     import cupy
 
+    _bind()
     cupy.cuda.set_allocator(allocator)

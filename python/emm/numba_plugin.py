@@ -30,13 +30,18 @@ os.environ.setdefault("EMM_MEMORY_MANAGER", "pool")
 
 from numba import cuda  # noqa: E402
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
+from numba.cuda.cudadrv import driver as _driver  # noqa: E402
 
 from ._lib import Manager  # noqa: E402
 
 
-# MemoryPointer converts a ctypes.c_void_p to the driver's pointer type, whichever
-# binding this numba-cuda uses.
-_device_pointer = ctypes.c_void_p
+# The pointer type MemoryPointer keeps: the NVIDIA binding's CUdeviceptr where this
+# numba-cuda uses that binding (made directly, it skips a conversion per
+# allocation), else ctypes.c_void_p (which MemoryPointer accepts in every version).
+if getattr(_driver, "USE_NV_BINDING", True) and hasattr(getattr(_driver, "binding", None), "CUdeviceptr"):
+    _device_pointer = _driver.binding.CUdeviceptr
+else:
+    _device_pointer = ctypes.c_void_p
 _finalizing = sys.is_finalizing
 
 

@@ -1,21 +1,31 @@
 #!/bin/bash
-# Python acceptance on a GPU machine: benchmarks (ours beside the peers, one run),
-# the training loop with both allocators, the CuPy check, the C++ example.
+# Python acceptance on a GPU machine: benchmarks (ours beside the peers, one run,
+# interleaved rounds), the training loop with both allocators, the CuPy, Numba and
+# MemArray checks, the C++ example.
 # Usage: python/gpu/accept.sh  (from the repository root; logs to $OUT)
 set -u
 export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/rmm/*.whl 2>/dev/null
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-np .whl/np/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site-np:/tmp/site:$PWD/python
+B="timeout 120 python3"
 {
-  for v in numba numba-rmm-pool numba-rmm-async torch cupy; do timeout 120 python3 .peers/py_bench.py $v; done
-  for v in numba-emm torch-emm cupy-emm; do timeout 120 python3 python/gpu/bench.py $v; done
-  echo "== again, interleaved"
-  for i in 1 2; do timeout 120 python3 .peers/py_bench.py torch; timeout 120 python3 python/gpu/bench.py torch-emm;
-    timeout 120 python3 .peers/py_bench.py numba-rmm-pool; timeout 120 python3 python/gpu/bench.py numba-emm; done
+  $B .peers/py_bench.py numba
+  for round in 1 2 3; do
+    echo "== round $round"
+    $B .peers/py_bench.py numba-rmm-pool; $B .peers/py_bench.py numba-rmm-async
+    EMM_MEMORY_MANAGER=pool $B python/gpu/bench.py numba-emm
+    EMM_MEMORY_MANAGER=hostonly $B python/gpu/bench.py numba-emm
+    $B .peers/py_bench.py torch; $B python/gpu/bench.py torch-emm
+    $B .peers/py_bench.py cupy; $B python/gpu/bench.py cupy-emm
+  done
+  echo "== Numba's own cost of a pair (python/gpu/numba_probe.py)"
+  for v in null null-nofin; do $B python/gpu/numba_probe.py $v; done
 } > $OUT/py_bench.txt 2>&1
-{ echo "== torch native"; timeout 120 python3 python/gpu/torch_train.py; echo "== torch emm"; timeout 120 python3 python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
-{ timeout 120 python3 python/gpu/cupy_check.py; timeout 120 python3 python/gpu/memarray_check.py; } > $OUT/cupy.txt 2>&1
+{ echo "== torch native"; $B python/gpu/torch_train.py; echo "== torch emm"; $B python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
+{ $B python/gpu/cupy_check.py; $B python/gpu/memarray_check.py
+  for m in pool hostonly; do NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin EMM_MEMORY_MANAGER=$m $B python/gpu/numba_check.py; echo "numba_check $m rc=$?"; done
+} > $OUT/checks.txt 2>&1
 nvcc -O2 -std=c++17 examples/cpp/emm_example.cu -Icrates/emm-capi/include -Lgpu-bundle/lib -lemm_capi \
   -Xlinker -rpath=$PWD/gpu-bundle/lib -o /tmp/emm_example > $OUT/cpp.txt 2>&1 && /tmp/emm_example pool >> $OUT/cpp.txt 2>&1
 echo "rc=$?" >> $OUT/cpp.txt

@@ -27,6 +27,7 @@ def timeit(fn, n, reps=7):
 
 
 def main(variant):
+    label = f"{variant}({os.environ.get('EMM_MEMORY_MANAGER') or 'pool'})"
     if variant == "numba-emm":
         from numba import cuda
         import emm.numba_plugin
@@ -34,21 +35,21 @@ def main(variant):
         cuda.set_memory_manager(emm.numba_plugin.EmmNumbaManager)
         for sz in SIZES:
             us = timeit(lambda: cuda.device_array(sz, dtype=np.uint8), 2000)
-            print(f"{variant} size={sz} us_per_pair={us:.2f}", flush=True)
+            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
     elif variant == "torch-emm":
         import emm.torch
         emm.torch.install()
         import torch
         for sz in SIZES:
             us = timeit(lambda: torch.empty(sz, dtype=torch.uint8, device="cuda"), 20000)
-            print(f"{variant} size={sz} us_per_pair={us:.2f}", flush=True)
+            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
     elif variant == "cupy-emm":
         import emm.cupy
         import cupy
         emm.cupy.install()
         for sz in SIZES:
             us = timeit(lambda: cupy.empty(sz, dtype=cupy.uint8), 20000)
-            print(f"{variant} size={sz} us_per_pair={us:.2f}", flush=True)
+            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
     else:
         raise SystemExit(f"unknown variant {variant}")
 
