@@ -28,12 +28,15 @@ fn fail_array(e: ArrayError) -> emm_status {
     set_error(code, e.to_string())
 }
 
-fn array<'a>(a: *const emm_array) -> Result<&'a emm_array, emm_status> {
-    if a.is_null() {
-        return Err(invalid("the array handle is null"));
-    }
-    // SAFETY: a non-null handle came from emm_array_create and is alive.
-    Ok(unsafe { &*a })
+/// `guard` around `f` on the array behind `a`; a null handle is refused.
+fn with_array(a: *const emm_array, f: impl FnOnce(&emm_array) -> emm_status) -> emm_status {
+    guard(|| {
+        if a.is_null() {
+            return invalid("the array handle is null");
+        }
+        // SAFETY: a non-null handle came from emm_array_create and is alive.
+        f(unsafe { &*a })
+    })
 }
 
 fn lock(a: &emm_array) -> std::sync::MutexGuard<'_, RawArray> {
@@ -107,11 +110,7 @@ pub unsafe extern "C" fn emm_array_move(
     wait: c_int,
     moved: *mut c_int,
 ) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         let side = match side {
             0 => Side::Host,
             1 => Side::Device,
@@ -139,11 +138,7 @@ pub unsafe extern "C" fn emm_array_info(
     device_type: *mut c_int,
     device_id: *mut c_int,
 ) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         if data.is_null() || side.is_null() || device_type.is_null() || device_id.is_null() {
             return invalid("emm_array_info: null output pointer");
         }
@@ -173,11 +168,7 @@ pub unsafe extern "C" fn emm_array_get(
     out: *mut c_void,
     size: usize,
 ) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         if idx.is_null() || out.is_null() || rank < 0 {
             return invalid("emm_array_get: null pointer argument");
         }
@@ -204,11 +195,7 @@ pub unsafe extern "C" fn emm_array_set(
     value: *const c_void,
     size: usize,
 ) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         if idx.is_null() || value.is_null() || rank < 0 {
             return invalid("emm_array_set: null pointer argument");
         }
@@ -229,11 +216,7 @@ pub unsafe extern "C" fn emm_array_set(
 /// Takes a lock; mutations fail until `emm_array_unlock(id)`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_lock(a: *mut emm_array, id: *mut u64) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         if id.is_null() {
             return invalid("emm_array_lock: `id` is null");
         }
@@ -246,15 +229,9 @@ pub unsafe extern "C" fn emm_array_lock(a: *mut emm_array, id: *mut u64) -> emm_
 /// Releases lock `id`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_unlock(a: *mut emm_array, id: u64) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
-        match lock(a).unlock(id) {
-            Ok(()) => EMM_OK,
-            Err(e) => fail_array(e),
-        }
+    with_array(a, |a| match lock(a).unlock(id) {
+        Ok(()) => EMM_OK,
+        Err(e) => fail_array(e),
     })
 }
 
@@ -268,11 +245,7 @@ pub unsafe extern "C" fn emm_array_to_dlpack(
     versioned: c_int,
     out: *mut *mut c_void,
 ) -> emm_status {
-    guard(|| {
-        let a = match array(a) {
-            Ok(a) => a,
-            Err(c) => return c,
-        };
+    with_array(a, |a| {
         if out.is_null() {
             return invalid("emm_array_to_dlpack: `out` is null");
         }
@@ -322,8 +295,9 @@ pub unsafe extern "C" fn emm_dlpack_delete(tensor: *mut c_void, versioned: c_int
 /// Deleters run so far for this array's exports.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_deleters_run(a: *mut emm_array) -> u64 {
-    match array(a) {
-        Ok(a) => lock(a).deleters_run() as u64,
-        Err(_) => 0,
+    if a.is_null() {
+        return 0;
     }
+    // SAFETY: a non-null handle came from emm_array_create and is alive.
+    lock(unsafe { &*a }).deleters_run() as u64
 }

@@ -241,6 +241,17 @@ pub(crate) fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_s
     Ok(unsafe { &*m })
 }
 
+/// `guard` around `f` on the manager behind `m`; a null handle is refused.
+pub(crate) fn with_manager(
+    m: *const emm_manager,
+    f: impl FnOnce(&emm_manager) -> emm_status,
+) -> emm_status {
+    guard(|| match handle(m) {
+        Ok(h) => f(h),
+        Err(c) => c,
+    })
+}
+
 /// The name of the manager behind `m` (static storage; null for a null handle).
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_name(m: *const emm_manager) -> *const c_char {
@@ -263,11 +274,7 @@ pub unsafe extern "C" fn emm_alloc(
     stream: *mut c_void,
     out_ptr: *mut u64,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if out_ptr.is_null() {
             return invalid("emm_alloc: `out_ptr` is null");
         }
@@ -294,11 +301,7 @@ pub unsafe extern "C" fn emm_free(
     ptr: u64,
     stream: *mut c_void,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if ptr == 0 {
             return EMM_OK;
         }
@@ -327,11 +330,7 @@ pub unsafe extern "C" fn emm_host_alloc(
     out_host: *mut *mut c_void,
     out_dev: *mut u64,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if out_host.is_null() {
             return invalid("emm_host_alloc: `out_host` is null");
         }
@@ -361,20 +360,14 @@ pub unsafe extern "C" fn emm_host_alloc(
 /// Frees pinned host memory from `emm_host_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_host_free(m: *mut emm_manager, host: *mut c_void) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
-        match lock(&h.host).remove(&(host as usize)) {
-            Some(mem) => {
-                drop(mem);
-                EMM_OK
-            }
-            None => invalid(format!(
-                "emm_host_free: {host:p} was not allocated through this handle"
-            )),
+    with_manager(m, |h| match lock(&h.host).remove(&(host as usize)) {
+        Some(mem) => {
+            drop(mem);
+            EMM_OK
         }
+        None => invalid(format!(
+            "emm_host_free: {host:p} was not allocated through this handle"
+        )),
     })
 }
 
@@ -385,11 +378,7 @@ pub unsafe extern "C" fn emm_memory_info(
     free: *mut usize,
     total: *mut usize,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if free.is_null() || total.is_null() {
             return invalid("emm_memory_info: null output pointer");
         }
@@ -428,11 +417,7 @@ pub struct emm_stats {
 /// Fills `out` with the manager's statistics.
 #[no_mangle]
 pub unsafe extern "C" fn emm_get_stats(m: *mut emm_manager, out: *mut emm_stats) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if out.is_null() {
             return invalid("emm_get_stats: `out` is null");
         }
@@ -455,11 +440,7 @@ pub unsafe extern "C" fn emm_get_stats(m: *mut emm_manager, out: *mut emm_stats)
 /// Gives cached memory back to the device; `released` (may be null) gets the bytes.
 #[no_mangle]
 pub unsafe extern "C" fn emm_trim(m: *mut emm_manager, released: *mut usize) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         match h.manager.release_cached() {
             Ok(n) => {
                 if !released.is_null() {
@@ -486,11 +467,7 @@ pub unsafe extern "C" fn emm_ipc_export(
     cap: usize,
     written: *mut usize,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if written.is_null() {
             return invalid("emm_ipc_export: `written` is null");
         }
@@ -534,11 +511,7 @@ pub unsafe extern "C" fn emm_ipc_open(
     len: usize,
     out_ptr: *mut u64,
 ) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
+    with_manager(m, |h| {
         if buf.is_null() || out_ptr.is_null() {
             return invalid("emm_ipc_open: null pointer argument");
         }
@@ -562,20 +535,14 @@ pub unsafe extern "C" fn emm_ipc_open(
 /// Closes memory opened by `emm_ipc_open`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_status {
-    guard(|| {
-        let h = match handle(m) {
-            Ok(h) => h,
-            Err(c) => return c,
-        };
-        match lock(&h.ipc).remove(&ptr) {
-            Some(mem) => {
-                mem.close();
-                EMM_OK
-            }
-            None => invalid(format!(
-                "emm_ipc_close: {ptr:#x} was not opened through this handle"
-            )),
+    with_manager(m, |h| match lock(&h.ipc).remove(&ptr) {
+        Some(mem) => {
+            mem.close();
+            EMM_OK
         }
+        None => invalid(format!(
+            "emm_ipc_close: {ptr:#x} was not opened through this handle"
+        )),
     })
 }
 

@@ -33,6 +33,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{
@@ -101,6 +102,8 @@ struct Inner {
     /// Live allocations and the stream each is freed on (for `reset`).
     live: Mutex<HashMap<u64, usize>>,
     generation: Mutex<usize>,
+    /// Allocations served (each one a driver call: the driver's pool is upstream).
+    allocations: AtomicU64,
 }
 
 impl DeviceRelease for Inner {
@@ -171,6 +174,7 @@ impl HostOnlyManager {
                 pool,
                 live: Mutex::new(HashMap::new()),
                 generation: Mutex::new(0),
+                allocations: AtomicU64::new(0),
             }),
             host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
             defer,
@@ -230,6 +234,7 @@ impl HostOnlyManager {
             }
             Err(e) => return Err(e.into()),
         };
+        self.inner.allocations.fetch_add(1, Ordering::Relaxed);
         let token = *self
             .inner
             .generation
@@ -360,8 +365,9 @@ impl MemoryManager for HostOnlyManager {
             allocated_bytes_peak: u.used_high as usize,
             reserved_bytes: u.reserved as usize,
             reserved_bytes_peak: u.reserved_high as usize,
-            allocations: 0,
-            upstream_allocs: 0,
+            allocations: self.inner.allocations.load(Ordering::Relaxed),
+            // Every allocation is a call to the driver's stream-ordered pool.
+            upstream_allocs: self.inner.allocations.load(Ordering::Relaxed),
         }
     }
 }

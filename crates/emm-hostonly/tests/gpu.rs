@@ -74,6 +74,12 @@ fn trim_returns_memory_to_the_device() {
         .map(|_| m.memalloc_async(512 << 20, stream.raw()).unwrap())
         .collect();
     stream.synchronize().unwrap();
+    let stats = m.stats();
+    assert_eq!(
+        (stats.allocations, stats.allocated_bytes),
+        (4, 4 * (512 << 20)),
+        "{stats:?}"
+    );
     drop(held);
     stream.synchronize().unwrap();
     let u = m.usage().unwrap();
