@@ -2,7 +2,7 @@
 # Python acceptance on a GPU machine: benchmarks (ours beside the peers, one run,
 # interleaved rounds), the training loop with both allocators, the CuPy, Numba and
 # MemArray checks, the C++ example.
-# Usage: python/gpu/accept.sh  (from the repository root; logs to $OUT)
+# Usage: [ROUNDS=3] python/gpu/accept.sh  (from the repository root; logs to $OUT)
 set -u
 export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/rmm/*.whl 2>/dev/null
@@ -11,7 +11,7 @@ export PYTHONPATH=/tmp/site-np:/tmp/site:$PWD/python
 B="timeout 120 python3"
 {
   $B .peers/py_bench.py numba
-  for round in 1 2 3; do
+  for round in $(seq ${ROUNDS:-3}); do
     echo "== round $round"
     $B .peers/py_bench.py numba-rmm-pool; $B .peers/py_bench.py numba-rmm-async
     EMM_MEMORY_MANAGER=pool $B python/gpu/bench.py numba-emm
@@ -22,6 +22,7 @@ B="timeout 120 python3"
   echo "== Numba's own cost of a pair (python/gpu/numba_probe.py)"
   for v in null null-nofin; do $B python/gpu/numba_probe.py $v; done
 } > $OUT/py_bench.txt 2>&1
+python3 python/gpu/summarize.py < $OUT/py_bench.txt > $OUT/py_bench_summary.txt
 { echo "== torch native"; $B python/gpu/torch_train.py; echo "== torch emm"; $B python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
 { $B python/gpu/cupy_check.py; $B python/gpu/memarray_check.py
   for m in pool hostonly; do NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin EMM_MEMORY_MANAGER=$m $B python/gpu/numba_check.py; echo "numba_check $m rc=$?"; done
