@@ -1,0 +1,64 @@
+// PyTorch's allocator interface in one process, three ways, alternated in rounds
+// so that every variant sees the same machine state: the native caching allocator,
+// a CUDAPluggableAllocator over emm (emm_torch_alloc/emm_torch_free, what
+// emm.torch.install() sets up), and a CUDAPluggableAllocator over do-nothing
+// functions (the wrapper's own cost). raw_alloc + raw_delete pairs on the current
+// stream; median of 7 repetitions of 200,000 pairs, in ns.
+// Build and run: python/gpu/torch_pair.sh (GPU machine).
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+extern "C" {
+void *emm_torch_alloc(ssize_t size, int device, void *stream);
+void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+}
+
+using Clock = std::chrono::steady_clock;
+using Alloc = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
+static double pair_ns(Alloc *a, size_t bytes) {
+  for (int i = 0; i < 100; i++) a->raw_delete(a->raw_alloc(bytes));
+  std::vector<double> v;
+  for (int r = 0; r < 7; r++) {
+    const int n = 200000;
+    auto t = Clock::now();
+    for (int i = 0; i < n; i++) a->raw_delete(a->raw_alloc(bytes));
+    v.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t).count() / n);
+  }
+  std::sort(v.begin(), v.end());
+  return v[3];
+}
+
+int main() {
+  Alloc *native = c10::cuda::CUDACachingAllocator::get();
+  native->init(c10::cuda::device_count());
+  auto emm = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+      [](size_t n, int dev, cudaStream_t s) { return emm_torch_alloc((ssize_t)n, dev, s); },
+      [](void *p, size_t n, int dev, cudaStream_t s) { emm_torch_free(p, (ssize_t)n, dev, s); });
+  static char fake;
+  auto null = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+      [](size_t, int, cudaStream_t) -> void * { return &fake; },
+      [](void *, size_t, int, cudaStream_t) {});
+  emm->init(c10::cuda::device_count());
+  null->init(c10::cuda::device_count());
+  const size_t sizes[] = {512, 1 << 20, 64 << 20};
+  struct { const char *name; Alloc *a; } vs[] = {
+      {"torch-native", native}, {"pluggable-emm", emm.get()}, {"pluggable-null", null.get()}};
+  for (int round = 1; round <= 5; round++) {
+    for (auto &v : vs) {
+      printf("round %d %-15s", round, v.name);
+      for (size_t b : sizes) printf("  %zu: %6.1f", b, pair_ns(v.a, b));
+      printf("  ns/pair\n");
+      fflush(stdout);
+    }
+  }
+  return 0;
+}
