@@ -2,7 +2,7 @@
 // so that every variant sees the same machine state: the native caching allocator,
 // a CUDAPluggableAllocator over emm (emm_torch_alloc/emm_torch_free, what
 // emm.torch.install() sets up), and a CUDAPluggableAllocator over do-nothing
-// functions (the wrapper's own cost). raw_alloc + raw_delete pairs on the current
+// functions (the wrapper's own cost), and emm's two functions called directly. raw_alloc + raw_delete pairs on the current
 // stream; median of 7 repetitions of 200,000 pairs, in ns.
 // Build and run: python/gpu/torch_pair.sh (GPU machine).
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -23,6 +23,21 @@ void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 using Clock = std::chrono::steady_clock;
 using Alloc = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
+// emm's two C functions called directly, without PyTorch's wrapper.
+static double direct_ns(size_t bytes) {
+  auto pair = [&] { emm_torch_free(emm_torch_alloc((ssize_t)bytes, 0, nullptr), (ssize_t)bytes, 0, nullptr); };
+  for (int i = 0; i < 100; i++) pair();
+  std::vector<double> v;
+  for (int r = 0; r < 7; r++) {
+    const int n = 200000;
+    auto t = Clock::now();
+    for (int i = 0; i < n; i++) pair();
+    v.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t).count() / n);
+  }
+  std::sort(v.begin(), v.end());
+  return v[3];
+}
 
 static double pair_ns(Alloc *a, size_t bytes) {
   for (int i = 0; i < 100; i++) a->raw_delete(a->raw_alloc(bytes));
@@ -59,6 +74,10 @@ int main() {
       printf("  ns/pair\n");
       fflush(stdout);
     }
+    printf("round %d %-15s", round, "emm-direct");
+    for (size_t b : sizes) printf("  %zu: %6.1f", b, direct_ns(b));
+    printf("  ns/pair\n");
+    fflush(stdout);
   }
   return 0;
 }

@@ -411,21 +411,29 @@ impl Core {
                         local.streams.last_mut()?
                     }
                 };
-                if sc.entries.len() < cfg.thread_cache_blocks
-                    && sc.bytes + rsize <= cfg.thread_cache_bytes
-                {
-                    sc.entries.push(Entry {
-                        ptr,
-                        size: rsize,
-                        base: base.0,
-                        base_size: base.1,
-                        generation: gen,
-                    });
-                    sc.bytes += rsize;
-                    add_cached(&local.counters, rsize as i64);
-                    return Some(true);
+                if cfg.thread_cache_blocks == 0 || rsize > cfg.thread_cache_bytes {
+                    return Some(false);
                 }
-                Some(false)
+                // Full: the stream's cached blocks all go back to the arena (where
+                // they coalesce) and this one starts the cache afresh, so blocks that
+                // are not reused (one large tensor, say) cannot keep the cache full
+                // and send every other size to the locked path.
+                if sc.entries.len() >= cfg.thread_cache_blocks
+                    || sc.bytes + rsize > cfg.thread_cache_bytes
+                {
+                    let mut arena = self.lock();
+                    self.flush_stream(&mut arena, sc, &local.counters, gen, true);
+                }
+                sc.entries.push(Entry {
+                    ptr,
+                    size: rsize,
+                    base: base.0,
+                    base_size: base.1,
+                    generation: gen,
+                });
+                sc.bytes += rsize;
+                add_cached(&local.counters, rsize as i64);
+                Some(true)
             })
             .ok()
             .flatten();
