@@ -186,20 +186,7 @@ fn replay_one(
             match m {
                 "pool" => {
                     let p = PoolManager::host(capacity, PoolConfig::default()).map_err(e2s)?;
-                    let probe = || {
-                        let s = p.stats();
-                        (s.reserved_bytes_peak, s.num_device_alloc)
-                    };
-                    Ok(Some(replay(
-                        t,
-                        &Target {
-                            manager: &p,
-                            probe: &probe,
-                            sample: None,
-                        },
-                        &streams,
-                        &mut progress,
-                    )))
+                    Ok(Some(replay_pool(&p, t, &streams, &mut progress)))
                 }
                 "default" => {
                     let d = DefaultManager::over(
@@ -208,16 +195,7 @@ fn replay_one(
                     );
                     d.initialize().map_err(e2s)?;
                     let probe = || (d.stats().peak_held_bytes, d.upstream().alloc_count());
-                    Ok(Some(replay(
-                        t,
-                        &Target {
-                            manager: &d,
-                            probe: &probe,
-                            sample: None,
-                        },
-                        &streams,
-                        &mut progress,
-                    )))
+                    Ok(Some(replay_with(&d, &probe, t, &streams, &mut progress)))
                 }
                 _ => {
                     if !quiet {
@@ -252,6 +230,35 @@ fn replay_one(
     }
 }
 
+/// Replays `t` through `manager`; `probe` reads (peak reserved, upstream calls).
+fn replay_with(
+    manager: &dyn MemoryManager,
+    probe: &dyn Fn() -> (usize, usize),
+    t: &Trace,
+    streams: &dyn Fn(u64) -> CUstream,
+    progress: &mut dyn FnMut(f64),
+) -> emm_pool::replay::ReplayResult {
+    let target = Target {
+        manager,
+        probe,
+        sample: None,
+    };
+    replay(t, &target, streams, progress)
+}
+
+fn replay_pool(
+    p: &PoolManager,
+    t: &Trace,
+    streams: &dyn Fn(u64) -> CUstream,
+    progress: &mut dyn FnMut(f64),
+) -> emm_pool::replay::ReplayResult {
+    let probe = || {
+        let s = p.stats();
+        (s.reserved_bytes_peak, s.num_device_alloc)
+    };
+    replay_with(p, &probe, t, streams, progress)
+}
+
 fn replay_gpu(
     ctx: &Context,
     t: &Trace,
@@ -263,35 +270,13 @@ fn replay_gpu(
     match m {
         "pool" => {
             let p = PoolManager::new(ctx).map_err(e2s)?;
-            let probe = || {
-                let s = p.stats();
-                (s.reserved_bytes_peak, s.num_device_alloc)
-            };
-            Ok(Some(replay(
-                t,
-                &Target {
-                    manager: &p,
-                    probe: &probe,
-                    sample: None,
-                },
-                streams,
-                progress,
-            )))
+            Ok(Some(replay_pool(&p, t, streams, progress)))
         }
         "default" => {
             let d = DefaultManager::new(ctx).map_err(e2s)?;
             d.initialize().map_err(e2s)?;
             let probe = || (d.stats().peak_held_bytes, d.stats().allocations);
-            Ok(Some(replay(
-                t,
-                &Target {
-                    manager: &d,
-                    probe: &probe,
-                    sample: None,
-                },
-                streams,
-                progress,
-            )))
+            Ok(Some(replay_with(&d, &probe, t, streams, progress)))
         }
         "hostonly" => crate::backend::replay_hostonly(ctx, t, streams, progress),
         _ => Ok(None),

@@ -109,6 +109,15 @@ pub struct PoolStats {
 
 struct SourceAdapter<'a>(&'a dyn Upstream, Option<&'a dyn VirtualMemory>);
 
+impl<'a> SourceAdapter<'a> {
+    fn vmm(&self, operation: &'static str) -> Result<&'a dyn VirtualMemory> {
+        self.1.ok_or(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation,
+        })
+    }
+}
+
 impl SegmentSource for SourceAdapter<'_> {
     fn reserve(&self, size: usize) -> Result<Option<CUdeviceptr>> {
         match self.1 {
@@ -117,20 +126,10 @@ impl SegmentSource for SourceAdapter<'_> {
         }
     }
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        self.1
-            .ok_or(EmmError::Unsupported {
-                manager: "pool".into(),
-                operation: "map",
-            })?
-            .map(addr, len)
+        self.vmm("map")?.map(addr, len)
     }
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        self.1
-            .ok_or(EmmError::Unsupported {
-                manager: "pool".into(),
-                operation: "unmap",
-            })?
-            .unmap(addr, len)
+        self.vmm("unmap")?.unmap(addr, len)
     }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)
@@ -499,8 +498,9 @@ pub enum PoolUpstream {
 ///   only after an event recorded on S has completed (events are pooled).
 /// - **Thread caches.** Each thread keeps up to [`PoolConfig::thread_cache_blocks`]
 ///   freed blocks per stream; an allocation of the same rounded size on the same
-///   stream takes one back without a lock. A miss gives that stream's cached blocks
-///   back to the shared arena first, so nothing stays fragmented in a cache.
+///   stream takes one back without a lock. A miss that needs new memory, or a free
+///   into a full cache, gives that stream's cached blocks back to the shared arena
+///   first, so nothing stays fragmented or stuck in a cache.
 /// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
 ///   large blocks use different segments; lookups are `O(log n)`.
 /// - **Out of memory**: wait for pending cross-stream events, give back every
