@@ -3,6 +3,7 @@
 import ctypes
 import os
 import pathlib
+import sys
 
 _STATUS_NAMES = {
     0: "EMM_OK",
@@ -196,12 +197,13 @@ class Manager:
         _check(self._lib, self._lib.emm_ipc_close(self._h, ptr))
 
     def close(self):
-        if self._h:
+        if getattr(self, "_h", None):
             self._lib.emm_manager_destroy(self._h)
             self._h = None
 
     def __del__(self):
-        try:
+        # At interpreter exit the library may be unloaded already: leave the
+        # handle to the process's end. Otherwise an error is reported by Python's
+        # unraisable hook, not swallowed.
+        if not sys.is_finalizing():
             self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass

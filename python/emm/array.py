@@ -10,6 +10,7 @@ released) lives raises ``EmmError`` instead of corrupting data.
 """
 
 import ctypes
+import sys
 
 from ._lib import EmmError, Manager, _check, default_name, load
 
@@ -147,7 +148,6 @@ class MemArray:
             self._h = None
 
     def __del__(self):
-        try:
+        # As Manager.__del__: skipped at interpreter exit, reported otherwise.
+        if not sys.is_finalizing():
             self.close()
-        except Exception:
-            pass

@@ -5,6 +5,8 @@ is ordered on CuPy's current stream and freed on it when CuPy drops
 the memory. Importing this module does not import CuPy; ``install`` does.
 """
 
+import sys
+
 from ._lib import Manager, default_name
 
 _managers = {}
@@ -12,8 +14,17 @@ _managers = {}
 _get_device = _current_stream = _Unowned = _Pointer = None
 
 
+_finalizing = sys.is_finalizing
+
+
 class _Block:
-    """Frees its block when the last CuPy array using it dies."""
+    """Frees its block when the last CuPy array using it dies.
+
+    A failing free raises from ``__del__``, which Python reports through
+    ``sys.unraisablehook`` (printed by default): not lost. At interpreter exit the
+    library may already be unloaded, so blocks still alive are left to the driver,
+    which frees them with the context.
+    """
 
     __slots__ = ("mgr", "ptr", "stream")
 
@@ -21,10 +32,8 @@ class _Block:
         self.mgr, self.ptr, self.stream = mgr, ptr, stream
 
     def __del__(self):
-        try:
+        if not _finalizing():
             self.mgr.free(self.ptr, self.stream)
-        except Exception:  # interpreter shutdown
-            pass
 
 
 def allocator(size):

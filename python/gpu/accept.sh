@@ -2,27 +2,38 @@
 # Python acceptance on a GPU machine: benchmarks (ours beside the peers, one run,
 # interleaved rounds), the training loop with both allocators, the CuPy, Numba and
 # MemArray checks, the C++ example.
-# Usage: [ROUNDS=3] python/gpu/accept.sh  (from the repository root; logs to $OUT)
+# Usage: [ROUNDS=3] [PIN=<cpu list>] [BENCH="numba torch cupy"] [CHECKS=1] python/gpu/accept.sh
+#   (from the repository root; logs to $OUT). PIN runs every benchmark process on
+#   the same CPUs (taskset), peers and ours alike; BENCH picks the frameworks timed;
+#   CHECKS=0 skips the training loop, the checks and the C++ example.
 set -u
 export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/rmm/*.whl 2>/dev/null
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-np .whl/np/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site-np:/tmp/site:$PWD/python
-B="timeout 120 python3"
+B="timeout 120 ${PIN:+taskset -c $PIN} python3"
+BENCH=${BENCH:-numba torch cupy}
+has() { [[ " $BENCH " == *" $1 "* ]]; }
 {
-  $B .peers/py_bench.py numba
+  echo "== PIN=${PIN:-none} BENCH=$BENCH ROUNDS=${ROUNDS:-3}"
+  if has numba; then $B .peers/py_bench.py numba; fi
   for round in $(seq ${ROUNDS:-3}); do
     echo "== round $round"
-    $B .peers/py_bench.py numba-rmm-pool; $B .peers/py_bench.py numba-rmm-async
-    EMM_MEMORY_MANAGER=pool $B python/gpu/bench.py numba-emm
-    EMM_MEMORY_MANAGER=hostonly $B python/gpu/bench.py numba-emm
-    $B .peers/py_bench.py torch; $B python/gpu/bench.py torch-emm
-    $B .peers/py_bench.py cupy; $B python/gpu/bench.py cupy-emm
+    if has numba; then
+      $B .peers/py_bench.py numba-rmm-pool; $B .peers/py_bench.py numba-rmm-async
+      EMM_MEMORY_MANAGER=pool $B python/gpu/bench.py numba-emm
+      EMM_MEMORY_MANAGER=hostonly $B python/gpu/bench.py numba-emm
+    fi
+    if has torch; then $B .peers/py_bench.py torch; $B python/gpu/bench.py torch-emm; fi
+    if has cupy; then $B .peers/py_bench.py cupy; $B python/gpu/bench.py cupy-emm; fi
   done
-  echo "== Numba's own cost of a pair (python/gpu/numba_probe.py)"
-  for v in null null-nofin; do $B python/gpu/numba_probe.py $v; done
+  if has numba; then
+    echo "== Numba's own cost of a pair (python/gpu/numba_probe.py)"
+    for v in null null-nofin; do $B python/gpu/numba_probe.py $v; done
+  fi
 } > $OUT/py_bench.txt 2>&1
 python3 python/gpu/summarize.py < $OUT/py_bench.txt > $OUT/py_bench_summary.txt
+[ "${CHECKS:-1}" = 0 ] && exit 0
 { echo "== torch native"; $B python/gpu/torch_train.py; echo "== torch emm"; $B python/gpu/torch_train.py --emm; } > $OUT/torch_train.txt 2>&1
 { $B python/gpu/cupy_check.py; $B python/gpu/memarray_check.py
   for m in pool hostonly; do NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin EMM_MEMORY_MANAGER=$m $B python/gpu/numba_check.py; echo "numba_check $m rc=$?"; done

@@ -98,5 +98,39 @@ class HostArray(unittest.TestCase):
             a.__dlpack__(copy=True)
 
 
+class CupyBlock(unittest.TestCase):
+    """The object that frees a CuPy allocation (no CuPy needed to test it)."""
+
+    class FakeManager:
+        def __init__(self, fail):
+            self.fail, self.freed = fail, []
+
+        def free(self, ptr, stream):
+            self.freed.append((ptr, stream))
+            if self.fail:
+                raise RuntimeError(f"free of {ptr:#x} refused")
+
+    def test_the_block_is_freed_once_on_its_stream(self):
+        from emm.cupy import _Block
+        mgr = self.FakeManager(fail=False)
+        b = _Block(mgr, 0x1000, 7)
+        del b
+        self.assertEqual(mgr.freed, [(0x1000, 7)])
+
+    def test_a_failing_free_is_reported_not_swallowed(self):
+        from emm.cupy import _Block
+        mgr = self.FakeManager(fail=True)
+        seen = []
+        old, sys.unraisablehook = sys.unraisablehook, seen.append
+        try:
+            b = _Block(mgr, 0x2000, 0)
+            del b
+        finally:
+            sys.unraisablehook = old
+        self.assertEqual(mgr.freed, [(0x2000, 0)])
+        self.assertEqual(len(seen), 1)
+        self.assertIn("0x2000", str(seen[0].exc_value))
+
+
 if __name__ == "__main__":
     unittest.main()
