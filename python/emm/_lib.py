@@ -53,14 +53,22 @@ def library_path():
 
 
 _LIB = None
+# The oldest C ABI (emm_abi_version) these bindings work with: 0.2.0, which added
+# emm_alloc_ptr.
+ABI_NEEDED = 200
 
 
 def load():
-    """Loads libemm_capi once and declares its functions."""
+    """Loads libemm_capi once, checks its ABI version and declares its functions."""
     global _LIB
     if _LIB is not None:
         return _LIB
-    lib = ctypes.CDLL(str(library_path()))
+    path = library_path()
+    lib = ctypes.CDLL(str(path))
+    version = lib.emm_abi_version()
+    if version < ABI_NEEDED or version // 10000 != ABI_NEEDED // 10000:
+        raise EmmError(4, f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
+                          f"minor version of the same major (rebuild with `cargo build --release -p emm-capi`)")
     u64p = ctypes.POINTER(ctypes.c_uint64)
     szp = ctypes.POINTER(ctypes.c_size_t)
     vp = ctypes.c_void_p
@@ -72,6 +80,7 @@ def load():
         "emm_manager_destroy": ([vp], None),
         "emm_manager_name": ([vp], ctypes.c_char_p),
         "emm_alloc": ([vp, ctypes.c_size_t, vp, u64p], ctypes.c_int),
+        "emm_alloc_ptr": ([vp, ctypes.c_size_t, vp], ctypes.c_uint64),
         "emm_free": ([vp, ctypes.c_uint64, vp], ctypes.c_int),
         "emm_host_alloc": ([vp, ctypes.c_size_t, ctypes.c_uint32, ctypes.POINTER(vp), u64p], ctypes.c_int),
         "emm_host_free": ([vp, vp], ctypes.c_int),
@@ -134,21 +143,22 @@ class Manager:
         name = name or default_name()
         _check(lib, lib.emm_manager_create(name.encode(), int(device), ctypes.byref(h)))
         self._h = h
-        self._alloc, self._free = lib.emm_alloc, lib.emm_free
+        # The handle as a plain int: ctypes converts it faster than a c_void_p.
+        self._hv = h.value
+        self._alloc, self._free = lib.emm_alloc_ptr, lib.emm_free
         self.device = int(device)
         self.name = lib.emm_manager_name(h).decode()
 
     def alloc(self, size, stream=0):
         """Device memory of ``size`` bytes ordered on ``stream`` (an int handle; 0: legacy default)."""
-        out = ctypes.c_uint64()
-        status = self._alloc(self._h, size, stream or None, ctypes.byref(out))
-        if status:
-            _check(self._lib, status)
-        return out.value
+        ptr = self._alloc(self._hv, size, stream or None)
+        if not ptr and size:
+            _check(self._lib, self._lib.emm_last_error_code())
+        return ptr
 
     def free(self, ptr, stream=0):
         """Frees ``ptr`` ordered on ``stream`` (0: the stream it was allocated on)."""
-        status = self._free(self._h, ptr, stream or None)
+        status = self._free(self._hv, ptr, stream or None)
         if status:
             _check(self._lib, status)
 

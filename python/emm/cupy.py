@@ -1,8 +1,14 @@
 """CuPy through emm: ``emm.cupy.install()`` makes ``cupy.cuda.set_allocator`` use emm.
 
 The manager is ``pool`` unless ``EMM_MEMORY_MANAGER`` names another. Each allocation
-is ordered on CuPy's current stream and freed on it when CuPy drops
+is ordered on CuPy's current stream and freed on that same stream when CuPy drops
 the memory. Importing this module does not import CuPy; ``install`` does.
+
+``install`` hands CuPy a ``cupy.cuda.PythonFunctionAllocator`` over ``malloc`` and
+``free`` below, so CuPy builds its memory objects itself and calls Python only for
+the two emm calls. Where that class is missing (old CuPy) it installs
+``allocator``, a plain allocator function, instead. CuPy's C-function hook is not
+used: it passes no stream.
 """
 
 import sys
@@ -36,14 +42,35 @@ class _Block:
             self.mgr.free(self.ptr, self.stream)
 
 
+def _manager(dev):
+    mgr = _managers.get(dev)
+    if mgr is None:
+        mgr = _managers[dev] = Manager(default_name(), dev)
+    return mgr
+
+
+def malloc(size, device_id):
+    """``PythonFunctionAllocator``'s malloc: ``size`` bytes (> 0) on device
+    ``device_id``, ordered on CuPy's current stream; returns the address."""
+    if _current_stream is None:
+        _bind()
+    return _manager(device_id).alloc(size, _current_stream().ptr)
+
+
+def free(ptr, device_id):
+    """``PythonFunctionAllocator``'s free: the block goes back on the stream it was
+    allocated on. A failure raises (CuPy reports it as unraisable); at interpreter
+    exit nothing is done (the driver frees the memory with the context)."""
+    if not _finalizing():
+        _managers[device_id].free(ptr)
+
+
 def allocator(size):
     """A CuPy allocator function: ``size`` bytes on the current device and stream."""
     if _get_device is None:
         _bind()
     dev = _get_device()
-    mgr = _managers.get(dev)
-    if mgr is None:
-        mgr = _managers[dev] = Manager(default_name(), dev)
+    mgr = _manager(dev)
     if size == 0:
         return _Pointer(_Unowned(0, 0, None, dev), 0)
     stream = _current_stream().ptr
@@ -66,4 +93,8 @@ def install():
     import cupy
 
     _bind()
-    cupy.cuda.set_allocator(allocator)
+    pfa = getattr(cupy.cuda, "PythonFunctionAllocator", None)
+    if pfa is not None:
+        cupy.cuda.set_allocator(pfa(malloc, free).malloc)
+    else:
+        cupy.cuda.set_allocator(allocator)

@@ -28,30 +28,45 @@ def timeit(fn, n, reps=7):
 
 def main(variant):
     label = f"{variant}({os.environ.get('EMM_MEMORY_MANAGER') or 'pool'})"
+    # Each variant installs emm, then times exactly what py_bench.py times for its
+    # peer: the same function body, the same counts.
     if variant == "numba-emm":
         from numba import cuda
         import emm.numba_plugin
         import numpy as np
         cuda.set_memory_manager(emm.numba_plugin.EmmNumbaManager)
-        for sz in SIZES:
-            us = timeit(lambda: cuda.device_array(sz, dtype=np.uint8), 2000)
-            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
+
+        def make(sz):
+            def f():
+                a = cuda.device_array(sz, dtype=np.uint8)
+                del a
+            return f
     elif variant == "torch-emm":
         import emm.torch
         emm.torch.install()
         import torch
-        for sz in SIZES:
-            us = timeit(lambda: torch.empty(sz, dtype=torch.uint8, device="cuda"), 20000)
-            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
+        torch.cuda.init()
+
+        def make(sz):
+            def f():
+                a = torch.empty(sz, dtype=torch.uint8, device="cuda")
+                del a
+            return f
     elif variant == "cupy-emm":
         import emm.cupy
         import cupy
         emm.cupy.install()
-        for sz in SIZES:
-            us = timeit(lambda: cupy.empty(sz, dtype=cupy.uint8), 20000)
-            print(f"{label} size={sz} us_per_pair={us:.2f}", flush=True)
+
+        def make(sz):
+            def f():
+                a = cupy.empty(sz, dtype=cupy.uint8)
+                del a
+            return f
     else:
         raise SystemExit(f"unknown variant {variant}")
+    for sz in SIZES:
+        n = 200 if sz >= (64 << 20) else 2000
+        print(f"{label} size={sz} us_per_pair={timeit(make(sz), n):.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class Library(unittest.TestCase):
             self.fail(f"libemm_capi did not load: {e}")
 
     def test_abi_version(self):
-        self.assertEqual(self.lib.emm_abi_version(), 100)
+        self.assertEqual(self.lib.emm_abi_version(), 200)
 
     def test_a_manager_without_a_driver_is_a_typed_error(self):
         import emm
@@ -105,7 +105,11 @@ class CupyBlock(unittest.TestCase):
         def __init__(self, fail):
             self.fail, self.freed = fail, []
 
-        def free(self, ptr, stream):
+        def alloc(self, size, stream):
+            self.allocated = (size, stream)
+            return 0x3000
+
+        def free(self, ptr, stream=0):
             self.freed.append((ptr, stream))
             if self.fail:
                 raise RuntimeError(f"free of {ptr:#x} refused")
@@ -130,6 +134,26 @@ class CupyBlock(unittest.TestCase):
         self.assertEqual(mgr.freed, [(0x2000, 0)])
         self.assertEqual(len(seen), 1)
         self.assertIn("0x2000", str(seen[0].exc_value))
+
+
+    def test_the_python_function_allocator_pair(self):
+        import emm.cupy as ec
+
+        class Stream:
+            ptr = 42
+
+        mgr = self.FakeManager(fail=False)
+        saved = ec._current_stream, dict(ec._managers)
+        ec._current_stream, ec._managers[5] = Stream, mgr
+        try:
+            self.assertEqual(ec.malloc(100, 5), 0x3000)
+            self.assertEqual(mgr.allocated, (100, 42))  # CuPy's current stream
+            ec.free(0x3000, 5)
+            self.assertEqual(mgr.freed, [(0x3000, 0)])  # 0: the block's own stream
+        finally:
+            ec._current_stream = saved[0]
+            ec._managers.clear()
+            ec._managers.update(saved[1])
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ const char *emm_manager_name(const emm_manager *m);
 
 /* Device memory ordered on a stream; freed on `stream` (NULL: its own stream). */
 emm_status emm_alloc(emm_manager *m, size_t size, void *stream, uint64_t *out_ptr);
+/* emm_alloc returning the address: 0 when size is 0 (emm_last_error_code() is then
+ * EMM_OK) or on failure (it is then the failure's code). Since ABI 200. */
+uint64_t emm_alloc_ptr(emm_manager *m, size_t size, void *stream);
 emm_status emm_free(emm_manager *m, uint64_t ptr, void *stream);
 
 /* Pinned host memory: flags bit 0 mapped, bit 1 portable, bit 2 write-combined.

@@ -151,7 +151,7 @@ fn manager_for(
 /// The version of the C ABI (major * 10000 + minor * 100 + patch).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
-    100
+    200
 }
 
 /// Copies the last error message of this thread (NUL-terminated, truncated to
@@ -291,6 +291,24 @@ pub unsafe extern "C" fn emm_alloc(
             Err(e) => fail(e),
         }
     })
+}
+
+/// `emm_alloc` that returns the address instead of writing it: 0 when `size` is 0
+/// (then `emm_last_error_code()` is `EMM_OK`) or on failure (then it is not). For
+/// bindings that pay for every argument they convert, such as Python's ctypes.
+#[no_mangle]
+pub unsafe extern "C" fn emm_alloc_ptr(
+    m: *mut emm_manager,
+    size: usize,
+    stream: *mut c_void,
+) -> u64 {
+    let mut out = 0u64;
+    // SAFETY: `out` is a live local, so `out_ptr` is non-null and writable; `m` and
+    // `stream` are passed on under the caller's contract.
+    match unsafe { emm_alloc(m, size, stream, &mut out) } {
+        EMM_OK => out,
+        _ => 0,
+    }
 }
 
 /// Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (null: the
@@ -688,6 +706,15 @@ mod tests {
             );
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
+            // The address-returning form: 0, and the failure's code and message.
+            assert_eq!(emm_abi_version(), 200);
+            assert_eq!(
+                emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
+                0
+            );
+            assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
+            let n = emm_last_error(buf.as_mut_ptr(), buf.len());
+            assert_eq!(n, "the manager handle is null".len());
         }
     }
 
