@@ -89,10 +89,20 @@ def _bind():
 
 
 def install():
-    """Makes CuPy allocate through emm (``cupy.cuda.set_allocator``)."""
+    """Makes CuPy allocate through emm (``cupy.cuda.set_allocator``).
+
+    Also makes CuPy's current device current on the calling thread
+    (``cupy.cuda.Device().use()``, which CuPy's first kernel would do anyway): on a
+    thread without a current CUDA context, the runtime calls CuPy makes for every
+    allocation (the device and stream lookups) take microseconds instead of tens of
+    nanoseconds. CuPy's own pool gets this as a side effect of its first
+    ``cudaMalloc``; emm allocates through the driver, so it is done here. Other
+    threads get it from their first kernel, or from ``cupy.cuda.Device().use()``.
+    """
     import cupy
 
     _bind()
+    cupy.cuda.Device().use()
     pfa = getattr(cupy.cuda, "PythonFunctionAllocator", None)
     if pfa is not None:
         cupy.cuda.set_allocator(pfa(malloc, free).malloc)

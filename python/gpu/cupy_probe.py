@@ -2,7 +2,9 @@
 process (CuPy lets the allocator change at any time, so every variant runs in the
 same process, interleaved rep by rep, and the process's speed is shared by all).
 
-Usage: python3 cupy_probe.py
+Usage: python3 cupy_probe.py [emm-first]
+(emm-first: emm is installed and serves CuPy's first allocation, as in bench.py;
+otherwise CuPy's own pool serves the first one.)
 Rows (microseconds per pair or per call, median of 7 interleaved repetitions):
 - cupy-pool: CuPy's own memory pool.
 - pfa-floor: CuPy's PythonFunctionAllocator over Python functions that hand out
@@ -32,8 +34,13 @@ def rate(fn, n=N):
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def main():
+def main(emm_first):
     native = cupy.cuda.get_allocator()
+    if emm_first:
+        emm.cupy.install()
+        first = cupy.empty(16, dtype=cupy.uint8)
+        del first
+        cupy.cuda.set_allocator(native)
     spare = cupy.cuda.alloc(1 << 20)  # a real address for the floor (never written)
     fixed = spare.ptr
     floor = cupy.cuda.PythonFunctionAllocator(lambda size, dev: fixed, lambda ptr, dev: None).malloc
@@ -53,7 +60,7 @@ def main():
                 cupy.cuda.set_allocator(alloc)
                 times[k].append(rate(pair, 200 if sz >= (64 << 20) else N))
         for k, v in times.items():
-            print(f"cupy-probe:{k} size={sz} us_per_pair={statistics.median(v):.2f}", flush=True)
+            print(f"cupy-probe{'-emm-first' if emm_first else ''}:{k} size={sz} us_per_pair={statistics.median(v):.2f}", flush=True)
     cupy.cuda.set_allocator(shipped)
     m = emm.Manager(device=0)
     stream = cupy.cuda.get_current_stream
@@ -70,4 +77,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] == ["emm-first"])
