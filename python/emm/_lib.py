@@ -131,8 +131,28 @@ def _check(lib, status):
         raise EmmError(status, buf.value.decode("utf-8", "replace"))
 
 
-class Manager:
+class _Owner:
+    """Owns one C handle ``_h``, given back by ``close()`` (``_destroy``: the name of
+    the C function) or when the object is collected. At interpreter exit the library
+    may be unloaded already, so the handle is left to the process's end; otherwise a
+    failure is reported by Python's unraisable hook, not swallowed."""
+
+    _destroy = None
+
+    def close(self):
+        if getattr(self, "_h", None):
+            getattr(self._lib, self._destroy)(self._h)
+            self._h = None
+
+    def __del__(self):
+        if not sys.is_finalizing():
+            self.close()
+
+
+class Manager(_Owner):
     """A handle on the manager of one device (shared with every emm user in the process)."""
+
+    _destroy = "emm_manager_destroy"
 
     def __init__(self, name=None, device=0):
         """``name``: ``default``, ``pool`` or ``hostonly``; None: ``EMM_MEMORY_MANAGER``,
@@ -205,15 +225,3 @@ class Manager:
 
     def ipc_close(self, ptr):
         _check(self._lib, self._lib.emm_ipc_close(self._h, ptr))
-
-    def close(self):
-        if getattr(self, "_h", None):
-            self._lib.emm_manager_destroy(self._h)
-            self._h = None
-
-    def __del__(self):
-        # At interpreter exit the library may be unloaded already: leave the
-        # handle to the process's end. Otherwise an error is reported by Python's
-        # unraisable hook, not swallowed.
-        if not sys.is_finalizing():
-            self.close()

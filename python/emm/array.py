@@ -10,9 +10,8 @@ released) lives raises ``EmmError`` instead of corrupting data.
 """
 
 import ctypes
-import sys
 
-from ._lib import EmmError, Manager, _check, default_name, load
+from ._lib import EmmError, Manager, _Owner, _check, default_name, load
 
 DTYPES = {
     "int8": (0, 8, ctypes.c_int8), "int16": (0, 16, ctypes.c_int16), "int32": (0, 32, ctypes.c_int32),
@@ -48,8 +47,10 @@ def _destroy_legacy(capsule):
     _destroy(capsule, _NAME, 0)
 
 
-class MemArray:
+class MemArray(_Owner):
     """A typed array with a host mirror and a device copy from an emm manager."""
+
+    _destroy = "emm_array_destroy"
 
     def __init__(self, shape, dtype="float32", device=0, manager=None, host_only=False):
         if dtype not in DTYPES:
@@ -141,13 +142,3 @@ class MemArray:
         if versioned:
             return _api.PyCapsule_New(out.value, _NAME_V, _destroy_versioned)
         return _api.PyCapsule_New(out.value, _NAME, _destroy_legacy)
-
-    def close(self):
-        if getattr(self, "_h", None):
-            self._lib.emm_array_destroy(self._h)
-            self._h = None
-
-    def __del__(self):
-        # As Manager.__del__: skipped at interpreter exit, reported otherwise.
-        if not sys.is_finalizing():
-            self.close()

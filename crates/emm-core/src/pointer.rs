@@ -98,14 +98,13 @@ impl DeviceAllocation {
         owner: Arc<dyn DeviceRelease>,
         token: usize,
     ) -> DeviceAllocation {
-        DeviceAllocation {
+        Self::with_parts(
             ptr,
             size,
             stream,
-            base,
-            base_size,
-            releaser: Releaser::Shared(owner, token),
-        }
+            (base, base_size),
+            Releaser::Shared(owner, token),
+        )
     }
 
     /// As [`DeviceAllocation::with_releaser`], but borrowing the releaser instead of
@@ -124,13 +123,29 @@ impl DeviceAllocation {
         owner: *const dyn DeviceRelease,
         token: usize,
     ) -> DeviceAllocation {
+        Self::with_parts(
+            ptr,
+            size,
+            stream,
+            (base, base_size),
+            Releaser::Borrowed(owner, token),
+        )
+    }
+
+    fn with_parts(
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: CUstream,
+        (base, base_size): (CUdeviceptr, usize),
+        releaser: Releaser,
+    ) -> DeviceAllocation {
         DeviceAllocation {
             ptr,
             size,
             stream,
             base,
             base_size,
-            releaser: Releaser::Borrowed(owner, token),
+            releaser,
         }
     }
 
@@ -145,14 +160,13 @@ impl DeviceAllocation {
         stream: CUstream,
         finalizer: impl FnOnce(CUdeviceptr, usize, CUstream) + Send + 'static,
     ) -> DeviceAllocation {
-        DeviceAllocation {
+        Self::with_parts(
             ptr,
             size,
             stream,
-            base: ptr,
-            base_size: size,
-            releaser: Releaser::Callback(Box::new(finalizer)),
-        }
+            (ptr, size),
+            Releaser::Callback(Box::new(finalizer)),
+        )
     }
 
     /// Records that this allocation lies inside the upstream allocation

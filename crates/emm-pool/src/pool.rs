@@ -291,6 +291,17 @@ impl Core {
         sc.bytes = 0;
     }
 
+    /// Gives this thread's cached blocks of every stream back to the arena, without
+    /// recording events (a stream may be gone).
+    fn flush_thread(self: &Arc<Self>, arena: &mut Arena) {
+        let gen = self.generation.load(Ordering::Acquire);
+        let _ = self.with_local(|local| {
+            for sc in &mut local.streams {
+                self.flush_stream(arena, sc, &local.counters, gen, false);
+            }
+        });
+    }
+
     fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
         if size == 0 {
             // SAFETY: a zero-length allocation owns nothing.
@@ -646,14 +657,8 @@ impl PoolManager {
     /// thread's cached blocks); returns the bytes released. Blocks cached by other
     /// live threads stay until those threads allocate again or exit.
     pub fn trim(&self) -> usize {
-        let gen = self.core.generation.load(Ordering::Acquire);
         let mut arena = self.core.lock();
-        let _ = self.core.with_local(|local| {
-            for sc in &mut local.streams {
-                self.core
-                    .flush_stream(&mut arena, sc, &local.counters, gen, false);
-            }
-        });
+        self.core.flush_thread(&mut arena);
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
             tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
         }
@@ -696,14 +701,8 @@ impl Drop for PoolManager {
             std::mem::forget(self.core.clone());
             return;
         }
-        let gen = self.core.generation.load(Ordering::Acquire);
         let mut arena = self.core.lock();
-        let _ = self.core.with_local(|local| {
-            for sc in &mut local.streams {
-                self.core
-                    .flush_stream(&mut arena, sc, &local.counters, gen, false);
-            }
-        });
+        self.core.flush_thread(&mut arena);
         arena.release_free_segments(&self.core.source());
     }
 }

@@ -17,12 +17,21 @@ impl Rng {
     }
 }
 
+#[derive(Default)]
 struct Builder {
     ops: Vec<Op>,
     next: u64,
 }
 
 impl Builder {
+    fn finish(self, name: String) -> Trace {
+        Trace {
+            name,
+            ops: self.ops,
+            errors: vec![],
+        }
+    }
+
     fn alloc(&mut self, size: usize) -> u64 {
         self.next += 1;
         let size = size.div_ceil(512) * 512;
@@ -43,10 +52,7 @@ impl Builder {
 /// activations and attention scores that live for one layer.
 pub fn inference(seed: u64, requests: usize) -> Trace {
     let mut r = Rng(seed | 1);
-    let mut b = Builder {
-        ops: Vec::new(),
-        next: 0,
-    };
+    let mut b = Builder::default();
     let (layers, width, heads) = (12usize, 1024usize, 16usize);
     let weights: Vec<u64> = (0..layers * 4)
         .map(|_| b.alloc(width * width * 2))
@@ -77,11 +83,7 @@ pub fn inference(seed: u64, requests: usize) -> Trace {
     for w in weights {
         b.free(w);
     }
-    Trace {
-        name: format!("synthetic-inference-{seed}"),
-        ops: b.ops,
-        errors: vec![],
-    }
+    b.finish(format!("synthetic-inference-{seed}"))
 }
 
 /// Convolutional training: a ResNet-like stack whose feature maps halve in
@@ -89,10 +91,7 @@ pub fn inference(seed: u64, requests: usize) -> Trace {
 /// pass frees them in reverse order; image sizes vary per step (multi-scale).
 pub fn conv_training(seed: u64, steps: usize) -> Trace {
     let mut r = Rng(seed | 1);
-    let mut b = Builder {
-        ops: Vec::new(),
-        next: 0,
-    };
+    let mut b = Builder::default();
     let stages = [(64usize, 3usize), (128, 4), (256, 6), (512, 3)];
     let mut params = Vec::new();
     for &(c, n) in &stages {
@@ -124,9 +123,5 @@ pub fn conv_training(seed: u64, steps: usize) -> Trace {
     for p in params {
         b.free(p);
     }
-    Trace {
-        name: format!("synthetic-conv-{seed}"),
-        ops: b.ops,
-        errors: vec![],
-    }
+    b.finish(format!("synthetic-conv-{seed}"))
 }
