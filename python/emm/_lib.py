@@ -103,6 +103,7 @@ def load():
         "emm_array_to_dlpack": ([vp, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),
         "emm_dlpack_delete": ([vp, ctypes.c_int], None),
         "emm_array_deleters_run": ([vp], ctypes.c_uint64),
+        "emm_manager_report": ([vp, ctypes.c_char_p, ctypes.c_size_t, szp], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -203,6 +204,14 @@ class Manager(_Owner):
         s = _Stats()
         _check(self._lib, self._lib.emm_get_stats(self._h, ctypes.byref(s)))
         return {n: getattr(s, n) for n, _ in _Stats._fields_}
+
+    def report(self):
+        """Every counter the manager keeps, as one line of text (for profiling)."""
+        n = ctypes.c_size_t()
+        _check(self._lib, self._lib.emm_manager_report(self._h, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _check(self._lib, self._lib.emm_manager_report(self._h, buf, n.value + 1, None))
+        return buf.value.decode("utf-8", "replace")
 
     def trim(self):
         """Gives cached memory back to the device; returns the bytes released."""

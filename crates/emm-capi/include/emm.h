@@ -73,6 +73,9 @@ emm_status emm_host_free(emm_manager *m, void *host);
 /* Memory info, statistics, trim (released may be NULL). */
 emm_status emm_memory_info(emm_manager *m, size_t *free, size_t *total);
 emm_status emm_get_stats(emm_manager *m, emm_stats *out);
+/* Every counter the manager keeps, as one line of text (NUL-terminated, truncated
+ * to len); *written (may be NULL) gets the full length; buf may be NULL. */
+emm_status emm_manager_report(emm_manager *m, char *buf, size_t len, size_t *written);
 emm_status emm_trim(emm_manager *m, size_t *released);
 
 /* IPC: export [ptr+offset, ptr+offset+len) of an allocation of this handle as bytes

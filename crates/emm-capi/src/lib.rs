@@ -455,6 +455,35 @@ pub unsafe extern "C" fn emm_get_stats(m: *mut emm_manager, out: *mut emm_stats)
     })
 }
 
+/// Copies every counter the manager keeps, as one line of text (NUL-terminated,
+/// truncated to `len`), into `buf`; `written` (may be null) gets the text's full
+/// length. `buf` may be null to ask for the length.
+#[no_mangle]
+pub unsafe extern "C" fn emm_manager_report(
+    m: *mut emm_manager,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+) -> emm_status {
+    with_manager(m, |h| {
+        let text = h.manager.report();
+        let bytes = text.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: the caller gives `len` writable bytes at `buf`; n < len.
+            unsafe {
+                core::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        if !written.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { *written = bytes.len() };
+        }
+        EMM_OK
+    })
+}
+
 /// Gives cached memory back to the device; `released` (may be null) gets the bytes.
 #[no_mangle]
 pub unsafe extern "C" fn emm_trim(m: *mut emm_manager, released: *mut usize) -> emm_status {

@@ -152,6 +152,13 @@ pub trait MemoryManager: Send + Sync {
     fn stats(&self) -> ManagerStats {
         ManagerStats::default()
     }
+
+    /// Every counter the manager keeps, as one line a person reads (for profiling:
+    /// which paths served the requests, how often the driver was called). The
+    /// default is [`stats`](Self::stats).
+    fn report(&self) -> String {
+        format!("{:?}", self.stats())
+    }
 }
 
 /// Checks a manager's interface version against [`SUPPORTED_INTERFACE_VERSIONS`].

@@ -105,6 +105,18 @@ pub struct PoolStats {
     pub shared_hits: usize,
     /// Blocks reused by another stream after their event completed.
     pub cross_stream_reuses: usize,
+    /// Requests that took the locked path (a thread-cache miss or a large block).
+    pub locked_allocs: usize,
+    /// Blocks given back to the shared arena (cache flushes, large blocks).
+    pub locked_frees: usize,
+    /// Events recorded for cross-stream ordering.
+    pub events_recorded: usize,
+    /// Event completion queries.
+    pub event_queries: usize,
+    /// Device-wide synchronizations (out-of-memory ladder, trim).
+    pub device_syncs: usize,
+    /// Allocations that needed new memory from the upstream.
+    pub misses: usize,
 }
 
 struct SourceAdapter<'a>(&'a dyn Upstream, Option<&'a dyn VirtualMemory>);
@@ -650,6 +662,12 @@ impl PoolManager {
             thread_cache_hits,
             shared_hits: a.hits,
             cross_stream_reuses: a.cross_stream_reuses,
+            locked_allocs: a.locked_allocs,
+            locked_frees: a.locked_frees,
+            events_recorded: a.events_recorded,
+            event_queries: a.event_queries,
+            device_syncs: a.device_syncs,
+            misses: a.misses,
         }
     }
 
@@ -795,6 +813,10 @@ impl MemoryManager for PoolManager {
 
     fn context(&self) -> Option<&Context> {
         self.core.ctx.as_ref()
+    }
+
+    fn report(&self) -> String {
+        format!("{:?}", PoolManager::stats(self))
     }
 
     fn stats(&self) -> ManagerStats {

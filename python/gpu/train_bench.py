@@ -1,0 +1,239 @@
+"""Real training and inference steps through one allocator per process.
+
+    python3 train_bench.py --variant V --workload W [--steps N] [--warmup N]
+                           [--profile DIR] [--snapshot FILE]
+    torchrun --nproc_per_node=G train_bench.py --variant V --workload gpt2 --ddp
+
+Variants (fixed before PyTorch touches the GPU, so one per process):
+  native       PyTorch's caching allocator as shipped
+  expandable   the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  emm-pool     emm.torch.install() over emm's pool
+  emm-pool-novmm  the same with EMM_POOL_EXPANDABLE=0 (no virtual memory: what
+               IPC-exportable blocks need)
+  emm-hostonly emm.torch.install() over emm's hostonly manager (CUDA's own pool)
+
+Workloads (random weights from configs; nothing is downloaded; shapes drawn from a
+seeded generator, so every variant sees the same sequence of shapes and data):
+  gpt2         transformers GPT-2, 8 layers, 768 wide, bf16 autocast, AdamW;
+               sequence length 32-1024 and batch 2-12 per step
+  llama        transformers Llama-style decoder, 8 layers, 1024 wide, same shapes
+  resnet50     torchvision ResNet-50, channels-last, bf16, SGD; batch 8-96 and
+               image size 128-256 per step
+  gpt2-infer   GPT-2 under torch.no_grad(), batch 1-32, sequence 16-1024
+
+Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
+peak reserved and allocated bytes, driver allocations, the final loss.
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+import time
+
+VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-hostonly")
+WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=VARIANTS, required=True)
+    p.add_argument("--workload", choices=WORKLOADS, required=True)
+    p.add_argument("--steps", type=int, default=40, help="timed steps")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps first")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
+    p.add_argument("--profile", metavar="DIR", help="profile 6 steps after the timed ones; tables and trace to DIR")
+    p.add_argument("--sdpa", choices=("auto", "flash"), default="auto",
+                   help="attention backend: PyTorch's choice (cuDNN on Hopper), or flash (cuDNN's off)")
+    p.add_argument("--snapshot", metavar="FILE", help="record PyTorch's memory history and dump it here")
+    return p.parse_args()
+
+
+def setup_allocator(variant):
+    """Chooses the allocator; must run before PyTorch initialises CUDA."""
+    if variant == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if variant.startswith("emm-"):
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+        os.environ["EMM_MEMORY_MANAGER"] = "hostonly" if variant == "emm-hostonly" else "pool"
+        if variant == "emm-pool-novmm":
+            os.environ["EMM_POOL_EXPANDABLE"] = "0"
+        import emm.torch
+
+        emm.torch.install()
+
+
+def build(workload, dev):
+    import torch
+
+    if workload in ("gpt2", "gpt2-infer"):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
+        model = GPT2LMHeadModel(cfg)
+    elif workload == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                          max_position_embeddings=1024)
+        model = LlamaForCausalLM(cfg)
+    else:
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).to(memory_format=torch.channels_last)
+    return model.to(dev)
+
+
+def shapes(workload, n, seed):
+    """The per-step shapes, the same for every variant."""
+    r = random.Random(seed)
+    if workload in ("gpt2", "llama"):
+        return [(r.randint(2, 12), r.randint(32, 1024)) for _ in range(n)]
+    if workload == "gpt2-infer":
+        return [(r.randint(1, 32), r.randint(16, 1024)) for _ in range(n)]
+    return [(r.randint(8, 96), r.randint(128, 256)) for _ in range(n)]
+
+
+def main():
+    args = parse()
+    setup_allocator(args.variant)
+    import torch
+
+    rank, world = 0, 1
+    if args.ddp:
+        import torch.distributed as dist
+
+        rank = int(os.environ["LOCAL_RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    dev = torch.device("cuda", rank)
+    if args.sdpa == "flash":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if args.snapshot:  # from the start, so the model's own blocks are in the trace
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
+    torch.manual_seed(args.seed)
+    model = build(args.workload, dev)
+    infer = args.workload.endswith("-infer")
+    if args.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    if infer:
+        model.eval()
+        opt = None
+    elif args.workload == "resnet50":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    total = args.warmup + args.steps + (6 if args.profile else 0)
+    plan = shapes(args.workload, total, args.seed)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1 + rank)
+
+    def step(i):
+        b, s = plan[i]
+        if args.workload == "resnet50":
+            x = torch.randn(b, 3, s, s, generator=gen).to(dev, non_blocking=True)
+            x = x.contiguous(memory_format=torch.channels_last)
+            y = torch.randint(0, 1000, (b,), generator=gen).to(dev, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+        else:
+            vocab = 50257 if args.workload.startswith("gpt2") else 32000
+            ids = torch.randint(0, vocab, (b, s), generator=gen).to(dev, non_blocking=True)
+            if infer:
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(input_ids=ids).logits
+                    loss = logits.float().mean()
+                return loss
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    times = []
+    loss = None
+    for i in range(args.warmup + args.steps):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        loss = step(i)
+        torch.cuda.synchronize(dev)
+        if i >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    final_loss = float(loss.detach().float().item())
+    if args.snapshot:
+        torch.cuda.memory._dump_snapshot(args.snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    if args.profile and rank == 0:
+        profile(args, step, dev)
+
+    mem = memory(args.variant, dev)
+    result = {
+        "variant": args.variant, "workload": args.workload, "world": world,
+        "steps": args.steps, "step_ms": times,
+        "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
+    }
+    if args.ddp:
+        import torch.distributed as dist
+
+        everyone = [None] * world
+        dist.all_gather_object(everyone, result)
+        if rank == 0:
+            result["ranks"] = [{k: r[k] for k in ("median_ms", "peak_reserved", "peak_allocated")} for r in everyone]
+            result["peak_reserved"] = max(r["peak_reserved"] for r in everyone)
+            result["peak_allocated"] = max(r["peak_allocated"] for r in everyone)
+        dist.destroy_process_group()
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def memory(variant, dev):
+    """Peak reserved and allocated bytes and driver allocations, from the allocator
+    that served the process."""
+    import torch
+
+    if variant.startswith("emm-"):
+        import emm
+
+        m = emm.Manager(device=dev.index)
+        s = m.stats()
+        return {"peak_reserved": s["reserved_bytes_peak"], "peak_allocated": s["allocated_bytes_peak"],
+                "driver_allocs": s["upstream_allocs"], "emm_report": m.report()}
+    s = torch.cuda.memory_stats(dev)
+    return {"peak_reserved": s["reserved_bytes.all.peak"], "peak_allocated": s["allocated_bytes.all.peak"],
+            "driver_allocs": s.get("num_device_alloc", 0)}
+
+
+def profile(args, step, dev):
+    """Six steps under PyTorch's profiler: where host and device time went."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    out = pathlib.Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    first = args.warmup + args.steps
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(first, first + 6):
+            step(i)
+        torch.cuda.synchronize(dev)
+    wall = (time.perf_counter() - t0) * 1e3
+    ka = prof.key_averages()
+    tag = f"{args.workload}-{args.variant}" + ("-flash" if args.sdpa == "flash" else "")
+    kernel_us = sum(e.self_device_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CUDA)
+    with open(out / f"{tag}.txt", "w") as f:
+        f.write(f"wall {wall:.1f} ms for 6 steps; device (kernel+memcpy) time {kernel_us / 1e3:.1f} ms\n\n")
+        f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30))
+        f.write("\n\n")
+        f.write(ka.table(sort_by="self_device_time_total", row_limit=25))
+    print(f"PROFILE {tag}: wall {wall:.1f} ms / 6 steps, device busy {kernel_us / 1e3:.1f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
