@@ -104,3 +104,21 @@ impl Streams<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_stand_in_keeps_streams_distinct() {
+        let b = Backend::Host { why: "test".into() };
+        let mut s = b.streams();
+        let h: Vec<usize> = (0..5).map(|n| s.get(n).0 as usize).collect();
+        let mut d = h.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), 5, "{h:?}");
+        assert_eq!(s.get(0), emm::core::SYNC_STREAM);
+        assert!(h[1..].iter().all(|&x| x > 2), "never a default-stream handle");
+    }
+}
