@@ -12,7 +12,7 @@ const W: f64 = 960.0;
 const H: f64 = 380.0;
 const LEFT: f64 = 90.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 20.0;
+const LEGEND_LINE: f64 = 18.0;
 const BOTTOM: f64 = 50.0;
 
 /// Escapes text for HTML and SVG (element content and attribute values).
@@ -58,7 +58,7 @@ pub fn page(r: &Report) -> String {
     for t in &r.traces {
         let _ = write!(
             h,
-            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, {} streams, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live</th><th>upstream</th><th>time</th></tr>\n",
+            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, streams: {}, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live</th><th>upstream</th><th>time</th></tr>\n",
             escape(&t.trace),
             t.format,
             t.events,
@@ -93,8 +93,40 @@ pub fn page(r: &Report) -> String {
     h
 }
 
+/// A round tick step (1, 2, 5, 10, …, 500 of a binary unit, or the next unit)
+/// giving about five ticks up to `max`.
+fn nice_step(max: f64) -> f64 {
+    let raw = (max / 5.0).max(1.0);
+    let mut unit = 1.0;
+    while raw / unit >= 1024.0 {
+        unit *= 1024.0;
+    }
+    let m = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0]
+        .into_iter()
+        .find(|m| m * unit >= raw)
+        .unwrap_or(1024.0);
+    m * unit
+}
+
+/// Points of a step curve: each value holds until the next sample.
+fn steps(points: impl Iterator<Item = (f64, f64)>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut prev: Option<f64> = None;
+    for (x, y) in points {
+        if let Some(py) = prev {
+            out.push(format!("{x:.1},{py:.1}"));
+        }
+        out.push(format!("{x:.1},{y:.1}"));
+        prev = Some(y);
+    }
+    out.join(" ")
+}
+
 /// The chart of one trace.
 pub fn chart(t: &TraceReport) -> String {
+    let entries = t.managers.len() + 1 + usize::from(t.pytorch.is_some());
+    let top = 12.0 + LEGEND_LINE * entries as f64 + 10.0;
+    let h = H + top;
     let x_max = t.events.max(1) as f64;
     let mut y_max = t.live_curve.iter().map(|p| p.1).max().unwrap_or(0) as f64;
     for m in &t.managers {
@@ -103,18 +135,19 @@ pub fn chart(t: &TraceReport) -> String {
     if let Some(p) = &t.pytorch {
         y_max = y_max.max(p.peak_reserved_bytes as f64);
     }
-    let y_max = (y_max * 1.08).max(1.0);
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let y_step = nice_step(y_max);
+    let y_max = ((y_max / y_step).ceil() * y_step).max(y_step);
+    let (pw, ph) = (W - LEFT - RIGHT, H - BOTTOM);
     let x = |e: f64| LEFT + e / x_max * pw;
-    let y = |b: f64| TOP + ph - b / y_max * ph;
+    let y = |b: f64| top + ph - b / y_max * ph;
     let mut s = String::new();
     let _ = write!(
         s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"live and reserved bytes over {}\">\n<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"#fafafa\" stroke=\"#ccc\"/>\n",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\" role=\"img\" aria-label=\"live and reserved bytes over {}\">\n<rect x=\"{LEFT}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"#fafafa\" stroke=\"#ccc\"/>\n",
         escape(&t.trace)
     );
-    for i in 0..=5 {
-        let b = y_max / 1.08 * f64::from(i) / 5.0;
+    let mut b = 0.0;
+    while b <= y_max * 1.0001 {
         let yy = y(b);
         let _ = write!(
             s,
@@ -124,20 +157,25 @@ pub fn chart(t: &TraceReport) -> String {
             yy + 4.0,
             units::bytes(b as u128)
         );
-        let e = x_max * f64::from(i) / 5.0;
+        b += y_step;
+    }
+    let x_step = (x_max / 5.0).ceil().max(1.0);
+    let mut e = 0.0;
+    while e <= x_max {
         let _ = write!(
             s,
             "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0}</text>\n",
             x(e),
-            H - BOTTOM + 18.0,
+            top + ph + 18.0,
             e
         );
+        e += x_step;
     }
     let _ = write!(
         s,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">events replayed</text>\n",
         LEFT + pw / 2.0,
-        H - 8.0
+        h - 8.0
     );
     let mut legend: Vec<(String, &str, bool)> = Vec::new();
     if let Some(p) = &t.pytorch {
@@ -155,16 +193,11 @@ pub fn chart(t: &TraceReport) -> String {
         ));
     }
     for m in &t.managers {
-        let pts: Vec<String> = m
-            .reserved_curve
-            .iter()
-            .map(|&(e, b)| format!("{:.1},{:.1}", x(e as f64), y(b as f64)))
-            .collect();
+        let pts = steps(m.reserved_curve.iter().map(|&(e, b)| (x(e as f64), y(b as f64))));
         let _ = writeln!(
             s,
-            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>",
-            color(&m.manager),
-            pts.join(" ")
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{pts}\"/>",
+            color(&m.manager)
         );
         legend.push((
             format!("{} reserved (peak {})", m.manager, units::bytes(u128::from(m.peak_reserved_bytes))),
@@ -172,38 +205,26 @@ pub fn chart(t: &TraceReport) -> String {
             false,
         ));
     }
-    let pts: Vec<String> = t
-        .live_curve
-        .iter()
-        .map(|&(e, b)| format!("{:.1},{:.1}", x(e as f64), y(b as f64)))
-        .collect();
+    let pts = steps(t.live_curve.iter().map(|&(e, b)| (x(e as f64), y(b as f64))));
     let _ = writeln!(
         s,
-        "<polyline fill=\"none\" stroke=\"#222\" stroke-width=\"1.5\" points=\"{}\"/>",
-        pts.join(" ")
+        "<polyline fill=\"none\" stroke=\"#222\" stroke-width=\"1.5\" points=\"{pts}\"/>"
     );
     legend.push((
         format!("live (peak {})", units::bytes(t.peak_live_bytes)),
         "#222",
         false,
     ));
-    let lh = 18.0;
-    let box_h = lh * legend.len() as f64 + 8.0;
-    let _ = writeln!(
-        s,
-        "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"300\" height=\"{box_h:.1}\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#ccc\"/>",
-        LEFT + 10.0,
-        TOP + 10.0
-    );
+    // The legend sits above the plot, where no curve can cross it.
     for (i, (label, c, dashed)) in legend.iter().enumerate() {
-        let yy = TOP + 10.0 + 4.0 + lh * (i as f64 + 0.5);
+        let yy = 12.0 + LEGEND_LINE * (i as f64 + 0.5);
         let dash = if *dashed { " stroke-dasharray=\"6 4\"" } else { "" };
         let _ = write!(
             s,
             "<line x1=\"{:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{c}\" stroke-width=\"2\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
-            LEFT + 18.0,
-            LEFT + 42.0,
-            LEFT + 48.0,
+            LEFT,
+            LEFT + 24.0,
+            LEFT + 30.0,
             yy + 4.0,
             escape(label)
         );
@@ -215,6 +236,14 @@ pub fn chart(t: &TraceReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_are_round_in_binary_units() {
+        assert_eq!(nice_step(3.6 * f64::from(1u32 << 30)), f64::from(1u32 << 30));
+        assert_eq!(nice_step(24.0 * 1048576.0), 5.0 * 1048576.0);
+        assert_eq!(nice_step(4.0), 1.0);
+        assert_eq!(steps([(0.0, 1.0), (2.0, 3.0)].into_iter()), "0.0,1.0 2.0,1.0 2.0,3.0");
+    }
 
     #[test]
     fn text_is_escaped() {
