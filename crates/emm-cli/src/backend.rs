@@ -119,6 +119,9 @@ mod tests {
         d.dedup();
         assert_eq!(d.len(), 5, "{h:?}");
         assert_eq!(s.get(0), emm::core::SYNC_STREAM);
-        assert!(h[1..].iter().all(|&x| x > 2), "never a default-stream handle");
+        assert!(
+            h[1..].iter().all(|&x| x > 2),
+            "never a default-stream handle"
+        );
     }
 }

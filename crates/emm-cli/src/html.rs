@@ -149,9 +149,9 @@ pub fn chart(t: &TraceReport) -> String {
     let mut b = 0.0;
     while b <= y_max * 1.0001 {
         let yy = y(b);
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#e4e4e4\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#e4e4e4\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
             W - RIGHT,
             LEFT - 6.0,
             yy + 4.0,
@@ -162,50 +162,65 @@ pub fn chart(t: &TraceReport) -> String {
     let x_step = (x_max / 5.0).ceil().max(1.0);
     let mut e = 0.0;
     while e <= x_max {
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0}</text>\n",
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0}</text>",
             x(e),
             top + ph + 18.0,
             e
         );
         e += x_step;
     }
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">events replayed</text>\n",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">events replayed</text>",
         LEFT + pw / 2.0,
         h - 8.0
     );
     let mut legend: Vec<(String, &str, bool)> = Vec::new();
     if let Some(p) = &t.pytorch {
         let yy = y(p.peak_reserved_bytes as f64);
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n",
+            "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>",
             W - RIGHT,
             color("pytorch")
         );
         legend.push((
-            format!("PyTorch peak reserved ({})", units::bytes(p.peak_reserved_bytes)),
+            format!(
+                "PyTorch peak reserved ({})",
+                units::bytes(p.peak_reserved_bytes)
+            ),
             color("pytorch"),
             true,
         ));
     }
     for m in &t.managers {
-        let pts = steps(m.reserved_curve.iter().map(|&(e, b)| (x(e as f64), y(b as f64))));
+        let pts = steps(
+            m.reserved_curve
+                .iter()
+                .map(|&(e, b)| (x(e as f64), y(b as f64))),
+        );
         let _ = writeln!(
             s,
             "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{pts}\"/>",
             color(&m.manager)
         );
         legend.push((
-            format!("{} reserved (peak {})", m.manager, units::bytes(u128::from(m.peak_reserved_bytes))),
+            format!(
+                "{} reserved (peak {})",
+                m.manager,
+                units::bytes(u128::from(m.peak_reserved_bytes))
+            ),
             color(&m.manager),
             false,
         ));
     }
-    let pts = steps(t.live_curve.iter().map(|&(e, b)| (x(e as f64), y(b as f64))));
+    let pts = steps(
+        t.live_curve
+            .iter()
+            .map(|&(e, b)| (x(e as f64), y(b as f64))),
+    );
     let _ = writeln!(
         s,
         "<polyline fill=\"none\" stroke=\"#222\" stroke-width=\"1.5\" points=\"{pts}\"/>"
@@ -218,10 +233,14 @@ pub fn chart(t: &TraceReport) -> String {
     // The legend sits above the plot, where no curve can cross it.
     for (i, (label, c, dashed)) in legend.iter().enumerate() {
         let yy = 12.0 + LEGEND_LINE * (i as f64 + 0.5);
-        let dash = if *dashed { " stroke-dasharray=\"6 4\"" } else { "" };
-        let _ = write!(
+        let dash = if *dashed {
+            " stroke-dasharray=\"6 4\""
+        } else {
+            ""
+        };
+        let _ = writeln!(
             s,
-            "<line x1=\"{:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{c}\" stroke-width=\"2\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            "<line x1=\"{:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{c}\" stroke-width=\"2\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
             LEFT,
             LEFT + 24.0,
             LEFT + 30.0,
@@ -239,17 +258,20 @@ mod tests {
 
     #[test]
     fn ticks_are_round_in_binary_units() {
-        assert_eq!(nice_step(3.6 * f64::from(1u32 << 30)), f64::from(1u32 << 30));
+        assert_eq!(
+            nice_step(3.6 * f64::from(1u32 << 30)),
+            f64::from(1u32 << 30)
+        );
         assert_eq!(nice_step(24.0 * 1048576.0), 5.0 * 1048576.0);
         assert_eq!(nice_step(4.0), 1.0);
-        assert_eq!(steps([(0.0, 1.0), (2.0, 3.0)].into_iter()), "0.0,1.0 2.0,1.0 2.0,3.0");
+        assert_eq!(
+            steps([(0.0, 1.0), (2.0, 3.0)].into_iter()),
+            "0.0,1.0 2.0,1.0 2.0,3.0"
+        );
     }
 
     #[test]
     fn text_is_escaped() {
-        assert_eq!(
-            escape("a<b>&\"c'.csv"),
-            "a&lt;b&gt;&amp;&quot;c&#39;.csv"
-        );
+        assert_eq!(escape("a<b>&\"c'.csv"), "a&lt;b&gt;&amp;&quot;c&#39;.csv");
     }
 }

@@ -87,12 +87,16 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             let manager = match backend.build(m) {
                 Ok(x) => x,
                 Err(EmmError::Unsupported { .. }) if matches!(backend, Backend::Host { .. }) => {
-                    let why = "needs CUDA's stream-ordered allocator, and there is no GPU here".to_owned();
+                    let why = "needs CUDA's stream-ordered allocator, and there is no GPU here"
+                        .to_owned();
                     if !skipped_said.contains(m) {
                         note(format_args!("emm replay: {m} skipped: {why}"));
                         skipped_said.push(m.clone());
                     }
-                    tr.skipped.push(Skipped { manager: m.clone(), why });
+                    tr.skipped.push(Skipped {
+                        manager: m.clone(),
+                        why,
+                    });
                     continue;
                 }
                 Err(e) => {
@@ -116,7 +120,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             );
             bar.finish_and_clear();
             if let Err(e) = backend.synchronize() {
-                note(format_args!("emm replay: {} through {m}: synchronizing: {e}", t.name()));
+                note(format_args!(
+                    "emm replay: {} through {m}: synchronizing: {e}",
+                    t.name()
+                ));
                 failed = true;
             }
             drop(manager);
@@ -151,7 +158,11 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 seconds: r.elapsed.as_secs_f64(),
                 failures: r.failures,
                 first_failure: r.first_failure,
-                reserved_curve: r.samples.iter().map(|s| (s.event, s.reserved_bytes)).collect(),
+                reserved_curve: r
+                    .samples
+                    .iter()
+                    .map(|s| (s.event, s.reserved_bytes))
+                    .collect(),
             });
         }
         report.traces.push(tr);
@@ -163,7 +174,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     }
     if let Some(path) = &args.html {
         if let Err(e) = std::fs::write(path, crate::html::page(&report)) {
-            note(format_args!("emm replay: cannot write {}: {e}", path.display()));
+            note(format_args!(
+                "emm replay: cannot write {}: {e}",
+                path.display()
+            ));
             failed = true;
         } else if !args.json {
             out.line(format_args!("wrote {}", path.display()))?;
@@ -219,4 +233,3 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         live_curve: Vec::new(),
     }
 }
-

@@ -71,7 +71,14 @@ fn fit(s: &str, w: usize) -> String {
     if s.chars().count() <= w {
         s.to_owned()
     } else {
-        let tail: String = s.chars().rev().take(w - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = s
+            .chars()
+            .rev()
+            .take(w - 1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         format!("…{tail}")
     }
 }

@@ -6,7 +6,12 @@ use std::process::{Command, Output, Stdio};
 
 fn emm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_emm"));
-    for v in ["EMM_POOL_LIMIT", "EMM_POOL_EXPANDABLE", "EMM_RECORD", "EMM_MEMORY_MANAGER"] {
+    for v in [
+        "EMM_POOL_LIMIT",
+        "EMM_POOL_EXPANDABLE",
+        "EMM_RECORD",
+        "EMM_MEMORY_MANAGER",
+    ] {
         c.env_remove(v);
     }
     c
@@ -43,9 +48,15 @@ fn help_and_version_do_not_run_anything() {
     let o = run(&["bench", "--help"]);
     assert!(o.status.success());
     let out = text(&o.stdout);
-    assert!(out.contains("Usage: emm bench") && !out.contains("median"), "{out}");
+    assert!(
+        out.contains("Usage: emm bench") && !out.contains("median"),
+        "{out}"
+    );
     let o = run(&["--version"]);
-    assert_eq!(text(&o.stdout).trim(), format!("emm {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        text(&o.stdout).trim(),
+        format!("emm {}", env!("CARGO_PKG_VERSION"))
+    );
     assert!(run(&["replay", "--help"]).status.success());
 }
 
@@ -66,9 +77,19 @@ fn the_bundled_trace_replays_on_the_host_stand_in() {
     no_panic(&o);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    assert!(out.lines().next().unwrap().contains("host-memory stand-in"), "{out}");
-    assert!(out.contains(" pool ") && out.contains(" default ") && out.contains("GiB"), "{out}");
-    assert!(text(&o.stderr).contains("hostonly skipped"), "{}", text(&o.stderr));
+    assert!(
+        out.lines().next().unwrap().contains("host-memory stand-in"),
+        "{out}"
+    );
+    assert!(
+        out.contains(" pool ") && out.contains(" default ") && out.contains("GiB"),
+        "{out}"
+    );
+    assert!(
+        text(&o.stderr).contains("hostonly skipped"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]
@@ -97,7 +118,11 @@ fn a_full_disk_is_an_error_not_a_panic() {
         .unwrap();
     no_panic(&o);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("No space left"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("No space left"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]
@@ -118,35 +143,70 @@ fn bad_inputs_fail_with_a_message_naming_the_file() {
     let o = run(&["replay", "/dev/urandom"]);
     assert!(start.elapsed().as_secs() < 10);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("/dev/urandom: binary data"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("/dev/urandom: binary data"),
+        "{}",
+        text(&o.stderr)
+    );
 
     let p = temp("noheader.csv", b"a,1,512,0\n");
     let o = emm().arg("replay").arg(&p).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("noheader.csv:1: no usable header"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("noheader.csv:1: no usable header"),
+        "{}",
+        text(&o.stderr)
+    );
 
     let p = temp("allbad.csv", b"op,id,size,stream\nnope\nstill nope\n");
     let o = emm().arg("replay").arg(&p).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("no usable event"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("no usable event"),
+        "{}",
+        text(&o.stderr)
+    );
 
-    let p = temp("bom.csv", "\u{feff}\n  op , id , size , stream\na,1,512,0\n".as_bytes());
+    let p = temp(
+        "bom.csv",
+        "\u{feff}\n  op , id , size , stream\na,1,512,0\n".as_bytes(),
+    );
     let o = emm().arg("replay").arg(&p).output().unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
 #[test]
 fn manager_environment_applies_and_invalid_values_are_named() {
-    let o = emm().args(["replay", "-m", "pool"]).env("EMM_POOL_LIMIT", "lots").output().unwrap();
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_LIMIT", "lots")
+        .output()
+        .unwrap();
     no_panic(&o);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("EMM_POOL_LIMIT"), "{}", text(&o.stderr));
-    let o = emm().args(["replay", "-m", "pool"]).env("EMM_POOL_EXPANDABLE", "maybe").output().unwrap();
+    assert!(
+        text(&o.stderr).contains("EMM_POOL_LIMIT"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_EXPANDABLE", "maybe")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("EMM_POOL_EXPANDABLE"));
-    let o = emm().args(["replay", "-m", "pool"]).env("EMM_POOL_LIMIT", "1000000").output().unwrap();
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_LIMIT", "1000000")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("requests failed"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("requests failed"),
+        "{}",
+        text(&o.stderr)
+    );
     let o = emm()
         .args(["replay", "-m", "default"])
         .env("EMM_MAX_PENDING_DEALLOCS_COUNT", "ten")
@@ -168,7 +228,10 @@ fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    assert!(out.contains(" pytorch ") && out.contains("22.0 MiB"), "{out}");
+    assert!(
+        out.contains(" pytorch ") && out.contains("22.0 MiB"),
+        "{out}"
+    );
     assert!(out.contains("reconstructed: 2"), "{out}");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg") && page.contains("PyTorch peak reserved"));

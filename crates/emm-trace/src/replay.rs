@@ -124,21 +124,12 @@ pub struct Sample {
 }
 
 /// How to replay.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ReplayOptions {
     /// Events in the trace (from [`scan`]), to space the samples; 0 if unknown.
     pub total_events: u64,
     /// About how many samples to take for the curves (0: none).
     pub samples: u64,
-}
-
-impl Default for ReplayOptions {
-    fn default() -> Self {
-        ReplayOptions {
-            total_events: 0,
-            samples: 0,
-        }
-    }
 }
 
 /// What one replay measured.
@@ -179,11 +170,10 @@ pub fn replay(
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
-    let step = if options.samples == 0 {
-        u64::MAX
-    } else {
-        (options.total_events / options.samples).max(1)
-    };
+    let step = options
+        .total_events
+        .checked_div(options.samples)
+        .map_or(u64::MAX, |s| s.max(1));
     let mut samples = Vec::new();
     if options.samples > 0 {
         samples.push(Sample {
@@ -262,8 +252,16 @@ mod tests {
     #[test]
     fn peak_live_does_not_overflow() {
         let ops = vec![
-            Op::Alloc { id: 1, size: u64::MAX, stream: 0 },
-            Op::Alloc { id: 2, size: u64::MAX, stream: 7 },
+            Op::Alloc {
+                id: 1,
+                size: u64::MAX,
+                stream: 0,
+            },
+            Op::Alloc {
+                id: 2,
+                size: u64::MAX,
+                stream: 7,
+            },
             Op::Free { id: 1 },
             Op::Free { id: 9 },
         ];
@@ -276,7 +274,11 @@ mod tests {
     #[test]
     fn streams_are_numbered_densely_with_zero_kept() {
         let mut b = Books::default();
-        let st = |stream| Op::Alloc { id: stream, size: 1, stream };
+        let st = |stream| Op::Alloc {
+            id: stream,
+            size: 1,
+            stream,
+        };
         assert_eq!(b.apply(st(0x7f00)), Some(1));
         assert_eq!(b.apply(st(0)), Some(0));
         assert_eq!(b.apply(st(0x7e00)), Some(2));

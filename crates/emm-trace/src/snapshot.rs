@@ -112,11 +112,12 @@ fn as_str(v: Option<&Value>) -> Option<&str> {
 
 /// Reads a snapshot pickle into one [`DeviceTrace`] per device with any activity.
 pub fn read_snapshot(reader: impl Read, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
-    let value = serde_pickle::value_from_reader(reader, DeOptions::new().replace_unresolved_globals())
-        .map_err(|e| TraceError::Pickle {
-            trace: trace.to_owned(),
-            reason: excerpt(&e.to_string(), 200),
-        })?;
+    let value =
+        serde_pickle::value_from_reader(reader, DeOptions::new().replace_unresolved_globals())
+            .map_err(|e| TraceError::Pickle {
+                trace: trace.to_owned(),
+                reason: excerpt(&e.to_string(), 200),
+            })?;
     from_value(&value, trace)
 }
 
@@ -146,8 +147,9 @@ fn from_value(value: &Value, trace: &str) -> Result<Vec<DeviceTrace>, TraceError
     let mut out = Vec::new();
     for (dev, segs) in devices {
         let entries = match usize::try_from(dev).ok().and_then(|i| traces.get(i)) {
-            Some(v) => as_list(v)
-                .ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?,
+            Some(v) => {
+                as_list(v).ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?
+            }
             None => &[],
         };
         out.push(device_trace(&cx, dev, &segs, entries)?);
@@ -177,9 +179,8 @@ fn device_trace(
         let stream = as_int(key(s, "stream")).unwrap_or(0) as u64;
         let blocks = key(s, "blocks").and_then(as_list).unwrap_or(&[]);
         for (bi, b) in blocks.iter().enumerate() {
-            let b = as_dict(b).ok_or_else(|| {
-                cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b)
-            })?;
+            let b = as_dict(b)
+                .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
             let state = as_str(key(b, "state")).unwrap_or("");
             if state.starts_with("active") {
                 let size = as_int(key(b, "requested_size"))
@@ -203,7 +204,10 @@ fn device_trace(
         let Some(d) = as_dict(e) else {
             diag.push(LineError {
                 line: i as u64,
-                message: format!("record device_traces[{device}][{i}] is {}, not a dict", describe(e)),
+                message: format!(
+                    "record device_traces[{device}][{i}] is {}, not a dict",
+                    describe(e)
+                ),
             });
             continue;
         };
@@ -215,29 +219,43 @@ fn device_trace(
             if addr.is_none() {
                 diag.push(LineError {
                     line: i as u64,
-                    message: format!("record device_traces[{device}][{i}] ({action}) has no integer `addr`"),
+                    message: format!(
+                        "record device_traces[{device}][{i}] ({action}) has no integer `addr`"
+                    ),
                 });
             }
             addr
         };
         match action {
             "alloc" => {
-                let Some(a) = need_addr(&mut diag) else { continue };
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
                 next += 1;
                 if let Some(old) = live.insert(a, next) {
                     ops.push(Op::Free { id: old });
                 }
-                ops.push(Op::Alloc { id: next, size, stream });
+                ops.push(Op::Alloc {
+                    id: next,
+                    size,
+                    stream,
+                });
                 diag.events += 1;
             }
             "free_requested" => {
-                let Some(a) = need_addr(&mut diag) else { continue };
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
                 let id = match live.remove(&a) {
                     Some(id) => id,
                     None => {
                         // Allocated before recording began.
                         next += 1;
-                        pre.push(Op::Alloc { id: next, size, stream });
+                        pre.push(Op::Alloc {
+                            id: next,
+                            size,
+                            stream,
+                        });
                         fig.reconstructed_allocs += 1;
                         next
                     }
@@ -247,7 +265,9 @@ fn device_trace(
                 diag.events += 1;
             }
             "free_completed" => {
-                let Some(a) = need_addr(&mut diag) else { continue };
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
                 if let Some(j) = requested.remove(&a) {
                     if j + 1 != i {
                         fig.cross_stream_frees += 1;
@@ -274,12 +294,18 @@ fn device_trace(
         }
     }
     // Blocks allocated at the dump that the trace never allocated: live throughout.
-    let mut still: Vec<(&i64, &(u64, u64))> =
-        at_dump.iter().filter(|(a, _)| !live.contains_key(a)).collect();
+    let mut still: Vec<(&i64, &(u64, u64))> = at_dump
+        .iter()
+        .filter(|(a, _)| !live.contains_key(a))
+        .collect();
     still.sort();
     for (_, &(size, stream)) in still {
         next += 1;
-        pre.push(Op::Alloc { id: next, size, stream });
+        pre.push(Op::Alloc {
+            id: next,
+            size,
+            stream,
+        });
         fig.reconstructed_allocs += 1;
     }
     // PyTorch's reserved bytes: anchored at the dump, never below zero.

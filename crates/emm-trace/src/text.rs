@@ -222,7 +222,11 @@ fn hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim_start_matches("0x").trim_start_matches("0X"), 16).ok()
 }
 
-fn parse_rmm(f: &[&str], ids: &mut HashMap<u64, u64>, next: &mut u64) -> Result<Option<Op>, String> {
+fn parse_rmm(
+    f: &[&str],
+    ids: &mut HashMap<u64, u64>,
+    next: &mut u64,
+) -> Result<Option<Op>, String> {
     if f.len() < 6 {
         return Err(format!(
             "expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), found {}",

@@ -6,8 +6,8 @@ use emm_trace::{replay, scan, synth, ReplayOptions, Trace};
 
 #[test]
 fn peak_reserved_stays_within_ten_percent_of_peak_live() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../emm-cli/traces/gpt_train.csv");
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../emm-cli/traces/gpt_train.csv");
     let traces = vec![
         Trace::open(&root, None).unwrap().remove(0),
         synth::inference(7, 100),
@@ -21,20 +21,38 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
             total_events: summary.events,
             samples: 100,
         };
-        let r = replay(&t, &pool, &mut |_| emm_core::SYNC_STREAM, &opts, &mut |_| {}).unwrap();
+        let r = replay(
+            &t,
+            &pool,
+            &mut |_| emm_core::SYNC_STREAM,
+            &opts,
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(r.failures, 0);
         assert_eq!(r.peak_live_bytes, summary.peak_live_bytes);
         let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
-        assert!(ratio <= 1.10, "{}: peak reserved / peak live = {ratio:.3}", t.name());
+        assert!(
+            ratio <= 1.10,
+            "{}: peak reserved / peak live = {ratio:.3}",
+            t.name()
+        );
         assert!(
             r.upstream_allocs < summary.requests / 20,
             "{}: {} upstream calls",
             t.name(),
             r.upstream_allocs
         );
-        assert!((100..=110).contains(&r.samples.len()), "{}", r.samples.len());
+        assert!(
+            (100..=110).contains(&r.samples.len()),
+            "{}",
+            r.samples.len()
+        );
         let last = r.samples.last().unwrap();
         assert_eq!(last.event, summary.events);
-        assert!(r.samples.iter().all(|s| s.live_bytes <= summary.peak_live_bytes));
+        assert!(r
+            .samples
+            .iter()
+            .all(|s| s.live_bytes <= summary.peak_live_bytes));
     }
 }

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use emm_trace::{scan, Format, Op, Trace, TraceError, MAX_LINE};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn temp(name: &str, bytes: &[u8]) -> PathBuf {
@@ -44,8 +46,16 @@ fn both_text_formats_parse_and_bad_lines_are_numbered() {
     assert_eq!(
         ops,
         vec![
-            Op::Alloc { id: 1, size: 256, stream: 0 },
-            Op::Alloc { id: 2, size: 64, stream: 0 },
+            Op::Alloc {
+                id: 1,
+                size: 256,
+                stream: 0
+            },
+            Op::Alloc {
+                id: 2,
+                size: 64,
+                stream: 0
+            },
             Op::Free { id: 1 }
         ]
     );
@@ -56,7 +66,8 @@ fn both_text_formats_parse_and_bad_lines_are_numbered() {
 fn bom_spaces_blank_first_lines_and_comments_are_tolerated() {
     let p = temp(
         "bom.csv",
-        "\u{feff}\n\n  # recorded by hand\n  Op, Id, Size, Stream  \r\na,1,512,0\r\nf,1,512,0\r\n".as_bytes(),
+        "\u{feff}\n\n  # recorded by hand\n  Op, Id, Size, Stream  \r\na,1,512,0\r\nf,1,512,0\r\n"
+            .as_bytes(),
     );
     let t = open_one(&p).unwrap();
     assert_eq!(t.format(), Format::EmmCsv);
@@ -69,8 +80,14 @@ fn a_missing_header_is_an_error_naming_file_and_line() {
     let p = temp("noheader.csv", b"\n\na,1,512,0\nf,1,512,0\n");
     let e = open_one(&p).unwrap_err();
     let msg = e.to_string();
-    assert!(matches!(e, TraceError::MissingHeader { line: 3, .. }), "{msg}");
-    assert!(msg.contains("noheader.csv:3") && msg.contains("a,1,512,0"), "{msg}");
+    assert!(
+        matches!(e, TraceError::MissingHeader { line: 3, .. }),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("noheader.csv:3") && msg.contains("a,1,512,0"),
+        "{msg}"
+    );
     // With the format given, the header is optional.
     let t = Trace::open(&p, Some(Format::EmmCsv)).unwrap().remove(0);
     assert_eq!(scan(&t).unwrap().requests, 1);
@@ -83,7 +100,10 @@ fn an_empty_or_all_bad_file_is_an_error() {
     let t = open_one(&temp("bad.csv", b"op,id,size,stream\nhello\nworld\n")).unwrap();
     let e = scan(&t).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("all 2 lines") && msg.contains("line 2"), "{msg}");
+    assert!(
+        msg.contains("all 2 lines") && msg.contains("line 2"),
+        "{msg}"
+    );
     let t = open_one(&temp("headeronly.csv", b"op,id,size,stream\n")).unwrap();
     assert!(matches!(scan(&t), Err(TraceError::NoUsableEvent { .. })));
 }
@@ -116,7 +136,10 @@ fn binary_input_and_endless_lines_are_rejected_at_once() {
     let mut long = b"op,id,size,stream\n".to_vec();
     long.extend(std::iter::repeat_n(b'1', MAX_LINE * 4));
     let t = open_one(&temp("long.csv", &long)).unwrap();
-    assert!(matches!(scan(&t), Err(TraceError::LineTooLong { line: 2, .. })));
+    assert!(matches!(
+        scan(&t),
+        Err(TraceError::LineTooLong { line: 2, .. })
+    ));
     if Path::new("/dev/urandom").exists() {
         let start = std::time::Instant::now();
         let e = open_one(Path::new("/dev/urandom")).unwrap_err();

@@ -45,9 +45,12 @@ pub fn register_builtin_managers() {
 /// [`trace::RecordingManager`] when `EMM_RECORD` is set.
 pub fn register_builtins_in(router: &Router) {
     for &name in BUILTIN_MANAGERS {
-        router.register(name, move |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-            record_if_asked(build_manager(name, ctx)?)
-        });
+        router.register(
+            name,
+            move |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
+                record_if_asked(build_manager(name, ctx)?)
+            },
+        );
     }
 }
 
@@ -151,7 +154,10 @@ mod tests {
         let e = build_host_standin("hostonly", 1 << 30).err().unwrap();
         assert!(e.to_string().contains("without a GPU"), "{e}");
         let e = build_host_standin("rmm", 1 << 30).err().unwrap();
-        assert!(e.to_string().contains("unknown memory manager `rmm`"), "{e}");
+        assert!(
+            e.to_string().contains("unknown memory manager `rmm`"),
+            "{e}"
+        );
     }
 
     #[test]
