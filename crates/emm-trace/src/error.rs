@@ -63,7 +63,7 @@ pub enum TraceError {
     Snapshot {
         /// The trace.
         trace: String,
-        /// Where in the snapshot (e.g. "device_traces[0][17]").
+        /// Where in the snapshot (e.g. `device_traces[0][17]`).
         at: String,
         /// What was expected there.
         expected: &'static str,
