@@ -138,6 +138,20 @@ const LAYERS: &[(&str, &[&str])] = &[
         "emm-hostonly",
         &["emm-sys", "emm-driver", "emm-core", "emm-default"],
     ),
+    ("emm-trace", &["emm-sys", "emm-driver", "emm-core"]),
+    (
+        "emm",
+        &[
+            "emm-sys",
+            "emm-driver",
+            "emm-core",
+            "emm-default",
+            "emm-pool",
+            "emm-hostonly",
+            "emm-trace",
+        ],
+    ),
+    ("emm-cli", &["emm"]),
 ];
 
 fn manifest_deps(manifest: &str) -> Vec<String> {

@@ -1,8 +1,15 @@
-//! Where the main job runs: a GPU, or the host-memory stand-in.
+//! Where the main job runs: a GPU, or the host-memory stand-in. Managers are built
+//! through the façade (`emm::build_manager`, `emm::build_host_standin`), fresh for
+//! every replay, configured from the environment as in any program.
 
-use emm_driver::{Context, Device};
-use emm_pool::replay::{ReplayResult, Trace};
-use emm_sys::CUstream;
+use std::sync::Arc;
+
+use emm::driver::{Device, Stream};
+use emm::sys::CUstream;
+use emm::{Context, EmmError, MemoryManager};
+
+/// Bytes of the host stand-in "device": large enough for any trace.
+pub const HOST_CAPACITY: usize = 1 << 40;
 
 pub enum Backend {
     Gpu { ctx: Context, name: String },
@@ -33,15 +40,88 @@ impl Backend {
             ),
         }
     }
+
+    /// A fresh manager `name`. `Err(Unsupported)` where it cannot run here.
+    pub fn build(&self, name: &str) -> Result<Arc<dyn MemoryManager>, EmmError> {
+        match self {
+            Backend::Gpu { ctx, .. } => {
+                ctx.set_current()?;
+                emm::build_manager(name, ctx)
+            }
+            Backend::Host { .. } => emm::build_host_standin(name, HOST_CAPACITY),
+        }
+    }
+
+    /// The streams of one replay: the trace's stream `n` (dense, 0 the default
+    /// stream) gets its own stream, created on first use and kept until the
+    /// [`Streams`] drop (after the replay and a synchronization).
+    pub fn streams(&self) -> Streams<'_> {
+        Streams {
+            backend: self,
+            created: Vec::new(),
+        }
+    }
+
+    /// Waits for the device's work (after a replay, before its streams go).
+    pub fn synchronize(&self) -> Result<(), EmmError> {
+        match self {
+            Backend::Gpu { ctx, .. } => Ok(ctx.synchronize()?),
+            Backend::Host { .. } => Ok(()),
+        }
+    }
 }
 
-/// `hostonly` replays need CUDA's stream-ordered allocator.
-pub fn replay_hostonly(
-    ctx: &Context,
-    t: &Trace,
-    streams: &dyn Fn(u64) -> CUstream,
-    progress: &mut dyn FnMut(f64),
-) -> Result<Option<ReplayResult>, String> {
-    let _ = (ctx, t, streams, progress);
-    Ok(None)
+pub struct Streams<'a> {
+    backend: &'a Backend,
+    created: Vec<Stream>,
+}
+
+impl Streams<'_> {
+    /// The handle for the trace's stream `n`.
+    pub fn get(&mut self, n: u64) -> CUstream {
+        if n == 0 {
+            return emm::core::SYNC_STREAM;
+        }
+        match self.backend {
+            // Distinct handles the host stand-in only uses as keys; never
+            // dereferenced, never passed to a driver.
+            Backend::Host { .. } => {
+                CUstream(0x1000usize.wrapping_add((n as usize).wrapping_mul(0x100)) as *mut _)
+            }
+            Backend::Gpu { ctx, .. } => match Stream::new(ctx) {
+                Ok(s) => {
+                    let raw = s.raw();
+                    self.created.push(s);
+                    raw
+                }
+                Err(e) => {
+                    crate::out::note(format_args!(
+                        "emm replay: cannot create a stream for the trace's stream {n} ({e}); using the default stream"
+                    ));
+                    emm::core::SYNC_STREAM
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_stand_in_keeps_streams_distinct() {
+        let b = Backend::Host { why: "test".into() };
+        let mut s = b.streams();
+        let h: Vec<usize> = (0..5).map(|n| s.get(n).0 as usize).collect();
+        let mut d = h.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), 5, "{h:?}");
+        assert_eq!(s.get(0), emm::core::SYNC_STREAM);
+        assert!(
+            h[1..].iter().all(|&x| x > 2),
+            "never a default-stream handle"
+        );
+    }
 }

@@ -1,13 +1,15 @@
 //! `emm bench`: allocate+free pairs through every path, side by side in one run.
 
+use std::io;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use emm_core::MemoryManager;
-use emm_driver::{memory, mempool, Context, Stream};
-use emm_pool::{PoolConfig, PoolManager};
+use emm::driver::{memory, mempool, Context, Stream};
+use emm::emm_pool::{PoolConfig, PoolManager};
+use emm::MemoryManager;
 
 use crate::backend::Backend;
+use crate::out::{note, Out};
 
 const SIZES: &[(usize, &str)] = &[
     (256, "256 B"),
@@ -44,11 +46,11 @@ fn fmt_ns(ns: f64) -> String {
     }
 }
 
-pub fn run(args: &[String]) -> ExitCode {
-    let json = args.iter().any(|a| a == "--json");
+pub fn run(json: bool) -> io::Result<ExitCode> {
     let backend = Backend::detect();
+    let mut out = Out::stdout();
     if !json {
-        println!("{}", backend.describe());
+        out.line(backend.describe())?;
     }
     let rows = match &backend {
         Backend::Gpu { ctx, .. } => gpu_rows(ctx),
@@ -57,54 +59,52 @@ pub fn run(args: &[String]) -> ExitCode {
     let rows = match rows {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("emm bench: {e}");
-            return ExitCode::from(1);
+            note(format_args!("emm bench: {e}"));
+            return Ok(ExitCode::from(1));
         }
     };
     if json {
         for (path, cells) in &rows {
-            let vals: Vec<String> = SIZES
-                .iter()
-                .zip(cells)
-                .map(|((s, _), c)| {
-                    format!("\"{s}\":{}", c.map_or("null".into(), |v| format!("{v:.1}")))
-                })
-                .collect();
-            println!(
-                "{{\"path\":\"{path}\",\"backend\":\"{}\",\"ns_per_pair\":{{{}}}}}",
-                backend.name(),
-                vals.join(",")
-            );
+            let mut ns = serde_json::Map::new();
+            for ((size, _), c) in SIZES.iter().zip(cells) {
+                ns.insert(size.to_string(), serde_json::json!(c));
+            }
+            let line = serde_json::json!({
+                "path": path,
+                "backend": backend.name(),
+                "ns_per_pair": ns,
+            });
+            out.line(line)?;
         }
     } else {
-        print!("{:<52}", "allocate+free pair (median of 7)");
+        let mut head = format!("{:<52}", "allocate+free pair (median of 7)");
         for (_, n) in SIZES {
-            print!("{n:>12}");
+            head.push_str(&format!("{n:>12}"));
         }
-        println!();
+        out.line(head)?;
         for (path, cells) in &rows {
-            print!("{path:<52}");
+            let mut line = format!("{path:<52}");
             for c in cells {
-                print!("{:>12}", c.map_or("-".into(), fmt_ns));
+                line.push_str(&format!("{:>12}", c.map_or("-".into(), fmt_ns)));
             }
-            println!();
+            out.line(line)?;
         }
     }
     match &backend {
-        Backend::Gpu { ctx, .. } => threads(ctx, json),
-        Backend::Host { .. } => ExitCode::SUCCESS,
+        Backend::Gpu { ctx, .. } => threads(ctx, json, &mut out),
+        Backend::Host { .. } => Ok(ExitCode::SUCCESS),
     }
 }
 
 type Rows = Vec<(String, Vec<Option<f64>>)>;
 
 fn host_rows() -> Result<Rows, String> {
-    let e2s = |e: emm_core::EmmError| e.to_string();
+    let e2s = |e: emm::EmmError| e.to_string();
     let pool = PoolManager::host(1 << 40, PoolConfig::default()).map_err(e2s)?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
         cells.push(Some(median_ns(200_000, || {
-            pool.alloc(size, emm_core::SYNC_STREAM)
+            pool.alloc(size, emm::core::SYNC_STREAM)
                 .map(drop)
                 .map_err(e2s)
         })?));
@@ -116,8 +116,8 @@ fn host_rows() -> Result<Rows, String> {
 }
 
 fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
-    let e2s = |e: emm_core::EmmError| e.to_string();
-    let d2s = |e: emm_driver::DriverError| e.to_string();
+    let e2s = |e: emm::EmmError| e.to_string();
+    let d2s = |e: emm::driver::DriverError| e.to_string();
     ctx.set_current().map_err(d2s)?;
     let stream = Stream::new(ctx).map_err(d2s)?;
     let s = stream.raw();
@@ -145,7 +145,7 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
     if ctx.device().supports_memory_pools().map_err(d2s)? {
         let default_pool = mempool::MemPool::device_default(ctx).map_err(d2s)?;
         default_pool
-            .set_attribute(emm_sys::CUmemPool_attribute::RELEASE_THRESHOLD, u64::MAX)
+            .set_attribute(emm::sys::CUmemPool_attribute::RELEASE_THRESHOLD, u64::MAX)
             .map_err(d2s)?;
         let mut cells = Vec::new();
         for &(size, _) in SIZES {
@@ -161,7 +161,7 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
             cells,
         ));
 
-        let ho = emm_hostonly::HostOnlyManager::new(ctx).map_err(e2s)?;
+        let ho = emm::emm_hostonly::HostOnlyManager::new(ctx).map_err(e2s)?;
         let mut cells = Vec::new();
         for &(size, _) in SIZES {
             cells.push(Some(median_ns(20_000, || {
@@ -172,7 +172,7 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
         rows.push(("emm hostonly (its own mempool), same stream".into(), cells));
     }
 
-    let dm = emm_default::DefaultManager::new(ctx).map_err(e2s)?;
+    let dm = emm::emm_default::DefaultManager::new(ctx).map_err(e2s)?;
     dm.initialize().map_err(e2s)?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
@@ -195,12 +195,12 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
 }
 
 /// Sixteen threads, each on its own stream, against one thread: aggregate pairs/s.
-fn threads(ctx: &Context, json: bool) -> ExitCode {
+fn threads(ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
     let pool = match PoolManager::new(ctx) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("emm bench: {e}");
-            return ExitCode::from(1);
+            note(format_args!("emm bench: {e}"));
+            return Ok(ExitCode::from(1));
         }
     };
     let per_thread = 4_000_000usize;
@@ -240,14 +240,18 @@ fn threads(ctx: &Context, json: bool) -> ExitCode {
     let one = run(1);
     let sixteen = run(16);
     if json {
-        println!("{{\"path\":\"emm pool threads\",\"pairs_per_second_1\":{one:.0},\"pairs_per_second_16\":{sixteen:.0}}}");
+        out.line(serde_json::json!({
+            "path": "emm pool threads",
+            "pairs_per_second_1": one.round(),
+            "pairs_per_second_16": sixteen.round(),
+        }))?;
     } else {
-        println!(
+        out.line(format_args!(
             "emm pool, mixed sizes, own stream per thread: 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x)",
             one / 1e6,
             sixteen / 1e6,
             sixteen / one
-        );
+        ))?;
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

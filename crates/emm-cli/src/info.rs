@@ -1,28 +1,30 @@
 //! `emm info`: the driver and its devices.
 
+use std::io;
 use std::process::ExitCode;
 
-use emm_driver::{Device, DriverError};
+use emm::driver::{Device, DriverError};
 
-pub fn run() -> ExitCode {
+use crate::out::{note, Out};
+use crate::units;
+
+pub fn run() -> io::Result<ExitCode> {
     match report() {
         Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
+            let mut out = Out::stdout();
+            out.bytes(text.as_bytes())?;
+            out.flush()?;
+            Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("emm: no usable CUDA driver: {e}");
-            ExitCode::from(1)
+            note(format_args!("emm: no usable CUDA driver: {e}"));
+            Ok(ExitCode::from(1))
         }
     }
 }
 
-fn gib(bytes: usize) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
-}
-
 fn report() -> Result<String, DriverError> {
-    let drv = emm_driver::driver()?;
+    let drv = emm::driver::driver()?;
     let version = drv.version().unwrap_or(0);
     let mut out = format!(
         "driver: {} (CUDA {}.{}), loaded from {}\n",
@@ -40,10 +42,10 @@ fn report() -> Result<String, DriverError> {
     for dev in devices {
         let (major, minor) = dev.compute_capability()?;
         out.push_str(&format!(
-            "  [{}] {}: {:.1} GiB, compute capability {major}.{minor}, stream-ordered allocator: {}, virtual memory: {}\n",
+            "  [{}] {}: {}, compute capability {major}.{minor}, stream-ordered allocator: {}, virtual memory: {}\n",
             dev.ordinal(),
             dev.name()?,
-            gib(dev.total_memory()?),
+            units::bytes(dev.total_memory()? as u128),
             if dev.supports_memory_pools()? { "yes" } else { "no" },
             if dev.supports_virtual_memory()? { "yes" } else { "no" },
         ));

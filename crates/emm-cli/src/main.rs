@@ -1,34 +1,123 @@
 //! The `emm` command.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
 
 mod backend;
 mod bench;
+mod html;
 mod info;
+mod out;
 mod replay;
+mod report;
+mod units;
 
-const USAGE: &str = "usage: emm <command>
+/// Choose and share CUDA memory managers; replay your program's allocations
+/// through each of them.
+#[derive(Parser)]
+#[command(name = "emm", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-commands:
-  replay    replay allocation traces through managers (the main job):
-            emm replay [TRACE...] [--manager default|pool|hostonly|all] [--json]
-  bench     allocate+free pairs through every path, side by side [--json]
-  info      the CUDA driver and each device (or why there is none)
-";
+#[derive(Subcommand)]
+enum Command {
+    /// Replay allocation traces through every manager (the main job). Reads PyTorch
+    /// memory snapshots (`torch.cuda.memory._dump_snapshot()`), RMM replay logs and
+    /// emm's CSV; without a GPU it replays over a host-memory stand-in.
+    Replay {
+        /// Trace files; none replays the bundled GPT training trace.
+        traces: Vec<PathBuf>,
+        /// Managers to replay through (repeatable).
+        #[arg(short, long, value_enum, default_value = "all")]
+        manager: Vec<ManagerArg>,
+        /// The traces' format; detected from the content when not given.
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also write a self-contained HTML page with charts to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
+    /// Allocate+free pairs through every path, side by side.
+    Bench {
+        /// Print JSON lines instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The CUDA driver and each device (or why there is none).
+    Info,
+}
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("info") => info::run(),
-        Some("replay") => replay::run(&args[1..]),
-        Some("bench") => bench::run(&args[1..]),
-        Some("-h" | "--help" | "help") | None => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("emm: unknown command `{other}`\n\n{USAGE}");
-            ExitCode::from(2)
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ManagerArg {
+    All,
+    Default,
+    Pool,
+    Hostonly,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    /// emm's CSV (`op,id,size,stream`).
+    Emm,
+    /// RMM's replay log.
+    Rmm,
+    /// A PyTorch memory snapshot pickle.
+    Pytorch,
+}
+
+fn managers(chosen: &[ManagerArg]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for m in chosen {
+        let names: Vec<&str> = match m {
+            ManagerArg::All => emm::BUILTIN_MANAGERS.to_vec(),
+            ManagerArg::Default => vec!["default"],
+            ManagerArg::Pool => vec!["pool"],
+            ManagerArg::Hostonly => vec!["hostonly"],
+        };
+        for n in names {
+            if !v.iter().any(|x| x == n) {
+                v.push(n.to_owned());
+            }
         }
     }
+    v
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print(); // help and version included; a closed pipe is not an error here
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let result = match cli.command {
+        Command::Info => info::run(),
+        Command::Bench { json } => bench::run(json),
+        Command::Replay {
+            traces,
+            manager,
+            format,
+            json,
+            html,
+        } => replay::run(&replay::Args {
+            traces,
+            managers: managers(&manager),
+            format: format.map(|f| match f {
+                FormatArg::Emm => emm::trace::Format::EmmCsv,
+                FormatArg::Rmm => emm::trace::Format::RmmLog,
+                FormatArg::Pytorch => emm::trace::Format::TorchSnapshot,
+            }),
+            json,
+            html,
+        }),
+    };
+    out::finish(result)
 }

@@ -1,284 +1,235 @@
-//! `emm replay`: traces through managers, on the GPU or the host stand-in.
+//! `emm replay`: traces through every manager, on the GPU or the host stand-in.
 
+use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use emm_core::MemoryManager;
-use emm_default::{DefaultManager, HostUpstream, PendingConfig};
-use emm_driver::{Context, Stream};
-use emm_pool::replay::{replay, Target, Trace};
-use emm_pool::{PoolConfig, PoolManager};
-use emm_sys::CUstream;
+use emm::trace::{replay, scan, Format, ReplayOptions, Summary, Trace};
+use emm::EmmError;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Backend;
+use crate::out::{note, Out};
+use crate::report::{self, ManagerReport, Report, Skipped, TorchReport, TraceReport};
 
-const BUNDLED: &[(&str, &str)] = &[(
-    "gpt_train.csv",
-    include_str!("../../../traces/gpt_train.csv"),
-)];
-const MANAGERS: &[&str] = &["default", "pool", "hostonly"];
+/// The trace replayed when none is given.
+const BUNDLED_NAME: &str = "gpt_train.csv (bundled)";
+const BUNDLED: &str = include_str!("../traces/gpt_train.csv");
 
-struct Args {
-    traces: Vec<PathBuf>,
-    managers: Vec<String>,
-    json: bool,
+/// Points per curve on the page.
+const SAMPLES: u64 = 600;
+
+/// The parsed arguments of `emm replay`.
+pub struct Args {
+    pub traces: Vec<PathBuf>,
+    pub managers: Vec<String>,
+    pub format: Option<Format>,
+    pub json: bool,
+    pub html: Option<PathBuf>,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut a = Args {
-        traces: vec![],
-        managers: vec![],
-        json: false,
-    };
-    let mut it = args.iter();
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "--json" => a.json = true,
-            "--manager" | "-m" => {
-                let v = it
-                    .next()
-                    .ok_or("--manager needs a value: default, pool, hostonly or all")?;
-                match v.as_str() {
-                    "all" => a.managers = MANAGERS.iter().map(|s| s.to_string()).collect(),
-                    m if MANAGERS.contains(&m) => a.managers.push(m.to_owned()),
-                    m => {
-                        return Err(format!(
-                            "unknown manager `{m}`; known: default, pool, hostonly, all"
-                        ))
-                    }
-                }
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}`")),
-            path => a.traces.push(PathBuf::from(path)),
-        }
+fn progress_bar(total: u64, label: String) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
     }
-    if a.managers.is_empty() {
-        a.managers = MANAGERS.iter().map(|s| s.to_string()).collect();
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {percent:>3}%") {
+        bar.set_style(style.progress_chars("=> "));
     }
-    Ok(a)
+    bar.set_message(label);
+    bar
 }
 
-fn gib(n: usize) -> String {
-    format!("{:.3} GiB", n as f64 / (1u64 << 30) as f64)
-}
-
-pub fn run(args: &[String]) -> ExitCode {
-    let args = match parse(args) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("emm replay: {e}\nusage: emm replay [TRACE...] [--manager default|pool|hostonly|all] [--json]");
-            return ExitCode::from(2);
-        }
-    };
+pub fn run(args: &Args) -> io::Result<ExitCode> {
     let backend = Backend::detect();
+    let mut out = Out::stdout();
     if !args.json {
-        println!("{}", backend.describe());
+        out.line(backend.describe())?;
     }
-    let mut traces = Vec::new();
+    let mut failed = false;
+    let mut traces: Vec<Trace> = Vec::new();
     if args.traces.is_empty() {
-        for (name, text) in BUNDLED {
-            traces.push(Trace::parse(name, text));
+        match Trace::from_text(BUNDLED_NAME, BUNDLED) {
+            Ok(t) => traces.push(t),
+            Err(e) => {
+                note(format_args!("emm replay: {e}"));
+                return Ok(ExitCode::from(1));
+            }
         }
     }
     for p in &args.traces {
-        match Trace::read(p) {
-            Ok(t) => traces.push(t),
+        match Trace::open(p, args.format) {
+            Ok(ts) => traces.extend(ts),
             Err(e) => {
-                eprintln!("emm replay: cannot read {}: {e}", p.display());
-                return ExitCode::from(1);
+                note(format_args!("emm replay: {e}"));
+                failed = true;
             }
         }
     }
-    let mut failed = false;
-    if !args.json {
-        println!(
-            "{:<20} {:<9} {:>9} {:>14} {:>14} {:>9} {:>9} {:>10}",
-            "trace",
-            "manager",
-            "requests",
-            "peak live",
-            "peak reserved",
-            "res/live",
-            "upstream",
-            "time"
-        );
-    }
+    let mut report = Report {
+        backend: backend.name(),
+        backend_detail: backend.describe(),
+        traces: Vec::new(),
+    };
+    let mut skipped_said: Vec<String> = Vec::new();
     for t in &traces {
-        for (line, err) in &t.errors {
-            eprintln!("emm replay: {}:{line}: {err} (line skipped)", t.name);
-        }
+        let summary = match scan(t) {
+            Ok(s) => s,
+            Err(e) => {
+                note(format_args!("emm replay: {e}"));
+                failed = true;
+                continue;
+            }
+        };
+        say_diagnostics(t, &summary);
+        let mut tr = trace_report(t, &summary);
         for m in &args.managers {
-            let r = match replay_one(&backend, t, m, args.json) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
+            let manager = match backend.build(m) {
+                Ok(x) => x,
+                Err(EmmError::Unsupported { .. }) if matches!(backend, Backend::Host { .. }) => {
+                    let why = "needs CUDA's stream-ordered allocator, and there is no GPU here"
+                        .to_owned();
+                    if !skipped_said.contains(m) {
+                        note(format_args!("emm replay: {m} skipped: {why}"));
+                        skipped_said.push(m.clone());
+                    }
+                    tr.skipped.push(Skipped {
+                        manager: m.clone(),
+                        why,
+                    });
+                    continue;
+                }
                 Err(e) => {
-                    eprintln!("emm replay: {} through {m}: {e}", t.name);
+                    // A configuration error (e.g. EMM_POOL_LIMIT=abc) stops the run.
+                    note(format_args!("emm replay: cannot build manager `{m}`: {e}"));
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            let opts = ReplayOptions {
+                total_events: summary.events,
+                samples: SAMPLES,
+            };
+            let bar = progress_bar(summary.events, format!("{} through {m}", t.name()));
+            let mut streams = backend.streams();
+            let r = replay(
+                t,
+                manager.as_ref(),
+                &mut |n| streams.get(n),
+                &opts,
+                &mut |done| bar.set_position(done),
+            );
+            bar.finish_and_clear();
+            if let Err(e) = backend.synchronize() {
+                note(format_args!(
+                    "emm replay: {} through {m}: synchronizing: {e}",
+                    t.name()
+                ));
+                failed = true;
+            }
+            drop(manager);
+            drop(streams);
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    note(format_args!("emm replay: {e}"));
                     failed = true;
                     continue;
                 }
             };
-            let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes.max(1) as f64;
-            if args.json {
-                println!(
-                    "{{\"trace\":\"{}\",\"manager\":\"{m}\",\"backend\":\"{}\",\"requests\":{},\"peak_live_bytes\":{},\"peak_reserved_bytes\":{},\"upstream_allocs\":{},\"seconds\":{:.6}}}",
-                    t.name.replace('"', "'"),
-                    backend.name(),
-                    r.requests,
-                    r.peak_live_bytes,
-                    r.peak_reserved_bytes,
-                    r.upstream_allocs,
-                    r.elapsed.as_secs_f64()
-                );
-            } else {
-                println!(
-                    "{:<20} {:<9} {:>9} {:>14} {:>14} {:>9.3} {:>9} {:>8.2}ms",
-                    t.name,
-                    m,
-                    r.requests,
-                    gib(r.peak_live_bytes),
-                    gib(r.peak_reserved_bytes),
-                    ratio,
-                    r.upstream_allocs,
-                    r.elapsed.as_secs_f64() * 1e3
-                );
-            }
             if r.failures > 0 {
-                eprintln!(
-                    "emm replay: {} through {m}: {} requests failed; first: {}",
-                    t.name,
+                note(format_args!(
+                    "emm replay: {} through {m}: {} of {} requests failed; the first: {}",
+                    t.name(),
                     r.failures,
+                    r.requests,
                     r.first_failure.as_deref().unwrap_or("?")
-                );
+                ));
                 failed = true;
             }
-            if r.unknown_frees > 0 {
-                eprintln!(
-                    "emm replay: {}: {} frees of ids that were not live (skipped)",
-                    t.name, r.unknown_frees
-                );
+            if tr.live_curve.is_empty() {
+                tr.live_curve = r.samples.iter().map(|s| (s.event, s.live_bytes)).collect();
             }
+            tr.managers.push(ManagerReport {
+                manager: m.clone(),
+                peak_reserved_bytes: r.peak_reserved_bytes,
+                reserved_over_live: (r.peak_live_bytes > 0)
+                    .then(|| r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64),
+                upstream_allocs: r.upstream_allocs,
+                seconds: r.elapsed.as_secs_f64(),
+                failures: r.failures,
+                first_failure: r.first_failure,
+                reserved_curve: r
+                    .samples
+                    .iter()
+                    .map(|s| (s.event, s.reserved_bytes))
+                    .collect(),
+            });
+        }
+        report.traces.push(tr);
+    }
+    if args.json {
+        report::json(&mut out, &report)?;
+    } else if !report.traces.is_empty() {
+        report::table(&mut out, &report)?;
+    }
+    if let Some(path) = &args.html {
+        if let Err(e) = std::fs::write(path, crate::html::page(&report)) {
+            note(format_args!(
+                "emm replay: cannot write {}: {e}",
+                path.display()
+            ));
+            failed = true;
+        } else if !args.json {
+            out.line(format_args!("wrote {}", path.display()))?;
         }
     }
-    if failed {
+    out.flush()?;
+    Ok(if failed || report.traces.is_empty() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+fn say_diagnostics(t: &Trace, s: &Summary) {
+    for e in &s.diagnostics.first {
+        note(format_args!("emm replay: {}: {e} (skipped)", t.name()));
+    }
+    let more = s.diagnostics.bad - s.diagnostics.first.len() as u64;
+    if more > 0 {
+        note(format_args!(
+            "emm replay: {}: {more} more malformed lines skipped",
+            t.name()
+        ));
+    }
+    if s.unknown_frees > 0 {
+        note(format_args!(
+            "emm replay: {}: {} frees of allocations that were not live (skipped)",
+            t.name(),
+            s.unknown_frees
+        ));
     }
 }
 
-/// Replays `t` through manager `m` from empty. `None` when `m` cannot run here.
-fn replay_one(
-    backend: &Backend,
-    t: &Trace,
-    m: &str,
-    quiet: bool,
-) -> Result<Option<emm_pool::replay::ReplayResult>, String> {
-    let e2s = |e: emm_core::EmmError| e.to_string();
-    let mut progress = |f: f64| {
-        if !quiet {
-            eprint!("\r  {}: {m}: {:.0}%", t.name, f * 100.0);
-        }
-    };
-    match backend {
-        Backend::Host { .. } => {
-            let capacity = 1usize << 40; // a stand-in device large enough for any trace
-            let streams = |_: u64| emm_core::SYNC_STREAM;
-            match m {
-                "pool" => {
-                    let p = PoolManager::host(capacity, PoolConfig::default()).map_err(e2s)?;
-                    Ok(Some(replay_pool(&p, t, &streams, &mut progress)))
-                }
-                "default" => {
-                    let d = DefaultManager::over(
-                        HostUpstream::new(capacity, false),
-                        PendingConfig::from_env().map_err(e2s)?,
-                    );
-                    d.initialize().map_err(e2s)?;
-                    let probe = || (d.stats().peak_held_bytes, d.upstream().alloc_count());
-                    Ok(Some(replay_with(&d, &probe, t, &streams, &mut progress)))
-                }
-                _ => {
-                    if !quiet {
-                        println!(
-                            "{:<20} {:<9} skipped: needs CUDA's stream-ordered allocator (a GPU)",
-                            t.name, m
-                        );
-                    }
-                    Ok(None)
-                }
-            }
-        }
-        Backend::Gpu { ctx, .. } => {
-            let created: std::cell::RefCell<Vec<Stream>> = std::cell::RefCell::new(Vec::new());
-            let streams = |n: u64| -> CUstream {
-                if n == 0 {
-                    return emm_core::SYNC_STREAM;
-                }
-                match Stream::new(ctx) {
-                    Ok(s) => {
-                        let raw = s.raw();
-                        created.borrow_mut().push(s);
-                        raw
-                    }
-                    Err(_) => emm_core::SYNC_STREAM,
-                }
-            };
-            let r = replay_gpu(ctx, t, m, &streams, &mut progress)?;
-            ctx.synchronize().map_err(|e| e.to_string())?;
-            Ok(r)
-        }
-    }
-}
-
-/// Replays `t` through `manager`; `probe` reads (peak reserved, upstream calls).
-fn replay_with(
-    manager: &dyn MemoryManager,
-    probe: &dyn Fn() -> (usize, usize),
-    t: &Trace,
-    streams: &dyn Fn(u64) -> CUstream,
-    progress: &mut dyn FnMut(f64),
-) -> emm_pool::replay::ReplayResult {
-    let target = Target {
-        manager,
-        probe,
-        sample: None,
-    };
-    replay(t, &target, streams, progress)
-}
-
-fn replay_pool(
-    p: &PoolManager,
-    t: &Trace,
-    streams: &dyn Fn(u64) -> CUstream,
-    progress: &mut dyn FnMut(f64),
-) -> emm_pool::replay::ReplayResult {
-    let probe = || {
-        let s = p.stats();
-        (s.reserved_bytes_peak, s.num_device_alloc)
-    };
-    replay_with(p, &probe, t, streams, progress)
-}
-
-fn replay_gpu(
-    ctx: &Context,
-    t: &Trace,
-    m: &str,
-    streams: &dyn Fn(u64) -> CUstream,
-    progress: &mut dyn FnMut(f64),
-) -> Result<Option<emm_pool::replay::ReplayResult>, String> {
-    let e2s = |e: emm_core::EmmError| e.to_string();
-    match m {
-        "pool" => {
-            let p = PoolManager::new(ctx).map_err(e2s)?;
-            Ok(Some(replay_pool(&p, t, streams, progress)))
-        }
-        "default" => {
-            let d = DefaultManager::new(ctx).map_err(e2s)?;
-            d.initialize().map_err(e2s)?;
-            let probe = || (d.stats().peak_held_bytes, d.stats().allocations);
-            Ok(Some(replay_with(&d, &probe, t, streams, progress)))
-        }
-        "hostonly" => crate::backend::replay_hostonly(ctx, t, streams, progress),
-        _ => Ok(None),
+fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
+    TraceReport {
+        trace: t.name().to_owned(),
+        format: t.format().name(),
+        events: s.events,
+        requests: s.requests,
+        streams: s.streams,
+        peak_live_bytes: s.peak_live_bytes,
+        malformed_lines: s.diagnostics.bad,
+        pytorch: t.torch_figures().map(|f| TorchReport {
+            peak_reserved_bytes: f.peak_reserved_bytes,
+            reserved_at_dump_bytes: f.reserved_at_dump,
+            allocated_at_dump_bytes: f.allocated_at_dump,
+            reconstructed_allocations: f.reconstructed_allocs,
+            cross_stream_frees: f.cross_stream_frees,
+            ooms: f.ooms,
+        }),
+        managers: Vec::new(),
+        skipped: Vec::new(),
+        live_curve: Vec::new(),
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! See [`PoolManager`] for the design. The pool runs over any upstream: the driver
 //! (`cuMemAlloc`), or the host stand-in ([`PoolUpstream::Host`]) for CI and for
-//! replaying traces without a GPU. [`record`] wraps any manager so that it writes a
-//! trace; [`replay`] plays traces back through managers.
+//! replaying traces without a GPU. Recording and replaying traces live in
+//! `emm-trace`.
 //!
 //! ```no_run
 //! use emm_core::MemoryManager;
@@ -18,9 +18,6 @@
 mod arena;
 mod events;
 mod pool;
-pub mod record;
-pub mod replay;
-pub mod synth;
 mod vmm;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};

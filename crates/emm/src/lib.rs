@@ -6,6 +6,10 @@
 //! `EMM_MEMORY_MANAGER=default|pool|hostonly` picks one; [`set_memory_manager`]
 //! picks one in code (the variable wins, with a warning).
 //!
+//! `EMM_RECORD=path` records every device allocation and free of the managers the
+//! router builds into `path` (emm's CSV, what `emm replay` reads); later contexts
+//! record into `path.1`, `path.2`, ….
+//!
 //! ```no_run
 //! emm::register_builtin_managers();
 //! emm::set_memory_manager("pool")?;
@@ -15,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
 pub use emm_core::{
@@ -22,6 +27,8 @@ pub use emm_core::{
     MemoryManager, Result, Router,
 };
 pub use emm_driver::{self as driver, Context, Device, Stream};
+pub use emm_sys as sys;
+pub use emm_trace as trace;
 pub use {emm_default, emm_hostonly, emm_pool};
 
 /// The names of the built-in managers.
@@ -34,23 +41,89 @@ pub fn register_builtin_managers() {
     ONCE.call_once(|| register_builtins_in(Router::global()));
 }
 
-/// Registers the built-in managers in `router`.
+/// Registers the built-in managers in `router`; each is wrapped in a
+/// [`trace::RecordingManager`] when `EMM_RECORD` is set.
 pub fn register_builtins_in(router: &Router) {
-    router.register(
-        "default",
-        |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-            Ok(Arc::new(emm_default::DefaultManager::new(ctx)?))
-        },
-    );
-    router.register("pool", |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-        Ok(Arc::new(emm_pool::PoolManager::new(ctx)?))
-    });
-    router.register(
-        "hostonly",
-        |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-            Ok(Arc::new(emm_hostonly::HostOnlyManager::new(ctx)?))
-        },
-    );
+    for &name in BUILTIN_MANAGERS {
+        router.register(
+            name,
+            move |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
+                record_if_asked(build_manager(name, ctx)?)
+            },
+        );
+    }
+}
+
+fn unknown(name: &str) -> EmmError {
+    EmmError::UnknownManager {
+        name: name.to_owned(),
+        source_var: None,
+        known: BUILTIN_MANAGERS.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+/// A new built-in manager `name` serving `ctx`, initialised, configured from the
+/// environment (`EMM_POOL_*`, `EMM_MAX_PENDING_DEALLOCS_*`,
+/// `EMM_HOSTONLY_RELEASE_THRESHOLD`), registered nowhere. `emm replay` builds one
+/// per replay so that each starts empty.
+pub fn build_manager(name: &str, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+    let m: Arc<dyn MemoryManager> = match name {
+        "default" => Arc::new(emm_default::DefaultManager::new(ctx)?),
+        "pool" => Arc::new(emm_pool::PoolManager::new(ctx)?),
+        "hostonly" => Arc::new(emm_hostonly::HostOnlyManager::new(ctx)?),
+        other => return Err(unknown(other)),
+    };
+    m.initialize()?;
+    Ok(m)
+}
+
+/// A new built-in manager `name` over host memory standing in for a device of
+/// `capacity` bytes (no GPU needed; sizes and counts are real), configured from the
+/// environment like [`build_manager`]. `hostonly` has no stand-in (it is CUDA's
+/// stream-ordered allocator): [`EmmError::Unsupported`], after its environment was
+/// checked.
+pub fn build_host_standin(name: &str, capacity: usize) -> Result<Arc<dyn MemoryManager>> {
+    let m: Arc<dyn MemoryManager> = match name {
+        "default" => Arc::new(emm_default::DefaultManager::over(
+            emm_default::HostUpstream::new(capacity, false),
+            emm_default::PendingConfig::from_env()?,
+        )),
+        "pool" => Arc::new(emm_pool::PoolManager::host(
+            capacity,
+            emm_pool::PoolConfig::from_env()?,
+        )?),
+        "hostonly" => {
+            emm_hostonly::HostOnlyConfig::from_env()?;
+            return Err(EmmError::Unsupported {
+                manager: "hostonly".into(),
+                operation: "running without a GPU (it is CUDA's stream-ordered allocator)",
+            });
+        }
+        other => return Err(unknown(other)),
+    };
+    m.initialize()?;
+    Ok(m)
+}
+
+/// Wraps `m` in a [`trace::RecordingManager`] when `EMM_RECORD` names a file.
+fn record_if_asked(m: Arc<dyn MemoryManager>) -> Result<Arc<dyn MemoryManager>> {
+    static RECORDERS: AtomicUsize = AtomicUsize::new(0);
+    let Some(path) = std::env::var_os(trace::RECORD_ENV).filter(|p| !p.is_empty()) else {
+        return Ok(m);
+    };
+    let n = RECORDERS.fetch_add(1, Ordering::Relaxed);
+    let mut path = std::path::PathBuf::from(path);
+    if n > 0 {
+        let mut s = path.into_os_string();
+        s.push(format!(".{n}"));
+        path = s.into();
+    }
+    let rec = trace::RecordingManager::to_file(m, &path).map_err(|e| EmmError::InvalidConfig {
+        name: trace::RECORD_ENV.into(),
+        value: path.display().to_string(),
+        reason: format!("cannot create the trace file: {e}"),
+    })?;
+    Ok(Arc::new(rec))
 }
 
 #[cfg(test)]
@@ -69,6 +142,38 @@ mod tests {
                 .contains("known managers: default, hostonly, pool"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn host_standins_are_built_and_hostonly_says_why_not() {
+        for name in ["default", "pool"] {
+            let m = build_host_standin(name, 1 << 30).unwrap();
+            drop(m.memalloc_async(4096, core::SYNC_STREAM).unwrap());
+            assert!(m.stats().reserved_bytes_peak >= 4096, "{name}");
+        }
+        let e = build_host_standin("hostonly", 1 << 30).err().unwrap();
+        assert!(e.to_string().contains("without a GPU"), "{e}");
+        let e = build_host_standin("rmm", 1 << 30).err().unwrap();
+        assert!(
+            e.to_string().contains("unknown memory manager `rmm`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recording_writes_a_trace_emm_replay_reads() {
+        let path = std::env::temp_dir().join(format!("emm-record-{}.csv", std::process::id()));
+        let inner = build_host_standin("pool", 1 << 30).unwrap();
+        let rec = trace::RecordingManager::to_file(inner, &path).unwrap();
+        let a = rec.memalloc_async(1000, core::SYNC_STREAM).unwrap();
+        let b = rec.memalloc_async(24, core::SYNC_STREAM).unwrap();
+        drop(a);
+        drop(b);
+        rec.flush().unwrap();
+        let t = trace::Trace::open(&path, None).unwrap().remove(0);
+        let s = trace::scan(&t).unwrap();
+        assert_eq!((s.requests, s.events, s.peak_live_bytes), (2, 4, 1024));
+        let _ = std::fs::remove_file(path);
     }
 }
 

@@ -1,19 +1,19 @@
 //! Tries segment policies on a trace over the host stand-in:
-//! `cargo run --release -p emm-pool --example tune -- traces/gpt_train.csv`
-use emm_pool::replay::{replay, Target, Trace};
+//! `cargo run --release -p emm-trace --example tune -- crates/emm-cli/traces/gpt_train.csv`
 use emm_pool::{PoolConfig, PoolManager, SegmentPolicy};
+use emm_trace::{replay, scan, ReplayOptions, Trace};
 
 fn main() {
     let mut traces: Vec<Trace> = std::env::args()
         .skip(1)
-        .map(|p| Trace::read(std::path::Path::new(&p)).expect("trace"))
+        .flat_map(|p| Trace::open(std::path::Path::new(&p), None).expect("trace"))
         .collect();
-    traces.push(emm_pool::synth::inference(7, 200));
-    traces.push(emm_pool::synth::inference(11, 200));
-    traces.push(emm_pool::synth::conv_training(3, 30));
+    traces.push(emm_trace::synth::inference(7, 200));
+    traces.push(emm_trace::synth::inference(11, 200));
+    traces.push(emm_trace::synth::conv_training(3, 30));
     for t in traces {
-        let path = t.name.clone();
-        let live = t.peak_live_bytes() as f64;
+        let path = t.name().to_owned();
+        let live = scan(&t).expect("scan").peak_live_bytes as f64;
         for (expandable, step) in [
             (false, 0usize),
             (true, 2usize << 20),
@@ -34,20 +34,14 @@ fn main() {
                 },
             )
             .unwrap();
-            let probe = || {
-                let s = p.stats();
-                (s.reserved_bytes_peak, s.num_device_alloc)
-            };
             let r = replay(
                 &t,
-                &Target {
-                    manager: &p,
-                    probe: &probe,
-                    sample: None,
-                },
-                &|_| emm_core::SYNC_STREAM,
+                &p,
+                &mut |_| emm_core::SYNC_STREAM,
+                &ReplayOptions::default(),
                 &mut |_| {},
-            );
+            )
+            .expect("replay");
             println!(
                 "{path}: expandable {expandable} step {:>3} MiB: reserved/live {:.3}, upstream {}, {:.2} ms",
                 step >> 20,

@@ -1,6 +1,7 @@
 //! Recording a workload: [`RecordingManager`] wraps any manager and writes every
-//! allocation and free in the trace format of `traces/README.md`
-//! (`op,id,size,stream`), so users can replay their own workload with `emm replay`.
+//! device allocation and free in emm's CSV (`op,id,size,stream`), so users can
+//! replay their own workload with `emm replay`. The façade (`emm`) wraps every
+//! manager it builds when `EMM_RECORD=path` is set ([`RECORD_ENV`]).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -13,6 +14,9 @@ use emm_core::{
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
+
+/// `EMM_RECORD`: the file the façade records every allocation and free into.
+pub const RECORD_ENV: &str = "EMM_RECORD";
 
 struct Log {
     out: Box<dyn Write + Send>,
@@ -58,6 +62,12 @@ impl RecordingManager {
             })),
             next: AtomicU64::new(0),
         })
+    }
+
+    /// Records `inner`'s traffic into the file at `path` (created, or truncated).
+    pub fn to_file(inner: Arc<dyn MemoryManager>, path: &std::path::Path) -> std::io::Result<Self> {
+        let f = std::fs::File::create(path)?;
+        Self::new(inner, Box::new(std::io::LineWriter::new(f)))
     }
 
     /// Flushes the trace.

@@ -1,8 +1,15 @@
 //! Synthetic traces of other workloads than the bundled GPT training trace, so the
 //! pool is not tuned to one file: inference with varying batch and sequence
 //! lengths, and convolutional training. Deterministic for a given seed.
+//!
+//! ```
+//! let t = emm_trace::synth::inference(7, 3);
+//! assert!(emm_trace::scan(&t)?.requests > 100);
+//! # Ok::<(), emm_trace::TraceError>(())
+//! ```
 
-use crate::replay::{Op, Trace};
+use crate::op::Op;
+use crate::trace::Trace;
 
 struct Rng(u64);
 impl Rng {
@@ -25,11 +32,7 @@ struct Builder {
 
 impl Builder {
     fn finish(self, name: String) -> Trace {
-        Trace {
-            name,
-            ops: self.ops,
-            errors: vec![],
-        }
+        Trace::from_ops(&name, self.ops)
     }
 
     fn alloc(&mut self, size: usize) -> u64 {
@@ -37,7 +40,7 @@ impl Builder {
         let size = size.div_ceil(512) * 512;
         self.ops.push(Op::Alloc {
             id: self.next,
-            size,
+            size: size as u64,
             stream: 0,
         });
         self.next

@@ -1,0 +1,239 @@
+//! The `emm` command as users run it: arguments, inputs, outputs, exit statuses.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn emm() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_emm"));
+    for v in [
+        "EMM_POOL_LIMIT",
+        "EMM_POOL_EXPANDABLE",
+        "EMM_RECORD",
+        "EMM_MEMORY_MANAGER",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    emm().args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("emm-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+fn snapshot() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../emm-trace/tests/fixtures/snapshot_small.pickle")
+}
+
+fn no_panic(o: &Output) {
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(o.status.code(), Some(101), "{err}");
+}
+
+#[test]
+fn help_and_version_do_not_run_anything() {
+    let o = run(&["bench", "--help"]);
+    assert!(o.status.success());
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("Usage: emm bench") && !out.contains("median"),
+        "{out}"
+    );
+    let o = run(&["--version"]);
+    assert_eq!(
+        text(&o.stdout).trim(),
+        format!("emm {}", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(run(&["replay", "--help"]).status.success());
+}
+
+#[test]
+fn unknown_arguments_are_rejected_with_a_suggestion() {
+    let o = run(&["replay", "--jsn"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--json"), "{}", text(&o.stderr));
+    let o = run(&["replay", "--manager", "pol"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("pool"));
+    assert_eq!(run(&["repaly"]).status.code(), Some(2));
+}
+
+#[test]
+fn the_bundled_trace_replays_on_the_host_stand_in() {
+    let o = run(&["replay"]);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.lines().next().unwrap().contains("host-memory stand-in"),
+        "{out}"
+    );
+    assert!(
+        out.contains(" pool ") && out.contains(" default ") && out.contains("GiB"),
+        "{out}"
+    );
+    assert!(
+        text(&o.stderr).contains("hostonly skipped"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut child = emm()
+        .args(["replay", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away before the first write
+    let o = child.wait_with_output().unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{:?} {}", o.status, text(&o.stderr));
+}
+
+#[test]
+fn a_full_disk_is_an_error_not_a_panic() {
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let o = emm()
+        .arg("replay")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("No space left"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn json_escapes_awkward_file_names() {
+    let name = "we\"ird\\ na\tme\nx.csv";
+    let p = temp(name, b"op,id,size,stream\na,1,512,0\nf,1,512,0\n");
+    let o = emm().args(["replay", "--json"]).arg(&p).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["trace"], p.display().to_string());
+    assert_eq!(v["traces"][0]["peak_live_bytes"], 512);
+    assert_eq!(v["traces"][0]["managers"][1]["manager"], "pool");
+}
+
+#[test]
+fn bad_inputs_fail_with_a_message_naming_the_file() {
+    let start = std::time::Instant::now();
+    let o = run(&["replay", "/dev/urandom"]);
+    assert!(start.elapsed().as_secs() < 10);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("/dev/urandom: binary data"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let p = temp("noheader.csv", b"a,1,512,0\n");
+    let o = emm().arg("replay").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("noheader.csv:1: no usable header"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let p = temp("allbad.csv", b"op,id,size,stream\nnope\nstill nope\n");
+    let o = emm().arg("replay").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("no usable event"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let p = temp(
+        "bom.csv",
+        "\u{feff}\n  op , id , size , stream\na,1,512,0\n".as_bytes(),
+    );
+    let o = emm().arg("replay").arg(&p).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+#[test]
+fn manager_environment_applies_and_invalid_values_are_named() {
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_LIMIT", "lots")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("EMM_POOL_LIMIT"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_EXPANDABLE", "maybe")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("EMM_POOL_EXPANDABLE"));
+    let o = emm()
+        .args(["replay", "-m", "pool"])
+        .env("EMM_POOL_LIMIT", "1000000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("requests failed"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = emm()
+        .args(["replay", "-m", "default"])
+        .env("EMM_MAX_PENDING_DEALLOCS_COUNT", "ten")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("EMM_MAX_PENDING_DEALLOCS_COUNT"));
+}
+
+#[test]
+fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
+    let html = temp("report.html", b"");
+    let o = emm()
+        .arg("replay")
+        .arg(snapshot())
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(" pytorch ") && out.contains("22.0 MiB"),
+        "{out}"
+    );
+    assert!(out.contains("reconstructed: 2"), "{out}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<svg") && page.contains("PyTorch peak reserved"));
+    assert!(page.matches("<polyline").count() >= 3);
+}

@@ -1,0 +1,322 @@
+//! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot()`): a pickled dict
+//! with `segments` (the allocator's state at dump time) and `device_traces` (per
+//! device, the ring buffer of the last `max_entries` allocator events).
+//!
+//! The client's calls are replayed: `alloc`, and `free_requested` (the moment the
+//! program dropped the tensor). Allocations made before recording began show up as
+//! frees without an alloc, or as blocks still allocated in `segments`; both are
+//! reconstructed as allocations at the start of the trace, so peak live is right.
+//! A `free_completed` that does not follow its `free_requested` at once was held back
+//! by a use on another stream (`record_stream`): counted as cross-stream.
+//! PyTorch's own reserved bytes come from `segment_alloc`/`segment_free`/
+//! `segment_map`/`segment_unmap`, anchored at the reserved bytes of the dump.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+
+use serde_pickle::{DeOptions, HashableValue, Value};
+
+use crate::diagnostics::Diagnostics;
+use crate::error::{excerpt, LineError, TraceError};
+use crate::op::Op;
+
+/// The largest snapshot read (the decoded value is held in memory).
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
+
+/// What PyTorch's caching allocator itself did, from the snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TorchFigures {
+    /// Peak of reserved bytes over the trace (segments mapped from the device).
+    pub peak_reserved_bytes: u128,
+    /// Reserved bytes at the dump (sum of the segments' `total_size`).
+    pub reserved_at_dump: u128,
+    /// Bytes in blocks allocated to the program at the dump.
+    pub allocated_at_dump: u128,
+    /// Allocations made before recording began, reconstructed.
+    pub reconstructed_allocs: u64,
+    /// Frees held back by use on another stream.
+    pub cross_stream_frees: u64,
+    /// Out-of-memory events recorded.
+    pub ooms: u64,
+}
+
+/// The events of one device of a snapshot.
+#[derive(Clone, Debug)]
+pub struct DeviceTrace {
+    /// The device's index.
+    pub device: i64,
+    /// The client's calls, reconstructed allocations first.
+    pub ops: Vec<Op>,
+    /// PyTorch's own figures.
+    pub figures: TorchFigures,
+    /// Records that could not be used.
+    pub diagnostics: Diagnostics,
+}
+
+fn key<'v>(d: &'v BTreeMap<HashableValue, Value>, k: &str) -> Option<&'v Value> {
+    d.get(&HashableValue::String(k.to_owned()))
+}
+
+fn describe(v: &Value) -> String {
+    let s = match v {
+        Value::Dict(d) => format!("a dict with {} keys", d.len()),
+        Value::List(l) => format!("a list of {}", l.len()),
+        other => format!("{other:?}"),
+    };
+    excerpt(&s, 60)
+}
+
+struct Ctx<'a> {
+    trace: &'a str,
+}
+
+impl Ctx<'_> {
+    fn bad(&self, at: impl Into<String>, expected: &'static str, found: &Value) -> TraceError {
+        TraceError::Snapshot {
+            trace: self.trace.to_owned(),
+            at: at.into(),
+            expected,
+            found: describe(found),
+        }
+    }
+}
+
+fn as_dict(v: &Value) -> Option<&BTreeMap<HashableValue, Value>> {
+    match v {
+        Value::Dict(d) => Some(d),
+        _ => None,
+    }
+}
+
+fn as_list(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::List(l) | Value::Tuple(l) => Some(l),
+        _ => None,
+    }
+}
+
+fn as_int(v: Option<&Value>) -> Option<i64> {
+    match v {
+        Some(Value::I64(i)) => Some(*i),
+        Some(Value::Bool(b)) => Some(i64::from(*b)),
+        _ => None,
+    }
+}
+
+fn as_str(v: Option<&Value>) -> Option<&str> {
+    match v {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// Reads a snapshot pickle into one [`DeviceTrace`] per device with any activity.
+pub fn read_snapshot(reader: impl Read, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
+    let value =
+        serde_pickle::value_from_reader(reader, DeOptions::new().replace_unresolved_globals())
+            .map_err(|e| TraceError::Pickle {
+                trace: trace.to_owned(),
+                reason: excerpt(&e.to_string(), 200),
+            })?;
+    from_value(&value, trace)
+}
+
+fn from_value(value: &Value, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
+    let cx = Ctx { trace };
+    let top = as_dict(value).ok_or_else(|| cx.bad("the top", "a dict with `segments`", value))?;
+    let segments = match key(top, "segments") {
+        Some(v) => as_list(v).ok_or_else(|| cx.bad("segments", "a list", v))?,
+        None => return Err(cx.bad("the top", "a dict with `segments`", value)),
+    };
+    let traces: &[Value] = match key(top, "device_traces") {
+        Some(v) => as_list(v).ok_or_else(|| cx.bad("device_traces", "a list of lists", v))?,
+        None => &[],
+    };
+    // Segments per device.
+    let mut devices: BTreeMap<i64, Vec<&BTreeMap<HashableValue, Value>>> = BTreeMap::new();
+    for (i, s) in segments.iter().enumerate() {
+        let d = as_dict(s).ok_or_else(|| cx.bad(format!("segments[{i}]"), "a dict", s))?;
+        let dev = as_int(key(d, "device")).unwrap_or(0);
+        devices.entry(dev).or_default().push(d);
+    }
+    for (i, t) in traces.iter().enumerate() {
+        if as_list(t).is_some_and(|l| !l.is_empty()) {
+            devices.entry(i as i64).or_default();
+        }
+    }
+    let mut out = Vec::new();
+    for (dev, segs) in devices {
+        let entries = match usize::try_from(dev).ok().and_then(|i| traces.get(i)) {
+            Some(v) => {
+                as_list(v).ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?
+            }
+            None => &[],
+        };
+        out.push(device_trace(&cx, dev, &segs, entries)?);
+    }
+    if out.is_empty() {
+        return Err(TraceError::NoUsableEvent {
+            trace: trace.to_owned(),
+            why: "the snapshot has no segments and no trace entries (was _record_memory_history() called before the work?)".into(),
+        });
+    }
+    Ok(out)
+}
+
+fn device_trace(
+    cx: &Ctx<'_>,
+    device: i64,
+    segs: &[&BTreeMap<HashableValue, Value>],
+    entries: &[Value],
+) -> Result<DeviceTrace, TraceError> {
+    let mut fig = TorchFigures::default();
+    let mut diag = Diagnostics::default();
+    // Blocks allocated at the dump: address -> (requested size, stream).
+    let mut at_dump: HashMap<i64, (u64, u64)> = HashMap::new();
+    for (si, s) in segs.iter().enumerate() {
+        let total = as_int(key(s, "total_size")).unwrap_or(0).max(0) as u128;
+        fig.reserved_at_dump += total;
+        let stream = as_int(key(s, "stream")).unwrap_or(0) as u64;
+        let blocks = key(s, "blocks").and_then(as_list).unwrap_or(&[]);
+        for (bi, b) in blocks.iter().enumerate() {
+            let b = as_dict(b)
+                .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
+            let state = as_str(key(b, "state")).unwrap_or("");
+            if state.starts_with("active") {
+                let size = as_int(key(b, "requested_size"))
+                    .or_else(|| as_int(key(b, "size")))
+                    .unwrap_or(0)
+                    .max(0) as u64;
+                if let Some(addr) = as_int(key(b, "address")) {
+                    at_dump.insert(addr, (size, stream));
+                    fig.allocated_at_dump += u128::from(size);
+                }
+            }
+        }
+    }
+    let mut next = 0u64;
+    let mut pre: Vec<Op> = Vec::new();
+    let mut ops: Vec<Op> = Vec::with_capacity(entries.len());
+    let mut live: HashMap<i64, u64> = HashMap::new();
+    let mut requested: HashMap<i64, usize> = HashMap::new();
+    let (mut delta, mut max_delta, mut min_delta) = (0i128, 0i128, 0i128);
+    for (i, e) in entries.iter().enumerate() {
+        let Some(d) = as_dict(e) else {
+            diag.push(LineError {
+                line: i as u64,
+                message: format!(
+                    "record device_traces[{device}][{i}] is {}, not a dict",
+                    describe(e)
+                ),
+            });
+            continue;
+        };
+        let action = as_str(key(d, "action")).unwrap_or("");
+        let addr = as_int(key(d, "addr"));
+        let size = as_int(key(d, "size")).unwrap_or(0).max(0) as u64;
+        let stream = as_int(key(d, "stream")).unwrap_or(0) as u64;
+        let need_addr = |diag: &mut Diagnostics| -> Option<i64> {
+            if addr.is_none() {
+                diag.push(LineError {
+                    line: i as u64,
+                    message: format!(
+                        "record device_traces[{device}][{i}] ({action}) has no integer `addr`"
+                    ),
+                });
+            }
+            addr
+        };
+        match action {
+            "alloc" => {
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
+                next += 1;
+                if let Some(old) = live.insert(a, next) {
+                    ops.push(Op::Free { id: old });
+                }
+                ops.push(Op::Alloc {
+                    id: next,
+                    size,
+                    stream,
+                });
+                diag.events += 1;
+            }
+            "free_requested" => {
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
+                let id = match live.remove(&a) {
+                    Some(id) => id,
+                    None => {
+                        // Allocated before recording began.
+                        next += 1;
+                        pre.push(Op::Alloc {
+                            id: next,
+                            size,
+                            stream,
+                        });
+                        fig.reconstructed_allocs += 1;
+                        next
+                    }
+                };
+                ops.push(Op::Free { id });
+                requested.insert(a, i);
+                diag.events += 1;
+            }
+            "free_completed" => {
+                let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
+                if let Some(j) = requested.remove(&a) {
+                    if j + 1 != i {
+                        fig.cross_stream_frees += 1;
+                    }
+                }
+            }
+            "segment_alloc" | "segment_map" => {
+                delta += i128::from(size);
+                max_delta = max_delta.max(delta);
+            }
+            "segment_free" | "segment_unmap" => {
+                delta -= i128::from(size);
+                min_delta = min_delta.min(delta);
+            }
+            "oom" => fig.ooms += 1,
+            "snapshot" | "user_defined" => {}
+            other => diag.push(LineError {
+                line: i as u64,
+                message: format!(
+                    "record device_traces[{device}][{i}] has unknown action {:?}",
+                    excerpt(other, 30)
+                ),
+            }),
+        }
+    }
+    // Blocks allocated at the dump that the trace never allocated: live throughout.
+    let mut still: Vec<(&i64, &(u64, u64))> = at_dump
+        .iter()
+        .filter(|(a, _)| !live.contains_key(a))
+        .collect();
+    still.sort();
+    for (_, &(size, stream)) in still {
+        next += 1;
+        pre.push(Op::Alloc {
+            id: next,
+            size,
+            stream,
+        });
+        fig.reconstructed_allocs += 1;
+    }
+    // PyTorch's reserved bytes: anchored at the dump, never below zero.
+    let dump = fig.reserved_at_dump as i128;
+    let start = (dump - delta).max(-min_delta).max(0);
+    fig.peak_reserved_bytes = (start + max_delta).max(dump).max(0) as u128;
+    pre.extend(ops);
+    Ok(DeviceTrace {
+        device,
+        ops: pre,
+        figures: fig,
+        diagnostics: diag,
+    })
+}

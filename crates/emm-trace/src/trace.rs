@@ -1,0 +1,222 @@
+//! [`Trace`]: a named source of events that can be read more than once (once to
+//! scan, once per manager), and [`Events`], one pass over it.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::diagnostics::Diagnostics;
+use crate::error::TraceError;
+use crate::op::{Format, Op};
+use crate::snapshot::{read_snapshot, TorchFigures, MAX_SNAPSHOT_BYTES};
+use crate::text::{sniff, Sniff, TextEvents};
+
+const READ_BUFFER: usize = 64 << 10;
+
+#[derive(Clone, Debug)]
+enum Body {
+    File(PathBuf),
+    Text(Arc<str>),
+    Ops(Arc<Vec<Op>>),
+}
+
+/// A trace: where its events come from, in which format.
+///
+/// Text traces are read from their file on every pass, one line at a time, so
+/// memory stays bounded whatever the file's size. Snapshots and synthetic traces
+/// hold their events in memory.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    name: String,
+    format: Format,
+    body: Body,
+    torch: Option<TorchFigures>,
+    preread: Option<Diagnostics>,
+}
+
+/// Which `--format` to read a file in; `None` detects it from the content.
+pub type FormatChoice = Option<Format>;
+
+impl Trace {
+    /// Opens `path`, detecting its format from its first bytes (or taking
+    /// `format`). A snapshot yields one trace per device with activity; a text
+    /// file one trace. Text files are checked up to their header here and read in
+    /// full by each pass.
+    pub fn open(path: &Path, format: FormatChoice) -> Result<Vec<Trace>, TraceError> {
+        let name = path.display().to_string();
+        let io = |source| TraceError::Io {
+            trace: name.clone(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if meta.is_dir() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory",
+            )));
+        }
+        let mut reader = BufReader::with_capacity(READ_BUFFER, file);
+        let head = reader.fill_buf().map_err(io)?.to_vec();
+        let sniffed = sniff(&head);
+        let pickle = match (format, &sniffed) {
+            (Some(Format::TorchSnapshot), _) | (None, Sniff::Pickle) => true,
+            (_, Sniff::Binary(found)) => {
+                return Err(TraceError::Binary {
+                    trace: name,
+                    found: found.clone(),
+                })
+            }
+            (Some(Format::Memory), _) => {
+                return Err(TraceError::NoUsableEvent {
+                    trace: name,
+                    why: "the `memory` format cannot be read from a file".into(),
+                })
+            }
+            _ => false,
+        };
+        if pickle {
+            if meta.is_file() && meta.len() > MAX_SNAPSHOT_BYTES {
+                return Err(TraceError::TooLarge {
+                    trace: name,
+                    size: meta.len(),
+                    limit: MAX_SNAPSHOT_BYTES,
+                    what: "a PyTorch snapshot",
+                });
+            }
+            let limited = std::io::Read::take(reader, MAX_SNAPSHOT_BYTES);
+            let devices = read_snapshot(limited, &name)?;
+            let many = devices.len() > 1;
+            return Ok(devices
+                .into_iter()
+                .map(|d| Trace {
+                    name: if many {
+                        format!("{name} (cuda:{})", d.device)
+                    } else {
+                        name.clone()
+                    },
+                    format: Format::TorchSnapshot,
+                    body: Body::Ops(Arc::new(d.ops)),
+                    torch: Some(d.figures),
+                    preread: Some(d.diagnostics),
+                })
+                .collect());
+        }
+        let events = TextEvents::new(reader, &name, format)?;
+        Ok(vec![Trace {
+            format: events.format(),
+            name,
+            body: Body::File(path.to_owned()),
+            torch: None,
+            preread: None,
+        }])
+    }
+
+    /// A text trace held in memory (e.g. one bundled into a program). Its header
+    /// is checked here.
+    pub fn from_text(name: &str, text: impl Into<Arc<str>>) -> Result<Trace, TraceError> {
+        let text: Arc<str> = text.into();
+        let events = TextEvents::new(text.as_bytes(), name, None)?;
+        Ok(Trace {
+            name: name.to_owned(),
+            format: events.format(),
+            body: Body::Text(text),
+            torch: None,
+            preread: None,
+        })
+    }
+
+    /// A trace of events built in memory.
+    pub fn from_ops(name: &str, ops: Vec<Op>) -> Trace {
+        Trace {
+            name: name.to_owned(),
+            format: Format::Memory,
+            body: Body::Ops(Arc::new(ops)),
+            torch: None,
+            preread: None,
+        }
+    }
+
+    /// The name reports use (the path as given).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The format read.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// PyTorch's own figures, when the trace is a snapshot.
+    pub fn torch_figures(&self) -> Option<&TorchFigures> {
+        self.torch.as_ref()
+    }
+
+    /// One pass over the events.
+    pub fn events(&self) -> Result<Events<'_>, TraceError> {
+        let inner = match &self.body {
+            Body::File(p) => {
+                let f = File::open(p).map_err(|source| TraceError::Io {
+                    trace: self.name.clone(),
+                    source,
+                })?;
+                let r: Box<dyn BufRead + '_> = Box::new(BufReader::with_capacity(READ_BUFFER, f));
+                Inner::Text(TextEvents::new(r, &self.name, Some(self.format))?)
+            }
+            Body::Text(t) => {
+                let r: Box<dyn BufRead + '_> = Box::new(t.as_bytes());
+                Inner::Text(TextEvents::new(r, &self.name, Some(self.format))?)
+            }
+            Body::Ops(ops) => Inner::Ops(ops.iter()),
+        };
+        Ok(Events {
+            inner,
+            diag: self.preread.clone().unwrap_or_default(),
+            fatal: None,
+        })
+    }
+}
+
+enum Inner<'a> {
+    Text(TextEvents<Box<dyn BufRead + 'a>>),
+    Ops(std::slice::Iter<'a, Op>),
+}
+
+/// One pass over a trace's events: an iterator of [`Op`]s. A fatal error ends the
+/// iteration; [`Events::finish`] returns it, or the [`Diagnostics`].
+pub struct Events<'a> {
+    inner: Inner<'a>,
+    diag: Diagnostics,
+    fatal: Option<TraceError>,
+}
+
+impl Iterator for Events<'_> {
+    type Item = Op;
+
+    fn next(&mut self) -> Option<Op> {
+        if self.fatal.is_some() {
+            return None;
+        }
+        match &mut self.inner {
+            Inner::Ops(it) => it.next().copied(),
+            Inner::Text(t) => match t.next_op(&mut self.diag) {
+                Ok(op) => op,
+                Err(e) => {
+                    self.fatal = Some(e);
+                    None
+                }
+            },
+        }
+    }
+}
+
+impl Events<'_> {
+    /// What the pass found: the fatal error that ended it, or its diagnostics.
+    pub fn finish(self) -> Result<Diagnostics, TraceError> {
+        match self.fatal {
+            Some(e) => Err(e),
+            None => Ok(self.diag),
+        }
+    }
+}

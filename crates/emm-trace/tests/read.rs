@@ -1,0 +1,177 @@
+//! Reading traces: formats, tolerance, and the typed errors of bad input.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use emm_trace::{scan, Format, Op, Trace, TraceError, MAX_LINE};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("emm-trace-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+fn open_one(p: &Path) -> Result<Trace, TraceError> {
+    Trace::open(p, None).map(|mut v| v.remove(0))
+}
+
+#[test]
+fn both_text_formats_parse_and_bad_lines_are_numbered() {
+    let t = Trace::from_text(
+        "t",
+        "op,id,size,stream\na,1,100,0\na,2,50,1\nx,3,1,0\na,4\nf,1,100,0\n",
+    )
+    .unwrap();
+    let s = scan(&t).unwrap();
+    assert_eq!((s.events, s.requests, s.peak_live_bytes), (3, 2, 150));
+    assert_eq!(s.diagnostics.bad, 2);
+    let lines: Vec<u64> = s.diagnostics.first.iter().map(|e| e.line).collect();
+    assert_eq!(lines, vec![4, 5]);
+    assert!(s.diagnostics.first[0].message.contains("neither"));
+    let r = Trace::from_text(
+        "r",
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f00,256,0x0\n1,0.2,allocate,0x7f10,64,0x0\n1,0.3,free,0x7f00,256,0x0\n1,0.4,free,0xdead,1,0x0\n",
+    )
+    .unwrap();
+    assert_eq!(r.format(), Format::RmmLog);
+    let ops: Vec<Op> = r.events().unwrap().collect();
+    assert_eq!(
+        ops,
+        vec![
+            Op::Alloc {
+                id: 1,
+                size: 256,
+                stream: 0
+            },
+            Op::Alloc {
+                id: 2,
+                size: 64,
+                stream: 0
+            },
+            Op::Free { id: 1 }
+        ]
+    );
+    assert_eq!(scan(&r).unwrap().diagnostics.first[0].line, 5);
+}
+
+#[test]
+fn bom_spaces_blank_first_lines_and_comments_are_tolerated() {
+    let p = temp(
+        "bom.csv",
+        "\u{feff}\n\n  # recorded by hand\n  Op, Id, Size, Stream  \r\na,1,512,0\r\nf,1,512,0\r\n"
+            .as_bytes(),
+    );
+    let t = open_one(&p).unwrap();
+    assert_eq!(t.format(), Format::EmmCsv);
+    let s = scan(&t).unwrap();
+    assert_eq!((s.requests, s.diagnostics.bad), (1, 0));
+}
+
+#[test]
+fn a_missing_header_is_an_error_naming_file_and_line() {
+    let p = temp("noheader.csv", b"\n\na,1,512,0\nf,1,512,0\n");
+    let e = open_one(&p).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, TraceError::MissingHeader { line: 3, .. }),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("noheader.csv:3") && msg.contains("a,1,512,0"),
+        "{msg}"
+    );
+    // With the format given, the header is optional.
+    let t = Trace::open(&p, Some(Format::EmmCsv)).unwrap().remove(0);
+    assert_eq!(scan(&t).unwrap().requests, 1);
+}
+
+#[test]
+fn an_empty_or_all_bad_file_is_an_error() {
+    let e = open_one(&temp("empty.csv", b"")).unwrap_err();
+    assert!(matches!(e, TraceError::NoUsableEvent { .. }), "{e}");
+    let t = open_one(&temp("bad.csv", b"op,id,size,stream\nhello\nworld\n")).unwrap();
+    let e = scan(&t).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("all 2 lines") && msg.contains("line 2"),
+        "{msg}"
+    );
+    let t = open_one(&temp("headeronly.csv", b"op,id,size,stream\n")).unwrap();
+    assert!(matches!(scan(&t), Err(TraceError::NoUsableEvent { .. })));
+}
+
+#[test]
+fn many_bad_lines_end_promptly_and_keep_only_a_few() {
+    let mut text = b"op,id,size,stream\n".to_vec();
+    for _ in 0..100_000 {
+        text.extend_from_slice(b"garbage line\n");
+    }
+    let t = open_one(&temp("garbage.csv", &text)).unwrap();
+    let e = scan(&t).unwrap_err();
+    assert!(e.to_string().contains("first 1000 lines"), "{e}");
+    // Mixed: counted, only the first few kept.
+    let mut text = b"op,id,size,stream\na,1,512,0\n".to_vec();
+    for _ in 0..5000 {
+        text.extend_from_slice(b"x,1,2,3\n");
+    }
+    let s = scan(&open_one(&temp("mixed.csv", &text)).unwrap()).unwrap();
+    assert_eq!(s.diagnostics.bad, 5000);
+    assert_eq!(s.diagnostics.first.len(), emm_trace::KEPT_LINE_ERRORS);
+}
+
+#[test]
+fn binary_input_and_endless_lines_are_rejected_at_once() {
+    let e = open_one(&temp("bin.dat", &[0x7f, b'E', b'L', b'F', 0, 1, 2])).unwrap_err();
+    assert!(matches!(e, TraceError::Binary { .. }), "{e}");
+    let e = open_one(&temp("latin.dat", &[b'a', 0xff, 0xfe, b'b'])).unwrap_err();
+    assert!(e.to_string().contains("invalid UTF-8"), "{e}");
+    let mut long = b"op,id,size,stream\n".to_vec();
+    long.extend(std::iter::repeat_n(b'1', MAX_LINE * 4));
+    let t = open_one(&temp("long.csv", &long)).unwrap();
+    assert!(matches!(
+        scan(&t),
+        Err(TraceError::LineTooLong { line: 2, .. })
+    ));
+    if Path::new("/dev/urandom").exists() {
+        let start = std::time::Instant::now();
+        let e = open_one(Path::new("/dev/urandom")).unwrap_err();
+        assert!(start.elapsed().as_secs() < 5, "{e}");
+    }
+}
+
+#[test]
+fn snapshot_reconstructs_allocations_made_before_recording() {
+    for name in ["snapshot_small.pickle", "snapshot_small_p2.pickle"] {
+        let t = open_one(&fixture(name)).unwrap();
+        assert_eq!(t.format(), Format::TorchSnapshot);
+        let f = *t.torch_figures().unwrap();
+        assert_eq!(f.reconstructed_allocs, 2, "{name}");
+        assert_eq!(f.cross_stream_frees, 1);
+        assert_eq!(f.ooms, 1);
+        assert_eq!(f.reserved_at_dump, 20 << 20);
+        assert_eq!(f.peak_reserved_bytes, 22 << 20);
+        let s = scan(&t).unwrap();
+        // At the start: 4 MiB (freed during the recording) + 2,000,000 (live at the
+        // dump), both from before it. Without them the peak would be 4 MiB (1 + 3).
+        assert_eq!(s.peak_live_bytes, (4 << 20) + 2_000_000);
+        assert_eq!(s.requests, 5);
+        assert_eq!(s.streams, 2);
+        assert_eq!(s.diagnostics.bad, 0);
+    }
+}
+
+#[test]
+fn a_pickle_that_is_not_a_snapshot_is_a_typed_error() {
+    let e = open_one(&fixture("not_a_snapshot.pickle")).unwrap_err();
+    assert!(matches!(e, TraceError::Snapshot { .. }), "{e}");
+    let e = open_one(&temp("trunc.pickle", &[0x80, 4, 0x95, 1, 2])).unwrap_err();
+    assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+}
