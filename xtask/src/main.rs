@@ -127,6 +127,7 @@ fn ci(root: &Path) -> Result<(), String> {
 /// Which workspace crates each crate may depend on (normal dependencies).
 const LAYERS: &[(&str, &[&str])] = &[
     ("emm-sys", &[]),
+    ("emm-standin", &["emm-sys"]),
     ("emm-driver", &["emm-sys"]),
     ("emm-core", &["emm-sys", "emm-driver"]),
     ("emm-default", &["emm-sys", "emm-driver", "emm-core"]),
