@@ -2,6 +2,7 @@
 //! current contexts.
 
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 use emm_sys::{CUdevice_attribute as A, CUresult};
 
@@ -19,15 +20,42 @@ thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
+// Drivers are called from thread-local destructors (a pool's per-thread cache
+// giving blocks back at thread exit), after this thread's `STACK` may be gone; the
+// stack of such a thread lives in `LATE`, keyed by its kernel thread id, and is
+// removed when it empties.
+static LATE: Mutex<Vec<(i64, Vec<u64>)>> = Mutex::new(Vec::new());
+
+fn with_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
+    if STACK.try_with(|_| ()).is_ok() {
+        // Alive a moment ago on this same thread, so alive now.
+        return STACK.with(|s| f(&mut s.borrow_mut()));
+    }
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = i64::from(unsafe { libc::gettid() });
+    let mut late = LATE.lock().unwrap_or_else(|p| p.into_inner());
+    let i = match late.iter().position(|(t, _)| *t == tid) {
+        Some(i) => i,
+        None => {
+            late.push((tid, Vec::new()));
+            late.len() - 1
+        }
+    };
+    let r = f(&mut late[i].1);
+    if late[i].1.is_empty() {
+        late.swap_remove(i);
+    }
+    r
+}
+
 /// The calling thread's current context, 0 when none.
 pub fn current() -> u64 {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+    with_stack(|s| s.last().copied().unwrap_or(0))
 }
 
 /// `cuCtxSetCurrent`: replaces the top of the stack (null pops).
 pub fn set_current(h: u64) {
-    STACK.with(|s| {
-        let mut s = s.borrow_mut();
+    with_stack(|s| {
         if h == 0 {
             s.pop();
         } else if let Some(top) = s.last_mut() {
@@ -40,12 +68,12 @@ pub fn set_current(h: u64) {
 
 /// `cuCtxPushCurrent`.
 pub fn push(h: u64) {
-    STACK.with(|s| s.borrow_mut().push(h));
+    with_stack(|s| s.push(h));
 }
 
 /// `cuCtxPopCurrent`: the popped context, 0 when the stack was empty.
 pub fn pop() -> u64 {
-    STACK.with(|s| s.borrow_mut().pop().unwrap_or(0))
+    with_stack(|s| s.pop().unwrap_or(0))
 }
 
 /// Primary contexts: one retain count per device.

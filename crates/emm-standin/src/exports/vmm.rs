@@ -157,7 +157,10 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     _option: i32,
 ) -> CUresult {
     call("cuMemGetAllocationGranularity", |st| {
-        enabled(st)?;
+        // Needs no current context (the prop names the device).
+        if !st.config.vmm {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
         if prop.is_null() {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
