@@ -603,3 +603,114 @@ fn pool_drop_destroys_its_events_on_a_live_thread() {
     }
     assert_clean(&f.s, &f.ctx, &before, "pool dropped on this thread");
 }
+
+// ---- a proptest over the stand-in-backed pool ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { size: usize, stream: usize },
+    Free(usize),
+    Trim,
+    NotReady(u64),
+    FailNextGrowth,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (prop_oneof![1usize..4096, 4096usize..(2 << 20), (2usize << 20)..(48 << 20)], 0usize..3)
+            .prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        4 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::Trim),
+        1 => (0u64..4).prop_map(Op::NotReady),
+        1 => Just(Op::FailNextGrowth),
+    ]
+}
+
+fn stamp(ctx: &Context, ptr: u64, size: usize, seed: u8) -> Vec<u8> {
+    let n = (size / 2).clamp(1, 64);
+    let data = pattern(seed, n);
+    // SAFETY: the allocation holds `size` >= `n` bytes at both ends.
+    unsafe {
+        memory::copy_htod(ctx, ptr, &data).unwrap();
+        memory::copy_htod(ctx, ptr + (size - n) as u64, &data).unwrap();
+    }
+    data
+}
+
+fn verify(ctx: &Context, ptr: u64, size: usize, data: &[u8]) -> Result<(), String> {
+    let n = data.len();
+    let mut head = vec![0u8; n];
+    let mut tail = vec![0u8; n];
+    // SAFETY: as in `stamp`.
+    unsafe {
+        memory::copy_dtoh(ctx, &mut head, ptr).map_err(|e| e.to_string())?;
+        memory::copy_dtoh(ctx, &mut tail, ptr + (size - n) as u64).map_err(|e| e.to_string())?;
+    }
+    if head != data || tail != data {
+        return Err(format!(
+            "allocation {ptr:#x} of {size} bytes was overwritten"
+        ));
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    #[test]
+    fn pool_on_the_stand_in_keeps_data_and_leaks_nothing(ops in proptest::collection::vec(op(), 1..40)) {
+        let f = fixture();
+        let before = snapshot(&f.s);
+        let outcome: Result<(), String> = on_thread(|| {
+            let pool = PoolManager::new(&f.ctx).unwrap();
+            let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&f.ctx).unwrap()).collect();
+            let mut live: Vec<(emm::DeviceAllocation, Vec<u8>)> = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                match op {
+                    Op::Alloc { size, stream } => match pool.memalloc_async(*size, streams[*stream].raw()) {
+                        Ok(a) => {
+                            let data = stamp(&f.ctx, a.ptr(), a.size(), i as u8);
+                            live.push((a, data));
+                        }
+                        Err(e) if e.is_out_of_memory() => {}
+                        Err(e) => return Err(format!("op {i} {op:?}: {e}")),
+                    },
+                    Op::Free(k) if !live.is_empty() => {
+                        let (a, data) = live.swap_remove(k % live.len());
+                        verify(&f.ctx, a.ptr(), a.size(), &data)?;
+                    }
+                    Op::Free(_) => {}
+                    Op::Trim => {
+                        pool.trim();
+                    }
+                    Op::NotReady(n) => {
+                        f.s.control(&format!("not_ready {n}")).unwrap();
+                    }
+                    Op::FailNextGrowth => {
+                        for function in ["cuMemCreate", "cuMemAlloc_v2"] {
+                            f.s.fail_nth(function, 1, oom()).unwrap();
+                        }
+                    }
+                }
+                pool.check().map_err(|e| format!("op {i} {op:?}: {e}"))?;
+            }
+            for (a, data) in &live {
+                verify(&f.ctx, a.ptr(), a.size(), data)?;
+            }
+            drop(live);
+            f.s.reset().unwrap();
+            let stats = pool.stats();
+            if stats.allocated_bytes != 0 {
+                return Err(format!("allocated_bytes {} with nothing live", stats.allocated_bytes));
+            }
+            pool.trim();
+            drop(streams);
+            drop(pool);
+            Ok(())
+        });
+        f.s.reset().unwrap();
+        proptest::prop_assert!(outcome.is_ok(), "{:?}", outcome);
+        assert_clean(&f.s, &f.ctx, &before, "proptest");
+    }
+}
