@@ -33,6 +33,11 @@ fn report() -> Result<String, DriverError> {
         (version % 1000) / 10,
         drv.path()
     );
+    if drv.is_stand_in() {
+        out.push_str(
+            "driver is the emm-standin test driver (host memory, fault injection), not CUDA\n",
+        );
+    }
     let missing = drv.missing_optional();
     if !missing.is_empty() {
         out.push_str(&format!("driver lacks: {}\n", missing.join(", ")));

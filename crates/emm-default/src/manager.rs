@@ -42,7 +42,7 @@ struct State {
     generation: usize,
 }
 
-struct Inner<U> {
+struct Inner<U: Upstream> {
     upstream: U,
     config: PendingConfig,
     capacity: AtomicUsize,
@@ -106,6 +106,23 @@ impl<U: Upstream> Inner<U> {
             Self::take_pending(&mut s)
         };
         self.free_blocks(blocks);
+    }
+}
+
+/// The last owner gone (the manager and every allocation it handed out): frees
+/// still queued go back to the upstream, so dropping a manager leaks nothing.
+impl<U: Upstream> Drop for Inner<U> {
+    fn drop(&mut self) {
+        let blocks = Self::take_pending(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        self.free_blocks(blocks);
+        for e in self
+            .release_errors
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+        {
+            tracing::error!(error = %e, "a free failed while the default manager was dropped");
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! | [`Driver`] | the function table: required symbols as fn pointers, optional ones (stream-ordered allocator, mempools, VMM) as `Option`s |
 //! | [`Driver::load`], [`Driver::load_from`] | fallible, panic-free loading |
 //! | [`driver`] | the process-wide table, loaded and `cuInit`ed once |
+//! | [`Driver::stand_in`] | the control handle of `emm-standin`, the fault-injecting test driver, when it is loaded |
 //!
 //! Architecture invariant: this is the only crate of the workspace that touches
 //! `libloading`, and nothing here links libcuda at build time (`xtask tidy` checks
@@ -19,11 +20,13 @@
 
 #![allow(non_camel_case_types)] // reason: the C names of the driver API are kept
 
+mod standin;
 mod table;
 mod types;
 
 use std::sync::OnceLock;
 
+pub use standin::{Live, StandIn, StandInError};
 pub use table::Driver;
 pub use types::*;
 

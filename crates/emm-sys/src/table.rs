@@ -167,6 +167,9 @@ driver_table! {
         mem_address_reserve = "cuMemAddressReserve"(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
         mem_address_free = "cuMemAddressFree"(CUdeviceptr, usize);
         mem_get_allocation_granularity = "cuMemGetAllocationGranularity"(*mut usize, *const CUmemAllocationProp, i32);
+
+        /// Only in `emm-standin`, the test driver: runs a control command.
+        standin_control = "emmStandinControl"(*const c_char, *mut u64);
     }
 }
 

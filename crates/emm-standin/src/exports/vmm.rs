@@ -1,0 +1,170 @@
+//! Virtual memory management. With the `vmm` knob off, `cuMemCreate` and
+//! `cuMemAddressReserve` are `CUDA_ERROR_NOT_SUPPORTED`.
+
+use emm_sys::{
+    CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,
+};
+
+use crate::state::{call, put, State};
+use crate::vmm::GRANULARITY;
+
+fn enabled(st: &State) -> Result<i32, CUresult> {
+    let d = st.contexts.current_device(st.config.devices)?;
+    if st.config.vmm {
+        Ok(d)
+    } else {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+}
+
+/// `cuMemAddressReserve`: `PROT_NONE` address space; the address hint is ignored.
+///
+/// # Safety
+/// See [the module docs](crate::exports).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    p: *mut CUdeviceptr,
+    size: usize,
+    align: usize,
+    _addr: CUdeviceptr,
+    flags: u64,
+) -> CUresult {
+    call("cuMemAddressReserve", |st| {
+        enabled(st)?;
+        if p.is_null() || flags != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let base = st.vmm.reserve(size, align)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { put(p, base) }
+    })
+}
+
+/// `cuMemAddressFree`: the whole reservation, nothing mapped in it.
+///
+/// # Safety
+/// None beyond the C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    call("cuMemAddressFree", |st| {
+        st.vmm.free_reservation(&mut st.mem, ptr, size)
+    })
+}
+
+/// `cuMemCreate`: physical memory (a memfd) charged against the capacity.
+///
+/// # Safety
+/// `prop` must point to a `CUmemAllocationProp`; `h` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    h: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    call("cuMemCreate", |st| {
+        enabled(st)?;
+        if h.is_null() || prop.is_null() || flags != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null and pointing to a prop per the caller's contract.
+        let prop = unsafe { prop.read_unaligned() };
+        let d = prop.location.id;
+        if !(0..st.config.devices).contains(&d) {
+            return Err(CUresult::ERROR_INVALID_DEVICE);
+        }
+        let handle = st.new_handle();
+        let cap = st.config.capacity;
+        st.vmm.create(&mut st.mem, handle, size, d, cap)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { put(h, handle) }
+    })
+}
+
+/// `cuMemRelease`: the memory goes when its last mapping does; a second release
+/// is `CUDA_ERROR_INVALID_VALUE`, counted as a double free.
+///
+/// # Safety
+/// None beyond the C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
+    call("cuMemRelease", |st| st.vmm.release(&mut st.mem, h))
+}
+
+/// `cuMemMap`: inside a reservation, over nothing mapped.
+///
+/// # Safety
+/// None beyond the C ABI (the range is checked against the reservations).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    h: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    call("cuMemMap", |st| {
+        if flags != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        st.vmm.map(&mut st.mem, ptr, size, offset, h)
+    })
+}
+
+/// `cuMemUnmap`: whole mappings only.
+///
+/// # Safety
+/// None beyond the C ABI (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    call("cuMemUnmap", |st| st.vmm.unmap(&mut st.mem, ptr, size))
+}
+
+/// `cuMemSetAccess`: the range must be mapped; afterwards copies may use it.
+///
+/// # Safety
+/// `desc` must point to `count` descriptors.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    call("cuMemSetAccess", |st| {
+        if desc.is_null() || count == 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        for i in 0..count {
+            // SAFETY: the caller passes `count` descriptors.
+            let d = unsafe { desc.add(i).read_unaligned() };
+            if !(0..st.config.devices).contains(&d.location.id) {
+                return Err(CUresult::ERROR_INVALID_DEVICE);
+            }
+        }
+        st.vmm.set_access(&mut st.mem, ptr, size)
+    })
+}
+
+/// `cuMemGetAllocationGranularity`: 2 MiB, minimum and recommended.
+///
+/// # Safety
+/// `g` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    g: *mut usize,
+    prop: *const CUmemAllocationProp,
+    _option: i32,
+) -> CUresult {
+    call("cuMemGetAllocationGranularity", |st| {
+        // Needs no current context (the prop names the device).
+        if !st.config.vmm {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
+        if prop.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { put(g, GRANULARITY) }
+    })
+}

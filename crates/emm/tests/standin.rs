@@ -1,0 +1,716 @@
+//! The managers against `emm-standin`, the fault-injecting stand-in driver (host
+//! memory, no GPU): conformance, data through copies, and injected faults (out of
+//! memory at each step of each manager's ladder, failing frees, failing event
+//! calls, a lost context), each ending in a typed error or a correct retry with
+//! nothing leaked and nothing freed twice.
+//!
+//! The library is found next to the test executable (`target/<profile>/`); build
+//! it first with `cargo build -p emm-standin` (`cargo xtask ci` does).
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, Once};
+
+use emm::core::conformance;
+use emm::{Context, EmmError, MemoryManager, Stream};
+use emm_default::DefaultManager;
+use emm_driver::memory;
+use emm_hostonly::HostOnlyManager;
+use emm_pool::PoolManager;
+use emm_sys::{CUresult, Live, StandIn};
+
+/// `target/<profile>/libemm_standin.so`, from this executable's place in
+/// `target/<profile>/deps/`.
+fn standin_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test executable lives in target/<profile>/deps");
+    profile_dir.join("libemm_standin.so")
+}
+
+/// Serializes the tests (the stand-in's counters are process-wide) and loads the
+/// stand-in once.
+struct Fixture {
+    _serial: MutexGuard<'static, ()>,
+    s: StandIn<'static>,
+    ctx: Context,
+}
+
+fn fixture() -> Fixture {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    static LOAD: Once = Once::new();
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    LOAD.call_once(|| {
+        let path = standin_path();
+        assert!(
+            path.is_file(),
+            "{} is missing: run `cargo build -p emm-standin` first (cargo xtask ci does)",
+            path.display()
+        );
+        std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
+    });
+    let drv = emm_sys::driver().expect("the stand-in loads");
+    let s = drv
+        .stand_in()
+        .expect("the loaded driver is emm-standin (EMM_CUDA_DRIVER was set elsewhere?)");
+    println!(
+        "driver: {} (emm-standin, the stand-in driver: host memory, not a GPU)",
+        drv.path()
+    );
+    s.reset().unwrap();
+    s.control("capacity 8G").unwrap();
+    let ctx = Context::on_device(0).unwrap();
+    Fixture {
+        _serial: serial,
+        s,
+        ctx,
+    }
+}
+
+/// Resources and bad frees before a test, to compare with after it.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    live: Live,
+    double_frees: u64,
+    invalid_frees: u64,
+}
+
+fn snapshot(s: &StandIn<'_>) -> Snapshot {
+    Snapshot {
+        live: s.live().unwrap(),
+        double_frees: s.control("double_frees").unwrap(),
+        invalid_frees: s.control("invalid_frees").unwrap(),
+    }
+}
+
+fn assert_clean(s: &StandIn<'_>, ctx: &Context, before: &Snapshot, what: &str) {
+    ctx.synchronize().unwrap();
+    let after = snapshot(s);
+    assert_eq!(
+        &after, before,
+        "{what}: the stand-in's live resources or bad-free counters changed"
+    );
+}
+
+fn oom() -> CUresult {
+    CUresult::ERROR_OUT_OF_MEMORY
+}
+
+const MANAGERS: [&str; 3] = ["default", "pool", "hostonly"];
+
+fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
+    let m: Box<dyn MemoryManager> = match name {
+        "default" => Box::new(DefaultManager::new(ctx).unwrap()),
+        "pool" => Box::new(PoolManager::new(ctx).unwrap()),
+        _ => Box::new(HostOnlyManager::new(ctx).unwrap()),
+    };
+    m.initialize().unwrap();
+    m
+}
+
+/// Runs `body` on a thread of its own and joins it: the pool keeps per-thread
+/// caches (and, through them, its core) until the thread exits, so leak checks
+/// look after the join.
+fn on_thread<R: Send>(body: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|sc| sc.spawn(body).join().unwrap())
+}
+
+fn conformance_of(name: &str) {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let m = manager(name, &f.ctx);
+        let report = conformance::run(m.as_ref(), &f.ctx);
+        println!("{name} on the stand-in:\n{report}");
+        assert!(report.all_passed(), "{name}:\n{report}");
+    });
+    assert_clean(&f.s, &f.ctx, &before, name);
+}
+
+#[test]
+fn conformance_default() {
+    conformance_of("default");
+}
+
+#[test]
+fn conformance_pool() {
+    conformance_of("pool");
+}
+
+#[test]
+fn conformance_hostonly() {
+    conformance_of("hostonly");
+}
+
+fn pattern(seed: u8, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn data_written_is_read_back_through_copies() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    for name in MANAGERS {
+        on_thread(|| data_round_trip(name, &f.ctx, true));
+        assert_clean(&f.s, &f.ctx, &before, name);
+    }
+}
+
+fn data_round_trip(name: &str, ctx: &Context, trim: bool) {
+    let f = ctx;
+    {
+        let m = manager(name, f);
+        let stream = Stream::new(f).unwrap();
+        for (i, &n) in [1usize, 4097, 1 << 20, 5 << 20].iter().enumerate() {
+            let a = m.memalloc(n).unwrap();
+            let b = m.memalloc_async(n, stream.raw()).unwrap();
+            let data = pattern(i as u8, n);
+            let mut back = vec![0u8; n];
+            // SAFETY: both allocations hold `n` bytes.
+            unsafe {
+                memory::copy_htod(f, a.ptr(), &data).unwrap();
+                memory::copy_dtod(f, b.ptr(), a.ptr(), n).unwrap();
+                memory::copy_dtoh(f, &mut back, b.ptr()).unwrap();
+            }
+            assert_eq!(back, data, "{name}: {n} bytes through htod, dtod, dtoh");
+            // SAFETY: as above.
+            unsafe {
+                memory::memset_d8(f, a.ptr(), 0xAB, n).unwrap();
+                memory::copy_dtoh(f, &mut back, a.ptr()).unwrap();
+            }
+            assert!(back.iter().all(|&x| x == 0xAB), "{name}: memset");
+        }
+        drop(stream);
+        if trim {
+            // Works around the pool bug of `pool_drop_gives_back_segments_freed_on_a_created_stream`.
+            m.release_cached().unwrap();
+        }
+        drop(m);
+    }
+}
+
+#[test]
+fn a_copy_to_freed_memory_is_refused_by_the_stand_in() {
+    let f = fixture();
+    let p = memory::alloc(&f.ctx, 4096).unwrap();
+    // SAFETY: allocated above, freed once.
+    unsafe { memory::free(&f.ctx, p).unwrap() };
+    // SAFETY: the stand-in checks the range and refuses it (no host write happens).
+    let r = unsafe { memory::copy_htod(&f.ctx, p, &[1, 2, 3]) };
+    assert!(
+        r.is_err(),
+        "the stand-in must refuse a copy to freed memory"
+    );
+    let d0 = f.s.control("double_frees").unwrap();
+    // SAFETY: a deliberate double free; the stand-in refuses and counts it.
+    let r = unsafe { memory::free(&f.ctx, p) };
+    assert!(r.is_err());
+    assert_eq!(f.s.control("double_frees").unwrap(), d0 + 1);
+}
+
+// ---- out of memory: the default manager's flush-and-retry ----
+
+#[test]
+fn default_oom_flushes_pending_frees_and_retries() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    {
+        let m = DefaultManager::new(&f.ctx).unwrap();
+        m.initialize().unwrap(); // learns the capacity the queue's byte limit is a share of
+        let a = m.memalloc(1 << 20).unwrap();
+        drop(a); // queued, not freed
+        assert_eq!(m.pending().0, 1);
+        let allocs = f.s.calls("cuMemAlloc_v2").unwrap();
+        f.s.fail_nth("cuMemAlloc_v2", 1, oom()).unwrap();
+        let b = m.memalloc(1 << 20).expect("flush, then the retry works");
+        assert_eq!(f.s.calls("cuMemAlloc_v2").unwrap(), allocs + 2);
+        assert_eq!(m.pending().0, 0, "the queue was flushed");
+        assert_eq!(m.stats().oom_retries, 1);
+        // Both attempts fail: a typed error naming the manager.
+        f.s.fail_nth("cuMemAlloc_v2", 1, oom()).unwrap();
+        f.s.fail_nth("cuMemAlloc_v2", 2, oom()).unwrap();
+        match m.memalloc(1 << 20) {
+            Err(EmmError::OutOfMemory { manager, .. }) => assert_eq!(manager, "default"),
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        // Past the capacity: typed too, and the manager keeps working.
+        let (_, total) = f.ctx.mem_info().unwrap();
+        assert!(matches!(
+            m.memalloc(total + 1),
+            Err(EmmError::OutOfMemory { .. })
+        ));
+        drop(b);
+        let c = m.memalloc(4096).unwrap();
+        drop(c);
+        assert_eq!(m.stats().live, 0);
+    }
+    assert_clean(&f.s, &f.ctx, &before, "default OOM");
+}
+
+// ---- out of memory: hostonly's trim-and-retry ----
+
+#[test]
+fn hostonly_oom_trims_and_retries() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    {
+        let m = HostOnlyManager::new(&f.ctx).unwrap();
+        let stream = Stream::new(&f.ctx).unwrap();
+        let a = m.memalloc_async(8 << 20, stream.raw()).unwrap();
+        drop(a);
+        let syncs = f.s.calls("cuCtxSynchronize").unwrap();
+        let trims = f.s.calls("cuMemPoolTrimTo").unwrap();
+        f.s.fail_nth("cuMemAllocFromPoolAsync", 1, oom()).unwrap();
+        let b = m
+            .memalloc_async(8 << 20, stream.raw())
+            .expect("trim, then the retry works");
+        assert!(f.s.calls("cuCtxSynchronize").unwrap() > syncs);
+        assert_eq!(f.s.calls("cuMemPoolTrimTo").unwrap(), trims + 1);
+        f.s.fail_nth("cuMemAllocFromPoolAsync", 1, oom()).unwrap();
+        f.s.fail_nth("cuMemAllocFromPoolAsync", 2, oom()).unwrap();
+        match m.memalloc(1 << 20) {
+            Err(EmmError::OutOfMemory { manager, .. }) => assert_eq!(manager, "hostonly"),
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        // The trim itself fails: a typed driver error, not a panic.
+        f.s.fail_nth("cuMemAllocFromPoolAsync", 1, oom()).unwrap();
+        f.s.fail_nth("cuMemPoolTrimTo", 1, CUresult::ERROR_UNKNOWN)
+            .unwrap();
+        assert!(matches!(m.memalloc(1 << 20), Err(EmmError::Driver(_))));
+        // Capacity: cached memory is given back so a large request fits.
+        drop(b);
+        let used = f.s.control("used_bytes").unwrap();
+        f.s.control(&format!("capacity {}", used + (12 << 20)))
+            .unwrap();
+        let c = m
+            .memalloc(12 << 20)
+            .expect("fits after the cache is trimmed");
+        drop(c);
+        f.s.control("capacity 8G").unwrap();
+    }
+    assert_clean(&f.s, &f.ctx, &before, "hostonly OOM");
+}
+
+// ---- out of memory: the pool's ladder ----
+
+/// Runs `op` on a fresh pool with the `nth` call of `function` failing with
+/// out-of-memory; the outcome must be success or a typed out-of-memory error, the
+/// pool consistent, and nothing leaked once it drops.
+fn pool_with_fault(f: &Fixture, function: &str, nth: u64, sizes: &[usize]) -> Result<(), EmmError> {
+    let before = snapshot(&f.s);
+    // On a thread of its own: see `pool_drop_destroys_its_events_on_a_live_thread`.
+    let outcome = on_thread(|| {
+        let pool = PoolManager::new(&f.ctx).unwrap();
+        let s1 = Stream::new(&f.ctx).unwrap();
+        // Warm: cached blocks on a stream and in segments, so every rung has work.
+        let warm: Vec<_> = sizes
+            .iter()
+            .map(|&n| pool.memalloc_async(n, s1.raw()).unwrap())
+            .collect();
+        drop(warm);
+        f.s.fail_nth(function, nth, oom()).unwrap();
+        let mut held = Vec::new();
+        let mut result = Ok(());
+        for &n in sizes.iter().rev() {
+            match pool.memalloc(n * 2 + 4096) {
+                Ok(a) => held.push(a),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = &result {
+            assert!(
+                e.is_out_of_memory(),
+                "{function} #{nth}: expected out-of-memory, got {e:?}"
+            );
+        }
+        pool.check()
+            .unwrap_or_else(|e| panic!("{function} #{nth}: {e}"));
+        let stats = pool.stats();
+        let held_bytes: usize = held.iter().map(|a| a.size()).sum();
+        assert!(stats.allocated_bytes >= held_bytes, "{stats:?}");
+        drop(held);
+        pool.trim();
+        f.s.reset().unwrap();
+        result
+    });
+    assert_clean(&f.s, &f.ctx, &before, &format!("pool, {function} #{nth}"));
+    outcome
+}
+
+#[test]
+fn pool_oom_at_each_step_is_typed_or_retried_and_leaks_nothing() {
+    let f = fixture();
+    let sizes = [512usize, 100_000, 3 << 20, 30 << 20];
+    for function in ["cuMemCreate", "cuMemMap", "cuMemAlloc_v2"] {
+        for nth in 1..=6 {
+            let r = pool_with_fault(&f, function, nth, &sizes);
+            println!("pool with {function} #{nth} failing: {r:?}");
+        }
+    }
+    // Without VMM the large requests go to cuMemAlloc segments.
+    f.s.control("vmm 0").unwrap();
+    for nth in 1..=6 {
+        let r = pool_with_fault(&f, "cuMemAlloc_v2", nth, &sizes);
+        println!("pool without VMM, cuMemAlloc_v2 #{nth} failing: {r:?}");
+    }
+    f.s.reset().unwrap();
+}
+
+#[test]
+fn pool_oom_past_capacity_runs_the_ladder_then_works() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let pool = PoolManager::new(&f.ctx).unwrap();
+        let held: Vec<_> = (0..4).map(|_| pool.memalloc(64 << 20).unwrap()).collect();
+        drop(held);
+        let reserved = pool.stats().reserved_bytes;
+        let used = f.s.control("used_bytes").unwrap();
+        f.s.control(&format!("capacity {}", used + (32 << 20)))
+            .unwrap();
+        let (_, total) = f.ctx.mem_info().unwrap();
+        match pool.memalloc(total + (1 << 20)) {
+            Err(EmmError::OutOfMemory {
+                total: t, detail, ..
+            }) => {
+                assert_eq!(t, total);
+                assert!(detail.contains("largest free block"), "{detail}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        assert_eq!(pool.stats().num_alloc_retries, 1);
+        assert!(pool.stats().reserved_bytes < reserved, "segments released");
+        let ok = pool
+            .memalloc(200 << 20)
+            .expect("the capacity is free again");
+        drop(ok);
+        pool.check().unwrap();
+        f.s.control("capacity 8G").unwrap();
+    });
+    assert_clean(&f.s, &f.ctx, &before, "pool past capacity");
+}
+
+// ---- failing frees ----
+
+#[test]
+fn failing_frees_are_reported_not_retried_twice() {
+    let f = fixture();
+    for name in MANAGERS {
+        let before = snapshot(&f.s);
+        on_thread(|| failing_frees(name, &f));
+        let _ = f.ctx.take_deferred_errors();
+        let after = snapshot(&f.s);
+        assert_eq!(
+            (after.double_frees, after.invalid_frees),
+            (before.double_frees, before.invalid_frees),
+            "{name}: a failed free was followed by a bad free"
+        );
+        println!(
+            "{name}: with every free failing, {} allocation(s) stayed with the driver",
+            after.live.allocs - before.live.allocs
+        );
+    }
+}
+
+fn failing_frees(name: &str, f: &Fixture) {
+    {
+        let m = manager(name, &f.ctx);
+        let stream = Stream::new(&f.ctx).unwrap();
+        let a = m.memalloc(1 << 20).unwrap();
+        let b = m.memalloc_async(3 << 20, stream.raw()).unwrap();
+        f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+        drop(a);
+        drop(b);
+        let _ = m.release_cached();
+        drop(m);
+        f.s.reset().unwrap();
+        drop(stream);
+    }
+}
+
+// ---- events ----
+
+#[test]
+fn pool_cross_stream_reuse_waits_for_events_that_are_not_ready() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let pool = PoolManager::new(&f.ctx).unwrap();
+        let s1 = Stream::new(&f.ctx).unwrap();
+        let s2 = Stream::new(&f.ctx).unwrap();
+        f.s.control("not_ready 3").unwrap();
+        for round in 0..20 {
+            let a = pool.memalloc_async(1 << 20, s1.raw()).unwrap();
+            let p = a.ptr();
+            drop(a);
+            let b = pool.memalloc_async(1 << 20, s2.raw()).unwrap();
+            if b.ptr() == p {
+                assert!(
+                    f.s.calls("cuEventQuery").unwrap() > 0
+                        || f.s.calls("cuEventSynchronize").unwrap() > 0,
+                    "round {round}: reused across streams without asking the event"
+                );
+            }
+            drop(b);
+        }
+        pool.check().unwrap();
+        f.s.reset().unwrap();
+        pool.trim();
+        drop(pool);
+    });
+    assert_clean(&f.s, &f.ctx, &before, "pool with events not ready");
+}
+
+#[test]
+fn a_failing_event_record_or_query_is_typed_and_leaks_nothing() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    for function in [
+        "cuEventRecord",
+        "cuEventQuery",
+        "cuEventCreate",
+        "cuEventSynchronize",
+    ] {
+        on_thread(|| {
+            let pool = PoolManager::new(&f.ctx).unwrap();
+            let s1 = Stream::new(&f.ctx).unwrap();
+            let s2 = Stream::new(&f.ctx).unwrap();
+            f.s.control("not_ready 1").unwrap();
+            f.s.control(&format!("fail_always {function} CUDA_ERROR_UNKNOWN"))
+                .unwrap();
+            for _ in 0..10 {
+                let a = pool.memalloc_async(1 << 20, s1.raw());
+                drop(a);
+                match pool.memalloc_async(1 << 20, s2.raw()) {
+                    Ok(b) => drop(b),
+                    Err(e) => assert!(
+                        matches!(e, EmmError::Driver(_)),
+                        "{function}: untyped {e:?}"
+                    ),
+                }
+            }
+            f.s.reset().unwrap();
+            pool.check().unwrap();
+            pool.trim();
+            drop(pool);
+        });
+        let _ = f.ctx.take_deferred_errors();
+        assert_clean(&f.s, &f.ctx, &before, function);
+    }
+}
+
+// ---- context loss ----
+
+#[test]
+fn a_lost_context_gives_typed_errors_and_no_double_free() {
+    let f = fixture();
+    for name in MANAGERS {
+        let before = snapshot(&f.s);
+        let m = manager(name, &f.ctx);
+        let a = m.memalloc(1 << 20).unwrap();
+        f.s.control("lose_context").unwrap();
+        // Large enough that no manager can serve it from a cache.
+        match m.memalloc(700 << 20) {
+            Err(EmmError::Driver(_)) => {}
+            other => panic!("{name}: expected a driver error, got {other:?}"),
+        }
+        assert!(m.get_memory_info().is_err());
+        drop(a);
+        drop(m);
+        f.s.reset().unwrap();
+        let _ = f.ctx.take_deferred_errors();
+        let after = snapshot(&f.s);
+        assert_eq!(
+            (after.double_frees, after.invalid_frees),
+            (before.double_frees, before.invalid_frees),
+            "{name}: bad frees after a lost context"
+        );
+    }
+}
+
+#[test]
+fn emm_info_names_the_stand_in() {
+    let f = fixture();
+    let drv = f.ctx.driver();
+    assert!(drv.is_stand_in());
+    assert!(
+        drv.missing_optional().is_empty(),
+        "{:?}",
+        drv.missing_optional()
+    );
+    assert!(emm::Device::get(0)
+        .unwrap()
+        .name()
+        .unwrap()
+        .contains("stand-in"));
+}
+
+/// Pool bug: `PoolManager::drop` gives back only settled, wholly free segments;
+/// blocks freed on a created stream (each waiting for its event) are never
+/// settled, so their segments are never freed, not even when the core drops at
+/// thread exit. `pool.trim()` before the drop avoids it.
+#[test]
+#[ignore = "pool bug: PoolManager::drop leaks segments whose blocks were freed on a created stream (no consolidate before release_free_segments)"]
+fn pool_drop_gives_back_segments_freed_on_a_created_stream() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let m = PoolManager::new(&f.ctx).unwrap();
+        let stream = Stream::new(&f.ctx).unwrap();
+        for n in [1usize, 4097, 1 << 20, 5 << 20] {
+            let a = m.memalloc(n).unwrap();
+            let b = m.memalloc_async(n, stream.raw()).unwrap();
+            drop((a, b));
+        }
+        assert_eq!(m.stats().allocated_bytes, 0);
+        drop(stream);
+        drop(m);
+    });
+    assert_clean(
+        &f.s,
+        &f.ctx,
+        &before,
+        "pool dropped after frees on a stream",
+    );
+}
+
+/// Pool bug: every thread that allocated from a pool keeps its core (events,
+/// the context retain, the VMM reservation) alive after `PoolManager::drop`,
+/// until that thread exits: on a long-lived thread (Python's main thread) each
+/// pool created and dropped leaks its events and its 1 TiB address reservation.
+#[test]
+#[ignore = "pool bug: the thread caches hold Arc<Core>, so a dropped pool's events and VMM reservation live until the thread exits"]
+fn pool_drop_destroys_its_events_on_a_live_thread() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    {
+        let m = PoolManager::new(&f.ctx).unwrap();
+        let stream = Stream::new(&f.ctx).unwrap();
+        for n in [1usize << 20, 5 << 20, 40 << 20] {
+            let a = m.memalloc_async(n, stream.raw()).unwrap();
+            let b = m.memalloc(n).unwrap();
+            drop((a, b));
+        }
+        m.trim();
+        drop(stream);
+        drop(m);
+    }
+    assert_clean(&f.s, &f.ctx, &before, "pool dropped on this thread");
+}
+
+// ---- a proptest over the stand-in-backed pool ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { size: usize, stream: usize },
+    Free(usize),
+    Trim,
+    NotReady(u64),
+    FailNextGrowth,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (prop_oneof![1usize..4096, 4096usize..(2 << 20), (2usize << 20)..(48 << 20)], 0usize..3)
+            .prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        4 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::Trim),
+        1 => (0u64..4).prop_map(Op::NotReady),
+        1 => Just(Op::FailNextGrowth),
+    ]
+}
+
+fn stamp(ctx: &Context, ptr: u64, size: usize, seed: u8) -> Vec<u8> {
+    let n = (size / 2).clamp(1, 64);
+    let data = pattern(seed, n);
+    // SAFETY: the allocation holds `size` >= `n` bytes at both ends.
+    unsafe {
+        memory::copy_htod(ctx, ptr, &data).unwrap();
+        memory::copy_htod(ctx, ptr + (size - n) as u64, &data).unwrap();
+    }
+    data
+}
+
+fn verify(ctx: &Context, ptr: u64, size: usize, data: &[u8]) -> Result<(), String> {
+    let n = data.len();
+    let mut head = vec![0u8; n];
+    let mut tail = vec![0u8; n];
+    // SAFETY: as in `stamp`.
+    unsafe {
+        memory::copy_dtoh(ctx, &mut head, ptr).map_err(|e| e.to_string())?;
+        memory::copy_dtoh(ctx, &mut tail, ptr + (size - n) as u64).map_err(|e| e.to_string())?;
+    }
+    if head != data || tail != data {
+        return Err(format!(
+            "allocation {ptr:#x} of {size} bytes was overwritten"
+        ));
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    #[test]
+    fn pool_on_the_stand_in_keeps_data_and_leaks_nothing(ops in proptest::collection::vec(op(), 1..40)) {
+        let f = fixture();
+        let before = snapshot(&f.s);
+        let outcome: Result<(), String> = on_thread(|| {
+            let pool = PoolManager::new(&f.ctx).unwrap();
+            let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&f.ctx).unwrap()).collect();
+            let mut live: Vec<(emm::DeviceAllocation, Vec<u8>)> = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                match op {
+                    Op::Alloc { size, stream } => match pool.memalloc_async(*size, streams[*stream].raw()) {
+                        Ok(a) => {
+                            let data = stamp(&f.ctx, a.ptr(), a.size(), i as u8);
+                            live.push((a, data));
+                        }
+                        Err(e) if e.is_out_of_memory() => {}
+                        Err(e) => return Err(format!("op {i} {op:?}: {e}")),
+                    },
+                    Op::Free(k) if !live.is_empty() => {
+                        let (a, data) = live.swap_remove(k % live.len());
+                        verify(&f.ctx, a.ptr(), a.size(), &data)?;
+                    }
+                    Op::Free(_) => {}
+                    Op::Trim => {
+                        pool.trim();
+                    }
+                    Op::NotReady(n) => {
+                        f.s.control(&format!("not_ready {n}")).unwrap();
+                    }
+                    Op::FailNextGrowth => {
+                        for function in ["cuMemCreate", "cuMemAlloc_v2"] {
+                            f.s.fail_nth(function, 1, oom()).unwrap();
+                        }
+                    }
+                }
+                pool.check().map_err(|e| format!("op {i} {op:?}: {e}"))?;
+            }
+            for (a, data) in &live {
+                verify(&f.ctx, a.ptr(), a.size(), data)?;
+            }
+            drop(live);
+            f.s.reset().unwrap();
+            let stats = pool.stats();
+            if stats.allocated_bytes != 0 {
+                return Err(format!("allocated_bytes {} with nothing live", stats.allocated_bytes));
+            }
+            pool.trim();
+            drop(streams);
+            drop(pool);
+            Ok(())
+        });
+        f.s.reset().unwrap();
+        proptest::prop_assert!(outcome.is_ok(), "{:?}", outcome);
+        assert_clean(&f.s, &f.ctx, &before, "proptest");
+    }
+}
