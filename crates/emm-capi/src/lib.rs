@@ -843,10 +843,8 @@ mod tests {
         // Another failure replaces it.
         invalid("something else");
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { emm_last_oom(&mut r, &mut f, &mut t) },
-            EMM_ERR_INVALID_ARGUMENT
-        );
+        let again = unsafe { emm_last_oom(&mut r, &mut f, &mut t) };
+        assert_eq!(again, EMM_ERR_INVALID_ARGUMENT);
     }
 
     #[test]

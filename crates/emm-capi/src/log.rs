@@ -202,7 +202,10 @@ mod tests {
             assert_eq!(std::ffi::CStr::from_ptr(buf.as_ptr()).to_str(), Ok(first));
             assert_eq!(level, EMM_LOG_WARN);
             emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level);
-            assert_eq!(std::ffi::CStr::from_ptr(buf.as_ptr()).to_str(), Ok("second"));
+            assert_eq!(
+                std::ffi::CStr::from_ptr(buf.as_ptr()).to_str(),
+                Ok("second")
+            );
             assert_eq!(level, EMM_LOG_ERROR);
             assert_eq!(
                 emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level),

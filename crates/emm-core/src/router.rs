@@ -416,9 +416,7 @@ mod tests {
             })
             .unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        let c = r
-            .manager_for_key(2, None, |_| Ok(fake("pool", 1)))
-            .unwrap();
+        let c = r.manager_for_key(2, None, |_| Ok(fake("pool", 1))).unwrap();
         assert!(!Arc::ptr_eq(&a, &c));
         assert_eq!(made.load(Ordering::SeqCst), 1);
         assert_eq!(r.managers().len(), 2);
