@@ -128,7 +128,10 @@ fn python(root: &Path) -> Result<(), String> {
             root,
             "python: build venv",
             venv_hint,
-            Command::new("python3").arg("-m").arg("venv").arg(&build_venv),
+            Command::new("python3")
+                .arg("-m")
+                .arg("venv")
+                .arg(&build_venv),
         )?;
     }
     let dist = py.join("dist");
