@@ -1,5 +1,9 @@
 """emm from Python: the CUDA memory managers of emm over its C ABI (ctypes only).
 
+Install with ``pip install <path or URL of an emm checkout>`` (distribution name
+``emm-cuda``; it compiles ``libemm_capi`` with the Rust toolchain and ships it inside
+this package). ``EMM_LIBRARY`` points at another build.
+
 Importing this package imports none of Numba, CuPy or PyTorch (NBEP 7, "Numba as a
 dependency"). The integrations are submodules that import their framework only
 when used:
@@ -9,10 +13,38 @@ when used:
 - ``emm.cupy``: ``emm.cupy.install()`` makes CuPy allocate through emm.
 - ``emm.torch``: ``emm.torch.install()`` makes PyTorch allocate through emm.
 
-The manager is chosen by ``EMM_MEMORY_MANAGER`` (``default``, ``pool``,
-``hostonly``); one manager per device is shared by every user in the process.
+The manager is ``pool`` unless :func:`configure` (``manager=``) or
+``EMM_MEMORY_MANAGER`` names another (``default``, ``hostonly``); one manager per
+device is shared by every user in the process (Python, C, PyTorch, CuPy, Numba).
+
+Errors: :class:`OutOfMemoryError` (a ``MemoryError``, with ``requested``, ``free``
+and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle), and
+:class:`EmmError` (``code`` and message) for the rest. Warnings of the library
+(e.g. ``EMM_MEMORY_MANAGER`` overriding ``configure(manager=...)``) arrive as
+:class:`EmmWarning` through the ``warnings`` module; its errors on the ``emm``
+logger.
 """
 
-from ._lib import EmmError, Manager, library_path, load
+from ._lib import (
+    ClosedError,
+    EmmError,
+    EmmWarning,
+    Manager,
+    OutOfMemoryError,
+    configure,
+    library_path,
+    load,
+    take_warnings,
+)
 
-__all__ = ["EmmError", "Manager", "library_path", "load"]
+__all__ = [
+    "ClosedError",
+    "EmmError",
+    "EmmWarning",
+    "Manager",
+    "OutOfMemoryError",
+    "configure",
+    "library_path",
+    "load",
+    "take_warnings",
+]

@@ -1,65 +1,186 @@
-"""ctypes bindings of libemm_capi (include/emm.h)."""
+"""ctypes bindings of libemm_capi (``include/emm.h``): loading, errors, warnings,
+configuration and :class:`Manager`.
+
+Every integer crosses into C through ctypes, which wraps silently (``2**64 + 5``
+becomes 5). So each integer argument is checked here first: a negative value
+raises ``ValueError``, one too large for its C type raises ``OverflowError``, a
+non-integer raises ``TypeError``, and nothing reaches the library.
+"""
+
+from __future__ import annotations
 
 import ctypes
+import logging
+import operator
 import os
 import pathlib
 import sys
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "ABI_NEEDED",
+    "ClosedError",
+    "EmmError",
+    "EmmWarning",
+    "Manager",
+    "OutOfMemoryError",
+    "configure",
+    "library_path",
+    "load",
+]
+
+EMM_OK = 0
+EMM_ERR_INVALID_ARGUMENT = 1
+EMM_ERR_OUT_OF_MEMORY = 2
+EMM_ERR_DRIVER = 3
+EMM_ERR_UNSUPPORTED = 4
+EMM_ERR_UNKNOWN_MANAGER = 5
+EMM_ERR_IPC = 6
+EMM_ERR_ALREADY_IN_USE = 7
+EMM_ERR_PANIC = 8
+EMM_ERR_OTHER = 9
 
 _STATUS_NAMES = {
-    0: "EMM_OK",
-    1: "EMM_ERR_INVALID_ARGUMENT",
-    2: "EMM_ERR_OUT_OF_MEMORY",
-    3: "EMM_ERR_DRIVER",
-    4: "EMM_ERR_UNSUPPORTED",
-    5: "EMM_ERR_UNKNOWN_MANAGER",
-    6: "EMM_ERR_IPC",
-    7: "EMM_ERR_ALREADY_IN_USE",
-    8: "EMM_ERR_PANIC",
-    9: "EMM_ERR_OTHER",
+    EMM_OK: "EMM_OK",
+    EMM_ERR_INVALID_ARGUMENT: "EMM_ERR_INVALID_ARGUMENT",
+    EMM_ERR_OUT_OF_MEMORY: "EMM_ERR_OUT_OF_MEMORY",
+    EMM_ERR_DRIVER: "EMM_ERR_DRIVER",
+    EMM_ERR_UNSUPPORTED: "EMM_ERR_UNSUPPORTED",
+    EMM_ERR_UNKNOWN_MANAGER: "EMM_ERR_UNKNOWN_MANAGER",
+    EMM_ERR_IPC: "EMM_ERR_IPC",
+    EMM_ERR_ALREADY_IN_USE: "EMM_ERR_ALREADY_IN_USE",
+    EMM_ERR_PANIC: "EMM_ERR_PANIC",
+    EMM_ERR_OTHER: "EMM_ERR_OTHER",
 }
+
+# Limits of the C types the bindings pass integers as.
+SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
+U64_MAX = 2**64 - 1
+POINTER_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
+INT_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_int) - 1) - 1
+
+_log = logging.getLogger("emm")
 
 
 class EmmError(RuntimeError):
-    """A failed emm call: ``code`` is the emm_status, the message says what happened."""
+    """A failed emm call: ``code`` is the ``emm_status`` (``EMM_ERR_*``), the
+    message says what happened."""
 
-    def __init__(self, code, message):
+    code: int
+
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{_STATUS_NAMES.get(code, code)}: {message}")
         self.code = code
 
 
-def _candidates():
+class OutOfMemoryError(MemoryError, EmmError):
+    """Out of memory (``EMM_ERR_OUT_OF_MEMORY``): a ``MemoryError`` that also says
+    how many bytes were requested and how many were free of how many in all (of the
+    device, or of the manager's limit; 0 where unknown)."""
+
+    requested: int
+    free: int
+    total: int
+
+    def __init__(self, message: str, requested: int = 0, free: int = 0, total: int = 0) -> None:
+        EmmError.__init__(self, EMM_ERR_OUT_OF_MEMORY, message)
+        self.requested, self.free, self.total = requested, free, total
+
+
+class ClosedError(EmmError, ValueError):
+    """A method of an object whose handle was closed (like I/O on a closed file:
+    a ``ValueError`` too). The handle is never passed to the library again."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(EMM_ERR_INVALID_ARGUMENT, f"this {what} is closed")
+
+
+class EmmWarning(UserWarning):
+    """A warning from emm's library, e.g. ``EMM_MEMORY_MANAGER`` overriding a
+    manager chosen in code (NBEP 7 asks for that warning)."""
+
+
+def check_uint(value: Any, name: str, limit: int) -> int:
+    """``value`` as a Python int in ``0..=limit``; raises ``TypeError`` (not an
+    integer), ``ValueError`` (negative) or ``OverflowError`` (above ``limit``)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if v < 0:
+        raise ValueError(f"{name} must not be negative (got {v})")
+    if v > limit:
+        raise OverflowError(f"{name} {v} is too large (at most {limit})")
+    return v
+
+
+def _pointer(value: Any, name: str) -> Optional[int]:
+    """A stream or host pointer for a ``void*`` argument: 0 or None -> NULL."""
+    if value is None:
+        return None
+    v = check_uint(value, name, POINTER_MAX)
+    return v or None
+
+
+def _package_libraries(here: pathlib.Path) -> List[pathlib.Path]:
+    # Installed wheels carry libemm_capi.so, or the build backend's name for it
+    # (libemm_capi.<ext suffix>.so).
+    exact = here / "libemm_capi.so"
+    found = [exact] if exact.is_file() else []
+    found += sorted(p for p in here.glob("libemm_capi*.so") if p != exact)
+    return found
+
+
+def _candidates() -> Iterator[pathlib.Path]:
     env = os.environ.get("EMM_LIBRARY")
     if env:
         yield pathlib.Path(env)
         return
     here = pathlib.Path(__file__).resolve().parent
+    found = _package_libraries(here)
+    if found:
+        yield from found
+        return
     yield here / "libemm_capi.so"
+    # A source checkout (python/emm next to target/): the newest build first, so a
+    # stale release build does not win.
     root = here.parent.parent
     built = [root / "target" / p / "libemm_capi.so" for p in ("release", "debug")]
-    # The most recently built one first: a stale release build must not win.
     built.sort(key=lambda p: p.stat().st_mtime if p.is_file() else 0, reverse=True)
     yield from built
 
 
-def library_path():
-    """The path of libemm_capi.so that ``load()`` uses (``EMM_LIBRARY`` wins)."""
+def library_path() -> pathlib.Path:
+    """The path of the libemm_capi that :func:`load` uses: ``EMM_LIBRARY`` when set,
+    else the one inside this package, else a build of the source tree."""
     tried = []
     for p in _candidates():
         if p.is_file():
             return p
         tried.append(str(p))
-    raise EmmError(3, "libemm_capi.so not found; tried " + ", ".join(tried) +
-                   " (build it with `cargo build --release -p emm-capi` or set EMM_LIBRARY)")
+    raise EmmError(
+        EMM_ERR_DRIVER,
+        "libemm_capi.so not found; tried " + ", ".join(tried)
+        + " (install the package with `pip install <emm checkout>`, or set EMM_LIBRARY)",
+    )
 
 
-_LIB = None
-# The oldest C ABI (emm_abi_version) these bindings work with: 0.2.0, which added
-# emm_alloc_ptr.
-ABI_NEEDED = 200
+_LIB: Optional[ctypes.CDLL] = None
+# The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
+# emm_configure, emm_last_oom and the warning queue.
+ABI_NEEDED = 300
 
 
-def load():
-    """Loads libemm_capi once, checks its ABI version and declares its functions."""
+class _Stats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
+        "allocations", "upstream_allocs")]
+
+
+def load() -> ctypes.CDLL:
+    """Loads libemm_capi once, checks its ABI version, declares its functions and
+    routes its warnings to Python (see :class:`EmmWarning`)."""
     global _LIB
     if _LIB is not None:
         return _LIB
@@ -67,15 +188,22 @@ def load():
     lib = ctypes.CDLL(str(path))
     version = lib.emm_abi_version()
     if version < ABI_NEEDED or version // 10000 != ABI_NEEDED // 10000:
-        raise EmmError(4, f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
-                          f"minor version of the same major (rebuild with `cargo build --release -p emm-capi`)")
+        raise EmmError(EMM_ERR_UNSUPPORTED,
+                       f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
+                       f"minor version of the same major (reinstall the package, or rebuild with "
+                       f"`cargo build --release -p emm-capi`)")
     u64p = ctypes.POINTER(ctypes.c_uint64)
     szp = ctypes.POINTER(ctypes.c_size_t)
+    intp = ctypes.POINTER(ctypes.c_int)
     vp = ctypes.c_void_p
-    sigs = {
+    sigs: Dict[str, Tuple[List[Any], Any]] = {
         "emm_abi_version": ([], ctypes.c_int),
         "emm_last_error": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
         "emm_last_error_code": ([], ctypes.c_int),
+        "emm_last_oom": ([szp, szp, szp], ctypes.c_int),
+        "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
+        "emm_capture_warnings": ([ctypes.c_int], ctypes.c_int),
+        "emm_take_warning": ([ctypes.c_char_p, ctypes.c_size_t, szp, intp], ctypes.c_int),
         "emm_manager_create": ([ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),
         "emm_manager_destroy": ([vp], None),
         "emm_manager_name": ([vp], ctypes.c_char_p),
@@ -91,11 +219,11 @@ def load():
                             ctypes.c_size_t, szp], ctypes.c_int),
         "emm_ipc_open": ([vp, ctypes.c_char_p, ctypes.c_size_t, u64p], ctypes.c_int),
         "emm_ipc_close": ([vp, ctypes.c_uint64], ctypes.c_int),
-        "emm_array_create": ([vp, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_int, szp, ctypes.POINTER(vp)], ctypes.c_int),
+        "emm_array_create": ([vp, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_int, szp, ctypes.POINTER(vp)],
+                             ctypes.c_int),
         "emm_array_destroy": ([vp], None),
-        "emm_array_move": ([vp, ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
-        "emm_array_info": ([vp, u64p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
-                            ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "emm_array_move": ([vp, ctypes.c_int, vp, ctypes.c_int, intp], ctypes.c_int),
+        "emm_array_info": ([vp, u64p, intp, intp, intp], ctypes.c_int),
         "emm_array_get": ([vp, szp, ctypes.c_int, vp, ctypes.c_size_t], ctypes.c_int),
         "emm_array_set": ([vp, szp, ctypes.c_int, vp, ctypes.c_size_t], ctypes.c_int),
         "emm_array_lock": ([vp, u64p], ctypes.c_int),
@@ -109,128 +237,342 @@ def load():
         f = getattr(lib, name)
         f.argtypes = args
         f.restype = res
+    # Warnings and errors of the library are queued for take_warnings() (and raised
+    # through the warnings module) instead of printed on stderr.
+    lib.emm_capture_warnings(1)
     _LIB = lib
     return lib
 
 
-class _Stats(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in (
-        "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
-        "allocations", "upstream_allocs")]
+def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
+    """Takes the library's queued warnings and errors, oldest first, as
+    ``(level, message)`` pairs (level 1: error, 2: warning) without raising them."""
+    lib = lib or load()
+    out: List[Tuple[int, str]] = []
+    n, level = ctypes.c_size_t(), ctypes.c_int()
+    buf = ctypes.create_string_buffer(256)
+    while True:
+        status = lib.emm_take_warning(buf, len(buf), ctypes.byref(n), ctypes.byref(level))
+        if status == EMM_ERR_INVALID_ARGUMENT and n.value >= len(buf):
+            buf = ctypes.create_string_buffer(n.value + 1)
+            continue
+        if status != EMM_OK or n.value == 0:
+            return out
+        out.append((level.value, buf.value.decode("utf-8", "replace")))
 
 
-def default_name():
-    """The manager the Python integrations use: ``EMM_MEMORY_MANAGER``, else ``pool``."""
-    return os.environ.get("EMM_MEMORY_MANAGER") or "pool"
+def emit_warnings(lib: Optional[ctypes.CDLL] = None, stacklevel: int = 3) -> None:
+    """Raises the library's queued warnings as :class:`EmmWarning` (``warnings``
+    module) and logs its errors on the ``emm`` logger."""
+    for level, message in take_warnings(lib):
+        if level == 1:
+            _log.error("%s", message)
+        else:
+            warnings.warn(message, EmmWarning, stacklevel=stacklevel)
 
 
-def _check(lib, status):
-    if status != 0:
-        n = lib.emm_last_error(None, 0)
-        buf = ctypes.create_string_buffer(n + 1)
-        lib.emm_last_error(buf, n + 1)
-        raise EmmError(status, buf.value.decode("utf-8", "replace"))
+def _raise_last(lib: ctypes.CDLL, status: int) -> None:
+    n = lib.emm_last_error(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.emm_last_error(buf, n + 1)
+    message = buf.value.decode("utf-8", "replace")
+    emit_warnings(lib, stacklevel=4)
+    if status == EMM_ERR_OUT_OF_MEMORY:
+        r, f, t = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+        if lib.emm_last_oom(ctypes.byref(r), ctypes.byref(f), ctypes.byref(t)) == EMM_OK:
+            raise OutOfMemoryError(message, r.value, f.value, t.value)
+        raise OutOfMemoryError(message)
+    raise EmmError(status, message)
+
+
+def _check(lib: ctypes.CDLL, status: int) -> None:
+    """Raises the failure that ``status`` reports (nothing for ``EMM_OK``)."""
+    if status != EMM_OK:
+        _raise_last(lib, status)
+
+
+# configure(): Python keyword -> C key, and how the value is checked and spelled.
+def _bool_value(v: Any, name: str) -> str:
+    if not isinstance(v, (bool, int)) or v not in (0, 1):
+        raise TypeError(f"{name} must be a bool, not {v!r}")
+    return "1" if v else "0"
+
+
+def _bytes_value(v: Any, name: str) -> str:
+    return str(check_uint(v, name, SIZE_MAX))
+
+
+def _threshold_value(v: Any, name: str) -> str:
+    if v == "max":
+        return "max"
+    return str(check_uint(v, name, U64_MAX))
+
+
+def _ratio_value(v: Any, name: str) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number between 0 and 1, not {v!r}")
+    if not 0.0 <= float(v) <= 1.0:
+        raise ValueError(f"{name} must be between 0 and 1 (got {v!r})")
+    return repr(float(v))
+
+
+def _manager_value(v: Any, name: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise TypeError(f"{name} must be a manager name (str), not {v!r}")
+    return v
+
+
+_CONFIG_KEYS = {
+    "manager": ("manager", _manager_value),
+    "limit": ("pool_limit", _bytes_value),
+    "expandable": ("pool_expandable", _bool_value),
+    "release_threshold": ("hostonly_release_threshold", _threshold_value),
+    "max_pending_count": ("max_pending_deallocs_count", _bytes_value),
+    "max_pending_ratio": ("max_pending_deallocs_ratio", _ratio_value),
+}
+
+
+def configure(
+    manager: Optional[str] = None,
+    *,
+    devices: Union[int, Sequence[int], None] = None,
+    limit: Optional[int] = None,
+    expandable: Optional[bool] = None,
+    release_threshold: Union[int, str, None] = None,
+    max_pending_count: Optional[int] = None,
+    max_pending_ratio: Optional[float] = None,
+) -> List["Manager"]:
+    """Configures emm in code, before the first allocation of the process (as
+    ``rmm.reinitialize`` or ``cupy.cuda.set_allocator`` are called first).
+
+    Each argument mirrors an environment variable; ``None`` leaves it alone. A set
+    environment variable still wins, with an :class:`EmmWarning` (NBEP 7's rule for
+    ``EMM_MEMORY_MANAGER``):
+
+    - ``manager``: ``"pool"`` (the default), ``"default"`` or ``"hostonly"``
+      (``EMM_MEMORY_MANAGER``).
+    - ``limit``: bytes the pool may reserve per device (``EMM_POOL_LIMIT``).
+    - ``expandable``: large pool blocks in one expandable segment over CUDA virtual
+      memory; ``False`` for legacy IPC of every block (``EMM_POOL_EXPANDABLE``).
+    - ``release_threshold``: bytes (or ``"max"``) the ``hostonly`` manager's pool
+      keeps reserved (``EMM_HOSTONLY_RELEASE_THRESHOLD``).
+    - ``max_pending_count`` / ``max_pending_ratio``: when queued frees are flushed
+      (``EMM_MAX_PENDING_DEALLOCS_COUNT`` / ``_RATIO``).
+    - ``devices``: device ordinals whose managers are created now, with this
+      configuration (so a mistake shows here, not at the first allocation); they are
+      returned. Without ``devices`` nothing touches the driver and ``[]`` is returned.
+
+    Every argument is checked before any is applied (``TypeError``, ``ValueError``,
+    ``OverflowError``). After a manager has been created, changing a value raises
+    :class:`EmmError` with code ``EMM_ERR_ALREADY_IN_USE``; repeating the value in
+    effect is accepted.
+    """
+    given = {"manager": manager, "limit": limit, "expandable": expandable,
+             "release_threshold": release_threshold, "max_pending_count": max_pending_count,
+             "max_pending_ratio": max_pending_ratio}
+    pairs = []
+    for arg, value in given.items():
+        if value is not None:
+            key, convert = _CONFIG_KEYS[arg]
+            pairs.append((key, convert(value, arg)))
+    if devices is None:
+        ordinals: List[int] = []
+    elif isinstance(devices, (list, tuple, range)):
+        ordinals = [check_uint(d, "devices[]", INT_MAX) for d in devices]
+    else:
+        ordinals = [check_uint(devices, "devices", INT_MAX)]
+    lib = load()
+    for key, value in pairs:
+        status = lib.emm_configure(key.encode(), value.encode())
+        if status != EMM_OK:
+            _raise_last(lib, status)
+    emit_warnings(lib)
+    return [Manager(None, d) for d in ordinals]
 
 
 class _Owner:
     """Owns one C handle ``_h``, given back by ``close()`` (``_destroy``: the name of
     the C function) or when the object is collected. At interpreter exit the library
     may be unloaded already, so the handle is left to the process's end; otherwise a
-    failure is reported by Python's unraisable hook, not swallowed."""
+    failure is reported by Python's unraisable hook, not swallowed. After
+    ``close()`` every method raises :class:`ClosedError`."""
 
-    _destroy = None
+    _destroy: str = ""
+    _lib: Any = None
+    _h: Any = None
 
-    def close(self):
-        if getattr(self, "_h", None):
-            getattr(self._lib, self._destroy)(self._h)
+    def _handle(self) -> Any:
+        h = self._h
+        if not h:
+            raise ClosedError(type(self).__name__)
+        return h
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once ``close()`` gave the handle back."""
+        return not self._h
+
+    def close(self) -> None:
+        """Gives the handle back now (later calls do nothing)."""
+        h = self._h
+        if h:
             self._h = None
+            getattr(self._lib, self._destroy)(h)
 
-    def __del__(self):
+    def __enter__(self) -> "_Owner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
         if not sys.is_finalizing():
             self.close()
 
 
 class Manager(_Owner):
-    """A handle on the manager of one device (shared with every emm user in the process)."""
+    """A handle on the manager of one device (shared with every emm user in the
+    process). ``close()`` frees what this handle still holds."""
 
     _destroy = "emm_manager_destroy"
+    device: int
+    name: str
 
-    def __init__(self, name=None, device=0):
-        """``name``: ``default``, ``pool`` or ``hostonly``; None: ``EMM_MEMORY_MANAGER``,
-        else ``pool``. A process has one manager per device: asking for another name
-        once one has served memory raises ``EmmError`` (EMM_ERR_ALREADY_IN_USE)."""
-        lib = self._lib = load()
+    def __init__(self, name: Optional[str] = None, device: int = 0) -> None:
+        """``name``: ``"pool"``, ``"default"`` or ``"hostonly"``; ``None``:
+        ``EMM_MEMORY_MANAGER``, else the one :func:`configure` set, else ``pool``.
+        A process has one manager per device: asking for another name once one has
+        served memory raises :class:`EmmError` (``EMM_ERR_ALREADY_IN_USE``)."""
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, not {type(name).__name__}")
+        device = check_uint(device, "device", INT_MAX)
+        lib = load()
         h = ctypes.c_void_p()
-        name = name or default_name()
-        _check(lib, lib.emm_manager_create(name.encode(), int(device), ctypes.byref(h)))
-        self._h = h
-        # The handle as a plain int: ctypes converts it faster than a c_void_p.
-        self._hv = h.value
-        self._alloc, self._free = lib.emm_alloc_ptr, lib.emm_free
-        self.device = int(device)
-        self.name = lib.emm_manager_name(h).decode()
+        status = lib.emm_manager_create(None if name is None else name.encode(), device, ctypes.byref(h))
+        if status != EMM_OK:
+            _raise_last(lib, status)
+        emit_warnings(lib)
+        self._attach(lib, h.value, device, lib.emm_manager_name(h).decode())
 
-    def alloc(self, size, stream=0):
-        """Device memory of ``size`` bytes ordered on ``stream`` (an int handle; 0: legacy default)."""
-        ptr = self._alloc(self._hv, size, stream or None)
+    def _attach(self, lib: Any, handle: int, device: int, name: str) -> None:
+        self._lib = lib
+        self._h = handle
+        # The handle as a plain int (ctypes converts it faster than a c_void_p); 0
+        # once closed, so nothing reaches the library after close().
+        self._hv = handle
+        self._alloc, self._free = lib.emm_alloc_ptr, lib.emm_free
+        self.device = device
+        self.name = name
+
+    def close(self) -> None:
+        """Gives the handle back, freeing every allocation it still holds; later
+        calls of any method raise :class:`ClosedError`."""
+        self._hv = 0
+        super().close()
+
+    def alloc(self, size: int, stream: int = 0) -> int:
+        """Device memory of ``size`` bytes ordered on ``stream`` (a ``CUstream`` as
+        an int; 0: the legacy default stream); returns its address (0 for size 0).
+        Raises :class:`OutOfMemoryError` when the device is full."""
+        if size.__class__ is not int or not 0 <= size <= SIZE_MAX:
+            size = check_uint(size, "size", SIZE_MAX)
+        if stream and (stream.__class__ is not int or not 0 < stream <= POINTER_MAX):
+            stream = check_uint(stream, "stream", POINTER_MAX)
+        h = self._hv
+        if not h:
+            raise ClosedError("Manager")
+        ptr = self._alloc(h, size, stream or None)
         if not ptr and size:
             _check(self._lib, self._lib.emm_last_error_code())
         return ptr
 
-    def free(self, ptr, stream=0):
-        """Frees ``ptr`` ordered on ``stream`` (0: the stream it was allocated on)."""
-        status = self._free(self._hv, ptr, stream or None)
+    def free(self, ptr: int, stream: int = 0) -> None:
+        """Frees ``ptr`` (from :meth:`alloc` of this handle) ordered on ``stream``
+        (0: the stream it was allocated on)."""
+        if ptr.__class__ is not int or not 0 <= ptr <= U64_MAX:
+            ptr = check_uint(ptr, "ptr", U64_MAX)
+        if stream and (stream.__class__ is not int or not 0 < stream <= POINTER_MAX):
+            stream = check_uint(stream, "stream", POINTER_MAX)
+        h = self._hv
+        if not h:
+            raise ClosedError("Manager")
+        status = self._free(h, ptr, stream or None)
         if status:
             _check(self._lib, status)
 
-    def host_alloc(self, size, mapped=False, portable=False, wc=False):
-        """Pinned host memory: returns ``(host_ptr, device_ptr_or_0)``."""
+    def host_alloc(self, size: int, mapped: bool = False, portable: bool = False,
+                   wc: bool = False) -> Tuple[int, int]:
+        """Pinned host memory of ``size`` bytes: returns ``(host_ptr,
+        device_ptr_or_0)`` (the device address when ``mapped``)."""
+        size = check_uint(size, "size", SIZE_MAX)
+        h = self._handle()
         host, dev = ctypes.c_void_p(), ctypes.c_uint64()
         flags = (1 if mapped else 0) | (2 if portable else 0) | (4 if wc else 0)
-        _check(self._lib, self._lib.emm_host_alloc(self._h, size, flags, ctypes.byref(host), ctypes.byref(dev)))
-        return host.value, dev.value
+        _check(self._lib, self._lib.emm_host_alloc(h, size, flags, ctypes.byref(host), ctypes.byref(dev)))
+        return host.value or 0, dev.value
 
-    def host_free(self, host):
-        _check(self._lib, self._lib.emm_host_free(self._h, host))
+    def host_free(self, host: int) -> None:
+        """Frees pinned host memory from :meth:`host_alloc` of this handle."""
+        p = _pointer(host, "host")
+        h = self._handle()
+        _check(self._lib, self._lib.emm_host_free(h, p))
 
-    def memory_info(self):
+    def memory_info(self) -> Tuple[int, int]:
         """``(free, total)`` bytes of the device."""
+        h = self._handle()
         f, t = ctypes.c_size_t(), ctypes.c_size_t()
-        _check(self._lib, self._lib.emm_memory_info(self._h, ctypes.byref(f), ctypes.byref(t)))
+        _check(self._lib, self._lib.emm_memory_info(h, ctypes.byref(f), ctypes.byref(t)))
         return f.value, t.value
 
-    def stats(self):
-        """The manager's statistics as a dict (PyTorch's names where they fit)."""
+    def stats(self) -> Dict[str, int]:
+        """The manager's statistics (PyTorch's names where they fit)."""
+        h = self._handle()
         s = _Stats()
-        _check(self._lib, self._lib.emm_get_stats(self._h, ctypes.byref(s)))
+        _check(self._lib, self._lib.emm_get_stats(h, ctypes.byref(s)))
         return {n: getattr(s, n) for n, _ in _Stats._fields_}
 
-    def report(self):
+    def report(self) -> str:
         """Every counter the manager keeps, as one line of text (for profiling)."""
+        h = self._handle()
         n = ctypes.c_size_t()
-        _check(self._lib, self._lib.emm_manager_report(self._h, None, 0, ctypes.byref(n)))
+        _check(self._lib, self._lib.emm_manager_report(h, None, 0, ctypes.byref(n)))
         buf = ctypes.create_string_buffer(n.value + 1)
-        _check(self._lib, self._lib.emm_manager_report(self._h, buf, n.value + 1, None))
+        _check(self._lib, self._lib.emm_manager_report(h, buf, n.value + 1, None))
         return buf.value.decode("utf-8", "replace")
 
-    def trim(self):
+    def trim(self) -> int:
         """Gives cached memory back to the device; returns the bytes released."""
+        h = self._handle()
         n = ctypes.c_size_t()
-        _check(self._lib, self._lib.emm_trim(self._h, ctypes.byref(n)))
+        _check(self._lib, self._lib.emm_trim(h, ctypes.byref(n)))
+        emit_warnings(self._lib)
         return n.value
 
-    def ipc_export(self, ptr, offset, length):
-        """IPC handle bytes for ``[ptr+offset, ptr+offset+length)``."""
+    def ipc_export(self, ptr: int, offset: int, length: int) -> bytes:
+        """IPC handle bytes for ``[ptr+offset, ptr+offset+length)`` of an allocation
+        of this handle."""
+        ptr = check_uint(ptr, "ptr", U64_MAX)
+        offset = check_uint(offset, "offset", SIZE_MAX)
+        length = check_uint(length, "length", SIZE_MAX)
+        h = self._handle()
         n = ctypes.c_size_t()
-        _check(self._lib, self._lib.emm_ipc_export(self._h, ptr, offset, length, None, 0, ctypes.byref(n)))
+        _check(self._lib, self._lib.emm_ipc_export(h, ptr, offset, length, None, 0, ctypes.byref(n)))
         buf = ctypes.create_string_buffer(n.value)
-        _check(self._lib, self._lib.emm_ipc_export(self._h, ptr, offset, length, buf, n.value, ctypes.byref(n)))
+        _check(self._lib, self._lib.emm_ipc_export(h, ptr, offset, length, buf, n.value, ctypes.byref(n)))
         return buf.raw[: n.value]
 
-    def ipc_open(self, handle):
+    def ipc_open(self, handle: bytes) -> int:
+        """Opens IPC handle bytes from another process; returns the device address
+        (close it with :meth:`ipc_close`)."""
+        if not isinstance(handle, (bytes, bytearray)):
+            raise TypeError(f"handle must be bytes, not {type(handle).__name__}")
+        h = self._handle()
         out = ctypes.c_uint64()
-        _check(self._lib, self._lib.emm_ipc_open(self._h, handle, len(handle), ctypes.byref(out)))
+        _check(self._lib, self._lib.emm_ipc_open(h, bytes(handle), len(handle), ctypes.byref(out)))
         return out.value
 
-    def ipc_close(self, ptr):
-        _check(self._lib, self._lib.emm_ipc_close(self._h, ptr))
+    def ipc_close(self, ptr: int) -> None:
+        """Closes memory opened by :meth:`ipc_open` of this handle."""
+        ptr = check_uint(ptr, "ptr", U64_MAX)
+        h = self._handle()
+        _check(self._lib, self._lib.emm_ipc_close(h, ptr))

@@ -1,6 +1,7 @@
 """CuPy through emm: ``emm.cupy.install()`` makes ``cupy.cuda.set_allocator`` use emm.
 
-The manager is ``pool`` unless ``EMM_MEMORY_MANAGER`` names another. Each allocation
+The manager is the process's (``pool`` unless ``emm.configure`` or
+``EMM_MEMORY_MANAGER`` names another). Each allocation
 is ordered on CuPy's current stream and freed on that same stream when CuPy drops
 the memory. Importing this module does not import CuPy; ``install`` does.
 
@@ -11,13 +12,21 @@ the two emm calls. Where that class is missing (old CuPy) it installs
 used: it passes no stream.
 """
 
+from __future__ import annotations
+
 import sys
+from typing import Any, Callable, Dict, Optional
 
-from ._lib import Manager, default_name
+from ._lib import Manager
 
-_managers = {}
+__all__ = ["allocator", "free", "install", "malloc"]
+
+_managers: Dict[int, Any] = {}
 # CuPy's functions, bound once by install(): the allocator runs per allocation.
-_get_device = _current_stream = _Unowned = _Pointer = None
+_get_device: Optional[Callable[[], int]] = None
+_current_stream: Optional[Callable[[], Any]] = None
+_Unowned: Any = None
+_Pointer: Any = None
 
 
 _finalizing = sys.is_finalizing
@@ -34,30 +43,31 @@ class _Block:
 
     __slots__ = ("mgr", "ptr", "stream")
 
-    def __init__(self, mgr, ptr, stream):
+    def __init__(self, mgr: Any, ptr: int, stream: int) -> None:
         self.mgr, self.ptr, self.stream = mgr, ptr, stream
 
-    def __del__(self):
+    def __del__(self) -> None:
         if not _finalizing():
             self.mgr.free(self.ptr, self.stream)
 
 
-def _manager(dev):
+def _manager(dev: int) -> Any:
     mgr = _managers.get(dev)
     if mgr is None:
-        mgr = _managers[dev] = Manager(default_name(), dev)
+        mgr = _managers[dev] = Manager(None, dev)
     return mgr
 
 
-def malloc(size, device_id):
+def malloc(size: int, device_id: int) -> int:
     """``PythonFunctionAllocator``'s malloc: ``size`` bytes (> 0) on device
     ``device_id``, ordered on CuPy's current stream; returns the address."""
     if _current_stream is None:
         _bind()
+    assert _current_stream is not None
     return _manager(device_id).alloc(size, _current_stream().ptr)
 
 
-def free(ptr, device_id):
+def free(ptr: int, device_id: int) -> None:
     """``PythonFunctionAllocator``'s free: the block goes back on the stream it was
     allocated on. A failure raises (CuPy reports it as unraisable); at interpreter
     exit nothing is done (the driver frees the memory with the context)."""
@@ -65,10 +75,11 @@ def free(ptr, device_id):
         _managers[device_id].free(ptr)
 
 
-def allocator(size):
+def allocator(size: int) -> Any:
     """A CuPy allocator function: ``size`` bytes on the current device and stream."""
     if _get_device is None:
         _bind()
+    assert _get_device is not None and _current_stream is not None
     dev = _get_device()
     mgr = _manager(dev)
     if size == 0:
@@ -78,7 +89,7 @@ def allocator(size):
     return _Pointer(_Unowned(ptr, size, _Block(mgr, ptr, stream), dev), 0)
 
 
-def _bind():
+def _bind() -> None:
     global _get_device, _current_stream, _Unowned, _Pointer
     import cupy
 
@@ -88,7 +99,7 @@ def _bind():
     _get_device = cupy.cuda.runtime.getDevice
 
 
-def install():
+def install() -> None:
     """Makes CuPy allocate through emm (``cupy.cuda.set_allocator``).
 
     Also makes CuPy's current device current on the calling thread

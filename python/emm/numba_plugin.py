@@ -3,8 +3,8 @@
 Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
 ``numba.cuda.set_memory_manager(emm.numba_plugin.EmmNumbaManager)``.
 
-- Device memory: emm's manager for the context's device, chosen by
-  ``EMM_MEMORY_MANAGER`` (default here: ``pool``). Allocations made through Numba's
+- Device memory: emm's manager for the context's device (``pool`` unless
+  ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Allocations made through Numba's
   synchronous API are ordered on the legacy default stream.
 - Host memory: Numba's own ``HostOnlyCUDAMemoryManager`` (pinned, mapped, mempin).
 - ``get_ipc_handle``: Numba's legacy handle with the allocation base and the offset
@@ -21,12 +21,14 @@ This module imports Numba: it is only imported by Numba itself, or by a user who
 uses Numba. ``import emm`` alone does not import it.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import sys
+from typing import Any, Callable, Optional
 
 os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
-os.environ.setdefault("EMM_MEMORY_MANAGER", "pool")
 
 from numba import cuda  # noqa: E402
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
@@ -57,13 +59,13 @@ class EmmMemoryPointer(MemoryPointer):
     them with the context) rather than freed one by one.
     """
 
-    def __init__(self, context, ptr, size, free):
+    def __init__(self, context: Any, ptr: int, size: int, free: Callable[[int], None]) -> None:
         super().__init__(context, _device_pointer(ptr), size)
         self.is_managed = True
         self._emm_ptr = ptr
         self._emm_free = free
 
-    def free(self):
+    def free(self) -> None:
         """Gives the block back now; the object must not be used afterwards."""
         ptr = self._emm_ptr
         if ptr is None:
@@ -71,7 +73,7 @@ class EmmMemoryPointer(MemoryPointer):
         self._emm_ptr = None
         self._emm_free(ptr)
 
-    def __del__(self):
+    def __del__(self) -> None:
         # A failing free is reported by Python's unraisable hook, not lost. At
         # interpreter exit the library may already be unloaded: leave it.
         ptr = self._emm_ptr
@@ -83,38 +85,45 @@ class EmmMemoryPointer(MemoryPointer):
 class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     """Numba's memory manager interface (version 1) over emm."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Numba's constructor arguments (the context)."""
         super().__init__(*args, **kwargs)
-        self._emm = None
+        self._emm: Optional[Manager] = None
 
-    def initialize(self):
+    def initialize(self) -> None:
+        """Opens emm's manager of the context's device (once; Numba calls this on
+        every context push)."""
         # Called on every context push: cheap after the first time.
         if self._emm is None and self.context is not None:
             dev = self.context.device
             # Numba's Device has .id; a third-party (attached) context may carry the
             # driver binding's CUdevice, which converts to its ordinal.
             ordinal = dev.id if hasattr(dev, "id") else int(dev)
-            self._emm = Manager(None, ordinal)  # EMM_MEMORY_MANAGER, else pool
+            self._emm = Manager(None, ordinal)  # the process's manager: pool unless configured
 
-    def memalloc(self, size):
+    def memalloc(self, size: int) -> EmmMemoryPointer:
+        """``size`` bytes of device memory, ordered on the legacy default stream."""
         emm = self._emm
         if emm is None:
             self.initialize()
             emm = self._emm
         return EmmMemoryPointer(self.context, emm.alloc(size), size, emm.free)
 
-    def get_memory_info(self):
+    def get_memory_info(self) -> Any:
+        """The device's free and total bytes (Numba's ``MemoryInfo``)."""
         self.initialize()
         free, total = self._emm.memory_info()
         return MemoryInfo(free=free, total=total)
 
-    def reset(self):
+    def reset(self) -> None:
+        """Numba's host-memory reset, then emm gives its cached device memory back."""
         super().reset()
         if self._emm is not None:
             self._emm.trim()
 
     @property
-    def interface_version(self):
+    def interface_version(self) -> int:
+        """NBEP 7's interface version: 1."""
         return 1
 
 

@@ -1,11 +1,13 @@
-//! Project automation for emm: `cargo xtask ci | gpu | tidy`.
+//! Project automation for emm: `cargo xtask ci | gpu | tidy | python`.
 //!
 //! - `ci`: formatting, clippy (`-D warnings`, all targets), tests, doc tests,
-//!   rustdoc (`-D warnings`), the Python shim's tests, and `tidy`. Each failing step
-//!   prints a hint.
+//!   rustdoc (`-D warnings`), the Python package (wheel built with pip, installed in
+//!   a fresh venv, tested there with pytest), and `tidy`. Each failing step prints a
+//!   hint.
 //! - `gpu`: builds every test binary (release, stripped) and the `emm` binary into
 //!   `gpu-bundle/` (git-ignored) with `run.sh`, which runs all of them with
 //!   `--include-ignored` on a GPU machine and prints one summary line per binary.
+//! - `python`: the Python step of `ci` alone.
 //! - `tidy`: architecture invariants (layering, only emm-sys touches libloading,
 //!   nothing links libcuda, every crate has a README and docs.rs metadata).
 
@@ -20,8 +22,9 @@ fn main() -> ExitCode {
         Some("ci") => ci(&root),
         Some("gpu") => gpu(&root),
         Some("tidy") => tidy(&root),
+        Some("python") => python(&root),
         _ => {
-            eprintln!("usage: cargo xtask <ci|gpu|tidy>");
+            eprintln!("usage: cargo xtask <ci|gpu|tidy|python>");
             return ExitCode::from(2);
         }
     };
@@ -106,25 +109,7 @@ fn ci(root: &Path) -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     if root.join("python/tests").is_dir() {
-        run(
-            root,
-            "build C ABI",
-            "the Python tests load libemm_capi",
-            cargo().args(["build", "-p", "emm-capi"]),
-        )?;
-        run(
-            root,
-            "python",
-            "the Python shim must import without Numba, CuPy or PyTorch; see python/tests",
-            Command::new("python3").args([
-                "-m",
-                "unittest",
-                "discover",
-                "-s",
-                "python/tests",
-                "-v",
-            ]),
-        )?;
+        python(root)?;
     }
     tidy(root)?;
     eprintln!("==> ci: all steps passed");
@@ -207,6 +192,88 @@ fn standin_gpu_tests(root: &Path) -> Result<(), String> {
         "a GPU-marked test fails on emm-standin: rerun it with EMM_CUDA_DRIVER=target/debug/libemm_standin.so cargo test -p <crate> <name> -- --include-ignored; if the stand-in cannot model it, add it to STANDIN_SKIPS with a reason",
         &mut cmd,
     )
+}
+
+/// The Python step: builds the wheel (`pip wheel`, which compiles libemm_capi
+/// through setuptools-rust into cargo's target dir, reusing the debug build), makes
+/// a fresh venv under `target/py/`, installs the wheel and pytest from PyPI there,
+/// and runs `python/tests` with pytest against the installed package. pytest's exit
+/// status 5 (no tests collected) fails like any other.
+fn python(root: &Path) -> Result<(), String> {
+    let py = root.join("target/py");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let venv_hint = "python3 needs its venv module (Debian/Ubuntu: apt-get install python3-venv)";
+    // The build venv only holds pip (the build itself runs in pip's isolated
+    // environment with setuptools and setuptools-rust from PyPI); kept between runs.
+    let build_venv = py.join("build-venv");
+    if !build_venv.join("bin/python").is_file() {
+        run(
+            root,
+            "python: build venv",
+            venv_hint,
+            Command::new("python3")
+                .arg("-m")
+                .arg("venv")
+                .arg(&build_venv),
+        )?;
+    }
+    let dist = py.join("dist");
+    let _ = std::fs::remove_dir_all(&dist);
+    // setuptools' in-tree build directory: stale copies must not reach the wheel.
+    let _ = std::fs::remove_dir_all(root.join("build"));
+    run(
+        root,
+        "python: wheel",
+        "`pip wheel .` builds libemm_capi with cargo through setuptools-rust (pyproject.toml, setup.py); it needs PyPI for setuptools-rust",
+        Command::new(build_venv.join("bin/python"))
+            .args(["-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir"])
+            .arg(&dist)
+            .arg(".")
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .env("SETUPTOOLS_RUST_CARGO_PROFILE", "dev"),
+    )?;
+    let wheel = std::fs::read_dir(&dist)
+        .map_err(|e| format!("reading {}: {e}", dist.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("no wheel in {}", dist.display()))?;
+    eprintln!("    wheel: {}", wheel.display());
+    let venv = py.join("test-venv");
+    let _ = std::fs::remove_dir_all(&venv);
+    run(
+        root,
+        "python: fresh venv",
+        venv_hint,
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+    )?;
+    run(
+        root,
+        "python: install the wheel and pytest",
+        "the wheel must install with pip alone; pytest comes from PyPI",
+        Command::new(venv.join("bin/python"))
+            .args(["-m", "pip", "install", "--quiet"])
+            .arg(&wheel)
+            .arg("pytest"),
+    )?;
+    eprintln!("==> python: pytest (installed package, no EMM_LIBRARY)");
+    let status = Command::new(venv.join("bin/python"))
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "python/tests"])
+        .current_dir(root)
+        .env("EMM_TEST_INSTALLED", "1")
+        .env_remove("EMM_LIBRARY")
+        .env_remove("PYTHONPATH")
+        .status()
+        .map_err(|e| format!("python: pytest could not start: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(5) => Err("step `python: pytest` collected no tests (exit status 5).\n    hint: python/tests must hold test_*.py files pytest collects".into()),
+        _ => Err(format!(
+            "step `python: pytest` failed ({status}).\n    hint: run `PYTHONPATH=python python3 -m pytest python/tests -x` after `cargo build -p emm-capi`; the package must import without Numba, CuPy or PyTorch"
+        )),
+    }
 }
 
 /// Which workspace crates each crate may depend on (normal dependencies).

@@ -26,6 +26,24 @@ pub enum Side {
 /// The largest rank supported.
 pub const MAX_RANK: usize = 4;
 
+/// `bytes` of zeroed host memory, or an out-of-memory error (never an abort) when
+/// the heap refuses.
+fn heap_zeroed(bytes: usize) -> Result<Vec<u64>, ArrayError> {
+    let words = bytes.div_ceil(8).max(1);
+    let mut v: Vec<u64> = Vec::new();
+    v.try_reserve_exact(words)
+        .map_err(|_| emm_core::EmmError::OutOfMemory {
+            what: "host",
+            manager: "heap".into(),
+            requested: bytes,
+            free: 0,
+            total: 0,
+            detail: "the host heap refused the allocation".into(),
+        })?;
+    v.resize(words, 0);
+    Ok(v)
+}
+
 enum HostBuf {
     /// Plain host memory (8-byte aligned), when no GPU manager is attached.
     Heap(Vec<u64>),
@@ -113,7 +131,7 @@ impl RawArray {
                 unsafe { core::ptr::write_bytes(h.host_ptr(), 0, bytes) };
                 HostBuf::Pinned(h)
             }
-            _ => HostBuf::Heap(vec![0u64; bytes.div_ceil(8).max(1)]),
+            _ => HostBuf::Heap(heap_zeroed(bytes)?),
         };
         Ok(RawArray {
             dtype,

@@ -134,3 +134,16 @@ fn dlpack_exports_lock_until_their_deleter_runs_once() {
         ((*t).deleter.unwrap())(t);
     }
 }
+
+#[test]
+fn a_host_array_the_heap_refuses_is_an_out_of_memory_error_not_an_abort() {
+    // 2^60 bytes: no address space holds it, whatever the overcommit policy.
+    let e = RawArray::new(DataType { code: 2, bits: 64 }, &[1 << 57], None).unwrap_err();
+    match e {
+        ArrayError::Memory(m) => {
+            assert!(m.is_out_of_memory(), "{m}");
+            assert!(m.to_string().contains("out of host memory"), "{m}");
+        }
+        other => panic!("expected out of memory, got {other}"),
+    }
+}

@@ -6,7 +6,17 @@
  * emm_last_error() copies the message of the calling thread's last failure. Device
  * pointers are uint64_t; streams are CUstream / cudaStream_t passed as void*
  * (NULL: the legacy default stream). Handles for one device share its manager with
- * every other emm user in the process (Python, PyTorch). */
+ * every other emm user in the process (Python, PyTorch).
+ *
+ * The manager: without a choice it is "pool" (emm's caching pool), here as in Rust,
+ * Python and PyTorch's allocator pair. EMM_MEMORY_MANAGER, emm_configure("manager",
+ * ...) or a name passed to emm_manager_create choose another.
+ *
+ * Log output: on first use the library sends emm's warnings and errors to standard
+ * error, filtered by EMM_LOG (tracing-subscriber's EnvFilter syntax, e.g. "debug";
+ * default "warn"), unless the process installed its own tracing subscriber.
+ * emm_capture_warnings(1) queues warnings and errors for emm_take_warning instead
+ * (Python's bindings raise them through the warnings module). */
 #ifndef EMM_H
 #define EMM_H
 
@@ -43,16 +53,46 @@ typedef struct emm_stats {
     uint64_t upstream_allocs;
 } emm_stats;
 
-/* Version of this ABI: major * 10000 + minor * 100 + patch. */
+/* Version of this ABI: major * 10000 + minor * 100 + patch. 300 (0.3.0) added
+ * emm_configure, emm_last_oom, emm_capture_warnings and emm_take_warning, and made
+ * "pool" the default manager. */
 int emm_abi_version(void);
+
+/* Configuration in code, before the first allocation of the process. Keys (each
+ * mirrors an environment variable, whose name is accepted as the key too):
+ *   "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
+ *   "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
+ *   "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
+ *   "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
+ *   "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
+ *   "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory
+ * A set environment variable wins (with a warning). Values are validated at once
+ * (EMM_ERR_INVALID_ARGUMENT; an unknown manager is EMM_ERR_UNKNOWN_MANAGER). Once a
+ * manager has been created, a different value fails with EMM_ERR_ALREADY_IN_USE. */
+emm_status emm_configure(const char *key, const char *value);
 
 /* The last failure on this thread: message (NUL-terminated, truncated to len;
  * returns the full length; buf may be NULL) and code. */
 size_t emm_last_error(char *buf, size_t len);
 emm_status emm_last_error_code(void);
+/* After EMM_ERR_OUT_OF_MEMORY: bytes requested, and free and total bytes (of the
+ * device, or of the manager's limit) when it failed; 0 where unknown. Outputs may
+ * be NULL. EMM_ERR_INVALID_ARGUMENT when the last failure was not out of memory. */
+emm_status emm_last_oom(size_t *requested, size_t *free, size_t *total);
+
+/* Warnings: on != 0 queues emm's warnings and errors for emm_take_warning instead of
+ * printing them on standard error; returns the previous setting. emm_take_warning
+ * copies the oldest (NUL-terminated) into buf, sets *len to its length and *level
+ * (may be NULL) to EMM_LOG_ERROR or EMM_LOG_WARN, and removes it; *len is 0 when
+ * none is queued. With buf NULL or cap <= *len it stays queued and the call returns
+ * EMM_ERR_INVALID_ARGUMENT with *len the length needed (without the NUL). The queue
+ * keeps the newest 256. */
+enum { EMM_LOG_ERROR = 1, EMM_LOG_WARN = 2 };
+int emm_capture_warnings(int on);
+emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
 
 /* Managers: name is "default", "pool" or "hostonly" (NULL: EMM_MEMORY_MANAGER, else
- * "default"). Choosing a different name after another manager served memory fails
+ * the one configured, else "pool"). Choosing a different name after another manager served memory fails
  * with EMM_ERR_ALREADY_IN_USE. */
 emm_status emm_manager_create(const char *name, int device, emm_manager **out);
 void emm_manager_destroy(emm_manager *m);
@@ -103,7 +143,8 @@ emm_status emm_array_to_dlpack(emm_array *a, int versioned, void **out);
 void emm_dlpack_delete(void *tensor, int versioned);
 uint64_t emm_array_deleters_run(emm_array *a);
 
-/* PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator). */
+/* PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator): the
+ * process's manager (EMM_MEMORY_MANAGER, else the one configured, else "pool"). */
 void *emm_torch_alloc(ssize_t size, int device, void *stream);
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 

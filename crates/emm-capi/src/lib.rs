@@ -9,13 +9,23 @@
 //! - No Rust panic crosses the boundary: each entry point catches it and returns
 //!   `EMM_ERR_PANIC`.
 //! - Managers come from emm's process-wide router, so C, C++, Python and PyTorch in
-//!   one process share one manager per device.
+//!   one process share one manager per device. Without a choice the manager is
+//!   `pool`, for every entry point ([`emm_manager_create`] with a null name and
+//!   PyTorch's [`emm_torch_alloc`] alike).
+//! - Configuration: [`emm_configure`] sets any `EMM_*` setting before the first
+//!   allocation (the environment wins).
+//! - Out of memory is `EMM_ERR_OUT_OF_MEMORY`; [`emm_last_oom`] gives the bytes
+//!   requested, free and total.
+//! - Log output: see the [`log`] module (`EMM_LOG`, default `warn`, on standard
+//!   error; or queued for [`emm_take_warning`]).
 
 #![allow(non_camel_case_types)] // reason: C names in the ABI
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
 mod array;
+pub mod log;
 pub use array::*;
+pub use log::{emm_capture_warnings, emm_take_warning};
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -54,13 +64,23 @@ pub const EMM_ERR_PANIC: emm_status = 8;
 /// Any other error.
 pub const EMM_ERR_OTHER: emm_status = 9;
 
+/// The C ABI's version: major * 10000 + minor * 100 + patch.
+pub const ABI_VERSION: c_int = 300;
+
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
+    /// Requested, free and total bytes of the last failure when it was out of memory.
+    static LAST_OOM: std::cell::Cell<Option<(usize, usize, usize)>> = const { std::cell::Cell::new(None) };
 }
 
 pub(crate) fn set_error(code: emm_status, msg: String) -> emm_status {
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = (code, msg));
+    let _ = LAST_OOM.try_with(|o| o.set(None));
     code
+}
+
+fn set_oom(requested: usize, free: usize, total: usize) {
+    let _ = LAST_OOM.try_with(|o| o.set(Some((requested, free, total))));
 }
 
 fn code_of(e: &EmmError) -> emm_status {
@@ -73,21 +93,50 @@ fn code_of(e: &EmmError) -> emm_status {
         EmmError::Unsupported { .. } | EmmError::InterfaceVersion { .. } => EMM_ERR_UNSUPPORTED,
         EmmError::UnknownManager { .. } => EMM_ERR_UNKNOWN_MANAGER,
         EmmError::InvalidIpcHandle { .. } => EMM_ERR_IPC,
-        EmmError::AlreadyInUse { .. } => EMM_ERR_ALREADY_IN_USE,
+        EmmError::AlreadyInUse { .. } | EmmError::ConfiguredTooLate { .. } => {
+            EMM_ERR_ALREADY_IN_USE
+        }
         _ => EMM_ERR_OTHER,
     }
 }
 
 pub(crate) fn fail(e: EmmError) -> emm_status {
-    set_error(code_of(&e), e.to_string())
+    let code = set_error(code_of(&e), e.to_string());
+    if let EmmError::OutOfMemory {
+        requested,
+        free,
+        total,
+        ..
+    } = e
+    {
+        set_oom(requested, free, total);
+    }
+    code
+}
+
+/// `fail` for an allocation of `size` bytes: an out-of-memory error that does not
+/// carry the numbers (a driver's code) gets them from `manager` (0 where unknown).
+pub(crate) fn fail_alloc(e: EmmError, size: usize, manager: &dyn MemoryManager) -> emm_status {
+    let oom_without_numbers = e.is_out_of_memory() && !matches!(e, EmmError::OutOfMemory { .. });
+    let code = fail(e);
+    if oom_without_numbers {
+        let (free, total) = manager
+            .get_memory_info()
+            .map(|i| (i.free, i.total))
+            .unwrap_or((0, 0));
+        set_oom(size, free, total);
+    }
+    code
 }
 
 pub(crate) fn invalid(msg: impl Into<String>) -> emm_status {
     set_error(EMM_ERR_INVALID_ARGUMENT, msg.into())
 }
 
-/// Runs `f`, turning a panic into `EMM_ERR_PANIC`.
+/// Runs `f`, turning a panic into `EMM_ERR_PANIC`; installs the log output on
+/// first use.
 pub(crate) fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
+    log::init();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(code) => {
             if code == EMM_OK {
@@ -148,10 +197,66 @@ fn manager_for(
     Ok((m, ctx))
 }
 
-/// The version of the C ABI (major * 10000 + minor * 100 + patch).
+/// The version of the C ABI (major * 10000 + minor * 100 + patch): [`ABI_VERSION`].
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
-    200
+    ABI_VERSION
+}
+
+fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_status> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is null")));
+    }
+    // SAFETY: the caller passes a NUL-terminated string that outlives the call.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| invalid(format!("{what} is not UTF-8")))
+}
+
+/// Sets configuration `key` to `value` before the first allocation of the process
+/// (keys: `manager`, `pool_limit`, `pool_expandable`, `hostonly_release_threshold`,
+/// `max_pending_deallocs_count`, `max_pending_deallocs_ratio`; each variable's name,
+/// e.g. `EMM_POOL_LIMIT`, is accepted too). The environment variable wins when set
+/// (with a warning). After a manager was created: `EMM_ERR_ALREADY_IN_USE` (unless
+/// the value is the one in effect).
+#[no_mangle]
+pub unsafe extern "C" fn emm_configure(key: *const c_char, value: *const c_char) -> emm_status {
+    guard(|| {
+        let key = match c_str(key, "emm_configure: `key`") {
+            Ok(k) => k,
+            Err(c) => return c,
+        };
+        let value = match c_str(value, "emm_configure: `value`") {
+            Ok(v) => v,
+            Err(c) => return c,
+        };
+        match emm::configure(key, value) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// After a failure with `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free
+/// and total bytes (of the device, or of the manager's limit) when it failed (0
+/// where unknown). Any output may be null. `EMM_ERR_INVALID_ARGUMENT` when the last
+/// failure on this thread was not out of memory.
+#[no_mangle]
+pub unsafe extern "C" fn emm_last_oom(
+    requested: *mut usize,
+    free: *mut usize,
+    total: *mut usize,
+) -> emm_status {
+    let Some((r, f, t)) = LAST_OOM.try_with(|o| o.get()).ok().flatten() else {
+        return EMM_ERR_INVALID_ARGUMENT;
+    };
+    for (p, v) in [(requested, r), (free, f), (total, t)] {
+        if !p.is_null() {
+            // SAFETY: a non-null output is writable per the contract.
+            unsafe { *p = v };
+        }
+    }
+    EMM_OK
 }
 
 /// Copies the last error message of this thread (NUL-terminated, truncated to
@@ -182,7 +287,7 @@ pub extern "C" fn emm_last_error_code() -> emm_status {
 }
 
 /// Opens the manager of `device`. `name` (may be null: `EMM_MEMORY_MANAGER`, else
-/// `default`) is `default`, `pool` or `hostonly`. Handles for one device share the
+/// the one configured, else `pool`) is `default`, `pool` or `hostonly`. Handles for one device share the
 /// manager. Free the handle with `emm_manager_destroy`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_create(
@@ -288,7 +393,7 @@ pub unsafe extern "C" fn emm_alloc(
                 unsafe { *out_ptr = p };
                 EMM_OK
             }
-            Err(e) => fail(e),
+            Err(e) => fail_alloc(e, size, h.manager.as_ref()),
         }
     })
 }
@@ -627,13 +732,9 @@ fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
         return None;
     };
     slot.get_or_init(|| {
-        // PyTorch gets the pool unless EMM_MEMORY_MANAGER says otherwise.
-        let name = if std::env::var("EMM_MEMORY_MANAGER").is_ok_and(|v| !v.is_empty()) {
-            None
-        } else {
-            Some("pool")
-        };
-        match manager_for(name, device) {
+        // The process's manager, as for every other entry point: EMM_MEMORY_MANAGER,
+        // else the one configured or set, else the pool.
+        match manager_for(None, device) {
             Ok((manager, _)) => Some(TorchDevice {
                 manager,
                 live: Mutex::new(HashMap::default()),
@@ -668,7 +769,7 @@ pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_voi
                 }
                 EMM_OK
             }
-            Err(e) => fail(e),
+            Err(e) => fail_alloc(e, size, d.manager.as_ref()),
         }
     });
     out
@@ -736,7 +837,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 200);
+            assert_eq!(emm_abi_version(), 300);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0
@@ -744,6 +845,61 @@ mod tests {
             assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
             let n = emm_last_error(buf.as_mut_ptr(), buf.len());
             assert_eq!(n, "the manager handle is null".len());
+        }
+    }
+
+    #[test]
+    fn out_of_memory_reports_requested_free_and_total() {
+        let (mut r, mut f, mut t) = (0usize, 0usize, 0usize);
+        let code = fail(EmmError::OutOfMemory {
+            what: "device",
+            manager: "pool".into(),
+            requested: 96 << 30,
+            free: 1 << 30,
+            total: 80 << 30,
+            detail: String::new(),
+        });
+        assert_eq!(code, EMM_ERR_OUT_OF_MEMORY);
+        // SAFETY: live locals; null outputs are allowed.
+        unsafe {
+            assert_eq!(emm_last_oom(&mut r, &mut f, &mut t), EMM_OK);
+            assert_eq!((r, f, t), (96 << 30, 1 << 30, 80 << 30));
+            assert_eq!(
+                emm_last_oom(core::ptr::null_mut(), &mut f, core::ptr::null_mut()),
+                EMM_OK
+            );
+        }
+        // Another failure replaces it.
+        invalid("something else");
+        // SAFETY: as above.
+        let again = unsafe { emm_last_oom(&mut r, &mut f, &mut t) };
+        assert_eq!(again, EMM_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn configure_validates_keys_and_values() {
+        // SAFETY: NUL-terminated literals and nulls.
+        unsafe {
+            assert_eq!(
+                emm_configure(c"pool_limt".as_ptr(), c"1".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            let mut buf = [0 as c_char; 256];
+            emm_last_error(buf.as_mut_ptr(), buf.len());
+            let msg = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert!(msg.contains("known keys: manager, pool_limit"), "{msg}");
+            assert_eq!(
+                emm_configure(c"pool_limit".as_ptr(), c"lots".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                emm_configure(core::ptr::null(), c"1".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                emm_configure(c"manager".as_ptr(), c"rmm".as_ptr()),
+                EMM_ERR_UNKNOWN_MANAGER
+            );
         }
     }
 
@@ -756,7 +912,11 @@ mod tests {
 
     #[test]
     fn the_header_declares_every_exported_function() {
-        let src = concat!(include_str!("lib.rs"), include_str!("array.rs"));
+        let src = concat!(
+            include_str!("lib.rs"),
+            include_str!("array.rs"),
+            include_str!("log.rs")
+        );
         let header = include_str!("../include/emm.h");
         let mut names = Vec::new();
         let mut rest = src;

@@ -91,6 +91,12 @@ fn managers(chosen: &[ManagerArg]) -> Vec<String> {
 }
 
 fn main() -> ExitCode {
+    // emm's warnings (e.g. EMM_MEMORY_MANAGER overriding a choice) on stderr; EMM_LOG filters.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EMM_LOG");
+    tracing_subscriber::fmt()
+        .with_env_filter(filter.unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -99,6 +99,15 @@ pub enum EmmError {
         /// Why it is invalid.
         reason: String,
     },
+    /// A configuration key set after a manager was created (configuration is read
+    /// once, when a manager starts).
+    #[error("cannot configure `{key}`: manager `{manager}` has already been created in this process; configure before the first allocation")]
+    ConfiguredTooLate {
+        /// The key.
+        key: String,
+        /// The manager that was created.
+        manager: String,
+    },
     /// The allocation was invalidated by `reset`; its memory is gone.
     #[error("the allocation at {ptr:#x} was invalidated by a reset of manager `{manager}`")]
     Invalidated {

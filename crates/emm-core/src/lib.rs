@@ -10,6 +10,7 @@
 //! | [`DeferGuard`] | `defer_cleanup()` | a guard value; guards nest and are released during unwinding |
 //! | [`Router`], [`set_memory_manager`] | `set_memory_manager`, `NUMBA_CUDA_MEMORY_MANAGER` | one manager per context; `EMM_MEMORY_MANAGER` selects by name and wins, with a warning |
 //! | [`conformance`] | numba-cuda's tests | a suite any manager runs against itself |
+//! | [`config`], [`configure`] | (RMM's `reinitialize`) | every `EMM_*` variable as a key settable in code before first use; the environment wins |
 //!
 //! Architecture invariant: this crate allocates no device memory itself; managers do.
 //!
@@ -20,6 +21,7 @@
 //! [`register_manager`], and run [`conformance::run`] in a GPU test.
 //! `emm-hostonly` is a complete example.
 
+pub mod config;
 pub mod conformance;
 mod error;
 mod fd;
@@ -28,6 +30,7 @@ mod manager;
 mod pointer;
 mod router;
 
+pub use config::configure;
 pub use error::{fmt_bytes, EmmError, Result};
 pub use ipc::{IpcHandle, IpcMemory};
 pub use manager::{

@@ -10,6 +10,10 @@
 //!   is checked, then `initialize` runs, then it serves.
 //! - Registering and choosing never touch the driver, so set-up order does not
 //!   matter (NBEP 7, "Import order").
+//! - Without a choice the manager is [`DEFAULT_MANAGER`], `pool`: the same in Rust,
+//!   C, Python and PyTorch.
+//! - The process-wide router closes [`crate::config`] when it creates its first
+//!   manager: configuration is read once, when a manager starts.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -17,6 +21,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use emm_driver::Context;
 use emm_sys::CUstream;
 
+use crate::config::Config;
 use crate::error::{EmmError, Result};
 use crate::manager::{check_interface_version, MemoryManager};
 use crate::pointer::DeviceAllocation;
@@ -24,8 +29,9 @@ use crate::pointer::DeviceAllocation;
 /// The environment variable that selects a manager by name.
 pub const MANAGER_ENV: &str = "EMM_MEMORY_MANAGER";
 
-/// The manager used when nothing else is chosen.
-pub const DEFAULT_MANAGER: &str = "default";
+/// The manager used when nothing else is chosen: `pool`, emm's caching pool, in
+/// every language (Rust, the C ABI, Python, PyTorch's allocator pair).
+pub const DEFAULT_MANAGER: &str = "pool";
 
 /// Makes a manager for a context.
 pub trait ManagerFactory: Send + Sync {
@@ -55,6 +61,9 @@ struct State {
 #[derive(Default)]
 pub struct Router {
     state: RwLock<State>,
+    /// The configuration this router closes when it creates its first manager
+    /// (the process-wide one for [`Router::global`]).
+    config: Option<&'static Config>,
 }
 
 impl core::fmt::Debug for Router {
@@ -78,7 +87,10 @@ impl Router {
     /// The process-wide router.
     pub fn global() -> &'static Router {
         static GLOBAL: OnceLock<Router> = OnceLock::new();
-        GLOBAL.get_or_init(Router::new)
+        GLOBAL.get_or_init(|| Router {
+            state: RwLock::default(),
+            config: Some(Config::global()),
+        })
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -141,7 +153,7 @@ impl Router {
     }
 
     /// The name that will serve the next new context: `EMM_MEMORY_MANAGER`, else the
-    /// one set, else [`DEFAULT_MANAGER`].
+    /// one set, else [`DEFAULT_MANAGER`] (`pool`).
     pub fn selected(&self) -> Result<String> {
         self.selected_with_env(env_choice().as_deref())
     }
@@ -191,9 +203,25 @@ impl Router {
         }
         let name = Self::resolve(&s, env)?;
         let factory = s.factories[&name].clone();
-        let manager = create(factory.as_ref())?;
-        check_interface_version(manager.as_ref())?;
-        manager.initialize()?;
+        // Configuration closes before the manager reads it, so a value configured
+        // concurrently is refused rather than lost.
+        let closed_here = self.config.is_some_and(|c| c.freeze(&name));
+        let started = create(factory.as_ref()).and_then(|manager| {
+            check_interface_version(manager.as_ref())?;
+            manager.initialize()?;
+            Ok(manager)
+        });
+        let manager = match started {
+            Ok(m) => m,
+            Err(e) => {
+                if closed_here && s.in_use.is_none() {
+                    if let Some(c) = self.config {
+                        c.thaw();
+                    }
+                }
+                return Err(e);
+            }
+        };
         s.in_use = Some(name);
         s.managers.push((key, manager.clone()));
         Ok(manager)
@@ -342,8 +370,11 @@ mod tests {
     }
 
     #[test]
-    fn default_unless_set_and_env_wins() {
+    fn pool_unless_set_and_env_wins() {
         let r = router();
+        assert_eq!(DEFAULT_MANAGER, "pool");
+        assert_eq!(r.selected_with_env(None).unwrap(), "pool");
+        r.set_memory_manager_with_env("default", None).unwrap();
         assert_eq!(r.selected_with_env(None).unwrap(), "default");
         r.set_memory_manager_with_env("pool", None).unwrap();
         assert_eq!(r.selected_with_env(None).unwrap(), "pool");
@@ -376,7 +407,7 @@ mod tests {
         let made = AtomicUsize::new(0);
         let mk = |_: &dyn ManagerFactory| {
             made.fetch_add(1, Ordering::SeqCst);
-            Ok(fake("default", 1))
+            Ok(fake("pool", 1))
         };
         let a = r.manager_for_key(1, None, mk).unwrap();
         let b = r
@@ -385,21 +416,19 @@ mod tests {
             })
             .unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        let c = r
-            .manager_for_key(2, None, |_| Ok(fake("default", 1)))
-            .unwrap();
+        let c = r.manager_for_key(2, None, |_| Ok(fake("pool", 1))).unwrap();
         assert!(!Arc::ptr_eq(&a, &c));
         assert_eq!(made.load(Ordering::SeqCst), 1);
         assert_eq!(r.managers().len(), 2);
         // Switching after use is a typed error, not a silent ignore.
-        let e = r.set_memory_manager_with_env("pool", None).unwrap_err();
+        let e = r.set_memory_manager_with_env("default", None).unwrap_err();
         assert!(matches!(e, EmmError::AlreadyInUse { .. }), "{e}");
         assert_eq!(
             e.to_string(),
-            "cannot switch the memory manager to `pool`: `default` has already served allocations in this process"
+            "cannot switch the memory manager to `default`: `pool` has already served allocations in this process"
         );
         // Setting the manager already in use is fine.
-        r.set_memory_manager_with_env("default", None).unwrap();
+        r.set_memory_manager_with_env("pool", None).unwrap();
     }
 
     #[test]
@@ -427,5 +456,22 @@ mod tests {
             "manager `default` implements interface version 2; this emm supports versions 1..=1"
         );
         assert!(r.managers().is_empty());
+    }
+
+    #[test]
+    fn the_first_manager_closes_configuration_and_a_failed_start_reopens_it() {
+        let config: &'static Config = Box::leak(Box::new(Config::new()));
+        let mut r = router();
+        r.config = Some(config);
+        let e = r
+            .manager_for_key(3, None, |_| Ok(fake("pool", 2)))
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("interface version 2")));
+        assert_eq!(config.frozen_by(), None, "a failed start reopens");
+        r.manager_for_key(3, None, |_| Ok(fake("pool", 1))).unwrap();
+        assert_eq!(config.frozen_by().as_deref(), Some("pool"));
+        let e = config.set("pool_limit", "1").unwrap_err();
+        assert!(matches!(e, EmmError::ConfiguredTooLate { .. }), "{e}");
     }
 }

@@ -29,10 +29,12 @@ impl Default for PendingConfig {
 }
 
 impl PendingConfig {
-    /// The defaults, overridden by [`COUNT_ENV`] and [`RATIO_ENV`] when set.
-    /// An unparsable or out-of-range value is an error naming the variable.
+    /// The defaults, overridden by [`COUNT_ENV`] and [`RATIO_ENV`] when set, or by
+    /// the values configured in code (`max_pending_deallocs_count` / `_ratio`, see
+    /// [`emm_core::config`]) when not. An unparsable or out-of-range value is an
+    /// error naming the variable.
     pub fn from_env() -> Result<PendingConfig> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(|k| emm_core::config::var(k).ok())
     }
 
     /// As [`PendingConfig::from_env`], with an explicit variable lookup.

@@ -65,10 +65,11 @@ impl Default for HostOnlyConfig {
 }
 
 impl HostOnlyConfig {
-    /// The defaults, with [`RELEASE_THRESHOLD_ENV`] applied when set.
+    /// The defaults, with [`RELEASE_THRESHOLD_ENV`] applied when set, else the
+    /// `hostonly_release_threshold` configured in code (see [`emm_core::config`]).
     pub fn from_env() -> Result<Self> {
         let mut c = HostOnlyConfig::default();
-        if let Ok(v) = std::env::var(RELEASE_THRESHOLD_ENV) {
+        if let Ok(v) = emm_core::config::var(RELEASE_THRESHOLD_ENV) {
             c.release_threshold = match v.trim() {
                 "" => c.release_threshold,
                 "max" => u64::MAX,

@@ -38,7 +38,7 @@ impl PoolConfig {
     /// applied. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
-        if let Ok(v) = std::env::var("EMM_POOL_EXPANDABLE") {
+        if let Ok(v) = emm_core::config::var("EMM_POOL_EXPANDABLE") {
             c.segments.expandable = match v.trim() {
                 "" | "1" | "true" | "yes" => true,
                 "0" | "false" | "no" => false,
@@ -51,7 +51,7 @@ impl PoolConfig {
                 }
             };
         }
-        if let Ok(v) = std::env::var("EMM_POOL_LIMIT") {
+        if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
             if !v.trim().is_empty() {
                 c.limit = Some(v.trim().parse().map_err(|_| EmmError::InvalidConfig {
                     name: "EMM_POOL_LIMIT".into(),

@@ -3,15 +3,18 @@
 //! This crate wires the built-in managers into the process-wide router of
 //! `emm-core`: `default` ([`emm_default::DefaultManager`]), `pool`
 //! ([`emm_pool::PoolManager`]) and `hostonly` ([`emm_hostonly::HostOnlyManager`]).
-//! `EMM_MEMORY_MANAGER=default|pool|hostonly` picks one; [`set_memory_manager`]
-//! picks one in code (the variable wins, with a warning).
+//! Without a choice the manager is `pool` (the same default in Rust, C, Python and
+//! PyTorch). `EMM_MEMORY_MANAGER=default|pool|hostonly` picks one;
+//! [`set_memory_manager`] picks one in code (the variable wins, with a warning).
+//! [`configure`] sets any `EMM_*` setting in code before the first allocation
+//! (keys in [`emm_core::config::KEYS`]; the environment wins here too).
 //!
 //! `EMM_RECORD=path` records every device allocation and free of the managers the
 //! router builds into `path` (emm's CSV, what `emm replay` reads); later contexts
 //! record into `path.1`, `path.2`, ….
 //!
 //! ```no_run
-//! emm::register_builtin_managers();
+//! emm::configure("pool_limit", "8589934592")?; // or EMM_POOL_LIMIT
 //! emm::set_memory_manager("pool")?;
 //! let ctx = emm::Context::on_device(0)?;
 //! let manager = emm::memory_manager(&ctx)?;
@@ -33,6 +36,17 @@ pub use {emm_default, emm_hostonly, emm_pool};
 
 /// The names of the built-in managers.
 pub const BUILTIN_MANAGERS: &[&str] = &["default", "pool", "hostonly"];
+
+/// Sets configuration key `key` to `value` before the first allocation (see
+/// [`emm_core::config`]): registers the built-in managers first, so
+/// `configure("manager", "hostonly")` works without another call.
+///
+/// Errors: [`EmmError::InvalidConfig`], [`EmmError::UnknownManager`],
+/// [`EmmError::AlreadyInUse`], [`EmmError::ConfiguredTooLate`].
+pub fn configure(key: &str, value: &str) -> Result<()> {
+    register_builtin_managers();
+    emm_core::config::configure(key, value)
+}
 
 /// Registers `default`, `pool` and `hostonly` in the process-wide router (once;
 /// later calls do nothing). Never touches the driver.
@@ -174,6 +188,35 @@ mod tests {
         let s = trace::scan(&t).unwrap();
         assert_eq!((s.requests, s.events, s.peak_live_bytes), (2, 4, 1024));
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn without_a_choice_the_manager_is_the_pool() {
+        let r = Router::new();
+        register_builtins_in(&r);
+        if std::env::var_os(emm_core::MANAGER_ENV).is_none() {
+            assert_eq!(r.selected().unwrap(), "pool");
+        }
+    }
+
+    #[test]
+    fn configured_pool_settings_reach_the_pool_config() {
+        // This is the only test of this binary that touches the global config.
+        if std::env::var_os("EMM_POOL_LIMIT").is_some()
+            || std::env::var_os("EMM_POOL_EXPANDABLE").is_some()
+        {
+            return;
+        }
+        assert_eq!(emm_pool::PoolConfig::from_env().unwrap().limit, None);
+        configure("pool_limit", "1048576").unwrap();
+        configure("pool_expandable", "false").unwrap();
+        let c = emm_pool::PoolConfig::from_env().unwrap();
+        assert_eq!(c.limit, Some(1 << 20));
+        assert!(!c.segments.expandable);
+        let e = configure("pool_limit", "a lot").unwrap_err();
+        assert!(matches!(e, EmmError::InvalidConfig { .. }), "{e}");
+        let e = configure("manager", "rmm").unwrap_err();
+        assert!(matches!(e, EmmError::UnknownManager { .. }), "{e}");
     }
 }
 

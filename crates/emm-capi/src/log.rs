@@ -1,0 +1,218 @@
+//! Log output of the C ABI: emm's `tracing` events reach the program.
+//!
+//! On first use the library installs a `tracing` subscriber (unless the process has
+//! one already) filtered by `EMM_LOG` (the `tracing-subscriber` `EnvFilter` syntax,
+//! e.g. `debug` or `emm_pool=trace`; default `warn`). Events go to standard error,
+//! one line each. After [`emm_capture_warnings`]`(1)` (Python's bindings do this),
+//! warnings and errors go instead to a queue that [`emm_take_warning`] empties, so a
+//! binding can raise them in its own terms (Python: `warnings.warn`). The queue
+//! keeps the newest [`QUEUE_CAP`] messages.
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt as _};
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::{emm_status, guard, invalid, EMM_OK};
+
+/// The environment variable that filters emm's log output.
+pub const LOG_ENV: &str = "EMM_LOG";
+
+/// Messages the warning queue keeps (the oldest are dropped first).
+pub const QUEUE_CAP: usize = 256;
+
+/// `level` of an error in [`emm_take_warning`].
+pub const EMM_LOG_ERROR: c_int = 1;
+/// `level` of a warning in [`emm_take_warning`].
+pub const EMM_LOG_WARN: c_int = 2;
+
+static CAPTURE: AtomicBool = AtomicBool::new(false);
+static QUEUE: Mutex<VecDeque<(c_int, String)>> = Mutex::new(VecDeque::new());
+
+fn queue() -> std::sync::MutexGuard<'static, VecDeque<(c_int, String)>> {
+    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Installs the subscriber once (a process that set its own keeps it).
+pub(crate) fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
+        let subscriber = tracing_subscriber::registry().with(filter).with(Output);
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+}
+
+/// Collects an event's message and fields into one line.
+#[derive(Default)]
+struct Line {
+    message: String,
+    fields: String,
+}
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn core::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            if !self.fields.is_empty() {
+                self.fields.push_str(", ");
+            }
+            let _ = write!(self.fields, "{}={value:?}", field.name());
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message.push_str(value);
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+}
+
+impl Line {
+    fn text(self) -> String {
+        if self.fields.is_empty() {
+            self.message
+        } else if self.message.is_empty() {
+            self.fields
+        } else {
+            format!("{} ({})", self.message, self.fields)
+        }
+    }
+}
+
+/// The layer: warnings and errors to the queue while capturing, everything else
+/// (and everything while not capturing) to standard error.
+struct Output;
+
+impl<S: Subscriber> Layer<S> for Output {
+    fn on_event(&self, event: &Event<'_>, _ctx: LayerContext<'_, S>) {
+        let meta = event.metadata();
+        let mut line = Line::default();
+        event.record(&mut line);
+        let text = line.text();
+        let level = *meta.level();
+        if CAPTURE.load(Ordering::Relaxed) && level <= Level::WARN {
+            let code = if level == Level::ERROR {
+                EMM_LOG_ERROR
+            } else {
+                EMM_LOG_WARN
+            };
+            let mut q = queue();
+            if q.len() >= QUEUE_CAP {
+                q.pop_front();
+            }
+            q.push_back((code, text));
+        } else {
+            eprintln!("emm: {level} {}: {text}", meta.target());
+        }
+    }
+}
+
+/// `on` != 0: warnings and errors are queued for [`emm_take_warning`] instead of
+/// printed on standard error; 0: printed (the default). Returns the previous
+/// setting.
+#[no_mangle]
+pub extern "C" fn emm_capture_warnings(on: c_int) -> c_int {
+    init();
+    c_int::from(CAPTURE.swap(on != 0, Ordering::Relaxed))
+}
+
+/// Takes the oldest queued warning: copies it (NUL-terminated) into `buf` of `cap`
+/// bytes, sets `*len` to its length and `*level` (may be null) to
+/// `EMM_LOG_ERROR` (1) or `EMM_LOG_WARN` (2), and removes it. With none queued,
+/// `*len` is 0. When `buf` is null or `cap <= *len`, the message stays queued and
+/// `EMM_ERR_INVALID_ARGUMENT` is returned with `*len` set to the length needed
+/// (without the NUL).
+#[no_mangle]
+pub unsafe extern "C" fn emm_take_warning(
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+    level: *mut c_int,
+) -> emm_status {
+    guard(|| {
+        if len.is_null() {
+            return invalid("emm_take_warning: `len` is null");
+        }
+        let mut q = queue();
+        let Some((code, text)) = q.front() else {
+            // SAFETY: `len` is non-null and writable per the contract.
+            unsafe { *len = 0 };
+            return EMM_OK;
+        };
+        let n = text.len();
+        // SAFETY: `len` is non-null and writable per the contract.
+        unsafe { *len = n };
+        if buf.is_null() || cap <= n {
+            return invalid(format!(
+                "emm_take_warning: the message needs {} bytes, the buffer holds {cap}",
+                n + 1
+            ));
+        }
+        // SAFETY: `buf` holds `cap` > n writable bytes; `level` is null or writable.
+        unsafe {
+            core::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+            if !level.is_null() {
+                *level = *code;
+            }
+        }
+        q.pop_front();
+        EMM_OK
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_warnings_are_taken_in_order_and_not_lost_to_a_short_buffer() {
+        init();
+        let before = emm_capture_warnings(1);
+        // The router's override warning, as NBEP 7 asks for, through the queue.
+        tracing::warn!(requested = "pool", "EMM_MEMORY_MANAGER=default overrides");
+        tracing::error!("second");
+        tracing::info!("not captured: below warn");
+        let mut len = 0usize;
+        let mut level = 0;
+        let mut small = [0 as c_char; 4];
+        // SAFETY: the buffers are live locals of the stated sizes.
+        unsafe {
+            assert_eq!(
+                emm_take_warning(small.as_mut_ptr(), small.len(), &mut len, &mut level),
+                crate::EMM_ERR_INVALID_ARGUMENT
+            );
+            let first = "EMM_MEMORY_MANAGER=default overrides (requested=\"pool\")";
+            assert_eq!(len, first.len());
+            let mut buf = [0 as c_char; 128];
+            assert_eq!(
+                emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level),
+                EMM_OK
+            );
+            assert_eq!(std::ffi::CStr::from_ptr(buf.as_ptr()).to_str(), Ok(first));
+            assert_eq!(level, EMM_LOG_WARN);
+            emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level);
+            assert_eq!(
+                std::ffi::CStr::from_ptr(buf.as_ptr()).to_str(),
+                Ok("second")
+            );
+            assert_eq!(level, EMM_LOG_ERROR);
+            assert_eq!(
+                emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level),
+                EMM_OK
+            );
+            assert_eq!(len, 0);
+        }
+        emm_capture_warnings(before);
+    }
+}

@@ -1,0 +1,29 @@
+"""Shared fixtures of the Python tests (run by `cargo xtask ci` in a fresh venv with
+the wheel installed; locally: `PYTHONPATH=python python -m pytest python/tests`)."""
+
+import pathlib
+
+import pytest
+
+HAS_GPU = pathlib.Path("/dev/nvidia0").exists()
+
+
+@pytest.fixture
+def lib():
+    """The loaded libemm_capi (fails the test when it does not load)."""
+    import emm
+
+    try:
+        return emm.load()
+    except emm.EmmError as e:  # pragma: no cover - a broken install
+        pytest.fail(f"libemm_capi did not load: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_warnings(lib):
+    """Each test starts and ends with an empty warning queue."""
+    import emm
+
+    emm.take_warnings()
+    yield
+    emm.take_warnings()

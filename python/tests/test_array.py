@@ -1,0 +1,49 @@
+"""MemArray rules that need no GPU, through the C ABI."""
+
+import pytest
+
+import emm
+from emm.array import MemArray
+
+
+def test_checked_access_locks_and_unsupported_types():
+    a = MemArray((3, 4), "int32", host_only=True)
+    a[2, 3] = 7
+    assert a[2, 3] == 7
+    with pytest.raises(emm.EmmError, match="out of bounds"):
+        a[3, 0]
+    lid = a.lock()
+    with pytest.raises(emm.EmmError, match="locked"):
+        a[0, 0] = 1
+    a.unlock(lid)
+    a[0, 0] = 1
+    with pytest.raises(emm.EmmError, match="supported: int8"):
+        MemArray((2,), "complex64", host_only=True)
+    with pytest.raises(emm.EmmError):
+        MemArray((1, 1, 1, 1, 1), "float32", host_only=True)
+    assert a.__dlpack_device__() == (1, 0)
+
+
+def test_an_unconsumed_capsule_runs_its_deleter_once():
+    a = MemArray((8,), "float64", host_only=True)
+    cap = a.__dlpack__(max_version=(1, 0))
+    with pytest.raises(emm.EmmError):
+        a[0] = 1.0  # the export locks the array
+    del cap
+    assert a.deleters_run == 1
+    a[0] = 1.0
+    legacy = a.__dlpack__()
+    del legacy
+    assert a.deleters_run == 2
+    with pytest.raises(BufferError):
+        a.__dlpack__(copy=True)
+
+
+def test_a_host_array_too_large_for_the_heap_is_an_out_of_memory_error():
+    # 2**60 bytes: refused by the heap (an error, never an abort of the interpreter).
+    with pytest.raises(emm.OutOfMemoryError) as e:
+        MemArray((2**57,), "float64", host_only=True)
+    assert isinstance(e.value, MemoryError) and isinstance(e.value, emm.EmmError)
+    assert e.value.code == 2
+    assert e.value.requested == 2**60
+    assert "out of host memory" in str(e.value)

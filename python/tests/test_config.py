@@ -1,0 +1,115 @@
+"""emm.configure(), the one default manager, and warnings from the library.
+
+Calls that change the process's configuration run in a child process, so the
+other tests (and a GPU run of them) keep the defaults.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import emm
+from conftest import HAS_GPU
+
+
+def child(code, **env):
+    """Runs ``code`` in a fresh interpreter with ``env`` added; returns stdout."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("EMM_") or k == "EMM_LIBRARY"}
+    e.update(env)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"limit": -1}, ValueError), ({"limit": 2**64}, OverflowError), ({"limit": "8G"}, TypeError),
+    ({"expandable": "yes"}, TypeError), ({"max_pending_ratio": 1.5}, ValueError),
+    ({"max_pending_ratio": True}, TypeError), ({"max_pending_count": -1}, ValueError),
+    ({"release_threshold": -1}, ValueError), ({"release_threshold": "min"}, TypeError),
+    ({"devices": [-1]}, ValueError), ({"devices": 2**31}, OverflowError), ({"manager": 5}, TypeError),
+    # The bad limit is found before the unknown manager would be.
+    ({"manager": "no-such-manager", "limit": -1}, ValueError),
+])
+def test_arguments_are_checked_before_anything_is_applied(kwargs, error):
+    with pytest.raises(error):
+        emm.configure(**kwargs)
+
+
+def test_an_unknown_manager_is_an_emm_error():
+    with pytest.raises(emm.EmmError) as e:
+        emm.configure(manager="poool")
+    assert e.value.code == 5 and "known managers: default, hostonly, pool" in str(e.value)
+
+
+def test_every_setting_is_accepted_before_first_use_without_a_driver():
+    out = child("""
+        import warnings, emm
+        warnings.simplefilter("error")
+        got = emm.configure(manager="pool", limit=1 << 30, expandable=False, release_threshold="max",
+                            max_pending_count=10, max_pending_ratio=0.25)
+        print(got)
+        print(emm.configure(limit=1 << 30, release_threshold=123))
+    """)
+    assert out.split() == ["[]", "[]"]
+
+
+def test_the_environment_overriding_a_manager_chosen_in_code_warns(monkeypatch):
+    # NBEP 7: EMM_MEMORY_MANAGER wins over set_memory_manager, with a warning. The
+    # warning is raised in Rust (tracing) and reaches Python's warnings module.
+    monkeypatch.setenv("EMM_MEMORY_MANAGER", "default")
+    with pytest.warns(emm.EmmWarning, match=r'EMM_MEMORY_MANAGER=default overrides set_memory_manager\("pool"\)'):
+        emm.configure(manager="pool")
+
+
+def test_the_environment_overriding_a_setting_warns():
+    out = child("""
+        import warnings, emm
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            emm.configure(limit=4096)
+            emm.configure(limit=8192, expandable=True)
+        for x in w:
+            print(x.category.__name__, x.message)
+    """, EMM_POOL_LIMIT="8192")
+    assert "EmmWarning EMM_POOL_LIMIT=8192 overrides configure(pool_limit=4096)" in out
+    assert out.count("EmmWarning") == 1, out  # the same value (and an unset variable) is quiet
+
+
+def test_warnings_can_be_taken_without_raising():
+    code = """
+        import warnings, emm
+        warnings.simplefilter("error")
+        lib = emm.load()
+        lib.emm_configure(b"manager", b"pool")  # straight to C: nothing drains the queue
+        print(emm.take_warnings())
+        print(emm.take_warnings())
+    """
+    out = child(code, EMM_MEMORY_MANAGER="hostonly").splitlines()
+    assert out[0] == "[(2, 'EMM_MEMORY_MANAGER=hostonly overrides set_memory_manager(\"pool\")" \
+        " (requested=\"pool\", environment=\"hostonly\")')]"
+    assert out[1] == "[]"
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU: a manager must be created")
+def test_pool_is_the_default_and_configure_after_first_use_raises():  # pragma: no cover - GPU
+    out = child("""
+        import emm
+        m = emm.Manager()
+        print(m.name)
+        p = m.alloc(1 << 20); m.free(p)
+        emm.configure(manager="pool", limit=None)  # the value in effect: accepted
+        try:
+            emm.configure(limit=1 << 20)
+        except emm.EmmError as e:
+            print(e.code)
+        m.close()
+        try:
+            m.alloc(16)
+        except emm.ClosedError:
+            print("closed")
+    """)
+    assert out.split() == ["pool", "7", "closed"]

@@ -1,0 +1,56 @@
+"""The object that frees a CuPy allocation, and the allocator pair (no CuPy needed)."""
+
+import sys
+
+import pytest
+
+
+class FakeManager:
+    def __init__(self, fail):
+        self.fail, self.freed = fail, []
+
+    def alloc(self, size, stream):
+        self.allocated = (size, stream)
+        return 0x3000
+
+    def free(self, ptr, stream=0):
+        self.freed.append((ptr, stream))
+        if self.fail:
+            raise RuntimeError(f"free of {ptr:#x} refused")
+
+
+def test_the_block_is_freed_once_on_its_stream():
+    from emm.cupy import _Block
+
+    mgr = FakeManager(fail=False)
+    b = _Block(mgr, 0x1000, 7)
+    del b
+    assert mgr.freed == [(0x1000, 7)]
+
+
+def test_a_failing_free_is_reported_not_swallowed(monkeypatch):
+    from emm.cupy import _Block
+
+    mgr = FakeManager(fail=True)
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    b = _Block(mgr, 0x2000, 0)
+    del b
+    assert mgr.freed == [(0x2000, 0)]
+    assert len(seen) == 1
+    assert "0x2000" in str(seen[0].exc_value)
+
+
+def test_the_python_function_allocator_pair(monkeypatch):
+    import emm.cupy as ec
+
+    class Stream:
+        ptr = 42
+
+    mgr = FakeManager(fail=False)
+    monkeypatch.setattr(ec, "_current_stream", Stream)
+    monkeypatch.setitem(ec._managers, 5, mgr)
+    assert ec.malloc(100, 5) == 0x3000
+    assert mgr.allocated == (100, 42)  # CuPy's current stream
+    ec.free(0x3000, 5)
+    assert mgr.freed == [(0x3000, 0)]  # 0: the block's own stream
