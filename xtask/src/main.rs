@@ -151,14 +151,6 @@ const STANDIN_SKIPS: &[(&str, &str)] = &[
         "mempool_ipc_child_process",
         "the child half of cross-process mempool IPC",
     ),
-    (
-        "pool_drop_gives_back_segments_freed_on_a_created_stream",
-        "pool bug, kept as a failing #[ignore]d test (see crates/emm/tests/standin.rs)",
-    ),
-    (
-        "pool_drop_destroys_its_events_on_a_live_thread",
-        "pool bug, kept as a failing #[ignore]d test (see crates/emm/tests/standin.rs)",
-    ),
 ];
 
 /// Runs every test, the GPU-marked ones included, against `libemm_standin.so`.

@@ -108,8 +108,11 @@ pub struct ArenaStats {
     pub events_recorded: usize,
     /// Event completion queries.
     pub event_queries: usize,
-    /// Device-wide synchronizations (out-of-memory ladder, trim).
+    /// Device-wide synchronizations (out-of-memory ladder, trim, stranded blocks).
     pub device_syncs: usize,
+    /// Per-stream entries visited by scans over streams (stealing, stranded
+    /// bytes, consolidation): the work that grows with the number of streams.
+    pub scan_steps: usize,
 }
 
 fn unreachable_fit<T>(size: usize) -> Result<T> {
@@ -337,6 +340,9 @@ impl Arena {
         events: &dyn EventSource,
         stream: StreamKey,
     ) -> Result<bool> {
+        self.stats.scan_steps += self.free.len();
+        self.free
+            .retain(|(s, _), set| *s == SETTLED || !set.is_empty());
         let donors: Vec<StreamKey> = self
             .free
             .iter()
@@ -375,6 +381,48 @@ impl Arena {
             any = true;
         }
         Ok(any)
+    }
+
+    /// Free bytes held by streams whose blocks no other stream can take before a
+    /// device-wide synchronization (blocks given back without an event: thread
+    /// exit, a thread cache evicting a stream it may no longer see). When they are
+    /// at least the request and an eighth of what is reserved, one synchronization
+    /// makes them usable by every stream instead of reserving more: a pool that
+    /// sees many streams reserves for what is live, not per stream. Returns `true`
+    /// if it synchronized.
+    fn reclaim_stranded(&mut self, size: usize, events: &dyn EventSource) -> Result<bool> {
+        self.stats.scan_steps += self.free.len();
+        let stranded: usize = self
+            .free
+            .iter()
+            .filter(|((s, _), _)| {
+                *s != SETTLED && self.streams.get(s).is_some_and(|st| st.uncovered)
+            })
+            .flat_map(|(_, set)| set.iter().map(|&(n, _)| n))
+            .sum();
+        if stranded == 0 || stranded < size.max(self.stats.reserved / 8) {
+            return Ok(false);
+        }
+        self.consolidate(events)?;
+        Ok(true)
+    }
+
+    /// New memory lands among `stream`'s free blocks. A created stream records an
+    /// event now, while it is surely alive (the caller allocates on it), so that
+    /// other streams can take the rest of the new segment once the event completes
+    /// instead of each reserving a segment of its own. One event per growth.
+    fn cover_fresh(&mut self, stream: StreamKey, events: &dyn EventSource) {
+        if is_default_stream(stream) || stream == SETTLED {
+            return;
+        }
+        self.stats.events_recorded += 1;
+        let Ok(id) = events.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)) else {
+            return; // the rest of the segment stays with the stream, as before
+        };
+        let st = self.streams.entry(stream).or_default();
+        if let Some(old) = st.last_event.replace(id) {
+            events.recycle(old);
+        }
     }
 
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
@@ -428,10 +476,17 @@ impl Arena {
         if !grow {
             return Ok(None);
         }
+        if self.reclaim_stranded(size, events)? {
+            if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
         if kind == Kind::Large && self.policy.expandable {
             match self.expand(size, stream, source) {
                 Ok(true) => {
                     self.stats.misses += 1;
+                    self.cover_fresh(stream, events);
                     if let Some(a) = self.take_fit(size, kind, stream) {
                         return Ok(Some(self.finish(a, size)));
                     }
@@ -456,6 +511,7 @@ impl Arena {
             Err(e) => return Err(e),
         };
         self.stats.misses += 1;
+        self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or(base);
         Ok(Some(self.finish(a, size)))
     }
@@ -724,6 +780,7 @@ impl Arena {
                 }
             }
         }
+        self.stats.scan_steps += self.free.len();
         let keys: Vec<(StreamKey, Kind)> = self
             .free
             .keys()

@@ -22,5 +22,5 @@ mod vmm;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
-pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream};
+pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
@@ -117,6 +117,9 @@ pub struct PoolStats {
     pub device_syncs: usize,
     /// Allocations that needed new memory from the upstream.
     pub misses: usize,
+    /// Per-stream entries visited by scans over streams: grows linearly with the
+    /// number of streams a program uses (a test asserts it).
+    pub scan_steps: usize,
 }
 
 struct SourceAdapter<'a>(&'a dyn Upstream, Option<&'a dyn VirtualMemory>);
@@ -216,16 +219,30 @@ struct StreamCache {
     bytes: usize,
 }
 
+/// A thread's caches for one pool. It holds the pool weakly: a dropped pool is
+/// gone at once (its events, context and address reservation released), and a
+/// thread that outlives it just discards its stale entries.
 struct Local {
-    core: Arc<Core>,
+    id: usize,
+    core: Weak<Core>,
     counters: Arc<ThreadCounters>,
+    /// At most [`MAX_STREAM_CACHES`], oldest first.
     streams: Vec<StreamCache>,
 }
 
+/// Streams a thread keeps cached blocks for, per pool. A thread that frees on more
+/// streams gives the oldest stream's blocks back to the arena: lookups stay a short
+/// scan, and a program that cycles through thousands of streams does not strand a
+/// cache on each.
+pub const MAX_STREAM_CACHES: usize = 16;
+
 impl Drop for Local {
     fn drop(&mut self) {
-        let mut arena = self.core.lock();
-        let gen = self.core.generation.load(Ordering::Acquire);
+        let Some(core) = self.core.upgrade() else {
+            return; // the pool is gone, and its memory with it
+        };
+        let mut arena = core.lock();
+        let gen = core.generation.load(Ordering::Acquire);
         for sc in self.streams.drain(..) {
             for e in sc.entries {
                 if e.generation == gen {
@@ -257,16 +274,19 @@ impl Core {
         LOCALS
             .try_with(|cell| {
                 let mut locals = cell.try_borrow_mut().ok()?;
-                let i = match locals.iter().position(|l| l.core.id == self.id) {
+                let i = match locals.iter().position(|l| l.id == self.id) {
                     Some(i) => i,
                     None => {
+                        // Forget the caches of pools dropped since.
+                        locals.retain(|l| l.core.strong_count() > 0);
                         let counters = Arc::new(ThreadCounters::default());
                         self.threads
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push(counters.clone());
                         locals.push(Local {
-                            core: self.clone(),
+                            id: self.id,
+                            core: Arc::downgrade(self),
                             counters,
                             streams: Vec::new(),
                         });
@@ -416,7 +436,7 @@ impl Core {
         let cached = LOCALS
             .try_with(|cell| {
                 let mut locals = cell.try_borrow_mut().ok()?;
-                let local = locals.iter_mut().find(|l| l.core.id == self.id)?;
+                let local = locals.iter_mut().find(|l| l.id == self.id)?;
                 let c = &local.counters.live_blocks;
                 c.store(c.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Relaxed);
                 if token != gen {
@@ -425,6 +445,14 @@ impl Core {
                 let sc = match local.streams.iter_mut().position(|s| s.stream == key) {
                     Some(i) => &mut local.streams[i],
                     None => {
+                        if local.streams.len() >= MAX_STREAM_CACHES {
+                            // The oldest stream's blocks go back without an event:
+                            // that stream may be gone by now.
+                            let mut oldest = local.streams.remove(0);
+                            let mut arena = self.lock();
+                            arena.stats.scan_steps += 1;
+                            self.flush_stream(&mut arena, &mut oldest, &local.counters, gen, false);
+                        }
                         local.streams.push(StreamCache {
                             stream: key,
                             entries: Vec::with_capacity(cfg.thread_cache_blocks),
@@ -668,6 +696,7 @@ impl PoolManager {
             event_queries: a.event_queries,
             device_syncs: a.device_syncs,
             misses: a.misses,
+            scan_steps: a.scan_steps,
         }
     }
 
@@ -719,9 +748,22 @@ impl Drop for PoolManager {
             std::mem::forget(self.core.clone());
             return;
         }
-        let mut arena = self.core.lock();
-        self.core.flush_thread(&mut arena);
-        arena.release_free_segments(&self.core.source());
+        // Every block is free now, in the arena or in some thread's cache (those
+        // entries go stale with the generation): wait for the device's work on
+        // them, then give every segment back.
+        self.core.generation.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = self.core.events.synchronize_all() {
+            tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
+        }
+        let segments = self.core.lock().drain_segments(&self.core.source());
+        for (base, size) in segments {
+            // SAFETY: every segment came from this upstream; the device finished
+            // its work on them, no block is held by a caller, and stale cache
+            // entries are never handed out again.
+            if let Err(e) = unsafe { self.core.upstream.free(base, size) } {
+                tracing::error!(error = %e, "freeing a segment while dropping a pool failed");
+            }
+        }
     }
 }
 

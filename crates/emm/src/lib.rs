@@ -198,26 +198,6 @@ mod tests {
             assert_eq!(r.selected().unwrap(), "pool");
         }
     }
-
-    #[test]
-    fn configured_pool_settings_reach_the_pool_config() {
-        // This is the only test of this binary that touches the global config.
-        if std::env::var_os("EMM_POOL_LIMIT").is_some()
-            || std::env::var_os("EMM_POOL_EXPANDABLE").is_some()
-        {
-            return;
-        }
-        assert_eq!(emm_pool::PoolConfig::from_env().unwrap().limit, None);
-        configure("pool_limit", "1048576").unwrap();
-        configure("pool_expandable", "false").unwrap();
-        let c = emm_pool::PoolConfig::from_env().unwrap();
-        assert_eq!(c.limit, Some(1 << 20));
-        assert!(!c.segments.expandable);
-        let e = configure("pool_limit", "a lot").unwrap_err();
-        assert!(matches!(e, EmmError::InvalidConfig { .. }), "{e}");
-        let e = configure("manager", "rmm").unwrap_err();
-        assert!(matches!(e, EmmError::UnknownManager { .. }), "{e}");
-    }
 }
 
 /// The README's examples, compiled as doc tests so they stay true.

@@ -185,7 +185,7 @@ fn data_round_trip(name: &str, ctx: &Context, trim: bool) {
         }
         drop(stream);
         if trim {
-            // Works around the pool bug of `pool_drop_gives_back_segments_freed_on_a_created_stream`.
+            // Trim first too: both ways of ending must leave nothing behind.
             m.release_cached().unwrap();
         }
         drop(m);
@@ -551,12 +551,10 @@ fn emm_info_names_the_stand_in() {
         .contains("stand-in"));
 }
 
-/// Pool bug: `PoolManager::drop` gives back only settled, wholly free segments;
-/// blocks freed on a created stream (each waiting for its event) are never
-/// settled, so their segments are never freed, not even when the core drops at
-/// thread exit. `pool.trim()` before the drop avoids it.
+/// Regression: `PoolManager::drop` gave back only settled, wholly free segments;
+/// blocks freed on a created stream (each waiting for its event) were never
+/// settled, so their segments leaked. It now synchronizes and frees every segment.
 #[test]
-#[ignore = "pool bug: PoolManager::drop leaks segments whose blocks were freed on a created stream (no consolidate before release_free_segments)"]
 fn pool_drop_gives_back_segments_freed_on_a_created_stream() {
     let f = fixture();
     let before = snapshot(&f.s);
@@ -580,12 +578,10 @@ fn pool_drop_gives_back_segments_freed_on_a_created_stream() {
     );
 }
 
-/// Pool bug: every thread that allocated from a pool keeps its core (events,
-/// the context retain, the VMM reservation) alive after `PoolManager::drop`,
-/// until that thread exits: on a long-lived thread (Python's main thread) each
-/// pool created and dropped leaks its events and its 1 TiB address reservation.
+/// Regression: every thread that allocated from a pool kept its core (events,
+/// the context retain, the VMM reservation) alive after `PoolManager::drop` until
+/// that thread exited; thread caches now hold the pool weakly.
 #[test]
-#[ignore = "pool bug: the thread caches hold Arc<Core>, so a dropped pool's events and VMM reservation live until the thread exits"]
 fn pool_drop_destroys_its_events_on_a_live_thread() {
     let f = fixture();
     let before = snapshot(&f.s);
