@@ -14,6 +14,9 @@ fn emm() -> Command {
     ] {
         c.env_remove(v);
     }
+    // These tests check the host stand-in path, also where a driver is present
+    // (a GPU, or the stand-in driver CI runs the GPU-marked tests on).
+    c.env("EMM_CUDA_DRIVER", "/nonexistent/libcuda.so.1");
     c
 }
 
