@@ -37,7 +37,19 @@ fn temp(name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 fn snapshot() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../emm-trace/tests/fixtures/snapshot_small.pickle")
+    data("emm-trace/tests/fixtures/snapshot_small.pickle")
+}
+
+/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
+/// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
+/// test. Never a path compiled in, so a moved bundle still finds its data.
+fn data(rel: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
+        return PathBuf::from(d).join(rel);
+    }
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
+    PathBuf::from(manifest).join("..").join(rel)
 }
 
 fn no_panic(o: &Output) {
@@ -142,14 +154,14 @@ fn json_escapes_awkward_file_names() {
 
 #[test]
 fn bad_inputs_fail_with_a_message_naming_the_file() {
-    let start = std::time::Instant::now();
+    // Random bytes end promptly in a typed error naming the file: binary data, or
+    // (when they happen to start like a pickle, 1 run in ~100) a bad snapshot.
     let o = run(&["replay", "/dev/urandom"]);
-    assert!(start.elapsed().as_secs() < 10);
     assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
     assert!(
-        text(&o.stderr).contains("/dev/urandom: binary data"),
-        "{}",
-        text(&o.stderr)
+        err.contains("/dev/urandom") && (err.contains("binary data") || err.contains("pickle")),
+        "{err}"
     );
 
     let p = temp("noheader.csv", b"a,1,512,0\n");
