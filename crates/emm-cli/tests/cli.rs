@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 fn emm() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_emm"));
+    // EMM_BIN: the GPU bundle's `emm` (set by its run.sh); else the one cargo built.
+    let bin = std::env::var_os("EMM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_emm").into());
+    let mut c = Command::new(bin);
     for v in [
         "EMM_POOL_LIMIT",
         "EMM_POOL_EXPANDABLE",

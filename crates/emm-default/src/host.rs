@@ -36,6 +36,21 @@ struct Shared {
     queue: Mutex<Queue>,
 }
 
+/// The last owner frees what is still queued (a process-wide manager is never
+/// dropped, but a manager a program makes and drops must not leak pinned memory).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let drained = std::mem::take(
+            &mut self
+                .queue
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .items,
+        );
+        self.free_all(drained);
+    }
+}
+
 impl Shared {
     fn over(&self, q: &Queue) -> bool {
         q.items.len() > self.config.max_count || q.bytes > self.config.max_bytes(self.capacity)

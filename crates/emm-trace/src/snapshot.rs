@@ -112,12 +112,16 @@ fn as_str(v: Option<&Value>) -> Option<&str> {
 
 /// Reads a snapshot pickle into one [`DeviceTrace`] per device with any activity.
 pub fn read_snapshot(reader: impl Read, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
-    let value =
-        serde_pickle::value_from_reader(reader, DeOptions::new().replace_unresolved_globals())
-            .map_err(|e| TraceError::Pickle {
-                trace: trace.to_owned(),
-                reason: excerpt(&e.to_string(), 200),
-            })?;
+    let value = serde_pickle::value_from_reader(
+        reader,
+        DeOptions::new()
+            .replace_unresolved_globals()
+            .replace_recursive_structures(),
+    )
+    .map_err(|e| TraceError::Pickle {
+        trace: trace.to_owned(),
+        reason: excerpt(&e.to_string(), 200),
+    })?;
     from_value(&value, trace)
 }
 
@@ -294,9 +298,11 @@ fn device_trace(
         }
     }
     // Blocks allocated at the dump that the trace never allocated: live throughout.
+    // A block whose free the trace requested but PyTorch had not completed at the
+    // dump (a cross-stream free still pending) is that same block, not an older one.
     let mut still: Vec<(&i64, &(u64, u64))> = at_dump
         .iter()
-        .filter(|(a, _)| !live.contains_key(a))
+        .filter(|(a, _)| !live.contains_key(a) && !requested.contains_key(a))
         .collect();
     still.sort();
     for (_, &(size, stream)) in still {
