@@ -8,8 +8,14 @@ the memory. Importing this module does not import CuPy; ``install`` does.
 ``install`` hands CuPy a ``cupy.cuda.PythonFunctionAllocator`` over ``malloc`` and
 ``free`` below, so CuPy builds its memory objects itself and calls Python only for
 the two emm calls. Where that class is missing (old CuPy) it installs
-``allocator``, a plain allocator function, instead. CuPy's C-function hook is not
-used: it passes no stream.
+``allocator``, a plain allocator function, instead.
+
+CuPy's C-function hook (``cupy.cuda.CFunctionAllocator``, which would skip Python on
+every allocation) is not used, for two reasons read in CuPy's ``memory.pyx``: its
+``malloc(param, size, device_id)`` is given no stream, so emm could only order memory
+on the legacy default stream (unsafe with CuPy's non-blocking streams); and its
+result is not checked, so a failed allocation (NULL) would become a zero pointer
+CuPy goes on to use instead of an ``OutOfMemoryError``.
 """
 
 from __future__ import annotations
