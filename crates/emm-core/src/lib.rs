@@ -29,6 +29,7 @@ mod ipc;
 mod manager;
 mod pointer;
 mod router;
+mod snapshot;
 
 pub use config::configure;
 pub use error::{fmt_bytes, EmmError, Result};
@@ -40,6 +41,9 @@ pub use manager::{
 pub use pointer::{
     DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory,
     PinnedMemory, Released, SYNC_STREAM,
+};
+pub use snapshot::{
+    stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
 };
 pub use router::{
     memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER,
