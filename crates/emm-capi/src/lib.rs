@@ -23,8 +23,8 @@
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
 mod array;
-mod tools;
 pub mod log;
+mod tools;
 pub use array::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
 

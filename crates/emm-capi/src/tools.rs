@@ -144,7 +144,10 @@ mod tests {
                 EMM_ERR_INVALID_ARGUMENT
             );
             assert!(s.is_null());
-            assert_eq!(emm_reset_peak_stats(core::ptr::null_mut()), EMM_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                emm_reset_peak_stats(core::ptr::null_mut()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
             assert_eq!(
                 emm_record_memory_history(core::ptr::null_mut(), 10),
                 EMM_ERR_INVALID_ARGUMENT

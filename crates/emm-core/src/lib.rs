@@ -42,12 +42,12 @@ pub use pointer::{
     DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory,
     PinnedMemory, Released, SYNC_STREAM,
 };
-pub use snapshot::{
-    stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
-};
 pub use router::{
     memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER,
     MANAGER_ENV,
+};
+pub use snapshot::{
+    stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
 };
 
 pub use emm_driver;

@@ -682,8 +682,7 @@ impl Arena {
                         },
                     );
                     self.stats.segments += 1;
-                    self.stats.peak_segments =
-                        self.stats.peak_segments.max(self.stats.segments);
+                    self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
                     b
                 }
                 None => {
@@ -807,8 +806,12 @@ impl Arena {
             }
             self.stats.reserved -= len;
             self.stats.upstream_frees += 1;
-            self.history
-                .push(TraceAction::SegmentUnmap, piece_start, len, stream_id(stream));
+            self.history.push(
+                TraceAction::SegmentUnmap,
+                piece_start,
+                len,
+                stream_id(stream),
+            );
             released += len;
         }
         released

@@ -58,18 +58,31 @@ fn snapshot_blocks_and_segments_match_the_statistics() {
         let pool = PoolManager::host(1 << 36, config(cache)).unwrap();
         let mut held = Vec::new();
         for i in 0..40usize {
-            held.push(pool.alloc(512 * (i % 7 + 1) + (i % 3) * (3 << 20), S).unwrap());
+            held.push(
+                pool.alloc(512 * (i % 7 + 1) + (i % 3) * (3 << 20), S)
+                    .unwrap(),
+            );
             if i % 4 == 3 {
                 held.swap_remove(i % held.len());
             }
         }
         let snap = pool.snapshot();
         check_consistent(&snap);
-        assert_eq!(stat(&snap, "emm.thread_cached_bytes"), 0, "this thread's cache went back");
+        assert_eq!(
+            stat(&snap, "emm.thread_cached_bytes"),
+            0,
+            "this thread's cache went back"
+        );
         let held_bytes: usize = held.iter().map(|a| emm_pool::round_size(a.size())).sum();
-        assert_eq!(stat(&snap, "allocated_bytes.all.current"), held_bytes as u64);
+        assert_eq!(
+            stat(&snap, "allocated_bytes.all.current"),
+            held_bytes as u64
+        );
         assert_eq!(stat(&snap, "allocation.all.current"), held.len() as u64);
-        assert!(snap.segments.iter().any(|s| s.expandable), "large blocks use the expandable segment");
+        assert!(
+            snap.segments.iter().any(|s| s.expandable),
+            "large blocks use the expandable segment"
+        );
         drop(held);
         pool.trim();
         let snap = pool.snapshot();
@@ -117,10 +130,18 @@ fn peaks_exclude_cached_blocks_and_reset() {
     pool.reset_peak_stats();
     let s = pool.stats();
     assert_eq!(s.allocated_bytes_peak, 0);
-    assert_eq!(s.active_bytes_peak, 2 << 20, "active is current: the cache holds it");
+    assert_eq!(
+        s.active_bytes_peak,
+        2 << 20,
+        "active is current: the cache holds it"
+    );
     assert_eq!(s.reserved_bytes_peak, s.reserved_bytes);
     let c = pool.alloc(1 << 20, S).unwrap(); // a thread-cache hit
-    assert_eq!(pool.stats().allocated_bytes_peak, 1 << 20, "sampled at the query");
+    assert_eq!(
+        pool.stats().allocated_bytes_peak,
+        1 << 20,
+        "sampled at the query"
+    );
     drop(c);
     let list = MemoryManager::memory_stats(&pool);
     let m: HashMap<_, _> = list.into_iter().collect();
@@ -138,7 +159,10 @@ fn the_history_replays_to_the_snapshot() {
     pool.record_history(100_000);
     let mut held = Vec::new();
     for i in 0..200usize {
-        held.push(pool.alloc(512 * (i % 5 + 1) + (i % 4) * (2 << 20), S).unwrap());
+        held.push(
+            pool.alloc(512 * (i % 5 + 1) + (i % 4) * (2 << 20), S)
+                .unwrap(),
+        );
         if i % 3 == 0 {
             held.swap_remove(i % held.len());
         }
@@ -184,5 +208,8 @@ fn an_out_of_memory_is_counted_and_recorded() {
     assert!(pool.alloc(1 << 30, S).is_err());
     let snap = pool.snapshot();
     assert_eq!(stat(&snap, "num_ooms"), 1);
-    assert!(snap.trace.iter().any(|e| e.action == TraceAction::Oom && e.size == 1 << 30));
+    assert!(snap
+        .trace
+        .iter()
+        .any(|e| e.action == TraceAction::Oom && e.size == 1 << 30));
 }
