@@ -169,7 +169,7 @@ def library_path() -> pathlib.Path:
 _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
 # emm_configure, emm_last_oom and the warning queue.
-ABI_NEEDED = 300
+ABI_NEEDED = 301
 
 
 class _Stats(ctypes.Structure):
@@ -232,6 +232,12 @@ def load() -> ctypes.CDLL:
         "emm_dlpack_delete": ([vp, ctypes.c_int], None),
         "emm_array_deleters_run": ([vp], ctypes.c_uint64),
         "emm_manager_report": ([vp, ctypes.c_char_p, ctypes.c_size_t, szp], ctypes.c_int),
+        "emm_string_free": ([vp], None),
+        "emm_memory_stat": ([vp, ctypes.c_char_p, u64p], ctypes.c_int),
+        "emm_memory_stats_json": ([vp, ctypes.POINTER(vp), szp], ctypes.c_int),
+        "emm_reset_peak_stats": ([vp], ctypes.c_int),
+        "emm_record_memory_history": ([vp, ctypes.c_size_t], ctypes.c_int),
+        "emm_memory_snapshot_json": ([vp, ctypes.POINTER(vp), szp], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -539,6 +545,41 @@ class Manager(_Owner):
         buf = ctypes.create_string_buffer(n.value + 1)
         _check(self._lib, self._lib.emm_manager_report(h, buf, n.value + 1, None))
         return buf.value.decode("utf-8", "replace")
+
+    def _json(self, fn: str) -> Any:
+        h = self._handle()
+        out, n = ctypes.c_void_p(), ctypes.c_size_t()
+        _check(self._lib, getattr(self._lib, fn)(h, ctypes.byref(out), ctypes.byref(n)))
+        try:
+            text = ctypes.string_at(out.value, n.value).decode("utf-8")
+        finally:
+            self._lib.emm_string_free(out)
+        import json
+
+        return json.loads(text)
+
+    def memory_stats(self) -> Dict[str, int]:
+        """Every counter the manager keeps, under PyTorch's ``memory_stats`` names
+        where they mean the same (``allocated_bytes.all.current``, ...), emm's own
+        under ``emm.``."""
+        return dict(self._json("emm_memory_stats_json"))
+
+    def reset_peak_stats(self) -> None:
+        """Sets every peak counter to its current value."""
+        h = self._handle()
+        _check(self._lib, self._lib.emm_reset_peak_stats(h))
+
+    def record_history(self, max_entries: int) -> None:
+        """Records the allocation history in a ring of the latest ``max_entries``
+        entries (0: stop and drop it)."""
+        max_entries = check_uint(max_entries, "max_entries", SIZE_MAX)
+        h = self._handle()
+        _check(self._lib, self._lib.emm_record_memory_history(h, max_entries))
+
+    def snapshot(self) -> Dict[str, Any]:
+        """Segments, blocks, the recorded history and the counters, as emm's JSON
+        (``emm.torch.snapshot()`` turns it into PyTorch's format)."""
+        return dict(self._json("emm_memory_snapshot_json"))
 
     def trim(self) -> int:
         """Gives cached memory back to the device; returns the bytes released."""

@@ -4,17 +4,47 @@ emm's (``torch.cuda.memory.CUDAPluggableAllocator`` over ``emm_torch_alloc`` /
 PyTorch allows one swap per process. The manager is the process's (``pool`` unless
 ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Importing this module does not import PyTorch.
 
-Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()`` is
-unavailable; use ``emm.Manager(device=0).stats()`` instead.
+Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()``,
+``memory_summary()``, ``max_memory_reserved()`` and snapshots know nothing; this
+module offers the same tools over emm's counters (kept in Rust; nothing is counted
+here): :func:`memory_stats`, :func:`memory_summary`, :func:`memory_allocated`,
+:func:`max_memory_allocated`, :func:`memory_reserved`, :func:`max_memory_reserved`,
+:func:`reset_peak_memory_stats`, :func:`empty_cache`, and
+:func:`record_memory_history` / :func:`snapshot` / :func:`dump_snapshot`, whose
+snapshots are in PyTorch's format (``torch.cuda._memory_viz`` renders them).
+
+What the pool's figures mean: "allocated" is what PyTorch holds; blocks a thread
+keeps cached for reuse count as "active", not "allocated" (PyTorch's "active" is
+likewise held-or-not-yet-reusable). The allocated peaks are sampled at every
+allocation that takes the pool's lock and at every query. In a snapshot, the blocks
+of the calling thread's cache go back to the pool first; blocks cached by other
+threads (PyTorch's autograd thread, say) show as ``active_allocated``, so the
+``active_allocated`` blocks sum to ``active_bytes.all.current``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import pickle
+from typing import Any, Dict, List, Optional
 
-from ._lib import library_path
+from ._lib import Manager, library_path
 
-__all__ = ["install"]
+__all__ = [
+    "dump_snapshot",
+    "empty_cache",
+    "install",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "record_memory_history",
+    "reset_peak_memory_stats",
+    "snapshot",
+]
+
+_MANAGERS: Dict[int, Manager] = {}
 
 
 def install() -> Any:
@@ -24,3 +54,204 @@ def install() -> Any:
     alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "emm_torch_alloc", "emm_torch_free")
     torch.cuda.memory.change_current_allocator(alloc)
     return alloc
+
+
+def _device_index(device: Any = None) -> int:
+    """An ordinal from ``None`` (PyTorch's current device, else 0), an int, a
+    ``torch.device`` or a string such as ``"cuda:1"``."""
+    if device is None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        return int(torch.cuda.current_device()) if torch is not None else 0
+    if isinstance(device, str):
+        return int(device.split(":", 1)[1]) if ":" in device else _device_index(None)
+    index = getattr(device, "index", device)
+    if index is None:
+        return _device_index(None)
+    return int(index)
+
+
+def _manager(device: Any = None) -> Manager:
+    """The handle on the process's manager of ``device`` (one per device, kept)."""
+    d = _device_index(device)
+    m = _MANAGERS.get(d)
+    if m is None:
+        m = _MANAGERS[d] = Manager(device=d)
+    return m
+
+
+def memory_stats(device: Any = None) -> Dict[str, int]:
+    """The manager's counters under PyTorch's ``memory_stats`` names where they mean
+    the same (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
+    ``num_ooms``, ...), emm's own under ``emm.``; sorted by name as PyTorch's."""
+    return dict(sorted(_manager(device).memory_stats().items()))
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes PyTorch holds (``allocated_bytes.all.current``)."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since the start or the last reset."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the manager holds from the device (``reserved_bytes.all.current``)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since the start or the last reset."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Sets every peak counter to its current value."""
+    _manager(device).reset_peak_stats()
+
+
+def empty_cache() -> None:
+    """Gives cached memory back to the device, on every device used so far."""
+    if not _MANAGERS:
+        _manager(None)
+    for m in _MANAGERS.values():
+        m.trim()
+
+
+def _fmt(n: int) -> str:
+    """Bytes as PyTorch's summary writes them (``512 B``, ``1.50 MiB``)."""
+    v = float(n)
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            break
+        v /= 1024
+    return f"{int(v)} {unit}" if unit == "B" else f"{v:.2f} {unit}"
+
+
+def format_summary(stats: Dict[str, int], device: int = 0, manager: str = "pool") -> str:
+    """A table of ``stats`` (as :func:`memory_stats` returns) laid out as PyTorch's
+    ``memory_summary``."""
+    g = stats.get
+    width = 75
+    line = "|" + "-" * width + "|"
+    rule = "|" + "=" * width + "|"
+    out = [rule, "|" + f"emm CUDA memory summary ({manager}), device ID {device}".center(width) + "|", line]
+    out.append("|" + " Metric".ljust(23) + "| Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |")
+    out.append(line)
+
+    def row(name: str, cur: Optional[int], peak: Optional[int], alloc: Optional[int], freed: Optional[int],
+            fmt: Any) -> str:
+        cells = [fmt(v) if v is not None else "" for v in (cur, peak, alloc, freed)]
+        return "|" + f" {name}".ljust(23) + "".join(f"| {c:>10} " for c in cells) + "|"
+
+    def count(n: int) -> str:
+        return str(n)
+
+    out.append(row("Allocated memory", g("allocated_bytes.all.current"), g("allocated_bytes.all.peak"),
+                   g("allocated_bytes.all.allocated"), g("allocated_bytes.all.freed"), _fmt))
+    out.append(row("Active memory", g("active_bytes.all.current"), g("active_bytes.all.peak"), None, None, _fmt))
+    out.append(row("Reserved memory", g("reserved_bytes.all.current"), g("reserved_bytes.all.peak"), None, None,
+                   _fmt))
+    out.append(row("Non-releasable memory", g("inactive_split_bytes.all.current"), None, None, None, _fmt))
+    out.append(row("Thread-cached memory", g("emm.thread_cached_bytes"), None, None, None, _fmt))
+    out.append(line)
+    out.append(row("Allocations", g("allocation.all.current"), g("allocation.all.peak"),
+                   g("allocation.all.allocated"), g("allocation.all.freed"), count))
+    out.append(row("GPU reserved segments", g("segment.all.current"), g("segment.all.peak"),
+                   g("num_device_alloc"), g("num_device_free"), count))
+    out.append(line)
+    tail = (f" Allocation retries: {g('num_alloc_retries', 0)}   OOMs: {g('num_ooms', 0)}"
+            f"   Thread-cache hits: {g('emm.thread_cache_hits', 0)}")
+    out.append("|" + tail.ljust(width) + "|")
+    out.append(rule)
+    return "\n".join(out) + "\n"
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A readable table of :func:`memory_stats`, laid out as PyTorch's
+    ``torch.cuda.memory_summary`` (``abbreviated`` is accepted and ignored)."""
+    m = _manager(device)
+    return format_summary(m.memory_stats(), m.device, m.name)
+
+
+def record_memory_history(enabled: Any = True, max_entries: int = 100_000, **_: Any) -> None:
+    """Starts (``enabled`` true, or PyTorch's ``"all"`` / ``"state"``) or stops
+    (``False`` / ``None``) recording the allocation history of the current device,
+    keeping the latest ``max_entries`` events. Other PyTorch arguments (``context``,
+    ``stacks``) are accepted and ignored: emm records no stack frames."""
+    on = bool(enabled) and enabled != "None"
+    _manager(None).record_history(max_entries if on else 0)
+
+
+def to_torch_snapshot(raw: Dict[str, Any], device: int = 0) -> Dict[str, Any]:
+    """emm's snapshot JSON (as ``Manager.snapshot()`` returns it) as PyTorch's
+    snapshot dict: ``segments`` (with ``blocks``), ``device_traces`` (one list per
+    device up to ``device``) and ``allocator_settings``. Live blocks are
+    ``active_allocated``, free ones ``inactive``; sizes are the pool's rounded
+    sizes; no stack frames are recorded."""
+    segments: List[Dict[str, Any]] = []
+    for seg in raw.get("segments", []):
+        blocks = []
+        allocated = requested = 0
+        for b in seg["blocks"]:
+            active = bool(b["allocated"])
+            if active:
+                allocated += b["size"]
+                requested += b["requested_size"]
+            blocks.append({
+                "address": b["address"],
+                "size": b["size"],
+                "requested_size": b["requested_size"] if active else b["size"],
+                "state": "active_allocated" if active else "inactive",
+                "frames": [],
+            })
+        segments.append({
+            "device": device,
+            "address": seg["address"],
+            "total_size": seg["total_size"],
+            "allocated_size": allocated,
+            "active_size": allocated,
+            "requested_size": requested,
+            "stream": seg["stream"],
+            "segment_type": "large" if seg["large"] else "small",
+            "segment_pool_id": (0, 0),
+            "is_expandable": bool(seg["expandable"]),
+            "frames": [],
+            "blocks": blocks,
+        })
+    trace = []
+    for e in raw.get("trace", []):
+        entry = {
+            "action": e["action"],
+            "addr": e["addr"],
+            "size": e["size"],
+            "stream": e["stream"],
+            "time_us": e["time_us"],
+            "frames": [],
+        }
+        if e["action"] == "oom":
+            entry["device_free"] = e.get("device_free", 0)
+        trace.append(entry)
+    device_traces: List[List[Dict[str, Any]]] = [[] for _ in range(device)]
+    device_traces.append(trace)
+    return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
+
+
+def snapshot(device: Any = None) -> Dict[str, Any]:
+    """The manager's segments, blocks and recorded history in PyTorch's snapshot
+    format (what ``torch.cuda.memory._snapshot()`` returns)."""
+    m = _manager(device)
+    return to_torch_snapshot(m.snapshot(), m.device)
+
+
+def dump_snapshot(path: str, device: Any = None) -> Dict[str, Any]:
+    """Pickles :func:`snapshot` to ``path`` (as
+    ``torch.cuda.memory._dump_snapshot``); returns the snapshot."""
+    s = snapshot(device)
+    with open(path, "wb") as f:
+        pickle.dump(s, f)
+    return s

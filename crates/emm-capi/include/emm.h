@@ -55,7 +55,9 @@ typedef struct emm_stats {
 
 /* Version of this ABI: major * 10000 + minor * 100 + patch. 300 (0.3.0) added
  * emm_configure, emm_last_oom, emm_capture_warnings and emm_take_warning, and made
- * "pool" the default manager. */
+ * "pool" the default manager; 301 added the memory tools (emm_memory_stat,
+ * emm_memory_stats_json, emm_reset_peak_stats, emm_record_memory_history,
+ * emm_memory_snapshot_json, emm_string_free). */
 int emm_abi_version(void);
 
 /* Configuration in code, before the first allocation of the process. Keys (each
@@ -117,6 +119,41 @@ emm_status emm_get_stats(emm_manager *m, emm_stats *out);
  * to len); *written (may be NULL) gets the full length; buf may be NULL. */
 emm_status emm_manager_report(emm_manager *m, char *buf, size_t len, size_t *written);
 emm_status emm_trim(emm_manager *m, size_t *released);
+
+/* Memory tools. Counters are named as in PyTorch's memory_stats where they mean
+ * the same ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+ * "allocated_bytes.all.allocated", "allocated_bytes.all.freed",
+ * "reserved_bytes.all.current", "reserved_bytes.all.peak",
+ * "active_bytes.all.current", "active_bytes.all.peak",
+ * "inactive_split_bytes.all.current", "segment.all.current", "segment.all.peak",
+ * "allocation.all.current", "allocation.all.peak", "allocation.all.allocated",
+ * "allocation.all.freed", "num_alloc_retries", "num_ooms", "num_device_alloc",
+ * "num_device_free"; the pool's own under "emm.", e.g. "emm.thread_cached_bytes").
+ * In the pool, "allocated" excludes blocks parked in thread caches (they count as
+ * "active"); the allocated peaks are sampled at every locked allocation and every
+ * query (a peak reached by thread-cache hits alone and undone before the next
+ * sample is missed).
+ *
+ * emm_memory_stat: one counter by name (unknown: EMM_ERR_INVALID_ARGUMENT).
+ * emm_memory_stats_json: every counter as one JSON object.
+ * emm_reset_peak_stats: every peak set to its current value.
+ * emm_record_memory_history: keep the latest max_entries allocation events (0:
+ *   stop and drop them); EMM_ERR_UNSUPPORTED for managers without a history.
+ * emm_memory_snapshot_json: {"segments": [{"address", "total_size", "stream",
+ *   "large", "expandable", "blocks": [{"address", "size", "requested_size",
+ *   "allocated"}]}], "trace": [{"action", "addr", "size", "stream", "time_us",
+ *   "device_free"}], "stats": {...}}, taken at one time (the calling thread's
+ *   cached blocks go back to the pool first; other threads' cached blocks show as
+ *   allocated). Actions: alloc, free_requested, free_completed, segment_alloc,
+ *   segment_free, segment_map, segment_unmap, oom. EMM_ERR_UNSUPPORTED for
+ *   managers without segments of their own.
+ * The JSON strings belong to the caller: free them with emm_string_free. */
+emm_status emm_memory_stat(emm_manager *m, const char *key, uint64_t *value);
+emm_status emm_memory_stats_json(emm_manager *m, char **out, size_t *len);
+emm_status emm_reset_peak_stats(emm_manager *m);
+emm_status emm_record_memory_history(emm_manager *m, size_t max_entries);
+emm_status emm_memory_snapshot_json(emm_manager *m, char **out, size_t *len);
+void emm_string_free(char *s);
 
 /* IPC: export [ptr+offset, ptr+offset+len) of an allocation of this handle as bytes
  * (buf NULL: only the size needed is written); open bytes from another process;

@@ -24,6 +24,7 @@
 
 mod array;
 pub mod log;
+mod tools;
 pub use array::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
 
@@ -65,7 +66,7 @@ pub const EMM_ERR_PANIC: emm_status = 8;
 pub const EMM_ERR_OTHER: emm_status = 9;
 
 /// The C ABI's version: major * 10000 + minor * 100 + patch.
-pub const ABI_VERSION: c_int = 300;
+pub const ABI_VERSION: c_int = 301;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -837,7 +838,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 300);
+            assert_eq!(emm_abi_version(), 301);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0

@@ -29,6 +29,7 @@ mod ipc;
 mod manager;
 mod pointer;
 mod router;
+mod snapshot;
 
 pub use config::configure;
 pub use error::{fmt_bytes, EmmError, Result};
@@ -44,6 +45,9 @@ pub use pointer::{
 pub use router::{
     memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER,
     MANAGER_ENV,
+};
+pub use snapshot::{
+    stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
 };
 
 pub use emm_driver;

@@ -9,6 +9,7 @@ use emm_sys::CUstream;
 use crate::error::{EmmError, Result};
 use crate::ipc::IpcHandle;
 use crate::pointer::{DeviceAllocation, DeviceView, HostAllocFlags, HostMemory};
+use crate::snapshot::{MemorySnapshot, StatList};
 
 /// The interface version managers of this crate implement (NBEP 7's version 1).
 pub const INTERFACE_VERSION: u32 = 1;
@@ -158,6 +159,43 @@ pub trait MemoryManager: Send + Sync {
     /// default is [`stats`](Self::stats).
     fn report(&self) -> String {
         format!("{:?}", self.stats())
+    }
+
+    /// Every counter the manager keeps, named as in PyTorch's `memory_stats` where
+    /// they mean the same (`allocated_bytes.all.current`, `reserved_bytes.all.peak`,
+    /// ...; emm's own under `emm.`). The default names what [`stats`](Self::stats)
+    /// knows.
+    fn memory_stats(&self) -> StatList {
+        let s = self.stats();
+        vec![
+            ("allocated_bytes.all.current", s.allocated_bytes as u64),
+            ("allocated_bytes.all.peak", s.allocated_bytes_peak as u64),
+            ("reserved_bytes.all.current", s.reserved_bytes as u64),
+            ("reserved_bytes.all.peak", s.reserved_bytes_peak as u64),
+            ("allocation.all.allocated", s.allocations),
+            ("num_device_alloc", s.upstream_allocs),
+        ]
+    }
+
+    /// Sets every peak counter to its current value (PyTorch's
+    /// `reset_peak_memory_stats`). The default keeps no peaks of its own.
+    fn reset_peak_stats(&self) {}
+
+    /// Records the allocation history in a ring of the latest `max_entries` entries
+    /// (0: stop recording and drop the history), for [`snapshot`](Self::snapshot).
+    /// The default: [`EmmError::Unsupported`].
+    fn record_history(&self, max_entries: usize) -> Result<()> {
+        let _ = max_entries;
+        Err(EmmError::Unsupported {
+            manager: self.name().to_owned(),
+            operation: "record_history",
+        })
+    }
+
+    /// The manager's segments, blocks, recorded history and counters, or `None`
+    /// where it keeps no segments of its own (the default).
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        None
     }
 }
 

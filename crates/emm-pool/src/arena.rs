@@ -10,7 +10,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
+use emm_core::{SnapshotBlock, SnapshotSegment, TraceAction};
+
 use crate::events::{EventId, EventSource};
+use crate::history::History;
 
 /// Alignment and rounding of every block.
 pub const ROUND: usize = 512;
@@ -113,6 +116,27 @@ pub struct ArenaStats {
     /// Per-stream entries visited by scans over streams (stealing, stranded
     /// bytes, consolidation): the work that grows with the number of streams.
     pub scan_steps: usize,
+    /// Peak of `segments`.
+    pub peak_segments: usize,
+    /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
+    pub ooms: usize,
+    /// Peak of the bytes held by callers (live minus thread-cached), sampled by the
+    /// pool (see `PoolStats::allocated_bytes_peak`).
+    pub peak_allocated: usize,
+    /// Peak of the blocks held by callers, sampled likewise.
+    pub peak_allocated_blocks: usize,
+}
+
+impl ArenaStats {
+    /// Sets every peak to its current value (`peak_allocated*`: to the caller's
+    /// current figures `allocated` and `blocks`).
+    pub fn reset_peaks(&mut self, allocated: usize, blocks: usize) {
+        self.peak_reserved = self.reserved;
+        self.peak_live = self.live;
+        self.peak_segments = self.segments;
+        self.peak_allocated = allocated;
+        self.peak_allocated_blocks = blocks;
+    }
 }
 
 fn unreachable_fit<T>(size: usize) -> Result<T> {
@@ -203,6 +227,16 @@ struct StreamState {
     uncovered: bool,
 }
 
+/// A stream key as snapshots show it (the stream handle as an integer; 0 for
+/// blocks settled on no stream).
+pub(crate) fn stream_id(s: StreamKey) -> usize {
+    if s == SETTLED {
+        0
+    } else {
+        s
+    }
+}
+
 /// The legacy and per-thread default streams (and null): never destroyed, so an
 /// event can be recorded on them at any time.
 fn is_default_stream(s: StreamKey) -> bool {
@@ -222,6 +256,8 @@ pub(crate) struct Arena {
     /// The expandable segment's base, once reserved; `Some(0)` after a reservation
     /// failed (do not try again).
     grow_base: Option<CUdeviceptr>,
+    /// The allocation history (off unless asked for).
+    pub history: History,
 }
 
 impl Arena {
@@ -560,6 +596,9 @@ impl Arena {
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.upstream_allocs += 1;
         self.stats.segments += 1;
+        self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
+        self.history
+            .push(TraceAction::SegmentAlloc, base, seg, stream_id(stream));
         self.insert_free(base, seg, base, stream);
         Ok(base)
     }
@@ -600,6 +639,9 @@ impl Arena {
             }
             Err(_) => {
                 let (free, total) = source.device_info();
+                self.stats.ooms += 1;
+                self.history
+                    .push_oom_aware(TraceAction::Oom, 0, size, stream_id(stream), free);
                 Err(EmmError::OutOfMemory {
                     what: "device",
                     manager: "pool".into(),
@@ -640,6 +682,7 @@ impl Arena {
                         },
                     );
                     self.stats.segments += 1;
+                    self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
                     b
                 }
                 None => {
@@ -698,6 +741,8 @@ impl Arena {
         self.stats.reserved += grow;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.upstream_allocs += 1;
+        self.history
+            .push(TraceAction::SegmentMap, end, grow, stream_id(stream));
         self.insert_free(end, grow, base, stream);
         Ok(true)
     }
@@ -761,6 +806,12 @@ impl Arena {
             }
             self.stats.reserved -= len;
             self.stats.upstream_frees += 1;
+            self.history.push(
+                TraceAction::SegmentUnmap,
+                piece_start,
+                len,
+                stream_id(stream),
+            );
             released += len;
         }
         released
@@ -874,6 +925,8 @@ impl Arena {
             self.stats.reserved -= size;
             self.stats.upstream_frees += 1;
             self.stats.segments -= 1;
+            self.history
+                .push(TraceAction::SegmentFree, base, size, stream_id(stream));
             released += size;
         }
         released + self.shrink_expandable(source)
@@ -884,9 +937,14 @@ impl Arena {
         let mut segs = Vec::new();
         for (&b, s) in &self.segments {
             match &s.expandable {
-                None => segs.push((b, s.size)),
+                None => {
+                    self.history.push(TraceAction::SegmentFree, b, s.size, 0);
+                    segs.push((b, s.size));
+                }
                 Some((_, pieces)) => {
                     for &(off, len) in pieces.iter().rev() {
+                        self.history
+                            .push(TraceAction::SegmentUnmap, b + off as u64, len, 0);
                         if let Err(e) = source.unmap(b + off as u64, len) {
                             tracing::error!(error = %e, "unmapping during reset failed");
                         }
@@ -910,6 +968,48 @@ impl Arena {
         self.stats.live = 0;
         self.stats.segments = self.segments.len();
         segs
+    }
+
+    /// Bytes of free blocks that are not a whole segment (PyTorch's
+    /// `inactive_split_bytes`): one pass over the free blocks.
+    pub fn inactive_split_bytes(&self) -> usize {
+        self.blocks
+            .values()
+            .filter(|b| b.state != State::Live)
+            .filter(|b| {
+                self.segments
+                    .get(&b.segment)
+                    .is_some_and(|s| b.size < s.size)
+            })
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// Every segment with memory behind it and its blocks, in address order. Live
+    /// blocks (held by callers or parked in thread caches) are `allocated`; free and
+    /// pending ones are not.
+    pub fn snapshot_segments(&self) -> Vec<SnapshotSegment> {
+        self.segments
+            .iter()
+            .filter(|(_, seg)| seg.size > 0)
+            .map(|(&base, seg)| SnapshotSegment {
+                address: base,
+                total_size: seg.size,
+                stream: 0,
+                large: seg.kind == Kind::Large,
+                expandable: seg.expandable.is_some(),
+                blocks: self
+                    .blocks
+                    .range(base..base + seg.size as u64)
+                    .map(|(&a, b)| SnapshotBlock {
+                        address: a,
+                        size: b.size,
+                        requested_size: b.size,
+                        allocated: b.state == State::Live,
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     /// Pending event groups (for tests and statistics).

@@ -17,6 +17,7 @@
 
 mod arena;
 mod events;
+mod history;
 mod pool;
 mod vmm;
 

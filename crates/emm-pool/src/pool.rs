@@ -1,18 +1,19 @@
 //! [`PoolManager`]: the caching pool as an emm plugin.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
-    HostMemory, IpcHandle, ManagerStats, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    HostMemory, IpcHandle, ManagerStats, MemoryInfo, MemoryManager, MemorySnapshot, Released,
+    Result, StatList, TraceAction, SYNC_STREAM,
 };
 use emm_default::{DriverUpstream, HostOnly, HostUpstream, PendingConfig, Upstream};
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
 
-use crate::arena::{round_size, Arena, ArenaStats, SegmentPolicy, SegmentSource, StreamKey};
+use crate::arena::{round_size, stream_id, Arena, SegmentPolicy, SegmentSource, StreamKey};
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
@@ -76,15 +77,44 @@ impl Default for PoolConfig {
     }
 }
 
-/// Statistics of a pool, with PyTorch's `memory_stats` names where they fit.
+/// Statistics of a pool, with PyTorch's `memory_stats` names where they fit
+/// ([`PoolStats::to_list`] gives them under those names).
+///
+/// Blocks a thread keeps in its cache for reuse are free to callers but not to
+/// the rest of the pool: they count in `active_bytes` (PyTorch's "active": held, or
+/// freed but not yet reusable by everyone), not in `allocated_bytes`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// `allocated_bytes.all.current`: bytes in blocks held by callers (rounded;
     /// blocks waiting in thread caches are not counted).
     pub allocated_bytes: usize,
-    /// `allocated_bytes.all.peak` (exact for the shared path; thread-cache hits
-    /// are folded in when threads next touch the shared path).
+    /// `allocated_bytes.all.peak`: the peak of `allocated_bytes`, sampled (with no
+    /// cost on the lock-free path) at every allocation that takes the pool's lock
+    /// and at every statistics query or snapshot. Exact when every allocation takes
+    /// the lock (`thread_cache_blocks` 0); otherwise a peak reached by thread-cache
+    /// hits alone and undone before the next sample is missed. Never above
+    /// `active_bytes_peak`, never below `allocated_bytes`.
     pub allocated_bytes_peak: usize,
+    /// `allocated_bytes.all.allocated`: bytes handed to callers so far (rounded).
+    pub allocated_bytes_total: u64,
+    /// `allocation.all.current`: blocks held by callers.
+    pub allocated_blocks: usize,
+    /// `allocation.all.peak`, sampled as `allocated_bytes_peak`.
+    pub allocated_blocks_peak: usize,
+    /// `active_bytes.all.current`: bytes of live blocks, callers' and those parked
+    /// in thread caches.
+    pub active_bytes: usize,
+    /// `active_bytes.all.peak` (exact).
+    pub active_bytes_peak: usize,
+    /// Bytes parked in thread caches (`active_bytes - allocated_bytes`).
+    pub thread_cached_bytes: usize,
+    /// `inactive_split_bytes.all.current`: free bytes in blocks that are not a
+    /// whole segment.
+    pub inactive_split_bytes: usize,
+    /// `segment.all.peak`.
+    pub segments_peak: usize,
+    /// `num_ooms`: allocations that failed for lack of memory.
+    pub num_ooms: usize,
     /// `reserved_bytes.all.current`: bytes held from the upstream.
     pub reserved_bytes: usize,
     /// `reserved_bytes.all.peak`.
@@ -120,6 +150,54 @@ pub struct PoolStats {
     /// Per-stream entries visited by scans over streams: grows linearly with the
     /// number of streams a program uses (a test asserts it).
     pub scan_steps: usize,
+}
+
+impl PoolStats {
+    /// The counters under PyTorch's `memory_stats` names where they mean the same,
+    /// emm's own under `emm.`.
+    pub fn to_list(&self) -> StatList {
+        let u = |v: usize| v as u64;
+        let freed_bytes = self
+            .allocated_bytes_total
+            .saturating_sub(u(self.allocated_bytes));
+        vec![
+            ("allocated_bytes.all.current", u(self.allocated_bytes)),
+            ("allocated_bytes.all.peak", u(self.allocated_bytes_peak)),
+            ("allocated_bytes.all.allocated", self.allocated_bytes_total),
+            ("allocated_bytes.all.freed", freed_bytes),
+            ("reserved_bytes.all.current", u(self.reserved_bytes)),
+            ("reserved_bytes.all.peak", u(self.reserved_bytes_peak)),
+            ("active_bytes.all.current", u(self.active_bytes)),
+            ("active_bytes.all.peak", u(self.active_bytes_peak)),
+            (
+                "inactive_split_bytes.all.current",
+                u(self.inactive_split_bytes),
+            ),
+            ("segment.all.current", u(self.segments)),
+            ("segment.all.peak", u(self.segments_peak)),
+            ("allocation.all.current", u(self.allocated_blocks)),
+            ("allocation.all.peak", u(self.allocated_blocks_peak)),
+            ("allocation.all.allocated", self.allocations),
+            (
+                "allocation.all.freed",
+                self.allocations.saturating_sub(u(self.allocated_blocks)),
+            ),
+            ("num_alloc_retries", u(self.num_alloc_retries)),
+            ("num_ooms", u(self.num_ooms)),
+            ("num_device_alloc", u(self.num_device_alloc)),
+            ("num_device_free", u(self.num_device_free)),
+            ("emm.thread_cached_bytes", u(self.thread_cached_bytes)),
+            ("emm.thread_cache_hits", self.thread_cache_hits),
+            ("emm.shared_hits", u(self.shared_hits)),
+            ("emm.cross_stream_reuses", u(self.cross_stream_reuses)),
+            ("emm.locked_allocs", u(self.locked_allocs)),
+            ("emm.locked_frees", u(self.locked_frees)),
+            ("emm.events_recorded", u(self.events_recorded)),
+            ("emm.event_queries", u(self.event_queries)),
+            ("emm.device_syncs", u(self.device_syncs)),
+            ("emm.misses", u(self.misses)),
+        ]
+    }
 }
 
 struct SourceAdapter<'a>(&'a dyn Upstream, Option<&'a dyn VirtualMemory>);
@@ -174,6 +252,8 @@ struct ThreadCounters {
     /// Bytes of freed blocks sitting in this thread's cache (live to the arena,
     /// free to the user).
     cached_bytes: AtomicU64,
+    /// Bytes handed out by this thread so far (rounded).
+    allocated_total: AtomicU64,
 }
 
 fn add_cached(c: &ThreadCounters, delta: i64) {
@@ -185,7 +265,13 @@ fn add_cached(c: &ThreadCounters, delta: i64) {
 }
 
 fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    add(c, 1);
+}
+
+/// Adds to a counter only its own thread writes (a load and a store, no
+/// read-modify-write).
+fn add(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 pub(crate) struct Core {
@@ -202,6 +288,9 @@ pub(crate) struct Core {
     host: Option<HostOnly>,
     ctx: Option<Context>,
     defer: Arc<DeferState>,
+    /// The history is being recorded (the arena's ring has room), for the
+    /// lock-free path, which reads it relaxed.
+    recording: AtomicBool,
 }
 
 #[derive(Clone, Copy)]
@@ -361,10 +450,18 @@ impl Core {
             add_cached(&local.counters, -(e.size as i64));
             bump(&local.counters.hits);
             bump(&local.counters.live_blocks);
+            add(&local.counters.allocated_total, e.size as u64);
             Some(e)
         });
         let entry = match hit {
-            Some(Some(e)) => e,
+            Some(Some(e)) => {
+                if self.recording.load(Ordering::Relaxed) {
+                    self.lock()
+                        .history
+                        .push(TraceAction::Alloc, e.ptr, e.size, stream_id(key));
+                }
+                e
+            }
             other => {
                 let mut arena = self.lock();
                 let source = self.source();
@@ -389,10 +486,20 @@ impl Core {
                 };
                 // Counted live only once it exists (an error leaves no count behind).
                 if on_thread {
-                    self.with_local(|local| bump(&local.counters.live_blocks));
+                    self.with_local(|local| {
+                        bump(&local.counters.live_blocks);
+                        add(&local.counters.allocated_total, rsize as u64);
+                    });
                 } else {
                     bump(&self.orphan.allocations);
                     bump(&self.orphan.live_blocks);
+                    add(&self.orphan.allocated_total, rsize as u64);
+                }
+                arena
+                    .history
+                    .push(TraceAction::Alloc, ptr, rsize, stream_id(key));
+                if arena.stats.live > arena.stats.peak_allocated {
+                    self.sample_peaks(&mut arena);
                 }
                 Entry {
                     ptr,
@@ -433,6 +540,12 @@ impl Core {
         let rsize = round_size(size);
         let key = stream.0 as StreamKey;
         let cfg = &self.config;
+        if self.recording.load(Ordering::Relaxed) {
+            let mut arena = self.lock();
+            for action in [TraceAction::FreeRequested, TraceAction::FreeCompleted] {
+                arena.history.push(action, ptr, rsize, stream_id(key));
+            }
+        }
         let cached = LOCALS
             .try_with(|cell| {
                 let mut locals = cell.try_borrow_mut().ok()?;
@@ -500,6 +613,29 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Bytes parked in thread caches, as last written by their threads.
+    fn cached_bytes(&self) -> usize {
+        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        threads
+            .iter()
+            .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
+            .sum()
+    }
+
+    /// Callers' bytes and blocks now: `(live - cached, live blocks)`.
+    fn allocated_now(&self, arena: &Arena) -> (usize, usize) {
+        let bytes = arena.stats.live.saturating_sub(self.cached_bytes());
+        (bytes, self.live_blocks().max(0) as usize)
+    }
+
+    /// Folds the callers' current bytes and blocks into their peaks.
+    fn sample_peaks(&self, arena: &mut Arena) {
+        let (bytes, blocks) = self.allocated_now(arena);
+        let s = &mut arena.stats;
+        s.peak_allocated = s.peak_allocated.max(bytes);
+        s.peak_allocated_blocks = s.peak_allocated_blocks.max(blocks);
     }
 
     fn live_blocks(&self) -> i64 {
@@ -642,6 +778,7 @@ impl PoolManager {
                 host,
                 ctx,
                 defer,
+                recording: AtomicBool::new(false),
             }),
         })
     }
@@ -665,8 +802,21 @@ impl PoolManager {
 
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
-        let a: ArenaStats = self.core.lock().stats;
+        let mut arena = self.core.lock();
+        self.stats_locked(&mut arena)
+    }
+
+    fn stats_locked(&self, arena: &mut Arena) -> PoolStats {
+        self.core.sample_peaks(arena);
+        let a = arena.stats;
+        let inactive_split_bytes = arena.inactive_split_bytes();
+        let allocated_blocks = self.core.live_blocks().max(0) as usize;
         let threads = self.core.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let allocated_bytes_total = threads
+            .iter()
+            .map(|c| c.allocated_total.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.core.orphan.allocated_total.load(Ordering::Relaxed);
         let allocations = threads
             .iter()
             .map(|c| c.allocations.load(Ordering::Relaxed))
@@ -677,9 +827,19 @@ impl PoolManager {
             .iter()
             .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
             .sum::<usize>();
+        let allocated_bytes = a.live.saturating_sub(cached);
         PoolStats {
-            allocated_bytes: a.live.saturating_sub(cached),
-            allocated_bytes_peak: a.peak_live,
+            allocated_bytes,
+            allocated_bytes_peak: a.peak_allocated.max(allocated_bytes),
+            allocated_bytes_total,
+            allocated_blocks,
+            allocated_blocks_peak: a.peak_allocated_blocks.max(allocated_blocks),
+            active_bytes: a.live,
+            active_bytes_peak: a.peak_live,
+            thread_cached_bytes: a.live - allocated_bytes,
+            inactive_split_bytes,
+            segments_peak: a.peak_segments,
+            num_ooms: a.ooms,
             reserved_bytes: a.reserved,
             reserved_bytes_peak: a.peak_reserved,
             num_alloc_retries: a.oom_ladders,
@@ -697,6 +857,42 @@ impl PoolManager {
             device_syncs: a.device_syncs,
             misses: a.misses,
             scan_steps: a.scan_steps,
+        }
+    }
+
+    /// Sets every peak (allocated, active, reserved, segments) to its current value.
+    pub fn reset_peak_stats(&self) {
+        let mut arena = self.core.lock();
+        let (bytes, blocks) = self.core.allocated_now(&arena);
+        arena.stats.reset_peaks(bytes, blocks);
+    }
+
+    /// Records the allocation history in a ring of the latest `max_entries`
+    /// entries (0: off, the history dropped). While on, every allocation and free
+    /// takes the pool's lock to record itself; off, the lock-free path reads one
+    /// relaxed flag.
+    pub fn record_history(&self, max_entries: usize) {
+        let mut arena = self.core.lock();
+        arena.history.set_capacity(max_entries);
+        self.core
+            .recording
+            .store(max_entries > 0, Ordering::Relaxed);
+    }
+
+    /// Segments, blocks, the recorded history and the statistics, taken under the
+    /// pool's lock at one time. This thread's cached blocks go back to the pool
+    /// first (as with [`trim`](Self::trim)); blocks other threads keep cached are
+    /// live to the pool and show as allocated, so the allocated blocks sum to
+    /// `active_bytes`, and to `allocated_bytes` when no other thread caches any
+    /// (`thread_cached_bytes` is 0). Segments sum to `reserved_bytes`.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let mut arena = self.core.lock();
+        self.core.flush_thread(&mut arena);
+        let stats = self.stats_locked(&mut arena).to_list();
+        MemorySnapshot {
+            segments: arena.snapshot_segments(),
+            trace: arena.history.entries(),
+            stats,
         }
     }
 
@@ -859,6 +1055,23 @@ impl MemoryManager for PoolManager {
 
     fn report(&self) -> String {
         format!("{:?}", PoolManager::stats(self))
+    }
+
+    fn memory_stats(&self) -> StatList {
+        PoolManager::stats(self).to_list()
+    }
+
+    fn reset_peak_stats(&self) {
+        PoolManager::reset_peak_stats(self);
+    }
+
+    fn record_history(&self, max_entries: usize) -> Result<()> {
+        PoolManager::record_history(self, max_entries);
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(PoolManager::snapshot(self))
     }
 
     fn stats(&self) -> ManagerStats {

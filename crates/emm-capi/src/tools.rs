@@ -1,0 +1,172 @@
+//! Memory tools over the C ABI: PyTorch-named counters, the peak reset, the
+//! allocation history and snapshots (JSON text the library allocates; free it
+//! with `emm_string_free`).
+
+use std::ffi::{c_char, CStr, CString};
+
+use emm_core::EmmError;
+
+use crate::{emm_manager, emm_status, fail, invalid, with_manager, EMM_OK};
+
+/// Hands `text` to the caller as a NUL-terminated string of the library's
+/// (`out`), with its length without the NUL (`len`, may be null).
+fn give_string(text: String, out: *mut *mut c_char, len: *mut usize, what: &str) -> emm_status {
+    if out.is_null() {
+        return invalid(format!("{what}: `out` is null"));
+    }
+    let n = text.len();
+    let Ok(c) = CString::new(text) else {
+        return invalid(format!("{what}: the text holds a NUL byte (a bug in emm)"));
+    };
+    // SAFETY: `out` is non-null and writable per the contract; `len` when non-null.
+    unsafe {
+        *out = c.into_raw();
+        if !len.is_null() {
+            *len = n;
+        }
+    }
+    EMM_OK
+}
+
+/// Frees a string the library returned (`emm_memory_stats_json`,
+/// `emm_memory_snapshot_json`). Null is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn emm_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: `s` came from CString::into_raw in give_string and is freed once.
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+/// One counter by its name (`allocated_bytes.all.current`, ...; see
+/// `MemoryManager::memory_stats`) into `value`. An unknown name:
+/// `EMM_ERR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_memory_stat(
+    m: *mut emm_manager,
+    key: *const c_char,
+    value: *mut u64,
+) -> emm_status {
+    with_manager(m, |h| {
+        if key.is_null() || value.is_null() {
+            return invalid("emm_memory_stat: null argument");
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let Ok(key) = unsafe { CStr::from_ptr(key) }.to_str() else {
+            return invalid("emm_memory_stat: the key is not UTF-8");
+        };
+        match h.manager.memory_stats().iter().find(|(k, _)| *k == key) {
+            Some(&(_, v)) => {
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *value = v };
+                EMM_OK
+            }
+            None => invalid(format!(
+                "emm_memory_stat: the {} manager keeps no counter {key:?}",
+                h.manager.name()
+            )),
+        }
+    })
+}
+
+/// Every counter as a JSON object (`{"allocated_bytes.all.current": 1024, ...}`)
+/// into `*out` (free with `emm_string_free`); `len` (may be null) gets its length.
+#[no_mangle]
+pub unsafe extern "C" fn emm_memory_stats_json(
+    m: *mut emm_manager,
+    out: *mut *mut c_char,
+    len: *mut usize,
+) -> emm_status {
+    with_manager(m, |h| {
+        let text = emm_core::stats_json(&h.manager.memory_stats());
+        give_string(text, out, len, "emm_memory_stats_json")
+    })
+}
+
+/// Sets every peak counter to its current value.
+#[no_mangle]
+pub unsafe extern "C" fn emm_reset_peak_stats(m: *mut emm_manager) -> emm_status {
+    with_manager(m, |h| {
+        h.manager.reset_peak_stats();
+        EMM_OK
+    })
+}
+
+/// Records the allocation history in a ring of the latest `max_entries` entries
+/// (0: stop and drop it). `EMM_ERR_UNSUPPORTED` for a manager without one.
+#[no_mangle]
+pub unsafe extern "C" fn emm_record_memory_history(
+    m: *mut emm_manager,
+    max_entries: usize,
+) -> emm_status {
+    with_manager(m, |h| match h.manager.record_history(max_entries) {
+        Ok(()) => EMM_OK,
+        Err(e) => fail(e),
+    })
+}
+
+/// The manager's segments, blocks, recorded history and counters as JSON (see
+/// `MemorySnapshot::to_json`) into `*out` (free with `emm_string_free`); `len`
+/// (may be null) gets its length. `EMM_ERR_UNSUPPORTED` for a manager that keeps
+/// no segments of its own.
+#[no_mangle]
+pub unsafe extern "C" fn emm_memory_snapshot_json(
+    m: *mut emm_manager,
+    out: *mut *mut c_char,
+    len: *mut usize,
+) -> emm_status {
+    with_manager(m, |h| match h.manager.snapshot() {
+        Some(s) => give_string(s.to_json(), out, len, "emm_memory_snapshot_json"),
+        None => fail(EmmError::Unsupported {
+            manager: h.manager.name().to_owned(),
+            operation: "snapshot",
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{emm_last_error_code, EMM_ERR_INVALID_ARGUMENT};
+
+    #[test]
+    fn null_handles_and_outputs_are_refused() {
+        // SAFETY: null handles and pointers are what is being tested.
+        unsafe {
+            let mut v = 0u64;
+            assert_eq!(
+                emm_memory_stat(core::ptr::null_mut(), c"num_ooms".as_ptr(), &mut v),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            let mut s: *mut c_char = core::ptr::null_mut();
+            assert_eq!(
+                emm_memory_snapshot_json(core::ptr::null_mut(), &mut s, core::ptr::null_mut()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert!(s.is_null());
+            assert_eq!(
+                emm_reset_peak_stats(core::ptr::null_mut()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                emm_record_memory_history(core::ptr::null_mut(), 10),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
+            emm_string_free(core::ptr::null_mut());
+        }
+    }
+
+    #[test]
+    fn strings_round_trip() {
+        let mut s: *mut c_char = core::ptr::null_mut();
+        let mut n = 0usize;
+        assert_eq!(give_string("{}".into(), &mut s, &mut n, "t"), EMM_OK);
+        assert_eq!(n, 2);
+        // SAFETY: `s` came from give_string; freed once.
+        unsafe {
+            assert_eq!(CStr::from_ptr(s).to_str(), Ok("{}"));
+            emm_string_free(s);
+        }
+    }
+}
