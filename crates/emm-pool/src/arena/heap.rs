@@ -1,0 +1,102 @@
+//! The block heap: free sets per stream and kind, best fit with splitting, coalescing.
+
+use std::collections::BTreeSet;
+
+use emm_sys::CUdeviceptr;
+
+use super::*;
+
+impl Arena {
+    pub(super) fn insert_free(
+        &mut self,
+        addr: CUdeviceptr,
+        size: usize,
+        segment: CUdeviceptr,
+        stream: StreamKey,
+    ) {
+        let kind = self.segments.get(&segment).map_or(Kind::Large, |s| s.kind);
+        // Coalesce with a free neighbour of the same stream and segment on each side.
+        let (mut addr, mut size) = (addr, size);
+        if let Some((&paddr, &p)) = self.blocks.range(..addr).next_back() {
+            if p.segment == segment
+                && p.state == State::Free(stream)
+                && paddr + p.size as u64 == addr
+            {
+                self.free_set(stream, kind).remove(&(p.size, paddr));
+                self.blocks.remove(&paddr);
+                addr = paddr;
+                size += p.size;
+            }
+        }
+        let next_addr = addr + size as u64;
+        if let Some(&n) = self.blocks.get(&next_addr) {
+            if n.segment == segment && n.state == State::Free(stream) {
+                self.free_set(stream, kind).remove(&(n.size, next_addr));
+                self.blocks.remove(&next_addr);
+                size += n.size;
+            }
+        }
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                segment,
+                state: State::Free(stream),
+            },
+        );
+        self.free_set(stream, kind).insert((size, addr));
+    }
+
+    pub(super) fn free_set(
+        &mut self,
+        stream: StreamKey,
+        kind: Kind,
+    ) -> &mut BTreeSet<(usize, CUdeviceptr)> {
+        self.free.entry((stream, kind)).or_default()
+    }
+
+    /// Best fit among `stream`'s free blocks of `kind`; splits off the remainder.
+    pub(super) fn take_fit(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+    ) -> Option<CUdeviceptr> {
+        let set = self.free.get_mut(&(stream, kind))?;
+        let &(bsize, addr) = set.range((size, 0)..).next()?;
+        // Large blocks: do not hand out a block much larger than asked (it would
+        // pin a big free run under a small tensor); split instead.
+        set.remove(&(bsize, addr));
+        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                segment,
+                state: State::Live,
+            },
+        );
+        if bsize > size {
+            let rest = addr + size as u64;
+            self.blocks.insert(
+                rest,
+                Block {
+                    size: bsize - size,
+                    segment,
+                    state: State::Free(stream),
+                },
+            );
+            self.free_set(stream, kind).insert((bsize - size, rest));
+        }
+        Some(addr)
+    }
+
+    /// The largest free block, any stream.
+    pub fn largest_free(&self) -> usize {
+        self.free
+            .values()
+            .filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz))
+            .max()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,108 @@
+//! Reading the arena: snapshots, split bytes, consistency checks.
+
+use emm_core::{SnapshotBlock, SnapshotSegment};
+
+use super::*;
+
+impl Arena {
+    /// Bytes of free blocks that are not a whole segment (PyTorch's
+    /// `inactive_split_bytes`): one pass over the free blocks.
+    pub fn inactive_split_bytes(&self) -> usize {
+        self.blocks
+            .values()
+            .filter(|b| b.state != State::Live)
+            .filter(|b| {
+                self.segments
+                    .get(&b.segment)
+                    .is_some_and(|s| b.size < s.size)
+            })
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// Every segment with memory behind it and its blocks, in address order. Live
+    /// blocks (held by callers or parked in thread caches) are `allocated`; free and
+    /// pending ones are not.
+    pub fn snapshot_segments(&self) -> Vec<SnapshotSegment> {
+        self.segments
+            .iter()
+            .filter(|(_, seg)| seg.size > 0)
+            .map(|(&base, seg)| SnapshotSegment {
+                address: base,
+                total_size: seg.size,
+                stream: 0,
+                large: seg.kind == Kind::Large,
+                expandable: seg.expandable.is_some(),
+                blocks: self
+                    .blocks
+                    .range(base..base + seg.size as u64)
+                    .map(|(&a, b)| SnapshotBlock {
+                        address: a,
+                        size: b.size,
+                        requested_size: b.size,
+                        allocated: b.state == State::Live,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Pending event groups (for tests and statistics).
+    pub fn pending_groups(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Checks the arena's internal consistency; returns what is wrong.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut live = 0;
+        for (&base, seg) in &self.segments {
+            let mut at = base;
+            let end = base + seg.size as u64;
+            for (&a, b) in self.blocks.range(base..end) {
+                if a != at {
+                    return Err(format!(
+                        "gap or overlap in segment {base:#x} at {a:#x} (expected {at:#x})"
+                    ));
+                }
+                if b.segment != base {
+                    return Err(format!(
+                        "block {a:#x} names segment {:#x}, lies in {base:#x}",
+                        b.segment
+                    ));
+                }
+                if let State::Free(s) = b.state {
+                    if !self
+                        .free
+                        .get(&(s, seg.kind))
+                        .is_some_and(|set| set.contains(&(b.size, a)))
+                    {
+                        return Err(format!("free block {a:#x} missing from its free set"));
+                    }
+                }
+                if b.state == State::Live {
+                    live += b.size;
+                }
+                at = a + b.size as u64;
+            }
+            if at != end {
+                return Err(format!(
+                    "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
+                ));
+            }
+        }
+        if live != self.stats.live {
+            return Err(format!(
+                "live bytes {} by blocks, {} by counter",
+                live, self.stats.live
+            ));
+        }
+        let reserved: usize = self.segments.values().map(|s| s.size).sum();
+        if reserved != self.stats.reserved {
+            return Err(format!(
+                "reserved {} by segments, {} by counter",
+                reserved, self.stats.reserved
+            ));
+        }
+        Ok(())
+    }
+}

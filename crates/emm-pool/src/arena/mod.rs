@@ -1,0 +1,411 @@
+//! The shared part of the pool: segments from the upstream, best fit with
+//! splitting and coalescing inside them, per-stream free sets, and the events that
+//! order cross-stream reuse. Callers hold the pool's lock around every method.
+//!
+//! Lookup cost is logarithmic in the number of blocks (B-trees keyed by address and
+//! by size), so it stays flat as live blocks grow.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use emm_core::{EmmError, Result};
+use emm_sys::CUdeviceptr;
+
+use crate::events::{EventId, EventSource};
+use crate::history::History;
+
+mod growth;
+mod heap;
+mod inspect;
+mod oom;
+mod streams;
+
+/// Alignment and rounding of every block.
+pub const ROUND: usize = 512;
+/// Requests up to this size come from small segments.
+pub const SMALL_MAX: usize = 1 << 20;
+
+/// Rounds a request to the pool's granularity.
+pub fn round_size(size: usize) -> usize {
+    size.max(1).div_ceil(ROUND) * ROUND
+}
+
+/// Small and large blocks live in different segments (as in PyTorch's allocator):
+/// mixing them scatters long-lived small blocks across large free runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Requests ≤ [`SMALL_MAX`].
+    Small,
+    /// Larger requests.
+    Large,
+}
+
+impl Kind {
+    /// The kind of a rounded request.
+    pub fn of(size: usize) -> Kind {
+        if size <= SMALL_MAX {
+            Kind::Small
+        } else {
+            Kind::Large
+        }
+    }
+}
+
+/// A stream as the pool keys it.
+pub type StreamKey = usize;
+
+/// The key of free blocks whose last stream's work is known to be complete: any
+/// stream may take them.
+pub const SETTLED: StreamKey = usize::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Live,
+    Free(StreamKey),
+    /// Freed on a stream, waiting for an event before another stream may use it.
+    Pending,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    size: usize,
+    segment: CUdeviceptr,
+    state: State,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    /// Bytes backed by memory (for an expandable segment: mapped so far).
+    pub size: usize,
+    pub kind: Kind,
+    /// For an expandable segment: the address space reserved, and the mapped
+    /// pieces `(offset, len)` in order.
+    pub expandable: Option<(usize, Vec<(usize, usize)>)>,
+}
+
+/// Counters kept under the lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes reserved from the upstream now.
+    pub reserved: usize,
+    /// Peak of `reserved`.
+    pub peak_reserved: usize,
+    /// Bytes in live blocks (rounded sizes).
+    pub live: usize,
+    /// Peak of `live`.
+    pub peak_live: usize,
+    /// Segments allocated from the upstream so far.
+    pub upstream_allocs: usize,
+    /// Segments given back to the upstream so far.
+    pub upstream_frees: usize,
+    /// Segments held now.
+    pub segments: usize,
+    /// Allocations served from free blocks without going upstream.
+    pub hits: usize,
+    /// Allocations that needed a new segment.
+    pub misses: usize,
+    /// Out-of-memory ladders run.
+    pub oom_ladders: usize,
+    /// Blocks handed to another stream after their event completed.
+    pub cross_stream_reuses: usize,
+    /// Requests that took the locked path (thread-cache misses and large blocks).
+    pub locked_allocs: usize,
+    /// Blocks given back to the arena (thread-cache flushes, large blocks).
+    pub locked_frees: usize,
+    /// Events recorded on streams (cross-stream ordering).
+    pub events_recorded: usize,
+    /// Event completion queries.
+    pub event_queries: usize,
+    /// Device-wide synchronizations (out-of-memory ladder, trim, stranded blocks).
+    pub device_syncs: usize,
+    /// Per-stream entries visited by scans over streams (stealing, stranded
+    /// bytes, consolidation): the work that grows with the number of streams.
+    pub scan_steps: usize,
+    /// Peak of `segments`.
+    pub peak_segments: usize,
+    /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
+    pub ooms: usize,
+    /// Peak of the bytes held by callers (live minus thread-cached), sampled by the
+    /// pool (see `PoolStats::allocated_bytes_peak`).
+    pub peak_allocated: usize,
+    /// Peak of the blocks held by callers, sampled likewise.
+    pub peak_allocated_blocks: usize,
+}
+
+impl ArenaStats {
+    /// Sets every peak to its current value (`peak_allocated*`: to the caller's
+    /// current figures `allocated` and `blocks`).
+    pub fn reset_peaks(&mut self, allocated: usize, blocks: usize) {
+        self.peak_reserved = self.reserved;
+        self.peak_live = self.live;
+        self.peak_segments = self.segments;
+        self.peak_allocated = allocated;
+        self.peak_allocated_blocks = blocks;
+    }
+}
+
+fn unreachable_fit<T>(size: usize) -> Result<T> {
+    Err(EmmError::InvalidSize {
+        requested: size,
+        reason: "the pool found no block after growing (a bug; please report it)",
+    })
+}
+
+/// What a caller needs to make a segment: the arena does no I/O itself.
+pub(crate) trait SegmentSource {
+    fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr>;
+    fn free_segment(&self, base: CUdeviceptr, size: usize) -> Result<()>;
+    /// Free and total bytes of the device, for error reports.
+    fn device_info(&self) -> (usize, usize);
+    /// Reserves `size` bytes of address space for an expandable segment; `None`
+    /// when the upstream has no virtual memory management.
+    fn reserve(&self, _size: usize) -> Result<Option<CUdeviceptr>> {
+        Ok(None)
+    }
+    /// Backs `[addr, addr+len)` of a reservation with memory.
+    fn map(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "map",
+        })
+    }
+    /// Releases the memory behind `[addr, addr+len)` (a range given to `map` whole).
+    fn unmap(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "unmap",
+        })
+    }
+}
+
+/// Segment sizes: few upstream calls for many small requests, exact-ish segments
+/// for large ones so that reserved memory tracks live memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentPolicy {
+    /// Large blocks live in one expandable segment per pool (address space
+    /// reserved once, memory mapped in pieces as it grows), when the upstream has
+    /// virtual memory management: best fit over one contiguous range.
+    pub expandable: bool,
+    /// Address space reserved for the expandable segment.
+    pub expandable_reserve: usize,
+    /// The expandable segment grows by at least this much at a time.
+    pub expand_step: usize,
+    /// Size of a small-block segment.
+    pub small_segment: usize,
+    /// Large requests below this share segments of this size.
+    pub large_segment: usize,
+    /// Large segments are rounded up to this.
+    pub large_round: usize,
+}
+
+impl Default for SegmentPolicy {
+    fn default() -> Self {
+        SegmentPolicy {
+            expandable: true,
+            expandable_reserve: 1 << 40,
+            expand_step: 20 << 20,
+            small_segment: 4 << 20,
+            large_segment: 20 << 20,
+            large_round: 2 << 20,
+        }
+    }
+}
+
+impl SegmentPolicy {
+    fn segment_for(&self, size: usize, kind: Kind) -> usize {
+        match kind {
+            Kind::Small => self.small_segment.max(size),
+            Kind::Large if size < self.large_segment / 2 => self.large_segment,
+            Kind::Large => size.div_ceil(self.large_round) * self.large_round,
+        }
+    }
+}
+
+/// What is known of a stream's free blocks.
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamState {
+    /// An event recorded on the stream after its latest free (created streams).
+    last_event: Option<EventId>,
+    /// Some free block of the stream was given back without an event (its stream
+    /// may be gone): none of its blocks can move to another stream before a
+    /// device-wide synchronization.
+    uncovered: bool,
+}
+
+/// A stream key as snapshots show it (the stream handle as an integer; 0 for
+/// blocks settled on no stream).
+pub(crate) fn stream_id(s: StreamKey) -> usize {
+    if s == SETTLED {
+        0
+    } else {
+        s
+    }
+}
+
+/// The legacy and per-thread default streams (and null): never destroyed, so an
+/// event can be recorded on them at any time.
+fn is_default_stream(s: StreamKey) -> bool {
+    s <= 2
+}
+
+#[derive(Default)]
+pub(crate) struct Arena {
+    blocks: BTreeMap<CUdeviceptr, Block>,
+    streams: HashMap<StreamKey, StreamState>,
+    free: HashMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
+    pending: Vec<(EventId, Vec<CUdeviceptr>)>,
+    segments: BTreeMap<CUdeviceptr, Segment>,
+    pub stats: ArenaStats,
+    pub policy: SegmentPolicy,
+    pub limit: Option<usize>,
+    /// The expandable segment's base, once reserved; `Some(0)` after a reservation
+    /// failed (do not try again).
+    grow_base: Option<CUdeviceptr>,
+    /// The allocation history (off unless asked for).
+    pub history: History,
+}
+
+impl Arena {
+    pub fn new(policy: SegmentPolicy, limit: Option<usize>) -> Self {
+        Arena {
+            policy,
+            limit,
+            ..Arena::default()
+        }
+    }
+
+    /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
+    /// base and size of its segment.
+    pub fn alloc(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+    ) -> Result<(CUdeviceptr, CUdeviceptr, usize)> {
+        match self.try_alloc(size, stream, events, source, true)? {
+            Some(r) => Ok(r),
+            None => unreachable_fit(size),
+        }
+    }
+
+    /// As [`Arena::alloc`]; with `grow` false, returns `None` instead of taking new
+    /// memory from the upstream.
+    pub fn try_alloc(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+        grow: bool,
+    ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
+        let kind = Kind::of(size);
+        self.stats.locked_allocs += 1;
+        if let Some(a) = self.take_fit(size, kind, stream) {
+            self.stats.hits += 1;
+            return Ok(Some(self.finish(a, size)));
+        }
+        let settled = |me: &mut Self| me.take_fit(size, kind, SETTLED);
+        if let Some(a) = settled(self) {
+            self.stats.hits += 1;
+            return Ok(Some(self.finish(a, size)));
+        }
+        if self.collect_pending(events)? {
+            if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
+        if self.steal_from_other_streams(events, stream)? && self.collect_pending(events)? {
+            if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
+        if !grow {
+            return Ok(None);
+        }
+        if self.reclaim_stranded(size, events)? {
+            if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
+        if kind == Kind::Large && self.policy.expandable {
+            match self.expand(size, stream, source) {
+                Ok(true) => {
+                    self.stats.misses += 1;
+                    self.cover_fresh(stream, events);
+                    if let Some(a) = self.take_fit(size, kind, stream) {
+                        return Ok(Some(self.finish(a, size)));
+                    }
+                }
+                Ok(false) => {}
+                Err(e) if e.is_out_of_memory() => {
+                    return self
+                        .oom_ladder(size, kind, stream, events, source, e)
+                        .map(Some)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let seg = self.policy.segment_for(size, kind);
+        let base = match self.grow(seg, kind, stream, source) {
+            Ok(b) => b,
+            Err(e) if e.is_out_of_memory() => {
+                return self
+                    .oom_ladder(size, kind, stream, events, source, e)
+                    .map(Some)
+            }
+            Err(e) => return Err(e),
+        };
+        self.stats.misses += 1;
+        self.cover_fresh(stream, events);
+        let a = self.take_fit(size, kind, stream).unwrap_or(base);
+        Ok(Some(self.finish(a, size)))
+    }
+
+    fn finish(&mut self, addr: CUdeviceptr, size: usize) -> (CUdeviceptr, CUdeviceptr, usize) {
+        self.stats.live += size;
+        self.stats.peak_live = self.stats.peak_live.max(self.stats.live);
+        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
+        let seg_size = self.segments.get(&segment).map_or(size, |s| s.size);
+        (addr, segment, seg_size)
+    }
+
+    /// Takes back a live block freed on `stream`. With `events` (the stream is
+    /// known to be alive: the caller frees on it now), a created stream gets an
+    /// event recorded after the free, so another stream can take its blocks later;
+    /// without, the stream's blocks stay with it until a device-wide sync.
+    pub fn free(
+        &mut self,
+        addr: CUdeviceptr,
+        stream: StreamKey,
+        events: Option<&dyn EventSource>,
+    ) -> bool {
+        match self.blocks.get(&addr) {
+            Some(b) if b.state == State::Live => {
+                let b = *b;
+                self.stats.locked_frees += 1;
+                self.blocks.remove(&addr);
+                self.stats.live -= b.size;
+                self.insert_free(addr, b.size, b.segment, stream);
+                if !is_default_stream(stream) && stream != SETTLED {
+                    self.stats.events_recorded += usize::from(events.is_some());
+                    let recorded = events
+                        .map(|ev| ev.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)));
+                    let st = self.streams.entry(stream).or_default();
+                    match recorded {
+                        Some(Ok(id)) => {
+                            if let (Some(old), Some(ev)) = (st.last_event.replace(id), events) {
+                                ev.recycle(old);
+                            }
+                        }
+                        _ => st.uncovered = true,
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}

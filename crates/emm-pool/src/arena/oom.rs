@@ -1,0 +1,67 @@
+//! The out-of-memory ladder.
+
+use emm_core::{EmmError, Result};
+use emm_sys::CUdeviceptr;
+
+use emm_core::TraceAction;
+
+use super::*;
+use crate::events::EventSource;
+
+impl Arena {
+    #[allow(clippy::too_many_arguments)] // reason: the ladder needs the whole request
+    pub(super) fn oom_ladder(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+        first: EmmError,
+    ) -> Result<(CUdeviceptr, CUdeviceptr, usize)> {
+        self.stats.oom_ladders += 1;
+        // 1. Wait for the work of every stream holding free blocks; those blocks
+        //    become usable by any stream, and coalesce.
+        self.consolidate(events)?;
+        if let Some(a) = self.take_fit(size, kind, SETTLED) {
+            return Ok(self.finish(a, size));
+        }
+        // 2. Give back every wholly free segment.
+        self.release_free_segments(source);
+        // 3. Retry the upstream.
+        let seg = self.policy.segment_for(size, kind);
+        let retry = self.grow(seg, kind, stream, source).or_else(|_| {
+            // A smaller, exact segment may still fit.
+            self.grow(size.div_ceil(2 << 20) * (2 << 20), kind, stream, source)
+        });
+        match retry {
+            Ok(_) => {
+                self.stats.misses += 1;
+                let a = self
+                    .take_fit(size, kind, stream)
+                    .or_else(|| self.take_fit(size, kind, SETTLED))
+                    .ok_or_else(|| first.clone())?;
+                Ok(self.finish(a, size))
+            }
+            Err(_) => {
+                let (free, total) = source.device_info();
+                self.stats.ooms += 1;
+                self.history
+                    .push_oom_aware(TraceAction::Oom, 0, size, stream_id(stream), free);
+                Err(EmmError::OutOfMemory {
+                    what: "device",
+                    manager: "pool".into(),
+                    requested: size,
+                    free,
+                    total,
+                    detail: format!(
+                        "live {}, reserved {}, largest free block {}, after releasing cached segments",
+                        emm_core::fmt_bytes(self.stats.live),
+                        emm_core::fmt_bytes(self.stats.reserved),
+                        emm_core::fmt_bytes(self.largest_free()),
+                    ),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Cross-stream reuse: events, pending groups, stealing from other streams, stranded blocks.
+
+use std::collections::BTreeSet;
+
+use emm_core::Result;
+
+use super::*;
+use crate::events::EventSource;
+
+impl Arena {
+    /// Moves blocks whose event completed to the settled free set.
+    pub(super) fn collect_pending(&mut self, events: &dyn EventSource) -> Result<bool> {
+        let mut moved = false;
+        let mut i = 0;
+        while i < self.pending.len() {
+            self.stats.event_queries += 1;
+            if events.is_complete(self.pending[i].0)? {
+                let (id, addrs) = self.pending.swap_remove(i);
+                events.recycle(id);
+                for a in addrs {
+                    if let Some(b) = self.blocks.remove(&a) {
+                        self.stats.cross_stream_reuses += 1;
+                        self.insert_free(a, b.size, b.segment, SETTLED);
+                        moved = true;
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Parks the free blocks of every other stream until an event on that stream
+    /// completes: a default stream gets an event recorded now; a created stream
+    /// uses the event recorded at its latest free (it may be destroyed since, so
+    /// nothing is recorded on it here); a stream with uncovered blocks is skipped.
+    pub(super) fn steal_from_other_streams(
+        &mut self,
+        events: &dyn EventSource,
+        stream: StreamKey,
+    ) -> Result<bool> {
+        self.stats.scan_steps += self.free.len();
+        self.free
+            .retain(|(s, _), set| *s == SETTLED || !set.is_empty());
+        let donors: Vec<StreamKey> = self
+            .free
+            .iter()
+            .filter(|((s, _), set)| *s != stream && *s != SETTLED && !set.is_empty())
+            .map(|((s, _), _)| *s)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut any = false;
+        for donor in donors {
+            let id = if is_default_stream(donor) {
+                self.stats.events_recorded += 1;
+                events.record(emm_sys::CUstream(donor as *mut core::ffi::c_void))?
+            } else {
+                let st = self.streams.entry(donor).or_default();
+                if st.uncovered {
+                    continue;
+                }
+                match st.last_event.take() {
+                    Some(id) => id,
+                    None => continue,
+                }
+            };
+            let mut addrs = Vec::new();
+            for kind in [Kind::Small, Kind::Large] {
+                if let Some(set) = self.free.get_mut(&(donor, kind)) {
+                    for (_, a) in std::mem::take(set) {
+                        if let Some(b) = self.blocks.get_mut(&a) {
+                            b.state = State::Pending;
+                        }
+                        addrs.push(a);
+                    }
+                }
+            }
+            self.pending.push((id, addrs));
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// Free bytes held by streams whose blocks no other stream can take before a
+    /// device-wide synchronization (blocks given back without an event: thread
+    /// exit, a thread cache evicting a stream it may no longer see). When they are
+    /// at least the request and an eighth of what is reserved, one synchronization
+    /// makes them usable by every stream instead of reserving more: a pool that
+    /// sees many streams reserves for what is live, not per stream. Returns `true`
+    /// if it synchronized.
+    pub(super) fn reclaim_stranded(
+        &mut self,
+        size: usize,
+        events: &dyn EventSource,
+    ) -> Result<bool> {
+        self.stats.scan_steps += self.free.len();
+        let stranded: usize = self
+            .free
+            .iter()
+            .filter(|((s, _), _)| {
+                *s != SETTLED && self.streams.get(s).is_some_and(|st| st.uncovered)
+            })
+            .flat_map(|(_, set)| set.iter().map(|&(n, _)| n))
+            .sum();
+        if stranded == 0 || stranded < size.max(self.stats.reserved / 8) {
+            return Ok(false);
+        }
+        self.consolidate(events)?;
+        Ok(true)
+    }
+
+    /// New memory lands among `stream`'s free blocks. A created stream records an
+    /// event now, while it is surely alive (the caller allocates on it), so that
+    /// other streams can take the rest of the new segment once the event completes
+    /// instead of each reserving a segment of its own. One event per growth.
+    pub(super) fn cover_fresh(&mut self, stream: StreamKey, events: &dyn EventSource) {
+        if is_default_stream(stream) || stream == SETTLED {
+            return;
+        }
+        self.stats.events_recorded += 1;
+        let Ok(id) = events.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)) else {
+            return; // the rest of the segment stays with the stream, as before
+        };
+        let st = self.streams.entry(stream).or_default();
+        if let Some(old) = st.last_event.replace(id) {
+            events.recycle(old);
+        }
+    }
+
+    /// Records an event on every stream holding free blocks, waits for all pending
+    /// events, and makes those blocks settled (usable by any stream, coalesced).
+    pub fn consolidate(&mut self, events: &dyn EventSource) -> Result<()> {
+        // One device-wide synchronization covers every stream, destroyed ones too.
+        self.stats.device_syncs += 1;
+        events.synchronize_all()?;
+        for (id, addrs) in std::mem::take(&mut self.pending) {
+            events.recycle(id);
+            for a in addrs {
+                if let Some(b) = self.blocks.remove(&a) {
+                    self.insert_free(a, b.size, b.segment, SETTLED);
+                }
+            }
+        }
+        self.stats.scan_steps += self.free.len();
+        let keys: Vec<(StreamKey, Kind)> = self
+            .free
+            .keys()
+            .filter(|(s, _)| *s != SETTLED)
+            .copied()
+            .collect();
+        for key in keys {
+            for (size, a) in self.free.remove(&key).unwrap_or_default() {
+                if let Some(b) = self.blocks.remove(&a) {
+                    self.insert_free(a, size, b.segment, SETTLED);
+                }
+            }
+        }
+        for (_, st) in self.streams.drain() {
+            if let Some(id) = st.last_event {
+                events.recycle(id);
+            }
+        }
+        Ok(())
+    }
+}
