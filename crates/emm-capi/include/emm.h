@@ -39,7 +39,8 @@ enum {
     EMM_ERR_IPC = 6,
     EMM_ERR_ALREADY_IN_USE = 7,
     EMM_ERR_PANIC = 8,
-    EMM_ERR_OTHER = 9
+    EMM_ERR_OTHER = 9,
+    EMM_ERR_INTERNAL = 10 /* a state emm should never reach (a bug); since ABI 301 */
 };
 
 typedef struct emm_manager emm_manager;
@@ -55,7 +56,9 @@ typedef struct emm_stats {
 
 /* Version of this ABI: major * 10000 + minor * 100 + patch. 300 (0.3.0) added
  * emm_configure, emm_last_oom, emm_capture_warnings and emm_take_warning, and made
- * "pool" the default manager. */
+ * "pool" the default manager. 301 (0.3.1) added EMM_ERR_INTERNAL and refuses
+ * handles that emm did not create, or that were destroyed, with
+ * EMM_ERR_INVALID_ARGUMENT. */
 int emm_abi_version(void);
 
 /* Configuration in code, before the first allocation of the process. Keys (each

@@ -63,9 +63,11 @@ pub const EMM_ERR_ALREADY_IN_USE: emm_status = 7;
 pub const EMM_ERR_PANIC: emm_status = 8;
 /// Any other error.
 pub const EMM_ERR_OTHER: emm_status = 9;
+/// emm reached a state its own code should never reach (a bug in emm).
+pub const EMM_ERR_INTERNAL: emm_status = 10;
 
 /// The C ABI's version: major * 10000 + minor * 100 + patch.
-pub const ABI_VERSION: c_int = 300;
+pub const ABI_VERSION: c_int = 301;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -87,6 +89,7 @@ fn code_of(e: &EmmError) -> emm_status {
     match e {
         e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
         EmmError::InvalidSize { .. }
+        | EmmError::InvalidArgument { .. }
         | EmmError::OutOfRange { .. }
         | EmmError::InvalidConfig { .. } => EMM_ERR_INVALID_ARGUMENT,
         EmmError::Driver(_) => EMM_ERR_DRIVER,
@@ -96,6 +99,7 @@ fn code_of(e: &EmmError) -> emm_status {
         EmmError::AlreadyInUse { .. } | EmmError::ConfiguredTooLate { .. } => {
             EMM_ERR_ALREADY_IN_USE
         }
+        EmmError::Internal { .. } => EMM_ERR_INTERNAL,
         _ => EMM_ERR_OTHER,
     }
 }
@@ -188,9 +192,10 @@ fn manager_for(
     if let Some(n) = name {
         emm::set_memory_manager(n)?;
     }
-    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidSize {
-        requested: 0,
-        reason: "negative device ordinal",
+    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidArgument {
+        what: "device ordinal",
+        found: device.to_string(),
+        expected: "0 or more".into(),
     })?;
     let ctx = Context::on_device(ord)?;
     let m = emm::memory_manager(&ctx)?;
@@ -837,7 +842,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 300);
+            assert_eq!(emm_abi_version(), 301);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0
@@ -846,6 +851,34 @@ mod tests {
             let n = emm_last_error(buf.as_mut_ptr(), buf.len());
             assert_eq!(n, "the manager handle is null".len());
         }
+    }
+
+    #[test]
+    fn typed_errors_map_to_their_codes() {
+        let mut out: *mut emm_manager = core::ptr::null_mut();
+        // SAFETY: `out` is a live local; the name may be null.
+        let code = unsafe { emm_manager_create(core::ptr::null(), -1, &mut out) };
+        assert_eq!(code, EMM_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` holds 256 writable bytes.
+        let msg = unsafe {
+            emm_last_error(buf.as_mut_ptr(), buf.len());
+            CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+        };
+        assert_eq!(msg, "invalid device ordinal: found -1, expected 0 or more");
+        let internal = EmmError::Internal {
+            operation: "test",
+            detail: "unreachable state".into(),
+        };
+        assert_eq!(fail(internal), EMM_ERR_INTERNAL);
+        assert_eq!(emm_last_error_code(), EMM_ERR_INTERNAL);
+        let arg = EmmError::InvalidArgument {
+            what: "event",
+            found: "id 7".into(),
+            expected: "an event of this pool".into(),
+        };
+        assert_eq!(fail(arg), EMM_ERR_INVALID_ARGUMENT);
     }
 
     #[test]
