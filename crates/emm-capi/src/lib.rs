@@ -23,6 +23,7 @@
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
 mod array;
+mod handles;
 pub mod log;
 pub use array::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
@@ -315,7 +316,7 @@ pub unsafe extern "C" fn emm_manager_create(
         };
         match manager_for(name.as_deref(), device) {
             Ok((manager, ctx)) => {
-                let h = Box::new(emm_manager {
+                let h = MANAGERS.insert(emm_manager {
                     manager,
                     ctx,
                     device: Mutex::new(HashMap::new()),
@@ -323,7 +324,7 @@ pub unsafe extern "C" fn emm_manager_create(
                     ipc: Mutex::new(HashMap::new()),
                 });
                 // SAFETY: `out` is non-null and writable per the contract.
-                unsafe { *out = Box::into_raw(h) };
+                unsafe { *out = h };
                 EMM_OK
             }
             Err(e) => fail(e),
@@ -331,24 +332,41 @@ pub unsafe extern "C" fn emm_manager_create(
     })
 }
 
-/// Releases a handle and everything it still holds.
+/// The live manager handles.
+static MANAGERS: handles::Handles<emm_manager> = handles::Handles::new();
+
+/// Releases a handle and everything it still holds. A null handle does nothing; a
+/// handle that is not live (destroyed already, or not from `emm_manager_create`)
+/// is left alone, and `emm_last_error_code` says `EMM_ERR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_destroy(m: *mut emm_manager) {
     let _ = guard(|| {
-        if !m.is_null() {
-            // SAFETY: `m` came from emm_manager_create and is destroyed once.
-            drop(unsafe { Box::from_raw(m) });
+        if m.is_null() {
+            return EMM_OK;
         }
-        EMM_OK
+        match MANAGERS.remove(m) {
+            Some(h) => {
+                drop(h);
+                EMM_OK
+            }
+            None => invalid(format!(
+                "emm_manager_destroy: {m:p} is not a live manager handle (destroyed already, or not from emm_manager_create)"
+            )),
+        }
     });
 }
 
-pub(crate) fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_status> {
+/// The manager behind a live handle; null, foreign and destroyed handles are
+/// `EMM_ERR_INVALID_ARGUMENT` (nothing is read through them).
+pub(crate) fn handle(m: *const emm_manager) -> Result<Arc<emm_manager>, emm_status> {
     if m.is_null() {
         return Err(invalid("the manager handle is null"));
     }
-    // SAFETY: a non-null handle came from emm_manager_create and is alive.
-    Ok(unsafe { &*m })
+    MANAGERS.get(m).ok_or_else(|| {
+        invalid(format!(
+            "{m:p} is not a live manager handle (destroyed already, or not from emm_manager_create)"
+        ))
+    })
 }
 
 /// `guard` around `f` on the manager behind `m`; a null handle is refused.
@@ -357,7 +375,7 @@ pub(crate) fn with_manager(
     f: impl FnOnce(&emm_manager) -> emm_status,
 ) -> emm_status {
     guard(|| match handle(m) {
-        Ok(h) => f(h),
+        Ok(h) => f(&h),
         Err(c) => c,
     })
 }
