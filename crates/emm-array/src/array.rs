@@ -284,7 +284,9 @@ impl RawArray {
         if bytes > 0 {
             let (m, _) = self.manager.as_ref().ok_or(ArrayError::NoDevice)?;
             if self.device.is_none() {
-                self.device = Some(m.memalloc_async(bytes, stream_raw)?);
+                // Through the process's out-of-memory hook: another manager's
+                // cache can make room.
+                self.device = Some(emm_core::alloc_from(m.as_ref(), bytes, stream_raw)?);
             }
             let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
             let host = self.host.ptr();

@@ -406,7 +406,7 @@ pub unsafe extern "C" fn emm_alloc(
         if out_ptr.is_null() {
             return invalid("emm_alloc: `out_ptr` is null");
         }
-        match h.manager.memalloc_async(size, stream_of(stream)) {
+        match emm_core::alloc_from(h.manager.as_ref(), size, stream_of(stream)) {
             Ok(a) => {
                 let p = a.ptr();
                 if size > 0 {
@@ -784,7 +784,7 @@ pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_voi
         let Ok(size) = usize::try_from(size) else {
             return invalid(format!("emm_torch_alloc: negative size {size}"));
         };
-        match d.manager.memalloc_async(size, stream_of(stream)) {
+        match emm_core::alloc_from(d.manager.as_ref(), size, stream_of(stream)) {
             Ok(a) => {
                 out = a.ptr() as *mut c_void;
                 if size > 0 {
