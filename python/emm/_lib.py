@@ -40,6 +40,7 @@ EMM_ERR_IPC = 6
 EMM_ERR_ALREADY_IN_USE = 7
 EMM_ERR_PANIC = 8
 EMM_ERR_OTHER = 9
+EMM_ERR_INTERNAL = 10
 
 _STATUS_NAMES = {
     EMM_OK: "EMM_OK",
@@ -52,6 +53,7 @@ _STATUS_NAMES = {
     EMM_ERR_ALREADY_IN_USE: "EMM_ERR_ALREADY_IN_USE",
     EMM_ERR_PANIC: "EMM_ERR_PANIC",
     EMM_ERR_OTHER: "EMM_ERR_OTHER",
+    EMM_ERR_INTERNAL: "EMM_ERR_INTERNAL",
 }
 
 # Limits of the C types the bindings pass integers as.
@@ -168,8 +170,9 @@ def library_path() -> pathlib.Path:
 
 _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
-# emm_configure, emm_last_oom and the warning queue.
-ABI_NEEDED = 301
+# emm_configure, emm_last_oom and the warning queue; 301 the memory tools; 302
+# EMM_ERR_INTERNAL and checked handles.
+ABI_NEEDED = 302
 
 
 class _Stats(ctypes.Structure):

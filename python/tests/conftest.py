@@ -27,3 +27,23 @@ def _no_leftover_warnings(lib):
     emm.take_warnings()
     yield
     emm.take_warnings()
+
+
+def _driver_is_standin() -> bool:
+    import os
+
+    return "emm_standin" in os.path.basename(os.environ.get("EMM_CUDA_DRIVER", ""))
+
+
+# `EMM_CUDA_DRIVER` names emm-standin (a stand-in driver over host memory, no GPU):
+# `cargo xtask ci` runs the `standin` tests that way; its device addresses are host
+# addresses, which the tests read and write directly.
+ON_STANDIN = _driver_is_standin()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "standin: needs a driver (a GPU, or emm-standin through EMM_CUDA_DRIVER); "
+        "`cargo xtask ci` runs these on the stand-in",
+    )

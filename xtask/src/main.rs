@@ -155,11 +155,7 @@ const STANDIN_SKIPS: &[(&str, &str)] = &[
 
 /// Runs every test, the GPU-marked ones included, against `libemm_standin.so`.
 fn standin_gpu_tests(root: &Path) -> Result<(), String> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|p| if p.is_absolute() { p } else { root.join(p) })
-        .unwrap_or_else(|| root.join("target"));
-    let lib = target.join("debug/libemm_standin.so");
+    let lib = target_dir(root).join("debug/libemm_standin.so");
     if !lib.is_file() {
         return Err(format!(
             "{} is missing; run `cargo build -p emm-standin`",
@@ -193,9 +189,7 @@ fn standin_gpu_tests(root: &Path) -> Result<(), String> {
 /// status 5 (no tests collected) fails like any other.
 fn python(root: &Path) -> Result<(), String> {
     let py = root.join("target/py");
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
+    let target = target_dir(root);
     let venv_hint = "python3 needs its venv module (Debian/Ubuntu: apt-get install python3-venv)";
     // The build venv only holds pip (the build itself runs in pip's isolated
     // environment with setuptools and setuptools-rust from PyPI); kept between runs.
@@ -223,7 +217,7 @@ fn python(root: &Path) -> Result<(), String> {
             .args(["-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir"])
             .arg(&dist)
             .arg(".")
-            .env("CARGO_TARGET_DIR", &target_dir)
+            .env("CARGO_TARGET_DIR", &target)
             .env("SETUPTOOLS_RUST_CARGO_PROFILE", "dev"),
     )?;
     let wheel = std::fs::read_dir(&dist)
@@ -260,12 +254,58 @@ fn python(root: &Path) -> Result<(), String> {
         .status()
         .map_err(|e| format!("python: pytest could not start: {e}"))?;
     match status.code() {
-        Some(0) => Ok(()),
-        Some(5) => Err("step `python: pytest` collected no tests (exit status 5).\n    hint: python/tests must hold test_*.py files pytest collects".into()),
-        _ => Err(format!(
+        Some(0) => {}
+        Some(5) => return Err("step `python: pytest` collected no tests (exit status 5).\n    hint: python/tests must hold test_*.py files pytest collects".into()),
+        _ => return Err(format!(
             "step `python: pytest` failed ({status}).\n    hint: run `PYTHONPATH=python python3 -m pytest python/tests -x` after `cargo build -p emm-capi`; the package must import without Numba, CuPy or PyTorch"
         )),
     }
+    // The managers through the bindings, on the stand-in driver.
+    let lib = target_dir(root).join("debug/libemm_standin.so");
+    if !lib.is_file() {
+        return Err(format!(
+            "{} is missing; run `cargo build -p emm-standin`",
+            lib.display()
+        ));
+    }
+    eprintln!(
+        "==> python: pytest -m standin on the STAND-IN driver ({}), not on a GPU: host memory, no kernels",
+        lib.display()
+    );
+    let status = Command::new(venv.join("bin/python"))
+        .args([
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "standin",
+            "-rs",
+            "python/tests",
+        ])
+        .current_dir(root)
+        .env("EMM_TEST_INSTALLED", "1")
+        .env("EMM_CUDA_DRIVER", &lib)
+        .env_remove("EMM_LIBRARY")
+        .env_remove("PYTHONPATH")
+        .env_remove("EMM_MEMORY_MANAGER")
+        .status()
+        .map_err(|e| format!("python: pytest could not start: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(5) => Err("step `python: pytest -m standin` collected no tests (exit status 5).\n    hint: python/tests/test_standin.py holds them (pytest.mark.standin)".into()),
+        _ => Err(format!(
+            "step `python: pytest -m standin` failed ({status}).\n    hint: run `EMM_CUDA_DRIVER=target/debug/libemm_standin.so EMM_LIBRARY=target/debug/libemm_capi.so PYTHONPATH=python python3 -m pytest -m standin python/tests -x` after `cargo build -p emm-capi -p emm-standin`"
+        )),
+    }
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` in the checkout).
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { root.join(p) })
+        .unwrap_or_else(|| root.join("target"))
 }
 
 /// Which workspace crates each crate may depend on (normal dependencies).

@@ -107,16 +107,30 @@ impl RawArray {
                 max: MAX_RANK,
             });
         }
+        // Extents, strides and bytes must fit `isize` (no allocation is larger,
+        // and DLPack's `int64_t` extents and strides are then never negative).
+        const MAX: usize = isize::MAX as usize;
+        if shape.iter().any(|&s| s > MAX) {
+            return Err(ArrayError::TooLarge);
+        }
         let len = shape
             .iter()
             .try_fold(1usize, |a, &s| a.checked_mul(s))
             .ok_or(ArrayError::TooLarge)?;
-        let bytes = len.checked_mul(dtype.size()).ok_or(ArrayError::TooLarge)?;
+        let bytes = len
+            .checked_mul(dtype.size())
+            .filter(|&b| b <= MAX)
+            .ok_or(ArrayError::TooLarge)?;
+        // An empty shape (a zero extent) still has strides over the others, and
+        // they can overflow where the element count does not (`[0, 2^40, 2^40]`).
         let mut strides = vec![0usize; shape.len()];
-        let mut acc = 1;
+        let mut acc = 1usize;
         for d in (0..shape.len()).rev() {
             strides[d] = acc;
-            acc *= shape[d].max(1);
+            acc = acc
+                .checked_mul(shape[d].max(1))
+                .filter(|&a| a <= MAX)
+                .ok_or(ArrayError::TooLarge)?;
         }
         let host = match &manager {
             Some((m, _)) if bytes > 0 => {
@@ -270,7 +284,9 @@ impl RawArray {
         if bytes > 0 {
             let (m, _) = self.manager.as_ref().ok_or(ArrayError::NoDevice)?;
             if self.device.is_none() {
-                self.device = Some(m.memalloc_async(bytes, stream_raw)?);
+                // Through the process's out-of-memory hook: another manager's
+                // cache can make room.
+                self.device = Some(emm_core::alloc_from(m.as_ref(), bytes, stream_raw)?);
             }
             let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
             let host = self.host.ptr();
@@ -470,8 +486,15 @@ fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
     let mut a = lock_array(array);
     a.synchronize()?; // the consumer sees finished data
     let device = a.dl_device()?;
-    let shape: Vec<i64> = a.shape.iter().map(|&s| s as i64).collect();
-    let strides: Vec<i64> = a.strides.iter().map(|&s| s as i64).collect();
+    // `RawArray::new` keeps both below `isize::MAX`; checked again so an extent or
+    // stride is never reported negative.
+    let to_i64 = |v: &[usize]| -> Result<Vec<i64>, ArrayError> {
+        v.iter()
+            .map(|&s| i64::try_from(s).map_err(|_| ArrayError::TooLarge))
+            .collect()
+    };
+    let shape = to_i64(&a.shape)?;
+    let strides = to_i64(&a.strides)?;
     let t = DLTensor {
         data: a.data_ptr() as *mut core::ffi::c_void,
         device,

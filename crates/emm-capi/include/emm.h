@@ -39,7 +39,8 @@ enum {
     EMM_ERR_IPC = 6,
     EMM_ERR_ALREADY_IN_USE = 7,
     EMM_ERR_PANIC = 8,
-    EMM_ERR_OTHER = 9
+    EMM_ERR_OTHER = 9,
+    EMM_ERR_INTERNAL = 10 /* a state emm should never reach (a bug); since ABI 302 */
 };
 
 typedef struct emm_manager emm_manager;
@@ -57,7 +58,9 @@ typedef struct emm_stats {
  * emm_configure, emm_last_oom, emm_capture_warnings and emm_take_warning, and made
  * "pool" the default manager; 301 added the memory tools (emm_memory_stat,
  * emm_memory_stats_json, emm_reset_peak_stats, emm_record_memory_history,
- * emm_memory_snapshot_json, emm_string_free). */
+ * emm_memory_snapshot_json, emm_string_free); 302 added EMM_ERR_INTERNAL and
+ * refuses handles that emm did not create, or that were destroyed, with
+ * EMM_ERR_INVALID_ARGUMENT. */
 int emm_abi_version(void);
 
 /* Configuration in code, before the first allocation of the process. Keys (each

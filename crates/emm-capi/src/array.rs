@@ -4,8 +4,11 @@ use std::ffi::c_int;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use ::emm_array::{export_legacy, export_versioned, ArrayError, DataType, RawArray, Side};
+use ::emm_array::{
+    export_legacy, export_versioned, ArrayError, DataType, RawArray, Side, MAX_RANK,
+};
 
+use crate::handles::Handles;
 use crate::{emm_manager, emm_status, guard, handle, invalid, set_error, stream_of, EMM_OK};
 
 /// An array handle.
@@ -28,14 +31,45 @@ fn fail_array(e: ArrayError) -> emm_status {
     set_error(code, e.to_string())
 }
 
-/// `guard` around `f` on the array behind `a`; a null handle is refused.
+/// The live array handles.
+static ARRAYS: Handles<emm_array> = Handles::new();
+
+/// The array behind a live handle; null, foreign and destroyed handles are
+/// `EMM_ERR_INVALID_ARGUMENT` (nothing is read through them).
+fn array_handle(a: *const emm_array) -> Result<Arc<emm_array>, emm_status> {
+    if a.is_null() {
+        return Err(invalid("the array handle is null"));
+    }
+    ARRAYS.get(a).ok_or_else(|| {
+        invalid(format!(
+            "{a:p} is not a live array handle (destroyed already, or not from emm_array_create)"
+        ))
+    })
+}
+
+/// The index rank and the element size an element access must pass for `a`.
+fn check_element(a: &RawArray, rank: c_int, size: usize, what: &str) -> Result<(), emm_status> {
+    if usize::try_from(rank).ok() != Some(a.shape().len()) {
+        return Err(invalid(format!(
+            "{what}: {rank} indices for an array of rank {}",
+            a.shape().len()
+        )));
+    }
+    if size != a.dtype().size() {
+        return Err(invalid(format!(
+            "{what}: an element of {size} bytes for an array of {} ({} bytes)",
+            a.dtype().name(),
+            a.dtype().size()
+        )));
+    }
+    Ok(())
+}
+
+/// `guard` around `f` on the array behind `a`; null and unknown handles are refused.
 fn with_array(a: *const emm_array, f: impl FnOnce(&emm_array) -> emm_status) -> emm_status {
-    guard(|| {
-        if a.is_null() {
-            return invalid("the array handle is null");
-        }
-        // SAFETY: a non-null handle came from emm_array_create and is alive.
-        f(unsafe { &*a })
+    guard(|| match array_handle(a) {
+        Ok(h) => f(&h),
+        Err(c) => c,
     })
 }
 
@@ -59,8 +93,10 @@ pub unsafe extern "C" fn emm_array_create(
         if out.is_null() || shape.is_null() {
             return invalid("emm_array_create: null pointer argument");
         }
-        let Ok(rank) = usize::try_from(rank) else {
-            return invalid(format!("emm_array_create: rank {rank}"));
+        let Some(rank) = usize::try_from(rank).ok().filter(|&r| r <= MAX_RANK) else {
+            return invalid(format!(
+                "emm_array_create: rank {rank}, expected 1..={MAX_RANK}"
+            ));
         };
         // SAFETY: the caller passes `rank` extents at `shape`.
         let shape = unsafe { core::slice::from_raw_parts(shape, rank) };
@@ -76,9 +112,9 @@ pub unsafe extern "C" fn emm_array_create(
             Ok(raw) => {
                 // SAFETY: non-null and writable per the contract.
                 unsafe {
-                    *out = Box::into_raw(Box::new(emm_array {
+                    *out = ARRAYS.insert(emm_array {
                         raw: Arc::new(Mutex::new(raw)),
-                    }))
+                    })
                 };
                 EMM_OK
             }
@@ -92,11 +128,18 @@ pub unsafe extern "C" fn emm_array_create(
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
     let _ = guard(|| {
-        if !a.is_null() {
-            // SAFETY: `a` came from emm_array_create and is destroyed once.
-            drop(unsafe { Box::from_raw(a) });
+        if a.is_null() {
+            return EMM_OK;
         }
-        EMM_OK
+        match ARRAYS.remove(a) {
+            Some(h) => {
+                drop(h);
+                EMM_OK
+            }
+            None => invalid(format!(
+                "emm_array_destroy: {a:p} is not a live array handle (destroyed already, or not from emm_array_create)"
+            )),
+        }
     });
 }
 
@@ -169,8 +212,12 @@ pub unsafe extern "C" fn emm_array_get(
     size: usize,
 ) -> emm_status {
     with_array(a, |a| {
-        if idx.is_null() || out.is_null() || rank < 0 {
+        if idx.is_null() || out.is_null() {
             return invalid("emm_array_get: null pointer argument");
+        }
+        // Checked before any slice is made over the caller's memory.
+        if let Err(c) = check_element(&lock(a), rank, size, "emm_array_get") {
+            return c;
         }
         // SAFETY: the caller passes `rank` indices and `size` writable bytes.
         let (idx, out) = unsafe {
@@ -196,8 +243,12 @@ pub unsafe extern "C" fn emm_array_set(
     size: usize,
 ) -> emm_status {
     with_array(a, |a| {
-        if idx.is_null() || value.is_null() || rank < 0 {
+        if idx.is_null() || value.is_null() {
             return invalid("emm_array_set: null pointer argument");
+        }
+        // Checked before any slice is made over the caller's memory.
+        if let Err(c) = check_element(&lock(a), rank, size, "emm_array_set") {
+            return c;
         }
         // SAFETY: the caller passes `rank` indices and `size` readable bytes.
         let (idx, value) = unsafe {
@@ -295,9 +346,8 @@ pub unsafe extern "C" fn emm_dlpack_delete(tensor: *mut c_void, versioned: c_int
 /// Deleters run so far for this array's exports.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_deleters_run(a: *mut emm_array) -> u64 {
-    if a.is_null() {
-        return 0;
+    match array_handle(a) {
+        Ok(h) => lock(&h).deleters_run() as u64,
+        Err(_) => 0,
     }
-    // SAFETY: a non-null handle came from emm_array_create and is alive.
-    lock(unsafe { &*a }).deleters_run() as u64
 }

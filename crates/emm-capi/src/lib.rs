@@ -23,6 +23,7 @@
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
 mod array;
+mod handles;
 pub mod log;
 mod tools;
 pub use array::*;
@@ -64,9 +65,11 @@ pub const EMM_ERR_ALREADY_IN_USE: emm_status = 7;
 pub const EMM_ERR_PANIC: emm_status = 8;
 /// Any other error.
 pub const EMM_ERR_OTHER: emm_status = 9;
+/// emm reached a state its own code should never reach (a bug in emm).
+pub const EMM_ERR_INTERNAL: emm_status = 10;
 
 /// The C ABI's version: major * 10000 + minor * 100 + patch.
-pub const ABI_VERSION: c_int = 301;
+pub const ABI_VERSION: c_int = 302;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -88,6 +91,7 @@ fn code_of(e: &EmmError) -> emm_status {
     match e {
         e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
         EmmError::InvalidSize { .. }
+        | EmmError::InvalidArgument { .. }
         | EmmError::OutOfRange { .. }
         | EmmError::InvalidConfig { .. } => EMM_ERR_INVALID_ARGUMENT,
         EmmError::Driver(_) => EMM_ERR_DRIVER,
@@ -97,6 +101,7 @@ fn code_of(e: &EmmError) -> emm_status {
         EmmError::AlreadyInUse { .. } | EmmError::ConfiguredTooLate { .. } => {
             EMM_ERR_ALREADY_IN_USE
         }
+        EmmError::Internal { .. } => EMM_ERR_INTERNAL,
         _ => EMM_ERR_OTHER,
     }
 }
@@ -189,9 +194,10 @@ fn manager_for(
     if let Some(n) = name {
         emm::set_memory_manager(n)?;
     }
-    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidSize {
-        requested: 0,
-        reason: "negative device ordinal",
+    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidArgument {
+        what: "device ordinal",
+        found: device.to_string(),
+        expected: "0 or more".into(),
     })?;
     let ctx = Context::on_device(ord)?;
     let m = emm::memory_manager(&ctx)?;
@@ -311,7 +317,7 @@ pub unsafe extern "C" fn emm_manager_create(
         };
         match manager_for(name.as_deref(), device) {
             Ok((manager, ctx)) => {
-                let h = Box::new(emm_manager {
+                let h = MANAGERS.insert(emm_manager {
                     manager,
                     ctx,
                     device: Mutex::new(HashMap::new()),
@@ -319,7 +325,7 @@ pub unsafe extern "C" fn emm_manager_create(
                     ipc: Mutex::new(HashMap::new()),
                 });
                 // SAFETY: `out` is non-null and writable per the contract.
-                unsafe { *out = Box::into_raw(h) };
+                unsafe { *out = h };
                 EMM_OK
             }
             Err(e) => fail(e),
@@ -327,24 +333,41 @@ pub unsafe extern "C" fn emm_manager_create(
     })
 }
 
-/// Releases a handle and everything it still holds.
+/// The live manager handles.
+static MANAGERS: handles::Handles<emm_manager> = handles::Handles::new();
+
+/// Releases a handle and everything it still holds. A null handle does nothing; a
+/// handle that is not live (destroyed already, or not from `emm_manager_create`)
+/// is left alone, and `emm_last_error_code` says `EMM_ERR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_destroy(m: *mut emm_manager) {
     let _ = guard(|| {
-        if !m.is_null() {
-            // SAFETY: `m` came from emm_manager_create and is destroyed once.
-            drop(unsafe { Box::from_raw(m) });
+        if m.is_null() {
+            return EMM_OK;
         }
-        EMM_OK
+        match MANAGERS.remove(m) {
+            Some(h) => {
+                drop(h);
+                EMM_OK
+            }
+            None => invalid(format!(
+                "emm_manager_destroy: {m:p} is not a live manager handle (destroyed already, or not from emm_manager_create)"
+            )),
+        }
     });
 }
 
-pub(crate) fn handle<'a>(m: *const emm_manager) -> Result<&'a emm_manager, emm_status> {
+/// The manager behind a live handle; null, foreign and destroyed handles are
+/// `EMM_ERR_INVALID_ARGUMENT` (nothing is read through them).
+pub(crate) fn handle(m: *const emm_manager) -> Result<Arc<emm_manager>, emm_status> {
     if m.is_null() {
         return Err(invalid("the manager handle is null"));
     }
-    // SAFETY: a non-null handle came from emm_manager_create and is alive.
-    Ok(unsafe { &*m })
+    MANAGERS.get(m).ok_or_else(|| {
+        invalid(format!(
+            "{m:p} is not a live manager handle (destroyed already, or not from emm_manager_create)"
+        ))
+    })
 }
 
 /// `guard` around `f` on the manager behind `m`; a null handle is refused.
@@ -353,7 +376,7 @@ pub(crate) fn with_manager(
     f: impl FnOnce(&emm_manager) -> emm_status,
 ) -> emm_status {
     guard(|| match handle(m) {
-        Ok(h) => f(h),
+        Ok(h) => f(&h),
         Err(c) => c,
     })
 }
@@ -384,7 +407,7 @@ pub unsafe extern "C" fn emm_alloc(
         if out_ptr.is_null() {
             return invalid("emm_alloc: `out_ptr` is null");
         }
-        match h.manager.memalloc_async(size, stream_of(stream)) {
+        match emm_core::alloc_from(h.manager.as_ref(), size, stream_of(stream)) {
             Ok(a) => {
                 let p = a.ptr();
                 if size > 0 {
@@ -762,7 +785,7 @@ pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_voi
         let Ok(size) = usize::try_from(size) else {
             return invalid(format!("emm_torch_alloc: negative size {size}"));
         };
-        match d.manager.memalloc_async(size, stream_of(stream)) {
+        match emm_core::alloc_from(d.manager.as_ref(), size, stream_of(stream)) {
             Ok(a) => {
                 out = a.ptr() as *mut c_void;
                 if size > 0 {
@@ -838,7 +861,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 301);
+            assert_eq!(emm_abi_version(), 302);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0
@@ -847,6 +870,34 @@ mod tests {
             let n = emm_last_error(buf.as_mut_ptr(), buf.len());
             assert_eq!(n, "the manager handle is null".len());
         }
+    }
+
+    #[test]
+    fn typed_errors_map_to_their_codes() {
+        let mut out: *mut emm_manager = core::ptr::null_mut();
+        // SAFETY: `out` is a live local; the name may be null.
+        let code = unsafe { emm_manager_create(core::ptr::null(), -1, &mut out) };
+        assert_eq!(code, EMM_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` holds 256 writable bytes.
+        let msg = unsafe {
+            emm_last_error(buf.as_mut_ptr(), buf.len());
+            CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+        };
+        assert_eq!(msg, "invalid device ordinal: found -1, expected 0 or more");
+        let internal = EmmError::Internal {
+            operation: "test",
+            detail: "unreachable state".into(),
+        };
+        assert_eq!(fail(internal), EMM_ERR_INTERNAL);
+        assert_eq!(emm_last_error_code(), EMM_ERR_INTERNAL);
+        let arg = EmmError::InvalidArgument {
+            what: "event",
+            found: "id 7".into(),
+            expected: "an event of this pool".into(),
+        };
+        assert_eq!(fail(arg), EMM_ERR_INVALID_ARGUMENT);
     }
 
     #[test]

@@ -33,6 +33,25 @@ pub enum EmmError {
         /// Why it was rejected.
         reason: &'static str,
     },
+    /// An argument that is not valid for the operation: an unknown event, a
+    /// negative device ordinal, a range that is not mapped, a foreign handle.
+    #[error("invalid {what}: found {found}, expected {expected}")]
+    InvalidArgument {
+        /// What was asked for, e.g. `device ordinal`.
+        what: &'static str,
+        /// The value found.
+        found: String,
+        /// What a valid value is.
+        expected: String,
+    },
+    /// A state emm's own code should never reach (a bug in emm; please report it).
+    #[error("internal error in {operation} (a bug in emm; please report it): {detail}")]
+    Internal {
+        /// The operation that found the state.
+        operation: &'static str,
+        /// What was found.
+        detail: String,
+    },
     /// A view or copy range outside its allocation.
     #[error("range {offset}..{offset}+{len} is outside an allocation of {size} bytes")]
     OutOfRange {
@@ -184,6 +203,24 @@ mod tests {
             known: vec!["default".into(), "pool".into()],
         };
         assert_eq!(u.to_string(), "unknown memory manager `poool` (from EMM_MEMORY_MANAGER); known managers: default, pool");
+        let a = EmmError::InvalidArgument {
+            what: "device ordinal",
+            found: "-1".into(),
+            expected: "0 or more".into(),
+        };
+        assert_eq!(
+            a.to_string(),
+            "invalid device ordinal: found -1, expected 0 or more"
+        );
+        assert!(!a.is_out_of_memory());
+        let i = EmmError::Internal {
+            operation: "pool alloc",
+            detail: "no block after growing".into(),
+        };
+        assert_eq!(
+            i.to_string(),
+            "internal error in pool alloc (a bug in emm; please report it): no block after growing"
+        );
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(1536), "1.5 KiB");
     }

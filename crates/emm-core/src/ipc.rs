@@ -31,11 +31,12 @@ use crate::manager::MemoryManager;
 use crate::pointer::DeviceAllocation;
 
 const MAGIC: &[u8; 6] = b"EMMIPC";
-const FORMAT_VERSION: u8 = 1;
+/// Version 2 added the exported allocation's size to mempool handles.
+const FORMAT_VERSION: u8 = 2;
 const KIND_LEGACY: u8 = 1;
 const KIND_MEMPOOL: u8 = 2;
 const LEGACY_BODY: usize = 64 + 8 + 8 + 8 + 16 + 4;
-const MEMPOOL_BODY: usize = 64 + 4 + 4 + 8 + 8 + 16;
+const MEMPOOL_BODY: usize = 64 + 4 + 4 + 8 + 8 + 8 + 16;
 const HEADER: usize = 8;
 const TRAILER: usize = 8;
 
@@ -66,6 +67,9 @@ pub enum IpcHandle {
         pool_fd: i32,
         /// The exporting process.
         pid: u32,
+        /// Size of the exported allocation (the range `offset..offset+size` lies in
+        /// it).
+        base_size: usize,
         /// Offset of the shared range from the exported pointer.
         offset: usize,
         /// Length of the shared range.
@@ -104,9 +108,46 @@ impl Reader<'_> {
     fn u32(&mut self) -> u32 {
         u32::from_le_bytes(self.take())
     }
+    /// A `u64` field that must fit a `usize`.
+    fn usize(&mut self, what: &str) -> Result<usize> {
+        let v = self.u64();
+        usize::try_from(v)
+            .map_err(|_| invalid(format!("{what} {v} does not fit this machine's usize")))
+    }
+}
+
+/// Checks that `offset..offset+size` lies inside an exported allocation of
+/// `base_size` bytes (without overflow).
+fn check_range(base_size: usize, offset: usize, size: usize) -> Result<()> {
+    if offset.checked_add(size).is_none_or(|end| end > base_size) {
+        return Err(invalid(format!(
+            "range {offset}+{size} lies outside its allocation of {base_size} bytes"
+        )));
+    }
+    Ok(())
 }
 
 impl IpcHandle {
+    /// Checks that the shared range lies inside the exported allocation:
+    /// [`EmmError::InvalidIpcHandle`] otherwise. [`IpcHandle::from_bytes`] and
+    /// [`IpcHandle::open`] check it.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            IpcHandle::Legacy {
+                base_size,
+                offset,
+                size,
+                ..
+            }
+            | IpcHandle::MemPool {
+                base_size,
+                offset,
+                size,
+                ..
+            } => check_range(*base_size, *offset, *size),
+        }
+    }
+
     /// Length of the shared range.
     pub fn size(&self) -> usize {
         match self {
@@ -156,6 +197,7 @@ impl IpcHandle {
                 export,
                 pool_fd,
                 pid,
+                base_size,
                 offset,
                 size,
                 device_uuid,
@@ -164,6 +206,7 @@ impl IpcHandle {
                 out.extend_from_slice(export);
                 out.extend_from_slice(&pool_fd.to_le_bytes());
                 out.extend_from_slice(&pid.to_le_bytes());
+                out.extend_from_slice(&(*base_size as u64).to_le_bytes());
                 out.extend_from_slice(&(*offset as u64).to_le_bytes());
                 out.extend_from_slice(&(*size as u64).to_le_bytes());
                 out.extend_from_slice(device_uuid);
@@ -224,16 +267,12 @@ impl IpcHandle {
         let handle = match bytes[7] {
             KIND_LEGACY => {
                 let handle = r.take::<64>();
-                let base_size = r.u64() as usize;
-                let offset = r.u64() as usize;
-                let size = r.u64() as usize;
+                let base_size = r.usize("allocation size")?;
+                let offset = r.usize("offset")?;
+                let size = r.usize("size")?;
                 let device_uuid = r.take::<16>();
                 let pid = r.u32();
-                if offset.checked_add(size).is_none_or(|end| end > base_size) {
-                    return Err(invalid(format!(
-                        "range {offset}+{size} lies outside its allocation of {base_size} bytes"
-                    )));
-                }
+                check_range(base_size, offset, size)?;
                 IpcHandle::Legacy {
                     handle,
                     base_size,
@@ -247,13 +286,16 @@ impl IpcHandle {
                 let export = r.take::<64>();
                 let pool_fd = r.u32() as i32;
                 let pid = r.u32();
-                let offset = r.u64() as usize;
-                let size = r.u64() as usize;
+                let base_size = r.usize("allocation size")?;
+                let offset = r.usize("offset")?;
+                let size = r.usize("size")?;
                 let device_uuid = r.take::<16>();
+                check_range(base_size, offset, size)?;
                 IpcHandle::MemPool {
                     export,
                     pool_fd,
                     pid,
+                    base_size,
                     offset,
                     size,
                     device_uuid,
@@ -312,7 +354,11 @@ impl IpcHandle {
     /// Opens the handle in `ctx` (another process than the exporter). When `ctx` is
     /// on another device than the memory, the data is staged through a buffer that
     /// `manager` allocates on `ctx`'s device (NBEP 7 "Staged IPC").
+    ///
+    /// A range outside the exported allocation (a handle built in code rather than
+    /// parsed) is [`EmmError::InvalidIpcHandle`], before anything is mapped.
     pub fn open(&self, ctx: &Context, manager: &dyn MemoryManager) -> Result<IpcMemory> {
+        self.validate()?;
         let uuid = self.device_uuid();
         if ctx.device().uuid()? == uuid {
             let (ptr, mapping) = self.map(ctx)?;
@@ -351,13 +397,12 @@ impl IpcHandle {
         match self {
             IpcHandle::Legacy { handle, offset, .. } => {
                 let base = memory::ipc_open_handle(ctx, handle)?;
-                Ok((
-                    base + *offset as u64,
-                    Mapping::Legacy {
-                        ctx: ctx.clone(),
-                        base,
-                    },
-                ))
+                let mapping = Mapping::Legacy {
+                    ctx: ctx.clone(),
+                    base,
+                };
+                check_imported(ctx, base, *offset, self.size())?;
+                Ok((at_offset(base, *offset)?, mapping))
             }
             IpcHandle::MemPool {
                 export,
@@ -372,17 +417,47 @@ impl IpcHandle {
                 let pool = imported?;
                 pool.set_access(ctx).ok(); // the owner device may already have access
                 let ptr = pool.import_pointer(export)?;
-                Ok((
-                    ptr + *offset as u64,
-                    Mapping::Pool {
-                        ctx: ctx.clone(),
-                        ptr,
-                        pool,
-                    },
-                ))
+                let mapping = Mapping::Pool {
+                    ctx: ctx.clone(),
+                    ptr,
+                    pool,
+                };
+                check_imported(ctx, ptr, *offset, self.size())?;
+                Ok((at_offset(ptr, *offset)?, mapping))
             }
         }
     }
+}
+
+/// The driver knows the real extent of an opened allocation starting at `ptr`: the
+/// shared range must lie in it too (a handle can claim a larger allocation than the
+/// exporter's). Where the driver cannot say, the handle's own check stands.
+fn check_imported(ctx: &Context, ptr: CUdeviceptr, offset: usize, size: usize) -> Result<()> {
+    if let Ok((real_base, real_size)) = memory::address_range(ctx, ptr) {
+        let fits = usize::try_from(ptr.saturating_sub(real_base))
+            .ok()
+            .and_then(|s| s.checked_add(offset))
+            .and_then(|s| s.checked_add(size))
+            .is_some_and(|end| end <= real_size);
+        if !fits {
+            return Err(invalid(format!(
+                "range {offset}+{size} lies outside the opened allocation of {real_size} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `base + offset`, or [`EmmError::InvalidIpcHandle`] where it would wrap.
+fn at_offset(base: CUdeviceptr, offset: usize) -> Result<CUdeviceptr> {
+    u64::try_from(offset)
+        .ok()
+        .and_then(|o| base.checked_add(o))
+        .ok_or_else(|| {
+            invalid(format!(
+                "offset {offset} from {base:#x} wraps the address space"
+            ))
+        })
 }
 
 fn fmt_uuid(u: &[u8; 16]) -> String {
@@ -497,6 +572,7 @@ mod tests {
                 export: [9; 64],
                 pool_fd: 17,
                 pid: 99,
+                base_size: 1 << 30,
                 offset: 0,
                 size: 1 << 30,
                 device_uuid: [3; 16],
@@ -559,5 +635,111 @@ mod tests {
                 .contains("outside its allocation of 100 bytes"),
             "{e}"
         );
+    }
+
+    fn mempool(base_size: usize, offset: usize, size: usize) -> IpcHandle {
+        IpcHandle::MemPool {
+            export: [5; 64],
+            pool_fd: 3,
+            pid: 42,
+            base_size,
+            offset,
+            size,
+            device_uuid: [2; 16],
+        }
+    }
+
+    #[test]
+    fn a_mempool_range_outside_its_allocation_is_rejected() {
+        for (base, off, len) in [
+            (100, 90, 20),
+            (100, 101, 0),
+            (usize::MAX, usize::MAX, 1),
+            (usize::MAX, 1, usize::MAX),
+            (0, 0, 1),
+        ] {
+            let h = mempool(base, off, len);
+            let e = IpcHandle::from_bytes(&h.to_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, EmmError::InvalidIpcHandle { reason } if reason.contains("outside its allocation")),
+                "{base} {off} {len}: {e}"
+            );
+            assert_eq!(h.validate().unwrap_err(), e);
+        }
+        let edge = mempool(100, 60, 40);
+        assert_eq!(IpcHandle::from_bytes(&edge.to_bytes()).unwrap(), edge);
+        assert!(at_offset(u64::MAX - 4, 5).is_err());
+        assert_eq!(at_offset(16, 5).unwrap(), 21);
+    }
+
+    /// Re-signs `b` (a handle's bytes, possibly edited) so that only the fields
+    /// decide whether it parses.
+    fn resign(b: &mut [u8]) {
+        if b.len() >= HEADER + TRAILER {
+            let n = b.len() - TRAILER;
+            let sum = fnv1a(&b[..n]);
+            b[n..].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+
+    /// Every decode ends in a typed error or in a handle whose range is inside its
+    /// allocation and which writes back to the same bytes.
+    fn decodes_cleanly(b: &[u8]) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
+        match IpcHandle::from_bytes(b) {
+            Ok(h) => {
+                proptest::prop_assert!(h.validate().is_ok());
+                proptest::prop_assert!(h.offset().checked_add(h.size()).is_some());
+                proptest::prop_assert_eq!(h.to_bytes(), b.to_vec());
+            }
+            Err(EmmError::InvalidIpcHandle { reason }) => {
+                proptest::prop_assert!(!reason.is_empty())
+            }
+            Err(e) => proptest::prop_assert!(false, "untyped error {e:?}"),
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_bytes_are_typed_errors(b in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            decodes_cleanly(&b)?;
+            let mut signed = b.clone();
+            resign(&mut signed);
+            decodes_cleanly(&signed)?;
+        }
+
+        #[test]
+        fn garbled_and_truncated_handles_are_typed_errors(
+            legacy_kind in proptest::bool::ANY,
+            base in proptest::num::usize::ANY,
+            off in proptest::num::usize::ANY,
+            len in proptest::num::usize::ANY,
+            edits in proptest::collection::vec((proptest::num::usize::ANY, proptest::num::u8::ANY), 0..4),
+            cut in proptest::num::usize::ANY,
+            sign in proptest::bool::ANY,
+        ) {
+            let h = if legacy_kind {
+                IpcHandle::Legacy { handle: [1; 64], base_size: base, offset: off, size: len, device_uuid: [0; 16], pid: 7 }
+            } else {
+                mempool(base, off, len)
+            };
+            let mut b = h.to_bytes();
+            let valid = off.checked_add(len).is_some_and(|e| e <= base);
+            // Extreme offsets and lengths: parsed exactly when inside the allocation.
+            proptest::prop_assert_eq!(IpcHandle::from_bytes(&b).is_ok(), valid);
+            if valid {
+                proptest::prop_assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
+            }
+            for (i, v) in edits {
+                let n = b.len();
+                b[i % n] = v;
+            }
+            if sign {
+                resign(&mut b);
+            }
+            decodes_cleanly(&b)?;
+            let keep = cut % (b.len() + 1);
+            decodes_cleanly(&b[..keep])?;
+        }
     }
 }

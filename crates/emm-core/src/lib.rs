@@ -43,8 +43,8 @@ pub use pointer::{
     PinnedMemory, Released, SYNC_STREAM,
 };
 pub use router::{
-    memory_manager, register_manager, set_memory_manager, ManagerFactory, Router, DEFAULT_MANAGER,
-    MANAGER_ENV,
+    alloc_from, memory_manager, register_manager, set_memory_manager, ManagerFactory, Router,
+    DEFAULT_MANAGER, MANAGER_ENV,
 };
 pub use snapshot::{
     stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,

@@ -253,18 +253,40 @@ impl Router {
     /// once (the out-of-memory hook that lets two pools share a card).
     pub fn alloc(&self, ctx: &Context, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
         let m = self.manager(ctx)?;
-        match m.memalloc_async(size, stream) {
-            Err(e) if e.is_out_of_memory() => {
-                let freed = self.release_cached_everywhere();
-                tracing::info!(
-                    size,
-                    freed,
-                    "out of memory: released cached memory of every manager; retrying once"
-                );
-                m.memalloc_async(size, stream)
-            }
+        self.alloc_from(m.as_ref(), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` from `manager` itself (no look-up: the
+    /// fast path is one call of `memalloc_async`). Only when that fails with out of
+    /// memory does every manager of this router release its cache, and the
+    /// allocation is retried once: the out-of-memory hook for callers that hold a
+    /// manager already (the C ABI, `MemArray`, Python).
+    pub fn alloc_from(
+        &self,
+        manager: &dyn MemoryManager,
+        size: usize,
+        stream: CUstream,
+    ) -> Result<DeviceAllocation> {
+        match manager.memalloc_async(size, stream) {
+            Err(e) if e.is_out_of_memory() => self.retry_after_oom(manager, size, stream),
             other => other,
         }
+    }
+
+    #[cold]
+    fn retry_after_oom(
+        &self,
+        manager: &dyn MemoryManager,
+        size: usize,
+        stream: CUstream,
+    ) -> Result<DeviceAllocation> {
+        let freed = self.release_cached_everywhere();
+        tracing::info!(
+            size,
+            freed,
+            "out of memory: released cached memory of every manager; retrying once"
+        );
+        manager.memalloc_async(size, stream)
     }
 }
 
@@ -280,6 +302,16 @@ pub fn register_manager(name: &str, factory: impl ManagerFactory + 'static) {
 /// Chooses the process-wide manager (see [`Router::set_memory_manager`]).
 pub fn set_memory_manager(name: &str) -> Result<()> {
     Router::global().set_memory_manager(name)
+}
+
+/// Allocates from `manager` through the process-wide out-of-memory hook (see
+/// [`Router::alloc_from`]).
+pub fn alloc_from(
+    manager: &dyn MemoryManager,
+    size: usize,
+    stream: CUstream,
+) -> Result<DeviceAllocation> {
+    Router::global().alloc_from(manager, size, stream)
 }
 
 /// The process-wide manager of `ctx` (see [`Router::manager`]).

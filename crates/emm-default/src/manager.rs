@@ -30,6 +30,8 @@ pub struct DefaultStats {
     pub live_bytes: usize,
     /// Peak of bytes held from the upstream (live plus pending frees).
     pub peak_held_bytes: usize,
+    /// Peak of live bytes (allocations held by callers).
+    pub peak_live_bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +41,7 @@ struct State {
     live: HashMap<CUdeviceptr, usize>,
     live_bytes: usize,
     peak_held: usize,
+    peak_live: usize,
     generation: usize,
 }
 
@@ -248,6 +251,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
             live: s.live.len(),
             live_bytes: s.live_bytes,
             peak_held_bytes: s.peak_held,
+            peak_live_bytes: s.peak_live,
         }
     }
 
@@ -316,6 +320,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
             s.live.insert(ptr, size);
             s.live_bytes += size;
             s.peak_held = s.peak_held.max(s.live_bytes + s.pending_bytes);
+            s.peak_live = s.peak_live.max(s.live_bytes);
             s.generation
         };
         self.inner.allocations.fetch_add(1, Ordering::Relaxed);
@@ -425,7 +430,7 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
         let (_, pending) = self.pending();
         emm_core::ManagerStats {
             allocated_bytes: st.live_bytes,
-            allocated_bytes_peak: 0,
+            allocated_bytes_peak: st.peak_live_bytes,
             reserved_bytes: st.live_bytes + pending,
             reserved_bytes_peak: st.peak_held_bytes,
             allocations: st.allocations as u64,

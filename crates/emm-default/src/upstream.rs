@@ -4,7 +4,7 @@
 
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use emm_core::{EmmError, MemoryInfo, Result};
@@ -125,9 +125,68 @@ impl HostUpstream {
     fn layout(size: usize) -> Option<Layout> {
         Layout::from_size_align(size, 256).ok()
     }
+
+    /// The block behind a reservation of `size` bytes (already counted in `used`):
+    /// host memory with `touch`, else a made-up address.
+    fn block(&self, size: usize) -> Result<CUdeviceptr> {
+        if self.touch {
+            let layout = Self::layout(size).ok_or(EmmError::InvalidSize {
+                requested: size,
+                reason: "too large for the host",
+            })?;
+            // SAFETY: `layout` has a non-zero size (`alloc` refuses 0).
+            let p = unsafe { std::alloc::alloc(layout) };
+            if p.is_null() {
+                return Err(EmmError::OutOfMemory {
+                    what: "host stand-in",
+                    manager: "host stand-in".into(),
+                    requested: size,
+                    free: 0,
+                    total: self.capacity,
+                    detail: "the host heap refused".into(),
+                });
+            }
+            Ok(p as u64)
+        } else {
+            fake_address(size).ok_or_else(|| EmmError::OutOfMemory {
+                what: "device",
+                manager: "host stand-in".into(),
+                requested: size,
+                free: self.capacity - self.used().min(self.capacity),
+                total: self.capacity,
+                detail: format!(
+                    "the stand-in's made-up addresses ({FAKE_BASE:#x}..{FAKE_END:#x}) cannot hold the block without wrapping"
+                ),
+            })
+        }
+    }
 }
 
-static FAKE_ADDRESS: AtomicUsize = AtomicUsize::new(1 << 40);
+/// The next made-up address (shared by every [`HostUpstream`] of the process, so
+/// blocks of two stand-ins never share an address).
+static FAKE_ADDRESS: AtomicU64 = AtomicU64::new(FAKE_BASE);
+/// The first made-up address.
+const FAKE_BASE: u64 = 1 << 40;
+/// Made-up addresses stay below this (positive as `i64` too, and far from wrapping).
+const FAKE_END: u64 = 1 << 63;
+
+/// A made-up address for a block of `size` bytes: 512-byte aligned, with a 512-byte
+/// gap after it, never wrapping and never overlapping another block (addresses only
+/// grow). `None` when the range below [`FAKE_END`] cannot hold it.
+fn fake_address(size: usize) -> Option<u64> {
+    let span = u64::try_from(size)
+        .ok()?
+        .checked_next_multiple_of(512)?
+        .checked_add(512)?;
+    let mut cur = FAKE_ADDRESS.load(Ordering::Acquire);
+    loop {
+        let next = cur.checked_add(span).filter(|&n| n <= FAKE_END)?;
+        match FAKE_ADDRESS.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(cur),
+            Err(seen) => cur = seen,
+        }
+    }
+}
 
 impl Upstream for HostUpstream {
     fn name(&self) -> &'static str {
@@ -162,28 +221,12 @@ impl Upstream for HostUpstream {
                 Err(seen) => cur = seen,
             }
         }
-        let ptr = if self.touch {
-            let layout = Self::layout(size).ok_or(EmmError::InvalidSize {
-                requested: size,
-                reason: "too large for the host",
-            })?;
-            // SAFETY: `layout` has a non-zero size.
-            let p = unsafe { std::alloc::alloc(layout) };
-            if p.is_null() {
+        let ptr = match self.block(size) {
+            Ok(p) => p,
+            Err(e) => {
                 self.used.fetch_sub(size, Ordering::AcqRel);
-                return Err(EmmError::OutOfMemory {
-                    what: "host stand-in",
-                    manager: "host stand-in".into(),
-                    requested: size,
-                    free: 0,
-                    total: self.capacity,
-                    detail: "the host heap refused".into(),
-                });
+                return Err(e);
             }
-            p as u64
-        } else {
-            let aligned = size.div_ceil(512) * 512;
-            FAKE_ADDRESS.fetch_add(aligned + 512, Ordering::AcqRel) as u64
         };
         if let Ok(mut l) = self.live.lock() {
             l.insert(ptr, size);
@@ -199,7 +242,16 @@ impl Upstream for HostUpstream {
                 l.insert(ptr, real); // wrong size: keep the block live, report the misuse
             }
             self.misuse.fetch_add(1, Ordering::AcqRel);
-            return Err(EmmError::InvalidSize { requested: size, reason: "free of a block that is not live, or with another size than it was allocated with" });
+            return Err(EmmError::InvalidArgument {
+                what: "block to free",
+                found: match recorded {
+                    Some(real) => format!("{ptr:#x} of {size} bytes, allocated with {real} bytes"),
+                    None => format!("{ptr:#x} of {size} bytes, which is not live"),
+                },
+                expected:
+                    "a live block of this upstream, freed with the size it was allocated with"
+                        .into(),
+            });
         }
         if self.touch {
             if let Some(layout) = Self::layout(size) {

@@ -315,6 +315,7 @@ impl MemoryManager for HostOnlyManager {
             export: self.inner.pool.export_pointer(parent.ptr())?,
             pool_fd,
             pid: std::process::id(),
+            base_size: parent.size(),
             offset: (view.ptr() - parent.ptr()) as usize,
             size: view.len(),
             device_uuid: self.inner.ctx.device().uuid()?,

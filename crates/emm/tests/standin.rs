@@ -710,3 +710,75 @@ proptest::proptest! {
         assert_clean(&f.s, &f.ctx, &before, "proptest");
     }
 }
+
+// ---- the cross-manager out-of-memory hook ----
+
+/// One manager's cache is what makes room for another: the pool holds 40 MiB of
+/// freed memory with 64 MiB free on the device; the default manager's allocation of 40 MiB
+/// fails when asked directly, and succeeds through `Router::alloc_from`, which
+/// asks every manager of the router to release its cache only after the failure.
+#[test]
+fn one_managers_cache_makes_room_for_another_through_the_oom_hook() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    // 64 MiB free, whatever earlier tests of this process still hold (the
+    // process-wide router's managers).
+    let (free, total) = f.ctx.mem_info().unwrap();
+    let used_mib = (total - free).div_ceil(1 << 20);
+    f.s.control(&format!("capacity {}M", used_mib + 64))
+        .unwrap();
+    on_thread(|| {
+        let router = emm::core::Router::new();
+        let pool: std::sync::Arc<dyn MemoryManager> =
+            std::sync::Arc::new(PoolManager::new(&f.ctx).unwrap());
+        let shared = pool.clone();
+        router.register("pool", move |_: &Context| Ok(shared.clone()));
+        router.set_memory_manager("pool").unwrap();
+        assert!(std::sync::Arc::ptr_eq(
+            &router.manager(&f.ctx).unwrap(),
+            &pool
+        ));
+        drop(pool.memalloc(40 << 20).unwrap());
+        let cached = pool.stats().reserved_bytes;
+        assert!(
+            cached >= 40 << 20,
+            "the pool keeps its freed block: {cached}"
+        );
+
+        let other = DefaultManager::new(&f.ctx).unwrap();
+        let e = other.memalloc(40 << 20).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(
+            pool.stats().reserved_bytes,
+            cached,
+            "a direct call asks nobody"
+        );
+
+        let a = router
+            .alloc_from(&other, 40 << 20, emm::core::SYNC_STREAM)
+            .expect("the pool's cache makes room");
+        assert_eq!(a.size(), 40 << 20);
+        assert!(
+            pool.stats().reserved_bytes < cached,
+            "the pool gave its cache back"
+        );
+        // The fast path asks nobody: the pool caches again, and a small allocation
+        // that fits leaves its cache alone.
+        drop(pool.memalloc(4 << 20).unwrap());
+        let cached = pool.stats().reserved_bytes;
+        drop(
+            router
+                .alloc_from(&other, 1 << 20, emm::core::SYNC_STREAM)
+                .unwrap(),
+        );
+        assert_eq!(pool.stats().reserved_bytes, cached);
+        // More than the device even after every cache: still a typed error.
+        let e = router
+            .alloc_from(&other, (used_mib + 128) << 20, emm::core::SYNC_STREAM)
+            .unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        drop(a);
+        other.flush();
+    });
+    assert_eq!(snapshot(&f.s), before, "leaked or freed twice");
+}

@@ -1,0 +1,440 @@
+//! Hostile inputs for the C ABI, calling the `extern "C"` functions directly: null
+//! pointers, foreign and destroyed handles (never dereferenced: handles are looked
+//! up in a registry of live ones), extreme sizes and shapes. Every case ends in a
+//! typed status, never `EMM_ERR_PANIC` and never undefined behaviour.
+//!
+//! The manager cases run on `emm-standin` (found next to the test executable, as
+//! in `crates/emm/tests/standin.rs`); build it first with
+//! `cargo build -p emm-standin` (`cargo xtask ci` does).
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::ptr::{null, null_mut};
+
+use ::emm_array::dlpack::DLManagedTensorVersioned;
+use emm_capi::*;
+
+thread_local! {
+    /// The cases this test's thread checked so far (reported at the end).
+    static CASES: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Checks one case: `got` is `want`, the thread's last code agrees, and no panic.
+#[track_caller]
+fn case(what: &str, got: emm_status, want: emm_status) {
+    assert_eq!(got, want, "{what}: {}", last_message());
+    assert_ne!(got, EMM_ERR_PANIC, "{what}");
+    if got != EMM_OK {
+        assert_eq!(emm_last_error_code(), got, "{what}");
+        assert!(!last_message().is_empty(), "{what}: no message");
+    }
+    CASES.with(|c| c.set(c.get() + 1));
+}
+
+fn last_message() -> String {
+    let mut buf = vec![0u8; 512];
+    // SAFETY: `buf` holds 512 writable bytes.
+    let n = unsafe { emm_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+    buf.truncate(n.min(511));
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn cases() -> usize {
+    CASES.with(Cell::get)
+}
+
+/// Handles that no `emm_*_create` returned: a small integer, a high address and a
+/// pointer to something else entirely. None of them may be read through.
+fn foreign() -> Vec<usize> {
+    let elsewhere = Box::leak(Box::new([0u64; 64]));
+    vec![
+        0x1,
+        0xdead_beef_0000,
+        usize::MAX & !7,
+        elsewhere.as_ptr() as usize,
+    ]
+}
+
+#[test]
+fn null_and_foreign_manager_handles_are_invalid_arguments() {
+    let before = cases();
+    let mut handles = vec![0usize];
+    handles.extend(foreign());
+    for h in handles {
+        let m = h as *mut emm_manager;
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let (mut p, mut n, mut f, mut t) = (0u64, 0usize, 0usize, 0usize);
+        let mut host: *mut c_void = null_mut();
+        let mut st = emm_stats::default();
+        let mut buf = [0u8; 64];
+        // SAFETY: every output is a live local; the handles are what is tested.
+        unsafe {
+            case("emm_alloc", emm_alloc(m, 16, null_mut(), &mut p), inv);
+            assert_eq!(emm_alloc_ptr(m, 16, null_mut()), 0);
+            case("emm_alloc_ptr", emm_last_error_code(), inv);
+            case("emm_free", emm_free(m, 0x1000, null_mut()), inv);
+            case(
+                "emm_host_alloc",
+                emm_host_alloc(m, 16, 0, &mut host, null_mut()),
+                inv,
+            );
+            case(
+                "emm_host_free",
+                emm_host_free(m, 0x1000 as *mut c_void),
+                inv,
+            );
+            case("emm_memory_info", emm_memory_info(m, &mut f, &mut t), inv);
+            case("emm_get_stats", emm_get_stats(m, &mut st), inv);
+            case(
+                "emm_manager_report",
+                emm_manager_report(m, null_mut(), 0, &mut n),
+                inv,
+            );
+            case("emm_trim", emm_trim(m, &mut n), inv);
+            case(
+                "emm_ipc_export",
+                emm_ipc_export(m, 0x1000, 0, 16, buf.as_mut_ptr(), buf.len(), &mut n),
+                inv,
+            );
+            case(
+                "emm_ipc_open",
+                emm_ipc_open(m, buf.as_ptr(), buf.len(), &mut p),
+                inv,
+            );
+            case("emm_ipc_close", emm_ipc_close(m, 0x1000), inv);
+            assert!(emm_manager_name(m).is_null());
+            let mut a: *mut emm_array = null_mut();
+            let shape = [4usize];
+            let want = if h == 0 { EMM_OK } else { inv }; // null: a host-only array
+            case(
+                "emm_array_create with the handle",
+                emm_array_create(m, 2, 32, 1, shape.as_ptr(), &mut a),
+                want,
+            );
+            emm_array_destroy(a);
+            emm_manager_destroy(m);
+            if h != 0 {
+                case("emm_manager_destroy", emm_last_error_code(), inv);
+            }
+        }
+    }
+    println!("{} manager-handle cases", cases() - before);
+}
+
+#[test]
+fn null_and_foreign_array_handles_are_invalid_arguments() {
+    let before = cases();
+    let mut handles = vec![0usize];
+    handles.extend(foreign());
+    // A destroyed array too.
+    let mut dead: *mut emm_array = null_mut();
+    let shape = [2usize, 3];
+    // SAFETY: live locals; a null manager makes a host-only array.
+    unsafe {
+        case(
+            "create",
+            emm_array_create(null_mut(), 2, 32, 2, shape.as_ptr(), &mut dead),
+            EMM_OK,
+        );
+        emm_array_destroy(dead);
+    }
+    handles.push(dead as usize);
+    for h in handles {
+        let a = h as *mut emm_array;
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let (mut d, mut side, mut dt, mut di, mut id, mut moved) = (0u64, 0, 0, 0, 0u64, 0);
+        let idx = [0usize, 0];
+        let mut v = [0u8; 4];
+        let mut t: *mut c_void = null_mut();
+        // SAFETY: every output is a live local; the handles are what is tested.
+        unsafe {
+            case(
+                "info",
+                emm_array_info(a, &mut d, &mut side, &mut dt, &mut di),
+                inv,
+            );
+            case(
+                "get",
+                emm_array_get(a, idx.as_ptr(), 2, v.as_mut_ptr().cast(), 4),
+                inv,
+            );
+            case(
+                "set",
+                emm_array_set(a, idx.as_ptr(), 2, v.as_ptr().cast(), 4),
+                inv,
+            );
+            case("lock", emm_array_lock(a, &mut id), inv);
+            case("unlock", emm_array_unlock(a, 1), inv);
+            case("move", emm_array_move(a, 1, null_mut(), 1, &mut moved), inv);
+            case("to_dlpack", emm_array_to_dlpack(a, 1, &mut t), inv);
+            assert!(t.is_null());
+            assert_eq!(emm_array_deleters_run(a), 0);
+            emm_array_destroy(a);
+            if h != 0 {
+                case("destroy", emm_last_error_code(), inv);
+            }
+        }
+    }
+    println!("{} array-handle cases", cases() - before);
+}
+
+#[test]
+fn extreme_shapes_are_invalid_arguments_and_dlpack_extents_stay_non_negative() {
+    let before = cases();
+    let inv = EMM_ERR_INVALID_ARGUMENT;
+    let huge: &[(&[usize], u8, u8)] = &[
+        (&[1 << 63], 1, 8),  // 2^63 uint8 elements
+        (&[1 << 63], 2, 32), // 2^63 float32: bytes overflow
+        (&[usize::MAX], 1, 8),
+        (&[usize::MAX, usize::MAX], 2, 64), // element count overflows
+        (&[1 << 32, 1 << 32], 2, 32),
+        (&[1 << 62, 4], 1, 8),           // 2^64 elements
+        (&[1 << 62, 2], 1, 8),           // 2^63 bytes: above isize::MAX
+        (&[0, 1 << 40, 1 << 40], 2, 32), // empty, but its strides overflow
+        (&[0, 1 << 63], 2, 32),          // empty, but an extent is negative as int64
+        (&[0, usize::MAX], 1, 8),
+        (&[1 << 40, 1 << 40, 0, 2], 1, 8), // strides 2^80 over an empty array
+    ];
+    for (shape, code, bits) in huge {
+        let mut a: *mut emm_array = null_mut();
+        // SAFETY: `shape` holds `len` extents; `a` is a live local.
+        let s = unsafe {
+            emm_array_create(
+                null_mut(),
+                *code,
+                *bits,
+                shape.len() as c_int,
+                shape.as_ptr(),
+                &mut a,
+            )
+        };
+        case(&format!("shape {shape:?}"), s, inv);
+        assert!(a.is_null());
+    }
+    // Ranks: 0, negative, above the maximum, and one far beyond the single extent
+    // passed (it must not be read).
+    let one = [4usize];
+    for rank in [0, -1, 5, c_int::MAX, c_int::MIN] {
+        let mut a: *mut emm_array = null_mut();
+        // SAFETY: a rank the library must refuse before reading `one`.
+        let s = unsafe { emm_array_create(null_mut(), 2, 32, rank, one.as_ptr(), &mut a) };
+        case(&format!("rank {rank}"), s, inv);
+    }
+    // Unsupported types.
+    for (code, bits) in [(99u8, 32u8), (2, 7), (0, 0)] {
+        let mut a: *mut emm_array = null_mut();
+        // SAFETY: as above.
+        let s = unsafe { emm_array_create(null_mut(), code, bits, 1, one.as_ptr(), &mut a) };
+        case(&format!("type ({code}, {bits})"), s, inv);
+    }
+    // Null arguments.
+    let mut a: *mut emm_array = null_mut();
+    // SAFETY: nulls are what is tested.
+    unsafe {
+        case(
+            "null shape",
+            emm_array_create(null_mut(), 2, 32, 1, null(), &mut a),
+            inv,
+        );
+        case(
+            "null out",
+            emm_array_create(null_mut(), 2, 32, 1, one.as_ptr(), null_mut()),
+            inv,
+        );
+    }
+    // A large empty array is fine, and its DLPack extents and strides are
+    // non-negative.
+    let shape = [0usize, 1 << 40, 3];
+    // SAFETY: live locals.
+    unsafe {
+        case(
+            "empty [0, 2^40, 3]",
+            emm_array_create(null_mut(), 1, 8, 3, shape.as_ptr(), &mut a),
+            EMM_OK,
+        );
+        // Element access: wrong rank, wrong size (usize::MAX), out of bounds.
+        let idx = [0usize, 0, 0];
+        let mut v = [0u8; 8];
+        case(
+            "get rank 2",
+            emm_array_get(a, idx.as_ptr(), 2, v.as_mut_ptr().cast(), 1),
+            inv,
+        );
+        case(
+            "get rank -1",
+            emm_array_get(a, idx.as_ptr(), -1, v.as_mut_ptr().cast(), 1),
+            inv,
+        );
+        case(
+            "get size usize::MAX",
+            emm_array_get(a, idx.as_ptr(), 3, v.as_mut_ptr().cast(), usize::MAX),
+            inv,
+        );
+        case(
+            "set size 1<<63",
+            emm_array_set(a, idx.as_ptr(), 3, v.as_ptr().cast(), 1 << 63),
+            inv,
+        );
+        case(
+            "get out of bounds",
+            emm_array_get(a, idx.as_ptr(), 3, v.as_mut_ptr().cast(), 1),
+            inv,
+        );
+        case(
+            "get null idx",
+            emm_array_get(a, null(), 3, v.as_mut_ptr().cast(), 1),
+            inv,
+        );
+        case(
+            "move side 7",
+            emm_array_move(a, 7, null_mut(), 1, null_mut()),
+            inv,
+        );
+        let mut t: *mut c_void = null_mut();
+        case("to_dlpack", emm_array_to_dlpack(a, 1, &mut t), EMM_OK);
+        let m = t.cast::<DLManagedTensorVersioned>();
+        let dl = &(*m).dl_tensor;
+        let n = usize::try_from(dl.ndim).unwrap();
+        let ext = core::slice::from_raw_parts(dl.shape, n);
+        let str_ = core::slice::from_raw_parts(dl.strides, n);
+        assert_eq!(ext, &[0, 1 << 40, 3]);
+        assert!(ext.iter().chain(str_).all(|&v| v >= 0), "{ext:?} {str_:?}");
+        emm_dlpack_delete(t, 1);
+        assert_eq!(emm_array_deleters_run(a), 1);
+        emm_array_destroy(a);
+    }
+    println!("{} shape cases", cases() - before);
+}
+
+mod standin {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn standin_path() -> PathBuf {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        exe.parent()
+            .and_then(|deps| deps.parent())
+            .expect("target/<profile>/deps")
+            .join("libemm_standin.so")
+    }
+
+    #[test]
+    fn extreme_sizes_and_stale_handles_on_the_standin() {
+        let path = standin_path();
+        assert!(
+            path.is_file(),
+            "{} is missing: run `cargo build -p emm-standin`",
+            path.display()
+        );
+        // `cargo xtask ci` sets the same library; a driver set by hand is used as is.
+        if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
+            std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
+        }
+        println!(
+            "driver: {:?} (emm-standin is host memory, not a GPU)",
+            std::env::var_os(emm_sys::DRIVER_PATH_ENV)
+        );
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let mut m: *mut emm_manager = null_mut();
+        // SAFETY: live locals and nulls, as the contract allows.
+        unsafe {
+            case(
+                "create",
+                emm_manager_create(c"default".as_ptr(), 0, &mut m),
+                EMM_OK,
+            );
+            case(
+                "create device -1",
+                emm_manager_create(null(), -1, &mut m),
+                inv,
+            );
+            let mut p = 0u64;
+            case("alloc 0", emm_alloc(m, 0, null_mut(), &mut p), EMM_OK);
+            assert_eq!(p, 0);
+            case("free 0", emm_free(m, 0, null_mut()), EMM_OK);
+            for size in [usize::MAX, 1 << 63, (1 << 63) + 1, isize::MAX as usize] {
+                let s = emm_alloc(m, size, null_mut(), &mut p);
+                assert!(
+                    s == EMM_ERR_OUT_OF_MEMORY || s == inv,
+                    "alloc {size:#x}: {s} {}",
+                    last_message()
+                );
+                case(&format!("alloc {size:#x}"), s, s);
+                assert_eq!(emm_alloc_ptr(m, size, null_mut()), 0);
+                assert_ne!(emm_last_error_code(), EMM_OK);
+            }
+            case(
+                "alloc null out",
+                emm_alloc(m, 16, null_mut(), null_mut()),
+                inv,
+            );
+            case("alloc 256", emm_alloc(m, 256, null_mut(), &mut p), EMM_OK);
+            let mut w = 0usize;
+            let mut buf = [0u8; 512];
+            for (off, len) in [(usize::MAX, 1), (1, usize::MAX), (200, 57), (0, 1 << 63)] {
+                let s = emm_ipc_export(m, p, off, len, buf.as_mut_ptr(), buf.len(), &mut w);
+                assert!(
+                    s == inv || s == EMM_ERR_UNSUPPORTED,
+                    "export {off}+{len}: {s}"
+                );
+                case(&format!("ipc export {off}+{len}"), s, s);
+            }
+            for bytes in [
+                &[][..],
+                &[0u8; 7][..],
+                &[0xffu8; 300][..],
+                b"EMMIPC\x02\x02",
+            ] {
+                let mut q = 0u64;
+                // An empty slice still passes a non-null pointer.
+                let ptr = if bytes.is_empty() {
+                    buf.as_ptr()
+                } else {
+                    bytes.as_ptr()
+                };
+                case(
+                    "ipc open garbage",
+                    emm_ipc_open(m, ptr, bytes.len(), &mut q),
+                    EMM_ERR_IPC,
+                );
+            }
+            case("free unknown", emm_free(m, p + 16, null_mut()), inv);
+            case("free", emm_free(m, p, null_mut()), EMM_OK);
+            case("double free", emm_free(m, p, null_mut()), inv);
+            let mut host: *mut c_void = null_mut();
+            for size in [0usize, usize::MAX] {
+                let s = emm_host_alloc(m, size, 7, &mut host, null_mut());
+                assert!(
+                    s == inv || s == EMM_ERR_OUT_OF_MEMORY || s == EMM_ERR_DRIVER,
+                    "{s}"
+                );
+                case(&format!("host alloc {size:#x}"), s, s);
+            }
+            // Torch's pair: negative and absurd sizes, devices out of range.
+            assert!(emm_torch_alloc(-1, 0, null_mut()).is_null());
+            case("torch alloc -1", emm_last_error_code(), inv);
+            assert!(emm_torch_alloc(isize::MAX, 0, null_mut()).is_null());
+            let s = emm_last_error_code();
+            assert!(s == EMM_ERR_OUT_OF_MEMORY || s == inv, "{s}");
+            case("torch alloc isize::MAX", s, s);
+            assert!(emm_torch_alloc(16, -1, null_mut()).is_null());
+            assert_ne!(emm_last_error_code(), EMM_OK);
+            assert!(emm_torch_alloc(16, 1 << 20, null_mut()).is_null());
+            assert_ne!(emm_last_error_code(), EMM_OK);
+            emm_torch_free(0x10 as *mut c_void, 16, 0, null_mut());
+            case("torch free foreign", emm_last_error_code(), inv);
+            // A destroyed handle is refused, not read.
+            emm_manager_destroy(m);
+            case(
+                "use after destroy",
+                emm_alloc(m, 16, null_mut(), &mut p),
+                inv,
+            );
+            assert!(emm_manager_name(m).is_null());
+            emm_manager_destroy(m);
+            case("destroy twice", emm_last_error_code(), inv);
+        }
+        println!("{} stand-in cases", cases() - before);
+    }
+}

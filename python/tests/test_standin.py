@@ -1,0 +1,127 @@
+"""The bindings against a driver: managers (alloc, free, stats, trim, IPC, out of
+memory) and MemArray through the device. `cargo xtask ci` runs these with
+``EMM_CUDA_DRIVER=<target>/debug/libemm_standin.so`` (emm-standin: host memory, not
+a GPU; ``-m standin``); on a GPU machine they run on the GPU. Without either they
+are skipped."""
+
+import ctypes
+
+import pytest
+
+import emm
+from emm.array import MemArray
+from conftest import HAS_GPU, ON_STANDIN
+
+pytestmark = [
+    pytest.mark.standin,
+    pytest.mark.skipif(not (ON_STANDIN or HAS_GPU),
+                       reason="needs a driver: a GPU, or emm-standin through EMM_CUDA_DRIVER"),
+]
+
+
+@pytest.fixture
+def mgr():
+    m = emm.Manager(None, 0)
+    yield m
+    m.close()
+
+
+def test_the_driver_is_what_it_says(mgr):
+    free, total = mgr.memory_info()
+    assert 0 < free <= total
+    if ON_STANDIN:
+        print(f"driver: emm-standin (host memory, not a GPU), {total} bytes per device")
+        assert total == 8 << 30  # the stand-in's default capacity
+
+
+def test_alloc_free_and_stats_return_to_where_they_were(mgr):
+    before = mgr.stats()
+    sizes = [1, 256, 4096, 1 << 20, 3 << 20]
+    ptrs = [mgr.alloc(s) for s in sizes]
+    assert all(p and p % 256 == 0 for p in ptrs)
+    assert len(set(ptrs)) == len(ptrs)
+    during = mgr.stats()
+    assert during["allocated_bytes"] - before["allocated_bytes"] >= sum(sizes)
+    assert during["allocated_bytes_peak"] >= during["allocated_bytes"]
+    assert during["reserved_bytes"] >= during["allocated_bytes"]
+    assert during["allocations"] - before["allocations"] == len(sizes)
+    if ON_STANDIN:  # device memory is host memory: write and read it back
+        for p, s in zip(ptrs, sizes):
+            ctypes.memset(p, 0x5A, s)
+            assert ctypes.string_at(p + s - 1, 1) == b"\x5a"
+    for p in ptrs:
+        mgr.free(p)
+    after = mgr.stats()
+    assert after["allocated_bytes"] == before["allocated_bytes"]
+    assert after["allocated_bytes_peak"] >= during["allocated_bytes"]
+    with pytest.raises(emm.EmmError) as e:
+        mgr.free(ptrs[0])  # freed already
+    assert e.value.code == 1
+    assert mgr.alloc(0) == 0
+
+
+def test_trim_gives_cached_memory_back(mgr):
+    p = mgr.alloc(8 << 20)
+    mgr.free(p)
+    cached = mgr.stats()["reserved_bytes"]
+    released = mgr.trim()
+    s = mgr.stats()
+    assert s["reserved_bytes"] == cached - released
+    if mgr.name in ("pool", "default"):  # a cache, or a queue of frees, to give back
+        assert released >= 8 << 20
+    assert mgr.trim() == 0  # nothing left to give back
+
+
+def test_out_of_memory_is_typed_and_says_how_much(mgr):
+    _, total = mgr.memory_info()
+    with pytest.raises(emm.OutOfMemoryError) as e:
+        mgr.alloc(total + (1 << 30))
+    assert isinstance(e.value, MemoryError)
+    assert e.value.requested == total + (1 << 30)
+    assert e.value.total in (0, total)
+    # The manager still works.
+    p = mgr.alloc(1024)
+    mgr.free(p)
+
+
+@pytest.mark.skipif(not ON_STANDIN, reason="reads device memory through host pointers")
+def test_ipc_round_trip_within_the_process(mgr):
+    p = mgr.alloc(4096)
+    ctypes.memmove(p, bytes(range(256)) * 16, 4096)
+    handle = mgr.ipc_export(p, 1024, 512)
+    assert handle[:6] == b"EMMIPC"
+    q = mgr.ipc_open(handle)
+    assert ctypes.string_at(q, 512) == (bytes(range(256)) * 2)
+    mgr.ipc_close(q)
+    garbled = bytearray(handle)
+    garbled[20] ^= 0xFF
+    with pytest.raises(emm.EmmError) as e:
+        mgr.ipc_open(bytes(garbled))
+    assert e.value.code == 6  # EMM_ERR_IPC
+    with pytest.raises(emm.EmmError):
+        mgr.ipc_export(p, 4000, 512)  # outside the allocation
+    mgr.free(p)
+
+
+def test_memarray_round_trip_through_the_device(mgr):
+    before = mgr.stats()["allocated_bytes"]
+    a = MemArray((4, 8), "float32", manager=mgr)
+    for i in range(4):
+        for j in range(8):
+            a[i, j] = i * 8 + j + 0.5
+    assert a.to_device()
+    assert a.side == "device"
+    dev = a.data_ptr
+    assert mgr.stats()["allocated_bytes"] - before >= 4 * 8 * 4
+    if ON_STANDIN:
+        # The device copy holds the data; change it there, and see it come back.
+        vals = (ctypes.c_float * 32).from_address(dev)
+        assert [vals[k] for k in range(32)] == [k + 0.5 for k in range(32)]
+        vals[5] = -7.25
+    assert a.to_host()
+    assert a.side == "host"
+    assert a[0, 0] == 0.5 and a[3, 7] == 31.5
+    if ON_STANDIN:
+        assert a[0, 5] == -7.25
+    a.close()
+    assert mgr.stats()["allocated_bytes"] == before
