@@ -68,9 +68,9 @@ impl EventSource for DriverEvents {
         };
         let ev = self
             .get(EventId(id))
-            .ok_or(emm_core::EmmError::InvalidSize {
-                requested: id,
-                reason: "unknown event",
+            .ok_or_else(|| emm_core::EmmError::Internal {
+                operation: "recording a pooled event",
+                detail: format!("event {id} is not in the pool of events"),
             })?;
         let _g = self.ctx.push()?;
         ev.record_raw(stream)?;

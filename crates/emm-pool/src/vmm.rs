@@ -147,9 +147,10 @@ impl VirtualMemory for DriverVmm {
             .1
             .remove(&addr)
         else {
-            return Err(EmmError::InvalidSize {
-                requested: len,
-                reason: "unmap of a range that is not mapped",
+            return Err(EmmError::InvalidArgument {
+                what: "address to unmap",
+                found: format!("{addr:#x} ({len} bytes)"),
+                expected: "the start of a range this pool mapped".into(),
             });
         };
         let _g = self.ctx.push()?;
@@ -216,10 +217,28 @@ static NEXT_VA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 impl VirtualMemory for HostVmm {
     fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
-        Ok(NEXT_VA.fetch_add(
-            size as u64 + (1 << 30),
-            std::sync::atomic::Ordering::Relaxed,
-        ))
+        use std::sync::atomic::Ordering;
+        // Made-up address ranges from 2^56 up, a gigabyte apart, never past 2^63:
+        // they can neither wrap nor overlap.
+        let step = (size as u64)
+            .checked_add(1 << 30)
+            .filter(|&s| s < 1 << 62)
+            .ok_or(EmmError::InvalidSize {
+                requested: size,
+                reason: "larger than the host stand-in's address space",
+            })?;
+        NEXT_VA
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |va| {
+                va.checked_add(step).filter(|&end| end <= 1 << 63)
+            })
+            .map_err(|_| EmmError::OutOfMemory {
+                what: "address space",
+                manager: "pool over the host stand-in".into(),
+                requested: size,
+                free: 0,
+                total: 0,
+                detail: "the host stand-in's made-up address space is used up".into(),
+            })
     }
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         let backing = self.upstream.alloc(len)?;
@@ -238,9 +257,10 @@ impl VirtualMemory for HostVmm {
         match piece {
             // SAFETY: the backing block came from `alloc(len)` of this upstream.
             Some((b, l)) => unsafe { self.upstream.free(b, l) },
-            None => Err(EmmError::InvalidSize {
-                requested: 0,
-                reason: "unmap of a range that is not mapped",
+            None => Err(EmmError::InvalidArgument {
+                what: "address to unmap",
+                found: format!("{addr:#x}"),
+                expected: "the start of a range this pool mapped".into(),
             }),
         }
     }

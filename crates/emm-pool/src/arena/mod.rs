@@ -144,9 +144,9 @@ impl ArenaStats {
 }
 
 fn unreachable_fit<T>(size: usize) -> Result<T> {
-    Err(EmmError::InvalidSize {
-        requested: size,
-        reason: "the pool found no block after growing (a bug; please report it)",
+    Err(EmmError::Internal {
+        operation: "pool allocation",
+        detail: format!("no free block of {size} bytes after growing"),
     })
 }
 
