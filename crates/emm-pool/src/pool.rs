@@ -224,6 +224,9 @@ impl SegmentSource for SourceAdapter<'_> {
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("unmap")?.unmap(addr, len)
     }
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        self.vmm("alias")?.alias(src, dst, len)
+    }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)
     }

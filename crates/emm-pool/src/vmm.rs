@@ -21,12 +21,26 @@ pub trait VirtualMemory: Send + Sync {
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
     /// Releases a range given to `map` whole.
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
+    /// Maps at `dst` (unmapped, in a reservation) the memory mapped at `src` (the
+    /// start of a range `map` or `alias` mapped whole, `len` bytes): the same memory
+    /// at two addresses. The memory is released when its last mapping is unmapped.
+    /// The default: unsupported (the pool then maps new memory instead).
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        let _ = (src, dst, len);
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "alias",
+        })
+    }
 }
 
 /// Reservations `(base, size)` and mappings `addr -> (handle, len)`.
+/// Reservations; mappings (address → handle, length); how many mappings each
+/// handle has (a handle is released with its last mapping).
 type VmmState = (
     Vec<(CUdeviceptr, usize)>,
     HashMap<CUdeviceptr, (u64, usize)>,
+    HashMap<u64, usize>,
 );
 
 /// The driver's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
@@ -44,7 +58,7 @@ impl DriverVmm {
         }
         Some(DriverVmm {
             ctx: ctx.clone(),
-            state: Mutex::new((Vec::new(), HashMap::new())),
+            state: Mutex::new((Vec::new(), HashMap::new(), HashMap::new())),
         })
     }
 
@@ -128,11 +142,51 @@ impl VirtualMemory for DriverVmm {
             }
             return Err(e.into());
         }
-        self.state
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.1.insert(addr, (h, len));
+        st.2.insert(h, 1);
+        Ok(())
+    }
+
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        let drv = self.ctx.driver();
+        let map = optional(drv, drv.mem_map, "cuMemMap")?;
+        let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
+        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        let h = match self
+            .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .1
-            .insert(addr, (h, len));
+            .get(&src)
+        {
+            Some(&(h, l)) if l == len => h,
+            _ => {
+                return Err(EmmError::InvalidArgument {
+                    what: "address to alias",
+                    found: format!("{src:#x} ({len} bytes)"),
+                    expected: "the start of a range this pool mapped whole".into(),
+                })
+            }
+        };
+        let _g = self.ctx.push()?;
+        // SAFETY: `[dst, dst+len)` lies in our reservation and is not mapped; `h` is
+        // a live handle of exactly `len` bytes (mapped at `src`).
+        check(drv, "cuMemMap", unsafe { map(dst, len, 0, h, 0) })?;
+        let desc = CUmemAccessDesc {
+            location: self.prop().location,
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range was just mapped; one valid descriptor.
+        if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
+            // SAFETY: undo the mapping made above, once; the handle stays mapped
+            // at `src`.
+            let _ = unsafe { unmap(dst, len) };
+            return Err(e.into());
+        }
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.1.insert(dst, (h, len));
+        *st.2.entry(h).or_insert(0) += 1;
         Ok(())
     }
 
@@ -157,11 +211,26 @@ impl VirtualMemory for DriverVmm {
         // Unmapping waits for nothing: the pool only unmaps blocks freed in stream
         // order; make sure the device is done with them first.
         self.ctx.synchronize()?;
-        // SAFETY: `[addr, addr+l)` was mapped by `map` with handle `h`; each is
-        // undone once.
+        // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle `h`;
+        // each mapping is undone once.
         check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
-        // SAFETY: as above.
-        check(drv, "cuMemRelease", unsafe { release(h) })?;
+        let last = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            match st.2.get_mut(&h) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => {
+                    st.2.remove(&h);
+                    true
+                }
+            }
+        };
+        if last {
+            // SAFETY: the handle's last mapping is gone; it is released once.
+            check(drv, "cuMemRelease", unsafe { release(h) })?;
+        }
         Ok(())
     }
 }
@@ -169,7 +238,7 @@ impl VirtualMemory for DriverVmm {
 impl Drop for DriverVmm {
     fn drop(&mut self) {
         let drv = self.ctx.driver();
-        let (reservations, mapped) =
+        let (reservations, mapped, handles) =
             std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
         let (Some(unmap), Some(release), Some(free)) =
             (drv.mem_unmap, drv.mem_release, drv.mem_address_free)
@@ -177,13 +246,15 @@ impl Drop for DriverVmm {
             return;
         };
         let _ = self.ctx.synchronize();
-        for (addr, (h, len)) in mapped {
-            // SAFETY: each mapping and handle is undone once.
-            let r = unsafe {
-                check(drv, "cuMemUnmap", unmap(addr, len))
-                    .and_then(|()| check(drv, "cuMemRelease", release(h)))
-            };
-            if let Err(e) = r {
+        for (addr, (_, len)) in mapped {
+            // SAFETY: each mapping is undone once.
+            if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(addr, len) }) {
+                self.ctx.record_drop_error(e);
+            }
+        }
+        for h in handles.into_keys() {
+            // SAFETY: each handle is released once, after all its mappings.
+            if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
                 self.ctx.record_drop_error(e);
             }
         }
@@ -200,15 +271,21 @@ impl Drop for DriverVmm {
 /// accounted against the stand-in's capacity.
 pub struct HostVmm {
     upstream: Arc<HostUpstream>,
-    pieces: Mutex<HashMap<CUdeviceptr, (CUdeviceptr, usize)>>,
+    /// Mapping address → (backing block, length), and mappings per backing block.
+    pieces: Mutex<HostPieces>,
 }
+
+type HostPieces = (
+    HashMap<CUdeviceptr, (CUdeviceptr, usize)>,
+    HashMap<CUdeviceptr, usize>,
+);
 
 impl HostVmm {
     /// Accounts mappings against `upstream`'s capacity.
     pub fn new(upstream: Arc<HostUpstream>) -> Self {
         HostVmm {
             upstream,
-            pieces: Mutex::new(HashMap::new()),
+            pieces: Mutex::new((HashMap::new(), HashMap::new())),
         }
     }
 }
@@ -242,21 +319,50 @@ impl VirtualMemory for HostVmm {
     }
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         let backing = self.upstream.alloc(len)?;
-        self.pieces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(addr, (backing, len));
+        let mut p = self.pieces.lock().unwrap_or_else(|e| e.into_inner());
+        p.0.insert(addr, (backing, len));
+        p.1.insert(backing, 1);
+        Ok(())
+    }
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        let mut p = self.pieces.lock().unwrap_or_else(|e| e.into_inner());
+        let backing = match p.0.get(&src) {
+            Some(&(b, l)) if l == len => b,
+            _ => {
+                return Err(EmmError::InvalidArgument {
+                    what: "address to alias",
+                    found: format!("{src:#x} ({len} bytes)"),
+                    expected: "the start of a range this pool mapped whole".into(),
+                })
+            }
+        };
+        p.0.insert(dst, (backing, len));
+        *p.1.entry(backing).or_insert(0) += 1;
         Ok(())
     }
     fn unmap(&self, addr: CUdeviceptr, _len: usize) -> Result<()> {
-        let piece = self
-            .pieces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&addr);
+        let (piece, last) = {
+            let mut p = self.pieces.lock().unwrap_or_else(|e| e.into_inner());
+            let piece = p.0.remove(&addr);
+            let last = match piece.and_then(|(b, _)| p.1.get_mut(&b)) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => {
+                    if let Some((b, _)) = piece {
+                        p.1.remove(&b);
+                    }
+                    true
+                }
+            };
+            (piece, last)
+        };
         match piece {
-            // SAFETY: the backing block came from `alloc(len)` of this upstream.
-            Some((b, l)) => unsafe { self.upstream.free(b, l) },
+            // SAFETY: the backing block came from `alloc(len)` of this upstream and
+            // its last mapping is gone.
+            Some((b, l)) if last => unsafe { self.upstream.free(b, l) },
+            Some(_) => Ok(()),
             None => Err(EmmError::InvalidArgument {
                 what: "address to unmap",
                 found: format!("{addr:#x}"),

@@ -782,3 +782,65 @@ fn one_managers_cache_makes_room_for_another_through_the_oom_hook() {
     });
     assert_eq!(snapshot(&f.s), before, "leaked or freed twice");
 }
+
+/// The pool moves the memory of free pages in the middle of its expandable segment
+/// to the segment's end instead of mapping new memory (the same physical pages at a
+/// second address, `cuMemMap` of one handle twice): the data written through the new
+/// addresses is read back intact, blocks still held are untouched, the pool reserves
+/// no more than before, and everything is given back at the end.
+#[test]
+fn pool_moves_free_pages_to_the_end_instead_of_growing() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let m = PoolManager::new(&f.ctx).unwrap();
+        let mib = 1usize << 20;
+        // Ten 30 MiB blocks, then every other one freed: 150 MiB of holes.
+        let mut blocks: Vec<_> = (0..10)
+            .map(|_| Some(m.memalloc(30 * mib).unwrap()))
+            .collect();
+        let mut kept = Vec::new();
+        for (i, b) in blocks.iter_mut().enumerate() {
+            let b = b.as_ref().unwrap();
+            let data = pattern(i as u8, 4096);
+            // SAFETY: each block holds 30 MiB.
+            unsafe { memory::copy_htod(&f.ctx, b.ptr(), &data) }.unwrap();
+            kept.push(data);
+        }
+        for b in blocks.iter_mut().step_by(2) {
+            drop(b.take());
+        }
+        let reserved = m.stats().reserved_bytes;
+        // 120 MiB in one piece fits no hole: without moving pages the pool would map
+        // 120 MiB more.
+        let big = m.memalloc(120 * mib).unwrap();
+        assert!(
+            m.stats().reserved_bytes <= reserved,
+            "reserved grew from {reserved} to {}",
+            m.stats().reserved_bytes
+        );
+        let data = pattern(99, 120 * mib);
+        let mut back = vec![0u8; 120 * mib];
+        // SAFETY: `big` holds 120 MiB.
+        unsafe {
+            memory::copy_htod(&f.ctx, big.ptr(), &data).unwrap();
+            memory::copy_dtoh(&f.ctx, &mut back, big.ptr()).unwrap();
+        }
+        assert!(back == data, "data through moved pages");
+        for (i, b) in blocks.iter().enumerate() {
+            if let Some(b) = b {
+                let mut got = vec![0u8; 4096];
+                // SAFETY: each block holds 30 MiB.
+                unsafe { memory::copy_dtoh(&f.ctx, &mut got, b.ptr()) }.unwrap();
+                assert_eq!(got, kept[i], "block {i} kept its data");
+            }
+        }
+        m.check().unwrap();
+        drop(big);
+        drop(blocks);
+        assert!(m.trim() > 0);
+        assert_eq!(m.stats().reserved_bytes, 0, "trim gives every byte back");
+        drop(m);
+    });
+    assert_clean(&f.s, &f.ctx, &before, "pool after moving pages");
+}

@@ -38,6 +38,7 @@ impl Arena {
                 size: seg,
                 kind,
                 expandable: None,
+                retired: 0,
             },
         );
         self.stats.reserved += seg;
@@ -71,6 +72,7 @@ impl Arena {
                             size: 0,
                             kind: Kind::Large,
                             expandable: Some((self.policy.expandable_reserve, Vec::new())),
+                            retired: 0,
                         },
                     );
                     self.stats.segments += 1;
@@ -99,18 +101,27 @@ impl Arena {
         // Grow by what the request lacks, at least the step: over-reserving by a
         // fraction of what is mapped cost 2-3 % of the footprint on the recorded
         // training traces for a handful of driver calls.
+        let page = self.policy.large_round;
         let grow = (size - tail_free).max(self.policy.expand_step);
-        let grow = grow.div_ceil(self.policy.large_round) * self.policy.large_round;
+        let grow = grow.div_ceil(page) * page;
         if mapped + grow > reserve {
             return Ok(false);
         }
+        // First the memory of whole pages inside free holes of this stream (or
+        // settled): mapped again at the end, their old addresses retired. Same-stream
+        // order (or the settling event) makes that as safe as reusing the hole, and
+        // the pool reserves no more memory for a request that fragmentation would
+        // otherwise have grown it for.
+        let moved = self.move_hole_pages(base, end - tail_free as u64, end, grow, stream, source);
+        let fresh = grow - moved;
         if let Some(limit) = self.limit {
-            if self.stats.reserved + grow > limit {
+            if self.stats.reserved + fresh > limit {
+                self.commit_growth(base, end, moved, 0, stream);
                 let (free, total) = source.device_info();
                 return Err(EmmError::OutOfMemory {
                     what: "device",
                     manager: "pool".into(),
-                    requested: grow,
+                    requested: fresh,
                     free,
                     total,
                     detail: format!(
@@ -120,23 +131,201 @@ impl Arena {
                 });
             }
         }
-        source.map(end, grow)?;
+        // Then new memory, a page per mapping so that any page can move later.
+        let mut mapped_fresh = 0;
+        while mapped_fresh < fresh {
+            let at = end + (moved + mapped_fresh) as u64;
+            if let Err(e) = source.map(at, page) {
+                self.commit_growth(base, end, moved, mapped_fresh, stream);
+                return Err(e);
+            }
+            mapped_fresh += page;
+        }
+        self.commit_growth(base, end, moved, fresh, stream);
+        Ok(true)
+    }
+
+    /// Accounts for `moved` bytes of moved pages and `fresh` bytes of new memory
+    /// mapped at `end`, and makes them one free block of `stream`.
+    fn commit_growth(
+        &mut self,
+        base: CUdeviceptr,
+        end: CUdeviceptr,
+        moved: usize,
+        fresh: usize,
+        stream: StreamKey,
+    ) {
+        let grown = moved + fresh;
+        if grown == 0 {
+            return;
+        }
+        let page = self.policy.large_round;
+        let off = (end - base) as usize;
         if let Some(Segment {
             size,
             expandable: Some((_, pieces)),
             ..
         }) = self.segments.get_mut(&base)
         {
-            pieces.push((mapped, grow));
-            *size += grow;
+            pieces.extend((0..grown / page).map(|k| (off + k * page, page)));
+            *size += grown;
         }
-        self.stats.reserved += grow;
+        self.stats.reserved += fresh;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
-        self.stats.upstream_allocs += 1;
+        if fresh > 0 {
+            self.stats.upstream_allocs += 1;
+            self.history.push(
+                TraceAction::SegmentMap,
+                end + moved as u64,
+                fresh,
+                stream_id(stream),
+            );
+        }
+        self.insert_free(end, grown, base, stream);
+    }
+
+    /// Maps at `end` the memory of up to `want` bytes of whole pages lying in free
+    /// blocks of `stream` (or settled) below `below`, and retires their old
+    /// addresses. Returns the bytes moved (a multiple of the page).
+    fn move_hole_pages(
+        &mut self,
+        base: CUdeviceptr,
+        below: CUdeviceptr,
+        end: CUdeviceptr,
+        want: usize,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+    ) -> usize {
+        let page = self.policy.large_round as u64;
+        let holes: Vec<(CUdeviceptr, usize, StreamKey)> = self
+            .blocks
+            .range(base..below)
+            .filter_map(|(&a, b)| match b.state {
+                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => {
+                    Some((a, b.size, s))
+                }
+                _ => None,
+            })
+            .filter(|&(a, n, _)| (a + n as u64) / page > a.div_ceil(page))
+            .collect();
+        let mut moved = 0usize;
+        for (a, n, owner) in holes {
+            if moved >= want {
+                break;
+            }
+            let first = a.div_ceil(page) * page;
+            let last = (a + n as u64) / page * page;
+            let mut p = first;
+            while p < last && moved < want {
+                let dst = end + moved as u64;
+                if source.alias(p, dst, page as usize).is_err() {
+                    break;
+                }
+                self.aliases.insert(dst, p);
+                moved += page as usize;
+                p += page;
+            }
+            if p > first {
+                self.retire(base, a, n, owner, first, p);
+            }
+            if p < last && moved < want {
+                break; // aliasing failed: map new memory for the rest
+            }
+        }
+        moved
+    }
+
+    /// Splits the free block `[a, a+n)` of `owner` around `[from, to)`, which is
+    /// retired.
+    fn retire(
+        &mut self,
+        base: CUdeviceptr,
+        a: CUdeviceptr,
+        n: usize,
+        owner: StreamKey,
+        from: CUdeviceptr,
+        to: CUdeviceptr,
+    ) {
+        self.free_set(owner, Kind::Large).remove(&(n, a));
+        self.blocks.remove(&a);
+        let put = |me: &mut Self, at: CUdeviceptr, len: usize, state: State| {
+            if len > 0 {
+                me.blocks.insert(
+                    at,
+                    Block {
+                        size: len,
+                        segment: base,
+                        state,
+                    },
+                );
+                if let State::Free(s) = state {
+                    me.free_set(s, Kind::Large).insert((len, at));
+                }
+            }
+        };
+        put(self, a, (from - a) as usize, State::Free(owner));
+        put(self, from, (to - from) as usize, State::Retired);
+        put(self, to, (a + n as u64 - to) as usize, State::Free(owner));
+        if let Some(seg) = self.segments.get_mut(&base) {
+            seg.retired += (to - from) as usize;
+        }
+    }
+
+    /// When no block of the expandable segment is held or pending, unmaps all of it
+    /// (moved pages and retired address space included) and starts it again at its
+    /// base, so its address space is used again; returns the bytes released.
+    fn reset_expandable(&mut self, source: &dyn SegmentSource) -> usize {
+        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+            return 0;
+        };
+        let Some(seg) = self.segments.get(&base) else {
+            return 0;
+        };
+        let end = base + seg.size as u64;
+        let physical = seg.size - seg.retired;
+        if physical == 0
+            || self
+                .blocks
+                .range(base..end)
+                .any(|(_, b)| matches!(b.state, State::Live | State::Pending))
+        {
+            return 0;
+        }
+        let blocks: Vec<(CUdeviceptr, Block)> = self
+            .blocks
+            .range(base..end)
+            .map(|(&a, &b)| (a, b))
+            .collect();
+        for (a, b) in blocks {
+            if let State::Free(s) = b.state {
+                self.free_set(s, Kind::Large).remove(&(b.size, a));
+            }
+            self.blocks.remove(&a);
+        }
+        let pieces = match self.segments.get_mut(&base) {
+            Some(Segment {
+                size,
+                retired,
+                expandable: Some((_, pieces)),
+                ..
+            }) => {
+                *size = 0;
+                *retired = 0;
+                std::mem::take(pieces)
+            }
+            _ => Vec::new(),
+        };
+        for (off, len) in pieces {
+            if let Err(e) = source.unmap(base + off as u64, len) {
+                tracing::error!(error = %e, "unmapping the expandable segment failed");
+            }
+        }
+        self.aliases.clear();
+        self.stats.reserved -= physical;
+        self.stats.upstream_frees += 1;
         self.history
-            .push(TraceAction::SegmentMap, end, grow, stream_id(stream));
-        self.insert_free(end, grow, base, stream);
-        Ok(true)
+            .push(TraceAction::SegmentUnmap, base, physical, 0);
+        physical
     }
 
     /// Unmaps the mapped pieces at the end of the expandable segment that lie
@@ -186,6 +375,23 @@ impl Arena {
                     },
                 );
                 self.free_set(stream, Kind::Large).insert((rest, a));
+            }
+            // A page whose memory is shared with retired pages: their mappings go
+            // too, and with the last one the memory.
+            let mut src = self.aliases.remove(&piece_start);
+            while let Some(s) = src {
+                if let Err(e) = source.unmap(s, len) {
+                    tracing::error!(error = %e, "unmapping a retired page failed");
+                }
+                if let Some(Segment {
+                    expandable: Some((_, pieces)),
+                    ..
+                }) = self.segments.get_mut(&base)
+                {
+                    let off = (s - base) as usize;
+                    pieces.retain(|&(o, _)| o != off);
+                }
+                src = self.aliases.remove(&s);
             }
             if let Some(Segment {
                 size,
@@ -239,7 +445,13 @@ impl Arena {
                 .push(TraceAction::SegmentFree, base, size, stream_id(stream));
             released += size;
         }
-        released + self.shrink_expandable(source)
+        let whole = self.reset_expandable(source);
+        released
+            + if whole > 0 {
+                whole
+            } else {
+                self.shrink_expandable(source)
+            }
     }
 
     /// Every segment, for reset: `(base, size)`.
@@ -265,6 +477,7 @@ impl Arena {
         if let Some(b) = self.grow_base.filter(|&b| b != 0) {
             if let Some(seg) = self.segments.get_mut(&b) {
                 seg.size = 0;
+                seg.retired = 0;
                 if let Some((_, p)) = &mut seg.expandable {
                     p.clear();
                 }
@@ -274,6 +487,7 @@ impl Arena {
         self.blocks.clear();
         self.free.clear();
         self.pending.clear();
+        self.aliases.clear();
         self.stats.reserved = 0;
         self.stats.live = 0;
         self.stats.segments = self.segments.len();

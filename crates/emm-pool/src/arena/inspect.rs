@@ -10,7 +10,7 @@ impl Arena {
     pub fn inactive_split_bytes(&self) -> usize {
         self.blocks
             .values()
-            .filter(|b| b.state != State::Live)
+            .filter(|b| b.state != State::Live && b.state != State::Retired)
             .filter(|b| {
                 self.segments
                     .get(&b.segment)
@@ -22,29 +22,37 @@ impl Arena {
 
     /// Every segment with memory behind it and its blocks, in address order. Live
     /// blocks (held by callers or parked in thread caches) are `allocated`; free and
-    /// pending ones are not.
+    /// pending ones are not. The expandable segment is reported as its runs of
+    /// memory between retired address ranges (whose memory moved to its end), so
+    /// blocks tile every reported segment and segments sum to what is reserved.
     pub fn snapshot_segments(&self) -> Vec<SnapshotSegment> {
-        self.segments
-            .iter()
-            .filter(|(_, seg)| seg.size > 0)
-            .map(|(&base, seg)| SnapshotSegment {
-                address: base,
-                total_size: seg.size,
-                stream: 0,
-                large: seg.kind == Kind::Large,
-                expandable: seg.expandable.is_some(),
-                blocks: self
-                    .blocks
-                    .range(base..base + seg.size as u64)
-                    .map(|(&a, b)| SnapshotBlock {
-                        address: a,
-                        size: b.size,
-                        requested_size: b.size,
-                        allocated: b.state == State::Live,
-                    })
-                    .collect(),
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (&base, seg) in self.segments.iter().filter(|(_, seg)| seg.size > 0) {
+            let mut run: Option<SnapshotSegment> = None;
+            for (&a, b) in self.blocks.range(base..base + seg.size as u64) {
+                if b.state == State::Retired {
+                    out.extend(run.take());
+                    continue;
+                }
+                let r = run.get_or_insert_with(|| SnapshotSegment {
+                    address: a,
+                    total_size: 0,
+                    stream: 0,
+                    large: seg.kind == Kind::Large,
+                    expandable: seg.expandable.is_some(),
+                    blocks: Vec::new(),
+                });
+                r.total_size += b.size;
+                r.blocks.push(SnapshotBlock {
+                    address: a,
+                    size: b.size,
+                    requested_size: b.size,
+                    allocated: b.state == State::Live,
+                });
+            }
+            out.extend(run);
+        }
+        out
     }
 
     /// Pending event groups (for tests and statistics).
@@ -56,6 +64,7 @@ impl Arena {
     pub fn check(&self) -> std::result::Result<(), String> {
         let mut live = 0;
         for (&base, seg) in &self.segments {
+            let mut retired = 0;
             let mut at = base;
             let end = base + seg.size as u64;
             for (&a, b) in self.blocks.range(base..end) {
@@ -82,11 +91,20 @@ impl Arena {
                 if b.state == State::Live {
                     live += b.size;
                 }
+                if b.state == State::Retired {
+                    retired += b.size;
+                }
                 at = a + b.size as u64;
             }
             if at != end {
                 return Err(format!(
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
+                ));
+            }
+            if retired != seg.retired {
+                return Err(format!(
+                    "segment {base:#x}: {retired} retired bytes by blocks, {} by counter",
+                    seg.retired
                 ));
             }
         }
@@ -96,7 +114,7 @@ impl Arena {
                 live, self.stats.live
             ));
         }
-        let reserved: usize = self.segments.values().map(|s| s.size).sum();
+        let reserved: usize = self.segments.values().map(|s| s.size - s.retired).sum();
         if reserved != self.stats.reserved {
             return Err(format!(
                 "reserved {} by segments, {} by counter",

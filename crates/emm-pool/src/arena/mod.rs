@@ -63,6 +63,9 @@ enum State {
     Free(StreamKey),
     /// Freed on a stream, waiting for an event before another stream may use it.
     Pending,
+    /// Address space of the expandable segment whose memory now also backs its end
+    /// (see `growth.rs`): never handed out again.
+    Retired,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +83,9 @@ pub(crate) struct Segment {
     /// For an expandable segment: the address space reserved, and the mapped
     /// pieces `(offset, len)` in order.
     pub expandable: Option<(usize, Vec<(usize, usize)>)>,
+    /// Bytes of `size` whose memory was moved to the segment's end (retired
+    /// address space): the memory behind the segment is `size - retired`.
+    pub retired: usize,
 }
 
 /// Counters kept under the lock.
@@ -175,6 +181,14 @@ pub(crate) trait SegmentSource {
             operation: "unmap",
         })
     }
+    /// Maps at `dst` the memory mapped at `src` (a range given to `map` or `alias`
+    /// whole, `len` bytes): the same memory at two addresses.
+    fn alias(&self, _src: CUdeviceptr, _dst: CUdeviceptr, _len: usize) -> Result<()> {
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "alias",
+        })
+    }
 }
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
@@ -260,6 +274,9 @@ pub(crate) struct Arena {
     /// The expandable segment's base, once reserved; `Some(0)` after a reservation
     /// failed (do not try again).
     grow_base: Option<CUdeviceptr>,
+    /// Pages at the end of the expandable segment mapped onto the memory of a
+    /// retired page: end page → the page whose memory it shares.
+    aliases: HashMap<CUdeviceptr, CUdeviceptr>,
     /// The allocation history (off unless asked for).
     pub history: History,
 }
