@@ -285,12 +285,15 @@ def _raise_last(lib: ctypes.CDLL, status: int) -> None:
     buf = ctypes.create_string_buffer(n + 1)
     lib.emm_last_error(buf, n + 1)
     message = buf.value.decode("utf-8", "replace")
-    emit_warnings(lib, stacklevel=4)
+    # The out-of-memory figures first: taking warnings may set the last error.
+    oom = None
     if status == EMM_ERR_OUT_OF_MEMORY:
         r, f, t = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
         if lib.emm_last_oom(ctypes.byref(r), ctypes.byref(f), ctypes.byref(t)) == EMM_OK:
-            raise OutOfMemoryError(message, r.value, f.value, t.value)
-        raise OutOfMemoryError(message)
+            oom = (r.value, f.value, t.value)
+    emit_warnings(lib, stacklevel=4)
+    if status == EMM_ERR_OUT_OF_MEMORY:
+        raise OutOfMemoryError(message, *oom) if oom else OutOfMemoryError(message)
     raise EmmError(status, message)
 
 

@@ -494,9 +494,12 @@ impl Core {
                         add(&local.counters.allocated_total, rsize as u64);
                     });
                 } else {
-                    bump(&self.orphan.allocations);
-                    bump(&self.orphan.live_blocks);
-                    add(&self.orphan.allocated_total, rsize as u64);
+                    // Shared by every thread without a cache: read-modify-write.
+                    self.orphan.allocations.fetch_add(1, Ordering::Relaxed);
+                    self.orphan.live_blocks.fetch_add(1, Ordering::Release);
+                    self.orphan
+                        .allocated_total
+                        .fetch_add(rsize as u64, Ordering::Relaxed);
                 }
                 arena
                     .history
@@ -549,14 +552,22 @@ impl Core {
                 arena.history.push(action, ptr, rsize, stream_id(key));
             }
         }
+        // The block stops counting as live only after this free is done with the
+        // core: `PoolManager::drop` frees the core once nothing is live, and an
+        // allocation may be dropped on any thread.
+        let done = |c: &AtomicU64| {
+            c.store(c.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release);
+        };
         let cached = LOCALS
             .try_with(|cell| {
                 let mut locals = cell.try_borrow_mut().ok()?;
                 let local = locals.iter_mut().find(|l| l.id == self.id)?;
-                let c = &local.counters.live_blocks;
-                c.store(c.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Relaxed);
                 if token != gen {
-                    return Some(true); // invalidated by reset
+                    done(&local.counters.live_blocks);
+                    return Some(Freed::Cached); // invalidated by reset
+                }
+                if cfg.thread_cache_blocks == 0 || rsize > cfg.thread_cache_bytes {
+                    return Some(Freed::ToArena(local.counters.clone()));
                 }
                 let sc = match local.streams.iter_mut().position(|s| s.stream == key) {
                     Some(i) => &mut local.streams[i],
@@ -577,15 +588,12 @@ impl Core {
                         local.streams.last_mut()?
                     }
                 };
-                if cfg.thread_cache_blocks == 0 || rsize > cfg.thread_cache_bytes {
-                    return Some(false);
-                }
                 // Full: the stream's cached blocks all go back to the arena (where
                 // they coalesce) and this one starts the cache afresh, so blocks that
                 // are not reused (one large tensor, say) cannot keep the cache full
                 // and send every other size to the locked path.
                 if sc.entries.len() >= cfg.thread_cache_blocks
-                    || sc.bytes + rsize > cfg.thread_cache_bytes
+                    || sc.bytes.saturating_add(rsize) > cfg.thread_cache_bytes
                 {
                     let mut arena = self.lock();
                     self.flush_stream(&mut arena, sc, &local.counters, gen, true);
@@ -599,21 +607,23 @@ impl Core {
                 });
                 sc.bytes += rsize;
                 add_cached(&local.counters, rsize as i64);
-                Some(true)
+                done(&local.counters.live_blocks);
+                Some(Freed::Cached)
             })
             .ok()
             .flatten();
         match cached {
-            Some(true) => {}
-            Some(false) => {
+            Some(Freed::Cached) => {}
+            Some(Freed::ToArena(counters)) => {
                 self.lock().free(ptr, key, Some(self.events.as_ref()));
+                done(&counters.live_blocks);
             }
             None => {
                 // No cache on this thread (or it is being torn down).
-                bump(&self.orphan.freed_blocks);
                 if token == gen {
                     self.lock().free(ptr, key, Some(self.events.as_ref()));
                 }
+                self.orphan.freed_blocks.fetch_add(1, Ordering::Release);
             }
         }
     }
@@ -650,6 +660,14 @@ impl Core {
         t + self.orphan.live_blocks.load(Ordering::Relaxed) as i64
             - self.orphan.freed_blocks.load(Ordering::Relaxed) as i64
     }
+}
+
+/// Where a freed block went.
+enum Freed {
+    /// Into this thread's cache (or nowhere: invalidated by a reset).
+    Cached,
+    /// To the shared arena, then counted off on this thread's counters.
+    ToArena(Arc<ThreadCounters>),
 }
 
 impl DeviceRelease for Core {
@@ -947,6 +965,9 @@ impl Drop for PoolManager {
             std::mem::forget(self.core.clone());
             return;
         }
+        // Pairs with the Release of the last free's count: that free is done with
+        // the core before the core is taken apart below.
+        std::sync::atomic::fence(Ordering::Acquire);
         // Every block is free now, in the arena or in some thread's cache (those
         // entries go stale with the generation): wait for the device's work on
         // them, then give every segment back.

@@ -109,9 +109,9 @@ fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
     m
 }
 
-/// Runs `body` on a thread of its own and joins it: the pool keeps per-thread
-/// caches (and, through them, its core) until the thread exits, so leak checks
-/// look after the join.
+/// Runs `body` on a thread of its own and joins it, so that leak checks also see
+/// what a thread's exit gives back (its caches; the pool itself goes with its last
+/// owner, as `pool_drop_destroys_its_events_on_a_live_thread` checks).
 fn on_thread<R: Send>(body: impl FnOnce() -> R + Send) -> R {
     std::thread::scope(|sc| sc.spawn(body).join().unwrap())
 }
