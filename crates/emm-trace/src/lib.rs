@@ -22,6 +22,7 @@
 
 mod diagnostics;
 mod error;
+mod nesting;
 mod op;
 pub mod record;
 mod replay;

@@ -23,6 +23,9 @@ use crate::op::Op;
 /// The largest snapshot read (the decoded value is held in memory).
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
 
+/// Deepest nesting of containers accepted in a snapshot pickle (PyTorch's nest 6).
+pub const MAX_NESTING: usize = 256;
+
 /// What PyTorch's caching allocator itself did, from the snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TorchFigures {
@@ -111,9 +114,22 @@ fn as_str(v: Option<&Value>) -> Option<&str> {
 }
 
 /// Reads a snapshot pickle into one [`DeviceTrace`] per device with any activity.
-pub fn read_snapshot(reader: impl Read, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
-    let value = serde_pickle::value_from_reader(
-        reader,
+pub fn read_snapshot(mut reader: impl Read, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
+    let mut data = Vec::new();
+    reader
+        .read_to_end(&mut data)
+        .map_err(|e| TraceError::Pickle {
+            trace: trace.to_owned(),
+            reason: format!("reading it failed: {e}"),
+        })?;
+    // serde-pickle recurses once per level of nesting: a pickle nested deeper than
+    // any snapshot (they nest 6 levels) is refused before it can overflow the stack.
+    crate::nesting::depth(&data, MAX_NESTING).map_err(|reason| TraceError::Pickle {
+        trace: trace.to_owned(),
+        reason,
+    })?;
+    let value = serde_pickle::value_from_slice(
+        &data,
         DeOptions::new()
             .replace_unresolved_globals()
             .replace_recursive_structures(),

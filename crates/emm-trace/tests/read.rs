@@ -199,6 +199,20 @@ fn real_pytorch_snapshots_give_the_peak_they_imply() {
     }
 }
 
+/// A pickle of 200,000 nested lists (200 KB) once overflowed the decoder's stack and
+/// aborted the process; it is a typed error now.
+#[test]
+fn a_deeply_nested_pickle_is_a_typed_error_not_an_abort() {
+    let n = 200_000;
+    let mut p = vec![0x80, 2];
+    p.extend(std::iter::repeat_n(b']', n));
+    p.extend(std::iter::repeat_n(b'a', n - 1));
+    p.push(b'.');
+    let e = open_one(&temp("nested.pickle", &p)).unwrap_err();
+    assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+    assert!(e.to_string().contains("nest deeper"), "{e}");
+}
+
 #[test]
 fn a_pickle_that_is_not_a_snapshot_is_a_typed_error() {
     let e = open_one(&fixture("not_a_snapshot.pickle")).unwrap_err();
