@@ -431,7 +431,7 @@ fn tidy(root: &Path) -> Result<(), String> {
     // Built binaries do not need libcuda (checked when readelf and a build exist).
     for bin in [
         root.join("target/debug/emm"),
-        root.join("target/release/emm"),
+        target_dir(root).join("release/emm"),
     ] {
         if bin.is_file() {
             match Command::new("readelf").arg("-d").arg(&bin).output() {
@@ -550,13 +550,13 @@ fn gpu(root: &Path) -> Result<(), String> {
     )?;
     // The stand-in's own tests (bin/emm__standin) find it beside bin/, as in target/.
     std::fs::copy(
-        root.join("target/release/libemm_standin.so"),
+        target_dir(root).join("release/libemm_standin.so"),
         bundle.join("libemm_standin.so"),
     )
     .map_err(|e| format!("copying libemm_standin.so: {e}"))?;
     std::fs::create_dir_all(bundle.join("lib")).map_err(|e| e.to_string())?;
     std::fs::copy(
-        root.join("target/release/libemm_capi.so"),
+        target_dir(root).join("release/libemm_capi.so"),
         bundle.join("lib/libemm_capi.so"),
     )
     .map_err(|e| format!("copying libemm_capi.so: {e}"))?;
@@ -576,7 +576,7 @@ fn gpu(root: &Path) -> Result<(), String> {
              [ $rc -eq 0 ] || fail=1\n"
         );
     }
-    std::fs::copy(root.join("target/release/emm"), bundle.join("emm"))
+    std::fs::copy(target_dir(root).join("release/emm"), bundle.join("emm"))
         .map_err(|e| e.to_string())?;
     // Test data travels with the bundle; tests find it through EMM_TEST_DATA.
     for rel in ["emm-cli/traces", "emm-trace/tests/fixtures"] {

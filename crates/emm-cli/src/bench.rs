@@ -204,6 +204,18 @@ fn threads(ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
         }
     };
     let per_thread = 4_000_000usize;
+    // The streams first: a stream the driver refuses is reported, not a panic in
+    // a thread that the others would wait for at the barrier.
+    let streams = match (0..16)
+        .map(|_| Stream::new(ctx))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            note(format_args!("emm bench: creating a stream failed: {e}"));
+            return Ok(ExitCode::from(1));
+        }
+    };
     // Each thread sets up (context, stream, first pairs) before the clock starts;
     // the clock stops when the last thread is done.
     let run = |n: usize| -> f64 {
@@ -212,10 +224,9 @@ fn threads(ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
         let mut elapsed = 0.0;
         std::thread::scope(|sc| {
             for t in 0..n {
-                let (pool, ready, done) = (&pool, &ready, &done);
+                let (pool, ready, done, stream) = (&pool, &ready, &done, &streams[t]);
                 sc.spawn(move || {
                     let _ = ctx.set_current();
-                    let stream = Stream::new(ctx).expect("stream");
                     let sizes = [256usize, 4096, 65_536, 1 << 20];
                     for &s in &sizes {
                         drop(pool.alloc(s, stream.raw()));

@@ -105,6 +105,11 @@ pub trait MemoryManager: Send + Sync {
     /// `size` bytes of device memory ordered on `stream`, released on it. The
     /// default forwards to [`memalloc`](Self::memalloc), which is correct (memory
     /// usable on every stream) but not stream-ordered.
+    ///
+    /// The caller keeps `stream` alive until the allocation is released (or moves
+    /// the allocation to a live stream with `DeviceAllocation::set_stream` first):
+    /// managers may record an event on it at the release, as CUDA's own
+    /// stream-ordered allocator orders the free on it.
     fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
         let mut a = self.memalloc(size)?;
         a.set_stream(stream);

@@ -742,6 +742,21 @@ impl PoolManager {
 
     /// A pool over `upstream` with `config`.
     pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
+        let seg = &config.segments;
+        for (name, value) in [
+            ("segments.large_round", seg.large_round),
+            ("segments.small_segment", seg.small_segment),
+            ("segments.large_segment", seg.large_segment),
+            ("segments.expand_step", seg.expand_step),
+        ] {
+            if value == 0 || (name == "segments.large_round" && !value.is_power_of_two()) {
+                return Err(EmmError::InvalidConfig {
+                    name: name.into(),
+                    value: value.to_string(),
+                    reason: "a positive size (the rounding a power of two)".into(),
+                });
+            }
+        }
         let defer = DeferState::new();
         type Parts = (
             Box<dyn Upstream>,
