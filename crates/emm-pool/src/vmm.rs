@@ -25,8 +25,7 @@ pub trait VirtualMemory: Send + Sync {
     /// start of a range `map` or `alias` mapped whole, `len` bytes): the same memory
     /// at two addresses. The memory is released when its last mapping is unmapped.
     /// The default: unsupported (the pool then maps new memory instead).
-    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
-        let _ = (src, dst, len);
+    fn alias(&self, _src: CUdeviceptr, _dst: CUdeviceptr, _len: usize) -> Result<()> {
         Err(EmmError::Unsupported {
             manager: "pool".into(),
             operation: "alias",
