@@ -95,7 +95,15 @@ impl Arena {
         };
         let end = base + mapped as u64;
         let tail_free = match self.blocks.range(..end).next_back() {
-            Some((&a, b)) if b.state == State::Free(stream) && a + b.size as u64 == end => b.size,
+            // The segment's own last block (a block of another segment may end
+            // where this one starts).
+            Some((&a, b))
+                if b.segment == base
+                    && b.state == State::Free(stream)
+                    && a + b.size as u64 == end =>
+            {
+                b.size
+            }
             _ => 0,
         };
         // Grow by what the request lacks, at least the step: over-reserving by a
@@ -197,6 +205,9 @@ impl Arena {
         source: &dyn SegmentSource,
     ) -> usize {
         let page = self.policy.large_round as u64;
+        if below <= base {
+            return 0;
+        }
         let holes: Vec<(CUdeviceptr, usize, StreamKey)> = self
             .blocks
             .range(base..below)
