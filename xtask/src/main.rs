@@ -167,7 +167,15 @@ fn standin_gpu_tests(root: &Path) -> Result<(), String> {
         eprintln!("    skipped: {name}: {why}");
     }
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--", "--include-ignored"]);
+    // One test at a time, as on the GPU (`run.sh`): device-wide figures such as free
+    // memory are shared by every test of a binary.
+    cmd.args([
+        "test",
+        "--workspace",
+        "--",
+        "--include-ignored",
+        "--test-threads=1",
+    ]);
     for (name, _) in STANDIN_SKIPS {
         cmd.args(["--skip", name]);
     }
