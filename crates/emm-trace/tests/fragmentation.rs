@@ -4,7 +4,7 @@
 use emm_pool::{PoolConfig, PoolManager};
 use std::path::PathBuf;
 
-use emm_trace::{replay, scan, synth, ReplayOptions, Trace};
+use emm_trace::{replay, scan, synth, ReplayOptions, ReplayResult, Summary, Trace};
 
 /// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
 /// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
@@ -18,6 +18,22 @@ fn data(rel: &str) -> PathBuf {
     PathBuf::from(manifest).join("..").join(rel)
 }
 
+/// Replays `t` through a fresh pool over the host stand-in, all on one stream:
+/// the trace's figures, the replay's, and peak reserved over peak live.
+fn through_the_pool(t: &Trace, samples: u64) -> (Summary, ReplayResult, f64) {
+    let summary = scan(t).unwrap();
+    let pool = PoolManager::host(1 << 40, PoolConfig::default()).unwrap();
+    let opts = ReplayOptions {
+        total_events: summary.events,
+        samples,
+    };
+    let r = replay(t, &pool, &mut |_| emm_core::SYNC_STREAM, &opts, &mut |_| {}).unwrap();
+    assert_eq!(r.failures, 0, "{}", t.name());
+    assert_eq!(r.peak_live_bytes, summary.peak_live_bytes, "{}", t.name());
+    let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
+    (summary, r, ratio)
+}
+
 #[test]
 fn peak_reserved_stays_within_ten_percent_of_peak_live() {
     let root = data("emm-cli/traces/gpt_train.csv");
@@ -28,23 +44,7 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
         synth::conv_training(3, 20),
     ];
     for t in traces {
-        let summary = scan(&t).unwrap();
-        let pool = PoolManager::host(1 << 40, PoolConfig::default()).unwrap();
-        let opts = ReplayOptions {
-            total_events: summary.events,
-            samples: 100,
-        };
-        let r = replay(
-            &t,
-            &pool,
-            &mut |_| emm_core::SYNC_STREAM,
-            &opts,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_eq!(r.failures, 0);
-        assert_eq!(r.peak_live_bytes, summary.peak_live_bytes);
-        let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
+        let (summary, r, ratio) = through_the_pool(&t, 100);
         assert!(
             ratio <= 1.10,
             "{}: peak reserved / peak live = {ratio:.3}",
@@ -86,23 +86,7 @@ fn recorded_h200_traces_stay_within_their_bounds() {
         let t = Trace::open(&data("emm-cli/traces").join(name), None)
             .unwrap()
             .remove(0);
-        let summary = scan(&t).unwrap();
-        let pool = PoolManager::host(1 << 40, PoolConfig::default()).unwrap();
-        let opts = ReplayOptions {
-            total_events: summary.events,
-            samples: 10,
-        };
-        let r = replay(
-            &t,
-            &pool,
-            &mut |_| emm_core::SYNC_STREAM,
-            &opts,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_eq!(r.failures, 0);
-        assert_eq!(r.peak_live_bytes, summary.peak_live_bytes);
-        let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
+        let (_, _, ratio) = through_the_pool(&t, 10);
         assert!(
             ratio <= bound,
             "{name}: peak reserved / peak live = {ratio:.3} > {bound}"
