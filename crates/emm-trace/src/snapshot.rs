@@ -141,6 +141,25 @@ pub fn read_snapshot(mut reader: impl Read, trace: &str) -> Result<Vec<DeviceTra
     from_value(&value, trace)
 }
 
+/// An allocation made before recording began, put at the start of the trace;
+/// returns its id.
+fn reconstruct(
+    next: &mut u64,
+    pre: &mut Vec<Op>,
+    fig: &mut TorchFigures,
+    size: u64,
+    stream: u64,
+) -> u64 {
+    *next += 1;
+    pre.push(Op::Alloc {
+        id: *next,
+        size,
+        stream,
+    });
+    fig.reconstructed_allocs += 1;
+    *next
+}
+
 fn from_value(value: &Value, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
     let cx = Ctx { trace };
     let top = as_dict(value).ok_or_else(|| cx.bad("the top", "a dict with `segments`", value))?;
@@ -268,17 +287,8 @@ fn device_trace(
                 };
                 let id = match live.remove(&a) {
                     Some(id) => id,
-                    None => {
-                        // Allocated before recording began.
-                        next += 1;
-                        pre.push(Op::Alloc {
-                            id: next,
-                            size,
-                            stream,
-                        });
-                        fig.reconstructed_allocs += 1;
-                        next
-                    }
+                    // Allocated before recording began.
+                    None => reconstruct(&mut next, &mut pre, &mut fig, size, stream),
                 };
                 ops.push(Op::Free { id });
                 requested.insert(a, i);
@@ -322,13 +332,7 @@ fn device_trace(
         .collect();
     still.sort();
     for (_, &(size, stream)) in still {
-        next += 1;
-        pre.push(Op::Alloc {
-            id: next,
-            size,
-            stream,
-        });
-        fig.reconstructed_allocs += 1;
+        reconstruct(&mut next, &mut pre, &mut fig, size, stream);
     }
     // PyTorch's reserved bytes: anchored at the dump, never below zero.
     let dump = fig.reserved_at_dump as i128;

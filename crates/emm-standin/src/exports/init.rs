@@ -52,17 +52,19 @@ fn texts() -> &'static HashMap<i32, (CString, CString)> {
     })
 }
 
-/// `cuGetErrorName`: a static string, or `CUDA_ERROR_INVALID_VALUE` for an
-/// unknown code.
+/// The name or description of `code` (picked from its pair of texts) into `*p`;
+/// null and `CUDA_ERROR_INVALID_VALUE` for an unknown code.
 ///
 /// # Safety
 /// `p` must be valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -> CUresult {
-    call("cuGetErrorName", |_| {
-        let s = texts()
-            .get(&code.0)
-            .map_or(core::ptr::null(), |t| t.0.as_ptr());
+unsafe fn error_text(
+    function: &'static str,
+    code: CUresult,
+    p: *mut *const c_char,
+    pick: impl Fn(&(CString, CString)) -> *const c_char,
+) -> CUresult {
+    call(function, |_| {
+        let s = texts().get(&code.0).map_or(core::ptr::null(), &pick);
         // SAFETY: forwarded to the caller.
         unsafe { put(p, s) }?;
         if s.is_null() {
@@ -73,24 +75,25 @@ pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -
     })
 }
 
+/// `cuGetErrorName`: a static string, or `CUDA_ERROR_INVALID_VALUE` for an
+/// unknown code.
+///
+/// # Safety
+/// `p` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -> CUresult {
+    // SAFETY: forwarded to the caller.
+    unsafe { error_text("cuGetErrorName", code, p, |t| t.0.as_ptr()) }
+}
+
 /// `cuGetErrorString`: a static description.
 ///
 /// # Safety
 /// `p` must be valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(code: CUresult, p: *mut *const c_char) -> CUresult {
-    call("cuGetErrorString", |_| {
-        let s = texts()
-            .get(&code.0)
-            .map_or(core::ptr::null(), |t| t.1.as_ptr());
-        // SAFETY: forwarded to the caller.
-        unsafe { put(p, s) }?;
-        if s.is_null() {
-            Err(CUresult::ERROR_INVALID_VALUE)
-        } else {
-            Ok(())
-        }
-    })
+    // SAFETY: forwarded to the caller.
+    unsafe { error_text("cuGetErrorString", code, p, |t| t.1.as_ptr()) }
 }
 
 /// The stand-in's control function (not a CUDA symbol): runs one command of

@@ -24,7 +24,16 @@ fn pool_ptr(h: u64) -> CUmemoryPool {
     CUmemoryPool(h as usize as *mut c_void)
 }
 
-fn check_access(st: &State, desc: *const CUmemAccessDesc, count: usize) -> Result<(), CUresult> {
+/// Checks `count` access descriptors (shared by `cuMemPoolSetAccess` and
+/// `cuMemSetAccess`): present, and each naming a device that exists.
+///
+/// # Safety
+/// A non-null `desc` must point at `count` descriptors.
+pub(crate) unsafe fn check_access(
+    st: &State,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> Result<(), CUresult> {
     if desc.is_null() || count == 0 {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
@@ -234,7 +243,8 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
 ) -> CUresult {
     call("cuMemPoolSetAccess", |st| {
         st.pools.check(pool.0 as u64)?;
-        check_access(st, desc, count)
+        // SAFETY: forwarded to the caller.
+        unsafe { check_access(st, desc, count) }
     })
 }
 

@@ -132,16 +132,8 @@ pub unsafe extern "C" fn cuMemSetAccess(
     count: usize,
 ) -> CUresult {
     call("cuMemSetAccess", |st| {
-        if desc.is_null() || count == 0 {
-            return Err(CUresult::ERROR_INVALID_VALUE);
-        }
-        for i in 0..count {
-            // SAFETY: the caller passes `count` descriptors.
-            let d = unsafe { desc.add(i).read_unaligned() };
-            if !(0..st.config.devices).contains(&d.location.id) {
-                return Err(CUresult::ERROR_INVALID_DEVICE);
-            }
-        }
+        // SAFETY: forwarded to the caller.
+        unsafe { super::mempool::check_access(st, desc, count) }?;
         st.vmm.set_access(&mut st.mem, ptr, size)
     })
 }
