@@ -171,8 +171,8 @@ def library_path() -> pathlib.Path:
 _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
 # emm_configure, emm_last_oom and the warning queue; 301 the memory tools; 302
-# EMM_ERR_INTERNAL and checked handles.
-ABI_NEEDED = 302
+# EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator.
+ABI_NEEDED = 303
 
 
 class _Stats(ctypes.Structure):

@@ -60,7 +60,8 @@ typedef struct emm_stats {
  * emm_memory_stats_json, emm_reset_peak_stats, emm_record_memory_history,
  * emm_memory_snapshot_json, emm_string_free); 302 added EMM_ERR_INTERNAL and
  * refuses handles that emm did not create, or that were destroyed, with
- * EMM_ERR_INVALID_ARGUMENT. */
+ * EMM_ERR_INVALID_ARGUMENT; 303 added CuPy's C-function allocator
+ * (emm_cupy_set_hooks, emm_cupy_malloc, emm_cupy_free). */
 int emm_abi_version(void);
 
 /* Configuration in code, before the first allocation of the process. Keys (each
@@ -187,6 +188,23 @@ uint64_t emm_array_deleters_run(emm_array *a);
  * process's manager (EMM_MEMORY_MANAGER, else the one configured, else "pool"). */
 void *emm_torch_alloc(ssize_t size, int device, void *stream);
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* CuPy's C-function allocator (cupy.cuda.memory.CFunctionAllocator), since ABI 303.
+ * emm_cupy_set_hooks gives emm CuPy's current-stream function (the C function behind
+ * cupy_backends.cuda.stream.get_current_stream_ptr: returns the stream, or -1 with a
+ * Python exception set) and CPython's PyErr_SetString with the exception types to
+ * raise (out of memory, other failures); the Python bindings call it. Both
+ * allocator functions are called by CuPy with the GIL held; param is unused.
+ * emm_cupy_malloc orders the memory on CuPy's current stream; on failure it returns
+ * EMM_CUPY_FAILED ((void *)-1) with a Python exception set, which CuPy raises, or
+ * NULL if no hooks were set. emm_cupy_free frees on the allocation's stream and
+ * ignores NULL and EMM_CUPY_FAILED. */
+#define EMM_CUPY_FAILED ((void *)(uintptr_t)-1)
+typedef intptr_t (*emm_stream_fn)(void);
+typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
+emm_status emm_cupy_set_hooks(emm_stream_fn current_stream, emm_raise_fn raise, void *oom_type, void *error_type);
+void *emm_cupy_malloc(void *param, size_t size, int device);
+void emm_cupy_free(void *param, void *ptr, int device);
 
 #ifdef __cplusplus
 }

@@ -23,18 +23,19 @@
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in include/emm.h
 
 mod array;
+mod framework;
 mod handles;
 pub mod log;
 mod tools;
 pub use array::*;
+pub use framework::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::hash::BuildHasherDefault;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use emm_core::{
     DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager,
@@ -69,10 +70,10 @@ pub const EMM_ERR_OTHER: emm_status = 9;
 pub const EMM_ERR_INTERNAL: emm_status = 10;
 
 /// The C ABI's version: major * 10000 + minor * 100 + patch.
-pub const ABI_VERSION: c_int = 302;
+pub const ABI_VERSION: c_int = 303;
 
 thread_local! {
-    static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
+    pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
     /// Requested, free and total bytes of the last failure when it was out of memory.
     static LAST_OOM: std::cell::Cell<Option<(usize, usize, usize)>> = const { std::cell::Cell::new(None) };
 }
@@ -182,11 +183,11 @@ pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn manager_for(
+pub(crate) fn manager_for(
     name: Option<&str>,
     device: c_int,
 ) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
@@ -722,109 +723,6 @@ pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_sta
     })
 }
 
-struct TorchDevice {
-    manager: Arc<dyn MemoryManager>,
-    live: Mutex<HashMap<u64, DeviceAllocation, BuildHasherDefault<AddrHasher>>>,
-}
-
-/// Device pointers are 256-byte aligned and spread out: a multiply-shift of the
-/// address is a good hash and much cheaper than SipHash on this hot path.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-const TORCH_DEVICES: usize = 64;
-
-fn torch_device(device: c_int) -> Option<&'static TorchDevice> {
-    static DEVICES: [OnceLock<Option<TorchDevice>>; TORCH_DEVICES] =
-        [const { OnceLock::new() }; TORCH_DEVICES];
-    let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
-        invalid(format!("device {device} is outside 0..{TORCH_DEVICES}"));
-        return None;
-    };
-    slot.get_or_init(|| {
-        // The process's manager, as for every other entry point: EMM_MEMORY_MANAGER,
-        // else the one configured or set, else the pool.
-        match manager_for(None, device) {
-            Ok((manager, _)) => Some(TorchDevice {
-                manager,
-                live: Mutex::new(HashMap::default()),
-            }),
-            Err(e) => {
-                fail(e);
-                None
-            }
-        }
-    })
-    .as_ref()
-}
-
-/// PyTorch's pluggable allocator: allocate `size` bytes on `device` ordered on
-/// `stream`. Returns null on failure (PyTorch then raises its out-of-memory error);
-/// `emm_last_error` says why.
-#[no_mangle]
-pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let mut out: *mut c_void = core::ptr::null_mut();
-    let _ = guard(|| {
-        let Some(d) = torch_device(device) else {
-            return EMM_ERR_DRIVER;
-        };
-        let Ok(size) = usize::try_from(size) else {
-            return invalid(format!("emm_torch_alloc: negative size {size}"));
-        };
-        match emm_core::alloc_from(d.manager.as_ref(), size, stream_of(stream)) {
-            Ok(a) => {
-                out = a.ptr() as *mut c_void;
-                if size > 0 {
-                    lock(&d.live).insert(a.ptr(), a);
-                }
-                EMM_OK
-            }
-            Err(e) => fail_alloc(e, size, d.manager.as_ref()),
-        }
-    });
-    out
-}
-
-/// PyTorch's pluggable allocator: free `ptr`, ordered on `stream`.
-#[no_mangle]
-pub extern "C" fn emm_torch_free(
-    ptr: *mut c_void,
-    _size: isize,
-    device: c_int,
-    stream: *mut c_void,
-) {
-    let _ = guard(|| {
-        if ptr.is_null() {
-            return EMM_OK;
-        }
-        let Some(d) = torch_device(device) else {
-            return EMM_ERR_DRIVER;
-        };
-        match lock(&d.live).remove(&(ptr as u64)) {
-            Some(mut a) => {
-                a.set_stream(stream_of(stream));
-                drop(a);
-                EMM_OK
-            }
-            None => invalid(format!("emm_torch_free: {ptr:p} is not an emm allocation")),
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -861,7 +759,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 302);
+            assert_eq!(emm_abi_version(), ABI_VERSION);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0
@@ -967,7 +865,9 @@ mod tests {
         let src = concat!(
             include_str!("lib.rs"),
             include_str!("array.rs"),
-            include_str!("log.rs")
+            include_str!("framework.rs"),
+            include_str!("log.rs"),
+            include_str!("tools.rs")
         );
         let header = include_str!("../include/emm.h");
         let mut names = Vec::new();
