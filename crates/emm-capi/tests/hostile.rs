@@ -87,7 +87,12 @@ unsafe fn cupy_cases(inv: emm_status) {
     case("cupy malloc without hooks", emm_last_error_code(), inv);
     case(
         "cupy hooks null",
-        emm_cupy_set_hooks(None, Some(fake_raise), 1 as *mut c_void, 1 as *mut c_void),
+        emm_cupy_set_hooks(
+            None,
+            Some(fake_raise),
+            OOM_TYPE as *mut c_void,
+            OOM_TYPE as *mut c_void,
+        ),
         inv,
     );
     case(
@@ -96,7 +101,7 @@ unsafe fn cupy_cases(inv: emm_status) {
             Some(fake_stream),
             Some(fake_raise),
             null_mut(),
-            1 as *mut c_void,
+            OOM_TYPE as *mut c_void,
         ),
         inv,
     );
