@@ -69,6 +69,7 @@ int emm_abi_version(void);
  *   "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
  *   "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
  *   "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
+ *   "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
  *   "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
  *   "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
  *   "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory

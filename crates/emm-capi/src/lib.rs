@@ -222,7 +222,8 @@ fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_status> {
 }
 
 /// Sets configuration `key` to `value` before the first allocation of the process
-/// (keys: `manager`, `pool_limit`, `pool_expandable`, `hostonly_release_threshold`,
+/// (keys: `manager`, `pool_limit`, `pool_expandable`, `pool_thread_cache`,
+/// `hostonly_release_threshold`,
 /// `max_pending_deallocs_count`, `max_pending_deallocs_ratio`; each variable's name,
 /// e.g. `EMM_POOL_LIMIT`, is accepted too). The environment variable wins when set
 /// (with a warning). After a manager was created: `EMM_ERR_ALREADY_IN_USE` (unless

@@ -35,8 +35,9 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
-    /// segment off, e.g. for legacy IPC of every block) and `EMM_POOL_LIMIT` (bytes)
-    /// applied. An invalid value is an error naming the variable.
+    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_THREAD_CACHE`
+    /// (bytes per thread and stream; 0 turns thread caches off) and `EMM_POOL_LIMIT`
+    /// (bytes) applied. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
         if let Ok(v) = emm_core::config::var("EMM_POOL_EXPANDABLE") {
@@ -51,6 +52,18 @@ impl PoolConfig {
                     })
                 }
             };
+        }
+        if let Ok(v) = emm_core::config::var("EMM_POOL_THREAD_CACHE") {
+            if !v.trim().is_empty() {
+                c.thread_cache_bytes = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
+                    name: "EMM_POOL_THREAD_CACHE".into(),
+                    value: v.clone(),
+                    reason: "expected a number of bytes".into(),
+                })?;
+                if c.thread_cache_bytes == 0 {
+                    c.thread_cache_blocks = 0;
+                }
+            }
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
             if !v.trim().is_empty() {
