@@ -240,6 +240,17 @@ impl SegmentSource for SourceAdapter<'_> {
     fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("alias")?.alias(src, dst, len)
     }
+    fn map_pages(
+        &self,
+        dst: CUdeviceptr,
+        page: usize,
+        srcs: &[Option<CUdeviceptr>],
+    ) -> (usize, Result<()>) {
+        match self.vmm("map_pages") {
+            Ok(v) => v.map_pages(dst, page, srcs),
+            Err(e) => (0, Err(e)),
+        }
+    }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)
     }

@@ -119,37 +119,63 @@ impl Arena {
         // settled): mapped again at the end, their old addresses retired. Same-stream
         // order (or the settling event) makes that as safe as reusing the hole, and
         // the pool reserves no more memory for a request that fragmentation would
-        // otherwise have grown it for.
-        let moved = self.move_hole_pages(base, end - tail_free as u64, end, grow, stream, source);
-        let fresh = grow - moved;
-        if let Some(limit) = self.limit {
-            if self.stats.reserved + fresh > limit {
-                self.commit_growth(base, end, moved, 0, stream);
-                let (free, total) = source.device_info();
-                return Err(EmmError::OutOfMemory {
-                    what: "device",
-                    manager: "pool".into(),
-                    requested: fresh,
-                    free,
-                    total,
-                    detail: format!(
-                        "the pool's byte limit of {} would be exceeded",
-                        emm_core::fmt_bytes(limit)
-                    ),
-                });
+        // otherwise have grown it for. Then new memory, a page per mapping so that
+        // any page can move later. All of it in one `map_pages` call: the driver
+        // grants access once over the range, not once a page.
+        let plan = self.hole_pages(base, end - tail_free as u64, grow, stream);
+        let movable: Vec<Option<CUdeviceptr>> = plan
+            .iter()
+            .flat_map(|h| (0..h.pages).map(move |k| Some(h.first + k * page as u64)))
+            .collect();
+        let fresh = grow - movable.len() * page;
+        let over_limit = self
+            .limit
+            .filter(|&limit| self.stats.reserved + fresh > limit);
+        let mut srcs = movable.clone();
+        if over_limit.is_none() {
+            srcs.extend(std::iter::repeat_n(None, fresh / page));
+        }
+        let (mut mapped, mut result) = source.map_pages(end, page, &srcs);
+        let moved_pages = mapped.min(movable.len());
+        let rest_fits = |reserved: usize| {
+            self.limit
+                .is_none_or(|l| reserved + grow - mapped * page <= l)
+        };
+        if result.is_err()
+            && mapped < movable.len()
+            && over_limit.is_none()
+            && rest_fits(self.stats.reserved)
+        {
+            // Moving a page failed: new memory for the rest (within the limit).
+            let rest = vec![None; srcs.len() - mapped];
+            let (more, r) = source.map_pages(end + (mapped * page) as u64, page, &rest);
+            mapped += more;
+            result = r;
+        }
+        let moved = moved_pages * page;
+        for (dst, src) in movable.iter().take(moved_pages).enumerate() {
+            if let Some(src) = *src {
+                self.aliases.insert(end + (dst * page) as u64, src);
             }
         }
-        // Then new memory, a page per mapping so that any page can move later.
-        let mut mapped_fresh = 0;
-        while mapped_fresh < fresh {
-            let at = end + (moved + mapped_fresh) as u64;
-            if let Err(e) = source.map(at, page) {
-                self.commit_growth(base, end, moved, mapped_fresh, stream);
-                return Err(e);
-            }
-            mapped_fresh += page;
+        self.retire_moved(base, &plan, moved_pages, page);
+        let fresh_mapped = (mapped - moved_pages) * page;
+        self.commit_growth(base, end, moved, fresh_mapped, stream);
+        if let Some(limit) = over_limit {
+            let (free, total) = source.device_info();
+            return Err(EmmError::OutOfMemory {
+                what: "device",
+                manager: "pool".into(),
+                requested: fresh,
+                free,
+                total,
+                detail: format!(
+                    "the pool's byte limit of {} would be exceeded",
+                    emm_core::fmt_bytes(limit)
+                ),
+            });
         }
-        self.commit_growth(base, end, moved, fresh, stream);
+        result?;
         Ok(true)
     }
 
@@ -192,58 +218,60 @@ impl Arena {
         self.insert_free(end, grown, base, stream);
     }
 
-    /// Maps at `end` the memory of up to `want` bytes of whole pages lying in free
-    /// blocks of `stream` (or settled) below `below`, and retires their old
-    /// addresses. Returns the bytes moved (a multiple of the page).
-    fn move_hole_pages(
-        &mut self,
+    /// The whole pages, up to `want` bytes, lying in free blocks of `stream` (or
+    /// settled) of the expandable segment below `below`: the pages growth moves.
+    fn hole_pages(
+        &self,
         base: CUdeviceptr,
         below: CUdeviceptr,
-        end: CUdeviceptr,
         want: usize,
         stream: StreamKey,
-        source: &dyn SegmentSource,
-    ) -> usize {
+    ) -> Vec<HolePages> {
         let page = self.policy.large_round as u64;
+        let mut left = want as u64 / page;
+        let mut plan = Vec::new();
         if below <= base {
-            return 0;
+            return plan;
         }
-        let holes: Vec<(CUdeviceptr, usize, StreamKey)> = self
-            .blocks
-            .range(base..below)
-            .filter_map(|(&a, b)| match b.state {
-                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => {
-                    Some((a, b.size, s))
-                }
-                _ => None,
-            })
-            .filter(|&(a, n, _)| (a + n as u64) / page > a.div_ceil(page))
-            .collect();
-        let mut moved = 0usize;
-        for (a, n, owner) in holes {
-            if moved >= want {
+        for (&a, b) in self.blocks.range(base..below) {
+            if left == 0 {
                 break;
             }
+            let owner = match b.state {
+                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => s,
+                _ => continue,
+            };
             let first = a.div_ceil(page) * page;
-            let last = (a + n as u64) / page * page;
-            let mut p = first;
-            while p < last && moved < want {
-                let dst = end + moved as u64;
-                if source.alias(p, dst, page as usize).is_err() {
-                    break;
-                }
-                self.aliases.insert(dst, p);
-                moved += page as usize;
-                p += page;
+            let last = (a + b.size as u64) / page * page;
+            if last <= first {
+                continue;
             }
-            if p > first {
-                self.retire(base, a, n, owner, first, p);
-            }
-            if p < last && moved < want {
-                break; // aliasing failed: map new memory for the rest
-            }
+            let pages = ((last - first) / page).min(left);
+            left -= pages;
+            plan.push(HolePages {
+                block: a,
+                size: b.size,
+                owner,
+                first,
+                pages,
+            });
         }
-        moved
+        plan
+    }
+
+    /// Retires the addresses of the first `moved` pages of `plan` (whose memory is
+    /// now mapped at the end of the segment).
+    fn retire_moved(&mut self, base: CUdeviceptr, plan: &[HolePages], moved: usize, page: usize) {
+        let mut left = moved as u64;
+        for h in plan {
+            if left == 0 {
+                break;
+            }
+            let pages = h.pages.min(left);
+            left -= pages;
+            let to = h.first + pages * page as u64;
+            self.retire(base, h.block, h.size, h.owner, h.first, to);
+        }
     }
 
     /// Splits the free block `[a, a+n)` of `owner` around `[from, to)`, which is
@@ -504,4 +532,15 @@ impl Arena {
         self.stats.segments = self.segments.len();
         segs
     }
+}
+
+/// Whole pages of one free block of the expandable segment that growth may move.
+struct HolePages {
+    /// The free block: address, size and stream.
+    block: CUdeviceptr,
+    size: usize,
+    owner: StreamKey,
+    /// Its first whole page, and how many of its pages to move.
+    first: CUdeviceptr,
+    pages: u64,
 }

@@ -189,6 +189,27 @@ pub(crate) trait SegmentSource {
             operation: "alias",
         })
     }
+    /// Maps pages of `page` bytes at `dst` and up: page `i` new memory (`None`) or
+    /// the memory mapped at `srcs[i]`. Returns how many pages, from the first, were
+    /// mapped, and the error that stopped it (see `VirtualMemory::map_pages`).
+    fn map_pages(
+        &self,
+        dst: CUdeviceptr,
+        page: usize,
+        srcs: &[Option<CUdeviceptr>],
+    ) -> (usize, Result<()>) {
+        for (i, src) in srcs.iter().enumerate() {
+            let at = dst + (i * page) as u64;
+            let r = match *src {
+                None => self.map(at, page),
+                Some(src) => self.alias(src, at, page),
+            };
+            if let Err(e) = r {
+                return (i, Err(e));
+            }
+        }
+        (srcs.len(), Ok(()))
+    }
 }
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
