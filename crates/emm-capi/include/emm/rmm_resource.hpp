@@ -197,13 +197,32 @@ class rmm_resource {
 
   explicit rmm_resource(std::shared_ptr<state> s) noexcept : state_{std::move(s)} {}
 
+  static char const* status_name(emm_status s) noexcept
+  {
+    switch (s) {
+      case EMM_OK: return "EMM_OK";
+      case EMM_ERR_INVALID_ARGUMENT: return "EMM_ERR_INVALID_ARGUMENT";
+      case EMM_ERR_OUT_OF_MEMORY: return "EMM_ERR_OUT_OF_MEMORY";
+      case EMM_ERR_DRIVER: return "EMM_ERR_DRIVER";
+      case EMM_ERR_UNSUPPORTED: return "EMM_ERR_UNSUPPORTED";
+      case EMM_ERR_UNKNOWN_MANAGER: return "EMM_ERR_UNKNOWN_MANAGER";
+      case EMM_ERR_IPC: return "EMM_ERR_IPC";
+      case EMM_ERR_ALREADY_IN_USE: return "EMM_ERR_ALREADY_IN_USE";
+      case EMM_ERR_PANIC: return "EMM_ERR_PANIC";
+      case EMM_ERR_OTHER: return "EMM_ERR_OTHER";
+      case EMM_ERR_INTERNAL: return "EMM_ERR_INTERNAL";
+      default: return "EMM_ERR_?";
+    }
+  }
+
+  // "EMM_ERR_...: <the calling thread's last emm message>".
   static std::string last_error(emm_status s)
   {
     char buf[1024];
     std::size_t n = emm_last_error(buf, sizeof buf);
     std::string msg{buf};
     if (n >= sizeof buf) { msg += "..."; }
-    return "status " + std::to_string(s) + ": " + msg;
+    return std::string{status_name(s)} + " (" + std::to_string(s) + "): " + msg;
   }
 
   static int current_device()
@@ -282,8 +301,8 @@ class rmm_resource {
       state_->failed_frees.fetch_add(1, std::memory_order_relaxed);
       char buf[512];
       emm_last_error(buf, sizeof buf);
-      std::fprintf(stderr, "emm::rmm_resource::deallocate: freeing %p (%zu bytes) failed: status %d: %s\n", ptr,
-                   bytes, s, buf);
+      std::fprintf(stderr, "emm::rmm_resource::deallocate: freeing %p (%zu bytes) failed: %s (%d): %s\n", ptr, bytes,
+                   status_name(s), s, buf);
     }
   }
 
