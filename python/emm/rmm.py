@@ -77,8 +77,7 @@ class _Unraisable:
         self.exc = exc
 
     def __del__(self) -> None:
-        exc, self.exc = self.exc, None
-        raise exc
+        raise self.exc
 
 
 def _report(exc: BaseException) -> None:
