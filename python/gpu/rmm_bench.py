@@ -4,6 +4,9 @@ resources: an allocate+free pair of ``rmm.DeviceBuffer(size=n, mr=...)`` (and of
 
 - ``emm``: ``emm.rmm.resource()``, RMM's ``CallbackMemoryResource`` over emm (the
   device's manager: ``pool`` unless ``EMM_MEMORY_MANAGER`` says otherwise),
+- ``emm-native``: ``emm_rmm_native.EmmMemoryResource`` (examples/rmm/native: the C++
+  adaptor under a Cython ``DeviceMemoryResource``, no Python per allocation), when
+  it imports (examples/rmm/native/build.sh puts it in /tmp/emm_rmm_native),
 - ``null-callback``: a ``CallbackMemoryResource`` whose callbacks return a made-up
   address and do nothing (RMM's callback machinery alone; nothing touches the memory),
 - ``cuda``: ``CudaMemoryResource`` (cudaMalloc/cudaFree),
@@ -34,14 +37,23 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 1 << 20])
     p.add_argument("--pairs", type=int, default=20000, help="pairs per variant per round (cuda: a tenth)")
-    p.add_argument("--resources", nargs="+", default=["emm", "null-callback", "cuda", "pool", "async"])
+    p.add_argument("--resources", nargs="+",
+                   default=["emm", "emm-native", "null-callback", "cuda", "pool", "async"],
+                   help="emm-native is left out when emm_rmm_native does not import")
     args = p.parse_args()
 
     import rmm
     import rmm.mr
 
     manager = emm.Manager(None, 0)
+    try:
+        import emm_rmm_native
+    except ImportError as e:
+        if "emm-native" in args.resources:
+            print(f"emm-native left out: {e}")
+            args.resources.remove("emm-native")
     make = {
+        "emm-native": lambda: emm_rmm_native.EmmMemoryResource(0),
         "emm": lambda: emm.rmm.resource(manager),
         "null-callback": lambda: rmm.mr.CallbackMemoryResource(lambda n, s: FAKE, lambda p, n, s: None),
         "cuda": rmm.mr.CudaMemoryResource,

@@ -5,7 +5,9 @@
 # under rmm::device_buffer, device_uvector, statistics_resource_adaptor, with a
 # timing beside RMM's resources), then the Python check (python/gpu/rmm_check.py over
 # emm.rmm.install(), once per emm manager), the pytest file python/tests/test_rmm.py
-# (where pytest imports), and the Python benchmark (python/gpu/rmm_bench.py).
+# (where pytest imports), the compiled Python path (examples/rmm/native/build.sh: a
+# Cython DeviceMemoryResource over the C++ adaptor) and the Python benchmark
+# (python/gpu/rmm_bench.py).
 # Usage (repository root, after gpu-bundle/ is built): python/gpu/rmm_check.sh
 # Logs in $OUT (default /tmp/rmm_out); a summary on stdout; exit status 1 if a check failed.
 set -u
@@ -59,7 +61,12 @@ else
   echo "pytest does not import on this machine: skipped" > $OUT/rmm_pytest.txt
 fi
 
-timeout 240 python3 python/gpu/rmm_bench.py > $OUT/rmm_bench.txt 2>&1
+# The compiled Python path (a prototype): emm::rmm_resource under a Cython
+# DeviceMemoryResource; the benchmark times it when it built.
+SITE=$SITE timeout 240 examples/rmm/native/build.sh > $OUT/rmm_native.txt 2>&1
+nrc=$?; echo "build.sh rc=$nrc" >> $OUT/rmm_native.txt
+[ $nrc = 0 ] || [ $nrc = 3 ] || rc=1
+PYTHONPATH=/tmp/emm_rmm_native:$PYTHONPATH timeout 240 python3 python/gpu/rmm_bench.py > $OUT/rmm_bench.txt 2>&1
 echo "rmm_bench rc=$?" >> $OUT/rmm_bench.txt
 
 echo "== C++ ($OUT/rmm_cpp.txt)"
@@ -68,6 +75,8 @@ echo "== Python ($OUT/rmm_check.txt)"
 grep -E "^(== |FAIL|rmm_check|  RMM|emm at|rmm |Traceback)" $OUT/rmm_check.txt
 echo "== pytest ($OUT/rmm_pytest.txt)"
 tail -3 $OUT/rmm_pytest.txt
+echo "== native ($OUT/rmm_native.txt)"
+grep -E "^(native|FAIL|build.sh|Traceback)|error" $OUT/rmm_native.txt | head -20
 echo "== bench ($OUT/rmm_bench.txt)"
 sed -n '/^path/,$p' $OUT/rmm_bench.txt
 echo "rmm_check.sh: $([ $rc = 0 ] && echo OK || echo FAILED)"
