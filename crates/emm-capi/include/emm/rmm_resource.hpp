@@ -74,16 +74,20 @@ class rmm_resource {
    *  at least 256 bytes, as cuMemAlloc). Larger alignments are refused. */
   static constexpr std::size_t guaranteed_alignment = 256;
 
-  /** A handle on the manager of the current CUDA device (cudaGetDevice). `name`:
-   *  "pool", "default" or "hostonly"; nullptr: EMM_MEMORY_MANAGER, else the one
-   *  configured (emm_configure), else "pool". Throws rmm::logic_error when the
-   *  device cannot be read or emm refuses the handle. */
-  explicit rmm_resource(const char* name = nullptr) : rmm_resource{current_device(), name} {}
+  /** A handle on the manager of the current CUDA device (cudaGetDevice), the one
+   *  EMM_MEMORY_MANAGER or emm_configure chose, else "pool". Throws
+   *  rmm::logic_error when the device cannot be read or emm refuses the handle. */
+  rmm_resource() : rmm_resource{current_device()} {}
 
-  /** A handle on the manager of CUDA device `device` (see the other constructor
-   *  for `name`). Throws rmm::logic_error when emm refuses the handle (an unknown
-   *  manager, another manager already serving memory, no such device). */
-  rmm_resource(int device, const char* name) : state_{std::make_shared<state>(create(device, name), device)} {}
+  /** A handle on the manager of CUDA device `device`. `name`: "pool", "default"
+   *  or "hostonly"; nullptr: EMM_MEMORY_MANAGER, else the one configured
+   *  (emm_configure), else "pool". Throws rmm::logic_error when emm refuses the
+   *  handle (an unknown manager, another manager already serving memory, no such
+   *  device). */
+  explicit rmm_resource(int device, const char* name = nullptr)
+    : state_{std::make_shared<state>(create(device, name), device)}
+  {
+  }
 
   /** Takes ownership of `handle` (from emm_manager_create for `device`): destroyed
    *  with the last copy. Throws rmm::logic_error for a null handle. */
@@ -91,6 +95,18 @@ class rmm_resource {
   {
     if (handle == nullptr) { throw rmm::logic_error("emm::rmm_resource::adopt: the handle is null"); }
     return rmm_resource{std::make_shared<state>(handle, device)};
+  }
+
+  /** The current CUDA device (cudaGetDevice); throws rmm::logic_error on failure. */
+  static int current_device()
+  {
+    int device    = -1;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) {
+      throw rmm::logic_error(std::string{"emm::rmm_resource: reading the current CUDA device failed: "} +
+                             cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    }
+    return device;
   }
 
   rmm_resource(rmm_resource const&)            = default;  ///< shares the handle
@@ -225,16 +241,7 @@ class rmm_resource {
     return std::string{status_name(s)} + " (" + std::to_string(s) + "): " + msg;
   }
 
-  static int current_device()
-  {
-    int device    = -1;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) {
-      throw rmm::logic_error(std::string{"emm::rmm_resource: reading the current CUDA device failed: "} +
-                             cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-    }
-    return device;
-  }
+
 
   static emm_manager* create(int device, const char* name)
   {
