@@ -192,7 +192,9 @@ def install(manager: Optional[Manager] = None, device: Optional[int] = None) -> 
 def uninstall(device: Optional[int] = None) -> None:
     """Gives each device where emm is installed (``device``: that one only) back the
     resource it had before :func:`install`. Buffers allocated through emm stay valid
-    and are freed through emm when they go. Does nothing where emm is not installed.
+    and are freed through emm when they go. Does nothing where emm is not installed;
+    where RMM's resource was changed since (``rmm.reinitialize``,
+    ``set_per_device_resource``), that resource stays and emm only forgets its own.
     """
     if device is None:
         devices = list(_installed)
@@ -203,7 +205,7 @@ def uninstall(device: Optional[int] = None) -> None:
     rmm = _import_rmm()
     for d in devices:
         done = _installed.pop(d, None)
-        if done is not None:
+        if done is not None and rmm.mr.get_per_device_resource(d) is done.resource:
             rmm.mr.set_per_device_resource(d, done.previous)
 
 

@@ -20,7 +20,7 @@ SITE=/tmp/site
 export EMM_LIBRARY=$LIB/libemm_capi.so
 rc=0
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE .whl/rmm/*.whl \
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $SITE .whl/rmm/*.whl \
   > $OUT/pip.txt 2>&1 || { echo "pip install of .whl/rmm failed:"; cat $OUT/pip.txt; exit 1; }
 export PYTHONPATH=$SITE:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 INC="-I$ROOT/crates/emm-capi/include -I$SITE/librmm/include -I$SITE/librmm/include/rapids -I$SITE/rapids_logger/include"

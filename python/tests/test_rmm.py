@@ -222,6 +222,14 @@ def test_install_sets_and_uninstall_restores_rmms_resource(rmm_mod, mgr):
     with er.using(device=0) as inner:
         assert rmm_mod.mr.get_per_device_resource(0) is inner
     assert rmm_mod.mr.get_per_device_resource(0) is before
+    # Someone else's resource set after install() stays; emm forgets its own.
+    er.install(device=0)
+    theirs = rmm_mod.mr.CallbackMemoryResource(lambda n, s: 0, lambda p, n, s: None)
+    rmm_mod.mr.set_per_device_resource(0, theirs)
+    er.uninstall(0)
+    assert rmm_mod.mr.get_per_device_resource(0) is theirs
+    assert er.installed() == {}
+    rmm_mod.mr.set_per_device_resource(0, before)
 
 
 @pytest.mark.standin
