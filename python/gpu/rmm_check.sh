@@ -41,20 +41,20 @@ export LD_LIBRARY_PATH=$SITE/librmm/lib64:$SITE/rapids_logger/lib64:$LIB${LD_LIB
     -Xlinker -rpath=$SITE/librmm/lib64:$SITE/rapids_logger/lib64:$LIB
   echo "build rc=$?"
   echo "== run"
-  timeout 180 /tmp/rmm_resource_check
+  timeout 120 /tmp/rmm_resource_check
   echo "rmm_resource_check rc=$?"
 } > $OUT/rmm_cpp.txt 2>&1
 grep -q "^rmm_resource_check: OK" $OUT/rmm_cpp.txt || rc=1
 
 for m in pool default hostonly; do
   echo "== EMM_MEMORY_MANAGER=$m"
-  EMM_MEMORY_MANAGER=$m timeout 180 python3 python/gpu/rmm_check.py
+  EMM_MEMORY_MANAGER=$m timeout 90 python3 python/gpu/rmm_check.py
   echo "rmm_check $m rc=$?"
 done > $OUT/rmm_check.txt 2>&1
 [ "$(grep -c '^rmm_check: OK' $OUT/rmm_check.txt)" = 3 ] || rc=1
 
 if python3 -c "import pytest" 2>/dev/null; then
-  timeout 180 python3 -m pytest -p no:cacheprovider -q -rs python/tests/test_rmm.py > $OUT/rmm_pytest.txt 2>&1
+  timeout 120 python3 -m pytest -p no:cacheprovider -q -rs python/tests/test_rmm.py > $OUT/rmm_pytest.txt 2>&1
   echo "pytest rc=$?" >> $OUT/rmm_pytest.txt
   grep -q "^pytest rc=0" $OUT/rmm_pytest.txt || rc=1
 else
@@ -63,14 +63,14 @@ fi
 
 # The compiled Python path (a prototype): emm::rmm_resource under a Cython
 # DeviceMemoryResource; the benchmark times it when it built.
-SITE=$SITE timeout 240 examples/rmm/native/build.sh > $OUT/rmm_native.txt 2>&1
+SITE=$SITE timeout 150 examples/rmm/native/build.sh > $OUT/rmm_native.txt 2>&1
 nrc=$?; echo "build.sh rc=$nrc" >> $OUT/rmm_native.txt
 [ $nrc = 0 ] || [ $nrc = 3 ] || rc=1
-PYTHONPATH=/tmp/emm_rmm_native:$PYTHONPATH timeout 240 python3 python/gpu/rmm_bench.py > $OUT/rmm_bench.txt 2>&1
+PYTHONPATH=/tmp/emm_rmm_native:$PYTHONPATH timeout 150 python3 python/gpu/rmm_bench.py > $OUT/rmm_bench.txt 2>&1
 echo "rmm_bench rc=$?" >> $OUT/rmm_bench.txt
 
 echo "== C++ ($OUT/rmm_cpp.txt)"
-grep -E "^(== |CCCL|build rc|FAIL|rmm_resource_check|RMM |manager|  [a-z:]|  RMM|emm at|allocate\+)|error" $OUT/rmm_cpp.txt | grep -v "^  (a message"
+grep -E "^(== |CCCL|build rc|FAIL|rmm_resource_check|RMM |manager|  [a-z:]|  RMM|emm at|allocate\+)|error" $OUT/rmm_cpp.txt | grep -v "^  (a message" | head -60
 echo "== Python ($OUT/rmm_check.txt)"
 grep -E "^(== |FAIL|rmm_check|  RMM|emm at|rmm |Traceback)" $OUT/rmm_check.txt
 echo "== pytest ($OUT/rmm_pytest.txt)"
