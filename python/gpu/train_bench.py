@@ -177,6 +177,9 @@ def main():
 
     times = []
     loss = None
+    counters = step_counters(args.variant, dev)
+    before = counters()
+    changes = []
     for i in range(args.warmup + args.steps):
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -184,6 +187,9 @@ def main():
         torch.cuda.synchronize(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+        after = counters()
+        changes.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
+        before = after
     final_loss = float(loss.detach().float().item())
     if args.snapshot:
         torch.cuda.memory._dump_snapshot(args.snapshot)
@@ -197,6 +203,7 @@ def main():
         "variant": args.variant, "workload": args.workload, "world": world, "shapes": args.shapes,
         "steps": args.steps, "step_ms": times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
+        "step_changes": changes,
     }
     if args.ddp:
         import torch.distributed as dist
@@ -210,6 +217,37 @@ def main():
         dist.destroy_process_group()
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_syncs", "events_recorded",
+            "event_queries", "misses", "pages_mapped", "pages_moved", "reserved_bytes", "num_ooms")
+
+
+def step_counters(variant, dev):
+    """A function returning the allocator's counters that say what a step cost it
+    (driver allocations and frees, retries, synchronizations, pages mapped and
+    moved); the training loop records how each step changed them."""
+    import torch
+
+    if variant.startswith("emm-"):
+        import re
+
+        import emm
+
+        mgr = emm.Manager(None, dev.index or 0)
+
+        def read():
+            text = mgr.report()
+            found = dict((k, int(v)) for k, v in re.findall(r"(\w+): (\d+)", text))
+            return {k: found[k] for k in COUNTERS if k in found}
+        return read
+
+    def read_torch():
+        st = torch.cuda.memory_stats(dev)
+        return {"num_device_alloc": st.get("num_device_alloc", 0), "num_device_free": st.get("num_device_free", 0),
+                "num_alloc_retries": st.get("num_alloc_retries", 0), "num_ooms": st.get("num_ooms", 0),
+                "reserved_bytes": st.get("reserved_bytes.all.current", 0)}
+    return read_torch
 
 
 def memory(variant, dev):

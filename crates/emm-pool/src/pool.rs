@@ -163,6 +163,11 @@ pub struct PoolStats {
     /// Per-stream entries visited by scans over streams: grows linearly with the
     /// number of streams a program uses (a test asserts it).
     pub scan_steps: usize,
+    /// Pages of the expandable segment mapped with new memory.
+    pub pages_mapped: usize,
+    /// Pages of the expandable segment whose memory moved to its end (mapped again
+    /// there instead of new memory).
+    pub pages_moved: usize,
 }
 
 impl PoolStats {
@@ -917,6 +922,8 @@ impl PoolManager {
             device_syncs: a.device_syncs,
             misses: a.misses,
             scan_steps: a.scan_steps,
+            pages_mapped: a.pages_mapped,
+            pages_moved: a.pages_moved,
         }
     }
 

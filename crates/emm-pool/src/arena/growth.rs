@@ -160,6 +160,8 @@ impl Arena {
         }
         self.retire_moved(base, &plan, moved_pages, page);
         let fresh_mapped = (mapped - moved_pages) * page;
+        self.stats.pages_moved += moved_pages;
+        self.stats.pages_mapped += mapped - moved_pages;
         self.commit_growth(base, end, moved, fresh_mapped, stream);
         if let Some(limit) = over_limit {
             let (free, total) = source.device_info();

@@ -126,6 +126,10 @@ pub struct ArenaStats {
     /// Per-stream entries visited by scans over streams (stealing, stranded
     /// bytes, consolidation): the work that grows with the number of streams.
     pub scan_steps: usize,
+    /// Pages of the expandable segment mapped with new memory.
+    pub pages_mapped: usize,
+    /// Pages of the expandable segment whose memory was mapped again at its end.
+    pub pages_moved: usize,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
