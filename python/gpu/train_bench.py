@@ -220,7 +220,7 @@ def main():
 
 
 COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_syncs", "events_recorded",
-            "event_queries", "misses", "pages_mapped", "pages_moved", "reserved_bytes", "num_ooms")
+            "event_queries", "misses", "pieces_mapped", "pieces_moved", "reserved_bytes", "num_ooms")
 
 
 def step_counters(variant, dev):

@@ -163,11 +163,11 @@ pub struct PoolStats {
     /// Per-stream entries visited by scans over streams: grows linearly with the
     /// number of streams a program uses (a test asserts it).
     pub scan_steps: usize,
-    /// Pages of the expandable segment mapped with new memory.
-    pub pages_mapped: usize,
-    /// Pages of the expandable segment whose memory moved to its end (mapped again
-    /// there instead of new memory).
-    pub pages_moved: usize,
+    /// Pieces of the expandable segment mapped with new memory (one driver call each).
+    pub pieces_mapped: usize,
+    /// Pieces of the expandable segment whose memory moved to its end (mapped again
+    /// there instead of new memory; one driver call each).
+    pub pieces_moved: usize,
 }
 
 impl PoolStats {
@@ -245,14 +245,13 @@ impl SegmentSource for SourceAdapter<'_> {
     fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("alias")?.alias(src, dst, len)
     }
-    fn map_pages(
+    fn map_pieces(
         &self,
         dst: CUdeviceptr,
-        page: usize,
-        srcs: &[Option<CUdeviceptr>],
+        pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>) {
-        match self.vmm("map_pages") {
-            Ok(v) => v.map_pages(dst, page, srcs),
+        match self.vmm("map_pieces") {
+            Ok(v) => v.map_pieces(dst, pieces),
             Err(e) => (0, Err(e)),
         }
     }
@@ -922,8 +921,8 @@ impl PoolManager {
             device_syncs: a.device_syncs,
             misses: a.misses,
             scan_steps: a.scan_steps,
-            pages_mapped: a.pages_mapped,
-            pages_moved: a.pages_moved,
+            pieces_mapped: a.pieces_mapped,
+            pieces_moved: a.pieces_moved,
         }
     }
 

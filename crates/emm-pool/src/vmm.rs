@@ -31,29 +31,30 @@ pub trait VirtualMemory: Send + Sync {
             operation: "alias",
         })
     }
-    /// Maps `srcs.len()` pages of `page` bytes at `dst` and up, in order: page `i`
-    /// is new memory (`None`, as `map`) or the memory mapped at `src` (`Some(src)`,
-    /// as `alias`), so that each page can move later. Returns how many pages, from
-    /// the first, were mapped, and the error that stopped it. The default maps them
-    /// one by one; the driver's grants access once over the whole range (one
-    /// `cuMemSetAccess` instead of one a page).
-    fn map_pages(
+    /// Maps `pieces` one after another at `dst` and up: piece `i` of `len` bytes is
+    /// new memory (`None`, as `map`) or the memory mapped at `src` (`Some(src)`, as
+    /// `alias`; `len` must be that mapping's length), each piece its own memory so
+    /// that it can move later. Returns how many pieces, from the first, were
+    /// mapped, and the error that stopped it. The default maps them one by one; the
+    /// driver's grants access once over the whole range (one `cuMemSetAccess`
+    /// instead of one a piece).
+    fn map_pieces(
         &self,
         dst: CUdeviceptr,
-        page: usize,
-        srcs: &[Option<CUdeviceptr>],
+        pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>) {
-        for (i, src) in srcs.iter().enumerate() {
-            let at = dst + (i * page) as u64;
-            let r = match *src {
-                None => self.map(at, page),
-                Some(src) => self.alias(src, at, page),
+        let mut at = dst;
+        for (i, &(src, len)) in pieces.iter().enumerate() {
+            let r = match src {
+                None => self.map(at, len),
+                Some(src) => self.alias(src, at, len),
             };
             if let Err(e) = r {
                 return (i, Err(e));
             }
+            at += len as u64;
         }
-        (srcs.len(), Ok(()))
+        (pieces.len(), Ok(()))
     }
 }
 
@@ -115,14 +116,13 @@ impl DriverVmm {
 }
 
 impl DriverVmm {
-    /// `map_pages` of the driver: each page created (or looked up) and mapped, then
-    /// one `cuMemSetAccess` over what was mapped. `Err((n, e))`: the first `n`
-    /// pages are mapped and accessible, the rest are not mapped.
-    fn map_pages_once(
+    /// `map_pieces` of the driver: each piece created (or looked up) and mapped,
+    /// then one `cuMemSetAccess` over what was mapped. `Err((n, e))`: the first `n`
+    /// pieces are mapped and accessible, the rest are not mapped.
+    fn map_pieces_once(
         &self,
         dst: CUdeviceptr,
-        page: usize,
-        srcs: &[Option<CUdeviceptr>],
+        pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> std::result::Result<usize, (usize, EmmError)> {
         let drv = self.ctx.driver();
         let fns = (|| {
@@ -137,16 +137,16 @@ impl DriverVmm {
         let (create, map, access, release, unmap) = fns.map_err(|e| (0, e))?;
         let _g = self.ctx.push().map_err(|e| (0, EmmError::from(e)))?;
         let prop = self.prop();
-        // (address, handle, whether this call created the handle)
-        let mut done: Vec<(CUdeviceptr, u64, bool)> = Vec::with_capacity(srcs.len());
+        // (address, length, handle, whether this call created the handle)
+        let mut done: Vec<(CUdeviceptr, usize, u64, bool)> = Vec::with_capacity(pieces.len());
         let mut failure = None;
-        for (i, src) in srcs.iter().enumerate() {
-            let at = dst + (i * page) as u64;
-            let (h, created) = match *src {
+        let mut at = dst;
+        for &(src, page) in pieces {
+            let (h, created) = match src {
                 None => {
                     let mut h = 0u64;
-                    // SAFETY: valid out-pointer and prop; `page` is a multiple of the
-                    // granularity.
+                    // SAFETY: valid out-pointer and prop; each piece's length is a
+                    // multiple of the granularity.
                     if let Err(e) = check(drv, "cuMemCreate", unsafe {
                         create(&mut h, page, &prop, 0)
                     }) {
@@ -180,20 +180,20 @@ impl DriverVmm {
                 failure = Some(e.into());
                 break;
             }
-            done.push((at, h, created));
+            done.push((at, page, h, created));
+            at += page as u64;
         }
         let desc = CUmemAccessDesc {
             location: prop.location,
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         let n = done.len();
+        let len = (at - dst) as usize;
         if n > 0 {
-            // SAFETY: `[dst, dst + n*page)` was just mapped, page by page; one valid
+            // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
             // descriptor.
-            if let Err(e) = check(drv, "cuMemSetAccess", unsafe {
-                access(dst, n * page, &desc, 1)
-            }) {
-                for &(at, h, created) in &done {
+            if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
+                for &(at, page, h, created) in &done {
                     // SAFETY: each mapping made above is undone once, and each handle
                     // created above released once (aliased handles stay mapped at
                     // their source).
@@ -207,7 +207,7 @@ impl DriverVmm {
                 return Err((0, e.into()));
             }
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            for &(at, h, _) in &done {
+            for &(at, page, h, _) in &done {
                 st.1.insert(at, (h, page));
                 *st.2.entry(h).or_insert(0) += 1;
             }
@@ -318,13 +318,12 @@ impl VirtualMemory for DriverVmm {
         Ok(())
     }
 
-    fn map_pages(
+    fn map_pieces(
         &self,
         dst: CUdeviceptr,
-        page: usize,
-        srcs: &[Option<CUdeviceptr>],
+        pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>) {
-        match self.map_pages_once(dst, page, srcs) {
+        match self.map_pieces_once(dst, pieces) {
             Ok(n) => (n, Ok(())),
             Err((n, e)) => (n, Err(e)),
         }
