@@ -11,7 +11,8 @@
 //!   `--include-ignored` on a GPU machine and prints one summary line per binary;
 //!   also the installed C/C++ tree (`gpu-bundle/prefix`) and `cpp.sh`.
 //! - `python`: the Python step of `ci` alone.
-//! - `header`: writes `crates/emm-capi/include/emm.h` with cbindgen (`header.rs`).
+//! - `header`: writes `crates/emm-capi/include/emm.h` with cbindgen (`header.rs`);
+//!   `header --check` only compares (as `ci` does).
 //! - `install --prefix DIR`: header, library (with its SONAME links), pkg-config
 //!   file and CMake package (`install.rs`).
 //! - `cpp`: the C/C++ step of `ci` alone (`cpp.rs`).
@@ -35,12 +36,13 @@ fn main() -> ExitCode {
         Some("gpu") => gpu(&root),
         Some("tidy") => tidy(&root),
         Some("python") => python(&root),
+        Some("header") if args.get(1).is_some_and(|a| a == "--check") => header::check(&root),
         Some("header") => header::write(&root),
         Some("install") => install::command(&root, &args[1..]),
         Some("cpp") => cpp::ci(&root),
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|gpu|tidy|python|header|cpp>\n       {}",
+                "usage: cargo xtask <ci|gpu|tidy|python|header [--check]|cpp>\n       {}",
                 install::Options::USAGE
             );
             return ExitCode::from(2);
