@@ -145,9 +145,10 @@ fn cmake(root: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// `cargo xtask gpu`: installs the release build into `bundle/prefix`, puts the
-/// library under its SONAME beside `bundle/lib/libemm_capi.so` (for programs
-/// linked with `-L gpu-bundle/lib -lemm_capi`) and writes `bundle/cpp.sh`.
+/// `cargo xtask gpu`: installs the release build into `bundle/prefix`, copies the
+/// installed library to `bundle/lib/` as `libemm_capi.so` (what `EMM_LIBRARY` and
+/// the GPU scripts use) and under its SONAME (what programs linked with
+/// `-L gpu-bundle/lib -lemm_capi` load), and writes `bundle/cpp.sh`.
 pub fn bundle(root: &Path, bundle: &Path) -> Result<(), String> {
     let prefix = install::normalize(&bundle.join("prefix"));
     let _ = std::fs::remove_dir_all(&prefix);
@@ -160,10 +161,14 @@ pub fn bundle(root: &Path, bundle: &Path) -> Result<(), String> {
     let installed = install::install(root, &options)?;
     let lib = bundle.join("lib");
     std::fs::create_dir_all(&lib).map_err(|e| format!("creating {}: {e}", lib.display()))?;
+    // The same file under both names (links may not survive the trip to the GPU
+    // machine), so the bundle holds one build of the library.
     let from = options.libdir.join(&installed.file_name);
-    let to = lib.join(&installed.soname);
-    std::fs::copy(&from, &to)
-        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    for name in [install::LINK_NAME, installed.soname.as_str()] {
+        let to = lib.join(name);
+        std::fs::copy(&from, &to)
+            .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    }
     let script = bundle.join("cpp.sh");
     std::fs::write(&script, cpp_sh(&installed))
         .map_err(|e| format!("writing {}: {e}", script.display()))?;
