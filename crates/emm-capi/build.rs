@@ -1,6 +1,7 @@
 //! Gives `libemm_capi.so` its SONAME on ELF targets: `libemm_capi.so.<major>` from
 //! 1.0 on, `libemm_capi.so.0.<minor>` before (under Cargo's rules a 0.x minor
-//! release may break; see docs/decisions/c-packaging.md). The version is this
+//! release may break), `libemm_capi.so.0.0.<patch>` for 0.0.x (every release may);
+//! see docs/decisions/c-packaging.md. The version is this
 //! package's own (`CARGO_PKG_VERSION_*`); `cargo xtask install` reads the SONAME
 //! back from the built library rather than computing it again.
 //!
@@ -18,12 +19,18 @@ fn main() {
     if !elf {
         return;
     }
-    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_default();
-    let minor = std::env::var("CARGO_PKG_VERSION_MINOR").unwrap_or_default();
-    let soname = if major == "0" {
-        format!("libemm_capi.so.0.{minor}")
-    } else {
-        format!("libemm_capi.so.{major}")
+    let part = |name: &str| std::env::var(name).unwrap_or_default();
+    let (major, minor, patch) = (
+        part("CARGO_PKG_VERSION_MAJOR"),
+        part("CARGO_PKG_VERSION_MINOR"),
+        part("CARGO_PKG_VERSION_PATCH"),
+    );
+    // The part of the version within which releases stay compatible, by Cargo's
+    // rules (as cargo-c names its libraries).
+    let soname = match (major.as_str(), minor.as_str()) {
+        ("0", "0") => format!("libemm_capi.so.0.0.{patch}"),
+        ("0", _) => format!("libemm_capi.so.0.{minor}"),
+        _ => format!("libemm_capi.so.{major}"),
     };
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
 }

@@ -165,14 +165,15 @@ unset(_emm_prefix)
 
     /// `LIBDIR/cmake/emm/emmConfigVersion.cmake`: which requested versions this one
     /// meets. Before 1.0 the same minor version, at least as new (a 0.x minor
-    /// release may break, as the SONAME says); from 1.0 on the same major version.
+    /// release may break, as the SONAME says; for 0.0.x the same version); from 1.0
+    /// on the same major version.
     /// A range (`find_package(emm 0.1...0.3)`) is met by any version inside it.
     pub fn cmake_config_version(&self) -> String {
-        let [major, minor, _] = self.version.numbers;
-        let line = if major == 0 {
-            format!("0.{minor}")
-        } else {
-            major.to_string()
+        let [major, minor, patch] = self.version.numbers;
+        let line = match (major, minor) {
+            (0, 0) => format!("0.0.{patch}"),
+            (0, _) => format!("0.{minor}"),
+            _ => major.to_string(),
         };
         format!(
             r#"# Version of the CMake package of emm, written by `cargo xtask install`.
@@ -188,8 +189,11 @@ if(PACKAGE_FIND_VERSION_RANGE)
 elseif(NOT DEFINED PACKAGE_FIND_VERSION OR PACKAGE_FIND_VERSION STREQUAL "")
   set(PACKAGE_VERSION_COMPATIBLE TRUE)
 else()
-  # Compatible within one line: "0.<minor>" before 1.0, "<major>" after.
-  if(PACKAGE_FIND_VERSION_MAJOR EQUAL 0)
+  # Compatible within one line: "0.0.<patch>" for 0.0.x, "0.<minor>" before 1.0,
+  # "<major>" after.
+  if(PACKAGE_FIND_VERSION_MAJOR EQUAL 0 AND PACKAGE_FIND_VERSION_MINOR EQUAL 0)
+    set(_emm_requested_line "0.0.${{PACKAGE_FIND_VERSION_PATCH}}")
+  elseif(PACKAGE_FIND_VERSION_MAJOR EQUAL 0)
     set(_emm_requested_line "0.${{PACKAGE_FIND_VERSION_MINOR}}")
   else()
     set(_emm_requested_line "${{PACKAGE_FIND_VERSION_MAJOR}}")
@@ -299,6 +303,8 @@ mod tests {
         assert!(v.contains("set(PACKAGE_VERSION \"0.1.2\")"), "{v}");
         assert!(v.contains("STREQUAL \"0.1\""), "{v}");
         assert!(v.contains("NOT CMAKE_SIZEOF_VOID_P STREQUAL \"8\""), "{v}");
+        let zero = layout("/opt/emm", "lib", "0.0.3").cmake_config_version();
+        assert!(zero.contains("STREQUAL \"0.0.3\""), "{zero}");
         let one = layout("/opt/emm", "lib", "1.4.0-rc.1").cmake_config_version();
         assert!(one.contains("set(PACKAGE_VERSION \"1.4.0\")"), "{one}");
         assert!(one.contains("STREQUAL \"1\""), "{one}");
