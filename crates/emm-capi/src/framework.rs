@@ -16,7 +16,7 @@ use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
 use crate::{
-    emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, stream_of, EMM_ERR_DRIVER,
+    emm_status, ssize_t, fail, fail_alloc, guard, invalid, lock, manager_for, stream_of, EMM_ERR_DRIVER,
     EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
 };
 
@@ -109,11 +109,16 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
     }
 }
 
-/// PyTorch's pluggable allocator: allocate `size` bytes on `device` ordered on
-/// `stream`. Returns null on failure (PyTorch then raises its out-of-memory error);
-/// `emm_last_error` says why.
+/// PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
+/// the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
+/// "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
+/// failure (PyTorch then raises its out-of-memory error); `emm_last_error` says why.
 #[no_mangle]
-pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub extern "C" fn emm_torch_alloc(
+    size: ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     let mut out: *mut c_void = core::ptr::null_mut();
     let _ = guard(|| {
         let Ok(size) = usize::try_from(size) else {
@@ -130,14 +135,16 @@ pub extern "C" fn emm_torch_alloc(size: isize, device: c_int, stream: *mut c_voi
     out
 }
 
-/// PyTorch's pluggable allocator: free `ptr`, ordered on `stream`.
+/// PyTorch's pluggable allocator: frees `ptr` from `emm_torch_alloc`, ordered on
+/// `stream` (`size` is not needed: emm knows it).
 #[no_mangle]
 pub extern "C" fn emm_torch_free(
     ptr: *mut c_void,
-    _size: isize,
+    size: ssize_t,
     device: c_int,
     stream: *mut c_void,
 ) {
+    let _ = size;
     let _ = guard(|| {
         if ptr.is_null() {
             return EMM_OK;
@@ -153,18 +160,18 @@ pub extern "C" fn emm_torch_free(
 
 /// Raises a Python exception of `type` with message `msg` (CPython's
 /// `PyErr_SetString`); called with the GIL held.
-pub type emm_raise_fn = unsafe extern "C" fn(exc_type: *mut c_void, msg: *const c_char);
+pub type emm_raise_fn = Option<unsafe extern "C" fn(exc_type: *mut c_void, msg: *const c_char)>;
 
 /// Returns CuPy's current stream, or -1 with a Python exception set (the C function
 /// behind `cupy_backends.cuda.stream.get_current_stream_ptr`); called with the GIL
 /// held.
-pub type emm_stream_fn = unsafe extern "C" fn() -> isize;
+pub type emm_stream_fn = Option<unsafe extern "C" fn() -> isize>;
 
 /// What `emm_cupy_malloc` needs from the Python side, set once by
 /// `emm_cupy_set_hooks`.
 struct CupyHooks {
-    current_stream: emm_stream_fn,
-    raise: emm_raise_fn,
+    current_stream: unsafe extern "C" fn() -> isize,
+    raise: unsafe extern "C" fn(*mut c_void, *const c_char),
     oom_type: *mut c_void,
     error_type: *mut c_void,
 }
@@ -173,9 +180,10 @@ struct CupyHooks {
 /// `emm_cupy_set_hooks`), so a reader never sees freed hooks.
 static CUPY_HOOKS: AtomicPtr<CupyHooks> = AtomicPtr::new(core::ptr::null_mut());
 
-/// The value `emm_cupy_malloc` returns on failure, with a Python exception set:
-/// CuPy's `_call_malloc` returns `intptr_t` and checks for an exception when it is -1.
-pub const EMM_CUPY_FAILED: usize = usize::MAX;
+/// The address `emm_cupy_malloc` returns on failure, with a Python exception set
+/// (`(void *)EMM_CUPY_FAILED`): CuPy's `_call_malloc` returns `intptr_t` and checks
+/// for an exception when it is -1.
+pub const EMM_CUPY_FAILED: isize = -1;
 
 /// Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
 /// Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
@@ -183,8 +191,8 @@ pub const EMM_CUPY_FAILED: usize = usize::MAX;
 /// caller keeps alive for the life of the process).
 #[no_mangle]
 pub extern "C" fn emm_cupy_set_hooks(
-    current_stream: Option<emm_stream_fn>,
-    raise: Option<emm_raise_fn>,
+    current_stream: emm_stream_fn,
+    raise: emm_raise_fn,
     oom_type: *mut c_void,
     error_type: *mut c_void,
 ) -> emm_status {
@@ -212,7 +220,8 @@ pub extern "C" fn emm_cupy_set_hooks(
 /// with a Python exception set (out of memory: the `oom_type` of
 /// `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then).
 #[no_mangle]
-pub extern "C" fn emm_cupy_malloc(_param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+    let _ = param;
     let hooks = CUPY_HOOKS.load(Ordering::Acquire);
     if hooks.is_null() {
         set_no_hooks();
@@ -271,8 +280,9 @@ fn set_no_hooks() {
 /// ignored; an address emm did not hand out is reported through emm's log
 /// (`emm_last_error` too), as CuPy's free returns nothing.
 #[no_mangle]
-pub extern "C" fn emm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
-    if ptr.is_null() || ptr as usize == EMM_CUPY_FAILED {
+pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    let _ = param;
+    if ptr.is_null() || ptr as isize == EMM_CUPY_FAILED {
         return;
     }
     let code = guard(|| live_free("emm_cupy_free", device, ptr as u64, None));

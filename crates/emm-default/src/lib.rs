@@ -29,3 +29,8 @@ pub use config::{PendingConfig, COUNT_ENV, RATIO_ENV};
 pub use host::HostOnly;
 pub use manager::{DefaultManager, DefaultStats};
 pub use upstream::{DriverUpstream, HostUpstream, Upstream};
+
+// The README's examples are compiled as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

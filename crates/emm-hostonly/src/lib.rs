@@ -373,3 +373,8 @@ impl MemoryManager for HostOnlyManager {
         }
     }
 }
+
+// The README's examples are compiled as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
