@@ -117,6 +117,9 @@ class EmmPlugin(_WorkerPlugin):  # type: ignore[misc,valid-type]
     - ``cupy``: CuPy allocates through emm (:func:`emm.cupy.install`); blocks CuPy's
       own pool cached before are given back.
     - ``rmm``: emm becomes RMM's current device resource (``emm.rmm.install()``).
+      Where RMM is installed, ``distributed`` allocates the CuPy arrays a worker
+      receives from others as ``rmm.DeviceBuffer`` (else through Numba's
+      ``cuda.to_device``): pass ``rmm=True`` there (``setup`` warns otherwise).
     - ``configure``: keyword arguments of :func:`emm.configure` (``limit``,
       ``expandable``, ``release_threshold``, ...), applied before the manager of
       ``device`` is created.
@@ -234,6 +237,11 @@ def setup_worker(
             _route_cupy(device)
         if rmm:
             _route_rmm()
+        elif importlib.util.find_spec("rmm") is not None:
+            warnings.warn(
+                "RMM is installed but EmmPlugin(rmm=False): distributed deserializes CuPy arrays received "
+                "from other workers into rmm.DeviceBuffer (RMM's current resource), so those allocations "
+                "bypass emm; pass rmm=True", stacklevel=2)
     _STATE.options = opts
     _STATE.numba, _STATE.rmm = numba, rmm
     _STATE.set_up, _STATE.torn_down = True, False
