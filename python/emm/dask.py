@@ -8,13 +8,19 @@ allocate through emm (:func:`emm.cupy.install`) and, when asked, makes emm RMM's
 current device resource (``emm.rmm.install()``). Its ``teardown`` gives cached
 memory back (a trim) and reports the manager's figures.
 
-Two ways to put it on every worker:
+Three ways to put it on every worker:
 
 - At worker start, as Dask-CUDA applies its own plugins:
   ``cluster = emm.dask.local_cuda_cluster(EmmPlugin(), protocol="tcp")`` (a
   ``dask_cuda.LocalCUDACluster`` whose workers get the plugin in their
   ``plugins=``, set up before they register with the scheduler), or
   ``distributed.Worker(plugins={EmmPlugin()})`` / ``Nanny(plugins=...)``.
+- As a preload module, for workers started from the command line (one per node
+  and GPU: ``dask cuda worker <scheduler> --preload emm.dask``) or
+  ``LocalCUDACluster(preload=["emm.dask"])``: :func:`dask_setup` adds
+  :func:`plugin_from_env` (``EMM_DASK_NUMBA``, ``EMM_DASK_CUPY``, ``EMM_DASK_RMM``;
+  the manager's settings from emm's own ``EMM_*`` variables) to the plugins the
+  worker sets up at start.
 - On a running cluster: ``client.register_plugin(EmmPlugin())``. The scheduler
   keeps it, so workers that join later, or restart, get it too. A worker that has
   already allocated through emm keeps the configuration it started with (emm's
@@ -62,7 +68,9 @@ except ImportError as _e:  # distributed is optional until EmmPlugin is used
 
 __all__ = [
     "EmmPlugin",
+    "dask_setup",
     "local_cuda_cluster",
+    "plugin_from_env",
     "trim",
     "verify_routes",
     "worker_stats",
@@ -479,6 +487,43 @@ def verify_routes(size: int = 1 << 20, dask_worker: Any = None) -> Dict[str, Opt
 
         out["rmm"] = served(lambda: rmm.DeviceBuffer(size=size))
     return out
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={value!r}: expected 0 or 1")
+
+
+def plugin_from_env() -> "EmmPlugin":
+    """An :class:`EmmPlugin` configured by the environment: ``EMM_DASK_NUMBA``
+    (default 1), ``EMM_DASK_CUPY`` (default 1) and ``EMM_DASK_RMM`` (default 0) say
+    which frameworks to route; the manager and its settings are emm's own variables
+    (``EMM_MEMORY_MANAGER``, ``EMM_POOL_LIMIT``, ``EMM_POOL_EXPANDABLE``, ...)."""
+    return EmmPlugin(None, numba=_env_flag("EMM_DASK_NUMBA", True), cupy=_env_flag("EMM_DASK_CUPY", True),
+                     rmm=_env_flag("EMM_DASK_RMM", False))
+
+
+async def dask_setup(worker: Any) -> None:
+    """Dask's preload hook (``--preload emm.dask``, ``preload=["emm.dask"]``): the
+    worker sets :func:`plugin_from_env` up with its other start-up plugins, after
+    the preloads (so after Dask-CUDA's ``dask_cuda.initialize`` has made the CUDA
+    context) and before it registers with the scheduler. Preload arguments are
+    ignored (Dask-CUDA passes its own to every preload)."""
+    if not hasattr(worker, "plugin_add"):
+        raise TypeError(f"emm.dask is a worker preload (--preload), not one for a {type(worker).__name__}")
+    plugin = plugin_from_env()
+    pending = getattr(worker, "_pending_plugins", None)
+    if pending is not None:
+        # distributed's Worker sets these up in start_unsafe, after the preloads.
+        worker._pending_plugins = tuple(pending) + (plugin,)
+    else:  # another distributed: set it up now
+        await worker.plugin_add(plugin=plugin, catch_errors=False)
 
 
 def local_cuda_cluster(plugin: Optional["EmmPlugin"] = None, **kwargs: Any) -> Any:

@@ -183,3 +183,43 @@ def test_a_local_cluster_with_the_plugin():
                 print("ok")
     """, timeout=180)
     assert out.strip().endswith("ok")
+
+
+@pytest.mark.standin
+@needs_driver
+@pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs distributed")
+def test_the_preload_sets_the_plugin_up_at_worker_start():
+    out = child("""
+        import os
+        os.environ.update(EMM_DASK_NUMBA="0", EMM_DASK_CUPY="0", EMM_POOL_LIMIT=str(1 << 30))
+        from distributed import Client, LocalCluster
+        import emm.dask
+
+        def plugins(dask_worker):
+            return sorted(dask_worker.plugins)
+
+        if __name__ == "__main__":
+            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                              preload=["emm.dask"], preload_argv=["--ignored"]) as c, Client(c) as client:
+                stats = client.run(emm.dask.worker_stats)
+                assert all(s["plugin"]["set_up"] and s["devices"][0]["manager"] == "pool" for s in stats.values())
+                assert all(s["plugin"]["options"]["numba"] is False for s in stats.values()), stats
+                assert all("emm" in p for p in client.run(plugins).values())
+                print("ok")
+    """, timeout=180)
+    assert out.strip().endswith("ok")
+
+
+def test_plugin_from_env_reads_its_flags(monkeypatch):
+    if not HAS_DISTRIBUTED:
+        pytest.skip("needs distributed")
+    import emm.dask
+
+    monkeypatch.setenv("EMM_DASK_NUMBA", "0")
+    monkeypatch.setenv("EMM_DASK_RMM", "yes")
+    monkeypatch.delenv("EMM_DASK_CUPY", raising=False)
+    p = emm.dask.plugin_from_env()
+    assert (p.manager, p.numba, p.cupy, p.rmm) == (None, False, True, True)
+    monkeypatch.setenv("EMM_DASK_CUPY", "maybe")
+    with pytest.raises(ValueError, match="EMM_DASK_CUPY"):
+        emm.dask.plugin_from_env()
