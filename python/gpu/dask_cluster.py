@@ -21,7 +21,10 @@ Dask-CUDA applies its RMM plugin), so CuPy (``emm.cupy.install``), Numba
    where it was once the cluster is closed;
 4. registering the plugin again with the same settings is accepted; with other
    settings it is refused with a clear error;
-5. the same timed workload on this cluster and (``--baseline``, the default) on a
+5. the command-line path, ``LocalCUDACluster(preload=["emm.dask"])`` (as
+   ``dask cuda worker --preload emm.dask`` on each node): set up at start, a
+   smaller checked job through it;
+6. the same timed workload on this cluster and (``--baseline``, the default) on a
    plain ``LocalCUDACluster`` (CuPy's own pool): median, min and max seconds.
 
 Prints one PASS/FAIL line per check and a summary; exits 1 on any failure; writes
@@ -355,6 +358,44 @@ def run_emm(args: argparse.Namespace, checks: Checks, result: Dict[str, Any], n_
         cluster.close()
 
 
+def run_preload(args: argparse.Namespace, checks: Checks, result: Dict[str, Any]) -> None:
+    """The command-line path (``dask cuda worker --preload emm.dask``), here as
+    ``LocalCUDACluster(preload=["emm.dask"])``: the workers set emm up at start
+    from ``EMM_DASK_*``; a small checked job runs through it."""
+    import emm.dask
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    os.environ["EMM_DASK_RMM"] = "1" if args.rmm_on else "0"
+    log("starting LocalCUDACluster(preload=['emm.dask'])")
+    t0 = time.perf_counter()
+    cluster = LocalCUDACluster(protocol="tcp", threads_per_worker=args.threads, dashboard_address=None,
+                               preload=["emm.dask"])
+    client = Client(cluster)
+    try:
+        result["preload_startup_s"] = time.perf_counter() - t0
+        stats = gather_stats(client)
+        routes = client.run(emm.dask.verify_routes)
+        wanted = ["cupy", "numba"] + (["rmm"] if args.rmm_on else [])
+        for w, s in stats.items():
+            checks.add(f"preload {s['name']}: set up at start, allocations through emm",
+                       s["plugin"]["set_up"] and s["cupy"] == "emm" and all(routes[w][f] is True for f in wanted),
+                       f"manager {dev0(s).get('manager')}, routes {json.dumps(routes[w])}")
+        sub = Checks()
+        correctness(sub, args.rows // 4, args.cols // 2, args.chunk // 4, seed=3, label="preload ")
+        bad = [c["name"] for c in sub.items if not c["ok"]]
+        checks.add("preload: a checked job (float64, float32, Numba) through it", not bad,
+                   f"{len(sub.items) - len(bad)}/{len(sub.items)} comparisons with NumPy within tolerance")
+        after = gather_stats(client)
+        result["stats_preload"] = {w: short(s) for w, s in after.items()}
+        checks.add("preload: every worker allocated through emm",
+                   all(dev0(s)["allocations"] > dev0(stats[w])["allocations"] for w, s in after.items()),
+                   ", ".join(f"{s['name']}: {dev0(s)['allocations']} allocations" for s in after.values()))
+    finally:
+        client.close()
+        cluster.close()
+
+
 def run_baseline(args: argparse.Namespace, result: Dict[str, Any]) -> None:
     import dask_tasks
     from dask_cuda import LocalCUDACluster
@@ -390,6 +431,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="route RMM through emm too (auto: when emm.rmm and rmm are importable)")
     p.add_argument("--expandable", choices=("default", "on", "off"), default="default",
                    help="the pool's expandable segment (default: what emm.numba_plugin leaves: off)")
+    p.add_argument("--no-preload", dest="preload", action="store_false",
+                   help="skip the LocalCUDACluster(preload=['emm.dask']) check")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the plain cluster (CuPy's own pool) timing")
     args = p.parse_args(argv)
@@ -445,6 +488,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             checks.add("GPU memory returned once the cluster closed", used_after <= used_before + 256 * MiB,
                        f"NVML used on all GPUs: {used_before / MiB:.0f} MiB before, {used_after / MiB:.0f} MiB after")
         result["gpu_used_mib"] = {"before": used_before and used_before / MiB, "after": used_after and used_after / MiB}
+        if args.preload:
+            run_preload(args, checks, result)
         if args.baseline:
             run_baseline(args, result)
     except Exception as e:  # a failure in the middle is a FAIL line, then the summary
