@@ -124,7 +124,7 @@ class EmmPlugin(_WorkerPlugin):  # type: ignore[misc,valid-type]
       export the pool's virtual-memory segment).
     - ``cupy``: CuPy allocates through emm (:func:`emm.cupy.install`); blocks CuPy's
       own pool cached before are given back.
-    - ``rmm``: emm becomes RMM's current device resource (``emm.rmm.install()``).
+    - ``rmm``: emm becomes RMM's resource of ``device`` (``emm.rmm.install``).
       Where RMM is installed, ``distributed`` allocates the CuPy arrays a worker
       receives from others as ``rmm.DeviceBuffer`` (else through Numba's
       ``cuda.to_device``): pass ``rmm=True`` there (``setup`` warns otherwise).
@@ -244,7 +244,7 @@ def setup_worker(
         if cupy:
             _route_cupy(device)
         if rmm:
-            _route_rmm()
+            _route_rmm(device)
         elif importlib.util.find_spec("rmm") is not None:
             warnings.warn(
                 "RMM is installed but EmmPlugin(rmm=False): distributed deserializes CuPy arrays received "
@@ -330,14 +330,14 @@ def _route_cupy(device: int) -> None:
     _STATE.cupy_allocator = get() if get is not None else None
 
 
-def _route_rmm() -> None:
+def _route_rmm(device: int) -> None:
     if importlib.util.find_spec("emm.rmm") is None:
         raise ImportError(
             "EmmPlugin(rmm=True) needs emm.rmm (emm's RMM installer: emm.rmm.install() makes emm RMM's "
             "current device resource), which this installation of emm lacks; pass rmm=False, or install "
             "an emm that has it"
         )
-    importlib.import_module("emm.rmm").install()
+    importlib.import_module("emm.rmm").install(device=device)
 
 
 def _stats_of(managers: Mapping[int, Manager]) -> List[Dict[str, Any]]:
@@ -390,13 +390,19 @@ def _numba_route() -> Optional[str]:
 
 
 def _rmm_route() -> Optional[str]:
+    """``"emm"`` when RMM's current device resource is the one ``emm.rmm.install``
+    set, else the resource's class name; ``None`` when RMM is not imported."""
     rmm = sys.modules.get("rmm")
     if rmm is None:
         return None
     try:
-        return type(rmm.mr.get_current_device_resource()).__name__
+        current = rmm.mr.get_current_device_resource()
     except Exception as e:  # pragma: no cover - rmm without a device
         return f"unknown ({e})"
+    emm_rmm = sys.modules.get("emm.rmm")
+    if emm_rmm is not None and any(current is r for r in emm_rmm.installed().values()):
+        return "emm"
+    return type(current).__name__
 
 
 def worker_stats(devices: Optional[Sequence[int]] = None, dask_worker: Any = None) -> Dict[str, Any]:
@@ -411,7 +417,7 @@ def worker_stats(devices: Optional[Sequence[int]] = None, dask_worker: Any = Non
     (from the driver), ``free`` and ``total`` (the device's), ``report`` (every
     counter, one line). Besides: ``pid``, ``host``, ``worker`` (address) and
     ``name``, ``cuda_visible_devices``, ``cupy`` (``"emm"``, ``"other"`` or ``None``:
-    not imported), ``numba`` (the memory manager's class), ``rmm`` (the current
+    not imported), ``numba`` (the memory manager's class), ``rmm`` (``"emm"``, or the current
     device resource's class), and ``plugin`` (options, set up or torn down,
     warnings, the teardown's figures).
     """

@@ -263,7 +263,8 @@ def run_emm(args: argparse.Namespace, checks: Checks, result: Dict[str, Any], n_
         for w, s in stats.items():
             d = dev0(s)
             checks.add(f"{s['name']}: plugin set up at start", s["plugin"]["set_up"] and d.get("manager") == "pool"
-                       and s["cupy"] == "emm" and s["numba"] == "EmmNumbaManager",
+                       and s["cupy"] == "emm" and s["numba"] == "EmmNumbaManager"
+                       and (s["rmm"] == "emm" or not args.rmm_on),
                        f"manager {d.get('manager')}, CuPy allocator {s['cupy']}, Numba {s['numba']}, "
                        f"RMM {s['rmm']}, warnings {s['plugin']['warnings']}")
         routes = client.run(emm.dask.verify_routes)
@@ -411,6 +412,9 @@ def run_baseline(args: argparse.Namespace, result: Dict[str, Any]) -> None:
         log(f"timing with CuPy's pool: {args.reps} x workload")
         result["times_cupy_pool"] = timed(args.reps, args.time_rows, args.time_cols, args.time_chunk)
         result["cupy_pool_baseline"] = client.run(dask_tasks.cupy_pool_bytes)
+        result["baseline_is"] = ("CuPy's default memory pool; frames received from other workers in "
+                                 + ("rmm.DeviceBuffer (RMM's default resource)" if importlib.util.find_spec("rmm")
+                                    else "Numba's default memory manager (numba.cuda.to_device)"))
     finally:
         client.close()
         cluster.close()
