@@ -90,6 +90,7 @@ class _State:
         self.managers: Dict[int, Manager] = {}
         self.options: Dict[str, Any] = {}
         self.cupy_allocator: Any = None
+        self.cupy_path: Optional[str] = None  # what emm.cupy.install() took: "c" or "python"
         self.numba = False
         self.rmm = False
         self.set_up = False
@@ -323,7 +324,7 @@ def _route_cupy(device: int) -> None:
     from . import cupy as emm_cupy
 
     with cupy.cuda.Device(device):
-        emm_cupy.install()
+        _STATE.cupy_path = emm_cupy.install()
         # Blocks CuPy's own pool cached before go back to the device.
         cupy.get_default_memory_pool().free_all_blocks()
     get = getattr(cupy.cuda, "get_allocator", None)
@@ -417,7 +418,8 @@ def worker_stats(devices: Optional[Sequence[int]] = None, dask_worker: Any = Non
     (from the driver), ``free`` and ``total`` (the device's), ``report`` (every
     counter, one line). Besides: ``pid``, ``host``, ``worker`` (address) and
     ``name``, ``cuda_visible_devices``, ``cupy`` (``"emm"``, ``"other"`` or ``None``:
-    not imported), ``numba`` (the memory manager's class), ``rmm`` (``"emm"``, or the current
+    not imported), ``cupy_path`` (``"c"`` or ``"python"``: how ``emm.cupy`` hooked
+    in), ``numba`` (the memory manager's class), ``rmm`` (``"emm"``, or the current
     device resource's class), and ``plugin`` (options, set up or torn down,
     warnings, the teardown's figures).
     """
@@ -439,6 +441,7 @@ def worker_stats(devices: Optional[Sequence[int]] = None, dask_worker: Any = Non
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "devices": entries,
         "cupy": _cupy_route(),
+        "cupy_path": _STATE.cupy_path,
         "numba": _numba_route(),
         "rmm": _rmm_route(),
         "plugin": {

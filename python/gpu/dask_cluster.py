@@ -265,7 +265,7 @@ def run_emm(args: argparse.Namespace, checks: Checks, result: Dict[str, Any], n_
             checks.add(f"{s['name']}: plugin set up at start", s["plugin"]["set_up"] and d.get("manager") == "pool"
                        and s["cupy"] == "emm" and s["numba"] == "EmmNumbaManager"
                        and (s["rmm"] == "emm" or not args.rmm_on),
-                       f"manager {d.get('manager')}, CuPy allocator {s['cupy']}, Numba {s['numba']}, "
+                       f"manager {d.get('manager')}, CuPy allocator {s['cupy']} ({s['cupy_path']} path), Numba {s['numba']}, "
                        f"RMM {s['rmm']}, warnings {s['plugin']['warnings']}")
         routes = client.run(emm.dask.verify_routes)
         result["routes"] = routes
