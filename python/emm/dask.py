@@ -71,6 +71,8 @@ __all__ = [
     "dask_setup",
     "local_cuda_cluster",
     "plugin_from_env",
+    "setup_worker",
+    "teardown_worker",
     "trim",
     "verify_routes",
     "worker_stats",

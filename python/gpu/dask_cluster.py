@@ -472,8 +472,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     result: Dict[str, Any] = {"versions": versions, "args": {k: v for k, v in vars(args).items()},
                               "gpus": n_gpus, "site_env": SITE_ENV}
     checks = Checks()
-    # The client makes its own CUDA context (dask builds a zero-size CuPy array as each
-    # random array's meta): made now, so the NVML figure below includes it.
+    # The client makes its own CUDA context on the first GPU (dask builds each random
+    # array's meta with a zero-size CuPy draw, through CuPy's own pool): made now, so
+    # the NVML figure below includes it.
+    import dask.array as da
+
+    da.random.RandomState(0, RandomState=cupy.random.RandomState).standard_normal((2, 2), chunks=(1, 2))
     cupy.zeros(1)
     used_before = gpu_used_bytes()
     try:
