@@ -29,7 +29,12 @@ Dask-CUDA applies its RMM plugin), so CuPy (``emm.cupy.install``), Numba
 
 Prints one PASS/FAIL line per check and a summary; exits 1 on any failure; writes
 ``dask_cluster.json`` (per-worker statistics, checks, timings) to ``--out`` or
-``$OUT``. Usage, from the repository root on the GPU machine::
+``$OUT``. Usage, from the repository root on the GPU machine (``.whl/dask`` and
+``gpu-bundle`` carried; ``.whl/rmm`` too for the RMM route)::
+
+    python/gpu/dask_cluster.sh            # unpacks the wheels into /tmp/site, then runs this
+
+or by hand::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/dask/*.whl
     PYTHONPATH=/tmp/site:$PWD/python EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so \\
@@ -464,7 +469,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         import numba.cuda  # noqa: F401
 
         versions["numba"] = numba.__version__
-        versions["numba_cuda"] = getattr(sys.modules.get("numba_cuda"), "__version__", "?")
+        try:
+            import importlib.metadata
+
+            versions["numba_cuda"] = importlib.metadata.version("numba-cuda")
+        except Exception:  # numba's own CUDA target
+            versions["numba_cuda"] = None
     except ImportError as e:
         versions["numba"] = f"missing: {e}"
     log("versions: " + json.dumps(versions))
