@@ -12,6 +12,9 @@ when used:
   or ``numba.cuda.set_memory_manager(emm.numba_plugin.EmmNumbaManager)``.
 - ``emm.cupy``: ``emm.cupy.install()`` makes CuPy allocate through emm.
 - ``emm.torch``: ``emm.torch.install()`` makes PyTorch allocate through emm.
+- ``emm.rmm``: ``emm.rmm.install()`` makes emm RMM's device memory resource.
+- ``emm.dask``: ``EmmPlugin``, a Dask worker plugin that puts every worker of a
+  cluster on emm (CuPy, Numba, RMM); ``worker_stats`` gathers their figures.
 
 The manager is ``pool`` unless :func:`configure` (``manager=``) or
 ``EMM_MEMORY_MANAGER`` names another (``default``, ``hostonly``); one manager per
