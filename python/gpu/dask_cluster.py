@@ -470,9 +470,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         versions["numba"] = numba.__version__
         try:
-            import importlib.metadata
+            from importlib import metadata as importlib_metadata
 
-            versions["numba_cuda"] = importlib.metadata.version("numba-cuda")
+            versions["numba_cuda"] = importlib_metadata.version("numba-cuda")
         except Exception:  # numba's own CUDA target
             versions["numba_cuda"] = None
     except ImportError as e:
