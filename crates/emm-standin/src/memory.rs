@@ -369,7 +369,10 @@ mod tests {
             m.alloc_managed(0, 2 << 20, 1, 1 << 20),
             Err(CUresult::ERROR_OUT_OF_MEMORY)
         );
-        assert_eq!(m.alloc_managed(0, 0, 1, 1 << 20), Err(CUresult::ERROR_INVALID_VALUE));
+        assert_eq!(
+            m.alloc_managed(0, 0, 1, 1 << 20),
+            Err(CUresult::ERROR_INVALID_VALUE)
+        );
         m.free_device(p).unwrap();
         assert_eq!(m.used_on(0), 0);
         assert_eq!(m.free_device(p), Err(CUresult::ERROR_INVALID_VALUE));
