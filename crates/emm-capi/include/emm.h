@@ -60,7 +60,8 @@ typedef struct emm_stats {
  * emm_memory_stats_json, emm_reset_peak_stats, emm_record_memory_history,
  * emm_memory_snapshot_json, emm_string_free); 302 added EMM_ERR_INTERNAL and
  * refuses handles that emm did not create, or that were destroyed, with
- * EMM_ERR_INVALID_ARGUMENT. */
+ * EMM_ERR_INVALID_ARGUMENT; 303 added managed memory (emm_alloc_managed,
+ * emm_free_managed, EMM_MEM_ATTACH_GLOBAL/HOST). */
 int emm_abi_version(void);
 
 /* Configuration in code, before the first allocation of the process. Keys (each
@@ -109,6 +110,22 @@ emm_status emm_alloc(emm_manager *m, size_t size, void *stream, uint64_t *out_pt
  * EMM_OK) or on failure (it is then the failure's code). Since ABI 200. */
 uint64_t emm_alloc_ptr(emm_manager *m, size_t size, void *stream);
 emm_status emm_free(emm_manager *m, uint64_t ptr, void *stream);
+
+/* Managed memory (cuMemAllocManaged; Numba's memallocmanaged): one address valid on
+ * the host and on every device. flags is exactly one of EMM_MEM_ATTACH_GLOBAL
+ * (accessible from any stream on any device) and EMM_MEM_ATTACH_HOST (attached to
+ * the host); anything else is EMM_ERR_INVALID_ARGUMENT. size 0 sets *out to 0 and
+ * allocates nothing. Never pooled: one driver allocation per call, freed at once
+ * by emm_free_managed (which emm_free refuses, and the other way round). Counted
+ * apart from emm_get_stats, under "emm.managed_bytes.current",
+ * "emm.managed_bytes.peak", "emm.managed_allocations.current",
+ * "emm.managed_allocations.allocated" and "emm.managed_pending_bytes" of
+ * emm_memory_stat. EMM_ERR_UNSUPPORTED where the driver or device has no managed
+ * memory; EMM_ERR_OUT_OF_MEMORY (see emm_last_oom) when it cannot be had. Since
+ * ABI 303. */
+enum { EMM_MEM_ATTACH_GLOBAL = 1, EMM_MEM_ATTACH_HOST = 2 };
+emm_status emm_alloc_managed(emm_manager *m, size_t size, unsigned int flags, uint64_t *out);
+emm_status emm_free_managed(emm_manager *m, uint64_t ptr);
 
 /* Pinned host memory: flags bit 0 mapped, bit 1 portable, bit 2 write-combined.
  * out_dev (may be NULL) gets the device address of mapped memory. */

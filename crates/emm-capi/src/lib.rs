@@ -25,9 +25,14 @@
 mod array;
 mod handles;
 pub mod log;
+mod managed;
 mod tools;
 pub use array::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
+pub use managed::{
+    emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
+};
+pub use tools::*;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -37,7 +42,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{
-    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager,
+    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, ManagedMemory,
+    MemoryManager,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -69,7 +75,7 @@ pub const EMM_ERR_OTHER: emm_status = 9;
 pub const EMM_ERR_INTERNAL: emm_status = 10;
 
 /// The C ABI's version: major * 10000 + minor * 100 + patch.
-pub const ABI_VERSION: c_int = 302;
+pub const ABI_VERSION: c_int = 303;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -172,6 +178,8 @@ pub struct emm_manager {
     device: Mutex<HashMap<u64, DeviceAllocation>>,
     host: Mutex<HashMap<usize, HostMemory>>,
     ipc: Mutex<HashMap<u64, IpcMemory>>,
+    /// Managed memory (`emm_alloc_managed`), kept apart from device memory.
+    managed: Mutex<HashMap<u64, ManagedMemory>>,
 }
 
 pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
@@ -182,7 +190,7 @@ pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -323,6 +331,7 @@ pub unsafe extern "C" fn emm_manager_create(
                     device: Mutex::new(HashMap::new()),
                     host: Mutex::new(HashMap::new()),
                     ipc: Mutex::new(HashMap::new()),
+                    managed: Mutex::new(HashMap::new()),
                 });
                 // SAFETY: `out` is non-null and writable per the contract.
                 unsafe { *out = h };
@@ -452,7 +461,8 @@ pub unsafe extern "C" fn emm_free(
         if ptr == 0 {
             return EMM_OK;
         }
-        match lock(&h.device).remove(&ptr) {
+        let removed = lock(&h.device).remove(&ptr);
+        match removed {
             Some(mut a) => {
                 if !stream.is_null() {
                     a.set_stream(CUstream(stream));
@@ -460,6 +470,9 @@ pub unsafe extern "C" fn emm_free(
                 drop(a);
                 EMM_OK
             }
+            None if lock(&h.managed).contains_key(&ptr) => invalid(format!(
+                "emm_free: {ptr:#x} is managed memory from emm_alloc_managed; free it with emm_free_managed"
+            )),
             None => invalid(format!(
                 "emm_free: {ptr:#x} was not allocated through this handle (or was freed already)"
             )),
@@ -861,7 +874,7 @@ mod tests {
             emm_manager_destroy(core::ptr::null_mut());
             assert!(emm_manager_name(core::ptr::null()).is_null());
             // The address-returning form: 0, and the failure's code and message.
-            assert_eq!(emm_abi_version(), 302);
+            assert_eq!(emm_abi_version(), 303);
             assert_eq!(
                 emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
                 0
@@ -967,7 +980,9 @@ mod tests {
         let src = concat!(
             include_str!("lib.rs"),
             include_str!("array.rs"),
-            include_str!("log.rs")
+            include_str!("log.rs"),
+            include_str!("managed.rs"),
+            include_str!("tools.rs")
         );
         let header = include_str!("../include/emm.h");
         let mut names = Vec::new();
