@@ -1,26 +1,5 @@
 //! [`Managed`]: managed (unified) memory straight from `cuMemAllocManaged`, which
 //! every built-in manager composes for Numba's `memallocmanaged`.
-//!
-//! Numba puts `memallocmanaged` in `HostOnlyCUDAMemoryManager`, the half that a
-//! device-only plugin inherits; here it is a value a manager owns, as
-//! [`HostOnly`](crate::HostOnly) is.
-//!
-//! - **Not pooled.** Each request is one `cuMemAllocManaged`, each free one
-//!   `cuMemFree`: managed blocks never enter a device pool's segments or caches.
-//!   They are rare and large (arrays the host reads too); a cached managed block
-//!   would keep both host and device pages from the rest of the system and carry
-//!   its last user's residency and advice (`cuMemAdvise`, prefetches) to the next;
-//!   and the driver already commits pages lazily, on first touch, so there is
-//!   little for a cache to save.
-//! - **Frees** run at once, except while a `defer_cleanup` guard lives (`cuMemFree`
-//!   synchronizes the device): then they wait in a queue freed when the last guard
-//!   goes ([`Managed::flush`]), or by the out-of-memory ladder once no guard lives.
-//! - **Counted apart** from device memory ([`ManagedStats`]), in bytes as requested.
-//! - **Reset** frees every live managed allocation; their later drop does nothing.
-//! - **Out of memory**: the owning manager's cache is given back (the `on_oom`
-//!   callback), queued frees run, and the request is tried once more; then
-//!   [`EmmError::OutOfMemory`] (`what: "managed"`). A driver or device without
-//!   managed memory is [`EmmError::Unsupported`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -122,8 +101,28 @@ impl Drop for Shared {
     }
 }
 
-/// Managed memory for one context (see [the module docs](self)). Cloning shares
-/// the allocations and counters.
+/// Managed memory for one context. Cloning shares the allocations and counters.
+///
+/// Numba puts `memallocmanaged` in `HostOnlyCUDAMemoryManager`, the half that a
+/// device-only plugin inherits; here it is a value a manager owns, as
+/// [`HostOnly`](crate::HostOnly) is.
+///
+/// - **Not pooled.** Each request is one `cuMemAllocManaged`, each free one
+///   `cuMemFree`: managed blocks never enter a device pool's segments or caches.
+///   They are rare and large (arrays the host reads too); a cached managed block
+///   would keep both host and device pages from the rest of the system and carry
+///   its last user's residency and advice (`cuMemAdvise`, prefetches) to the next;
+///   and the driver already commits pages lazily, on first touch, so there is
+///   little for a cache to save.
+/// - **Frees** run at once, except while a `defer_cleanup` guard lives (`cuMemFree`
+///   synchronizes the device): then they wait in a queue freed when the last guard
+///   goes ([`Managed::flush`]), or by the out-of-memory ladder once no guard lives.
+/// - **Counted apart** from device memory ([`ManagedStats`]), in bytes as requested.
+/// - **Reset** frees every live managed allocation; their later drop does nothing.
+/// - **Out of memory**: the owning manager's cache is given back (the `on_oom`
+///   callback), queued frees run, and the request is tried once more; then
+///   [`EmmError::OutOfMemory`] (`what: "managed"`). A driver or device without
+///   managed memory is [`EmmError::Unsupported`].
 #[derive(Debug, Clone)]
 pub struct Managed {
     shared: Arc<Shared>,
