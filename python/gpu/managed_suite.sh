@@ -9,7 +9,8 @@
 #     test_warning, and the NRT tests, whose statistics live in managed arrays)
 #     with Numba's default manager and through emm's plugin over pool and hostonly,
 #     then a table of counts and what fails only with emm.
-# Needs gpu-bundle/ from `cargo xtask gpu` (this branch: C ABI 303) and .whl/np.
+# Needs gpu-bundle/lib and the four test binaries named below from `cargo xtask gpu`
+# (this branch: C ABI 303), and .whl/np; about 4 minutes on an H200.
 # Usage (repository root, GPU machine): python/gpu/managed_suite.sh
 set -u
 : "${OUT:?set OUT to a directory for the logs}"
@@ -25,8 +26,9 @@ status=0
 echo "== 1. Rust GPU tests (gpu-bundle)"
 rust() {  # name, test binary, filter...
   local name=$1 bin=gpu-bundle/bin/$2; shift 2
-  if [ ! -x "$bin" ]; then echo "$name: $bin missing (run cargo xtask gpu)"; status=1; return; fi
-  (cd gpu-bundle && EMM_TEST_DATA=$PWD/data timeout 120 "./bin/$(basename "$bin")" --include-ignored --test-threads=1 "$@") > "$OUT/rust_$name.log" 2>&1
+  if [ ! -f "$bin" ]; then echo "$name: $bin missing (run cargo xtask gpu)"; status=1; return; fi
+  chmod +x "$bin" 2>/dev/null
+  timeout 90 "$bin" --include-ignored --test-threads=1 "$@" > "$OUT/rust_$name.log" 2>&1
   local rc=$?
   echo "$name: rc=$rc $(grep -E '^test result:' "$OUT/rust_$name.log" | tail -n1)"
   [ $rc -eq 0 ] || status=1
@@ -39,7 +41,7 @@ grep -h -E "managed_memory|FAIL" "$OUT"/rust_conformance_*.log | sort | uniq -c
 
 echo "== 2. cuda.managed_array through emm.numba_plugin (python/gpu/managed_check.py)"
 for m in pool hostonly default; do
-  NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin EMM_MEMORY_MANAGER=$m timeout 120 \
+  NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin EMM_MEMORY_MANAGER=$m timeout 90 \
     python3 python/gpu/managed_check.py > "$OUT/check_$m.log" 2>&1
   rc=$?
   echo "check $m: rc=$rc $(grep -c '^  ok' "$OUT/check_$m.log") checks ok; $(tail -n1 "$OUT/check_$m.log")"
@@ -53,7 +55,7 @@ TESTS="numba.cuda.tests.cudadrv.test_managed_alloc numba.cuda.tests.cudadrv.test
 suite() {  # label, environment...
   local label=$1; shift
   local t0=$(date +%s)
-  env "$@" timeout ${SUITE_TIMEOUT:-170} python3 -m numba.runtests -m 16 $TESTS > "$OUT/suite_$label.log" 2>&1
+  env "$@" timeout ${SUITE_TIMEOUT:-150} python3 -m numba.runtests -m 16 $TESTS > "$OUT/suite_$label.log" 2>&1
   echo "suite $label: rc=$? in $(( $(date +%s) - t0 )) s"
 }
 suite default
