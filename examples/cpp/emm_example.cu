@@ -1,8 +1,14 @@
 // emm from C++: allocate device memory through emm's C ABI on a CUDA stream, fill it
 // with a kernel, check it on the host, look at the statistics, export an IPC handle,
-// free and trim. Build (on a machine with nvcc), from the repository root:
-//   nvcc -O2 -std=c++17 examples/cpp/emm_example.cu -Icrates/emm-capi/include \
-//        -L<dir of libemm_capi.so> -lemm_capi -Xlinker -rpath=<that dir> -o emm_example
+// free and trim. Build (on a machine with nvcc) against an installed emm
+// (`cargo xtask install --prefix DIR`), in examples/cpp:
+//   make PKG_CONFIG_PATH=DIR/lib/pkgconfig cuda                      (pkg-config)
+//   cmake -S . -B build -DCMAKE_PREFIX_PATH=DIR && cmake --build build (CMake)
+// or by hand:
+//   nvcc -O2 -std=c++17 emm_example.cu -IDIR/include -LDIR/lib -lemm_capi \
+//        -Xlinker -rpath=DIR/lib -o emm_example
+// (the program needs the library under its SONAME, libemm_capi.so.0.<minor>, which
+// the install provides; a bare target/release is not enough to run it).
 #include <cstdio>
 #include <cstdlib>
 #include <string>

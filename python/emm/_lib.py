@@ -171,8 +171,9 @@ def library_path() -> pathlib.Path:
 _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
 # emm_configure, emm_last_oom and the warning queue; 301 the memory tools; 302
-# EMM_ERR_INTERNAL and checked handles; 303 managed memory.
-ABI_NEEDED = 303
+# EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator; 304 managed
+# memory.
+ABI_NEEDED = 304
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -343,6 +344,7 @@ def _manager_value(v: Any, name: str) -> str:
 _CONFIG_KEYS = {
     "manager": ("manager", _manager_value),
     "limit": ("pool_limit", _bytes_value),
+    "thread_cache": ("pool_thread_cache", _bytes_value),
     "expandable": ("pool_expandable", _bool_value),
     "release_threshold": ("hostonly_release_threshold", _threshold_value),
     "max_pending_count": ("max_pending_deallocs_count", _bytes_value),
@@ -356,6 +358,7 @@ def configure(
     devices: Union[int, Sequence[int], None] = None,
     limit: Optional[int] = None,
     expandable: Optional[bool] = None,
+    thread_cache: Optional[int] = None,
     release_threshold: Union[int, str, None] = None,
     max_pending_count: Optional[int] = None,
     max_pending_ratio: Optional[float] = None,
@@ -372,6 +375,8 @@ def configure(
     - ``limit``: bytes the pool may reserve per device (``EMM_POOL_LIMIT``).
     - ``expandable``: large pool blocks in one expandable segment over CUDA virtual
       memory; ``False`` for legacy IPC of every block (``EMM_POOL_EXPANDABLE``).
+    - ``thread_cache``: bytes each thread keeps per stream for immediate reuse; 0
+      turns the pool's thread caches off (``EMM_POOL_THREAD_CACHE``).
     - ``release_threshold``: bytes (or ``"max"``) the ``hostonly`` manager's pool
       keeps reserved (``EMM_HOSTONLY_RELEASE_THRESHOLD``).
     - ``max_pending_count`` / ``max_pending_ratio``: when queued frees are flushed
@@ -385,7 +390,7 @@ def configure(
     :class:`EmmError` with code ``EMM_ERR_ALREADY_IN_USE``; repeating the value in
     effect is accepted.
     """
-    given = {"manager": manager, "limit": limit, "expandable": expandable,
+    given = {"manager": manager, "limit": limit, "expandable": expandable, "thread_cache": thread_cache,
              "release_threshold": release_threshold, "max_pending_count": max_pending_count,
              "max_pending_ratio": max_pending_ratio}
     pairs = []

@@ -1,6 +1,8 @@
 """CuPy through emm: arrays created, computed on, freed, memory returned; through
-``install()`` (CuPy's PythonFunctionAllocator) and through the plain allocator
-function ``emm.cupy.allocator``."""
+``install()``'s C path (CuPy's CFunctionAllocator over emm's C functions), its
+Python path (PythonFunctionAllocator) and the plain allocator function
+``emm.cupy.allocator``; out of memory raised as emm's OutOfMemoryError (a
+MemoryError) with the numbers, on both paths."""
 import pathlib
 import sys
 
@@ -39,9 +41,27 @@ def check(how):
     del x
 
 
-emm.cupy.install()
+def out_of_memory(how):
+    huge = 1 << 52  # 4 PiB: more than any device
+    try:
+        cupy.empty(huge, dtype=cupy.uint8)
+    except emm.OutOfMemoryError as e:
+        assert isinstance(e, MemoryError)
+        assert e.requested == huge and e.total > 0, (e.requested, e.free, e.total)
+        print(f"  out of memory ({how}): {type(e).__name__}: requested {e.requested}, "
+              f"free {e.free} of {e.total}")
+    else:
+        raise AssertionError(f"{how}: a 4 PiB array was allocated")
+
+
+path = emm.cupy.install()
+assert path == "c", f"install() took the {path} path"
+check("install: CFunctionAllocator, emm's C functions")
+out_of_memory("C path")
+assert emm.cupy.install(path="python") == "python"
 assert hasattr(cupy.cuda, "PythonFunctionAllocator"), "this CuPy lacks PythonFunctionAllocator"
 check("install: PythonFunctionAllocator")
+out_of_memory("Python path")
 cupy.cuda.set_allocator(emm.cupy.allocator)
 check("allocator function")
 print("cupy_check: OK")

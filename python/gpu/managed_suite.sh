@@ -10,7 +10,7 @@
 #     with Numba's default manager and through emm's plugin over pool and hostonly,
 #     then a table of counts and what fails only with emm.
 # Needs gpu-bundle/lib and the four test binaries named below from `cargo xtask gpu`
-# (this branch: C ABI 303), and .whl/np; about 4 minutes on an H200.
+# (C ABI 304), and .whl/np; about 4 minutes on an H200.
 # Usage (repository root, GPU machine): python/gpu/managed_suite.sh
 set -u
 : "${OUT:?set OUT to a directory for the logs}"

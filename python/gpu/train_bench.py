@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-hostonly")
+VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-pool-nocache", "emm-hostonly")
 WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
 
 
@@ -44,6 +44,10 @@ def parse():
     p.add_argument("--steps", type=int, default=40, help="timed steps")
     p.add_argument("--warmup", type=int, default=8, help="untimed steps first")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shapes", choices=("fresh", "bucketed"), default="fresh",
+                   help="fresh: a new shape every step (cuDNN/cuBLAS plan each one on the host); "
+                        "bucketed: 8 shapes, each seen in warmup, then drawn again (later epochs "
+                        "of bucketed training)")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
     p.add_argument("--profile", metavar="DIR", help="profile 6 steps after the timed ones; tables and trace to DIR")
     p.add_argument("--sdpa", choices=("auto", "flash"), default="auto",
@@ -61,6 +65,8 @@ def setup_allocator(variant):
         os.environ["EMM_MEMORY_MANAGER"] = "hostonly" if variant == "emm-hostonly" else "pool"
         if variant == "emm-pool-novmm":
             os.environ["EMM_POOL_EXPANDABLE"] = "0"
+        if variant == "emm-pool-nocache":
+            os.environ["EMM_POOL_THREAD_CACHE"] = "0"
         import emm.torch
 
         emm.torch.install()
@@ -88,18 +94,32 @@ def build(workload, dev):
     return model.to(dev)
 
 
-def shapes(workload, n, seed):
-    """The per-step shapes, the same for every variant."""
+BUCKETS = 8
+
+
+def shapes(workload, n, seed, mode="fresh"):
+    """The per-step shapes, the same for every variant. "fresh": drawn anew each
+    step. "bucketed": BUCKETS shapes, in order for the first BUCKETS steps (all in
+    warmup), then drawn from them."""
     r = random.Random(seed)
-    if workload in ("gpt2", "llama"):
-        return [(r.randint(2, 12), r.randint(32, 1024)) for _ in range(n)]
-    if workload == "gpt2-infer":
-        return [(r.randint(1, 32), r.randint(16, 1024)) for _ in range(n)]
-    return [(r.randint(8, 96), r.randint(128, 256)) for _ in range(n)]
+
+    def draw():
+        if workload in ("gpt2", "llama"):
+            return (r.randint(2, 12), r.randint(32, 1024))
+        if workload == "gpt2-infer":
+            return (r.randint(1, 32), r.randint(16, 1024))
+        return (r.randint(8, 96), r.randint(128, 256))
+
+    if mode == "fresh":
+        return [draw() for _ in range(n)]
+    buckets = [draw() for _ in range(BUCKETS)]
+    return (buckets + [r.choice(buckets) for _ in range(n)])[:n]
 
 
 def main():
     args = parse()
+    if args.shapes == "bucketed":
+        args.warmup = max(args.warmup, BUCKETS)  # every shape is planned before timing
     setup_allocator(args.variant)
     import torch
 
@@ -129,7 +149,7 @@ def main():
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     total = args.warmup + args.steps + (6 if args.profile else 0)
-    plan = shapes(args.workload, total, args.seed)
+    plan = shapes(args.workload, total, args.seed, args.shapes)
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1 + rank)
 
     def step(i):
@@ -157,6 +177,9 @@ def main():
 
     times = []
     loss = None
+    counters = step_counters(args.variant, dev)
+    before = counters()
+    changes = []
     for i in range(args.warmup + args.steps):
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -164,6 +187,9 @@ def main():
         torch.cuda.synchronize(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+        after = counters()
+        changes.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
+        before = after
     final_loss = float(loss.detach().float().item())
     if args.snapshot:
         torch.cuda.memory._dump_snapshot(args.snapshot)
@@ -174,9 +200,10 @@ def main():
 
     mem = memory(args.variant, dev)
     result = {
-        "variant": args.variant, "workload": args.workload, "world": world,
+        "variant": args.variant, "workload": args.workload, "world": world, "shapes": args.shapes,
         "steps": args.steps, "step_ms": times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
+        "step_changes": changes,
     }
     if args.ddp:
         import torch.distributed as dist
@@ -190,6 +217,37 @@ def main():
         dist.destroy_process_group()
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_syncs", "events_recorded",
+            "event_queries", "misses", "pieces_mapped", "pieces_moved", "reserved_bytes", "num_ooms")
+
+
+def step_counters(variant, dev):
+    """A function returning the allocator's counters that say what a step cost it
+    (driver allocations and frees, retries, synchronizations, pages mapped and
+    moved); the training loop records how each step changed them."""
+    import torch
+
+    if variant.startswith("emm-"):
+        import re
+
+        import emm
+
+        mgr = emm.Manager(None, dev.index or 0)
+
+        def read():
+            text = mgr.report()
+            found = dict((k, int(v)) for k, v in re.findall(r"(\w+): (\d+)", text))
+            return {k: found[k] for k in COUNTERS if k in found}
+        return read
+
+    def read_torch():
+        st = torch.cuda.memory_stats(dev)
+        return {"num_device_alloc": st.get("num_device_alloc", 0), "num_device_free": st.get("num_device_free", 0),
+                "num_alloc_retries": st.get("num_alloc_retries", 0), "num_ooms": st.get("num_ooms", 0),
+                "reserved_bytes": st.get("reserved_bytes.all.current", 0)}
+    return read_torch
 
 
 def memory(variant, dev):

@@ -3,7 +3,8 @@ the order rotated each round, one process each; then one table per workload.
 
     python3 train_rounds.py [--rounds 3] [--workloads gpt2 resnet50 gpt2-infer]
                             [--variants native expandable emm-pool emm-hostonly]
-                            [--steps 30] [--warmup 6] [--ddp G] [--log FILE]
+                            [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
+                            [--pin CPUS] [--log FILE]
 
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama).
 Prints, per workload and variant: the median over rounds of each round's median
@@ -23,7 +24,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def run_one(args, workload, variant, log):
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
+           "--shapes", args.shapes]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
                *cmd[1:], "--ddp"]
@@ -53,6 +55,8 @@ def main():
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--ddp", type=int, default=0)
     p.add_argument("--sdpa", choices=("auto", "flash"), default="auto")
+    p.add_argument("--shapes", choices=("fresh", "bucketed"), default="fresh",
+                   help="as train_bench.py: a new shape every step, or 8 shapes seen in warmup")
     p.add_argument("--pin", help="CPU list every process is pinned to (taskset -c)")
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--log", default=os.path.join(os.environ.get("OUT", "/tmp"), "train_rounds.log"))
@@ -68,7 +72,7 @@ def main():
                         results.setdefault((w, v), []).append(res)
                         print(f"round {r + 1} {w:10} {v:14} median {res['median_ms']:7.2f} ms  "
                               f"reserved {gib(res['peak_reserved'])} GiB  loss {res['final_loss']:.5f}", flush=True)
-    world = (f", {args.ddp} GPUs (DDP)" if args.ddp else "") + (", flash attention" if args.sdpa == "flash" else "")
+    world = (f", {args.ddp} GPUs (DDP)" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
         print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
         print("| variant | step ms, median of rounds | spread (round medians) | peak reserved GiB "

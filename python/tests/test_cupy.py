@@ -54,3 +54,28 @@ def test_the_python_function_allocator_pair(monkeypatch):
     assert mgr.allocated == (100, 42)  # CuPy's current stream
     ec.free(0x3000, 5)
     assert mgr.freed == [(0x3000, 0)]  # 0: the block's own stream
+
+
+def test_install_refuses_an_unknown_path():
+    import emm.cupy
+
+    with pytest.raises(ValueError, match="'auto', 'c' or 'python'"):
+        emm.cupy.install(path="fast")
+
+
+def test_the_c_path_errors_take_their_details_from_the_library(lib):
+    """What emm_cupy_malloc raises is built from the message alone; the code and
+    the out-of-memory numbers come from the thread's last failure."""
+    import emm
+    import emm._lib
+    from emm.cupy import _CError, _COutOfMemoryError
+
+    # A failure the library records: an unknown configuration key.
+    assert lib.emm_configure(b"no_such_key", b"1") == emm._lib.EMM_ERR_INVALID_ARGUMENT
+    e = _CError("no_such_key refused")
+    assert e.code == emm._lib.EMM_ERR_INVALID_ARGUMENT
+    assert "no_such_key refused" in str(e)
+    oom = _COutOfMemoryError("out of memory")
+    assert isinstance(oom, MemoryError) and isinstance(oom, emm.OutOfMemoryError)
+    assert (oom.requested, oom.free, oom.total) == (0, 0, 0)  # the last failure was no OOM
+

@@ -102,3 +102,8 @@ pub enum ArrayError {
     #[error(transparent)]
     Memory(#[from] emm_core::EmmError),
 }
+
+// The README's examples are compiled and run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

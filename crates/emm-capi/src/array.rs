@@ -11,7 +11,7 @@ use ::emm_array::{
 use crate::handles::Handles;
 use crate::{emm_manager, emm_status, guard, handle, invalid, set_error, stream_of, EMM_OK};
 
-/// An array handle.
+/// An array handle (opaque; from `emm_array_create`).
 pub struct emm_array {
     raw: Arc<Mutex<RawArray>>,
 }
@@ -77,9 +77,10 @@ fn lock(a: &emm_array) -> std::sync::MutexGuard<'_, RawArray> {
     a.raw.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Creates a zeroed array of DLPack type `(code, bits)` and `rank` extents from
-/// `shape`. With a manager, memory comes from it (pinned host mirror, device copy);
-/// with a null manager the array lives on the host only.
+/// MemArray: creates a zeroed n-dimensional array of DLPack type `(code, bits)` with
+/// `rank` (1..4) extents from `shape`, with a host mirror and a device copy from
+/// manager `m` (pinned host memory and device memory; NULL: host only). Mutations
+/// fail while a lock (explicit, or a DLPack export) lives.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_create(
     m: *mut emm_manager,
@@ -124,7 +125,7 @@ pub unsafe extern "C" fn emm_array_create(
 }
 
 /// Releases an array handle (DLPack exports keep the data alive until their
-/// deleters run).
+/// deleters run). NULL does nothing.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
     let _ = guard(|| {
@@ -144,7 +145,7 @@ pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
 }
 
 /// Moves the array to `side` (0 host, 1 device) on `stream`; `wait` non-zero waits
-/// for the copy; `moved` (may be null) gets 0 when it was already there.
+/// for the copy; `*moved` (may be NULL) gets 0 when it was already there.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_move(
     a: *mut emm_array,
@@ -286,10 +287,10 @@ pub unsafe extern "C" fn emm_array_unlock(a: *mut emm_array, id: u64) -> emm_sta
     })
 }
 
-/// Exports the current side as DLPack: `DLManagedTensorVersioned*` when
-/// `versioned`, else the legacy `DLManagedTensor*`. The export locks the array and
-/// keeps it alive until its deleter runs (call it through `emm_dlpack_delete` or the
-/// struct's own `deleter`).
+/// DLPack export of the current side into `*out`: a `DLManagedTensorVersioned*`
+/// when `versioned` is non-zero, else the legacy `DLManagedTensor*`. The export
+/// locks the array and keeps it alive until its deleter runs (the consumer's, or
+/// `emm_dlpack_delete` for an export nobody consumed).
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_to_dlpack(
     a: *mut emm_array,
@@ -316,8 +317,8 @@ pub unsafe extern "C" fn emm_array_to_dlpack(
     })
 }
 
-/// Runs the deleter of a DLPack export made by `emm_array_to_dlpack` (for a capsule
-/// that was never consumed).
+/// Runs the deleter of a DLPack export made by `emm_array_to_dlpack` with the same
+/// `versioned` that nobody consumed. NULL does nothing.
 #[no_mangle]
 pub unsafe extern "C" fn emm_dlpack_delete(tensor: *mut c_void, versioned: c_int) {
     let _ = guard(|| {
@@ -343,7 +344,7 @@ pub unsafe extern "C" fn emm_dlpack_delete(tensor: *mut c_void, versioned: c_int
     });
 }
 
-/// Deleters run so far for this array's exports.
+/// Deleters run so far for this array's exports (0 for a handle that is not live).
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_deleters_run(a: *mut emm_array) -> u64 {
     match array_handle(a) {

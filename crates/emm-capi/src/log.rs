@@ -27,9 +27,9 @@ pub const LOG_ENV: &str = "EMM_LOG";
 /// Messages the warning queue keeps (the oldest are dropped first).
 pub const QUEUE_CAP: usize = 256;
 
-/// `level` of an error in [`emm_take_warning`].
+/// `*level` of an error in `emm_take_warning`.
 pub const EMM_LOG_ERROR: c_int = 1;
-/// `level` of a warning in [`emm_take_warning`].
+/// `*level` of a warning in `emm_take_warning`.
 pub const EMM_LOG_WARN: c_int = 2;
 
 static CAPTURE: AtomicBool = AtomicBool::new(false);
@@ -117,9 +117,9 @@ impl<S: Subscriber> Layer<S> for Output {
     }
 }
 
-/// `on` != 0: warnings and errors are queued for [`emm_take_warning`] instead of
-/// printed on standard error; 0: printed (the default). Returns the previous
-/// setting.
+/// Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
+/// instead of printing them on standard error; 0 prints them (the default). Returns
+/// the previous setting.
 #[no_mangle]
 pub extern "C" fn emm_capture_warnings(on: c_int) -> c_int {
     init();
@@ -127,11 +127,11 @@ pub extern "C" fn emm_capture_warnings(on: c_int) -> c_int {
 }
 
 /// Takes the oldest queued warning: copies it (NUL-terminated) into `buf` of `cap`
-/// bytes, sets `*len` to its length and `*level` (may be null) to
-/// `EMM_LOG_ERROR` (1) or `EMM_LOG_WARN` (2), and removes it. With none queued,
-/// `*len` is 0. When `buf` is null or `cap <= *len`, the message stays queued and
-/// `EMM_ERR_INVALID_ARGUMENT` is returned with `*len` set to the length needed
-/// (without the NUL).
+/// bytes, sets `*len` to its length and `*level` (may be NULL) to `EMM_LOG_ERROR`
+/// or `EMM_LOG_WARN`, and removes it; `*len` is 0 when none is queued. With `buf`
+/// NULL or `cap <= *len` it stays queued and the call returns
+/// `EMM_ERR_INVALID_ARGUMENT` with `*len` the length needed (without the NUL). The
+/// queue keeps the newest 256.
 #[no_mangle]
 pub unsafe extern "C" fn emm_take_warning(
     buf: *mut c_char,

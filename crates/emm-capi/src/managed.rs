@@ -1,4 +1,4 @@
-//! Managed memory over the C ABI (since ABI 303): `emm_alloc_managed` and
+//! Managed memory over the C ABI (since ABI 304): `emm_alloc_managed` and
 //! `emm_free_managed`, Numba's `memallocmanaged` for C callers.
 //!
 //! A handle keeps its managed allocations apart from its device allocations:
@@ -11,16 +11,26 @@ use emm_core::ManagedAttach;
 
 use crate::{emm_manager, emm_status, fail_alloc, invalid, lock, with_manager, EMM_OK};
 
-/// `flags` of [`emm_alloc_managed`]: accessible from any stream on any device
-/// (`CU_MEM_ATTACH_GLOBAL`).
+/// `flags` of `emm_alloc_managed`: accessible from any stream on any device
+/// (`CU_MEM_ATTACH_GLOBAL`). Since ABI 304.
 pub const EMM_MEM_ATTACH_GLOBAL: c_uint = 1;
-/// `flags` of [`emm_alloc_managed`]: attached to the host (`CU_MEM_ATTACH_HOST`).
+/// `flags` of `emm_alloc_managed`: attached to the host (`CU_MEM_ATTACH_HOST`).
+/// Since ABI 304.
 pub const EMM_MEM_ATTACH_HOST: c_uint = 2;
 
-/// Allocates `size` bytes of managed memory (one address valid on the host and on
-/// every device) attached as `flags`: `EMM_MEM_ATTACH_GLOBAL` (1) or
-/// `EMM_MEM_ATTACH_HOST` (2), exactly one. `out` gets the address (0 for `size`
-/// 0, which allocates nothing). Free it with `emm_free_managed`.
+/// Allocates `size` bytes of managed memory (`cuMemAllocManaged`; Numba's
+/// `memallocmanaged`): one address valid on the host and on every device, into
+/// `*out`. `flags` is exactly one of `EMM_MEM_ATTACH_GLOBAL` (accessible from any
+/// stream on any device) and `EMM_MEM_ATTACH_HOST` (attached to the host); anything
+/// else is `EMM_ERR_INVALID_ARGUMENT`. `size` 0 sets `*out` to 0 and allocates
+/// nothing. Never pooled: one driver allocation per call, freed at once by
+/// `emm_free_managed` (`emm_free` refuses it, and the other way round). Counted
+/// apart from `emm_get_stats`, under `emm.managed_bytes.current`,
+/// `emm.managed_bytes.peak`, `emm.managed_allocations.current`,
+/// `emm.managed_allocations.allocated` and `emm.managed_pending_bytes` of
+/// `emm_memory_stat`. `EMM_ERR_UNSUPPORTED` where the driver or device has no
+/// managed memory; `EMM_ERR_OUT_OF_MEMORY` (see `emm_last_oom`) when it cannot be
+/// had. Since ABI 304.
 #[no_mangle]
 pub unsafe extern "C" fn emm_alloc_managed(
     m: *mut emm_manager,
@@ -52,7 +62,9 @@ pub unsafe extern "C" fn emm_alloc_managed(
     })
 }
 
-/// Frees managed memory from `emm_alloc_managed` on this handle (0 does nothing).
+/// Frees managed memory from `emm_alloc_managed` on this handle (0 does nothing;
+/// device memory from `emm_alloc` is refused with `EMM_ERR_INVALID_ARGUMENT`).
+/// Since ABI 304.
 #[no_mangle]
 pub unsafe extern "C" fn emm_free_managed(m: *mut emm_manager, ptr: u64) -> emm_status {
     with_manager(m, |h| {

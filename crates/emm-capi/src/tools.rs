@@ -29,7 +29,7 @@ fn give_string(text: String, out: *mut *mut c_char, len: *mut usize, what: &str)
 }
 
 /// Frees a string the library returned (`emm_memory_stats_json`,
-/// `emm_memory_snapshot_json`). Null is ignored.
+/// `emm_memory_snapshot_json`). NULL is ignored.
 #[no_mangle]
 pub unsafe extern "C" fn emm_string_free(s: *mut c_char) {
     if !s.is_null() {
@@ -38,9 +38,20 @@ pub unsafe extern "C" fn emm_string_free(s: *mut c_char) {
     }
 }
 
-/// One counter by its name (`allocated_bytes.all.current`, ...; see
-/// `MemoryManager::memory_stats`) into `value`. An unknown name:
-/// `EMM_ERR_INVALID_ARGUMENT`.
+/// Memory tools: one counter by its name into `*value` (an unknown name:
+/// `EMM_ERR_INVALID_ARGUMENT`). Counters are named as in PyTorch's `memory_stats`
+/// where they mean the same: "allocated_bytes.all.current",
+/// "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+/// "allocated_bytes.all.freed", "reserved_bytes.all.current",
+/// "reserved_bytes.all.peak", "active_bytes.all.current", "active_bytes.all.peak",
+/// "inactive_split_bytes.all.current", "segment.all.current", "segment.all.peak",
+/// "allocation.all.current", "allocation.all.peak", "allocation.all.allocated",
+/// "allocation.all.freed", "num_alloc_retries", "num_ooms", "num_device_alloc",
+/// "num_device_free"; the pool's own under "emm.", e.g. "emm.thread_cached_bytes".
+/// In the pool, "allocated" excludes blocks parked in thread caches (they count as
+/// "active"); the allocated peaks are sampled at every locked allocation and every
+/// query (a peak reached by thread-cache hits alone and undone before the next
+/// sample is missed).
 #[no_mangle]
 pub unsafe extern "C" fn emm_memory_stat(
     m: *mut emm_manager,
@@ -69,8 +80,9 @@ pub unsafe extern "C" fn emm_memory_stat(
     })
 }
 
-/// Every counter as a JSON object (`{"allocated_bytes.all.current": 1024, ...}`)
-/// into `*out` (free with `emm_string_free`); `len` (may be null) gets its length.
+/// Every counter (see `emm_memory_stat`) as one JSON object
+/// (`{"allocated_bytes.all.current": 1024, ...}`) into `*out`, which the caller
+/// frees with `emm_string_free`; `*len` (may be NULL) gets its length.
 #[no_mangle]
 pub unsafe extern "C" fn emm_memory_stats_json(
     m: *mut emm_manager,
@@ -92,8 +104,8 @@ pub unsafe extern "C" fn emm_reset_peak_stats(m: *mut emm_manager) -> emm_status
     })
 }
 
-/// Records the allocation history in a ring of the latest `max_entries` entries
-/// (0: stop and drop it). `EMM_ERR_UNSUPPORTED` for a manager without one.
+/// Keeps the latest `max_entries` allocation events for `emm_memory_snapshot_json`
+/// (0: stop and drop them). `EMM_ERR_UNSUPPORTED` for managers without a history.
 #[no_mangle]
 pub unsafe extern "C" fn emm_record_memory_history(
     m: *mut emm_manager,
@@ -105,10 +117,21 @@ pub unsafe extern "C" fn emm_record_memory_history(
     })
 }
 
-/// The manager's segments, blocks, recorded history and counters as JSON (see
-/// `MemorySnapshot::to_json`) into `*out` (free with `emm_string_free`); `len`
-/// (may be null) gets its length. `EMM_ERR_UNSUPPORTED` for a manager that keeps
-/// no segments of its own.
+/// The manager's segments, blocks, recorded history and counters as JSON into
+/// `*out`, which the caller frees with `emm_string_free`; `*len` (may be NULL) gets
+/// its length:
+///
+/// ```text
+/// {"segments": [{"address", "total_size", "stream", "large", "expandable",
+///                "blocks": [{"address", "size", "requested_size", "allocated"}]}],
+///  "trace": [{"action", "addr", "size", "stream", "time_us", "device_free"}],
+///  "stats": {...}}
+/// ```
+///
+/// taken at one time (the calling thread's cached blocks go back to the pool first;
+/// other threads' cached blocks show as allocated). Actions: alloc, free_requested,
+/// free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom.
+/// `EMM_ERR_UNSUPPORTED` for managers without segments of their own.
 #[no_mangle]
 pub unsafe extern "C" fn emm_memory_snapshot_json(
     m: *mut emm_manager,

@@ -55,6 +55,105 @@ fn foreign() -> Vec<usize> {
     ]
 }
 
+/// What the fake `raise` of CuPy's hooks was given: the exception type and message.
+static RAISED: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
+/// What the fake current-stream function returns.
+static STREAM: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+const OOM_TYPE: usize = 0x1000;
+const ERROR_TYPE: usize = 0x2000;
+
+unsafe extern "C" fn fake_stream() -> isize {
+    STREAM.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+unsafe extern "C" fn fake_raise(exc_type: *mut c_void, msg: *const std::ffi::c_char) {
+    // SAFETY: emm passes a NUL-terminated message that outlives the call.
+    let msg = unsafe { std::ffi::CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    RAISED.lock().unwrap().push((exc_type as usize, msg));
+}
+
+fn raised() -> Vec<(usize, String)> {
+    std::mem::take(&mut *RAISED.lock().unwrap())
+}
+
+/// CuPy's C-function allocator: no hooks, bad hooks, a failing stream function,
+/// out of memory raised as the out-of-memory type, foreign and repeated frees.
+/// Only this test sets the (process-wide) hooks.
+unsafe fn cupy_cases(inv: emm_status) {
+    let failed = EMM_CUPY_FAILED as *mut c_void;
+    assert!(emm_cupy_malloc(null_mut(), 64, 0).is_null());
+    case("cupy malloc without hooks", emm_last_error_code(), inv);
+    case(
+        "cupy hooks null",
+        emm_cupy_set_hooks(
+            None,
+            Some(fake_raise),
+            OOM_TYPE as *mut c_void,
+            OOM_TYPE as *mut c_void,
+        ),
+        inv,
+    );
+    case(
+        "cupy hooks null type",
+        emm_cupy_set_hooks(
+            Some(fake_stream),
+            Some(fake_raise),
+            null_mut(),
+            OOM_TYPE as *mut c_void,
+        ),
+        inv,
+    );
+    case(
+        "cupy hooks",
+        emm_cupy_set_hooks(
+            Some(fake_stream),
+            Some(fake_raise),
+            OOM_TYPE as *mut c_void,
+            ERROR_TYPE as *mut c_void,
+        ),
+        EMM_OK,
+    );
+    let p = emm_cupy_malloc(null_mut(), 4096, 0);
+    assert!(!p.is_null() && p != failed, "{p:p}: {}", last_message());
+    assert!(raised().is_empty());
+    emm_cupy_free(null_mut(), p, 0);
+    case("cupy free", emm_last_error_code(), EMM_OK);
+    emm_cupy_free(null_mut(), p, 0);
+    case("cupy double free", emm_last_error_code(), inv);
+    emm_cupy_free(null_mut(), 0x10 as *mut c_void, 0);
+    case("cupy free foreign", emm_last_error_code(), inv);
+    // Null and the failure value are ignored (CuPy frees what malloc returned).
+    emm_cupy_free(null_mut(), failed, 0);
+    emm_cupy_free(null_mut(), null_mut(), 0);
+    // Out of memory: the failure value, and the out-of-memory type raised.
+    assert_eq!(emm_cupy_malloc(null_mut(), usize::MAX / 2, 0), failed);
+    let r = raised();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].0, OOM_TYPE, "{r:?}");
+    assert!(!r[0].1.is_empty());
+    case(
+        "cupy malloc huge",
+        emm_last_error_code(),
+        EMM_ERR_OUT_OF_MEMORY,
+    );
+    // Another failure (a device out of range) raises the other type.
+    assert_eq!(emm_cupy_malloc(null_mut(), 64, -3), failed);
+    let r = raised();
+    assert_eq!(
+        r.iter().map(|x| x.0).collect::<Vec<_>>(),
+        [ERROR_TYPE],
+        "{r:?}"
+    );
+    assert!(r[0].1.contains("-3"), "{r:?}");
+    // The stream function failed (it set a Python exception): nothing more raised.
+    STREAM.store(-1, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(emm_cupy_malloc(null_mut(), 64, 0), failed);
+    assert!(raised().is_empty());
+    STREAM.store(0, std::sync::atomic::Ordering::SeqCst);
+}
+
 #[test]
 fn null_and_foreign_manager_handles_are_invalid_arguments() {
     let before = cases();
@@ -439,6 +538,7 @@ mod standin {
             assert_ne!(emm_last_error_code(), EMM_OK);
             emm_torch_free(0x10 as *mut c_void, 16, 0, null_mut());
             case("torch free foreign", emm_last_error_code(), inv);
+            cupy_cases(inv);
             // A destroyed handle is refused, not read.
             emm_manager_destroy(m);
             case(

@@ -73,6 +73,12 @@ pub const KEYS: &[Key] = &[
         doc: "large pool blocks in one expandable segment over CUDA virtual memory (0: legacy IPC for every block)",
     },
     Key {
+        name: "pool_thread_cache",
+        env: "EMM_POOL_THREAD_CACHE",
+        kind: ValueKind::Bytes,
+        doc: "bytes each thread keeps per stream for immediate reuse (0: no thread caches)",
+    },
+    Key {
         name: "hostonly_release_threshold",
         env: "EMM_HOSTONLY_RELEASE_THRESHOLD",
         kind: ValueKind::BytesOrMax,

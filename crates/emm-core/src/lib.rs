@@ -55,3 +55,8 @@ pub use snapshot::{
 
 pub use emm_driver;
 pub use emm_sys::{CUdeviceptr, CUstream};
+
+// The README's examples are compiled (and run) as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -34,3 +34,8 @@ pub use host::HostOnly;
 pub use managed::Managed;
 pub use manager::{DefaultManager, DefaultStats};
 pub use upstream::{DriverUpstream, HostUpstream, Upstream};
+
+// The README's examples are compiled as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

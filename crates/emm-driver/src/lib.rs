@@ -42,3 +42,8 @@ pub use module::{Function, LaunchConfig, Module};
 pub use stream::{Event, Stream};
 
 pub use emm_sys as sys;
+
+// The README's examples are compiled and run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -408,3 +408,8 @@ impl MemoryManager for HostOnlyManager {
         self.managed.reset_peak();
     }
 }
+
+// The README's examples are compiled as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

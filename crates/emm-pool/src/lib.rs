@@ -25,3 +25,8 @@ pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};
+
+// The README's examples are compiled as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -35,8 +35,9 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
-    /// segment off, e.g. for legacy IPC of every block) and `EMM_POOL_LIMIT` (bytes)
-    /// applied. An invalid value is an error naming the variable.
+    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_THREAD_CACHE`
+    /// (bytes per thread and stream; 0 turns thread caches off) and `EMM_POOL_LIMIT`
+    /// (bytes) applied. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
         if let Ok(v) = emm_core::config::var("EMM_POOL_EXPANDABLE") {
@@ -51,6 +52,18 @@ impl PoolConfig {
                     })
                 }
             };
+        }
+        if let Ok(v) = emm_core::config::var("EMM_POOL_THREAD_CACHE") {
+            if !v.trim().is_empty() {
+                c.thread_cache_bytes = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
+                    name: "EMM_POOL_THREAD_CACHE".into(),
+                    value: v.clone(),
+                    reason: "expected a number of bytes".into(),
+                })?;
+                if c.thread_cache_bytes == 0 {
+                    c.thread_cache_blocks = 0;
+                }
+            }
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
             if !v.trim().is_empty() {
@@ -150,6 +163,11 @@ pub struct PoolStats {
     /// Per-stream entries visited by scans over streams: grows linearly with the
     /// number of streams a program uses (a test asserts it).
     pub scan_steps: usize,
+    /// Pieces of the expandable segment mapped with new memory (one driver call each).
+    pub pieces_mapped: usize,
+    /// Pieces of the expandable segment whose memory moved to its end (mapped again
+    /// there instead of new memory; one driver call each).
+    pub pieces_moved: usize,
 }
 
 impl PoolStats {
@@ -226,6 +244,16 @@ impl SegmentSource for SourceAdapter<'_> {
     }
     fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("alias")?.alias(src, dst, len)
+    }
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        match self.vmm("map_pieces") {
+            Ok(v) => v.map_pieces(dst, pieces),
+            Err(e) => (0, Err(e)),
+        }
     }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)
@@ -904,6 +932,8 @@ impl PoolManager {
             device_syncs: a.device_syncs,
             misses: a.misses,
             scan_steps: a.scan_steps,
+            pieces_mapped: a.pieces_mapped,
+            pieces_moved: a.pieces_moved,
         }
     }
 

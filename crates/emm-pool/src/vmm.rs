@@ -31,6 +31,31 @@ pub trait VirtualMemory: Send + Sync {
             operation: "alias",
         })
     }
+    /// Maps `pieces` one after another at `dst` and up: piece `i` of `len` bytes is
+    /// new memory (`None`, as `map`) or the memory mapped at `src` (`Some(src)`, as
+    /// `alias`; `len` must be that mapping's length), each piece its own memory so
+    /// that it can move later. Returns how many pieces, from the first, were
+    /// mapped, and the error that stopped it. The default maps them one by one; the
+    /// driver's grants access once over the whole range (one `cuMemSetAccess`
+    /// instead of one a piece).
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        let mut at = dst;
+        for (i, &(src, len)) in pieces.iter().enumerate() {
+            let r = match src {
+                None => self.map(at, len),
+                Some(src) => self.alias(src, at, len),
+            };
+            if let Err(e) = r {
+                return (i, Err(e));
+            }
+            at += len as u64;
+        }
+        (pieces.len(), Ok(()))
+    }
 }
 
 /// Reservations `(base, size)` and mappings `addr -> (handle, len)`.
@@ -87,6 +112,110 @@ impl DriverVmm {
             f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
         })?;
         Ok(g)
+    }
+}
+
+impl DriverVmm {
+    /// `map_pieces` of the driver: each piece created (or looked up) and mapped,
+    /// then one `cuMemSetAccess` over what was mapped. `Err((n, e))`: the first `n`
+    /// pieces are mapped and accessible, the rest are not mapped.
+    fn map_pieces_once(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> std::result::Result<usize, (usize, EmmError)> {
+        let drv = self.ctx.driver();
+        let fns = (|| {
+            Ok::<_, EmmError>((
+                optional(drv, drv.mem_create, "cuMemCreate")?,
+                optional(drv, drv.mem_map, "cuMemMap")?,
+                optional(drv, drv.mem_set_access, "cuMemSetAccess")?,
+                optional(drv, drv.mem_release, "cuMemRelease")?,
+                optional(drv, drv.mem_unmap, "cuMemUnmap")?,
+            ))
+        })();
+        let (create, map, access, release, unmap) = fns.map_err(|e| (0, e))?;
+        let _g = self.ctx.push().map_err(|e| (0, EmmError::from(e)))?;
+        let prop = self.prop();
+        // (address, length, handle, whether this call created the handle)
+        let mut done: Vec<(CUdeviceptr, usize, u64, bool)> = Vec::with_capacity(pieces.len());
+        let mut failure = None;
+        let mut at = dst;
+        for &(src, page) in pieces {
+            let (h, created) = match src {
+                None => {
+                    let mut h = 0u64;
+                    // SAFETY: valid out-pointer and prop; each piece's length is a
+                    // multiple of the granularity.
+                    if let Err(e) = check(drv, "cuMemCreate", unsafe {
+                        create(&mut h, page, &prop, 0)
+                    }) {
+                        failure = Some(EmmError::from(e));
+                        break;
+                    }
+                    (h, true)
+                }
+                Some(src) => {
+                    let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    match st.1.get(&src) {
+                        Some(&(h, l)) if l == page => (h, false),
+                        _ => {
+                            failure = Some(EmmError::InvalidArgument {
+                                what: "address to alias",
+                                found: format!("{src:#x} ({page} bytes)"),
+                                expected: "the start of a range this pool mapped whole".into(),
+                            });
+                            break;
+                        }
+                    }
+                }
+            };
+            // SAFETY: `[at, at+page)` lies in our reservation and is not mapped; `h`
+            // is a live handle of `page` bytes.
+            if let Err(e) = check(drv, "cuMemMap", unsafe { map(at, page, 0, h, 0) }) {
+                if created {
+                    // SAFETY: the handle was created above, never mapped; released once.
+                    let _ = unsafe { release(h) };
+                }
+                failure = Some(e.into());
+                break;
+            }
+            done.push((at, page, h, created));
+            at += page as u64;
+        }
+        let desc = CUmemAccessDesc {
+            location: prop.location,
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let n = done.len();
+        let len = (at - dst) as usize;
+        if n > 0 {
+            // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
+            // descriptor.
+            if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
+                for &(at, page, h, created) in &done {
+                    // SAFETY: each mapping made above is undone once, and each handle
+                    // created above released once (aliased handles stay mapped at
+                    // their source).
+                    unsafe {
+                        let _ = unmap(at, page);
+                        if created {
+                            let _ = release(h);
+                        }
+                    }
+                }
+                return Err((0, e.into()));
+            }
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            for &(at, page, h, _) in &done {
+                st.1.insert(at, (h, page));
+                *st.2.entry(h).or_insert(0) += 1;
+            }
+        }
+        match failure {
+            None => Ok(n),
+            Some(e) => Err((n, e)),
+        }
     }
 }
 
@@ -187,6 +316,17 @@ impl VirtualMemory for DriverVmm {
         st.1.insert(dst, (h, len));
         *st.2.entry(h).or_insert(0) += 1;
         Ok(())
+    }
+
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        match self.map_pieces_once(dst, pieces) {
+            Ok(n) => (n, Ok(())),
+            Err((n, e)) => (n, Err(e)),
+        }
     }
 
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {

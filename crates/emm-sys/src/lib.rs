@@ -159,6 +159,11 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
         .map_err(Clone::clone)
 }
 
+// The README's examples are compiled and run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

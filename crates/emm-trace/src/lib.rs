@@ -39,3 +39,8 @@ pub use replay::{replay, scan, ReplayOptions, ReplayResult, Sample, Summary};
 pub use snapshot::TorchFigures;
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};
 pub use trace::{Events, FormatChoice, Trace};
+
+// The README's examples are compiled and run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

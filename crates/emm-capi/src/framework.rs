@@ -1,0 +1,295 @@
+//! Allocator hooks of frameworks that free by address: PyTorch's pluggable
+//! allocator (`emm_torch_alloc`/`emm_torch_free`) and CuPy's C-function allocator
+//! (`emm_cupy_malloc`/`emm_cupy_free`).
+//!
+//! Both hand emm a bare address to free, so each device keeps a map from address to
+//! the live allocation (which remembers its manager and stream). The manager is the
+//! process's: `EMM_MEMORY_MANAGER`, else the one configured, else `pool`.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use emm_core::{DeviceAllocation, MemoryManager};
+use emm_sys::CUstream;
+
+use crate::{
+    emm_status, ssize_t, fail, fail_alloc, guard, invalid, lock, manager_for, stream_of, EMM_ERR_DRIVER,
+    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
+};
+
+/// One device's manager and the allocations handed out by address.
+struct LiveDevice {
+    manager: Arc<dyn MemoryManager>,
+    live: Mutex<HashMap<u64, DeviceAllocation, BuildHasherDefault<AddrHasher>>>,
+}
+
+/// Device pointers are 256-byte aligned and spread out: a multiply-shift of the
+/// address is a good hash and much cheaper than SipHash on this hot path.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+const LIVE_DEVICES: usize = 64;
+
+/// The device's state, created on first use; `None` (with the error recorded for
+/// `emm_last_error`) for a device outside `0..64` or when no manager can be made.
+fn live_device(device: c_int) -> Option<&'static LiveDevice> {
+    static DEVICES: [OnceLock<Option<LiveDevice>>; LIVE_DEVICES] =
+        [const { OnceLock::new() }; LIVE_DEVICES];
+    let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
+        invalid(format!("device {device} is outside 0..{LIVE_DEVICES}"));
+        return None;
+    };
+    slot.get_or_init(|| match manager_for(None, device) {
+        Ok((manager, _)) => Some(LiveDevice {
+            manager,
+            live: Mutex::new(HashMap::default()),
+        }),
+        Err(e) => {
+            fail(e);
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Allocates `size` bytes on `device` ordered on `stream` and remembers the
+/// allocation by address; the address (0 for size 0), or the status of the failure.
+fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
+    let Some(d) = live_device(device) else {
+        return Err(EMM_ERR_DRIVER);
+    };
+    match emm_core::alloc_from(d.manager.as_ref(), size, stream) {
+        Ok(a) => {
+            let ptr = a.ptr();
+            if size > 0 {
+                lock(&d.live).insert(ptr, a);
+            }
+            Ok(ptr)
+        }
+        Err(e) => Err(fail_alloc(e, size, d.manager.as_ref())),
+    }
+}
+
+/// Frees an allocation of `live_alloc` by address: ordered on `stream`, or on the
+/// stream it was allocated on when `stream` is `None`.
+fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> emm_status {
+    let Some(d) = live_device(device) else {
+        return EMM_ERR_DRIVER;
+    };
+    // The lock is released before the allocation is dropped (freed).
+    let found = lock(&d.live).remove(&ptr);
+    match found {
+        Some(mut a) => {
+            if let Some(s) = stream {
+                a.set_stream(s);
+            }
+            drop(a);
+            EMM_OK
+        }
+        None => invalid(format!(
+            "{what}: {ptr:#x} is not an emm allocation of device {device}"
+        )),
+    }
+}
+
+/// PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
+/// the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
+/// "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
+/// failure (PyTorch then raises its out-of-memory error); `emm_last_error` says why.
+#[no_mangle]
+pub extern "C" fn emm_torch_alloc(
+    size: ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let mut out: *mut c_void = core::ptr::null_mut();
+    let _ = guard(|| {
+        let Ok(size) = usize::try_from(size) else {
+            return invalid(format!("emm_torch_alloc: negative size {size}"));
+        };
+        match live_alloc(device, size, stream_of(stream)) {
+            Ok(p) => {
+                out = p as *mut c_void;
+                EMM_OK
+            }
+            Err(code) => code,
+        }
+    });
+    out
+}
+
+/// PyTorch's pluggable allocator: frees `ptr` from `emm_torch_alloc`, ordered on
+/// `stream` (`size` is not needed: emm knows it).
+#[no_mangle]
+pub extern "C" fn emm_torch_free(
+    ptr: *mut c_void,
+    size: ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    let _ = size;
+    let _ = guard(|| {
+        if ptr.is_null() {
+            return EMM_OK;
+        }
+        live_free(
+            "emm_torch_free",
+            device,
+            ptr as u64,
+            Some(stream_of(stream)),
+        )
+    });
+}
+
+/// Raises a Python exception of `type` with message `msg` (CPython's
+/// `PyErr_SetString`); called with the GIL held.
+pub type emm_raise_fn = Option<unsafe extern "C" fn(exc_type: *mut c_void, msg: *const c_char)>;
+
+/// Returns CuPy's current stream, or -1 with a Python exception set (the C function
+/// behind `cupy_backends.cuda.stream.get_current_stream_ptr`); called with the GIL
+/// held.
+pub type emm_stream_fn = Option<unsafe extern "C" fn() -> isize>;
+
+/// What `emm_cupy_malloc` needs from the Python side, set once by
+/// `emm_cupy_set_hooks`.
+struct CupyHooks {
+    current_stream: unsafe extern "C" fn() -> isize,
+    raise: unsafe extern "C" fn(*mut c_void, *const c_char),
+    oom_type: *mut c_void,
+    error_type: *mut c_void,
+}
+
+/// The hooks in force; replaced hooks are leaked on purpose (a few bytes once per
+/// `emm_cupy_set_hooks`), so a reader never sees freed hooks.
+static CUPY_HOOKS: AtomicPtr<CupyHooks> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The address `emm_cupy_malloc` returns on failure, with a Python exception set
+/// (`(void *)EMM_CUPY_FAILED`): CuPy's `_call_malloc` returns `intptr_t` and checks
+/// for an exception when it is -1.
+pub const EMM_CUPY_FAILED: isize = -1;
+
+/// Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
+/// Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
+/// of memory and `error_type` for other failures (Python type objects, which the
+/// caller keeps alive for the life of the process).
+#[no_mangle]
+pub extern "C" fn emm_cupy_set_hooks(
+    current_stream: emm_stream_fn,
+    raise: emm_raise_fn,
+    oom_type: *mut c_void,
+    error_type: *mut c_void,
+) -> emm_status {
+    guard(|| {
+        let (Some(current_stream), Some(raise)) = (current_stream, raise) else {
+            return invalid("emm_cupy_set_hooks: `current_stream` or `raise` is null");
+        };
+        if oom_type.is_null() || error_type.is_null() {
+            return invalid("emm_cupy_set_hooks: `oom_type` or `error_type` is null");
+        }
+        let hooks = Box::into_raw(Box::new(CupyHooks {
+            current_stream,
+            raise,
+            oom_type,
+            error_type,
+        }));
+        CUPY_HOOKS.store(hooks, Ordering::Release);
+        EMM_OK
+    })
+}
+
+/// CuPy's C-function allocator (`cupy.cuda.memory.CFunctionAllocator`): `size`
+/// bytes on `device`, ordered on CuPy's current stream. `param` is unused. Called by
+/// CuPy with the GIL held. On failure returns `EMM_CUPY_FAILED` (-1 as an address)
+/// with a Python exception set (out of memory: the `oom_type` of
+/// `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then).
+#[no_mangle]
+pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+    let _ = param;
+    let hooks = CUPY_HOOKS.load(Ordering::Acquire);
+    if hooks.is_null() {
+        set_no_hooks();
+        return core::ptr::null_mut();
+    }
+    // SAFETY: non-null pointers in CUPY_HOOKS come from Box::into_raw and are never
+    // freed.
+    let hooks = unsafe { &*hooks };
+    // SAFETY: the function was given by emm_cupy_set_hooks as CuPy's current-stream
+    // function; CuPy calls this allocator with the GIL held, as that function needs.
+    let stream = unsafe { (hooks.current_stream)() };
+    if stream == -1 {
+        // The stream function set a Python exception: let CuPy raise it.
+        return EMM_CUPY_FAILED as *mut c_void;
+    }
+    let mut out = Err(EMM_OK);
+    let code = guard(
+        || match live_alloc(device, size, CUstream(stream as *mut c_void)) {
+            Ok(p) => {
+                out = Ok(p);
+                EMM_OK
+            }
+            Err(code) => code,
+        },
+    );
+    match out {
+        Ok(p) => p as *mut c_void,
+        Err(_) => {
+            let exc = if code == EMM_ERR_OUT_OF_MEMORY {
+                hooks.oom_type
+            } else {
+                hooks.error_type
+            };
+            let msg = LAST_ERROR
+                .try_with(|e| e.borrow().1.clone())
+                .unwrap_or_default();
+            let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+            // SAFETY: `raise` is PyErr_SetString per emm_cupy_set_hooks, called with
+            // the GIL held (CuPy holds it around its allocator) with a live type
+            // object and a NUL-terminated string that outlives the call.
+            unsafe { (hooks.raise)(exc, msg.as_ptr()) };
+            EMM_CUPY_FAILED as *mut c_void
+        }
+    }
+}
+
+fn set_no_hooks() {
+    crate::set_error(
+        EMM_ERR_INVALID_ARGUMENT,
+        "emm_cupy_malloc: emm_cupy_set_hooks was not called".into(),
+    );
+}
+
+/// CuPy's C-function allocator: frees `ptr` (from `emm_cupy_malloc`) on the stream
+/// it was allocated on, as CuPy's own pool does. Null and `EMM_CUPY_FAILED` are
+/// ignored; an address emm did not hand out is reported through emm's log
+/// (`emm_last_error` too), as CuPy's free returns nothing.
+#[no_mangle]
+pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    let _ = param;
+    if ptr.is_null() || ptr as isize == EMM_CUPY_FAILED {
+        return;
+    }
+    let code = guard(|| live_free("emm_cupy_free", device, ptr as u64, None));
+    if code != EMM_OK {
+        let msg = LAST_ERROR
+            .try_with(|e| e.borrow().1.clone())
+            .unwrap_or_default();
+        tracing::error!("CuPy freed memory emm could not free: {msg}");
+    }
+}
