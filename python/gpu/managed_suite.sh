@@ -9,8 +9,8 @@
 #     test_warning, and the NRT tests, whose statistics live in managed arrays)
 #     with Numba's default manager and through emm's plugin over pool and hostonly,
 #     then a table of counts and what fails only with emm.
-# Needs gpu-bundle/lib and the four test binaries named below from `cargo xtask gpu`
-# (C ABI 304), and .whl/np; about 4 minutes on an H200.
+# Needs gpu-bundle/ from `cargo xtask gpu` (C ABI 304; its test binaries packed in
+# bin.tar.xz are unpacked here) and .whl/np; about 4 minutes on an H200.
 # Usage (repository root, GPU machine): python/gpu/managed_suite.sh
 set -u
 : "${OUT:?set OUT to a directory for the logs}"
@@ -24,6 +24,9 @@ start=$(date +%s)
 status=0
 
 echo "== 1. Rust GPU tests (gpu-bundle)"
+# `cargo xtask gpu` packs the test binaries into bin.tar.xz.
+[ -d gpu-bundle/bin ] || [ ! -f gpu-bundle/bin.tar.xz ] \
+  || (cd gpu-bundle && python3 -c 'import tarfile; tarfile.open("bin.tar.xz").extractall(".")')
 rust() {  # name, test binary, filter...
   local name=$1 bin=gpu-bundle/bin/$2; shift 2
   if [ ! -f "$bin" ]; then echo "$name: $bin missing (run cargo xtask gpu)"; status=1; return; fi
