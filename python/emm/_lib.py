@@ -171,8 +171,13 @@ def library_path() -> pathlib.Path:
 _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
 # emm_configure, emm_last_oom and the warning queue; 301 the memory tools; 302
-# EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator.
-ABI_NEEDED = 303
+# EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator; 304 managed
+# memory.
+ABI_NEEDED = 304
+
+# emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
+EMM_MEM_ATTACH_GLOBAL = 1
+EMM_MEM_ATTACH_HOST = 2
 
 
 class _Stats(ctypes.Structure):
@@ -215,6 +220,8 @@ def load() -> ctypes.CDLL:
         "emm_free": ([vp, ctypes.c_uint64, vp], ctypes.c_int),
         "emm_host_alloc": ([vp, ctypes.c_size_t, ctypes.c_uint32, ctypes.POINTER(vp), u64p], ctypes.c_int),
         "emm_host_free": ([vp, vp], ctypes.c_int),
+        "emm_alloc_managed": ([vp, ctypes.c_size_t, ctypes.c_uint, u64p], ctypes.c_int),
+        "emm_free_managed": ([vp, ctypes.c_uint64], ctypes.c_int),
         "emm_memory_info": ([vp, szp, szp], ctypes.c_int),
         "emm_get_stats": ([vp, ctypes.POINTER(_Stats)], ctypes.c_int),
         "emm_trim": ([vp, szp], ctypes.c_int),
@@ -532,6 +539,31 @@ class Manager(_Owner):
         p = _pointer(host, "host")
         h = self._handle()
         _check(self._lib, self._lib.emm_host_free(h, p))
+
+    def alloc_managed(self, size: int, attach_global: bool = True) -> int:
+        """Managed memory of ``size`` bytes: one address valid on the host and on
+        every device (Numba's ``memallocmanaged``); returns it (0 for size 0).
+        ``attach_global``: accessible from any stream on any device (else attached
+        to the host). Never pooled; counted apart from :meth:`stats`, under
+        ``emm.managed_*`` in :meth:`memory_stats`. Free it with
+        :meth:`free_managed`. Raises :class:`OutOfMemoryError`, or
+        :class:`EmmError` with ``EMM_ERR_UNSUPPORTED`` where the device has no
+        managed memory."""
+        size = check_uint(size, "size", SIZE_MAX)
+        if not isinstance(attach_global, (bool, int)) or attach_global not in (0, 1):
+            raise TypeError(f"attach_global must be a bool, not {attach_global!r}")
+        flags = EMM_MEM_ATTACH_GLOBAL if attach_global else EMM_MEM_ATTACH_HOST
+        h = self._handle()
+        out = ctypes.c_uint64()
+        _check(self._lib, self._lib.emm_alloc_managed(h, size, flags, ctypes.byref(out)))
+        return out.value
+
+    def free_managed(self, ptr: int) -> None:
+        """Frees managed memory from :meth:`alloc_managed` of this handle (0 does
+        nothing; device memory from :meth:`alloc` is refused)."""
+        ptr = check_uint(ptr, "ptr", U64_MAX)
+        h = self._handle()
+        _check(self._lib, self._lib.emm_free_managed(h, ptr))
 
     def memory_info(self) -> Tuple[int, int]:
         """``(free, total)`` bytes of the device."""

@@ -7,6 +7,12 @@ Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
   ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Allocations made through Numba's
   synchronous API are ordered on the legacy default stream.
 - Host memory: Numba's own ``HostOnlyCUDAMemoryManager`` (pinned, mapped, mempin).
+- Managed memory (``memallocmanaged``, which ``cuda.managed_array`` calls; not in
+  NBEP 7's list): emm's manager (``cuMemAllocManaged`` per request, never pooled,
+  counted under ``emm.managed_*``), returned as Numba's own ``ManagedMemory`` with
+  the same ownership as Numba's: the plugin's ``allocations`` holds it, the caller
+  gets ``mem.own()``, and its free goes through Numba's pending-deallocation queue
+  (so ``defer_cleanup`` holds it back) into ``Manager.free_managed``.
 - ``get_ipc_handle``: Numba's legacy handle with the allocation base and the offset
   (``GetIpcHandleMixin``), so views into pooled blocks export correctly. For the
   pool, set ``EMM_POOL_EXPANDABLE=0`` (this module does so unless it is set): legacy
@@ -26,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import weakref
 from typing import Any, Callable, Optional
 
 os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
@@ -33,6 +40,7 @@ os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
 from numba import cuda  # noqa: E402
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
 from numba.cuda.cudadrv import driver as _driver  # noqa: E402
+from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer  # noqa: E402
 
 from ._lib import Manager  # noqa: E402
 
@@ -82,6 +90,20 @@ class EmmMemoryPointer(MemoryPointer):
             self._emm_free(ptr)
 
 
+def _managed_finalizer(allocations: Any, deallocations: Any, ptr: int, size: int,
+                       free: Callable[[int], None]) -> Callable[[], None]:
+    """What Numba's ``_alloc_finalizer`` does for its managed memory, with emm's
+    free: forget the allocation, then queue its free (``dtor(handle)``), which
+    Numba's ``defer_cleanup`` holds back."""
+
+    def core() -> None:
+        if allocations:
+            allocations.pop(ptr, None)
+        deallocations.add_item(free, ptr, size)
+
+    return core
+
+
 class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     """Numba's memory manager interface (version 1) over emm."""
 
@@ -108,6 +130,32 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             self.initialize()
             emm = self._emm
         return EmmMemoryPointer(self.context, emm.alloc(size), size, emm.free)
+
+    def memallocmanaged(self, size: int, attach_global: bool) -> Any:
+        """``size`` bytes of managed memory from emm, as Numba returns its own:
+        ``ManagedMemory(...).own()``, a buffer the host and every device use.
+        ``attach_global``: accessible from any stream on any device (else attached
+        to the host)."""
+        emm = self._emm
+        if emm is None:
+            self.initialize()
+            emm = self._emm
+        ptr = emm.alloc_managed(size, attach_global=attach_global)
+        ctx = weakref.proxy(self.context)
+        if not ptr:
+            # Zero bytes: nothing to free and nothing to track; the owned pointer
+            # holds the memory object itself (Numba's holds a weak proxy to an
+            # object its allocations table keeps alive).
+            return ManagedOwnedPointer(ManagedMemory(ctx, _device_pointer(0), 0))
+        finalizer = _managed_finalizer(self.allocations, self.deallocations, ptr, size,
+                                       emm.free_managed)
+        try:
+            mem = ManagedMemory(ctx, _device_pointer(ptr), size, finalizer=finalizer)
+        except BaseException:
+            emm.free_managed(ptr)
+            raise
+        self.allocations[ptr] = mem
+        return mem.own()
 
     def get_memory_info(self) -> Any:
         """The device's free and total bytes (Numba's ``MemoryInfo``)."""

@@ -75,6 +75,13 @@ def test_valid_arguments_reach_c_unchanged(stub):
     (lambda m: m.ipc_export(0x1000, 0, 2**64), OverflowError),
     (lambda m: m.ipc_close(-1), ValueError),
     (lambda m: m.ipc_open("not bytes"), TypeError),
+    (lambda m: m.alloc_managed(-1), ValueError),
+    (lambda m: m.alloc_managed(2**64), OverflowError),
+    (lambda m: m.alloc_managed(1.5), TypeError),
+    (lambda m: m.alloc_managed(16, attach_global=2), TypeError),
+    (lambda m: m.alloc_managed(16, attach_global="yes"), TypeError),
+    (lambda m: m.free_managed(-1), ValueError),
+    (lambda m: m.free_managed(2**64), OverflowError),
 ])
 def test_other_integer_arguments_are_checked_before_c(stub, call, error):
     m, lib = stub
@@ -91,7 +98,8 @@ def test_a_closed_manager_raises_and_never_reaches_c_again(stub):
     assert lib.calls == [("destroy", 0xABC)]
     assert m.closed
     for call in (lambda: m.alloc(16), lambda: m.free(0x1000), m.stats, m.trim, m.memory_info,
-                 lambda: m.host_alloc(16), lambda: m.ipc_close(0x1000)):
+                 lambda: m.host_alloc(16), lambda: m.ipc_close(0x1000), lambda: m.alloc_managed(16),
+                 lambda: m.free_managed(0x1000)):
         with pytest.raises(emm.ClosedError) as e:
             call()
         assert isinstance(e.value, ValueError) and isinstance(e.value, emm.EmmError)

@@ -125,3 +125,60 @@ def test_memarray_round_trip_through_the_device(mgr):
         assert a[0, 5] == -7.25
     a.close()
     assert mgr.stats()["allocated_bytes"] == before
+
+
+def _managed_bytes(mgr):
+    return mgr.memory_stats()["emm.managed_bytes.current"]
+
+
+def test_managed_memory_round_trips_and_is_counted_apart(mgr):
+    before, device_before = _managed_bytes(mgr), mgr.stats()["allocated_bytes"]
+    sizes = [1, 4097, 1 << 20]
+    ptrs = [mgr.alloc_managed(s, attach_global=bool(i % 2)) for i, s in enumerate(sizes)]
+    assert all(p and p % 256 == 0 for p in ptrs)
+    assert len(set(ptrs)) == len(ptrs)
+    assert _managed_bytes(mgr) == before + sum(sizes)
+    assert mgr.memory_stats()["emm.managed_allocations.current"] >= len(sizes)
+    # Managed memory is not device memory in stats().
+    assert mgr.stats()["allocated_bytes"] == device_before
+    if ON_STANDIN:  # one address for host and device: the host writes and reads it
+        for p, s in zip(ptrs, sizes):
+            ctypes.memset(p, 0xA5, s)
+            assert ctypes.string_at(p, s) == b"\xa5" * s
+    with pytest.raises(emm.EmmError) as e:
+        mgr.free(ptrs[0])  # emm_free refuses managed memory
+    assert e.value.code == 1 and "emm_free_managed" in str(e.value)
+    for p in ptrs:
+        mgr.free_managed(p)
+    assert _managed_bytes(mgr) == before
+    with pytest.raises(emm.EmmError) as e:
+        mgr.free_managed(ptrs[0])  # freed already
+    assert e.value.code == 1
+    assert mgr.alloc_managed(0) == 0
+    mgr.free_managed(0)
+    d = mgr.alloc(256)
+    with pytest.raises(emm.EmmError):
+        mgr.free_managed(d)  # device memory is freed by free()
+    mgr.free(d)
+
+
+def test_managed_out_of_memory_is_typed(mgr):
+    _, total = mgr.memory_info()
+    with pytest.raises(emm.OutOfMemoryError) as e:
+        mgr.alloc_managed(total + (1 << 30))
+    assert e.value.requested == total + (1 << 30)
+    with pytest.raises(emm.EmmError) as e:
+        mgr.alloc_managed(2**63)  # no machine holds it: refused before the driver
+    assert e.value.code in (1, 2)
+    p = mgr.alloc_managed(4096, attach_global=False)
+    mgr.free_managed(p)
+
+
+def test_closing_a_manager_frees_its_managed_memory():
+    m = emm.Manager(None, 0)
+    base = _managed_bytes(m)
+    m.alloc_managed(1 << 16)
+    assert _managed_bytes(m) == base + (1 << 16)
+    m.close()
+    with emm.Manager(None, 0) as again:
+        assert _managed_bytes(again) == base

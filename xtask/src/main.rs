@@ -156,6 +156,10 @@ const STANDIN_SKIPS: &[(&str, &str)] = &[
         "launches kernels",
     ),
     (
+        "a_kernel_writes_managed_memory_that_the_host_reads",
+        "launches a kernel",
+    ),
+    (
         "two_gpus",
         "needs two GPUs (the two-GPU tests assert on real peer copies across processes)",
     ),

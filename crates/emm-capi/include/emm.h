@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 303
+#define EMM_ABI_VERSION 304
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -62,6 +62,18 @@
  * `*level` of a warning in `emm_take_warning`.
  */
 #define EMM_LOG_WARN 2
+
+/**
+ * `flags` of `emm_alloc_managed`: accessible from any stream on any device
+ * (`CU_MEM_ATTACH_GLOBAL`). Since ABI 304.
+ */
+#define EMM_MEM_ATTACH_GLOBAL 1
+
+/**
+ * `flags` of `emm_alloc_managed`: attached to the host (`CU_MEM_ATTACH_HOST`).
+ * Since ABI 304.
+ */
+#define EMM_MEM_ATTACH_HOST 2
 
 /**
  * An array handle (opaque; from `emm_array_create`).
@@ -189,7 +201,10 @@ extern "C" {
  * `emm_memory_stats_json`, `emm_reset_peak_stats`, `emm_record_memory_history`,
  * `emm_memory_snapshot_json`, `emm_string_free`); 302 added `EMM_ERR_INTERNAL` and
  * refuses handles that emm did not create, or that were destroyed, with
- * `EMM_ERR_INVALID_ARGUMENT`.
+ * `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
+ * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
+ * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
+ * `EMM_MEM_ATTACH_HOST`).
  */
 int emm_abi_version(void);
 
@@ -475,6 +490,30 @@ int emm_capture_warnings(int on);
  * queue keeps the newest 256.
  */
 emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
+
+/**
+ * Allocates `size` bytes of managed memory (`cuMemAllocManaged`; Numba's
+ * `memallocmanaged`): one address valid on the host and on every device, into
+ * `*out`. `flags` is exactly one of `EMM_MEM_ATTACH_GLOBAL` (accessible from any
+ * stream on any device) and `EMM_MEM_ATTACH_HOST` (attached to the host); anything
+ * else is `EMM_ERR_INVALID_ARGUMENT`. `size` 0 sets `*out` to 0 and allocates
+ * nothing. Never pooled: one driver allocation per call, freed at once by
+ * `emm_free_managed` (`emm_free` refuses it, and the other way round). Counted
+ * apart from `emm_get_stats`, under `emm.managed_bytes.current`,
+ * `emm.managed_bytes.peak`, `emm.managed_allocations.current`,
+ * `emm.managed_allocations.allocated` and `emm.managed_pending_bytes` of
+ * `emm_memory_stat`. `EMM_ERR_UNSUPPORTED` where the driver or device has no
+ * managed memory; `EMM_ERR_OUT_OF_MEMORY` (see `emm_last_oom`) when it cannot be
+ * had. Since ABI 304.
+ */
+emm_status emm_alloc_managed(struct emm_manager *m, size_t size, unsigned int flags, uint64_t *out);
+
+/**
+ * Frees managed memory from `emm_alloc_managed` on this handle (0 does nothing;
+ * device memory from `emm_alloc` is refused with `EMM_ERR_INVALID_ARGUMENT`).
+ * Since ABI 304.
+ */
+emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
 
 /**
  * Frees a string the library returned (`emm_memory_stats_json`,

@@ -16,8 +16,8 @@ use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
 use crate::{
-    emm_status, ssize_t, fail, fail_alloc, guard, invalid, lock, manager_for, stream_of, EMM_ERR_DRIVER,
-    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
+    emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
+    EMM_ERR_DRIVER, EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
 };
 
 /// One device's manager and the allocations handed out by address.

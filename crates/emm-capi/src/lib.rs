@@ -30,10 +30,15 @@ mod array;
 mod framework;
 mod handles;
 pub mod log;
+mod managed;
 mod tools;
 pub use array::*;
 pub use framework::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
+pub use managed::{
+    emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
+};
+pub use tools::*;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -42,7 +47,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
-    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, MemoryManager,
+    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcHandle, IpcMemory, ManagedMemory,
+    MemoryManager,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -80,7 +86,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 303;
+pub const ABI_VERSION: c_int = 304;
 
 thread_local! {
     pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -183,6 +189,8 @@ pub struct emm_manager {
     device: Mutex<HashMap<u64, DeviceAllocation>>,
     host: Mutex<HashMap<usize, HostMemory>>,
     ipc: Mutex<HashMap<u64, IpcMemory>>,
+    /// Managed memory (`emm_alloc_managed`), kept apart from device memory.
+    managed: Mutex<HashMap<u64, ManagedMemory>>,
 }
 
 pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
@@ -222,7 +230,10 @@ pub(crate) fn manager_for(
 /// `emm_memory_stats_json`, `emm_reset_peak_stats`, `emm_record_memory_history`,
 /// `emm_memory_snapshot_json`, `emm_string_free`); 302 added `EMM_ERR_INTERNAL` and
 /// refuses handles that emm did not create, or that were destroyed, with
-/// `EMM_ERR_INVALID_ARGUMENT`.
+/// `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
+/// (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
+/// memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
+/// `EMM_MEM_ATTACH_HOST`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION
@@ -355,6 +366,7 @@ pub unsafe extern "C" fn emm_manager_create(
                     device: Mutex::new(HashMap::new()),
                     host: Mutex::new(HashMap::new()),
                     ipc: Mutex::new(HashMap::new()),
+                    managed: Mutex::new(HashMap::new()),
                 });
                 // SAFETY: `out` is non-null and writable per the contract.
                 unsafe { *out = h };
@@ -487,7 +499,8 @@ pub unsafe extern "C" fn emm_free(
         if ptr == 0 {
             return EMM_OK;
         }
-        match lock(&h.device).remove(&ptr) {
+        let removed = lock(&h.device).remove(&ptr);
+        match removed {
             Some(mut a) => {
                 if !stream.is_null() {
                     a.set_stream(CUstream(stream));
@@ -495,6 +508,9 @@ pub unsafe extern "C" fn emm_free(
                 drop(a);
                 EMM_OK
             }
+            None if lock(&h.managed).contains_key(&ptr) => invalid(format!(
+                "emm_free: {ptr:#x} is managed memory from emm_alloc_managed; free it with emm_free_managed"
+            )),
             None => invalid(format!(
                 "emm_free: {ptr:#x} was not allocated through this handle (or was freed already)"
             )),

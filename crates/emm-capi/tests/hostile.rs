@@ -173,6 +173,12 @@ fn null_and_foreign_manager_handles_are_invalid_arguments() {
             case("emm_alloc_ptr", emm_last_error_code(), inv);
             case("emm_free", emm_free(m, 0x1000, null_mut()), inv);
             case(
+                "emm_alloc_managed",
+                emm_alloc_managed(m, 16, EMM_MEM_ATTACH_GLOBAL, &mut p),
+                inv,
+            );
+            case("emm_free_managed", emm_free_managed(m, 0x1000), inv);
+            case(
                 "emm_host_alloc",
                 emm_host_alloc(m, 16, 0, &mut host, null_mut()),
                 inv,
@@ -417,22 +423,31 @@ mod standin {
             .join("libemm_standin.so")
     }
 
-    #[test]
-    fn extreme_sizes_and_stale_handles_on_the_standin() {
-        let path = standin_path();
-        assert!(
-            path.is_file(),
-            "{} is missing: run `cargo build -p emm-standin`",
-            path.display()
-        );
-        // `cargo xtask ci` sets the same library; a driver set by hand is used as is.
-        if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
-            std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
-        }
+    /// Points the driver at the stand-in (once, before the first test of this
+    /// module touches the driver).
+    fn use_standin() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let path = standin_path();
+            assert!(
+                path.is_file(),
+                "{} is missing: run `cargo build -p emm-standin`",
+                path.display()
+            );
+            // `cargo xtask ci` sets the same library; a driver set by hand is used as is.
+            if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
+                std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
+            }
+        });
         println!(
             "driver: {:?} (emm-standin is host memory, not a GPU)",
             std::env::var_os(emm_sys::DRIVER_PATH_ENV)
         );
+    }
+
+    #[test]
+    fn extreme_sizes_and_stale_handles_on_the_standin() {
+        use_standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
         let mut m: *mut emm_manager = null_mut();
@@ -536,5 +551,121 @@ mod standin {
             case("destroy twice", emm_last_error_code(), inv);
         }
         println!("{} stand-in cases", cases() - before);
+    }
+
+    const GLOBAL: std::ffi::c_uint = EMM_MEM_ATTACH_GLOBAL;
+
+    fn managed_stat(m: *mut emm_manager) -> u64 {
+        let mut v = u64::MAX;
+        // SAFETY: a live handle, a NUL-terminated key and a live output.
+        let s = unsafe { emm_memory_stat(m, c"emm.managed_bytes.current".as_ptr(), &mut v) };
+        assert_eq!(s, EMM_OK, "{}", last_message());
+        v
+    }
+
+    #[test]
+    fn managed_memory_refuses_bad_flags_sizes_and_frees_on_the_standin() {
+        use_standin();
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let standin = emm_sys::driver()
+            .expect("the stand-in loads")
+            .stand_in()
+            .expect("the loaded driver is emm-standin");
+        let live0 = standin.control("live_managed").unwrap();
+        let mut m: *mut emm_manager = null_mut();
+        // SAFETY: live locals and nulls, as the contract allows.
+        unsafe {
+            // The manager the other stand-in test of this binary names too (a process
+            // has one; the tests may run in either order).
+            case(
+                "create",
+                emm_manager_create(c"default".as_ptr(), 0, &mut m),
+                EMM_OK,
+            );
+            let base = managed_stat(m);
+            let mut p = 1u64;
+            case(
+                "null out",
+                emm_alloc_managed(m, 16, GLOBAL, null_mut()),
+                inv,
+            );
+            for flags in [0, 3, 4, 5, 0x8000_0000, std::ffi::c_uint::MAX] {
+                case(
+                    &format!("flags {flags:#x}"),
+                    emm_alloc_managed(m, 16, flags, &mut p),
+                    inv,
+                );
+                assert!(
+                    last_message().contains("EMM_MEM_ATTACH_GLOBAL"),
+                    "{}",
+                    last_message()
+                );
+            }
+            case("size 0", emm_alloc_managed(m, 0, GLOBAL, &mut p), EMM_OK);
+            assert_eq!(p, 0);
+            case("free 0", emm_free_managed(m, 0), EMM_OK);
+            for size in [usize::MAX, 1 << 63, (1 << 63) + 1, isize::MAX as usize] {
+                let s = emm_alloc_managed(m, size, GLOBAL, &mut p);
+                assert!(
+                    s == inv || s == EMM_ERR_OUT_OF_MEMORY,
+                    "size {size:#x}: {s}"
+                );
+                case(&format!("size {size:#x}"), s, s);
+            }
+            // More than the stand-in's device holds: out of memory, with figures.
+            let mut free = 0usize;
+            let mut total = 0usize;
+            case("info", emm_memory_info(m, &mut free, &mut total), EMM_OK);
+            let big = total + (1 << 30);
+            case(
+                "past the device",
+                emm_alloc_managed(m, big, GLOBAL, &mut p),
+                EMM_ERR_OUT_OF_MEMORY,
+            );
+            let (mut r, mut f, mut t) = (0usize, 0usize, 0usize);
+            case("last oom", emm_last_oom(&mut r, &mut f, &mut t), EMM_OK);
+            assert_eq!((r, t), (big, total));
+            // A real one: the host's address is the device's (stand-in memory).
+            for flags in [EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST] {
+                case("alloc", emm_alloc_managed(m, 4096, flags, &mut p), EMM_OK);
+                assert!(p != 0 && p % 256 == 0, "{p:#x}");
+                core::ptr::write_bytes(p as *mut u8, 0x5A, 4096);
+                assert_eq!(*((p + 4095) as *const u8), 0x5A);
+                assert_eq!(managed_stat(m), base + 4096);
+                case("emm_free of managed", emm_free(m, p, null_mut()), inv);
+                assert!(
+                    last_message().contains("emm_free_managed"),
+                    "{}",
+                    last_message()
+                );
+                case("free", emm_free_managed(m, p), EMM_OK);
+                case("double free", emm_free_managed(m, p), inv);
+                case("foreign", emm_free_managed(m, p + 256), inv);
+                assert_eq!(managed_stat(m), base);
+            }
+            // Device memory is not freed by emm_free_managed, nor the other way round.
+            let mut d = 0u64;
+            case(
+                "alloc device",
+                emm_alloc(m, 4096, null_mut(), &mut d),
+                EMM_OK,
+            );
+            case("free_managed of device", emm_free_managed(m, d), inv);
+            assert!(last_message().contains("emm_free"), "{}", last_message());
+            case("free device", emm_free(m, d, null_mut()), EMM_OK);
+            // Destroying the handle frees what it still holds.
+            case("held", emm_alloc_managed(m, 8192, GLOBAL, &mut p), EMM_OK);
+            assert_eq!(standin.control("live_managed").unwrap(), live0 + 1);
+            emm_manager_destroy(m);
+            assert_eq!(standin.control("live_managed").unwrap(), live0);
+            case(
+                "after destroy",
+                emm_alloc_managed(m, 16, GLOBAL, &mut p),
+                inv,
+            );
+            case("free after destroy", emm_free_managed(m, p), inv);
+        }
+        println!("{} managed stand-in cases", cases() - before);
     }
 }

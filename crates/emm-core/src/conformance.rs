@@ -17,6 +17,7 @@ use std::fmt;
 use emm_driver::{memory, Context, Stream};
 
 use crate::error::EmmError;
+use crate::managed::{ManagedAttach, ManagedMemory};
 use crate::manager::MemoryManager;
 use crate::pointer::HostAllocFlags;
 
@@ -74,6 +75,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("ipc_handle", ipc_handle),
     ("defer_guard", defer_guard),
     ("host_memory", host_memory),
+    ("managed_memory", managed_memory),
     ("many_threads", many_threads),
     ("reset", reset),
 ];
@@ -376,6 +378,126 @@ fn host_memory(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     Ok(())
 }
 
+/// One managed allocation: the host writes through its address and the device
+/// reads it (a copy from the managed address), then the device writes (a memset)
+/// and the host reads.
+fn managed_round_trip(ctx: &Context, a: &ManagedMemory, seed: u64) -> Result<(), String> {
+    let n = a.size();
+    let data = pattern(seed, n);
+    // The host must not touch managed memory while a kernel runs on a device
+    // without concurrent managed access: nothing of ours runs after this.
+    ctx.synchronize().map_err(e2s)?;
+    // SAFETY: the manager gave `n` bytes that the host may write (synchronized).
+    unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), a.host_ptr(), n) };
+    let mut back = vec![0u8; n];
+    // SAFETY: `a` holds `n` bytes at a device-usable address.
+    unsafe { memory::copy_dtoh(ctx, &mut back, a.ptr()) }.map_err(e2s)?;
+    if back != data {
+        return Err(format!(
+            "{n} bytes of managed memory written by the host read back differently through a device copy"
+        ));
+    }
+    // SAFETY: as above.
+    unsafe { memory::memset_d8(ctx, a.ptr(), 0xC3, n) }.map_err(e2s)?;
+    ctx.synchronize().map_err(e2s)?;
+    // SAFETY: `n` bytes the host may read now (synchronized).
+    let host = unsafe { core::slice::from_raw_parts(a.host_ptr(), n) };
+    match host.iter().position(|&b| b != 0xC3) {
+        None => Ok(()),
+        Some(at) => Err(format!(
+            "byte {at} of {n} bytes of managed memory set by the device reads {:#x} on the host (expected 0xc3)",
+            host[at]
+        )),
+    }
+}
+
+fn managed_memory(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
+    let device_before = m.stats().allocated_bytes;
+    let before = m.managed_stats();
+    let mut held: Vec<ManagedMemory> = Vec::new();
+    for attach in [ManagedAttach::Global, ManagedAttach::Host] {
+        for (i, &s) in [1usize, 4097, 1 << 20].iter().enumerate() {
+            let a = match m.memallocmanaged(s, attach) {
+                Ok(a) => a,
+                // A manager may not serve managed memory; it must say so, typed,
+                // from the first request on.
+                Err(EmmError::Unsupported { .. }) if held.is_empty() => return Ok(()),
+                Err(e) => return Err(format!("memallocmanaged({s}, {attach:?}): {e}")),
+            };
+            if a.size() != s || a.attach() != attach {
+                return Err(format!(
+                    "memallocmanaged({s}, {attach:?}) returned {} bytes attached {:?}",
+                    a.size(),
+                    a.attach()
+                ));
+            }
+            if a.ptr() == 0 || a.ptr() % 256 != 0 {
+                return Err(format!(
+                    "memallocmanaged({s}) returned {:#x}, not a 256-byte aligned address",
+                    a.ptr()
+                ));
+            }
+            managed_round_trip(ctx, &a, 31 + i as u64)?;
+            held.push(a);
+        }
+    }
+    let mut ranges: Vec<(u64, u64)> = held
+        .iter()
+        .map(|a| (a.ptr(), a.ptr() + a.size() as u64))
+        .collect();
+    ranges.sort();
+    if let Some(w) = ranges.windows(2).find(|w| w[0].1 > w[1].0) {
+        return Err(format!(
+            "live managed allocations overlap: {:#x?} and {:#x?}",
+            w[0], w[1]
+        ));
+    }
+    let bytes: usize = held.iter().map(ManagedMemory::size).sum();
+    let during = m.managed_stats();
+    if during.allocated_bytes < before.allocated_bytes + bytes
+        || during.live != before.live + held.len()
+        || during.allocations < before.allocations + held.len() as u64
+        || during.allocated_bytes_peak < during.allocated_bytes
+    {
+        return Err(format!(
+            "managed stats {during:?} with {} allocations of {bytes} bytes held (before: {before:?})",
+            held.len()
+        ));
+    }
+    if m.stats().allocated_bytes != device_before {
+        return Err(format!(
+            "allocated_bytes went from {device_before} to {} with only managed memory held: managed memory is counted apart",
+            m.stats().allocated_bytes
+        ));
+    }
+    // Dropped inside a defer_cleanup guard: freed once the guard is gone.
+    {
+        let _guard = m.defer_cleanup();
+        held.clear();
+    }
+    let after = m.managed_stats();
+    if after.allocated_bytes != before.allocated_bytes
+        || after.live != before.live
+        || after.pending_bytes != before.pending_bytes
+    {
+        return Err(format!(
+            "managed stats {after:?} after every allocation was dropped (before: {before:?})"
+        ));
+    }
+    match m.memallocmanaged(0, ManagedAttach::Global) {
+        Ok(a) if a.size() == 0 => {}
+        Ok(a) => return Err(format!("memallocmanaged(0) returned {} bytes", a.size())),
+        Err(EmmError::InvalidSize { .. }) => {}
+        Err(e) => return Err(format!("memallocmanaged(0) failed untyped: {e}")),
+    }
+    match m.memallocmanaged(usize::MAX, ManagedAttach::Global) {
+        Err(e) if e.is_out_of_memory() || matches!(e, EmmError::InvalidSize { .. }) => {}
+        Err(e) => return Err(format!("memallocmanaged(usize::MAX): {e}")),
+        Ok(a) => return Err(format!("memallocmanaged(usize::MAX) returned {a:?}")),
+    }
+    Ok(())
+}
+
 fn many_threads(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let errors: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8u64)
@@ -425,7 +547,14 @@ fn many_threads(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
 
 fn reset(m: &dyn MemoryManager, ctx: &Context) -> Result<(), String> {
     let held = m.memalloc(1 << 20).map_err(e2s)?;
+    // Managed memory held across the reset too, where the manager serves it.
+    let held_managed = match m.memallocmanaged(1 << 16, ManagedAttach::Global) {
+        Ok(a) => Some(a),
+        Err(EmmError::Unsupported { .. }) => None,
+        Err(e) => return Err(format!("memallocmanaged before reset: {e}")),
+    };
     m.reset().map_err(|e| format!("reset: {e}"))?;
+    drop(held_managed); // invalidated: dropping must do nothing harmful
     let fresh = m
         .memalloc(1 << 20)
         .map_err(|e| format!("memalloc after reset: {e}"))?;

@@ -5,6 +5,7 @@
 //! | [`MemoryManager`] | `BaseCUDAMemoryManager` | a trait with every NBEP 7 method, a stream-ordered `memalloc_async`, and an out-of-memory hook (`release_cached`) |
 //! | [`DeviceAllocation`], [`DeviceView`] | `MemoryPointer`, views | owned memory released on `Drop`; borrowed views that cannot outlive it |
 //! | [`PinnedMemory`], [`MappedMemory`] | same names | owned pinned host memory, mapped or not |
+//! | [`ManagedMemory`], [`ManagedAttach`] | `ManagedMemory`, `attach_global` (Numba's `memallocmanaged`, beyond NBEP 7) | owned managed memory, counted apart in [`ManagedStats`] |
 //! | [`IpcHandle`] | `IpcHandle` | legacy handles with base + offset (sub-allocations export correctly), mempool handles, staged opening across devices, bytes round trip |
 //! | [`MemoryInfo`] | `MemoryInfo` | `get_memory_info` returns a `Result`; [`EmmError::Unsupported`] is the one "unsupported" error |
 //! | [`DeferGuard`] | `defer_cleanup()` | a guard value; guards nest and are released during unwinding |
@@ -26,6 +27,7 @@ pub mod conformance;
 mod error;
 mod fd;
 mod ipc;
+pub mod managed;
 mod manager;
 mod pointer;
 mod router;
@@ -34,6 +36,7 @@ mod snapshot;
 pub use config::configure;
 pub use error::{fmt_bytes, EmmError, Result};
 pub use ipc::{IpcHandle, IpcMemory};
+pub use managed::{ManagedAttach, ManagedMemory, ManagedStats};
 pub use manager::{
     check_interface_version, DeferGuard, DeferState, ManagerStats, MemoryInfo, MemoryManager,
     INTERFACE_VERSION, SUPPORTED_INTERFACE_VERSIONS,
@@ -43,8 +46,8 @@ pub use pointer::{
     PinnedMemory, Released, SYNC_STREAM,
 };
 pub use router::{
-    alloc_from, memory_manager, register_manager, set_memory_manager, ManagerFactory, Router,
-    DEFAULT_MANAGER, MANAGER_ENV,
+    alloc_from, alloc_managed_from, memory_manager, register_manager, set_memory_manager,
+    ManagerFactory, Router, DEFAULT_MANAGER, MANAGER_ENV,
 };
 pub use snapshot::{
     stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,

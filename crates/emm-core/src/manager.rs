@@ -8,6 +8,7 @@ use emm_sys::CUstream;
 
 use crate::error::{EmmError, Result};
 use crate::ipc::IpcHandle;
+use crate::managed::{ManagedAttach, ManagedMemory, ManagedStats};
 use crate::pointer::{DeviceAllocation, DeviceView, HostAllocFlags, HostMemory};
 use crate::snapshot::{MemorySnapshot, StatList};
 
@@ -28,6 +29,10 @@ pub struct MemoryInfo {
 
 /// What a manager can say about its device memory (the names follow PyTorch's
 /// `memory_stats` where they fit). Counters a manager does not keep are 0.
+///
+/// Managed memory ([`MemoryManager::memallocmanaged`]) is not in these counters:
+/// it is counted apart, in [`MemoryManager::managed_stats`] (see
+/// [`crate::managed`] for why).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ManagerStats {
     /// Bytes in allocations held by callers.
@@ -80,8 +85,15 @@ pub struct ManagerStats {
 /// - Alignment: device allocations are aligned to at least 256 bytes, like
 ///   `cuMemAlloc`.
 /// - Errors are [`EmmError`]s whose message says what was asked and what was found.
-/// - `get_memory_info` and `get_ipc_handle` may be unsupported: they return
-///   [`EmmError::Unsupported`], which is the one documented "unsupported" error.
+/// - `get_memory_info`, `get_ipc_handle` and `memallocmanaged` may be unsupported:
+///   they return [`EmmError::Unsupported`], which is the one documented
+///   "unsupported" error.
+/// - [`memallocmanaged`](Self::memallocmanaged) (Numba's `memallocmanaged`, not in
+///   NBEP 7's list) returns one address valid on the host and on every device,
+///   aligned like device memory. Managed memory is never pooled with device
+///   memory, is freed with `cuMemFree` (held back while a `defer_cleanup` guard
+///   lives), and is counted in [`managed_stats`](Self::managed_stats), not in
+///   [`stats`](Self::stats).
 /// - [`defer_cleanup`](Self::defer_cleanup) returns a guard; while any guard of the
 ///   manager lives, the manager must not run deallocations that synchronize the
 ///   device (what exactly it defers is in each manager's docs). Guards nest.
@@ -119,6 +131,19 @@ pub trait MemoryManager: Send + Sync {
     /// `size` bytes of pinned host memory (NBEP 7 `memhostalloc(size, mapped,
     /// portable, wc)`): [`HostMemory::Mapped`] when `flags.mapped`.
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory>;
+
+    /// `size` bytes of managed memory attached as `attach` (Numba's
+    /// `memallocmanaged(size, attach_global)`, which `cuda.managed_array` calls;
+    /// NBEP 7 does not list it). Zero bytes give an empty allocation that owns
+    /// nothing. The default: [`EmmError::Unsupported`], so a plugin that does not
+    /// serve managed memory says so in the one typed way.
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        let _ = (size, attach);
+        Err(EmmError::Unsupported {
+            manager: self.name().to_owned(),
+            operation: "memallocmanaged",
+        })
+    }
 
     /// Page-locks the caller's host range (NBEP 7 `mempin`); mapped when `mapped`.
     /// Dropping the result unpins it.
@@ -159,6 +184,12 @@ pub trait MemoryManager: Send + Sync {
         ManagerStats::default()
     }
 
+    /// Statistics of managed memory (kept apart from [`stats`](Self::stats)); the
+    /// default knows nothing.
+    fn managed_stats(&self) -> ManagedStats {
+        ManagedStats::default()
+    }
+
     /// Every counter the manager keeps, as one line a person reads (for profiling:
     /// which paths served the requests, how often the driver was called). The
     /// default is [`stats`](Self::stats).
@@ -168,18 +199,21 @@ pub trait MemoryManager: Send + Sync {
 
     /// Every counter the manager keeps, named as in PyTorch's `memory_stats` where
     /// they mean the same (`allocated_bytes.all.current`, `reserved_bytes.all.peak`,
-    /// ...; emm's own under `emm.`). The default names what [`stats`](Self::stats)
-    /// knows.
+    /// ...; emm's own under `emm.`, managed memory's under `emm.managed_`). The
+    /// default names what [`stats`](Self::stats) and
+    /// [`managed_stats`](Self::managed_stats) know.
     fn memory_stats(&self) -> StatList {
         let s = self.stats();
-        vec![
+        let mut list = vec![
             ("allocated_bytes.all.current", s.allocated_bytes as u64),
             ("allocated_bytes.all.peak", s.allocated_bytes_peak as u64),
             ("reserved_bytes.all.current", s.reserved_bytes as u64),
             ("reserved_bytes.all.peak", s.reserved_bytes_peak as u64),
             ("allocation.all.allocated", s.allocations),
             ("num_device_alloc", s.upstream_allocs),
-        ]
+        ];
+        list.extend(self.managed_stats().to_list());
+        list
     }
 
     /// Sets every peak counter to its current value (PyTorch's

@@ -23,6 +23,7 @@ use emm_sys::CUstream;
 
 use crate::config::Config;
 use crate::error::{EmmError, Result};
+use crate::managed::{ManagedAttach, ManagedMemory};
 use crate::manager::{check_interface_version, MemoryManager};
 use crate::pointer::DeviceAllocation;
 
@@ -288,6 +289,30 @@ impl Router {
         );
         manager.memalloc_async(size, stream)
     }
+
+    /// Managed memory from `manager` (its `memallocmanaged`), through the same
+    /// out-of-memory hook as [`alloc_from`](Self::alloc_from): only when it fails
+    /// for lack of memory does every manager of this router release its cache, and
+    /// the allocation is retried once.
+    pub fn alloc_managed_from(
+        &self,
+        manager: &dyn MemoryManager,
+        size: usize,
+        attach: ManagedAttach,
+    ) -> Result<ManagedMemory> {
+        match manager.memallocmanaged(size, attach) {
+            Err(e) if e.is_out_of_memory() => {
+                let freed = self.release_cached_everywhere();
+                tracing::info!(
+                    size,
+                    freed,
+                    "out of memory for managed memory: released cached memory of every manager; retrying once"
+                );
+                manager.memallocmanaged(size, attach)
+            }
+            other => other,
+        }
+    }
 }
 
 fn env_choice() -> Option<String> {
@@ -312,6 +337,16 @@ pub fn alloc_from(
     stream: CUstream,
 ) -> Result<DeviceAllocation> {
     Router::global().alloc_from(manager, size, stream)
+}
+
+/// Managed memory from `manager` through the process-wide out-of-memory hook
+/// (see [`Router::alloc_managed_from`]).
+pub fn alloc_managed_from(
+    manager: &dyn MemoryManager,
+    size: usize,
+    attach: ManagedAttach,
+) -> Result<ManagedMemory> {
+    Router::global().alloc_managed_from(manager, size, attach)
 }
 
 /// The process-wide manager of `ctx` (see [`Router::manager`]).
@@ -415,6 +450,34 @@ mod tests {
         r.set_memory_manager_with_env("pool", Some("default"))
             .unwrap();
         assert_eq!(r.selected_with_env(Some("default")).unwrap(), "default");
+    }
+
+    #[test]
+    fn a_manager_without_managed_memory_says_so_typed_and_counts_none() {
+        let r = router();
+        let m = fake("fake", 1);
+        let e = r
+            .alloc_managed_from(m.as_ref(), 4096, ManagedAttach::Global)
+            .unwrap_err();
+        assert!(
+            matches!(&e, EmmError::Unsupported { manager, operation: "memallocmanaged" } if manager == "fake"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "manager `fake` does not support memallocmanaged"
+        );
+        let stats = m.memory_stats();
+        for key in [
+            "emm.managed_bytes.current",
+            "emm.managed_allocations.allocated",
+        ] {
+            assert_eq!(
+                stats.iter().find(|(k, _)| *k == key).map(|(_, v)| *v),
+                Some(0),
+                "{key}"
+            );
+        }
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //!   out-of-memory.
 //! - [`HostOnly`]: pinned, mapped and `mempin` host memory with a size-tracking
 //!   queue, which plugins that manage only device memory compose.
+//! - [`Managed`]: managed memory (`cuMemAllocManaged`, Numba's `memallocmanaged`),
+//!   never pooled, counted apart from device memory; every built-in manager
+//!   composes one.
 //! - [`Upstream`]: where raw blocks come from: [`DriverUpstream`] (`cuMemAlloc`) or
 //!   [`HostUpstream`], a host-memory stand-in for machines without a GPU.
 //!
@@ -22,11 +25,13 @@
 
 mod config;
 mod host;
+mod managed;
 mod manager;
 mod upstream;
 
 pub use config::{PendingConfig, COUNT_ENV, RATIO_ENV};
 pub use host::HostOnly;
+pub use managed::Managed;
 pub use manager::{DefaultManager, DefaultStats};
 pub use upstream::{DriverUpstream, HostUpstream, Upstream};
 

@@ -6,13 +6,15 @@ use std::sync::{Arc, Mutex};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
-    HostMemory, IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    HostMemory, IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, MemoryInfo, MemoryManager,
+    Released, Result, SYNC_STREAM,
 };
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
 
 use crate::config::PendingConfig;
 use crate::host::HostOnly;
+use crate::managed::Managed;
 use crate::upstream::{DriverUpstream, Upstream};
 
 /// Counters of a [`DefaultManager`].
@@ -168,10 +170,13 @@ impl<U: Upstream> DeviceRelease for Inner<U> {
 ///   the requested bytes and the device's free and total.
 /// - `reset` frees everything, live allocations included; those are invalidated
 ///   (their drop does nothing), so nothing is freed twice.
-/// - Host memory comes from a composed [`HostOnly`] sharing the defer guard.
+/// - Host memory comes from a composed [`HostOnly`] sharing the defer guard, and
+///   managed memory from a composed [`Managed`] (`cuMemAllocManaged` per request,
+///   `cuMemFree` per free: not queued with device frees, counted apart).
 pub struct DefaultManager<U: Upstream + 'static = DriverUpstream> {
     inner: Arc<Inner<U>>,
     host: Option<HostOnly>,
+    managed: Option<Managed>,
     ctx: Option<Context>,
 }
 
@@ -195,6 +200,7 @@ impl DefaultManager<DriverUpstream> {
     pub fn with_config(ctx: &Context, config: PendingConfig) -> Result<Self> {
         let mut m = DefaultManager::over(DriverUpstream::new(ctx), config);
         m.host = Some(HostOnly::new(ctx, config, m.inner.defer.clone())?);
+        m.managed = Some(Managed::new(ctx, "default", m.inner.defer.clone()));
         m.ctx = Some(ctx.clone());
         Ok(m)
     }
@@ -216,6 +222,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
                 release_errors: Mutex::new(Vec::new()),
             }),
             host: None,
+            managed: None,
             ctx: None,
         }
     }
@@ -366,6 +373,13 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
             .memhostalloc(size, flags)
     }
 
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        self.managed
+            .as_ref()
+            .ok_or_else(|| self.no_host("memallocmanaged"))?
+            .memallocmanaged(size, attach, &|| self.release_cached().unwrap_or(0))
+    }
+
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
         let host = self.host.as_ref().ok_or_else(|| self.no_host("mempin"))?;
         // SAFETY: forwarded to the caller.
@@ -400,16 +414,23 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
         if let Some(h) = &self.host {
             h.flush();
         }
+        if let Some(m) = &self.managed {
+            m.reset();
+        }
         Ok(())
     }
 
     fn defer_cleanup(&self) -> DeferGuard {
         let inner = self.inner.clone();
         let host = self.host.clone();
+        let managed = self.managed.clone();
         self.inner.defer.guard(move || {
             inner.flush_if_needed();
             if let Some(h) = host {
                 h.flush_if_needed();
+            }
+            if let Some(m) = managed {
+                m.flush();
             }
         })
     }
@@ -418,7 +439,9 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
         if self.inner.defer.is_deferred() {
             return Ok(0);
         }
-        Ok(self.inner.flush() + self.host.as_ref().map_or(0, HostOnly::flush))
+        Ok(self.inner.flush()
+            + self.host.as_ref().map_or(0, HostOnly::flush)
+            + self.managed.as_ref().map_or(0, Managed::release_cached))
     }
 
     fn context(&self) -> Option<&Context> {
@@ -435,6 +458,24 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
             reserved_bytes_peak: st.peak_held_bytes,
             allocations: st.allocations as u64,
             upstream_allocs: st.allocations as u64,
+        }
+    }
+
+    fn managed_stats(&self) -> ManagedStats {
+        self.managed
+            .as_ref()
+            .map(Managed::stats)
+            .unwrap_or_default()
+    }
+
+    fn reset_peak_stats(&self) {
+        {
+            let mut s = self.inner.lock();
+            s.peak_live = s.live_bytes;
+            s.peak_held = s.live_bytes + s.pending_bytes;
+        }
+        if let Some(m) = &self.managed {
+            m.reset_peak();
         }
     }
 }

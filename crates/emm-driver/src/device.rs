@@ -136,6 +136,22 @@ impl Device {
         Ok(self.attribute(CUdevice_attribute::MEMORY_POOLS_SUPPORTED)? != 0)
     }
 
+    /// `true` when both the driver and the device support managed memory
+    /// (`cuMemAllocManaged`).
+    pub fn supports_managed_memory(self) -> Result<bool> {
+        let drv = driver()?;
+        if drv.mem_alloc_managed.is_none() {
+            return Ok(false);
+        }
+        Ok(self.attribute(CUdevice_attribute::MANAGED_MEMORY)? != 0)
+    }
+
+    /// `true` when the host may touch managed memory while kernels run on this
+    /// device (`CONCURRENT_MANAGED_ACCESS`); otherwise only after synchronizing.
+    pub fn concurrent_managed_access(self) -> Result<bool> {
+        Ok(self.attribute(CUdevice_attribute::CONCURRENT_MANAGED_ACCESS)? != 0)
+    }
+
     /// `true` when both the driver and the device support virtual memory management.
     pub fn supports_virtual_memory(self) -> Result<bool> {
         let drv = driver()?;

@@ -11,7 +11,7 @@ use emm_sys::{
 };
 
 use crate::context::Context;
-use crate::error::{check, DriverError, Result};
+use crate::error::{check, optional, DriverError, Result};
 use crate::stream::Stream;
 
 /// `cuMemAlloc`: `size` bytes of device memory (`size` > 0).
@@ -36,13 +36,35 @@ pub fn alloc(ctx: &Context, size: usize) -> Result<CUdeviceptr> {
 /// `cuMemFree`.
 ///
 /// # Safety
-/// `ptr` must come from [`alloc`] in `ctx`, be freed once, and no queued work may
+/// `ptr` must come from [`alloc`] or [`alloc_managed`] in `ctx`, be freed once, and no queued work may
 /// still use it.
 pub unsafe fn free(ctx: &Context, ptr: CUdeviceptr) -> Result<()> {
     let _g = ctx.push()?;
     let drv = ctx.driver();
     // SAFETY: forwarded to the caller.
     check(drv, "cuMemFree_v2", unsafe { (drv.mem_free)(ptr) })
+}
+
+/// `cuMemAllocManaged`: `size` bytes (> 0) of managed memory, one address valid
+/// on the host and on every device, with the [`emm_sys::mem_attach`] `flags`
+/// (`GLOBAL` or `HOST`). Freed with [`free`]. A driver without the entry point is
+/// [`DriverError::Unsupported`].
+pub fn alloc_managed(ctx: &Context, size: usize, flags: u32) -> Result<CUdeviceptr> {
+    if size == 0 {
+        return Err(DriverError::invalid(
+            "managed allocation size",
+            0,
+            "the driver allocates at least one byte",
+        ));
+    }
+    let drv = ctx.driver();
+    let f = optional(drv, drv.mem_alloc_managed, "cuMemAllocManaged")?;
+    let _g = ctx.push()?;
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: the context is current; `p` is a valid out-pointer; the driver
+    // checks `flags`.
+    check(drv, "cuMemAllocManaged", unsafe { f(&mut p, size, flags) })?;
+    Ok(p)
 }
 
 /// `cuMemHostAlloc`: `size` bytes of page-locked host memory with

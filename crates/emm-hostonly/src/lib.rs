@@ -22,6 +22,13 @@
 //!    host queue of [`HostOnly`].
 //! 6. On a driver or device without the stream-ordered allocator,
 //!    [`HostOnlyManager::new`] fails with [`EmmError::Unsupported`].
+//! 7. **Managed memory** (Numba's `memallocmanaged`) comes from a composed
+//!    [`Managed`]: `cuMemAllocManaged` per request, `cuMemFree` per free. CUDA's
+//!    memory pools hold device memory only, and Numba itself puts
+//!    `memallocmanaged` in its `HostOnlyCUDAMemoryManager` (the part a device-only
+//!    plugin inherits), so "hostonly" serves it the way Numba's base class does.
+//!    It is counted apart from the pool's device memory
+//!    ([`MemoryManager::managed_stats`]).
 //!
 //! ```no_run
 //! use emm_core::MemoryManager;
@@ -38,9 +45,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
-    HostMemory, IpcHandle, MemoryInfo, MemoryManager, Released, Result, SYNC_STREAM,
+    HostMemory, IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, MemoryInfo, MemoryManager,
+    Released, Result, SYNC_STREAM,
 };
-use emm_default::{HostOnly, PendingConfig};
+use emm_default::{HostOnly, Managed, PendingConfig};
 use emm_driver::mempool::{free_async, MemPool};
 use emm_driver::{Context, Stream};
 use emm_sys::{CUmemPool_attribute as Attr, CUstream};
@@ -131,6 +139,7 @@ impl DeviceRelease for Inner {
 pub struct HostOnlyManager {
     inner: Arc<Inner>,
     host: HostOnly,
+    managed: Managed,
     defer: Arc<DeferState>,
     exported_fd: OnceLock<std::result::Result<std::os::fd::OwnedFd, String>>,
     export_error: Option<String>,
@@ -178,6 +187,7 @@ impl HostOnlyManager {
                 allocations: AtomicU64::new(0),
             }),
             host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
+            managed: Managed::new(ctx, "hostonly", defer.clone()),
             defer,
             exported_fd: OnceLock::new(),
             export_error,
@@ -292,6 +302,11 @@ impl MemoryManager for HostOnlyManager {
         self.host.memhostalloc(size, flags)
     }
 
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        self.managed
+            .memallocmanaged(size, attach, &|| self.release_cached().unwrap_or(0))
+    }
+
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
         // SAFETY: forwarded to the caller.
         unsafe { self.host.mempin(ptr, len, mapped) }
@@ -344,16 +359,21 @@ impl MemoryManager for HostOnlyManager {
         }
         self.trim(0)?;
         self.host.flush();
+        self.managed.reset();
         Ok(())
     }
 
     fn defer_cleanup(&self) -> DeferGuard {
         let host = self.host.clone();
-        self.defer.guard(move || host.flush_if_needed())
+        let managed = self.managed.clone();
+        self.defer.guard(move || {
+            host.flush_if_needed();
+            managed.flush();
+        })
     }
 
     fn release_cached(&self) -> Result<usize> {
-        Ok(self.trim(0)? as usize + self.host.flush())
+        Ok(self.trim(0)? as usize + self.host.flush() + self.managed.release_cached())
     }
 
     fn context(&self) -> Option<&Context> {
@@ -371,6 +391,21 @@ impl MemoryManager for HostOnlyManager {
             // Every allocation is a call to the driver's stream-ordered pool.
             upstream_allocs: self.inner.allocations.load(Ordering::Relaxed),
         }
+    }
+
+    fn managed_stats(&self) -> ManagedStats {
+        self.managed.stats()
+    }
+
+    fn reset_peak_stats(&self) {
+        // The driver resets a pool's high-water marks to their current values when
+        // they are set to 0.
+        for attr in [Attr::USED_MEM_HIGH, Attr::RESERVED_MEM_HIGH] {
+            if let Err(e) = self.inner.pool.set_attribute(attr, 0) {
+                tracing::warn!(error = %e, "resetting a high-water mark of the pool failed");
+            }
+        }
+        self.managed.reset_peak();
     }
 }
 

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
-    HostMemory, IpcHandle, ManagerStats, MemoryInfo, MemoryManager, MemorySnapshot, Released,
-    Result, StatList, TraceAction, SYNC_STREAM,
+    HostMemory, IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, ManagerStats, MemoryInfo,
+    MemoryManager, MemorySnapshot, Released, Result, StatList, TraceAction, SYNC_STREAM,
 };
-use emm_default::{DriverUpstream, HostOnly, HostUpstream, PendingConfig, Upstream};
+use emm_default::{DriverUpstream, HostOnly, HostUpstream, Managed, PendingConfig, Upstream};
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
 
@@ -317,6 +317,8 @@ pub(crate) struct Core {
     threads: Mutex<Vec<Arc<ThreadCounters>>>,
     orphan: ThreadCounters,
     host: Option<HostOnly>,
+    /// Managed memory: passed through to the driver, never into segments.
+    managed: Option<Managed>,
     ctx: Option<Context>,
     defer: Arc<DeferState>,
     /// The history is being recorded (the arena's ring has room), for the
@@ -748,6 +750,13 @@ pub enum PoolUpstream {
 /// - **The synchronous path** (`memalloc`) orders memory on the legacy default
 ///   stream: safe there and on every blocking stream; a non-blocking stream must
 ///   first wait for the legacy stream (as with RMM's pool).
+/// - **Managed memory** (`memallocmanaged`) is passed through to the driver by a
+///   composed [`Managed`]: one `cuMemAllocManaged` per request and one `cuMemFree`
+///   per free, never in segments or thread caches, and counted apart from the
+///   pool's statistics (`emm.managed_*` in `memory_stats`). Managed blocks are
+///   rare and large, their pages migrate between host and device, and a cached
+///   one would keep memory from both and carry its last user's page residency and
+///   advice to the next; on out of memory the pool's cache is given back first.
 pub struct PoolManager {
     core: Arc<Core>,
 }
@@ -826,6 +835,7 @@ impl PoolManager {
             Some(c) => Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?),
             None => None,
         };
+        let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
         let limit = config.limit;
         Ok(PoolManager {
             core: Arc::new(Core {
@@ -840,6 +850,7 @@ impl PoolManager {
                 threads: Mutex::new(Vec::new()),
                 orphan: ThreadCounters::default(),
                 host,
+                managed,
                 ctx,
                 defer,
                 recording: AtomicBool::new(false),
@@ -1057,6 +1068,14 @@ impl MemoryManager for PoolManager {
             .memhostalloc(size, flags)
     }
 
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        self.core
+            .managed
+            .as_ref()
+            .ok_or_else(|| self.no_host("memallocmanaged"))?
+            .memallocmanaged(size, attach, &|| self.release_cached().unwrap_or(0))
+    }
+
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
         let host = self
             .core
@@ -1102,20 +1121,33 @@ impl MemoryManager for PoolManager {
         if let Some(h) = &self.core.host {
             h.flush();
         }
+        if let Some(m) = &self.core.managed {
+            m.reset();
+        }
         Ok(())
     }
 
     fn defer_cleanup(&self) -> DeferGuard {
         let host = self.core.host.clone();
+        let managed = self.core.managed.clone();
         self.core.defer.guard(move || {
             if let Some(h) = host {
                 h.flush_if_needed();
+            }
+            if let Some(m) = managed {
+                m.flush();
             }
         })
     }
 
     fn release_cached(&self) -> Result<usize> {
-        Ok(self.trim() + self.core.host.as_ref().map_or(0, HostOnly::flush))
+        Ok(self.trim()
+            + self.core.host.as_ref().map_or(0, HostOnly::flush)
+            + self
+                .core
+                .managed
+                .as_ref()
+                .map_or(0, Managed::release_cached))
     }
 
     fn context(&self) -> Option<&Context> {
@@ -1127,11 +1159,24 @@ impl MemoryManager for PoolManager {
     }
 
     fn memory_stats(&self) -> StatList {
-        PoolManager::stats(self).to_list()
+        let mut list = PoolManager::stats(self).to_list();
+        list.extend(MemoryManager::managed_stats(self).to_list());
+        list
     }
 
     fn reset_peak_stats(&self) {
         PoolManager::reset_peak_stats(self);
+        if let Some(m) = &self.core.managed {
+            m.reset_peak();
+        }
+    }
+
+    fn managed_stats(&self) -> ManagedStats {
+        self.core
+            .managed
+            .as_ref()
+            .map(Managed::stats)
+            .unwrap_or_default()
     }
 
     fn record_history(&self, max_entries: usize) -> Result<()> {

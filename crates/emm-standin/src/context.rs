@@ -6,6 +6,8 @@ use std::sync::Mutex;
 
 use emm_sys::{CUdevice_attribute as A, CUresult};
 
+use crate::state::Config;
+
 /// The handle of device `d`'s primary context: a fixed non-null value per device.
 pub fn ctx_handle(d: i32) -> u64 {
     0xC0_0000 + d as u64 * 0x100
@@ -131,8 +133,10 @@ impl Contexts {
     }
 }
 
-/// A device attribute's value in the model; `None` for one it does not know.
-pub fn attribute(a: A, d: i32, vmm: bool, mempools: bool) -> Option<i32> {
+/// A device attribute's value in the model (device `d`, with the knobs of
+/// `config`); `None` for one it does not know.
+pub fn attribute(a: A, d: i32, config: &Config) -> Option<i32> {
+    let (vmm, mempools) = (config.vmm, config.mempools);
     Some(match a {
         A::MAX_THREADS_PER_BLOCK => 1024,
         A::WARP_SIZE => 32,
@@ -145,6 +149,7 @@ pub fn attribute(a: A, d: i32, vmm: bool, mempools: bool) -> Option<i32> {
         A::UNIFIED_ADDRESSING => 1,
         A::COMPUTE_CAPABILITY_MAJOR => 9,
         A::COMPUTE_CAPABILITY_MINOR => 0,
+        A::MANAGED_MEMORY | A::CONCURRENT_MANAGED_ACCESS => i32::from(config.managed),
         A::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => i32::from(vmm),
         A::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
         A::MEMORY_POOLS_SUPPORTED => i32::from(mempools),

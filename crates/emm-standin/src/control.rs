@@ -6,14 +6,15 @@
 //! | `is_standin` | 1 |
 //! | `capacity [BYTES]` | sets (K/M/G suffixes allowed) / answers the capacity per device |
 //! | `devices [N]` | sets / answers the device count |
-//! | `vmm 0\|1`, `mempools 0\|1` | whether devices report VMM / memory pools |
+//! | `vmm 0\|1`, `mempools 0\|1`, `managed 0\|1` | whether devices report VMM / memory pools / managed memory |
 //! | `not_ready N` | the first N queries after each record report `CUDA_ERROR_NOT_READY` |
 //! | `fail FUNCTION NTH CODE` | the NTH next call (1: the next) of FUNCTION fails with CODE |
 //! | `fail_always FUNCTION CODE` | every call of FUNCTION fails with CODE until `reset` |
 //! | `fail_frees CODE\|off` | every free (`cuMemFree_v2`, `cuMemFreeAsync`, `cuMemRelease`, …) fails |
 //! | `lose_context` | every call fails with `CUDA_ERROR_CONTEXT_IS_DESTROYED` until `reset` |
 //! | `reset` | clears every fault and knob above except capacity and devices; counters stay |
-//! | `live_allocs`, `live_bytes` | device allocations (plain, stream-ordered, VMM physical handles) |
+//! | `live_allocs`, `live_bytes` | device allocations (plain, managed, stream-ordered, VMM physical handles) |
+//! | `live_managed`, `live_managed_bytes` | managed allocations (`cuMemAllocManaged`) alone |
 //! | `live_vmm_handles`, `live_reservations` | VMM physical handles, address reservations |
 //! | `live_host` | pinned and registered host ranges |
 //! | `live_events`, `live_streams`, `live_pools` | created and not destroyed |
@@ -41,7 +42,13 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
     let num = |i: usize| arg(i).and_then(|w| w.parse::<u64>().map_err(|_| bad));
     let flag = |i: usize| arg(i).map(|w| w != "0" && w != "off");
     let code = |i: usize| arg(i).and_then(|w| parse_code(w).ok_or(bad));
-    let device_live = |k: RegionKind| matches!(k, RegionKind::Device | RegionKind::Async { .. });
+    let device_live = |k: RegionKind| {
+        matches!(
+            k,
+            RegionKind::Device | RegionKind::Managed { .. } | RegionKind::Async { .. }
+        )
+    };
+    let managed_live = |k: RegionKind| matches!(k, RegionKind::Managed { .. });
     Ok(match *words.first().ok_or(bad)? {
         "is_standin" => 1,
         "capacity" => {
@@ -63,6 +70,10 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
         "mempools" => {
             st.config.mempools = flag(1)?;
             u64::from(st.config.mempools)
+        }
+        "managed" => {
+            st.config.managed = flag(1)?;
+            u64::from(st.config.managed)
         }
         "not_ready" => {
             st.streams.not_ready_after_record = num(1)?;
@@ -94,10 +105,13 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
             st.streams.not_ready_after_record = 0;
             st.config.vmm = true;
             st.config.mempools = true;
+            st.config.managed = true;
             0
         }
         "live_allocs" => st.mem.live(device_live).0 + st.vmm.live_handles().0,
         "live_bytes" => st.mem.live(device_live).1 + st.vmm.live_handles().1,
+        "live_managed" => st.mem.live(managed_live).0,
+        "live_managed_bytes" => st.mem.live(managed_live).1,
         "live_vmm_handles" => st.vmm.live_handles().0,
         "live_reservations" => st.vmm.live_reservations(),
         "live_host" => {
@@ -141,5 +155,21 @@ mod tests {
         assert_eq!(run(&mut st, "live_allocs"), Ok(0));
         assert_eq!(run(&mut st, "bogus"), Err(CUresult::ERROR_INVALID_VALUE));
         assert_eq!(run(&mut st, "fail x"), Err(CUresult::ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn managed_allocations_are_live_device_memory_and_the_knob_resets() {
+        let mut st = State::default();
+        let p = st.mem.alloc_managed(0, 4096, 2, 1 << 20).unwrap();
+        assert_eq!(run(&mut st, "live_managed"), Ok(1));
+        assert_eq!(run(&mut st, "live_managed_bytes"), Ok(4096));
+        assert_eq!(run(&mut st, "live_allocs"), Ok(1));
+        assert_eq!(run(&mut st, "live_bytes"), Ok(4096));
+        st.mem.free_device(p).unwrap();
+        assert_eq!(run(&mut st, "live_managed"), Ok(0));
+        assert_eq!(run(&mut st, "managed 0"), Ok(0));
+        assert!(!st.config.managed);
+        assert_eq!(run(&mut st, "reset"), Ok(0));
+        assert!(st.config.managed);
     }
 }

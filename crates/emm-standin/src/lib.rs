@@ -8,7 +8,7 @@
 //!
 //! | module | models |
 //! |---|---|
-//! | [`memory`] | the address map: device memory is host memory (one lazily committed mapping per allocation), a capacity per device, double and invalid frees counted |
+//! | [`memory`] | the address map: device memory is host memory (one lazily committed mapping per allocation), managed memory likewise (`cuMemAllocManaged`, charged like `cuMemAlloc`, freed by `cuMemFree`), a capacity per device, double and invalid frees counted |
 //! | [`vmm`] | `cuMemAddressReserve` (`PROT_NONE`), `cuMemCreate` (memfd), `cuMemMap` (`MAP_FIXED \| MAP_SHARED`), access, unmap, release; 2 MiB granularity |
 //! | [`mempool`] | the stream-ordered allocator: default and created pools, release threshold, trim, attributes, export and import within one process |
 //! | [`streams`] | streams and events, run at call time, with a knob that makes queries report `CUDA_ERROR_NOT_READY` |
@@ -34,7 +34,7 @@
 //! |---|---|
 //! | `EMM_STANDIN_CAPACITY` | bytes per device (`8G` by default; K/M/G suffixes) |
 //! | `EMM_STANDIN_DEVICES` | device count (1 by default) |
-//! | `EMM_STANDIN_VMM`, `EMM_STANDIN_MEMPOOLS` | `0` makes devices report no VMM / no memory pools |
+//! | `EMM_STANDIN_VMM`, `EMM_STANDIN_MEMPOOLS`, `EMM_STANDIN_MANAGED` | `0` makes devices report no VMM / no memory pools / no managed memory |
 //! | `EMM_STANDIN_NOT_READY` | queries after each record that report `CUDA_ERROR_NOT_READY` |
 //! | `EMM_STANDIN_FAIL` | `name:nth:code[,…]`: the nth call of `name` fails with `code` |
 //! | `EMM_STANDIN_FAIL_FREES` | every free fails with this code |

@@ -1,6 +1,6 @@
-//! The address map: every range the model hands out (device allocations, pool
-//! allocations, VMM mappings, pinned and registered host memory), the device's
-//! accounting against its capacity, and the bookkeeping of bad frees.
+//! The address map: every range the model hands out (device allocations, managed
+//! allocations, pool allocations, VMM mappings, pinned and registered host memory),
+//! the device's accounting against its capacity, and the bookkeeping of bad frees.
 //!
 //! Device memory is host memory: an anonymous, lazily committed mapping per
 //! allocation (page aligned, so 256-byte alignment holds), so bytes written by a
@@ -25,6 +25,12 @@ pub fn align_up(n: usize, unit: usize) -> Option<usize> {
 pub enum RegionKind {
     /// `cuMemAlloc`.
     Device,
+    /// `cuMemAllocManaged` with these `CU_MEM_ATTACH_*` flags: host and device
+    /// memory at one address (here it is host memory anyway).
+    Managed {
+        /// `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`.
+        flags: u32,
+    },
     /// `cuMemAllocAsync`/`cuMemAllocFromPoolAsync`: a block of `block` bytes of pool `pool`.
     Async {
         /// The pool's handle.
@@ -44,12 +50,22 @@ pub enum RegionKind {
 }
 
 impl RegionKind {
-    /// `true` for device memory (as opposed to host memory).
+    /// `true` for device memory (as opposed to host memory); managed memory is
+    /// device memory that the host may also touch.
     pub fn is_device(self) -> bool {
         matches!(
             self,
-            RegionKind::Device | RegionKind::Async { .. } | RegionKind::Vmm { .. }
+            RegionKind::Device
+                | RegionKind::Managed { .. }
+                | RegionKind::Async { .. }
+                | RegionKind::Vmm { .. }
         )
+    }
+
+    /// `true` for memory `cuMemFree` takes back: `cuMemAlloc` and
+    /// `cuMemAllocManaged` allocations.
+    pub fn is_freed_by_mem_free(self) -> bool {
+        matches!(self, RegionKind::Device | RegionKind::Managed { .. })
     }
 }
 
@@ -231,9 +247,26 @@ impl Memory {
         Ok(base)
     }
 
-    /// `cuMemFree`: unmaps a `cuMemAlloc` allocation.
+    /// `cuMemAllocManaged`: like `cuMemAlloc` (a fresh mapping charged against
+    /// `device`'s capacity, as if every page were resident on the device: the
+    /// model does not oversubscribe), recorded as managed with `flags`.
+    pub fn alloc_managed(
+        &mut self,
+        device: i32,
+        size: usize,
+        flags: u32,
+        capacity: usize,
+    ) -> Result<u64, CUresult> {
+        let base = self.alloc_device(device, size, capacity)?;
+        if let Some(r) = self.regions.get_mut(&base) {
+            r.kind = RegionKind::Managed { flags };
+        }
+        Ok(base)
+    }
+
+    /// `cuMemFree`: unmaps a `cuMemAlloc` or `cuMemAllocManaged` allocation.
     pub fn free_device(&mut self, ptr: u64) -> Result<(), CUresult> {
-        let r = self.remove(ptr, |k| k == RegionKind::Device)?;
+        let r = self.remove(ptr, RegionKind::is_freed_by_mem_free)?;
         // SAFETY: the mapping was made by `alloc_device` and its range just left the map.
         unsafe { os::unmap(ptr, r.map_len) };
         self.uncharge(
@@ -322,6 +355,28 @@ mod tests {
         assert_eq!(m.double_frees, 1);
         assert_eq!(m.free_device(12345), Err(CUresult::ERROR_INVALID_VALUE));
         assert_eq!(m.invalid_frees, 1);
+    }
+
+    #[test]
+    fn managed_memory_is_charged_and_freed_by_mem_free() {
+        let mut m = Memory::default();
+        let p = m.alloc_managed(0, 1000, 1, 1 << 20).unwrap();
+        assert_eq!(m.used_on(0), 1024);
+        let (_, r) = m.find(p).unwrap();
+        assert_eq!(r.kind, RegionKind::Managed { flags: 1 });
+        assert!(r.kind.is_device());
+        assert_eq!(
+            m.alloc_managed(0, 2 << 20, 1, 1 << 20),
+            Err(CUresult::ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            m.alloc_managed(0, 0, 1, 1 << 20),
+            Err(CUresult::ERROR_INVALID_VALUE)
+        );
+        m.free_device(p).unwrap();
+        assert_eq!(m.used_on(0), 0);
+        assert_eq!(m.free_device(p), Err(CUresult::ERROR_INVALID_VALUE));
+        assert_eq!(m.double_frees, 1);
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct Config {
     pub vmm: bool,
     /// Whether devices report memory pools.
     pub mempools: bool,
+    /// Whether devices report managed memory (`cuMemAllocManaged`).
+    pub managed: bool,
 }
 
 impl Default for Config {
@@ -38,6 +40,7 @@ impl Default for Config {
             devices: 1,
             vmm: true,
             mempools: true,
+            managed: true,
         }
     }
 }
@@ -88,6 +91,9 @@ impl State {
         }
         if let Some(v) = var("EMM_STANDIN_MEMPOOLS") {
             st.config.mempools = v != "0";
+        }
+        if let Some(v) = var("EMM_STANDIN_MANAGED") {
+            st.config.managed = v != "0";
         }
         if let Some(n) = var("EMM_STANDIN_NOT_READY").and_then(|v| v.parse().ok()) {
             st.streams.not_ready_after_record = n;

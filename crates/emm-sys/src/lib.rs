@@ -4,7 +4,7 @@
 //! |---|---|
 //! | [`CUresult`] | open `#[must_use]` status newtype: unknown codes stay valid values |
 //! | [`CUcontext`], [`CUstream`], … | handle newtypes |
-//! | [`Driver`] | the function table: required symbols as fn pointers, optional ones (stream-ordered allocator, mempools, VMM) as `Option`s |
+//! | [`Driver`] | the function table: required symbols as fn pointers, optional ones (managed memory, stream-ordered allocator, mempools, VMM) as `Option`s |
 //! | [`Driver::load`], [`Driver::load_from`] | fallible, panic-free loading |
 //! | [`driver`] | the process-wide table, loaded and `cuInit`ed once |
 //! | [`Driver::stand_in`] | the control handle of `emm-standin`, the fault-injecting test driver, when it is loaded |

@@ -201,6 +201,11 @@ impl CUdevice_attribute {
     pub const UNIFIED_ADDRESSING: Self = Self(41);
     pub const COMPUTE_CAPABILITY_MAJOR: Self = Self(75);
     pub const COMPUTE_CAPABILITY_MINOR: Self = Self(76);
+    /// 1 when the device can allocate managed memory (`cuMemAllocManaged`).
+    pub const MANAGED_MEMORY: Self = Self(83);
+    /// 1 when the host and the device may access managed memory at the same time
+    /// (else the host must not touch it while a kernel runs).
+    pub const CONCURRENT_MANAGED_ACCESS: Self = Self(89);
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: Self = Self(102);
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: Self = Self(103);
     pub const MEMORY_POOLS_SUPPORTED: Self = Self(115);
@@ -280,6 +285,19 @@ pub mod host_register {
     pub const IOMEMORY: u32 = 0x4;
     /// The device only reads the range.
     pub const READ_ONLY: u32 = 0x8;
+}
+
+/// `CU_MEM_ATTACH_*` flags of `cuMemAllocManaged` (`CUmemAttach_flags`): exactly
+/// one of [`GLOBAL`](mem_attach::GLOBAL) and [`HOST`](mem_attach::HOST).
+pub mod mem_attach {
+    /// Accessible from any stream on any device.
+    pub const GLOBAL: u32 = 0x1;
+    /// Attached to the host: devices without concurrent managed access must not
+    /// touch it until it is attached to a stream.
+    pub const HOST: u32 = 0x2;
+    /// Attached to one stream (only for `cuStreamAttachMemAsync`, not an
+    /// allocation flag).
+    pub const SINGLE: u32 = 0x4;
 }
 
 /// `CU_STREAM_*` flags of `cuStreamCreateWithPriority`.

@@ -128,6 +128,14 @@ fn attributes_and_flags_match() {
         A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as i32
     );
     assert_eq!(
+        CUdevice_attribute::MANAGED_MEMORY.0,
+        A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY as i32
+    );
+    assert_eq!(
+        CUdevice_attribute::CONCURRENT_MANAGED_ACCESS.0,
+        A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS as i32
+    );
+    assert_eq!(
         CUdevice_attribute::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.0,
         A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED as i32
     );
@@ -204,6 +212,10 @@ fn attributes_and_flags_match() {
         event_flags::INTERPROCESS,
         c::CUevent_flags_enum::CU_EVENT_INTERPROCESS as u32
     );
+    use c::CUmemAttach_flags_enum as M;
+    assert_eq!(mem_attach::GLOBAL, M::CU_MEM_ATTACH_GLOBAL as u32);
+    assert_eq!(mem_attach::HOST, M::CU_MEM_ATTACH_HOST as u32);
+    assert_eq!(mem_attach::SINGLE, M::CU_MEM_ATTACH_SINGLE as u32);
     assert_eq!(
         CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
         c::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
-    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, MemoryInfo,
-    MemoryManager, Result,
+    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, ManagedAttach,
+    ManagedMemory, ManagedStats, MemoryInfo, MemoryManager, Result,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -125,6 +125,13 @@ impl MemoryManager for RecordingManager {
     }
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
         self.inner.memhostalloc(size, flags)
+    }
+    /// Forwarded, not recorded: traces hold device memory only.
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        self.inner.memallocmanaged(size, attach)
+    }
+    fn managed_stats(&self) -> ManagedStats {
+        self.inner.managed_stats()
     }
     unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
         // SAFETY: forwarded to the caller.

@@ -604,8 +604,17 @@ fn pool_drop_destroys_its_events_on_a_live_thread() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: usize, stream: usize },
+    Alloc {
+        size: usize,
+        stream: usize,
+    },
     Free(usize),
+    /// Managed memory: passed through to the driver, beside the pool's blocks.
+    Managed {
+        size: usize,
+        global: bool,
+    },
+    FreeManaged(usize),
     Trim,
     NotReady(u64),
     FailNextGrowth,
@@ -617,6 +626,8 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         6 => (prop_oneof![1usize..4096, 4096usize..(2 << 20), (2usize << 20)..(48 << 20)], 0usize..3)
             .prop_map(|(size, stream)| Op::Alloc { size, stream }),
         4 => any::<usize>().prop_map(Op::Free),
+        1 => (1usize..(3 << 20), any::<bool>()).prop_map(|(size, global)| Op::Managed { size, global }),
+        1 => any::<usize>().prop_map(Op::FreeManaged),
         1 => Just(Op::Trim),
         1 => (0u64..4).prop_map(Op::NotReady),
         1 => Just(Op::FailNextGrowth),
@@ -662,6 +673,7 @@ proptest::proptest! {
             let pool = PoolManager::new(&f.ctx).unwrap();
             let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&f.ctx).unwrap()).collect();
             let mut live: Vec<(emm::DeviceAllocation, Vec<u8>)> = Vec::new();
+            let mut managed: Vec<(emm_core::ManagedMemory, Vec<u8>)> = Vec::new();
             for (i, op) in ops.iter().enumerate() {
                 match op {
                     Op::Alloc { size, stream } => match pool.memalloc_async(*size, streams[*stream].raw()) {
@@ -677,6 +689,22 @@ proptest::proptest! {
                         verify(&f.ctx, a.ptr(), a.size(), &data)?;
                     }
                     Op::Free(_) => {}
+                    Op::Managed { size, global } => {
+                        let attach = emm_core::ManagedAttach::from_global(*global);
+                        match pool.memallocmanaged(*size, attach) {
+                            Ok(a) => {
+                                let data = stamp(&f.ctx, a.ptr(), a.size(), i as u8);
+                                managed.push((a, data));
+                            }
+                            Err(e) if e.is_out_of_memory() => {}
+                            Err(e) => return Err(format!("op {i} {op:?}: {e}")),
+                        }
+                    }
+                    Op::FreeManaged(k) if !managed.is_empty() => {
+                        let (a, data) = managed.swap_remove(k % managed.len());
+                        verify(&f.ctx, a.ptr(), a.size(), &data)?;
+                    }
+                    Op::FreeManaged(_) => {}
                     Op::Trim => {
                         pool.trim();
                     }
@@ -684,7 +712,7 @@ proptest::proptest! {
                         f.s.control(&format!("not_ready {n}")).unwrap();
                     }
                     Op::FailNextGrowth => {
-                        for function in ["cuMemCreate", "cuMemAlloc_v2"] {
+                        for function in ["cuMemCreate", "cuMemAlloc_v2", "cuMemAllocManaged"] {
                             f.s.fail_nth(function, 1, oom()).unwrap();
                         }
                     }
@@ -694,11 +722,26 @@ proptest::proptest! {
             for (a, data) in &live {
                 verify(&f.ctx, a.ptr(), a.size(), data)?;
             }
+            for (a, data) in &managed {
+                verify(&f.ctx, a.ptr(), a.size(), data)?;
+            }
             drop(live);
             f.s.reset().unwrap();
             let stats = pool.stats();
             if stats.allocated_bytes != 0 {
-                return Err(format!("allocated_bytes {} with nothing live", stats.allocated_bytes));
+                return Err(format!(
+                    "allocated_bytes {} with no device block live ({} managed allocations are, counted apart)",
+                    stats.allocated_bytes,
+                    managed.len()
+                ));
+            }
+            let held: usize = managed.iter().map(|(a, _)| a.size()).sum();
+            if pool.managed_stats().allocated_bytes != held {
+                return Err(format!("managed stats {:?} with {held} bytes held", pool.managed_stats()));
+            }
+            drop(managed);
+            if pool.managed_stats().live != 0 {
+                return Err(format!("managed stats {:?} with nothing held", pool.managed_stats()));
             }
             pool.trim();
             drop(streams);

@@ -96,8 +96,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     call("cuDeviceGetAttribute", |st| {
         let o = check_device(st, d)?;
-        let x = context::attribute(a, o, st.config.vmm, st.config.mempools)
-            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        let x = context::attribute(a, o, &st.config).ok_or(CUresult::ERROR_INVALID_VALUE)?;
         // SAFETY: forwarded to the caller.
         unsafe { put(v, x) }
     })

@@ -2,7 +2,9 @@
 
 use core::ffi::{c_uint, c_void};
 
-use emm_sys::{memory_type, CUdeviceptr, CUipcMemHandle, CUpointer_attribute as P, CUresult};
+use emm_sys::{
+    mem_attach, memory_type, CUdeviceptr, CUipcMemHandle, CUpointer_attribute as P, CUresult,
+};
 
 use crate::context::ctx_handle;
 use crate::memory::RegionKind;
@@ -32,7 +34,36 @@ pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) -> CUre
     })
 }
 
-/// `cuMemFree_v2`: a pointer not from `cuMemAlloc` (or freed already) is
+/// `cuMemAllocManaged`: a fresh host mapping (host and device memory at one
+/// address), charged against the capacity like `cuMemAlloc`. `flags` must be
+/// exactly `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST` (else
+/// `CUDA_ERROR_INVALID_VALUE`, as the driver does); a device made to report no
+/// managed memory (`managed 0`) answers `CUDA_ERROR_NOT_SUPPORTED`.
+///
+/// # Safety
+/// See [the module docs](crate::exports).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    p: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    call("cuMemAllocManaged", |st| {
+        let d = device(st)?;
+        if p.is_null() || (flags != mem_attach::GLOBAL && flags != mem_attach::HOST) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        if !st.config.managed {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
+        let cap = st.config.capacity;
+        let ptr = st.mem.alloc_managed(d, size, flags, cap)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { put(p, ptr) }
+    })
+}
+
+/// `cuMemFree_v2`: a pointer not from `cuMemAlloc` or `cuMemAllocManaged` (or freed already) is
 /// `CUDA_ERROR_INVALID_VALUE` and counted (`double_frees`, `invalid_frees`).
 ///
 /// # Safety
@@ -158,8 +189,9 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     })
 }
 
-/// `cuPointerGetAttribute`: context, memory type, device and host pointer,
-/// managed, ordinal, range start and size, mapped, mempool handle. 32-bit
+/// `cuPointerGetAttribute`: context, memory type (managed memory is device
+/// memory, as the driver says; `IS_MANAGED` tells it apart), device and host
+/// pointer (both for managed memory), managed, ordinal, range start and size, mapped, mempool handle. 32-bit
 /// attributes write 4 bytes, pointers and sizes 8.
 ///
 /// # Safety
@@ -169,6 +201,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(v: *mut c_void, a: P, ptr: CUdevi
     call("cuPointerGetAttribute", |st| {
         let (base, r) = st.mem.find(ptr).ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let dev = r.kind.is_device();
+        let managed = matches!(r.kind, RegionKind::Managed { .. });
         // SAFETY: forwarded to the caller; each write has the attribute's C type.
         unsafe {
             match a {
@@ -182,8 +215,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(v: *mut c_void, a: P, ptr: CUdevi
                     },
                 ),
                 P::DEVICE_POINTER => put(v.cast::<u64>(), ptr),
-                P::HOST_POINTER if !dev => put(v.cast::<u64>(), ptr),
-                P::IS_MANAGED => put(v.cast::<u32>(), 0),
+                P::HOST_POINTER if !dev || managed => put(v.cast::<u64>(), ptr),
+                P::IS_MANAGED => put(v.cast::<u32>(), u32::from(managed)),
                 P::DEVICE_ORDINAL => put(v.cast::<i32>(), r.device),
                 P::RANGE_START_ADDR => put(v.cast::<u64>(), base),
                 P::RANGE_SIZE => put(v.cast::<usize>(), r.size),

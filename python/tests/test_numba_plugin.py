@@ -1,0 +1,134 @@
+"""The Numba plugin's managed memory (``memallocmanaged``) where Numba is installed,
+without a GPU: the plugin runs over emm's library on the stand-in driver (whose
+device memory is host memory), and Numba's own ``ManagedMemory`` objects are built
+around emm's addresses without Numba's driver being initialised. What Numba does
+on a GPU with them (``cuda.managed_array``, kernels, its own tests) is
+``python/gpu/managed_check.sh``'s part.
+"""
+
+import ctypes
+import gc
+import logging
+
+import pytest
+
+from conftest import HAS_GPU, ON_STANDIN
+
+pytestmark = [
+    pytest.mark.standin,
+    pytest.mark.skipif(not ON_STANDIN or HAS_GPU,
+                       reason="builds Numba's pointer objects around stand-in memory without Numba's driver"),
+]
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("numba.cuda")
+
+import emm  # noqa: E402
+import emm.numba_plugin as plugin  # noqa: E402
+from numba.cuda.cudadrv import driver as numba_driver  # noqa: E402
+from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer  # noqa: E402
+
+
+class _Device:
+    id = 0
+
+
+class _Context:
+    """What the plugin reads of Numba's context: the device (and a weak reference)."""
+
+    device = _Device()
+
+
+@pytest.fixture
+def mm(monkeypatch):
+    # Numba's driver sets its module logger when it initialises (before any
+    # memory manager exists); its pending-deallocation queue logs through it.
+    monkeypatch.setattr(numba_driver, "_logger", logging.getLogger("numba.cuda.cudadrv.driver"),
+                        raising=False)
+    ctx = _Context()
+    m = plugin.EmmNumbaManager(context=ctx)
+    m.initialize()
+    yield m
+    m.reset()
+
+
+def _managed_bytes():
+    with emm.Manager(None, 0) as m:
+        return m.memory_stats()["emm.managed_bytes.current"]
+
+
+def test_memallocmanaged_gives_numbas_managed_memory_over_emm(mm):
+    base = _managed_bytes()
+    n = 1000
+    buf = mm.memallocmanaged(n * 8, True)
+    assert isinstance(buf, ManagedOwnedPointer)
+    assert isinstance(buf._mem, ManagedMemory)
+    ptr = int(buf.device_ctypes_pointer.value)
+    assert ptr and ptr % 256 == 0
+    assert ptr in mm.allocations
+    assert _managed_bytes() == base + n * 8
+    # cuda.managed_array's way: an ndarray over the buffer. The host writes through
+    # it and the bytes are at emm's address (the stand-in's memory is the host's).
+    ary = np.ndarray(shape=n, dtype=np.float64, buffer=buf)
+    ary[:] = np.arange(n) * 0.5
+    assert (ctypes.c_double * n).from_address(ptr)[999] == 499.5
+    del ary, buf
+    gc.collect()
+    assert ptr not in mm.allocations
+    assert _managed_bytes() == base
+
+
+def test_host_attached_memory_and_many_allocations(mm):
+    base = _managed_bytes()
+    bufs = [mm.memallocmanaged(4096 + i, bool(i % 2)) for i in range(20)]
+    ptrs = {int(b.device_ctypes_pointer.value) for b in bufs}
+    assert len(ptrs) == 20
+    assert _managed_bytes() == base + sum(4096 + i for i in range(20))
+    del bufs
+    gc.collect()
+    assert _managed_bytes() == base
+
+
+def test_defer_cleanup_holds_managed_frees_back(mm):
+    base = _managed_bytes()
+    with mm.defer_cleanup():
+        buf = mm.memallocmanaged(1 << 16, True)
+        del buf
+        gc.collect()
+        assert _managed_bytes() == base + (1 << 16), "freed inside defer_cleanup"
+    # Numba's queue frees on its next flush, as for its own memory.
+    mm.deallocations.clear()
+    assert _managed_bytes() == base
+
+
+def test_reset_frees_what_callers_still_hold(mm):
+    base = _managed_bytes()
+    buf = mm.memallocmanaged(1 << 12, True)
+    assert _managed_bytes() == base + (1 << 12)
+    mm.reset()
+    assert _managed_bytes() == base
+    assert not mm.allocations
+    with pytest.raises(ReferenceError):
+        buf._mem.size  # the memory object is gone, as with Numba's own reset
+    del buf
+    gc.collect()
+    assert _managed_bytes() == base
+
+
+def test_zero_bytes_allocate_nothing(mm):
+    base = _managed_bytes()
+    buf = mm.memallocmanaged(0, True)
+    assert isinstance(buf, ManagedOwnedPointer)
+    assert buf.size == 0 and int(buf.device_ctypes_pointer.value or 0) == 0
+    assert not mm.allocations
+    del buf
+    gc.collect()
+    assert _managed_bytes() == base
+
+
+def test_out_of_memory_reaches_numba_as_emms_error(mm):
+    with emm.Manager(None, 0) as m:
+        _, total = m.memory_info()
+    with pytest.raises(emm.OutOfMemoryError):
+        mm.memallocmanaged(total + (1 << 30), True)
+    assert not mm.allocations
