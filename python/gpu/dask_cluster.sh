@@ -17,6 +17,9 @@ SITE=/tmp/site
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export EMM_LIBRARY=$ROOT/gpu-bundle/lib/libemm_capi.so
 wheels=(.whl/dask/*.whl)
+# numba-cuda 0.30 fails to import under the image's NumPy 2.5 (np.row_stack): NumPy
+# 2.3 from .whl/np (../shared/peers/wheels.sh) when it was carried.
+compgen -G ".whl/np/numpy-*.whl" > /dev/null && wheels+=(.whl/np/numpy-*.whl)
 [ -d .whl/rmm ] && wheels+=(.whl/rmm/*.whl)
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $SITE "${wheels[@]}" \
   > $OUT/pip.txt 2>&1 || { echo "pip install of the wheels failed:"; cat $OUT/pip.txt; exit 1; }
