@@ -453,6 +453,8 @@ fn two_gpus_one_manager_each_and_staged_ipc() {
     router.register("default", |c: &Context| -> Result<Arc<dyn MemoryManager>> {
         Ok(Arc::new(DefaultManager::new(c)?))
     });
+    // The process default is `pool`, which this crate's router does not know.
+    router.set_memory_manager("default").unwrap();
     let c0 = Context::on_device(0).unwrap();
     let c1 = Context::on_device(1).unwrap();
     let m0 = router.manager(&c0).unwrap();
