@@ -36,6 +36,26 @@ def check(name, cond, detail=""):
     print(f"  ok  {name}")
 
 
+def check_defer_cleanup(ctx, mgr, base, alloc):
+    """defer_cleanup holds a managed free back; the memory manager's queue frees it
+    on its next flush. ``cuda.defer_cleanup()`` is ``ctx.defer_cleanup()``; ``alloc(n)``
+    gives ``n`` bytes of managed memory. (python/tests/test_numba_plugin.py runs this
+    on the stand-in driver.)
+
+    Memory frees (Numba's ``_alloc_finalizer``, the plugin's ``_managed_finalizer``)
+    are queued on ``ctx.memory_manager.deallocations``, the queue Numba's own
+    test_deallocations flushes for memory. ``ctx.deallocations`` is another queue,
+    the context's (streams, events, modules): flushing it frees no memory, with
+    Numba's own manager either."""
+    with ctx.defer_cleanup():
+        held = alloc(1 << 16)
+        del held
+        gc.collect()
+        check("not freed inside defer_cleanup", managed_bytes(mgr) == base + (1 << 16))
+    ctx.memory_manager.deallocations.clear()
+    check("freed after defer_cleanup", managed_bytes(mgr) == base, managed_bytes(mgr))
+
+
 def main():
     ctx = cuda.current_context()
     plugin = ctx.memory_manager
@@ -84,14 +104,7 @@ def main():
     gc.collect()
     check("memallocmanaged memory freed", managed_bytes(mgr) == base)
 
-    # defer_cleanup holds the free back; Numba's queue frees it on its next flush.
-    with cuda.defer_cleanup():
-        held = cuda.managed_array(1 << 16, dtype=np.uint8)
-        del held
-        gc.collect()
-        check("not freed inside defer_cleanup", managed_bytes(mgr) == base + (1 << 16))
-    ctx.deallocations.clear()
-    check("freed after defer_cleanup", managed_bytes(mgr) == base)
+    check_defer_cleanup(ctx, mgr, base, lambda n: cuda.managed_array(n, dtype=np.uint8))
 
     # reset frees what callers still hold (as Numba's own reset does).
     kept = cuda.managed_array(4096, dtype=np.uint8)

@@ -3,12 +3,14 @@ without a GPU: the plugin runs over emm's library on the stand-in driver (whose
 device memory is host memory), and Numba's own ``ManagedMemory`` objects are built
 around emm's addresses without Numba's driver being initialised. What Numba does
 on a GPU with them (``cuda.managed_array``, kernels, its own tests) is
-``python/gpu/managed_check.sh``'s part.
+``python/gpu/managed_check.py``'s part (run by ``python/gpu/managed_suite.sh``).
 """
 
 import ctypes
 import gc
+import importlib.util
 import logging
+import pathlib
 
 import pytest
 
@@ -99,6 +101,38 @@ def test_defer_cleanup_holds_managed_frees_back(mm):
     # Numba's queue frees on its next flush, as for its own memory.
     mm.deallocations.clear()
     assert _managed_bytes() == base
+
+
+class _NumbaContext(_Context):
+    """Numba's ``Context`` as far as ``defer_cleanup`` goes: its own queue
+    (``deallocations``, for streams, events and modules), the memory manager's
+    ``defer_cleanup`` entered around it, and ``memallocmanaged``, all Numba's code."""
+
+    defer_cleanup = numba_driver.Context.defer_cleanup
+    memallocmanaged = numba_driver.Context.memallocmanaged
+
+    def __init__(self):
+        self.deallocations = numba_driver._PendingDeallocs()
+        self.memory_manager = plugin.EmmNumbaManager(context=self)
+        self.memory_manager.initialize()
+
+
+def test_gpu_checks_defer_cleanup_flushes_the_queue_that_holds_the_free(mm):
+    # python/gpu/managed_check.py's defer_cleanup check, run here: it once flushed
+    # the context's queue (ctx.deallocations), which holds no memory frees (nor
+    # with Numba's own manager), and failed on an H200 for every emm manager.
+    path = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "managed_check.py"
+    spec = importlib.util.spec_from_file_location("managed_check", path)
+    managed_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(managed_check)
+    ctx = _NumbaContext()
+    try:
+        with emm.Manager(None, 0) as m:
+            base = m.memory_stats()["emm.managed_bytes.current"]
+            managed_check.check_defer_cleanup(ctx, m, base, ctx.memallocmanaged)
+        assert len(ctx.memory_manager.deallocations) == 0
+    finally:
+        ctx.memory_manager.reset()  # what a failure leaves queued, for the next tests
 
 
 def test_reset_frees_what_callers_still_hold(mm):
