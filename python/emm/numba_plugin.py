@@ -42,7 +42,7 @@ from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo,
 from numba.cuda.cudadrv import driver as _driver  # noqa: E402
 from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer  # noqa: E402
 
-from ._lib import Manager  # noqa: E402
+from ._lib import Manager, OutOfMemoryError  # noqa: E402
 
 
 # The pointer type MemoryPointer keeps: the NVIDIA binding's CUdeviceptr where this
@@ -140,7 +140,14 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if emm is None:
             self.initialize()
             emm = self._emm
-        ptr = emm.alloc_managed(size, attach_global=attach_global)
+        try:
+            ptr = emm.alloc_managed(size, attach_global=attach_global)
+        except OutOfMemoryError:
+            # As Numba's own managers do (`_attempt_allocation`): run the frees its
+            # queue still holds (clear() runs none under defer_cleanup), then try
+            # once more.
+            self.deallocations.clear()
+            ptr = emm.alloc_managed(size, attach_global=attach_global)
         ctx = weakref.proxy(self.context)
         if not ptr:
             # Zero bytes: nothing to free and nothing to track; the owned pointer

@@ -166,3 +166,33 @@ def test_out_of_memory_reaches_numba_as_emms_error(mm):
     with pytest.raises(emm.OutOfMemoryError):
         mm.memallocmanaged(total + (1 << 30), True)
     assert not mm.allocations
+
+
+def test_out_of_memory_runs_numbas_queued_frees_and_retries_once(mm, monkeypatch):
+    """As Numba's own managers do: a managed allocation that runs out of memory runs
+    the frees Numba's queue holds, then tries once more; a second failure raises."""
+    calls, cleared = [], []
+    real = mm._emm.alloc_managed
+
+    def flaky(size, attach_global=True):
+        calls.append(size)
+        if len(calls) == 1:
+            raise emm.OutOfMemoryError("full", size, 0, 0)
+        return real(size, attach_global=attach_global)
+
+    monkeypatch.setattr(mm._emm, "alloc_managed", flaky)
+    monkeypatch.setattr(mm.deallocations, "clear", lambda: cleared.append(1))
+    p = mm.memallocmanaged(4096, True)
+    assert calls == [4096, 4096] and cleared == [1]
+    assert p.device_ctypes_pointer.value
+    del p
+    gc.collect()
+    cleared.clear()  # the free went to Numba's queue, which may flush it
+
+    def full(size, attach_global=True):
+        raise emm.OutOfMemoryError("full", size, 0, 0)
+
+    monkeypatch.setattr(mm._emm, "alloc_managed", full)
+    with pytest.raises(emm.OutOfMemoryError):
+        mm.memallocmanaged(4096, True)
+    assert cleared == [1]
