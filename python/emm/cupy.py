@@ -159,6 +159,14 @@ def _current_stream_function() -> Optional[int]:
 def _c_allocator(cupy: Any) -> Any:
     """CuPy's ``CFunctionAllocator`` over emm's C functions, or a string saying why
     it cannot be used."""
+    try:
+        return _c_allocator_or_reason(cupy)
+    except (OSError, AttributeError, TypeError, ValueError) as e:
+        # No CPython symbols to reach (libpython loaded privately), another CuPy.
+        return f"{type(e).__name__}: {e}"
+
+
+def _c_allocator_or_reason(cupy: Any) -> Any:
     memory = cupy.cuda.memory
     cfa = getattr(memory, "CFunctionAllocator", None)
     cfm = getattr(memory, "CFunctionAllocatorMemory", None)
@@ -173,7 +181,15 @@ def _c_allocator(cupy: Any) -> Any:
     vp = ctypes.c_void_p
     lib.emm_cupy_set_hooks.argtypes = [vp, vp, vp, vp]
     lib.emm_cupy_set_hooks.restype = ctypes.c_int
-    raise_fn = ctypes.cast(ctypes.PyDLL(None).PyErr_SetString, vp).value
+    api = ctypes.PyDLL(None)
+    raise_fn = ctypes.cast(api.PyErr_SetString, vp).value
+    # The library keeps the two classes' addresses for the life of the process: one
+    # reference each that is never given back, so a reload of this module or the
+    # interpreter's teardown cannot free them under it.
+    api.Py_IncRef.argtypes = [ctypes.py_object]
+    api.Py_IncRef.restype = None
+    for cls in (_COutOfMemoryError, _CError):
+        api.Py_IncRef(cls)
     status = lib.emm_cupy_set_hooks(stream_fn, raise_fn, id(_COutOfMemoryError), id(_CError))
     if status != EMM_OK:
         return f"emm_cupy_set_hooks failed ({status})"

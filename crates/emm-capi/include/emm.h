@@ -462,7 +462,14 @@ emm_status emm_cupy_set_hooks(emm_stream_fn current_stream,
  * bytes on `device`, ordered on CuPy's current stream. `param` is unused. Called by
  * CuPy with the GIL held. On failure returns `EMM_CUPY_FAILED` (-1 as an address)
  * with a Python exception set (out of memory: the `oom_type` of
- * `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then).
+ * `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then:
+ * only the Python bindings install this function, after setting the hooks).
+ *
+ * The GIL stays held for the whole allocation, as around CuPy's own pool: the
+ * pool's out-of-memory ladder synchronizes the device, so a pending host callback
+ * on a stream that needs the GIL (`Stream.launch_host_func` with a Python
+ * function) would wait on it; CuPy's `cudaFree` under its own pool has the same
+ * hazard.
  */
 void *emm_cupy_malloc(void *param, size_t size, int device);
 

@@ -17,7 +17,7 @@ use emm_sys::CUstream;
 
 use crate::{
     emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
-    EMM_ERR_DRIVER, EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
+    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
 };
 
 /// One device's manager and the allocations handed out by address.
@@ -47,34 +47,40 @@ impl std::hash::Hasher for AddrHasher {
 
 const LIVE_DEVICES: usize = 64;
 
-/// The device's state, created on first use; `None` (with the error recorded for
-/// `emm_last_error`) for a device outside `0..64` or when no manager can be made.
-fn live_device(device: c_int) -> Option<&'static LiveDevice> {
-    static DEVICES: [OnceLock<Option<LiveDevice>>; LIVE_DEVICES] =
+/// The device's state, created on first use, or the status of why it cannot be
+/// (recorded again for `emm_last_error` at every call, as each caller needs it): a
+/// device outside `0..64`, or no manager could be made.
+fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
+    static DEVICES: [OnceLock<Result<LiveDevice, (emm_status, String)>>; LIVE_DEVICES] =
         [const { OnceLock::new() }; LIVE_DEVICES];
     let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
-        invalid(format!("device {device} is outside 0..{LIVE_DEVICES}"));
-        return None;
+        return Err(invalid(format!(
+            "device {device} is outside 0..{LIVE_DEVICES}"
+        )));
     };
-    slot.get_or_init(|| match manager_for(None, device) {
-        Ok((manager, _)) => Some(LiveDevice {
+    let state = slot.get_or_init(|| match manager_for(None, device) {
+        Ok((manager, _)) => Ok(LiveDevice {
             manager,
             live: Mutex::new(HashMap::default()),
         }),
         Err(e) => {
-            fail(e);
-            None
+            let code = fail(e);
+            let msg = LAST_ERROR
+                .try_with(|e| e.borrow().1.clone())
+                .unwrap_or_default();
+            Err((code, msg))
         }
-    })
-    .as_ref()
+    });
+    match state {
+        Ok(d) => Ok(d),
+        Err((code, msg)) => Err(crate::set_error(*code, msg.clone())),
+    }
 }
 
 /// Allocates `size` bytes on `device` ordered on `stream` and remembers the
 /// allocation by address; the address (0 for size 0), or the status of the failure.
 fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
-    let Some(d) = live_device(device) else {
-        return Err(EMM_ERR_DRIVER);
-    };
+    let d = live_device(device)?;
     match emm_core::alloc_from(d.manager.as_ref(), size, stream) {
         Ok(a) => {
             let ptr = a.ptr();
@@ -90,8 +96,9 @@ fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_s
 /// Frees an allocation of `live_alloc` by address: ordered on `stream`, or on the
 /// stream it was allocated on when `stream` is `None`.
 fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> emm_status {
-    let Some(d) = live_device(device) else {
-        return EMM_ERR_DRIVER;
+    let d = match live_device(device) {
+        Ok(d) => d,
+        Err(code) => return code,
     };
     // The lock is released before the allocation is dropped (freed).
     let found = lock(&d.live).remove(&ptr);
@@ -218,7 +225,14 @@ pub extern "C" fn emm_cupy_set_hooks(
 /// bytes on `device`, ordered on CuPy's current stream. `param` is unused. Called by
 /// CuPy with the GIL held. On failure returns `EMM_CUPY_FAILED` (-1 as an address)
 /// with a Python exception set (out of memory: the `oom_type` of
-/// `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then).
+/// `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then:
+/// only the Python bindings install this function, after setting the hooks).
+///
+/// The GIL stays held for the whole allocation, as around CuPy's own pool: the
+/// pool's out-of-memory ladder synchronizes the device, so a pending host callback
+/// on a stream that needs the GIL (`Stream.launch_host_func` with a Python
+/// function) would wait on it; CuPy's `cudaFree` under its own pool has the same
+/// hazard.
 #[no_mangle]
 pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
     let _ = param;

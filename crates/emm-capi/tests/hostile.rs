@@ -533,9 +533,19 @@ mod standin {
             assert!(s == EMM_ERR_OUT_OF_MEMORY || s == inv, "{s}");
             case("torch alloc isize::MAX", s, s);
             assert!(emm_torch_alloc(16, -1, null_mut()).is_null());
-            assert_ne!(emm_last_error_code(), EMM_OK);
+            case("torch alloc device -1", emm_last_error_code(), inv);
             assert!(emm_torch_alloc(16, 1 << 20, null_mut()).is_null());
-            assert_ne!(emm_last_error_code(), EMM_OK);
+            case("torch alloc device 2^20", emm_last_error_code(), inv);
+            // A device in range that has no manager (the stand-in has one device):
+            // every call says why, not only the first.
+            for round in 0..2 {
+                assert!(emm_torch_alloc(16, 7, null_mut()).is_null());
+                let s = emm_last_error_code();
+                assert!(s != EMM_OK && s != inv, "round {round}: {s}");
+                case(&format!("torch alloc device 7, round {round}"), s, s);
+                // Another failure in between must not leak into the next report.
+                emm_torch_free(0x10 as *mut c_void, 16, 0, null_mut());
+            }
             emm_torch_free(0x10 as *mut c_void, 16, 0, null_mut());
             case("torch free foreign", emm_last_error_code(), inv);
             cupy_cases(inv);

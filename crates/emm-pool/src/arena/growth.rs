@@ -123,7 +123,8 @@ impl Arena {
         // pages for a small growth, up to 8 pages a piece for a large one (a piece
         // is one driver call to map, and one to move). All of it in one
         // `map_pieces` call: the driver grants access once over the whole range.
-        let plan = self.hole_pieces(base, end - tail_free as u64, grow, stream);
+        // The last piece may pass `grow`, but never the reservation's end.
+        let plan = self.hole_pieces(base, end - tail_free as u64, grow, reserve - mapped, stream);
         let movable: Vec<(Option<CUdeviceptr>, usize)> = plan
             .iter()
             .flat_map(|h| {
@@ -148,11 +149,20 @@ impl Arena {
         // Pieces moved: those of the first call that were moves (a fallback below
         // maps only new memory).
         let moved_pieces = mapped.min(movable.len());
+        let mut over_limit = over_limit;
         if result.is_err() && mapped < movable.len() && over_limit.is_none() {
             // Moving a piece failed: new memory for what is missing (within the limit).
+            if let Err(e) = &result {
+                tracing::warn!(error = %e, "moving a piece of the expandable segment failed; mapping new memory instead");
+            }
             let have: usize = pieces[..mapped].iter().map(|p| p.1).sum();
             let want = grow.saturating_sub(have);
-            if self.limit.is_none_or(|l| self.stats.reserved + want <= l) {
+            let limit = self.limit.filter(|&l| self.stats.reserved + want > l);
+            if limit.is_some() {
+                // Out of memory under the byte limit, not the move's error.
+                over_limit = limit;
+                result = Ok(());
+            } else {
                 let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page)
                     .into_iter()
                     .map(|len| (None, len))
@@ -238,15 +248,16 @@ impl Arena {
         self.insert_free(end, grown, base, stream);
     }
 
-    /// The whole pieces, up to `want` bytes (the last may pass it), lying in free
-    /// blocks of `stream` (or settled) of the expandable segment below `below`: the
-    /// pieces growth moves. Pieces tile the segment in address order, so those of
+    /// The whole pieces, up to `want` bytes (the last may pass it, never `cap` in
+    /// all), lying in free blocks of `stream` (or settled) of the expandable segment
+    /// below `below`: the pieces growth moves. Pieces tile the segment in address order, so those of
     /// one block are a contiguous run.
     fn hole_pieces(
         &self,
         base: CUdeviceptr,
         below: CUdeviceptr,
         want: usize,
+        cap: usize,
         stream: StreamKey,
     ) -> Vec<HolePieces> {
         let mut plan = Vec::new();
@@ -258,6 +269,7 @@ impl Arena {
             return plan;
         };
         let mut left = want;
+        let mut taken = 0usize;
         if below <= base {
             return plan;
         }
@@ -274,12 +286,13 @@ impl Arena {
             let mut run = Vec::new();
             let mut first = None;
             while let Some(&(off, len)) = pieces.get(i) {
-                if off + len > hi || left == 0 {
+                if off + len > hi || left == 0 || taken + len > cap {
                     break;
                 }
                 first.get_or_insert(off);
                 run.push(len);
                 left = left.saturating_sub(len);
+                taken += len;
                 i += 1;
             }
             if let Some(first) = first {
