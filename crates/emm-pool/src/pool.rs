@@ -163,6 +163,9 @@ pub struct PoolStats {
     /// Per-stream entries visited by scans over streams: grows linearly with the
     /// number of streams a program uses (a test asserts it).
     pub scan_steps: usize,
+    /// Synchronizations made to give back wholly free large segments instead of
+    /// growing (without the expandable segment; `SegmentPolicy::tight_percent`).
+    pub tightenings: usize,
     /// Pieces of the expandable segment mapped with new memory (one driver call each).
     pub pieces_mapped: usize,
     /// Pieces of the expandable segment whose memory moved to its end (mapped again
@@ -794,6 +797,13 @@ impl PoolManager {
                 });
             }
         }
+        if let Some(p) = seg.tight_percent.filter(|&p| p < 100) {
+            return Err(EmmError::InvalidConfig {
+                name: "segments.tight_percent".into(),
+                value: p.to_string(),
+                reason: "a percentage of live bytes of at least 100 (or None: never)".into(),
+            });
+        }
         let defer = DeferState::new();
         type Parts = (
             Box<dyn Upstream>,
@@ -932,6 +942,7 @@ impl PoolManager {
             device_syncs: a.device_syncs,
             misses: a.misses,
             scan_steps: a.scan_steps,
+            tightenings: a.tightenings,
             pieces_mapped: a.pieces_mapped,
             pieces_moved: a.pieces_moved,
         }

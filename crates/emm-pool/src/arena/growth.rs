@@ -6,6 +6,7 @@ use emm_sys::CUdeviceptr;
 use emm_core::TraceAction;
 
 use super::*;
+use crate::events::EventSource;
 
 impl Arena {
     pub(super) fn grow(
@@ -512,10 +513,66 @@ impl Arena {
 
     /// Gives every wholly free segment back to the upstream; returns bytes released.
     pub fn release_free_segments(&mut self, source: &dyn SegmentSource) -> usize {
+        let released = self.release_whole_segments(source, None);
+        let whole = self.reset_expandable(source);
+        released
+            + if whole > 0 {
+                whole
+            } else {
+                self.shrink_expandable(source)
+            }
+    }
+
+    /// Without the expandable segment (no virtual memory, or turned off for IPC), a
+    /// large request that would take a new segment while the pool already reserves
+    /// more than `tight_percent` % of what is live plus the request first waits for
+    /// the device (one synchronization), reuses what then fits, and otherwise gives
+    /// back the wholly free large segments, so exact-size segments of past shapes
+    /// do not pile up. Returns the block when one fits after the wait.
+    pub(super) fn tighten(
+        &mut self,
+        size: usize,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+    ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
+        let Some(percent) = self.policy.tight_percent else {
+            return Ok(None);
+        };
+        let seg = self.policy.segment_for(size, Kind::Large);
+        let bound = (self.stats.live + size) as u128 * u128::from(percent) / 100;
+        if ((self.stats.reserved + seg) as u128) <= bound || self.whole_free_bytes(Kind::Large) == 0
+        {
+            return Ok(None);
+        }
+        self.stats.tightenings += 1;
+        self.consolidate(events)?;
+        if let Some(a) = self.take_fit(size, Kind::Large, SETTLED) {
+            self.stats.hits += 1;
+            return Ok(Some(self.finish(a, size)));
+        }
+        self.release_whole_segments(source, Some(Kind::Large));
+        Ok(None)
+    }
+
+    /// Bytes of the wholly free segments of `kind` (not the expandable one).
+    fn whole_free_bytes(&self, kind: Kind) -> usize {
+        self.segments
+            .iter()
+            .filter(|(_, seg)| seg.expandable.is_none() && seg.kind == kind)
+            .filter(|(&base, seg)| {
+                matches!(self.blocks.get(&base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
+            })
+            .map(|(_, seg)| seg.size)
+            .sum()
+    }
+
+    /// Gives back the wholly free segments (of `only` kind, when given), not the
+    /// expandable one; returns the bytes released.
+    fn release_whole_segments(&mut self, source: &dyn SegmentSource, only: Option<Kind>) -> usize {
         let whole: Vec<(CUdeviceptr, usize, StreamKey, Kind)> = self
             .segments
             .iter()
-            .filter(|(_, seg)| seg.expandable.is_none())
+            .filter(|(_, seg)| seg.expandable.is_none() && only.is_none_or(|k| seg.kind == k))
             .filter_map(|(&base, seg)| match self.blocks.get(&base) {
                 Some(b) if b.size == seg.size => match b.state {
                     State::Free(s) => Some((base, seg.size, s, seg.kind)),
@@ -540,13 +597,7 @@ impl Arena {
                 .push(TraceAction::SegmentFree, base, size, stream_id(stream));
             released += size;
         }
-        let whole = self.reset_expandable(source);
         released
-            + if whole > 0 {
-                whole
-            } else {
-                self.shrink_expandable(source)
-            }
     }
 
     /// Every segment, for reset: `(base, size)`.

@@ -130,6 +130,9 @@ pub struct ArenaStats {
     pub pieces_mapped: usize,
     /// Pieces of the expandable segment whose memory was mapped again at its end.
     pub pieces_moved: usize,
+    /// Synchronizations made to give back wholly free large segments instead of
+    /// growing (without the expandable segment).
+    pub tightenings: usize,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
@@ -234,6 +237,11 @@ pub struct SegmentPolicy {
     pub large_segment: usize,
     /// Large segments are rounded up to this.
     pub large_round: usize,
+    /// Without the expandable segment: a large request that would take a new
+    /// segment while reserved exceeds this percentage of live plus the request
+    /// first synchronizes and gives back wholly free large segments (`None`: never;
+    /// see `Arena::tighten`).
+    pub tight_percent: Option<u32>,
 }
 
 impl Default for SegmentPolicy {
@@ -245,6 +253,7 @@ impl Default for SegmentPolicy {
             small_segment: 4 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,
+            tight_percent: Some(125),
         }
     }
 }
@@ -388,6 +397,11 @@ impl Arena {
                         .map(Some)
                 }
                 Err(e) => return Err(e),
+            }
+        }
+        if kind == Kind::Large {
+            if let Some(a) = self.tighten(size, events, source)? {
+                return Ok(Some(a));
             }
         }
         let seg = self.policy.segment_for(size, kind);
