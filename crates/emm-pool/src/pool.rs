@@ -217,6 +217,10 @@ impl PoolStats {
             ("emm.event_queries", u(self.event_queries)),
             ("emm.device_syncs", u(self.device_syncs)),
             ("emm.misses", u(self.misses)),
+            ("emm.scan_steps", u(self.scan_steps)),
+            ("emm.pieces_mapped", u(self.pieces_mapped)),
+            ("emm.pieces_moved", u(self.pieces_moved)),
+            ("emm.tightenings", u(self.tightenings)),
         ]
     }
 }
