@@ -13,7 +13,9 @@ use emm_default::{DriverUpstream, HostOnly, HostUpstream, Managed, PendingConfig
 use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
 
-use crate::arena::{round_size, stream_id, Arena, SegmentPolicy, SegmentSource, StreamKey};
+use crate::arena::{
+    round_size, stream_id, stream_key, Arena, SegmentPolicy, SegmentSource, StreamKey,
+};
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
@@ -475,7 +477,7 @@ impl Core {
             });
         }
         let rsize = round_size(size);
-        let key = stream.0 as StreamKey;
+        let key = stream_key(stream);
         let gen = self.generation.load(Ordering::Acquire);
         // Fast path: this thread's cache for this stream, exact rounded size.
         let hit = self.with_local(|local| {
@@ -581,7 +583,7 @@ impl Core {
     ) {
         let gen = self.generation.load(Ordering::Acquire);
         let rsize = round_size(size);
-        let key = stream.0 as StreamKey;
+        let key = stream_key(stream);
         let cfg = &self.config;
         if self.recording.load(Ordering::Relaxed) {
             let mut arena = self.lock();

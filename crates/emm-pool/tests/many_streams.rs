@@ -48,3 +48,45 @@ fn a_hundred_thousand_streams_reserve_one_segment_in_linear_work() {
     let stats = one_pair_per_stream(100_000);
     assert_bounded(100_000, &stats);
 }
+
+/// The per-thread default stream (`CU_STREAM_PER_THREAD`) is a different stream on
+/// every thread: a block one thread frees on it is that thread's stream's (an event
+/// recorded at the free), and another thread allocating on its own per-thread
+/// stream takes it only as a cross-stream reuse after that event, never as a
+/// same-stream hit.
+#[test]
+fn the_per_thread_default_stream_is_a_stream_per_thread() {
+    let config = PoolConfig {
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 30, config).unwrap());
+    let p = pool.clone();
+    let (freed, before) = std::thread::spawn(move || {
+        let a = p.alloc(1 << 20, emm_sys::CU_STREAM_PER_THREAD).unwrap();
+        let (ptr, before) = (a.ptr(), p.stats());
+        drop(a);
+        (ptr, before)
+    })
+    .join()
+    .unwrap();
+    let after_free = pool.stats();
+    assert_eq!(
+        after_free.events_recorded,
+        before.events_recorded + 1,
+        "the free on a thread's per-thread stream records an event: {after_free:?}"
+    );
+    let p = pool.clone();
+    let (ptr, stats) = std::thread::spawn(move || {
+        let b = p.alloc(1 << 20, emm_sys::CU_STREAM_PER_THREAD).unwrap();
+        (b.ptr(), p.stats())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(ptr, freed, "the completed block is reused");
+    assert_eq!(
+        stats.cross_stream_reuses,
+        after_free.cross_stream_reuses + 1,
+        "taken from another thread's per-thread stream after its event: {stats:?}"
+    );
+}

@@ -289,10 +289,51 @@ pub(crate) fn stream_id(s: StreamKey) -> usize {
     }
 }
 
-/// The legacy and per-thread default streams (and null): never destroyed, so an
-/// event can be recorded on them at any time.
+/// The legacy default stream (and null): never destroyed, and the same stream on
+/// every thread, so an event can be recorded on it at any time. (The per-thread
+/// default stream's keys are [`per_thread_key`]s: the stream of one thread, with
+/// events recorded by that thread at its frees, like a created stream.)
 fn is_default_stream(s: StreamKey) -> bool {
-    s <= 2
+    s <= 1
+}
+
+/// The tag of keys that stand for one thread's per-thread default stream
+/// (`CU_STREAM_PER_THREAD`): no stream handle (a user-space address) has it.
+const PER_THREAD_TAG: StreamKey = 1 << (usize::BITS - 1);
+
+/// The key of `stream` in the pool: its handle, except for the per-thread default
+/// stream, which names a different stream on every thread: the calling thread's
+/// own key then (`PER_THREAD_TAG` and an index of the thread).
+pub(crate) fn stream_key(stream: emm_sys::CUstream) -> StreamKey {
+    if std::ptr::eq(stream.0, emm_sys::CU_STREAM_PER_THREAD.0) {
+        per_thread_key()
+    } else {
+        stream.0 as StreamKey
+    }
+}
+
+fn per_thread_key() -> StreamKey {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// Threads numbered in the order they first use the per-thread stream; the
+    /// number stays below `DYING`, so a key is never `SETTLED`.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const DYING: StreamKey = PER_THREAD_TAG - 2;
+    thread_local! {
+        static KEY: StreamKey = PER_THREAD_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) % DYING);
+    }
+    // A thread being torn down: one key shared by such threads (their blocks wait
+    // for a device-wide synchronization like any stranded block's).
+    KEY.try_with(|k| *k).unwrap_or(PER_THREAD_TAG | DYING)
+}
+
+/// The stream handle behind `key`: the per-thread default stream for a thread's
+/// key (only the thread it stands for records events with it).
+pub(crate) fn stream_of_key(key: StreamKey) -> emm_sys::CUstream {
+    if key != SETTLED && key & PER_THREAD_TAG != 0 {
+        emm_sys::CU_STREAM_PER_THREAD
+    } else {
+        emm_sys::CUstream(key as *mut core::ffi::c_void)
+    }
 }
 
 #[derive(Default)]
@@ -447,8 +488,7 @@ impl Arena {
                 self.insert_free(addr, b.size, b.segment, stream);
                 if !is_default_stream(stream) && stream != SETTLED {
                     self.stats.events_recorded += usize::from(events.is_some());
-                    let recorded = events
-                        .map(|ev| ev.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)));
+                    let recorded = events.map(|ev| ev.record(stream_of_key(stream)));
                     let st = self.streams.entry(stream).or_default();
                     match recorded {
                         Some(Ok(id)) => {

@@ -55,7 +55,7 @@ impl Arena {
         for donor in donors {
             let id = if is_default_stream(donor) {
                 self.stats.events_recorded += 1;
-                events.record(emm_sys::CUstream(donor as *mut core::ffi::c_void))?
+                events.record(stream_of_key(donor))?
             } else {
                 let st = self.streams.entry(donor).or_default();
                 if st.uncovered {
@@ -120,7 +120,7 @@ impl Arena {
             return;
         }
         self.stats.events_recorded += 1;
-        let Ok(id) = events.record(emm_sys::CUstream(stream as *mut core::ffi::c_void)) else {
+        let Ok(id) = events.record(stream_of_key(stream)) else {
             return; // the rest of the segment stays with the stream, as before
         };
         let st = self.streams.entry(stream).or_default();
