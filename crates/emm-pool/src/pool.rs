@@ -411,10 +411,9 @@ impl Core {
                         // Forget the caches of pools dropped since.
                         locals.retain(|l| l.core.strong_count() > 0);
                         let counters = Arc::new(ThreadCounters::default());
-                        self.threads
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(counters.clone());
+                        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+                        self.fold_exited(&mut threads);
+                        threads.push(counters.clone());
                         locals.push(Local {
                             id: self.id,
                             core: Arc::downgrade(self),
@@ -667,6 +666,27 @@ impl Core {
         }
     }
 
+    /// Folds the counters of threads that have exited (their cache is gone, so only
+    /// this list holds their counters) into `orphan` and forgets them, so a program
+    /// that starts many short-lived threads keeps a short list.
+    fn fold_exited(&self, threads: &mut Vec<Arc<ThreadCounters>>) {
+        threads.retain(|c| {
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
+            let o = &self.orphan;
+            for (from, to) in [
+                (&c.live_blocks, &o.live_blocks),
+                (&c.allocations, &o.allocations),
+                (&c.hits, &o.hits),
+                (&c.allocated_total, &o.allocated_total),
+            ] {
+                to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            false
+        });
+    }
+
     /// Bytes parked in thread caches, as last written by their threads.
     fn cached_bytes(&self) -> usize {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
@@ -891,6 +911,17 @@ impl PoolManager {
         self.core.alloc(size, stream)
     }
 
+    /// How many threads' counters the pool keeps: the threads that have a cache for
+    /// it now, plus those that exited since the last new thread registered (their
+    /// counters are folded away then).
+    pub fn tracked_threads(&self) -> usize {
+        self.core
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
         let mut arena = self.core.lock();
@@ -913,7 +944,11 @@ impl PoolManager {
             .map(|c| c.allocations.load(Ordering::Relaxed))
             .sum::<u64>()
             + self.core.orphan.allocations.load(Ordering::Relaxed);
-        let thread_cache_hits = threads.iter().map(|c| c.hits.load(Ordering::Relaxed)).sum();
+        let thread_cache_hits = threads
+            .iter()
+            .map(|c| c.hits.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.core.orphan.hits.load(Ordering::Relaxed);
         let cached = threads
             .iter()
             .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)

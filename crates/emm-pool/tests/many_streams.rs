@@ -90,3 +90,34 @@ fn the_per_thread_default_stream_is_a_stream_per_thread() {
         "taken from another thread's per-thread stream after its event: {stats:?}"
     );
 }
+
+/// Threads that exit are forgotten (their counters folded into the pool's), and
+/// the statistics stay whole: a program that starts many short-lived threads keeps
+/// a short list and exact counts.
+#[test]
+fn exited_threads_are_folded_and_their_counts_kept() {
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 30, PoolConfig::default()).unwrap());
+    let keep = pool.alloc(4096, CUstream(std::ptr::null_mut())).unwrap();
+    for i in 0..300usize {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            let a = p.alloc(512 + i, CUstream(std::ptr::null_mut())).unwrap();
+            let b = p.alloc(512 + i, CUstream(std::ptr::null_mut())).unwrap();
+            drop(a);
+            b // freed by the main thread: the live count moves between threads
+        })
+        .join()
+        .map(drop)
+        .unwrap();
+    }
+    let stats = pool.stats();
+    assert!(
+        pool.tracked_threads() <= 2,
+        "{} thread records",
+        pool.tracked_threads()
+    );
+    assert_eq!(stats.allocations, 601, "{stats:?}");
+    assert_eq!(stats.allocated_blocks, 1, "{stats:?}");
+    drop(keep);
+    assert_eq!(pool.stats().allocated_blocks, 0);
+}
