@@ -1083,7 +1083,10 @@ impl Drop for PoolManager {
         if let Err(e) = self.core.events.synchronize_all() {
             tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
         }
-        let segments = self.core.lock().drain_segments(&self.core.source());
+        let segments = self
+            .core
+            .lock()
+            .drain_segments(&self.core.source(), self.core.events.as_ref());
         for (base, size) in segments {
             // SAFETY: every segment came from this upstream; the device finished
             // its work on them, no block is held by a caller, and stale cache
@@ -1162,7 +1165,10 @@ impl MemoryManager for PoolManager {
         if let Some(ctx) = &self.core.ctx {
             ctx.synchronize()?;
         }
-        let segments = self.core.lock().drain_segments(&self.core.source());
+        let segments = self
+            .core
+            .lock()
+            .drain_segments(&self.core.source(), self.core.events.as_ref());
         for (base, size) in segments {
             // SAFETY: every segment came from this upstream; after the generation
             // bump no block of it is handed out or taken back again.

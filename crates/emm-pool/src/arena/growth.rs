@@ -601,7 +601,13 @@ impl Arena {
     }
 
     /// Every segment, for reset: `(base, size)`.
-    pub fn drain_segments(&mut self, source: &dyn SegmentSource) -> Vec<(CUdeviceptr, usize)> {
+    /// Events still held (of pending blocks, and each stream's last) go back to
+    /// `events`.
+    pub fn drain_segments(
+        &mut self,
+        source: &dyn SegmentSource,
+        events: &dyn EventSource,
+    ) -> Vec<(CUdeviceptr, usize)> {
         let mut segs = Vec::new();
         for (&b, s) in &self.segments {
             match &s.expandable {
@@ -632,7 +638,14 @@ impl Arena {
         self.segments.retain(|_, s| s.expandable.is_some());
         self.blocks.clear();
         self.free.clear();
-        self.pending.clear();
+        for (id, _) in std::mem::take(&mut self.pending) {
+            events.recycle(id);
+        }
+        for (_, st) in std::mem::take(&mut self.streams) {
+            if let Some(id) = st.last_event {
+                events.recycle(id);
+            }
+        }
         self.aliases.clear();
         self.stats.reserved = 0;
         self.stats.live = 0;
