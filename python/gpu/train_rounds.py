@@ -8,8 +8,10 @@ the order rotated each round, one process each; then one table per workload.
 
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama).
 Prints, per workload and variant: the median over rounds of each round's median
-step, the spread (min-max of round medians), peak reserved, peak allocated, their
-ratio, driver allocations and final loss.
+step, the spread (min-max of round medians), the median and mean of every timed
+step of every round, how many timed steps made the allocator do driver work (from
+its counters), peak reserved, peak allocated, their ratio, driver allocations and
+final loss.
 """
 import argparse
 import json
@@ -75,20 +77,29 @@ def main():
     world = (f", {args.ddp} GPUs (DDP)" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
         print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
-        print("| variant | step ms, median of rounds | spread (round medians) | peak reserved GiB "
+        print("| variant | step ms, median of rounds | spread (round medians) | all timed steps: median / mean "
+              "| timed steps with driver work | peak reserved GiB "
               "| peak allocated GiB | reserved/allocated | driver allocs | final loss |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for v in args.variants:
             rs = results.get((w, v), [])
             if not rs:
                 print(f"| {v} | no result | | | | | | |")
                 continue
             meds = [x["median_ms"] for x in rs]
+            steps = [t for x in rs for t in x["step_ms"]]
+            # Timed steps whose allocator counters show driver work (allocations,
+            # frees, pieces mapped or moved, synchronizations): where an allocator's
+            # own cost can show in a step.
+            busy = sum(1 for x in rs for c in x.get("step_changes", [])[-len(x["step_ms"]):]
+                       if any(c.get(k) for k in ("num_device_alloc", "num_device_free", "pieces_mapped",
+                                                 "pieces_moved", "device_syncs", "num_alloc_retries")))
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
-            print(f"| {v} | {statistics.median(meds):.2f} | {min(meds):.2f}-{max(meds):.2f} | {gib(res)} | "
-                  f"{gib(alloc)} | {ratio:.3f} | {max(x['driver_allocs'] for x in rs)} | "
+            print(f"| {v} | {statistics.median(meds):.2f} | {min(meds):.2f}-{max(meds):.2f} | "
+                  f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
+                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
 
 
