@@ -14,7 +14,8 @@ use emm_driver::Context;
 use emm_sys::{CUdeviceptr, CUstream};
 
 use crate::arena::{
-    round_size, stream_id, stream_key, Arena, SegmentPolicy, SegmentSource, StreamKey,
+    is_per_thread, per_thread_key_of, per_thread_number, round_size, stream_id, stream_key, Arena,
+    SegmentPolicy, SegmentSource, StreamKey,
 };
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
@@ -567,7 +568,7 @@ impl Core {
                 entry.base,
                 entry.base_size,
                 owner,
-                entry.generation,
+                pack_token(entry.generation, key),
             )
         })
     }
@@ -582,8 +583,33 @@ impl Core {
     ) {
         let gen = self.generation.load(Ordering::Acquire);
         let rsize = round_size(size);
-        let key = stream_key(stream);
+        let (token_gen, owner) = unpack_token(token);
+        let here = stream_key(stream);
+        // A block allocated on one thread's per-thread stream and freed with that
+        // handle on another thread belongs to the first thread's stream (the handle
+        // names the calling thread's).
+        let key = match owner {
+            Some(o) if is_per_thread(stream) => o,
+            _ => here,
+        };
+        let current = gen & GEN_MASK;
         let cfg = &self.config;
+        if key != here {
+            // Not this thread's stream: no event can be recorded on it from here,
+            // so the block waits, without one, for a device-wide synchronization
+            // before another stream takes it (its own stream may reuse it).
+            if self.recording.load(Ordering::Relaxed) {
+                let mut arena = self.lock();
+                for action in [TraceAction::FreeRequested, TraceAction::FreeCompleted] {
+                    arena.history.push(action, ptr, rsize, stream_id(key));
+                }
+            }
+            if token_gen == current {
+                self.lock().free(ptr, key, None);
+            }
+            self.orphan.freed_blocks.fetch_add(1, Ordering::Release);
+            return;
+        }
         if self.recording.load(Ordering::Relaxed) {
             let mut arena = self.lock();
             for action in [TraceAction::FreeRequested, TraceAction::FreeCompleted] {
@@ -600,7 +626,7 @@ impl Core {
             .try_with(|cell| {
                 let mut locals = cell.try_borrow_mut().ok()?;
                 let local = locals.iter_mut().find(|l| l.id == self.id)?;
-                if token != gen {
+                if token_gen != current {
                     done(&local.counters.live_blocks);
                     return Some(Freed::Cached); // invalidated by reset
                 }
@@ -658,7 +684,7 @@ impl Core {
             }
             None => {
                 // No cache on this thread (or it is being torn down).
-                if token == gen {
+                if token_gen == current {
                     self.lock().free(ptr, key, Some(self.events.as_ref()));
                 }
                 self.orphan.freed_blocks.fetch_add(1, Ordering::Release);
@@ -719,6 +745,25 @@ impl Core {
         t + self.orphan.live_blocks.load(Ordering::Relaxed) as i64
             - self.orphan.freed_blocks.load(Ordering::Relaxed) as i64
     }
+}
+
+/// An allocation's token: the pool's generation when it was handed out (low 32
+/// bits), and for a block allocated on a thread's per-thread stream that thread's
+/// number plus one (high bits), so a free from another thread finds its stream.
+const GEN_MASK: usize = (1 << 32) - 1;
+
+fn pack_token(generation: usize, key: StreamKey) -> usize {
+    let g = generation & GEN_MASK;
+    match per_thread_number(key) {
+        Some(n) => ((n + 1) << 32) | g,
+        None => g,
+    }
+}
+
+/// `(generation bits, owner's per-thread key)` of a token.
+fn unpack_token(token: usize) -> (usize, Option<StreamKey>) {
+    let n = token >> 32;
+    (token & GEN_MASK, (n != 0).then(|| per_thread_key_of(n - 1)))
 }
 
 /// Where a freed block went.

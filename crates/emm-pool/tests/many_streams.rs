@@ -121,3 +121,48 @@ fn exited_threads_are_folded_and_their_counts_kept() {
     drop(keep);
     assert_eq!(pool.stats().allocated_blocks, 0);
 }
+
+/// A block allocated on one thread's per-thread stream and dropped on another
+/// thread stays with the first thread's stream (no event can be recorded on it
+/// from elsewhere): a third thread's per-thread stream does not take it without a
+/// device-wide synchronization.
+#[test]
+fn a_per_thread_block_freed_elsewhere_stays_with_its_thread() {
+    use std::sync::mpsc;
+    let config = PoolConfig {
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    let pool = PoolManager::host(1 << 30, config).unwrap();
+    let ptds = emm_sys::CU_STREAM_PER_THREAD;
+    std::thread::scope(|s| {
+        let (to_b, at_b) = mpsc::channel();
+        let (freed_tx, freed_rx) = mpsc::channel();
+        let (again_tx, again_rx) = mpsc::channel::<()>();
+        let pool = &pool;
+        s.spawn(move || {
+            let a = pool.alloc(1 << 20, ptds).unwrap();
+            let ptr = a.ptr();
+            to_b.send(a).unwrap();
+            freed_rx.recv().unwrap();
+            // Thread C ran meanwhile; now this thread allocates on its own stream.
+            again_rx.recv().unwrap();
+            let again = pool.alloc(1 << 20, ptds).unwrap();
+            let _ = (again, ptr);
+        });
+        let a = at_b.recv().unwrap();
+        let ptr = a.ptr();
+        let syncs = pool.stats().device_syncs;
+        drop(a); // on this thread, another than the allocating one
+        let c = s
+            .spawn(move || pool.alloc(1 << 20, ptds).unwrap().ptr())
+            .join()
+            .unwrap();
+        assert!(
+            c != ptr || pool.stats().device_syncs > syncs,
+            "a third thread's per-thread stream took the block without a synchronization"
+        );
+        freed_tx.send(()).unwrap();
+        again_tx.send(()).unwrap();
+    });
+}

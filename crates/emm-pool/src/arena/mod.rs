@@ -305,7 +305,7 @@ const PER_THREAD_TAG: StreamKey = 1 << (usize::BITS - 1);
 /// stream, which names a different stream on every thread: the calling thread's
 /// own key then (`PER_THREAD_TAG` and an index of the thread).
 pub(crate) fn stream_key(stream: emm_sys::CUstream) -> StreamKey {
-    if std::ptr::eq(stream.0, emm_sys::CU_STREAM_PER_THREAD.0) {
+    if is_per_thread(stream) {
         per_thread_key()
     } else {
         stream.0 as StreamKey
@@ -314,16 +314,31 @@ pub(crate) fn stream_key(stream: emm_sys::CUstream) -> StreamKey {
 
 fn per_thread_key() -> StreamKey {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    /// Threads numbered in the order they first use the per-thread stream; the
-    /// number stays below `DYING`, so a key is never `SETTLED`.
+    /// Threads numbered in the order they first use the per-thread stream, below
+    /// 2^31 (a number fits in an allocation's token beside its generation).
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    const DYING: StreamKey = PER_THREAD_TAG - 2;
     thread_local! {
-        static KEY: StreamKey = PER_THREAD_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) % DYING);
+        static KEY: StreamKey = PER_THREAD_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) % PER_THREAD_THREADS);
     }
-    // A thread being torn down: one key shared by such threads (their blocks wait
-    // for a device-wide synchronization like any stranded block's).
-    KEY.try_with(|k| *k).unwrap_or(PER_THREAD_TAG | DYING)
+    KEY.with(|k| *k)
+}
+
+/// How many per-thread keys there are (numbers wrap past it).
+pub(crate) const PER_THREAD_THREADS: usize = 1 << 31;
+
+/// Whether `stream` is the per-thread default stream handle.
+pub(crate) fn is_per_thread(stream: emm_sys::CUstream) -> bool {
+    std::ptr::eq(stream.0, emm_sys::CU_STREAM_PER_THREAD.0)
+}
+
+/// The thread number behind a per-thread key, `None` for any other key.
+pub(crate) fn per_thread_number(key: StreamKey) -> Option<usize> {
+    (key != SETTLED && key & PER_THREAD_TAG != 0).then_some(key & !PER_THREAD_TAG)
+}
+
+/// The per-thread key of thread number `n`.
+pub(crate) fn per_thread_key_of(n: usize) -> StreamKey {
+    PER_THREAD_TAG | n
 }
 
 /// The stream handle behind `key`: the per-thread default stream for a thread's
