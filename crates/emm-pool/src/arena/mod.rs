@@ -280,12 +280,14 @@ struct StreamState {
 }
 
 /// A stream key as snapshots show it (the stream handle as an integer; 0 for
-/// blocks settled on no stream).
+/// blocks settled on no stream; 2^48 + n for thread n's per-thread stream).
 pub(crate) fn stream_id(s: StreamKey) -> usize {
-    if s == SETTLED {
-        0
-    } else {
-        s
+    match per_thread_number(s) {
+        // A thread's per-thread stream: 2^48 plus the thread's number, above every
+        // user-space handle and exact as a JavaScript number (PyTorch's viewer).
+        Some(n) => (1 << 48) + n,
+        None if s == SETTLED => 0,
+        None => s,
     }
 }
 
