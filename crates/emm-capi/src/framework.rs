@@ -151,7 +151,7 @@ pub extern "C" fn emm_torch_free(
     device: c_int,
     stream: *mut c_void,
 ) {
-    let _ = size;
+    let _ = size; // named in the generated header; emm knows each block's size
     let _ = guard(|| {
         if ptr.is_null() {
             return EMM_OK;
@@ -235,7 +235,7 @@ pub extern "C" fn emm_cupy_set_hooks(
 /// hazard.
 #[no_mangle]
 pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
-    let _ = param;
+    let _ = param; // CuPy's opaque argument; emm's state is process-wide
     let hooks = CUPY_HOOKS.load(Ordering::Acquire);
     if hooks.is_null() {
         set_no_hooks();
@@ -295,7 +295,7 @@ fn set_no_hooks() {
 /// (`emm_last_error` too), as CuPy's free returns nothing.
 #[no_mangle]
 pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
-    let _ = param;
+    let _ = param; // CuPy's opaque argument; emm's state is process-wide
     if ptr.is_null() || ptr as isize == EMM_CUPY_FAILED {
         return;
     }

@@ -137,8 +137,7 @@ pub trait MemoryManager: Send + Sync {
     /// NBEP 7 does not list it). Zero bytes give an empty allocation that owns
     /// nothing. The default: [`EmmError::Unsupported`], so a plugin that does not
     /// serve managed memory says so in the one typed way.
-    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
-        let _ = (size, attach);
+    fn memallocmanaged(&self, _size: usize, _attach: ManagedAttach) -> Result<ManagedMemory> {
         Err(EmmError::Unsupported {
             manager: self.name().to_owned(),
             operation: "memallocmanaged",

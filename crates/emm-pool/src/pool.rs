@@ -246,14 +246,8 @@ impl SegmentSource for SourceAdapter<'_> {
             None => Ok(None),
         }
     }
-    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        self.vmm("map")?.map(addr, len)
-    }
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("unmap")?.unmap(addr, len)
-    }
-    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
-        self.vmm("alias")?.alias(src, dst, len)
     }
     fn map_pieces(
         &self,
@@ -700,6 +694,9 @@ impl Core {
             if Arc::strong_count(c) > 1 {
                 return true;
             }
+            // The exited thread's last writes happen before its release of the
+            // count (as `Arc`'s drop orders them); this fence makes them visible.
+            std::sync::atomic::fence(Ordering::Acquire);
             let o = &self.orphan;
             for (from, to) in [
                 (&c.live_blocks, &o.live_blocks),
@@ -711,6 +708,23 @@ impl Core {
             }
             false
         });
+    }
+
+    /// Gives every segment back to the upstream and the events still held back to
+    /// their source (drop and reset, after the generation bump and a device-wide
+    /// synchronization); a failed free is logged with `during`.
+    fn give_back_all(&self, during: &str) {
+        let segments = self
+            .lock()
+            .drain_segments(&self.source(), self.events.as_ref());
+        for (base, size) in segments {
+            // SAFETY: every segment came from this upstream; the device finished
+            // its work on them, and after the generation bump no block of them is
+            // handed out or taken back again (stale cache entries included).
+            if let Err(e) = unsafe { self.upstream.free(base, size) } {
+                tracing::error!(error = %e, "freeing a segment failed ({during})");
+            }
+        }
     }
 
     /// Bytes parked in thread caches, as last written by their threads.
@@ -1128,18 +1142,7 @@ impl Drop for PoolManager {
         if let Err(e) = self.core.events.synchronize_all() {
             tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
         }
-        let segments = self
-            .core
-            .lock()
-            .drain_segments(&self.core.source(), self.core.events.as_ref());
-        for (base, size) in segments {
-            // SAFETY: every segment came from this upstream; the device finished
-            // its work on them, no block is held by a caller, and stale cache
-            // entries are never handed out again.
-            if let Err(e) = unsafe { self.core.upstream.free(base, size) } {
-                tracing::error!(error = %e, "freeing a segment while dropping a pool failed");
-            }
-        }
+        self.core.give_back_all("dropping a pool");
     }
 }
 
@@ -1207,20 +1210,10 @@ impl MemoryManager for PoolManager {
 
     fn reset(&self) -> Result<()> {
         self.core.generation.fetch_add(1, Ordering::AcqRel);
-        if let Some(ctx) = &self.core.ctx {
-            ctx.synchronize()?;
-        }
-        let segments = self
-            .core
-            .lock()
-            .drain_segments(&self.core.source(), self.core.events.as_ref());
-        for (base, size) in segments {
-            // SAFETY: every segment came from this upstream; after the generation
-            // bump no block of it is handed out or taken back again.
-            if let Err(e) = unsafe { self.core.upstream.free(base, size) } {
-                tracing::error!(error = %e, "freeing a segment during reset failed");
-            }
-        }
+        // Every stream's work on the pool's memory is done before its segments and
+        // events go back (any upstream: the event source synchronizes the device).
+        self.core.events.synchronize_all()?;
+        self.core.give_back_all("reset");
         if let Some(h) = &self.core.host {
             h.flush();
         }

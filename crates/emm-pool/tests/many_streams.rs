@@ -137,18 +137,12 @@ fn a_per_thread_block_freed_elsewhere_stays_with_its_thread() {
     let ptds = emm_sys::CU_STREAM_PER_THREAD;
     std::thread::scope(|s| {
         let (to_b, at_b) = mpsc::channel();
-        let (freed_tx, freed_rx) = mpsc::channel();
-        let (again_tx, again_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
         let pool = &pool;
         s.spawn(move || {
-            let a = pool.alloc(1 << 20, ptds).unwrap();
-            let ptr = a.ptr();
-            to_b.send(a).unwrap();
-            freed_rx.recv().unwrap();
-            // Thread C ran meanwhile; now this thread allocates on its own stream.
-            again_rx.recv().unwrap();
-            let again = pool.alloc(1 << 20, ptds).unwrap();
-            let _ = (again, ptr);
+            to_b.send(pool.alloc(1 << 20, ptds).unwrap()).unwrap();
+            // The owning thread stays alive while the others run.
+            done_rx.recv().unwrap();
         });
         let a = at_b.recv().unwrap();
         let ptr = a.ptr();
@@ -162,7 +156,6 @@ fn a_per_thread_block_freed_elsewhere_stays_with_its_thread() {
             c != ptr || pool.stats().device_syncs > syncs,
             "a third thread's per-thread stream took the block without a synchronization"
         );
-        freed_tx.send(()).unwrap();
-        again_tx.send(()).unwrap();
+        done_tx.send(()).unwrap();
     });
 }

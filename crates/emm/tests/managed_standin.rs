@@ -7,8 +7,9 @@
 //! The library is found next to the test executable (`target/<profile>/`); build
 //! it first with `cargo build -p emm-standin` (`cargo xtask ci` does).
 
-use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, Once};
+mod common;
+
+use common::{fixture, Fixture};
 
 use emm::{Context, EmmError, MemoryManager};
 use emm_core::{ManagedAttach, ManagedMemory};
@@ -17,49 +18,6 @@ use emm_driver::memory;
 use emm_hostonly::HostOnlyManager;
 use emm_pool::PoolManager;
 use emm_sys::{CUpointer_attribute, CUresult, Live, StandIn};
-
-fn standin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test executable lives in target/<profile>/deps")
-        .join("libemm_standin.so")
-}
-
-/// Serializes the tests (the stand-in's counters are process-wide) and loads the
-/// stand-in once.
-struct Fixture {
-    _serial: MutexGuard<'static, ()>,
-    s: StandIn<'static>,
-    ctx: Context,
-}
-
-fn fixture() -> Fixture {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    static LOAD: Once = Once::new();
-    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    LOAD.call_once(|| {
-        let path = standin_path();
-        assert!(
-            path.is_file(),
-            "{} is missing: run `cargo build -p emm-standin` first (cargo xtask ci does)",
-            path.display()
-        );
-        std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
-    });
-    let drv = emm_sys::driver().expect("the stand-in loads");
-    let s = drv
-        .stand_in()
-        .expect("the loaded driver is emm-standin (EMM_CUDA_DRIVER was set elsewhere?)");
-    s.reset().unwrap();
-    s.control("capacity 8G").unwrap();
-    let ctx = Context::on_device(0).unwrap();
-    Fixture {
-        _serial: serial,
-        s,
-        ctx,
-    }
-}
 
 /// Live resources and bad frees, to compare before and after a test.
 fn snapshot(s: &StandIn<'_>) -> (Live, u64, u64) {

@@ -174,26 +174,12 @@ pub(crate) trait SegmentSource {
     fn reserve(&self, _size: usize) -> Result<Option<CUdeviceptr>> {
         Ok(None)
     }
-    /// Backs `[addr, addr+len)` of a reservation with memory.
-    fn map(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
-        Err(EmmError::Unsupported {
-            manager: "pool".into(),
-            operation: "map",
-        })
-    }
-    /// Releases the memory behind `[addr, addr+len)` (a range given to `map` whole).
+    /// Releases the memory behind `[addr, addr+len)` (a piece given to `map_pieces`
+    /// whole).
     fn unmap(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
         Err(EmmError::Unsupported {
             manager: "pool".into(),
             operation: "unmap",
-        })
-    }
-    /// Maps at `dst` the memory mapped at `src` (a range given to `map` or `alias`
-    /// whole, `len` bytes): the same memory at two addresses.
-    fn alias(&self, _src: CUdeviceptr, _dst: CUdeviceptr, _len: usize) -> Result<()> {
-        Err(EmmError::Unsupported {
-            manager: "pool".into(),
-            operation: "alias",
         })
     }
     /// Maps `pieces` one after another at `dst` and up: new memory (`None`) or the
@@ -203,20 +189,7 @@ pub(crate) trait SegmentSource {
         &self,
         dst: CUdeviceptr,
         pieces: &[(Option<CUdeviceptr>, usize)],
-    ) -> (usize, Result<()>) {
-        let mut at = dst;
-        for (i, &(src, len)) in pieces.iter().enumerate() {
-            let r = match src {
-                None => self.map(at, len),
-                Some(src) => self.alias(src, at, len),
-            };
-            if let Err(e) = r {
-                return (i, Err(e));
-            }
-            at += len as u64;
-        }
-        (pieces.len(), Ok(()))
-    }
+    ) -> (usize, Result<()>);
 }
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
