@@ -150,19 +150,24 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     total = args.warmup + args.steps + (6 if args.profile else 0)
     plan = shapes(args.workload, total, args.seed, args.shapes)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1 + rank)
+    # Each step's batch is drawn on the device from a seeded CUDA generator, so the
+    # timed step holds the model's work and the allocator's, not the host drawing
+    # random images (PyTorch's profiler found aten::normal_ on the CPU taking over
+    # half of a ResNet-50 step, at a speed that varied 20 % between processes).
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(args.seed + 1 + rank)
 
     def step(i):
         b, s = plan[i]
         if args.workload == "resnet50":
-            x = torch.randn(b, 3, s, s, generator=gen).to(dev, non_blocking=True)
+            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
             x = x.contiguous(memory_format=torch.channels_last)
-            y = torch.randint(0, 1000, (b,), generator=gen).to(dev, non_blocking=True)
+            y = torch.randint(0, 1000, (b,), generator=gen, device=dev)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
         else:
             vocab = 50257 if args.workload.startswith("gpt2") else 32000
-            ids = torch.randint(0, vocab, (b, s), generator=gen).to(dev, non_blocking=True)
+            ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
             if infer:
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                     logits = model(input_ids=ids).logits
@@ -180,7 +185,10 @@ def main():
     counters = step_counters(args.variant, dev)
     before = counters()
     changes = []
+    window = [0.0, 0.0]  # wall-clock seconds of the first and last timed step
     for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            window[0] = time.time()
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
         loss = step(i)
@@ -190,7 +198,9 @@ def main():
         after = counters()
         changes.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
         before = after
+    window[1] = time.time()
     final_loss = float(loss.detach().float().item())
+    calib = calibrate(dev)
     if args.snapshot:
         torch.cuda.memory._dump_snapshot(args.snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -203,7 +213,7 @@ def main():
         "variant": args.variant, "workload": args.workload, "world": world, "shapes": args.shapes,
         "steps": args.steps, "step_ms": times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
-        "step_changes": changes,
+        "step_changes": changes, "timed_window": window, "calib": calib,
     }
     if args.ddp:
         import torch.distributed as dist
@@ -217,6 +227,30 @@ def main():
         dist.destroy_process_group()
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+def calibrate(dev):
+    """How fast this process's host is, apart from any allocator: the best of five
+    rounds of a fixed pure-Python loop (ms) and of 2,000 in-place kernel launches
+    (us per launch; in place, so nothing is allocated). Measured after the timed
+    steps, with the allocator holding what training left it. A slow process shows
+    here as well as in its steps; an allocator that slows the host's other work
+    (launches) shows only in the second."""
+    import torch
+
+    t = torch.zeros(1, device=dev)
+    cpu, launch = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        cpu.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            t.add_(1)
+        torch.cuda.synchronize(dev)
+        launch.append((time.perf_counter() - t0) * 1e6 / 2000)
+    return {"cpu_ms": min(cpu), "launch_us": min(launch)}
 
 
 COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_syncs", "events_recorded",
@@ -290,7 +324,18 @@ def profile(args, step, dev):
         f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30))
         f.write("\n\n")
         f.write(ka.table(sort_by="self_device_time_total", row_limit=25))
-    print(f"PROFILE {tag}: wall {wall:.1f} ms / 6 steps, device busy {kernel_us / 1e3:.1f} ms", flush=True)
+    # Every device activity with its count and time, to set beside another
+    # allocator's run of the same steps (same kernels, so a difference is where
+    # the memory made a kernel slower).
+    with open(out / f"{tag}-device.csv", "w") as f:
+        f.write("name,count,device_us\n")
+        for e in sorted(ka, key=lambda e: -e.self_device_time_total):
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0:
+                name = e.key.replace('"', "'")
+                f.write(f'"{name}",{e.count},{e.self_device_time_total:.1f}\n')
+    cpu_us = sum(e.self_cpu_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CPU)
+    print(f"PROFILE {tag}: wall {wall:.1f} ms / 6 steps, device busy {kernel_us / 1e3:.1f} ms, "
+          f"host op time {cpu_us / 1e3:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

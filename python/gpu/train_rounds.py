@@ -4,44 +4,119 @@ the order rotated each round, one process each; then one table per workload.
     python3 train_rounds.py [--rounds 3] [--workloads gpt2 resnet50 gpt2-infer]
                             [--variants native expandable emm-pool emm-hostonly]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
-                            [--pin CPUS] [--log FILE]
+                            [--pin CPUS] [--log FILE] [--no-telemetry]
 
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama).
-Prints, per workload and variant: the median over rounds of each round's median
-step, the spread (min-max of round medians), the median and mean of every timed
-step of every round, how many timed steps made the allocator do driver work (from
-its counters), peak reserved, peak allocated, their ratio, driver allocations and
-final loss.
+Prints, per workload and variant: the time of all timed steps of a process (what
+the user waits for: an epoch of those steps), median over rounds and its spread;
+the median of each round's median step; the median and mean of every timed step of
+every round; how many timed steps made the allocator do driver work (from its
+counters); peak reserved, peak allocated, their ratio, driver allocations and final
+loss. Then, per round, each variant's total beside the faster PyTorch variant of the
+same round (rounds are adjacent in time, so this pairs like with like), and the
+GPU's SM clock during each process's timed steps (nvidia-smi, sampled every 100 ms)
+and the process's host calibration (train_bench.py: a fixed Python loop, and an
+in-place kernel launch), so a slow process can be told from a slow allocator.
 """
 import argparse
+import datetime
 import json
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def run_one(args, workload, variant, log):
+def run_one(args, workload, variant, rnd, log):
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
+    if args.profile:
+        cmd += ["--profile", args.profile]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
                *cmd[1:], "--ddp"]
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    log.write(f"== {workload} {variant} rc={p.returncode}\n{p.stdout}\n{p.stderr[-4000:]}\n")
-    log.flush()
+    sampler = Telemetry() if args.telemetry else None
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    finally:
+        samples = sampler.stop() if sampler else []
+    window = None
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            window = json.loads(line[7:]).get("timed_window")
+    gpu = Telemetry.summary(samples, window)
+    log.write(f"== {workload} {variant} round={rnd} rc={p.returncode} gpu={json.dumps(gpu)}\n{p.stdout}\n{p.stderr[-4000:]}\n")
+    log.flush()
+    for line in p.stdout.splitlines():
+        if line.startswith("PROFILE "):
+            print(line, flush=True)
+        if line.startswith("RESULT "):
+            res = json.loads(line[7:])
+            res["gpu"] = gpu
+            res["total_ms"] = sum(res["step_ms"])
+            res["round"] = rnd
+            return res
     print(f"{workload} {variant}: no result (rc={p.returncode}); see the log", file=sys.stderr)
     return None
+
+
+class Telemetry:
+    """Samples GPU 0's SM clock, power draw and temperature with nvidia-smi while one
+    process runs; `summary` reduces the samples taken during its timed steps."""
+
+    QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
+
+    def __init__(self):
+        self.out = tempfile.TemporaryFile(mode="w+")
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "-i", "0", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=self.out, stderr=subprocess.DEVNULL)
+        except OSError:
+            self.proc = None
+
+    def stop(self):
+        """Ends sampling; the samples as (seconds since the epoch, SM MHz, W, C)."""
+        if self.proc is None:
+            return []
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.out.seek(0)
+        rows = []
+        for line in self.out:
+            try:
+                stamp, *rest = line.split(",")
+                when = datetime.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                rows.append((when, *(float(x) for x in rest)))
+            except ValueError:
+                continue  # "[N/A]" or a partial line
+        self.out.close()
+        return rows
+
+    @staticmethod
+    def summary(rows, window):
+        """Median and minimum SM clock (MHz), peak power (W) and temperature (C) over
+        the samples inside `window` (the timed steps' wall-clock span, seconds since
+        the epoch); {} when no sample fell inside it."""
+        if window:
+            rows = [r for r in rows if window[0] <= r[0] <= window[1]]
+        if not rows:
+            return {}
+        clocks = [r[1] for r in rows]
+        return {"sm_mhz_median": statistics.median(clocks), "sm_mhz_min": min(clocks),
+                "power_w_max": max(r[2] for r in rows), "temp_c_max": max(r[3] for r in rows),
+                "samples": len(rows)}
 
 
 def gib(n):
@@ -61,31 +136,80 @@ def main():
                    help="as train_bench.py: a new shape every step, or 8 shapes seen in warmup")
     p.add_argument("--pin", help="CPU list every process is pinned to (taskset -c)")
     p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--profile", metavar="DIR",
+                   help="each process also runs 6 steps under PyTorch's profiler after its timed ones "
+                        "(train_bench.py --profile; the last round's tables are kept)")
+    p.add_argument("--no-telemetry", dest="telemetry", action="store_false",
+                   help="do not sample the GPU's clock, power and temperature with nvidia-smi")
     p.add_argument("--log", default=os.path.join(os.environ.get("OUT", "/tmp"), "train_rounds.log"))
+    p.add_argument("--from-log", metavar="FILE",
+                   help="run nothing: print the tables from the RESULT lines of an earlier run's log "
+                        "(what a run cut short still wrote)")
     args = p.parse_args()
+    if args.from_log:
+        results = from_log(args)
+        tables(args, results)
+        return
     results = {}
     with open(args.log, "a") as log:
         for r in range(args.rounds):
             for w in args.workloads:
                 k = r % len(args.variants)
                 for v in args.variants[k:] + args.variants[:k]:
-                    res = run_one(args, w, v, log)
+                    res = run_one(args, w, v, r, log)
                     if res:
                         results.setdefault((w, v), []).append(res)
-                        print(f"round {r + 1} {w:10} {v:14} median {res['median_ms']:7.2f} ms  "
-                              f"reserved {gib(res['peak_reserved'])} GiB  loss {res['final_loss']:.5f}", flush=True)
+                        g = res["gpu"]
+                        clock = f"  SM {g['sm_mhz_median']:.0f} MHz (min {g['sm_mhz_min']:.0f})" if g else ""
+                        print(f"round {r + 1} {w:10} {v:16} total {res['total_ms']:8.1f} ms  median {res['median_ms']:7.2f}"
+                              f" ms  reserved {gib(res['peak_reserved'])} GiB  loss {res['final_loss']:.5f}{clock}",
+                              flush=True)
+    tables(args, results)
+
+
+def from_log(args):
+    """The results in an earlier run's log, keyed as a run keys them; the workloads,
+    variants and round count are taken from the log where the arguments left them
+    at their defaults."""
+    results = {}
+    head = None
+    for line in open(args.from_log):
+        if line.startswith("== "):
+            parts = line.split()
+            head = {"round": int(parts[3][6:])} if len(parts) > 4 and parts[3].startswith("round=") else None
+            if head is not None:
+                gpu = line.split(" gpu=", 1)[1] if " gpu=" in line else "{}"
+                head["gpu"] = json.loads(gpu)
+        elif line.startswith("RESULT ") and head is not None:
+            res = json.loads(line[7:])
+            res.update(head, total_ms=sum(res["step_ms"]))
+            results.setdefault((res["workload"], res["variant"]), []).append(res)
+    ws = list(dict.fromkeys(w for w, _ in results))
+    vs = list(dict.fromkeys(v for _, v in results))
+    args.workloads = [w for w in args.workloads if w in ws] or ws
+    args.variants = [v for v in args.variants if v in vs] or vs
+    args.rounds = max((x["round"] + 1 for rs in results.values() for x in rs), default=0)
+    if results:
+        first = next(iter(results.values()))[0]
+        args.steps, args.shapes = first["steps"], first["shapes"]
+        args.ddp = first["world"] if first["world"] > 1 else 0
+    return results
+
+
+def tables(args, results):
     world = (f", {args.ddp} GPUs (DDP)" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
         print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
-        print("| variant | step ms, median of rounds | spread (round medians) | all timed steps: median / mean "
-              "| timed steps with driver work | peak reserved GiB "
+        print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "
+              "| all timed steps: median / mean | timed steps with driver work | peak reserved GiB "
               "| peak allocated GiB | reserved/allocated | driver allocs | final loss |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for v in args.variants:
             rs = results.get((w, v), [])
             if not rs:
-                print(f"| {v} | no result | | | | | | |")
+                print(f"| {v} | no result | | | | | | | | | |")
                 continue
+            totals = [x["total_ms"] for x in rs]
             meds = [x["median_ms"] for x in rs]
             steps = [t for x in rs for t in x["step_ms"]]
             # Timed steps whose allocator counters show driver work (allocations,
@@ -97,11 +221,55 @@ def main():
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
-            print(f"| {v} | {statistics.median(meds):.2f} | {min(meds):.2f}-{max(meds):.2f} | "
+            print(f"| {v} | {statistics.median(totals):.1f} | {min(totals):.1f}-{max(totals):.1f} | "
+                  f"{statistics.median(meds):.2f} | "
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
                   f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
+        paired(w, args, results)
 
+
+def paired(w, args, results):
+    """Per round: every variant's total beside the faster PyTorch variant's total of
+    the same round, and the GPU's clock while each ran."""
+    peers = [v for v in ("native", "expandable") if v in args.variants]
+    others = [v for v in args.variants if v not in peers]
+    if not peers or not others:
+        return
+    print(f"\n{w}, per round: total ms of the timed steps (the GPU's median SM clock during them; "
+          f"the process's host calibration: a fixed Python loop, and one in-place kernel launch); "
+          f"ratio = variant / faster of {' and '.join(peers)} in the same round")
+    print("| round | " + " | ".join(args.variants) + " | " + " | ".join(f"{v} ratio" for v in others) + " |")
+    print("|---|" + "---|" * (len(args.variants) + len(others)))
+    ratios = {v: [] for v in others}
+    for r in range(args.rounds):
+        got = {v: next((x for x in results.get((w, v), []) if x["round"] == r), None) for v in args.variants}
+        cells = []
+        for v in args.variants:
+            x = got[v]
+            if x is None:
+                cells.append("-")
+                continue
+            g = x.get("gpu") or {}
+            c = x.get("calib") or {}
+            notes = ([f"{g['sm_mhz_median']:.0f} MHz"] if g else []) + (
+                [f"host {c['cpu_ms']:.1f} ms", f"launch {c['launch_us']:.2f} us"] if c else [])
+            cells.append(f"{x['total_ms']:.1f}" + (f" ({', '.join(notes)})" if notes else ""))
+        best = min((got[v]["total_ms"] for v in peers if got[v]), default=None)
+        rcells = []
+        for v in others:
+            if best and got[v]:
+                ratios[v].append(got[v]["total_ms"] / best)
+                rcells.append(f"{ratios[v][-1]:.3f}")
+            else:
+                rcells.append("-")
+        print(f"| {r + 1} | " + " | ".join(cells) + " | " + " | ".join(rcells) + " |")
+    for v in others:
+        rs = ratios[v]
+        if rs:
+            below = sum(1 for x in rs if x <= 1.0)
+            print(f"{v}: ratio median {statistics.median(rs):.3f}, range {min(rs):.3f}-{max(rs):.3f}, "
+                  f"at or below the faster peer in {below} of {len(rs)} rounds")
 
 if __name__ == "__main__":
     main()
