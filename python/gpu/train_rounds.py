@@ -226,7 +226,30 @@ def tables(args, results):
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
                   f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
+        hook_time(w, args, results)
         paired(w, args, results)
+
+
+def hook_time(w, args, results):
+    """For a library built with emm-capi's `call-timing` feature: emm's own host time
+    per timed step inside PyTorch's allocator hooks, beside the step."""
+    for v in args.variants:
+        per_step = []
+        for x in results.get((w, v), []):
+            changes = x.get("step_changes", [])[-len(x["step_ms"]):]
+            for c, ms in zip(changes, x["step_ms"]):
+                if "torch_alloc_ns" in c or "torch_free_ns" in c:
+                    ns = c.get("torch_alloc_ns", 0) + c.get("torch_free_ns", 0)
+                    calls = c.get("torch_alloc_calls", 0) + c.get("torch_free_calls", 0)
+                    slow = c.get("torch_alloc_slow_calls", 0) + c.get("torch_free_slow_calls", 0)
+                    per_step.append((ns / 1e6, calls, slow, ms))
+        if per_step:
+            hook_ms = [p[0] for p in per_step]
+            share = [p[0] / p[3] for p in per_step]
+            print(f"{v}: time inside emm's PyTorch hooks per timed step: median {statistics.median(hook_ms):.3f} ms, "
+                  f"max {max(hook_ms):.3f} ms ({statistics.median(share) * 100:.2f} % of the step); "
+                  f"{statistics.median([p[1] for p in per_step]):.0f} calls per step, "
+                  f"{sum(p[2] for p in per_step)} calls of 4 us or more in {len(per_step)} steps")
 
 
 def paired(w, args, results):

@@ -96,6 +96,7 @@ fn ci(root: &Path) -> Result<(), String> {
         cargo().args([
             "clippy",
             "--workspace",
+            "--all-features",
             "--all-targets",
             "--",
             "-D",
@@ -113,6 +114,19 @@ fn ci(root: &Path) -> Result<(), String> {
         "test",
         "run the failing test alone with `cargo test -p <crate> <name>`; GPU tests are #[ignore]d and need a GPU",
         cargo().args(["test", "--workspace", "--all-targets"]),
+    )?;
+    run(
+        root,
+        "test call-timing",
+        "the diagnostic build of the C ABI (feature call-timing) must build and count",
+        cargo().args([
+            "test",
+            "-p",
+            "emm-capi",
+            "--features",
+            "call-timing",
+            "--lib",
+        ]),
     )?;
     standin_gpu_tests(root)?;
     run(

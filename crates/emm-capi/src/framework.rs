@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
+use crate::timing::{self, Hook};
 use crate::{
     emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
     EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
@@ -127,17 +128,19 @@ pub extern "C" fn emm_torch_alloc(
     stream: *mut c_void,
 ) -> *mut c_void {
     let mut out: *mut c_void = core::ptr::null_mut();
-    let _ = guard(|| {
-        let Ok(size) = usize::try_from(size) else {
-            return invalid(format!("emm_torch_alloc: negative size {size}"));
-        };
-        match live_alloc(device, size, stream_of(stream)) {
-            Ok(p) => {
-                out = p as *mut c_void;
-                EMM_OK
+    let _ = timing::timed(Hook::Alloc, || {
+        guard(|| {
+            let Ok(size) = usize::try_from(size) else {
+                return invalid(format!("emm_torch_alloc: negative size {size}"));
+            };
+            match live_alloc(device, size, stream_of(stream)) {
+                Ok(p) => {
+                    out = p as *mut c_void;
+                    EMM_OK
+                }
+                Err(code) => code,
             }
-            Err(code) => code,
-        }
+        })
     });
     out
 }
@@ -152,16 +155,18 @@ pub extern "C" fn emm_torch_free(
     stream: *mut c_void,
 ) {
     let _ = size; // named in the generated header; emm knows each block's size
-    let _ = guard(|| {
-        if ptr.is_null() {
-            return EMM_OK;
-        }
-        live_free(
-            "emm_torch_free",
-            device,
-            ptr as u64,
-            Some(stream_of(stream)),
-        )
+    let _ = timing::timed(Hook::Free, || {
+        guard(|| {
+            if ptr.is_null() {
+                return EMM_OK;
+            }
+            live_free(
+                "emm_torch_free",
+                device,
+                ptr as u64,
+                Some(stream_of(stream)),
+            )
+        })
     });
 }
 

@@ -31,6 +31,7 @@ mod framework;
 mod handles;
 pub mod log;
 mod managed;
+mod timing;
 mod tools;
 pub use array::*;
 pub use framework::*;
@@ -647,7 +648,7 @@ pub unsafe extern "C" fn emm_manager_report(
     written: *mut usize,
 ) -> emm_status {
     with_manager(m, |h| {
-        let text = h.manager.report();
+        let text = h.manager.report() + &timing::report();
         let bytes = text.as_bytes();
         if !buf.is_null() && len > 0 {
             let n = bytes.len().min(len - 1);

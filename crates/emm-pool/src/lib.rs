@@ -17,6 +17,7 @@
 
 mod arena;
 mod events;
+mod fasthash;
 mod history;
 mod pool;
 mod vmm;

@@ -7,6 +7,10 @@ use emm_sys::CUdeviceptr;
 use super::*;
 
 impl Arena {
+    /// Makes `size` bytes at `addr` a free block of `stream`, coalesced with a free
+    /// neighbour of the same stream and segment on each side. A block entry
+    /// already at `addr` (the live block being freed) is replaced, so a caller need
+    /// not remove it first.
     pub(super) fn insert_free(
         &mut self,
         addr: CUdeviceptr,
@@ -23,7 +27,9 @@ impl Arena {
                 && paddr + p.size as u64 == addr
             {
                 self.free_set(stream, kind).remove(&(p.size, paddr));
-                self.blocks.remove(&paddr);
+                // The merged block takes the neighbour's entry (overwritten below);
+                // any entry at `addr` goes.
+                self.blocks.remove(&addr);
                 addr = paddr;
                 size += p.size;
             }
@@ -67,15 +73,25 @@ impl Arena {
         // Large blocks: do not hand out a block much larger than asked (it would
         // pin a big free run under a small tensor); split instead.
         set.remove(&(bsize, addr));
-        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
-        self.blocks.insert(
-            addr,
-            Block {
-                size,
-                segment,
-                state: State::Live,
-            },
-        );
+        // The free block's entry becomes the live block's, in place.
+        let segment = match self.blocks.get_mut(&addr) {
+            Some(b) => {
+                b.size = size;
+                b.state = State::Live;
+                b.segment
+            }
+            None => {
+                self.blocks.insert(
+                    addr,
+                    Block {
+                        size,
+                        segment: addr,
+                        state: State::Live,
+                    },
+                );
+                addr
+            }
+        };
         if bsize > size {
             let rest = addr + size as u64;
             self.blocks.insert(

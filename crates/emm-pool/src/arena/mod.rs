@@ -5,12 +5,13 @@
 //! Lookup cost is logarithmic in the number of blocks (B-trees keyed by address and
 //! by size), so it stays flat as live blocks grow.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
 use crate::events::{EventId, EventSource};
+use crate::fasthash::FastMap;
 use crate::history::History;
 
 mod growth;
@@ -329,8 +330,8 @@ pub(crate) fn stream_of_key(key: StreamKey) -> emm_sys::CUstream {
 #[derive(Default)]
 pub(crate) struct Arena {
     blocks: BTreeMap<CUdeviceptr, Block>,
-    streams: HashMap<StreamKey, StreamState>,
-    free: HashMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
+    streams: FastMap<StreamKey, StreamState>,
+    free: FastMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
     pending: Vec<(EventId, Vec<CUdeviceptr>)>,
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
@@ -341,7 +342,7 @@ pub(crate) struct Arena {
     grow_base: Option<CUdeviceptr>,
     /// Pages at the end of the expandable segment mapped onto the memory of a
     /// retired page: end page → the page whose memory it shares.
-    aliases: HashMap<CUdeviceptr, CUdeviceptr>,
+    aliases: FastMap<CUdeviceptr, CUdeviceptr>,
     /// The allocation history (off unless asked for).
     pub history: History,
 }
@@ -473,8 +474,8 @@ impl Arena {
             Some(b) if b.state == State::Live => {
                 let b = *b;
                 self.stats.locked_frees += 1;
-                self.blocks.remove(&addr);
                 self.stats.live -= b.size;
+                // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
                 if !is_default_stream(stream) && stream != SETTLED {
                     self.stats.events_recorded += usize::from(events.is_some());
