@@ -9,7 +9,9 @@
 //   emm-direct      emm's two functions called directly.
 // Each variant first replays the trace once untimed (its pool grows, as in warmup
 // steps); then rounds alternate the variants, one timed replay each, order rotated.
-// Prints ns per request (allocation or free) per round and the median.
+// Prints ns per request (allocation or free): median and range over the rounds.
+// trace_hooks.sh runs one process per trace, so every allocator starts each trace
+// empty.
 // Build and run: python/gpu/trace_hooks.sh [TRACE.csv ...] (GPU machine).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -104,7 +106,7 @@ int main(int argc, char **argv) {
       [](void *, size_t, int, cudaStream_t) {});
   emm->init(c10::cuda::device_count());
   null->init(c10::cuda::device_count());
-  const int rounds = 7;
+  const int rounds = 8;  // a multiple of the variant count: each leads a round equally often
   for (int t = 1; t < argc; t++) {
     std::vector<Op> ops = load(argv[t]);
     std::vector<Variant> vs = {
@@ -122,9 +124,16 @@ int main(int argc, char **argv) {
       }
     printf("%s: %zu requests, %d rounds, ns per request (median; min-max)\n", argv[t], ops.size(), rounds);
     for (auto &v : vs) {
-      std::vector<double> s = v.ns;
+      std::vector<double> s;
+      for (double x : v.ns)
+        if (x >= 0) s.push_back(x);  // -1: an allocation failed in that replay
       std::sort(s.begin(), s.end());
-      printf("  %-15s %7.1f  (%.1f-%.1f)\n", v.name, s[s.size() / 2], s.front(), s.back());
+      if (s.empty()) {
+        printf("  %-15s every replay had a failed allocation\n", v.name);
+        continue;
+      }
+      printf("  %-15s %7.1f  (%.1f-%.1f)%s\n", v.name, s[s.size() / 2], s.front(), s.back(),
+             s.size() < v.ns.size() ? "  (some replays had a failed allocation; not counted)" : "");
     }
     fflush(stdout);
     native->emptyCache();

@@ -11,4 +11,5 @@ g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=$ABI python/gpu/trace_hooks.cpp -o /
   -L$T/lib -ltorch_cuda -ltorch -ltorch_cpu -lc10_cuda -lc10 "$LIB" \
   -Wl,-rpath,$T/lib -Wl,-rpath,$(dirname "$LIB")
 if [ $# -eq 0 ]; then set -- crates/emm-cli/traces/{resnet50,gpt2,gpt2_infer,llama}_h200.csv; fi
-/tmp/trace_hooks "$@"
+# One process per trace: every allocator starts each trace from empty.
+for trace in "$@"; do /tmp/trace_hooks "$trace"; done

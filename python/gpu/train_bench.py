@@ -205,7 +205,11 @@ def main():
         torch.cuda.memory._dump_snapshot(args.snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
 
-    if args.profile and rank == 0:
+    if args.profile and args.ddp:
+        # Profiled steps on rank 0 alone would wait forever for the other ranks'
+        # gradient all-reduce.
+        print("--profile is not run under --ddp", file=sys.stderr)
+    elif args.profile:
         profile(args, step, dev)
 
     mem = memory(args.variant, dev)

@@ -35,7 +35,7 @@ def run_one(args, workload, variant, rnd, log):
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
-    if args.profile:
+    if args.profile and not args.ddp:
         cmd += ["--profile", args.profile]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
@@ -68,9 +68,17 @@ def run_one(args, workload, variant, rnd, log):
     return None
 
 
+def first_visible_gpu():
+    """The GPU the benchmark's rank 0 runs on, as nvidia-smi numbers it: the first
+    entry of CUDA_VISIBLE_DEVICES, else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first or "0"
+
+
 class Telemetry:
-    """Samples GPU 0's SM clock, power draw and temperature with nvidia-smi while one
-    process runs; `summary` reduces the samples taken during its timed steps."""
+    """Samples the first visible GPU's SM clock, power draw and temperature with
+    nvidia-smi while one process runs; `summary` reduces the samples taken during
+    its timed steps."""
 
     QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
 
@@ -78,7 +86,7 @@ class Telemetry:
         self.out = tempfile.TemporaryFile(mode="w+")
         try:
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "-i", "0", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+                ["nvidia-smi", "-i", first_visible_gpu(), f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
                 stdout=self.out, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
@@ -152,6 +160,8 @@ def main():
         return
     results = {}
     with open(args.log, "a") as log:
+        # Marks where this run starts in a log that may hold earlier ones.
+        log.write("=== train_rounds " + json.dumps({"sdpa": args.sdpa, "argv": sys.argv[1:]}) + "\n")
         for r in range(args.rounds):
             for w in args.workloads:
                 k = r % len(args.variants)
@@ -174,6 +184,11 @@ def from_log(args):
     results = {}
     head = None
     for line in open(args.from_log):
+        if line.startswith("=== train_rounds "):
+            # A new run: only the last run of the log is tabled.
+            results, head = {}, None
+            args.sdpa = json.loads(line[len("=== train_rounds "):]).get("sdpa", args.sdpa)
+            continue
         if line.startswith("== "):
             parts = line.split()
             head = {"round": int(parts[3][6:])} if len(parts) > 4 and parts[3].startswith("round=") else None
@@ -186,8 +201,7 @@ def from_log(args):
             results.setdefault((res["workload"], res["variant"]), []).append(res)
     ws = list(dict.fromkeys(w for w, _ in results))
     vs = list(dict.fromkeys(v for _, v in results))
-    args.workloads = [w for w in args.workloads if w in ws] or ws
-    args.variants = [v for v in args.variants if v in vs] or vs
+    args.workloads, args.variants = ws, vs
     args.rounds = max((x["round"] + 1 for rs in results.values() for x in rs), default=0)
     if results:
         first = next(iter(results.values()))[0]
@@ -261,7 +275,9 @@ def paired(w, args, results):
         return
     print(f"\n{w}, per round: total ms of the timed steps (the GPU's median SM clock during them; "
           f"the process's host calibration: a fixed Python loop, and one in-place kernel launch); "
-          f"ratio = variant / faster of {' and '.join(peers)} in the same round")
+          f"ratio = variant / faster of {' and '.join(peers)} in the same round (a strict test: the "
+          f"faster of two noisy peers; a variant exactly as fast as one peer is at or below it in about "
+          f"a third of rounds)")
     print("| round | " + " | ".join(args.variants) + " | " + " | ".join(f"{v} ratio" for v in others) + " |")
     print("|---|" + "---|" * (len(args.variants) + len(others)))
     ratios = {v: [] for v in others}

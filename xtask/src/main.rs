@@ -170,7 +170,11 @@ const STANDIN_SKIPS: &[(&str, &str)] = &[
         "launches kernels",
     ),
     (
-        "a_kernel_writes_managed_memory_that_the_host_reads",
+        "a_kernel_writes_global_managed_memory_that_the_host_reads",
+        "launches a kernel",
+    ),
+    (
+        "a_kernel_writes_host_attached_managed_memory_that_the_host_reads",
         "launches a kernel",
     ),
     (

@@ -318,11 +318,15 @@ emm_status emm_memory_info(struct emm_manager *m, size_t *free, size_t *total);
 emm_status emm_get_stats(struct emm_manager *m, struct emm_stats *out);
 
 /**
- * Every counter the manager keeps, as one line of text (NUL-terminated, truncated
- * to `len`) in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
+ * Every counter the manager keeps, as one line of text (in a build with the
+ * `call-timing` feature, followed by one `name: value` line per process-wide hook
+ * counter), NUL-terminated and truncated to `len`, in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
  * NULL to ask for the length.
  */
-emm_status emm_manager_report(struct emm_manager *m, char *buf, size_t len, size_t *written);
+emm_status emm_manager_report(struct emm_manager *m,
+                              char *buf,
+                              size_t len,
+                              size_t *written);
 
 /**
  * Gives cached memory back to the device; `*released` (may be NULL) gets the bytes.

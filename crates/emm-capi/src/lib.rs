@@ -637,8 +637,9 @@ pub unsafe extern "C" fn emm_get_stats(m: *mut emm_manager, out: *mut emm_stats)
     })
 }
 
-/// Every counter the manager keeps, as one line of text (NUL-terminated, truncated
-/// to `len`) in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
+/// Every counter the manager keeps, as one line of text (in a build with the
+/// `call-timing` feature, followed by one `name: value` line per process-wide hook
+/// counter), NUL-terminated and truncated to `len`, in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
 /// NULL to ask for the length.
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_report(
