@@ -9,26 +9,15 @@
 
 mod common;
 
-use common::{fixture, Fixture};
+use common::managers::{manager, MANAGERS};
+use common::{fixture, oom, snapshot, Fixture, Snapshot};
 
-use emm::{Context, EmmError, MemoryManager};
+use emm::EmmError;
 use emm_core::{ManagedAttach, ManagedMemory};
-use emm_default::DefaultManager;
 use emm_driver::memory;
-use emm_hostonly::HostOnlyManager;
-use emm_pool::PoolManager;
-use emm_sys::{CUpointer_attribute, CUresult, Live, StandIn};
+use emm_sys::{CUpointer_attribute, CUresult};
 
-/// Live resources and bad frees, to compare before and after a test.
-fn snapshot(s: &StandIn<'_>) -> (Live, u64, u64) {
-    (
-        s.live().unwrap(),
-        s.control("double_frees").unwrap(),
-        s.control("invalid_frees").unwrap(),
-    )
-}
-
-fn assert_clean(f: &Fixture, before: &(Live, u64, u64), what: &str) {
+fn assert_clean(f: &Fixture, before: &Snapshot, what: &str) {
     f.ctx.synchronize().unwrap();
     assert_eq!(
         &snapshot(&f.s),
@@ -36,22 +25,6 @@ fn assert_clean(f: &Fixture, before: &(Live, u64, u64), what: &str) {
         "{what}: the stand-in's live resources or bad-free counters changed"
     );
     assert_eq!(f.s.control("live_managed").unwrap(), 0, "{what}");
-}
-
-const MANAGERS: [&str; 3] = ["default", "pool", "hostonly"];
-
-fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
-    let m: Box<dyn MemoryManager> = match name {
-        "default" => Box::new(DefaultManager::new(ctx).unwrap()),
-        "pool" => Box::new(PoolManager::new(ctx).unwrap()),
-        _ => Box::new(HostOnlyManager::new(ctx).unwrap()),
-    };
-    m.initialize().unwrap();
-    m
-}
-
-fn oom() -> CUresult {
-    CUresult::ERROR_OUT_OF_MEMORY
 }
 
 /// The stand-in's device memory is host memory: the manager's address is the
@@ -325,8 +298,8 @@ fn a_failing_managed_free_is_reported_once_and_not_retried() {
         drop(m);
         let after = snapshot(&f.s);
         assert_eq!(
-            (after.1, after.2),
-            (before.1, before.2),
+            (after.double_frees, after.invalid_frees),
+            (before.double_frees, before.invalid_frees),
             "{name}: a bad free"
         );
         // The driver kept the one block whose free failed; free it behind the

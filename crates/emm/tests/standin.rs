@@ -9,7 +9,8 @@
 
 mod common;
 
-use common::{fixture, Fixture};
+use common::managers::{manager, MANAGERS};
+use common::{fixture, oom, snapshot, Fixture, Snapshot};
 
 use emm::core::conformance;
 use emm::{Context, EmmError, MemoryManager, Stream};
@@ -17,23 +18,7 @@ use emm_default::DefaultManager;
 use emm_driver::memory;
 use emm_hostonly::HostOnlyManager;
 use emm_pool::PoolManager;
-use emm_sys::{CUresult, Live, StandIn};
-
-/// Resources and bad frees before a test, to compare with after it.
-#[derive(Debug, PartialEq, Eq)]
-struct Snapshot {
-    live: Live,
-    double_frees: u64,
-    invalid_frees: u64,
-}
-
-fn snapshot(s: &StandIn<'_>) -> Snapshot {
-    Snapshot {
-        live: s.live().unwrap(),
-        double_frees: s.control("double_frees").unwrap(),
-        invalid_frees: s.control("invalid_frees").unwrap(),
-    }
-}
+use emm_sys::{CUresult, StandIn};
 
 fn assert_clean(s: &StandIn<'_>, ctx: &Context, before: &Snapshot, what: &str) {
     ctx.synchronize().unwrap();
@@ -42,22 +27,6 @@ fn assert_clean(s: &StandIn<'_>, ctx: &Context, before: &Snapshot, what: &str) {
         &after, before,
         "{what}: the stand-in's live resources or bad-free counters changed"
     );
-}
-
-fn oom() -> CUresult {
-    CUresult::ERROR_OUT_OF_MEMORY
-}
-
-const MANAGERS: [&str; 3] = ["default", "pool", "hostonly"];
-
-fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
-    let m: Box<dyn MemoryManager> = match name {
-        "default" => Box::new(DefaultManager::new(ctx).unwrap()),
-        "pool" => Box::new(PoolManager::new(ctx).unwrap()),
-        _ => Box::new(HostOnlyManager::new(ctx).unwrap()),
-    };
-    m.initialize().unwrap();
-    m
 }
 
 /// Runs `body` on a thread of its own and joins it, so that leak checks also see

@@ -1,11 +1,14 @@
-//! What the stand-in test binaries share: the stand-in library's path and a
-//! fixture that loads it once and serializes the tests.
+//! What the stand-in test binaries share: the stand-in library's path, a fixture
+//! that loads it once and serializes the tests, snapshots of its live resources,
+//! and the managers by name (`managers.rs`).
+
+pub mod managers;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, Once};
 
 use emm::Context;
-use emm_sys::StandIn;
+use emm_sys::{CUresult, Live, StandIn};
 
 /// `target/<profile>/libemm_standin.so`, from this executable's place in
 /// `target/<profile>/deps/`.
@@ -55,4 +58,26 @@ pub fn fixture() -> Fixture {
         s,
         ctx,
     }
+}
+
+/// The stand-in's live resources and bad-free counters, to compare before and
+/// after a test.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub live: Live,
+    pub double_frees: u64,
+    pub invalid_frees: u64,
+}
+
+pub fn snapshot(s: &StandIn<'_>) -> Snapshot {
+    Snapshot {
+        live: s.live().unwrap(),
+        double_frees: s.control("double_frees").unwrap(),
+        invalid_frees: s.control("invalid_frees").unwrap(),
+    }
+}
+
+/// The error the tests inject for an exhausted device.
+pub fn oom() -> CUresult {
+    CUresult::ERROR_OUT_OF_MEMORY
 }
