@@ -11,6 +11,9 @@ Variants (fixed before PyTorch touches the GPU, so one per process):
   emm-pool-novmm  the same with EMM_POOL_EXPANDABLE=0 (no virtual memory: what
                IPC-exportable blocks need)
   emm-hostonly emm.torch.install() over emm's hostonly manager (CUDA's own pool)
+  pluggable-floor  PyTorch's CUDAPluggableAllocator over floor_alloc.cpp, an
+               exact-size cache that does almost nothing (built with g++ on first
+               use): what PyTorch's pluggable path costs any allocator, a baseline
 
 Workloads (random weights from configs; nothing is downloaded; shapes drawn from a
 seeded generator, so every variant sees the same sequence of shapes and data):
@@ -33,7 +36,8 @@ import statistics
 import sys
 import time
 
-VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-pool-nocache", "emm-hostonly")
+VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-pool-nocache", "emm-hostonly",
+            "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
 
 
@@ -70,6 +74,25 @@ def setup_allocator(variant):
         import emm.torch
 
         emm.torch.install()
+    if variant == "pluggable-floor":
+        import torch
+
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(str(floor_library()), "floor_alloc", "floor_free")
+        torch.cuda.memory.change_current_allocator(alloc)
+
+
+def floor_library():
+    """floor_alloc.cpp built into a shared library (again when the source is newer)."""
+    import subprocess
+
+    src = pathlib.Path(__file__).resolve().parent / "floor_alloc.cpp"
+    lib = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "emm_floor_alloc.so"
+    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+        cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", str(src), "-o", str(lib),
+                        f"-I{cuda}/include", f"-L{cuda}/lib64", "-lcudart", f"-Wl,-rpath,{cuda}/lib64"],
+                       check=True)
+    return lib
 
 
 def build(workload, dev):
@@ -284,6 +307,9 @@ def step_counters(variant, dev):
             return {k: found[k] for k in COUNTERS if k in found}
         return read
 
+    if variant == "pluggable-floor":
+        return lambda: {}  # PyTorch's pluggable path keeps no statistics
+
     def read_torch():
         st = torch.cuda.memory_stats(dev)
         return {"num_device_alloc": st.get("num_device_alloc", 0), "num_device_free": st.get("num_device_free", 0),
@@ -304,6 +330,13 @@ def memory(variant, dev):
         s = m.stats()
         return {"peak_reserved": s["reserved_bytes_peak"], "peak_allocated": s["allocated_bytes_peak"],
                 "driver_allocs": s["upstream_allocs"], "emm_report": m.report()}
+    if variant == "pluggable-floor":
+        import ctypes
+
+        lib = ctypes.CDLL(str(floor_library()))
+        res, live, allocs = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+        lib.floor_stats(ctypes.byref(res), ctypes.byref(live), ctypes.byref(allocs))
+        return {"peak_reserved": res.value, "peak_allocated": live.value, "driver_allocs": allocs.value}
     s = torch.cuda.memory_stats(dev)
     return {"peak_reserved": s["reserved_bytes.all.peak"], "peak_allocated": s["allocated_bytes.all.peak"],
             "driver_allocs": s.get("num_device_alloc", 0)}

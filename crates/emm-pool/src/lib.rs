@@ -20,6 +20,7 @@ mod events;
 mod fasthash;
 mod history;
 mod pool;
+mod thread_cache;
 mod vmm;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};

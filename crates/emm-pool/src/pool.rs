@@ -18,6 +18,7 @@ use crate::arena::{
     SegmentPolicy, SegmentSource, StreamKey,
 };
 use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::thread_cache::{Entry, StreamCache};
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
 /// Configuration of a [`PoolManager`].
@@ -86,8 +87,8 @@ impl Default for PoolConfig {
         PoolConfig {
             segments: SegmentPolicy::default(),
             limit: None,
-            thread_cache_blocks: 8,
-            thread_cache_bytes: 64 << 20,
+            thread_cache_blocks: 64,
+            thread_cache_bytes: 128 << 20,
             release_threshold: usize::MAX,
         }
     }
@@ -330,21 +331,6 @@ pub(crate) struct Core {
     recording: AtomicBool,
 }
 
-#[derive(Clone, Copy)]
-struct Entry {
-    ptr: CUdeviceptr,
-    size: usize,
-    base: CUdeviceptr,
-    base_size: usize,
-    generation: usize,
-}
-
-struct StreamCache {
-    stream: StreamKey,
-    entries: Vec<Entry>,
-    bytes: usize,
-}
-
 /// A thread's caches for one pool. It holds the pool weakly: a dropped pool is
 /// gone at once (its events, context and address reservation released), and a
 /// thread that outlives it just discards its stale entries.
@@ -369,12 +355,13 @@ impl Drop for Local {
         };
         let mut arena = core.lock();
         let gen = core.generation.load(Ordering::Acquire);
-        for sc in self.streams.drain(..) {
-            for e in sc.entries {
+        for mut sc in self.streams.drain(..) {
+            let stream = sc.stream;
+            sc.drain(|e| {
                 if e.generation == gen {
-                    arena.free(e.ptr, sc.stream, None); // the stream may be gone
+                    arena.free(e.ptr, stream, None); // the stream may be gone
                 }
-            }
+            });
         }
         self.counters.cached_bytes.store(0, Ordering::Relaxed);
     }
@@ -439,13 +426,13 @@ impl Core {
         } else {
             None
         };
-        for e in sc.entries.drain(..) {
+        let (stream, bytes) = (sc.stream, sc.bytes());
+        sc.drain(|e| {
             if e.generation == gen {
-                arena.free(e.ptr, sc.stream, events);
+                arena.free(e.ptr, stream, events);
             }
-        }
-        add_cached(counters, -(sc.bytes as i64));
-        sc.bytes = 0;
+        });
+        add_cached(counters, -(bytes as i64));
     }
 
     /// Gives this thread's cached blocks of every stream back to the arena, without
@@ -477,12 +464,7 @@ impl Core {
         let hit = self.with_local(|local| {
             bump(&local.counters.allocations);
             let sc = local.streams.iter_mut().find(|s| s.stream == key)?;
-            let i = sc
-                .entries
-                .iter()
-                .rposition(|e| e.size == rsize && e.generation == gen)?;
-            let e = sc.entries.swap_remove(i);
-            sc.bytes -= e.size;
+            let e = sc.take(rsize, gen)?;
             add_cached(&local.counters, -(e.size as i64));
             bump(&local.counters.hits);
             bump(&local.counters.live_blocks);
@@ -638,11 +620,7 @@ impl Core {
                             arena.stats.scan_steps += 1;
                             self.flush_stream(&mut arena, &mut oldest, &local.counters, gen, false);
                         }
-                        local.streams.push(StreamCache {
-                            stream: key,
-                            entries: Vec::with_capacity(cfg.thread_cache_blocks),
-                            bytes: 0,
-                        });
+                        local.streams.push(StreamCache::new(key));
                         local.streams.last_mut()?
                     }
                 };
@@ -650,20 +628,19 @@ impl Core {
                 // they coalesce) and this one starts the cache afresh, so blocks that
                 // are not reused (one large tensor, say) cannot keep the cache full
                 // and send every other size to the locked path.
-                if sc.entries.len() >= cfg.thread_cache_blocks
-                    || sc.bytes.saturating_add(rsize) > cfg.thread_cache_bytes
+                if sc.blocks() >= cfg.thread_cache_blocks
+                    || sc.bytes().saturating_add(rsize) > cfg.thread_cache_bytes
                 {
                     let mut arena = self.lock();
                     self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                 }
-                sc.entries.push(Entry {
+                sc.put(Entry {
                     ptr,
                     size: rsize,
                     base: base.0,
                     base_size: base.1,
                     generation: gen,
                 });
-                sc.bytes += rsize;
                 add_cached(&local.counters, rsize as i64);
                 done(&local.counters.live_blocks);
                 Some(Freed::Cached)
