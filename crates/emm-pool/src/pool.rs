@@ -276,8 +276,9 @@ impl SegmentSource for SourceAdapter<'_> {
     }
 }
 
-/// Counters one thread writes and others read (single writer: no contention).
-/// Aligned so that two threads' counters never share a cache line.
+/// Counters one thread writes and others read (single writer: no contention),
+/// and the thread's caches. Aligned so that two threads' counters never share a
+/// cache line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct ThreadCounters {
@@ -286,10 +287,21 @@ struct ThreadCounters {
     allocations: AtomicU64,
     hits: AtomicU64,
     /// Bytes of freed blocks sitting in this thread's cache (live to the arena,
-    /// free to the user).
+    /// free to the user). Written only under `caches`' lock.
     cached_bytes: AtomicU64,
     /// Bytes handed out by this thread so far (rounded).
     allocated_total: AtomicU64,
+    /// The thread's cached blocks, per stream: at most [`MAX_STREAM_CACHES`],
+    /// oldest first. Its own thread locks it (uncontended); another thread only
+    /// with `try_lock` while it holds the arena, to take back blocks of its stream
+    /// before the pool grows (see `Core::reclaim_cached`).
+    caches: Mutex<Vec<StreamCache>>,
+}
+
+/// A thread's caches, locked (a poisoned lock still holds consistent lists: every
+/// update under it is a push, a pop or a drain).
+fn caches_of(c: &ThreadCounters) -> MutexGuard<'_, Vec<StreamCache>> {
+    c.caches.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn add_cached(c: &ThreadCounters, delta: i64) {
@@ -337,9 +349,8 @@ pub(crate) struct Core {
 struct Local {
     id: usize,
     core: Weak<Core>,
+    /// The thread's counters and caches (shared with `Core::threads`).
     counters: Arc<ThreadCounters>,
-    /// At most [`MAX_STREAM_CACHES`], oldest first.
-    streams: Vec<StreamCache>,
 }
 
 /// Streams a thread keeps cached blocks for, per pool. A thread that frees on more
@@ -353,9 +364,10 @@ impl Drop for Local {
         let Some(core) = self.core.upgrade() else {
             return; // the pool is gone, and its memory with it
         };
+        let mut caches = caches_of(&self.counters);
         let mut arena = core.lock();
         let gen = core.generation.load(Ordering::Acquire);
-        for mut sc in self.streams.drain(..) {
+        for mut sc in caches.drain(..) {
             let stream = sc.stream;
             sc.drain(|e| {
                 if e.generation == gen {
@@ -400,7 +412,6 @@ impl Core {
                             id: self.id,
                             core: Arc::downgrade(self),
                             counters,
-                            streams: Vec::new(),
                         });
                         locals.len() - 1
                     }
@@ -440,10 +451,39 @@ impl Core {
     fn flush_thread(self: &Arc<Self>, arena: &mut Arena) {
         let gen = self.generation.load(Ordering::Acquire);
         let _ = self.with_local(|local| {
-            for sc in &mut local.streams {
+            for sc in caches_of(&local.counters).iter_mut() {
                 self.flush_stream(arena, sc, &local.counters, gen, false);
             }
         });
+    }
+
+    /// Before the pool grows for stream `key`: gives the blocks every thread cached
+    /// for that stream back to the arena (they are free, and ordered on it), so that
+    /// memory parked in another thread's cache (the blocks PyTorch's autograd thread
+    /// freed, when the next forward pass allocates on the main thread) is not
+    /// reserved a second time. A cache whose thread holds it right now is skipped:
+    /// that thread may be waiting for the arena, which the caller holds. Returns
+    /// whether any block came back.
+    fn reclaim_cached(&self, arena: &mut Arena, key: StreamKey, gen: usize) -> bool {
+        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        for t in threads.iter() {
+            let mut caches = match t.caches.try_lock() {
+                Ok(c) => c,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            if let Some(sc) = caches
+                .iter_mut()
+                .find(|s| s.stream == key && s.blocks() > 0)
+            {
+                arena.stats.scan_steps += 1;
+                // The caller allocates on `key` now, so the stream is alive.
+                self.flush_stream(arena, sc, t, gen, true);
+                any = true;
+            }
+        }
+        any
     }
 
     fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
@@ -463,7 +503,8 @@ impl Core {
         // Fast path: this thread's cache for this stream, exact rounded size.
         let hit = self.with_local(|local| {
             bump(&local.counters.allocations);
-            let sc = local.streams.iter_mut().find(|s| s.stream == key)?;
+            let mut caches = caches_of(&local.counters);
+            let sc = caches.iter_mut().find(|s| s.stream == key)?;
             let e = sc.take(rsize, gen)?;
             add_cached(&local.counters, -(e.size as i64));
             bump(&local.counters.hits);
@@ -485,6 +526,7 @@ impl Core {
                 let source = self.source();
                 let mut found = None;
                 let on_thread = other.is_some();
+                let cfg_caches = self.config.thread_cache_blocks > 0;
                 if on_thread {
                     // A miss: serve it from the arena's free blocks if possible;
                     // before taking new memory, give this stream's cached blocks back
@@ -492,10 +534,21 @@ impl Core {
                     found = arena.try_alloc(rsize, key, self.events.as_ref(), &source, false)?;
                     if found.is_none() {
                         self.with_local(|local| {
-                            if let Some(sc) = local.streams.iter_mut().find(|s| s.stream == key) {
+                            let mut caches = caches_of(&local.counters);
+                            if let Some(sc) = caches.iter_mut().find(|s| s.stream == key) {
                                 self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                             }
                         });
+                        // Other threads' blocks of this stream, before growing.
+                        if cfg_caches && self.reclaim_cached(&mut arena, key, gen) {
+                            found = arena.try_alloc(
+                                rsize,
+                                key,
+                                self.events.as_ref(),
+                                &source,
+                                false,
+                            )?;
+                        }
                     }
                 }
                 let (ptr, base, base_size) = match found {
@@ -609,19 +662,20 @@ impl Core {
                 if cfg.thread_cache_blocks == 0 || rsize > cfg.thread_cache_bytes {
                     return Some(Freed::ToArena(local.counters.clone()));
                 }
-                let sc = match local.streams.iter_mut().position(|s| s.stream == key) {
-                    Some(i) => &mut local.streams[i],
+                let mut caches = caches_of(&local.counters);
+                let sc = match caches.iter().position(|s| s.stream == key) {
+                    Some(i) => &mut caches[i],
                     None => {
-                        if local.streams.len() >= MAX_STREAM_CACHES {
+                        if caches.len() >= MAX_STREAM_CACHES {
                             // The oldest stream's blocks go back without an event:
                             // that stream may be gone by now.
-                            let mut oldest = local.streams.remove(0);
+                            let mut oldest = caches.remove(0);
                             let mut arena = self.lock();
                             arena.stats.scan_steps += 1;
                             self.flush_stream(&mut arena, &mut oldest, &local.counters, gen, false);
                         }
-                        local.streams.push(StreamCache::new(key));
-                        local.streams.last_mut()?
+                        caches.push(StreamCache::new(key));
+                        caches.last_mut()?
                     }
                 };
                 // Full: the stream's cached blocks all go back to the arena (where

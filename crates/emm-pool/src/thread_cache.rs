@@ -29,6 +29,7 @@ pub(crate) struct Entry {
 const KEPT_SIZES: usize = 256;
 
 /// The blocks one thread freed on one stream.
+#[derive(Debug)]
 pub(crate) struct StreamCache {
     pub stream: StreamKey,
     by_size: FastMap<usize, Vec<Entry>>,

@@ -1,0 +1,78 @@
+//! Thread caches over the host stand-in: blocks one thread freed and cached are
+//! taken back before the pool grows for another thread on the same stream, so a
+//! program whose frees happen on one thread and allocations on another (PyTorch's
+//! autograd thread and its main thread) does not reserve that memory twice.
+
+use std::sync::mpsc;
+use std::thread;
+
+use emm_pool::{PoolConfig, PoolManager};
+use emm_sys::CUstream;
+
+const S: CUstream = emm_core::SYNC_STREAM;
+const MIB: usize = 1 << 20;
+
+/// Runs `work` on a thread that stays alive (its caches with it) until the
+/// returned sender is dropped.
+fn parked_thread(
+    work: impl FnOnce() + Send + 'static,
+) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let handle = thread::spawn(move || {
+        work();
+        done_tx.send(()).unwrap();
+        let _ = release_rx.recv(); // parked: its thread-local caches stay
+    });
+    done_rx.recv().unwrap();
+    (release_tx, handle)
+}
+
+#[test]
+fn another_threads_cached_blocks_serve_a_request_before_the_pool_grows() {
+    for size in [8 * MIB, 512 * 1024] {
+        let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+        let p = pool.clone();
+        // Thread A allocates eight blocks and frees them: they sit in its cache.
+        let (release, a) = parked_thread(move || {
+            let blocks: Vec<_> = (0..8).map(|_| p.alloc(size, S).unwrap()).collect();
+            drop(blocks);
+        });
+        let before = pool.stats();
+        assert_eq!(
+            before.thread_cached_bytes,
+            8 * size,
+            "A's cache holds its blocks"
+        );
+        // The main thread asks for the same memory: A's cache gives it back.
+        let held: Vec<_> = (0..8).map(|_| pool.alloc(size, S).unwrap()).collect();
+        let after = pool.stats();
+        assert_eq!(
+            after.reserved_bytes, before.reserved_bytes,
+            "size {size}: the pool grew instead of taking back the cached blocks"
+        );
+        assert_eq!(after.thread_cached_bytes, 0);
+        assert_eq!(after.allocated_bytes, 8 * size);
+        drop(held);
+        drop(release);
+        a.join().unwrap();
+    }
+}
+
+#[test]
+fn a_threads_own_cache_serves_its_next_request_of_the_same_size_without_the_arena() {
+    let pool = PoolManager::host(1 << 36, PoolConfig::default()).unwrap();
+    // More distinct sizes than the old scan-based cache held (8): every one is
+    // served from the cache on the second pass.
+    let sizes: Vec<usize> = (1..=40).map(|i| i * 64 * 1024).collect();
+    let first: Vec<_> = sizes.iter().map(|&n| pool.alloc(n, S).unwrap()).collect();
+    drop(first);
+    let locked = pool.stats().locked_allocs;
+    let again: Vec<_> = sizes.iter().map(|&n| pool.alloc(n, S).unwrap()).collect();
+    assert_eq!(
+        pool.stats().locked_allocs,
+        locked,
+        "a request of a cached size took the locked path"
+    );
+    drop(again);
+}
