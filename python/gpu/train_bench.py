@@ -204,6 +204,7 @@ def main():
         return loss
 
     times = []
+    probes = []  # host speed just before each timed step (host_probe)
     loss = None
     counters = step_counters(args.variant, dev)
     before = counters()
@@ -213,6 +214,8 @@ def main():
         if i == args.warmup:
             window[0] = time.time()
         torch.cuda.synchronize(dev)
+        if i >= args.warmup:
+            probes.append(host_probe())
         t0 = time.perf_counter()
         loss = step(i)
         torch.cuda.synchronize(dev)
@@ -240,7 +243,7 @@ def main():
         "variant": args.variant, "workload": args.workload, "world": world, "shapes": args.shapes,
         "steps": args.steps, "step_ms": times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
-        "step_changes": changes, "timed_window": window, "calib": calib,
+        "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
     }
     if args.ddp:
         import torch.distributed as dist
@@ -254,6 +257,16 @@ def main():
         dist.destroy_process_group()
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+def host_probe():
+    """How fast the host is right now: a fixed pure-Python loop of about 1 ms, run
+    just before a timed step (outside its time). The lent machine's host speed
+    changes by up to 2x for stretches of seconds to minutes; a step is comparable
+    with another variant's only when both ran on an equally fast host."""
+    t0 = time.perf_counter()
+    sum(i * i for i in range(20_000))
+    return (time.perf_counter() - t0) * 1e3
 
 
 def calibrate(dev):
