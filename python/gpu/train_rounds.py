@@ -18,8 +18,8 @@ GPU's SM clock during each process's timed steps (nvidia-smi, sampled every 100 
 and the process's host calibration (train_bench.py: a fixed Python loop, and an
 in-place kernel launch), so a slow process can be told from a slow allocator.
 Then the steps that ran on a steady host (train_bench.py times a fixed ~1 ms Python
-loop just before each timed step; a step counts when its loop took at most 1.10x the
-fastest of the workload), pooled over rounds, per variant.
+loop just before each timed step; a step counts when its loop took at most 1.15x the
+fastest of the workload), compared step index by step index (the same shapes).
 """
 import argparse
 import datetime
@@ -248,37 +248,42 @@ def tables(args, results):
         paired(w, args, results)
 
 
-STEADY = 1.10
+STEADY = 1.15
 
 
 def steady(w, args, results):
-    """Step times on a steady host: only the timed steps whose host probe (a fixed
-    ~1 ms Python loop run just before the step, train_bench.py's host_probe) took
-    at most STEADY x the fastest probe of any process of this workload. The lent
-    machine's host slows by up to 2x for stretches of seconds to minutes, which moves
-    a whole process's total by 10-30 %; comparing the steps that ran on an equally
-    fast host removes that, whatever the stretch hit."""
+    """Step times on a steady host. The lent machine's host slows by up to 2x for
+    stretches of seconds to minutes, which moves a whole process's total by
+    10-30 %. train_bench.py times a fixed ~1 ms Python loop just before each timed
+    step (host_probe); a step counts as steady when its loop took at most STEADY x
+    the fastest loop of the workload. Every process draws the same shape at the
+    same step index, so steps are compared index by index: per variant, the median
+    of its steady steps at an index (over rounds), summed over the indices where
+    every variant has a steady step."""
     probes = [p for v in args.variants for x in results.get((w, v), []) for p in x.get("probe_ms", [])]
     if not probes:
         return
     bound = min(probes) * STEADY
-    print(f"\n{w}, timed steps on a steady host (host probe <= {bound:.3f} ms, {STEADY:.2f} x the fastest "
-          f"probe of the workload), every round pooled:")
-    print("| variant | steady steps | step ms: median | mean | 25th-75th percentile | median / faster peer's |")
-    print("|---|---|---|---|---|---|")
-    kept = {v: [t for x in results.get((w, v), []) for t, p in zip(x["step_ms"], x.get("probe_ms", []))
-                if p <= bound] for v in args.variants}
-    meds = {v: statistics.median(k) for v, k in kept.items() if len(k) >= 4}
-    peer = min((meds[p] for p in ("native", "expandable") if p in meds), default=None)
+    at = {v: {} for v in args.variants}
     for v in args.variants:
-        k = kept[v]
-        if v in meds:
-            q = statistics.quantiles(k, n=4)
-            row = f"{len(k)} | {meds[v]:.2f} | {statistics.mean(k):.2f} | {q[0]:.2f}-{q[2]:.2f}"
-        else:
-            row = f"{len(k)} | - | - | -"
-        rel = f"{meds[v] / peer:.3f}" if peer and v in meds and v not in ("native", "expandable") else "-"
-        print(f"| {v} | {row} | {rel} |")
+        for x in results.get((w, v), []):
+            for i, (t, p) in enumerate(zip(x["step_ms"], x.get("probe_ms", []))):
+                if p <= bound:
+                    at[v].setdefault(i, []).append(t)
+    common = sorted(set.intersection(*(set(a) for a in at.values()))) if at else []
+    print(f"\n{w}, timed steps on a steady host (host probe <= {bound:.3f} ms, {STEADY:.2f} x the fastest "
+          f"probe of the workload), compared at the {len(common)} step indices (same shapes) where every "
+          f"variant has one:")
+    if not common:
+        return
+    print("| variant | steady steps | sum over those indices of the median step, ms | / faster peer's |")
+    print("|---|---|---|---|")
+    sums = {v: sum(statistics.median(at[v][i]) for i in common) for v in args.variants}
+    peer = min((sums[p] for p in ("native", "expandable") if p in sums), default=None)
+    for v in args.variants:
+        n = sum(len(t) for t in at[v].values())
+        rel = f"{sums[v] / peer:.3f}" if peer and v not in ("native", "expandable") else "-"
+        print(f"| {v} | {n} | {sums[v]:.1f} | {rel} |")
 
 
 def hook_time(w, args, results):
