@@ -87,8 +87,8 @@ impl Default for PoolConfig {
         PoolConfig {
             segments: SegmentPolicy::default(),
             limit: None,
-            thread_cache_blocks: 64,
-            thread_cache_bytes: 128 << 20,
+            thread_cache_blocks: 256,
+            thread_cache_bytes: 512 << 20,
             release_threshold: usize::MAX,
         }
     }
