@@ -857,7 +857,8 @@ pub enum PoolUpstream {
 ///   freed blocks per stream; an allocation of the same rounded size on the same
 ///   stream takes one back without a lock. A miss that needs new memory, or a free
 ///   into a full cache, gives that stream's cached blocks back to the shared arena
-///   first, so nothing stays fragmented or stuck in a cache.
+///   first, so nothing stays fragmented or stuck in a cache; before the pool grows
+///   for a stream, every other thread's cached blocks of that stream go back too.
 /// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
 ///   large blocks use different segments; lookups are `O(log n)`.
 /// - **Out of memory**: wait for pending cross-stream events, give back every
