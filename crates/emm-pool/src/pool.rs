@@ -359,6 +359,10 @@ struct Local {
 /// cache on each.
 pub const MAX_STREAM_CACHES: usize = 16;
 
+/// The most a thread caches per stream in a pool without the expandable segment
+/// (see `Core::cache_bytes`).
+pub const NO_VMM_CACHE_BYTES: usize = 64 << 20;
+
 impl Drop for Local {
     fn drop(&mut self) {
         let Some(core) = self.core.upgrade() else {
@@ -455,6 +459,19 @@ impl Core {
                 self.flush_stream(arena, sc, &local.counters, gen, false);
             }
         });
+    }
+
+    /// Bytes a thread may cache per stream. Without the expandable segment, large
+    /// blocks are whole segments of their exact size, which the pool gives back
+    /// (instead of growing) only when they are free in the arena: a cache holding
+    /// many of them counts as live there and let the recorded inference trace grow
+    /// to 1.71x of live; such a pool caches at most [`NO_VMM_CACHE_BYTES`].
+    fn cache_bytes(&self) -> usize {
+        if self.vmm.is_some() && self.config.segments.expandable {
+            self.config.thread_cache_bytes
+        } else {
+            self.config.thread_cache_bytes.min(NO_VMM_CACHE_BYTES)
+        }
     }
 
     /// Before the pool grows for stream `key`: gives the blocks every thread cached
@@ -659,7 +676,8 @@ impl Core {
                     done(&local.counters.live_blocks);
                     return Some(Freed::Cached); // invalidated by reset
                 }
-                if cfg.thread_cache_blocks == 0 || rsize > cfg.thread_cache_bytes {
+                let cap = self.cache_bytes();
+                if cfg.thread_cache_blocks == 0 || rsize > cap {
                     return Some(Freed::ToArena(local.counters.clone()));
                 }
                 let mut caches = caches_of(&local.counters);
@@ -682,8 +700,7 @@ impl Core {
                 // they coalesce) and this one starts the cache afresh, so blocks that
                 // are not reused (one large tensor, say) cannot keep the cache full
                 // and send every other size to the locked path.
-                if sc.blocks() >= cfg.thread_cache_blocks
-                    || sc.bytes().saturating_add(rsize) > cfg.thread_cache_bytes
+                if sc.blocks() >= cfg.thread_cache_blocks || sc.bytes().saturating_add(rsize) > cap
                 {
                     let mut arena = self.lock();
                     self.flush_stream(&mut arena, sc, &local.counters, gen, true);
