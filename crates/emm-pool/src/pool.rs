@@ -435,19 +435,22 @@ impl Core {
         counters: &ThreadCounters,
         gen: usize,
         alive: bool,
-    ) {
+    ) -> bool {
         let events = if alive {
             Some(self.events.as_ref())
         } else {
             None
         };
         let (stream, bytes) = (sc.stream, sc.bytes());
+        let mut any = false;
         sc.drain(|e| {
             if e.generation == gen {
                 arena.free(e.ptr, stream, events);
+                any = true;
             }
         });
         add_cached(counters, -(bytes as i64));
+        any
     }
 
     /// Gives this thread's cached blocks of every stream back to the arena, without
@@ -474,14 +477,18 @@ impl Core {
         }
     }
 
-    /// Before the pool grows for stream `key`: gives the blocks every thread cached
-    /// for that stream back to the arena (they are free, and ordered on it), so that
-    /// memory parked in another thread's cache (the blocks PyTorch's autograd thread
-    /// freed, when the next forward pass allocates on the main thread) is not
-    /// reserved a second time. A cache whose thread holds it right now is skipped:
-    /// that thread may be waiting for the arena, which the caller holds. Returns
-    /// whether any block came back.
-    fn reclaim_cached(&self, arena: &mut Arena, key: StreamKey, gen: usize) -> bool {
+    /// Gives blocks other threads cached back to the arena. With `Some(key)`
+    /// (before the pool grows for stream `key`): every thread's blocks of that
+    /// stream, with an event recorded on it (the caller allocates on it, so it is
+    /// alive), so that memory parked in another thread's cache (the blocks
+    /// PyTorch's autograd thread freed, when the next forward pass allocates on the
+    /// main thread) is not reserved a second time. With `None` (out of memory,
+    /// `trim`): every stream's blocks, without events (a stream may be gone: the
+    /// blocks serve another stream after a device-wide synchronization). A cache
+    /// whose thread holds it right now is skipped: that thread may be waiting for
+    /// the arena, which the caller holds. `gen` is the generation read under the
+    /// arena's lock. Returns whether any current block came back.
+    fn reclaim_cached(&self, arena: &mut Arena, only: Option<StreamKey>, gen: usize) -> bool {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let mut any = false;
         for t in threads.iter() {
@@ -490,14 +497,12 @@ impl Core {
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => continue,
             };
-            if let Some(sc) = caches
-                .iter_mut()
-                .find(|s| s.stream == key && s.blocks() > 0)
-            {
+            for sc in caches.iter_mut() {
+                if sc.blocks() == 0 || only.is_some_and(|k| k != sc.stream) {
+                    continue;
+                }
                 arena.stats.scan_steps += 1;
-                // The caller allocates on `key` now, so the stream is alive.
-                self.flush_stream(arena, sc, t, gen, true);
-                any = true;
+                any |= self.flush_stream(arena, sc, t, gen, only.is_some());
             }
         }
         any
@@ -540,6 +545,9 @@ impl Core {
             }
             other => {
                 let mut arena = self.lock();
+                // Read again under the lock: a reset may have come in between, and
+                // blocks are judged stale (never freed) or current by it below.
+                let gen = self.generation.load(Ordering::Acquire);
                 let source = self.source();
                 let mut found = None;
                 let on_thread = other.is_some();
@@ -557,7 +565,7 @@ impl Core {
                             }
                         });
                         // Other threads' blocks of this stream, before growing.
-                        if cfg_caches && self.reclaim_cached(&mut arena, key, gen) {
+                        if cfg_caches && self.reclaim_cached(&mut arena, Some(key), gen) {
                             found = arena.try_alloc(
                                 rsize,
                                 key,
@@ -570,7 +578,18 @@ impl Core {
                 }
                 let (ptr, base, base_size) = match found {
                     Some(f) => f,
-                    None => arena.alloc(rsize, key, self.events.as_ref(), &source)?,
+                    None => match arena.alloc(rsize, key, self.events.as_ref(), &source) {
+                        // Out of memory: every thread's cached blocks, of any
+                        // stream, go back, and the request is tried once more.
+                        Err(e)
+                            if e.is_out_of_memory()
+                                && cfg_caches
+                                && self.reclaim_cached(&mut arena, None, gen) =>
+                        {
+                            arena.alloc(rsize, key, self.events.as_ref(), &source)?
+                        }
+                        r => r?,
+                    },
                 };
                 // Counted live only once it exists (an error leaves no count behind).
                 if on_thread {
@@ -1133,12 +1152,14 @@ impl PoolManager {
         }
     }
 
-    /// Gives every wholly free segment back to the upstream (after returning this
-    /// thread's cached blocks); returns the bytes released. Blocks cached by other
-    /// live threads stay until those threads allocate again or exit.
+    /// Gives every wholly free segment back to the upstream (after returning the
+    /// blocks this thread and the other threads cached; a thread using its cache at
+    /// that moment keeps it); returns the bytes released.
     pub fn trim(&self) -> usize {
         let mut arena = self.core.lock();
         self.core.flush_thread(&mut arena);
+        let gen = self.core.generation.load(Ordering::Acquire);
+        self.core.reclaim_cached(&mut arena, None, gen);
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
             tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
         }

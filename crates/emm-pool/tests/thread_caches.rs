@@ -76,3 +76,50 @@ fn a_threads_own_cache_serves_its_next_request_of_the_same_size_without_the_aren
     );
     drop(again);
 }
+
+#[test]
+fn out_of_memory_takes_back_every_threads_cached_blocks_of_any_stream() {
+    // A 64 MiB pool: thread A leaves 48 MiB cached on its own stream; the main
+    // thread then asks for 48 MiB on another stream, which fits only once A's
+    // blocks are back.
+    let config = PoolConfig {
+        limit: Some(64 * MIB),
+        ..PoolConfig::default()
+    };
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, config).unwrap());
+    let p = pool.clone();
+    let other = CUstream(0x7000_0000 as *mut std::ffi::c_void);
+    let (release, a) = parked_thread(move || {
+        let blocks: Vec<_> = (0..6).map(|_| p.alloc(8 * MIB, other).unwrap()).collect();
+        drop(blocks);
+    });
+    assert_eq!(pool.stats().thread_cached_bytes, 48 * MIB);
+    let held = pool
+        .alloc(48 * MIB, S)
+        .expect("A's cached blocks should have gone back before out of memory");
+    assert_eq!(pool.stats().thread_cached_bytes, 0);
+    assert!(pool.stats().reserved_bytes <= 64 * MIB);
+    drop(held);
+    drop(release);
+    a.join().unwrap();
+}
+
+#[test]
+fn trim_gives_back_the_blocks_other_threads_cached() {
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    let p = pool.clone();
+    let (release, a) = parked_thread(move || {
+        let blocks: Vec<_> = (0..4).map(|_| p.alloc(8 * MIB, S).unwrap()).collect();
+        drop(blocks);
+    });
+    assert_eq!(pool.stats().thread_cached_bytes, 32 * MIB);
+    pool.trim();
+    let after = pool.stats();
+    assert_eq!(after.thread_cached_bytes, 0);
+    assert_eq!(
+        after.reserved_bytes, 0,
+        "every segment went back: {after:?}"
+    );
+    drop(release);
+    a.join().unwrap();
+}
