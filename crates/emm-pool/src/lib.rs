@@ -19,6 +19,7 @@ mod arena;
 mod events;
 mod fasthash;
 mod history;
+mod owner_lock;
 mod pool;
 mod thread_cache;
 mod vmm;

@@ -18,6 +18,7 @@ use crate::arena::{
     SegmentPolicy, SegmentSource, StreamKey,
 };
 use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::owner_lock::{self, OwnerLock};
 use crate::thread_cache::{Entry, StreamCache};
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
@@ -295,13 +296,12 @@ struct ThreadCounters {
     /// oldest first. Its own thread locks it (uncontended); another thread only
     /// with `try_lock` while it holds the arena, to take back blocks of its stream
     /// before the pool grows (see `Core::reclaim_cached`).
-    caches: Mutex<Vec<StreamCache>>,
+    caches: OwnerLock<Vec<StreamCache>>,
 }
 
-/// A thread's caches, locked (a poisoned lock still holds consistent lists: every
-/// update under it is a push, a pop or a drain).
-fn caches_of(c: &ThreadCounters) -> MutexGuard<'_, Vec<StreamCache>> {
-    c.caches.lock().unwrap_or_else(|p| p.into_inner())
+/// A thread's caches, locked.
+fn caches_of(c: &ThreadCounters) -> owner_lock::Guard<'_, Vec<StreamCache>> {
+    c.caches.lock()
 }
 
 fn add_cached(c: &ThreadCounters, delta: i64) {
@@ -492,10 +492,8 @@ impl Core {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let mut any = false;
         for t in threads.iter() {
-            let mut caches = match t.caches.try_lock() {
-                Ok(c) => c,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => continue,
+            let Some(mut caches) = t.caches.try_lock() else {
+                continue;
             };
             for sc in caches.iter_mut() {
                 if sc.blocks() == 0 || only.is_some_and(|k| k != sc.stream) {
