@@ -212,10 +212,14 @@ pub struct SegmentPolicy {
     /// Large segments are rounded up to this.
     pub large_round: usize,
     /// Without the expandable segment: a large request that would take a new
-    /// segment while reserved exceeds this percentage of live plus the request
-    /// first synchronizes and gives back wholly free large segments (`None`: never;
-    /// see `Arena::tighten`).
+    /// segment while reserved exceeds this percentage of the peak of live bytes
+    /// (or of live plus the request, when more) first synchronizes and gives back
+    /// wholly free large segments (`None`: never; see `Arena::tighten`).
     pub tight_percent: Option<u32>,
+    /// Without the expandable segment: a large segment made for one request of at
+    /// least this many bytes serves only requests of about its size, so that it
+    /// comes free whole and can be given back (see `Arena::fit`).
+    pub exclusive: usize,
 }
 
 impl Default for SegmentPolicy {
@@ -227,7 +231,8 @@ impl Default for SegmentPolicy {
             small_segment: 4 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,
-            tight_percent: Some(125),
+            tight_percent: Some(115),
+            exclusive: 256 << 20,
         }
     }
 }
