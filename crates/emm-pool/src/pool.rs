@@ -293,15 +293,22 @@ struct ThreadCounters {
     /// Bytes handed out by this thread so far (rounded).
     allocated_total: AtomicU64,
     /// The thread's cached blocks, per stream: at most [`MAX_STREAM_CACHES`],
-    /// oldest first. Its own thread locks it (uncontended); another thread only
-    /// with `try_lock` while it holds the arena, to take back blocks of its stream
-    /// before the pool grows (see `Core::reclaim_cached`).
+    /// oldest first. Its own thread enters it on every call (a biased lock, no
+    /// atomic read-modify-write); another thread only claims it, while it holds
+    /// the arena, to take blocks back before the pool grows, on out of memory or
+    /// on trim (see `Core::reclaim_cached`).
     caches: OwnerLock<Vec<StreamCache>>,
 }
 
-/// A thread's caches, locked.
+/// This thread's caches, entered as their owner.
+///
+/// Callers pass the counters of this thread's own `Local` (reached through
+/// `LOCALS`, which no other thread can reach), and never hold another guard of
+/// them at the same time.
 fn caches_of(c: &ThreadCounters) -> owner_lock::Guard<'_, Vec<StreamCache>> {
-    c.caches.lock()
+    // SAFETY: per this function's contract, the calling thread owns `c` (its
+    // `Local` lives in this thread's `LOCALS`) and holds no guard of it.
+    unsafe { c.caches.enter() }
 }
 
 fn add_cached(c: &ThreadCounters, delta: i64) {
@@ -490,9 +497,20 @@ impl Core {
     /// arena's lock. Returns whether any current block came back.
     fn reclaim_cached(&self, arena: &mut Arena, only: Option<StreamKey>, gen: usize) -> bool {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        // Claim every cache that holds blocks, then one process-wide barrier for
+        // all of them (see `owner_lock`).
+        let claims: Vec<_> = threads
+            .iter()
+            .filter(|t| t.cached_bytes.load(Ordering::Relaxed) > 0)
+            .filter_map(|t| Some((t, t.caches.claim()?)))
+            .collect();
+        if claims.is_empty() {
+            return false;
+        }
+        let barrier_ok = owner_lock::barrier();
         let mut any = false;
-        for t in threads.iter() {
-            let Some(mut caches) = t.caches.try_lock() else {
+        for (t, claim) in claims {
+            let Some(mut caches) = claim.confirm(barrier_ok) else {
                 continue;
             };
             for sc in caches.iter_mut() {
