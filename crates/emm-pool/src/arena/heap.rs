@@ -73,6 +73,10 @@ impl Arena {
     /// a similar rule only when `max_split_size_mb` is set, reached 1.85x).
     fn fit(&self, size: usize, kind: Kind, stream: StreamKey) -> Option<(usize, CUdeviceptr)> {
         let set = self.free.get(&(stream, kind))?;
+        if kind == Kind::Small {
+            // Small segments are never exclusive: plain best fit, no lookups.
+            return set.range((size, 0)..).next().copied();
+        }
         let shared = self.policy.large_segment;
         // Oversize blocks that do not qualify are skipped: blocks of the expandable
         // segment or of shared segments may follow them.
