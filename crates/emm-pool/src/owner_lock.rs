@@ -54,7 +54,9 @@ fn mode() -> u8 {
 /// failed (then a claim must not go ahead).
 pub(crate) fn barrier() -> bool {
     fence(Ordering::SeqCst);
-    match MODE.load(Ordering::Acquire) {
+    // `mode()`, not a bare load: decided here if no lock exists yet, so a claim
+    // never relies on an undecided mode.
+    match mode() {
         ASYMMETRIC => membarrier::all_threads(),
         _ => true,
     }
