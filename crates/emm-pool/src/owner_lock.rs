@@ -62,10 +62,11 @@ pub(crate) fn barrier() -> bool {
     }
 }
 
-/// The owner's barrier between storing `owner_in` and loading `claimed`.
+/// The owner's barrier between storing `owner_in` and loading `claimed`. The mode
+/// was decided when the lock was made, which happened before any use of it.
 #[inline(always)]
-fn light_barrier(mode: u8) {
-    if mode == ASYMMETRIC {
+fn light_barrier() {
+    if MODE.load(Ordering::Relaxed) == ASYMMETRIC {
         compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);
@@ -77,15 +78,13 @@ fn light_barrier(mode: u8) {
 pub(crate) struct OwnerLock<T> {
     owner_in: AtomicBool,
     claimed: AtomicBool,
-    /// The barrier mode, read once at creation (it never changes after).
-    mode: u8,
     value: UnsafeCell<T>,
 }
 
-// SAFETY: the value is reached only through a `Guard` (the owner, between its
+// SAFETY: the value is reached only through a `Guard`: the owner's (between its
 // store of `owner_in` and the release of that flag, having seen `claimed` false
-// after the barrier) or a `Claimed` (a claimer, between winning `claimed` and
-// releasing it, having seen `owner_in` false after `barrier`). Dekker's argument
+// after the barrier) or a claimer's (between winning `claimed` and releasing it,
+// having seen `owner_in` false after `barrier`). Dekker's argument
 // over those two flags, with the barriers described in the module's
 // documentation, lets at most one of them exist at a time; the Acquire loads and
 // Release stores of the flags order each holder's accesses after the previous
@@ -94,10 +93,10 @@ unsafe impl<T: Send> Sync for OwnerLock<T> {}
 
 impl<T: Default> Default for OwnerLock<T> {
     fn default() -> Self {
+        mode(); // decided before the lock can be used
         OwnerLock {
             owner_in: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
-            mode: mode(),
             value: UnsafeCell::new(T::default()),
         }
     }
@@ -112,14 +111,11 @@ impl<T> std::fmt::Debug for OwnerLock<T> {
     }
 }
 
-/// The owner's access; dropping it lets claimers in.
+/// Access to the value, the owner's or a claimer's; dropping it clears the
+/// holder's flag (`owner_in` or `claimed`), which lets the other side in.
 pub(crate) struct Guard<'a, T> {
     lock: &'a OwnerLock<T>,
-}
-
-/// A claimer's access; dropping it lets the owner in.
-pub(crate) struct Claimed<'a, T> {
-    lock: &'a OwnerLock<T>,
+    held: &'a AtomicBool,
 }
 
 /// A claim announced but not yet confirmed: after [`barrier`], [`Claim::confirm`]
@@ -144,9 +140,12 @@ impl<T> OwnerLock<T> {
         let mut spins = 0u32;
         loop {
             self.owner_in.store(true, Ordering::Relaxed);
-            light_barrier(self.mode);
+            light_barrier();
             if !self.claimed.load(Ordering::Acquire) {
-                return Guard { lock: self };
+                return Guard {
+                    lock: self,
+                    held: &self.owner_in,
+                };
             }
             // A claimer got in first (or is deciding): step out until it is done.
             self.owner_in.store(false, Ordering::Release);
@@ -174,13 +173,16 @@ impl<T> OwnerLock<T> {
 impl<'a, T> Claim<'a, T> {
     /// The value, if its owner was out when [`barrier`] (called since the claim)
     /// completed; `barrier_ok` is what that call returned.
-    pub fn confirm(self, barrier_ok: bool) -> Option<Claimed<'a, T>> {
+    pub fn confirm(self, barrier_ok: bool) -> Option<Guard<'a, T>> {
         let lock = self.lock;
         if !barrier_ok || lock.owner_in.load(Ordering::Acquire) {
             return None; // `self` drops: the claim is withdrawn
         }
         std::mem::forget(self);
-        Some(Claimed { lock })
+        Some(Guard {
+            lock,
+            held: &lock.claimed,
+        })
     }
 }
 
@@ -208,28 +210,7 @@ impl<T> DerefMut for Guard<'_, T> {
 
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
-        self.lock.owner_in.store(false, Ordering::Release);
-    }
-}
-
-impl<T> Deref for Claimed<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: as for `Guard`.
-        unsafe { &*self.lock.value.get() }
-    }
-}
-
-impl<T> DerefMut for Claimed<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as for `Guard`.
-        unsafe { &mut *self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for Claimed<'_, T> {
-    fn drop(&mut self) {
-        self.lock.claimed.store(false, Ordering::Release);
+        self.held.store(false, Ordering::Release);
     }
 }
 

@@ -73,17 +73,17 @@ impl Arena {
     /// a similar rule only when `max_split_size_mb` is set, reached 1.85x).
     fn fit(&self, size: usize, kind: Kind, stream: StreamKey) -> Option<(usize, CUdeviceptr)> {
         let set = self.free.get(&(stream, kind))?;
-        if kind == Kind::Small {
-            // Small segments are never exclusive: plain best fit, no lookups.
-            return set.range((size, 0)..).next().copied();
-        }
         let shared = self.policy.large_segment;
-        // Oversize blocks that do not qualify are skipped: blocks of the expandable
-        // segment or of shared segments may follow them.
+        // A block that wastes at most a shared segment qualifies anywhere (every
+        // small block does): only a looser fit looks its segment up. Exclusive
+        // blocks that do not qualify are skipped: blocks of the expandable segment
+        // or of shared segments may follow them.
         set.range((size, 0)..)
             .find(|&&(bsize, addr)| {
-                self.exclusive_segment(addr)
-                    .is_none_or(|seg| bsize - size <= shared.max(seg / 8))
+                bsize - size <= shared
+                    || self
+                        .exclusive_segment(addr)
+                        .is_none_or(|seg| bsize - size <= seg / 8)
             })
             .copied()
     }
