@@ -27,7 +27,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Dict, List, Optional
 
-from ._lib import Manager, library_path
+from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, Manager, _raise_last, library_path, load
 
 __all__ = [
     "dump_snapshot",
@@ -48,12 +48,49 @@ _MANAGERS: Dict[int, Manager] = {}
 
 
 def install() -> Any:
-    """Makes PyTorch allocate CUDA memory through emm; returns the allocator object."""
+    """Makes PyTorch allocate CUDA memory through emm; returns the allocator object.
+
+    Also routes ``torch.Tensor.record_stream`` to emm (see :func:`_route_record_stream`):
+    PyTorch's pluggable allocator drops those calls, which would let memory still in
+    use on another stream be handed out again."""
     import torch
 
     alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "emm_torch_alloc", "emm_torch_free")
     torch.cuda.memory.change_current_allocator(alloc)
+    _route_record_stream(torch)
     return alloc
+
+
+def _route_record_stream(torch: Any) -> None:
+    """Makes ``Tensor.record_stream(stream)`` reach emm (``emm_torch_record_stream``).
+
+    Under a pluggable allocator PyTorch's ``recordStream`` calls a hook only C++ can
+    set, so ``record_stream`` would do nothing: a tensor used on a side stream and
+    freed meanwhile would be reused on its own stream while the side stream still
+    works on it. With this, its free first makes its own stream wait for the side
+    stream's work. Calls from PyTorch's C++ code (rather than through
+    ``Tensor.record_stream``) still go nowhere; PyTorch's NCCL process group no
+    longer makes them (it keeps the tensors of a collective alive until the
+    collective is done instead). Memory emm did not allocate is ignored, as PyTorch's
+    own allocator ignores it."""
+    original = torch.Tensor.record_stream
+    if getattr(original, "_emm_routed", False):
+        return
+    lib = load()
+
+    def record_stream(self: Any, stream: Any) -> None:
+        original(self, stream)  # PyTorch's argument checks; it records nothing here
+        ptr = self.untyped_storage().data_ptr()
+        if ptr == 0 or self.device.type != "cuda":
+            return
+        status = lib.emm_torch_record_stream(ptr, self.device.index, stream.cuda_stream)
+        if status not in (EMM_OK, EMM_ERR_INVALID_ARGUMENT):
+            _raise_last(lib, status)
+
+    record_stream.__doc__ = original.__doc__
+    record_stream._emm_routed = True  # type: ignore[attr-defined]
+    record_stream._emm_original = original  # type: ignore[attr-defined]
+    torch.Tensor.record_stream = record_stream
 
 
 def _device_index(device: Any = None) -> int:

@@ -182,3 +182,60 @@ def test_closing_a_manager_frees_its_managed_memory():
     m.close()
     with emm.Manager(None, 0) as again:
         assert _managed_bytes(again) == base
+
+
+def test_record_stream_reaches_emm_and_orders_the_free():
+    """``emm.torch`` routes ``Tensor.record_stream`` to ``emm_torch_record_stream``
+    (PyTorch's pluggable allocator drops it): the free then waits for the other
+    stream. A stand-in for ``torch`` here; the GPU check is
+    ``python/gpu/record_stream_check.py``."""
+    import os
+    import types
+
+    import emm.torch as et
+
+    lib = emm._lib.load()
+    lib.emm_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.emm_torch_alloc.restype = ctypes.c_void_p
+    lib.emm_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.emm_torch_free.restype = None
+    seen = []
+
+    class Tensor:
+        def record_stream(self, stream):
+            seen.append(stream)
+
+    fake_torch = types.SimpleNamespace(Tensor=Tensor)
+    et._route_record_stream(fake_torch)
+    routed = fake_torch.Tensor.record_stream
+    et._route_record_stream(fake_torch)  # a second install routes nothing twice
+    assert fake_torch.Tensor.record_stream is routed
+
+    def tensor(ptr):
+        t = Tensor()
+        t.untyped_storage = lambda: types.SimpleNamespace(data_ptr=lambda: ptr)
+        t.device = types.SimpleNamespace(type="cuda", index=0)
+        return t
+
+    side = types.SimpleNamespace(cuda_stream=2)  # the per-thread default stream
+    p = lib.emm_torch_alloc(4096, 0, None)
+    assert p
+    tensor(p).record_stream(side)
+    tensor(0x10).record_stream(side)  # not emm's memory: ignored, as PyTorch does
+    tensor(0).record_stream(side)  # empty storage
+    assert seen == [side, side, side], "PyTorch's own record_stream still runs"
+
+    waits = None
+    if ON_STANDIN:
+        control = ctypes.CDLL(os.environ["EMM_CUDA_DRIVER"]).emmStandinControl
+        control.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
+
+        def calls(fn):
+            out = ctypes.c_uint64()
+            assert control(f"calls {fn}".encode(), ctypes.byref(out)) == 0
+            return out.value
+
+        waits = calls("cuStreamWaitEvent")
+    lib.emm_torch_free(p, 4096, 0, None)
+    if waits is not None:
+        assert calls("cuStreamWaitEvent") == waits + 1

@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 304
+#define EMM_ABI_VERSION 305
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -204,7 +204,7 @@ extern "C" {
  * `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
  * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
  * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
- * `EMM_MEM_ATTACH_HOST`).
+ * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`.
  */
 int emm_abi_version(void);
 
@@ -449,6 +449,21 @@ void *emm_torch_alloc(ssize_t size, int device, void *stream);
  * `stream` (`size` is not needed: emm knows it).
  */
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/**
+ * PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from
+ * `emm_torch_alloc` on `device`; the base address of the tensor's storage) is
+ * used on `stream` as well as on the stream it was allocated on. Its free then
+ * makes its own stream wait for the work queued on `stream` up to that moment
+ * (an event and `cuStreamWaitEvent`; nothing blocks on the host), so the memory
+ * is not reused while that work may still touch it. PyTorch's pluggable allocator
+ * does not forward `record_stream` calls (it has no Python setting for them), so
+ * `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
+ * the allocation's own stream does nothing; an address emm did not hand out is
+ * `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
+ * allocate, and so does `emm.torch`). Since ABI 305.
+ */
+emm_status emm_torch_record_stream(void *ptr, int device, void *stream);
 
 /**
  * Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise

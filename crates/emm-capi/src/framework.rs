@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
+use crate::stream_uses::{self, StreamUses};
 use crate::timing::{self, Hook};
 use crate::{
     emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
@@ -25,6 +26,9 @@ use crate::{
 struct LiveDevice {
     manager: Arc<dyn MemoryManager>,
     live: Mutex<HashMap<u64, DeviceAllocation, BuildHasherDefault<AddrHasher>>>,
+    /// Other streams live allocations are used on (`emm_torch_record_stream`);
+    /// changed only with `live` locked.
+    uses: StreamUses,
 }
 
 /// Device pointers are 256-byte aligned and spread out: a multiply-shift of the
@@ -63,6 +67,7 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
         Ok((manager, _)) => Ok(LiveDevice {
             manager,
             live: Mutex::new(HashMap::default()),
+            uses: StreamUses::default(),
         }),
         Err(e) => {
             let code = fail(e);
@@ -95,24 +100,75 @@ fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_s
 }
 
 /// Frees an allocation of `live_alloc` by address: ordered on `stream`, or on the
-/// stream it was allocated on when `stream` is `None`.
+/// stream it was allocated on when `stream` is `None`, after the work queued so far
+/// on every other stream it was used on (`emm_torch_record_stream`).
 fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> emm_status {
     let d = match live_device(device) {
         Ok(d) => d,
         Err(code) => return code,
     };
     // The lock is released before the allocation is dropped (freed).
-    let found = lock(&d.live).remove(&ptr);
-    match found {
-        Some(mut a) => {
-            if let Some(s) = stream {
-                a.set_stream(s);
+    let (found, used_on) = {
+        let mut live = lock(&d.live);
+        let found = live.remove(&ptr);
+        let used_on = if found.is_some() {
+            d.uses.take(ptr)
+        } else {
+            Vec::new()
+        };
+        (found, used_on)
+    };
+    let Some(mut a) = found else {
+        return invalid(format!(
+            "{what}: {ptr:#x} is not an emm allocation of device {device}"
+        ));
+    };
+    if let Some(s) = stream {
+        a.set_stream(s);
+    }
+    if !used_on.is_empty() {
+        if let Some(ctx) = d.manager.context() {
+            if let Err(e) = stream_uses::join(ctx, a.stream(), &used_on) {
+                // Work on another stream may still use the block: it must never be
+                // handed out again, so it stays allocated (leaked) and the free
+                // reports why.
+                let msg = format!(
+                    "{what}: {ptr:#x} ({} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({e}); the block is leaked so that it is never reused while in use",
+                    a.size()
+                );
+                std::mem::forget(a);
+                tracing::error!("{msg}");
+                return crate::set_error(crate::code_of(&e), msg);
             }
-            drop(a);
+        } else {
+            // A manager without a device context (a host stand-in of a pool) runs no
+            // device work that could still use the block.
+            tracing::debug!(
+                "{what}: manager `{}` has no context; the uses of {ptr:#x} on other streams are not waited for",
+                d.manager.name()
+            );
+        }
+    }
+    drop(a);
+    EMM_OK
+}
+
+/// Notes that the live allocation at `ptr` of `device` is used on `stream` as
+/// well as on its own: its free then waits for the work queued on `stream`.
+fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
+    let d = match live_device(device) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    let live = lock(&d.live);
+    match live.get(&ptr) {
+        Some(a) if a.stream() == stream => EMM_OK,
+        Some(_) => {
+            d.uses.note(ptr, stream);
             EMM_OK
         }
         None => invalid(format!(
-            "{what}: {ptr:#x} is not an emm allocation of device {device}"
+            "emm_torch_record_stream: {ptr:#x} is not the address of a live emm allocation of device {device}"
         )),
     }
 }
@@ -168,6 +224,31 @@ pub extern "C" fn emm_torch_free(
             )
         })
     });
+}
+
+/// PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from
+/// `emm_torch_alloc` on `device`; the base address of the tensor's storage) is
+/// used on `stream` as well as on the stream it was allocated on. Its free then
+/// makes its own stream wait for the work queued on `stream` up to that moment
+/// (an event and `cuStreamWaitEvent`; nothing blocks on the host), so the memory
+/// is not reused while that work may still touch it. PyTorch's pluggable allocator
+/// does not forward `record_stream` calls (it has no Python setting for them), so
+/// `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
+/// the allocation's own stream does nothing; an address emm did not hand out is
+/// `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
+/// allocate, and so does `emm.torch`). Since ABI 305.
+#[no_mangle]
+pub extern "C" fn emm_torch_record_stream(
+    ptr: *mut c_void,
+    device: c_int,
+    stream: *mut c_void,
+) -> emm_status {
+    guard(|| {
+        if ptr.is_null() {
+            return EMM_OK;
+        }
+        live_record_stream(device, ptr as u64, stream_of(stream))
+    })
 }
 
 /// Raises a Python exception of `type` with message `msg` (CPython's

@@ -31,6 +31,7 @@ mod framework;
 mod handles;
 pub mod log;
 mod managed;
+mod stream_uses;
 mod timing;
 mod tools;
 pub use array::*;
@@ -87,7 +88,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 304;
+pub const ABI_VERSION: c_int = 305;
 
 thread_local! {
     pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -105,7 +106,7 @@ fn set_oom(requested: usize, free: usize, total: usize) {
     let _ = LAST_OOM.try_with(|o| o.set(Some((requested, free, total))));
 }
 
-fn code_of(e: &EmmError) -> emm_status {
+pub(crate) fn code_of(e: &EmmError) -> emm_status {
     match e {
         e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
         EmmError::InvalidSize { .. }
@@ -234,7 +235,7 @@ pub(crate) fn manager_for(
 /// `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
 /// (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
 /// memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
-/// `EMM_MEM_ATTACH_HOST`).
+/// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`.
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

@@ -678,4 +678,112 @@ mod standin {
         }
         println!("{} managed stand-in cases", cases() - before);
     }
+
+    /// `emm_torch_record_stream`: a foreign address is refused; a block used on a
+    /// side stream is freed only after its own stream waits for that stream (an
+    /// event recorded there, `cuStreamWaitEvent` on its own), and by synchronizing
+    /// the side stream where the event fails; where that fails too the block is
+    /// leaked (never reused while in use) and the free says so.
+    #[test]
+    fn torch_record_stream_orders_the_free_after_the_other_stream_on_the_standin() {
+        use_standin();
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let standin = emm_sys::driver()
+            .expect("the stand-in loads")
+            .stand_in()
+            .expect("the loaded driver is emm-standin");
+        let calls = |f: &str| standin.calls(f).unwrap();
+        let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
+        let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+        let side_ptr = side.raw().0;
+
+        case(
+            "null address",
+            emm_torch_record_stream(null_mut(), 0, side_ptr),
+            EMM_OK,
+        );
+        case(
+            "foreign address",
+            emm_torch_record_stream(0x10 as *mut c_void, 0, side_ptr),
+            inv,
+        );
+        case(
+            "device out of range",
+            emm_torch_record_stream(0x10 as *mut c_void, -1, side_ptr),
+            inv,
+        );
+
+        // Used on the side stream (twice: noted once), and on its own (nothing).
+        let p = emm_torch_alloc(4096, 0, null_mut());
+        assert!(!p.is_null(), "{}", last_message());
+        case("record", emm_torch_record_stream(p, 0, side_ptr), EMM_OK);
+        case(
+            "record again",
+            emm_torch_record_stream(p, 0, side_ptr),
+            EMM_OK,
+        );
+        case(
+            "own stream",
+            emm_torch_record_stream(p, 0, null_mut()),
+            EMM_OK,
+        );
+        let (waits, records) = (calls("cuStreamWaitEvent"), calls("cuEventRecord"));
+        emm_torch_free(p, 4096, 0, null_mut());
+        assert_eq!(
+            calls("cuStreamWaitEvent"),
+            waits + 1,
+            "one wait, for the side stream"
+        );
+        assert_eq!(calls("cuEventRecord"), records + 1);
+        case(
+            "freed: no longer recordable",
+            emm_torch_record_stream(p, 0, side_ptr),
+            inv,
+        );
+
+        // Not used elsewhere: no wait at the free.
+        let q = emm_torch_alloc(4096, 0, null_mut());
+        assert!(!q.is_null(), "{}", last_message());
+        let waits = calls("cuStreamWaitEvent");
+        emm_torch_free(q, 4096, 0, null_mut());
+        assert_eq!(
+            calls("cuStreamWaitEvent"),
+            waits,
+            "no other stream, no wait"
+        );
+
+        // The event fails: the side stream is synchronized instead.
+        let r = emm_torch_alloc(4096, 0, null_mut());
+        case("record r", emm_torch_record_stream(r, 0, side_ptr), EMM_OK);
+        standin
+            .fail_nth("cuEventRecord", 1, emm_sys::CUresult::ERROR_LAUNCH_FAILED)
+            .unwrap();
+        let syncs = calls("cuStreamSynchronize");
+        emm_torch_free(r, 4096, 0, null_mut());
+        assert_eq!(calls("cuStreamSynchronize"), syncs + 1);
+        case("r is freed", emm_torch_record_stream(r, 0, side_ptr), inv);
+
+        // Both fail: the block is leaked, and the free says so.
+        let t = emm_torch_alloc(4096, 0, null_mut());
+        case("record t", emm_torch_record_stream(t, 0, side_ptr), EMM_OK);
+        standin
+            .fail_nth("cuEventRecord", 1, emm_sys::CUresult::ERROR_LAUNCH_FAILED)
+            .unwrap();
+        standin
+            .fail_nth(
+                "cuStreamSynchronize",
+                1,
+                emm_sys::CUresult::ERROR_LAUNCH_FAILED,
+            )
+            .unwrap();
+        emm_torch_free(t, 4096, 0, null_mut());
+        case("leaked free", emm_last_error_code(), EMM_ERR_DRIVER);
+        assert!(last_message().contains("leaked"), "{}", last_message());
+        let again = emm_torch_alloc(4096, 0, null_mut());
+        assert_ne!(again, t, "a leaked block is never handed out again");
+        emm_torch_free(again, 4096, 0, null_mut());
+        standin.reset().unwrap();
+        println!("{} record_stream stand-in cases", cases() - before);
+    }
 }
