@@ -5,7 +5,9 @@ allocation before the side stream is done.
 The scenario, in its own process for each variant: ``x`` is made on the default
 stream; a side stream sleeps (``torch.cuda._sleep``) and then adds 1 to ``x``;
 ``x.record_stream(side)``; ``del x``; ``y = torch.full(..., 7.0)`` of the same size
-on the default stream, then the device is synchronized and ``y`` checked.
+on the default stream, then the device is synchronized and ``y`` checked. The side
+stream's delay is timed with events and reported (``side_ms``): a check whose side
+stream finished before ``y`` was made proves nothing, and says so.
 
 - ``emm``: ``emm.torch.install()``, which routes ``record_stream`` to emm. ``y``
   takes ``x``'s memory (the thread cache) after the default stream waited for the
@@ -18,7 +20,9 @@ on the default stream, then the device is synchronized and ``y`` checked.
   stream's event completes.
 
 Prints one JSON line per variant and ``record_stream_check: OK`` (exit 0) when emm
-and native are intact and the control corrupted.
+and native are intact and the control corrupted; ``INCONCLUSIVE`` (exit 2) when the
+control's ``y`` was made only after the side stream had finished (nothing overlapped;
+on the H200 of runs 76-77 the host reached ``y`` that late in every variant).
 
     EMM_LIBRARY=gpu-bundle/lib/libemm_capi.so PYTHONPATH=python \\
         python3 python/gpu/record_stream_check.py
@@ -30,7 +34,7 @@ import subprocess
 import sys
 
 N = 1 << 22  # floats: 16 MiB
-SLEEP_CYCLES = 400_000_000  # about 0.2 s at 2 GHz
+DELAY_MATMULS = 60  # 4096 x 4096 fp32 products on the side stream: about 0.1 s on an H100/H200
 
 
 def scenario(variant):
@@ -43,21 +47,31 @@ def scenario(variant):
         if variant == "emm-unrouted":
             torch.Tensor.record_stream = torch.Tensor.record_stream._emm_original
     dev = torch.device("cuda:0")
+    torch.backends.cuda.matmul.allow_tf32 = False
     side = torch.cuda.Stream(dev)
+    a = torch.randn(4096, 4096, device=dev) / 64
     x = torch.zeros(N, device=dev)
+    start, end, made = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        x.add_(1)
+        start.record()
+        b = a
+        for _ in range(DELAY_MATMULS):  # keeps the side stream busy
+            b = b @ a
+        x.add_(1 + b[0, 0] * 0)  # the side stream writes x only after the delay
+        end.record()
     x.record_stream(side)
     xp = x.data_ptr()
     del x
     y = torch.full((N,), 7.0, device=dev)
+    made.record()  # on the default stream, right after y was filled
     reused = y.data_ptr() == xp
     torch.cuda.synchronize(dev)
     wrong = int((y != 7).sum().item())
-    print(json.dumps({"variant": variant, "reused_memory": reused, "wrong_elements": wrong}), flush=True)
+    print(json.dumps({"variant": variant, "reused_memory": reused, "wrong_elements": wrong,
+                      "side_ms": round(start.elapsed_time(end), 2),
+                      "y_made_ms_after_side_start": round(start.elapsed_time(made), 2)}), flush=True)
 
 
 def main():
@@ -75,6 +89,15 @@ def main():
             sys.exit(1)
         print(line)
         results[variant] = json.loads(line)
+    control = results["emm-unrouted"]
+    if control["y_made_ms_after_side_start"] >= control["side_ms"] and not control["wrong_elements"]:
+        # Nothing overlapped: y was made only once the side stream had finished (the
+        # host reached it late), so neither a correct nor a broken allocator could
+        # be told apart here.
+        print("record_stream_check: INCONCLUSIVE: in the control, y was made "
+              f"{control['y_made_ms_after_side_start']} ms after the side stream started, which ran "
+              f"{control['side_ms']} ms: no overlap to catch")
+        sys.exit(2)
     problems = []
     if results["emm"]["wrong_elements"]:
         problems.append("emm: the side stream's late write reached the next allocation")
@@ -82,7 +105,7 @@ def main():
         problems.append("emm: y did not take x's memory, so the check proved nothing")
     if results["native"]["wrong_elements"]:
         problems.append("native: corrupted (the scenario itself is wrong)")
-    if not results["emm-unrouted"]["wrong_elements"]:
+    if not control["wrong_elements"]:
         problems.append("the control (record_stream not routed) did not corrupt: the scenario catches nothing")
     if problems:
         print("record_stream_check: FAIL: " + "; ".join(problems))
