@@ -111,11 +111,7 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
     let (found, used_on) = {
         let mut live = lock(&d.live);
         let found = live.remove(&ptr);
-        let used_on = if found.is_some() {
-            d.uses.take(ptr)
-        } else {
-            Vec::new()
-        };
+        let used_on = found.as_ref().map_or_else(Vec::new, |_| d.uses.take(ptr));
         (found, used_on)
     };
     let Some(mut a) = found else {
@@ -126,31 +122,46 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
     if let Some(s) = stream {
         a.set_stream(s);
     }
-    if !used_on.is_empty() {
-        if let Some(ctx) = d.manager.context() {
-            if let Err(e) = stream_uses::join(ctx, a.stream(), &used_on) {
-                // Work on another stream may still use the block: it must never be
-                // handed out again, so it stays allocated (leaked) and the free
-                // reports why.
-                let msg = format!(
-                    "{what}: {ptr:#x} ({} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({e}); the block is leaked so that it is never reused while in use",
-                    a.size()
-                );
-                std::mem::forget(a);
-                tracing::error!("{msg}");
-                return crate::set_error(crate::code_of(&e), msg);
-            }
-        } else {
-            // A manager without a device context (a host stand-in of a pool) runs no
-            // device work that could still use the block.
-            tracing::debug!(
-                "{what}: manager `{}` has no context; the uses of {ptr:#x} on other streams are not waited for",
-                d.manager.name()
-            );
-        }
+    if let Err(code) = wait_for_other_streams(what, d, &a, &used_on) {
+        // Work on another stream may still use the block: it must never be handed
+        // out again, so it stays allocated (leaked); the error says why.
+        std::mem::forget(a);
+        return code;
     }
     drop(a);
     EMM_OK
+}
+
+/// Makes the stream `a` is freed on wait for the work queued so far on each of
+/// `used_on` (nothing to do when it is empty, or for a manager without a device
+/// context, which runs no device work). The status of the failure when that work
+/// could not be waited for.
+fn wait_for_other_streams(
+    what: &str,
+    d: &LiveDevice,
+    a: &DeviceAllocation,
+    used_on: &[CUstream],
+) -> Result<(), emm_status> {
+    if used_on.is_empty() {
+        return Ok(());
+    }
+    let Some(ctx) = d.manager.context() else {
+        tracing::debug!(
+            "{what}: manager `{}` has no context; the uses of {:#x} on other streams are not waited for",
+            d.manager.name(),
+            a.ptr()
+        );
+        return Ok(());
+    };
+    stream_uses::join(ctx, a.stream(), used_on).map_err(|e| {
+        let msg = format!(
+            "{what}: {:#x} ({} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({e}); the block is leaked so that it is never reused while in use",
+            a.ptr(),
+            a.size()
+        );
+        tracing::error!("{msg}");
+        crate::set_error(crate::code_of(&e), msg)
+    })
 }
 
 /// Notes that the live allocation at `ptr` of `device` is used on `stream` as

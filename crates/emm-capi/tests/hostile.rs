@@ -445,6 +445,15 @@ mod standin {
         );
     }
 
+    /// The stand-in's control handle (after `use_standin`).
+    fn standin() -> emm_sys::StandIn<'static> {
+        use_standin();
+        emm_sys::driver()
+            .expect("the stand-in loads")
+            .stand_in()
+            .expect("the loaded driver is emm-standin")
+    }
+
     #[test]
     fn extreme_sizes_and_stale_handles_on_the_standin() {
         use_standin();
@@ -575,13 +584,9 @@ mod standin {
 
     #[test]
     fn managed_memory_refuses_bad_flags_sizes_and_frees_on_the_standin() {
-        use_standin();
+        let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
-        let standin = emm_sys::driver()
-            .expect("the stand-in loads")
-            .stand_in()
-            .expect("the loaded driver is emm-standin");
         let live0 = standin.control("live_managed").unwrap();
         let mut m: *mut emm_manager = null_mut();
         // SAFETY: live locals and nulls, as the contract allows.
@@ -686,13 +691,9 @@ mod standin {
     /// leaked (never reused while in use) and the free says so.
     #[test]
     fn torch_record_stream_orders_the_free_after_the_other_stream_on_the_standin() {
-        use_standin();
+        let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
-        let standin = emm_sys::driver()
-            .expect("the stand-in loads")
-            .stand_in()
-            .expect("the loaded driver is emm-standin");
         let calls = |f: &str| standin.calls(f).unwrap();
         let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
         let side = emm_driver::Stream::new(&ctx).expect("a side stream");
