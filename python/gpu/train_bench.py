@@ -53,7 +53,9 @@ def parse():
                         "bucketed: 8 shapes, each seen in warmup, then drawn again (later epochs "
                         "of bucketed training)")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
-    p.add_argument("--profile", metavar="DIR", help="profile 6 steps after the timed ones; tables and trace to DIR")
+    p.add_argument("--profile", metavar="DIR",
+                   help="profile 6 steps after the timed ones (every rank under DDP); tables and the "
+                        "streams' idle time (profile_gaps.py) to DIR")
     p.add_argument("--sdpa", choices=("auto", "flash"), default="auto",
                    help="attention backend: PyTorch's choice (cuDNN on Hopper), or flash (cuDNN's off)")
     p.add_argument("--snapshot", metavar="FILE", help="record PyTorch's memory history and dump it here")
@@ -231,12 +233,10 @@ def main():
         torch.cuda.memory._dump_snapshot(args.snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
 
-    if args.profile and args.ddp:
-        # Profiled steps on rank 0 alone would wait forever for the other ranks'
-        # gradient all-reduce.
-        print("--profile is not run under --ddp", file=sys.stderr)
-    elif args.profile:
-        profile(args, step, dev)
+    if args.profile:
+        # Under DDP every rank runs the profiled steps (one rank alone would wait
+        # forever for the others' gradient all-reduce); each writes its own files.
+        profile(args, step, dev, rank if args.ddp else None)
 
     mem = memory(args.variant, dev)
     result = {
@@ -355,10 +355,16 @@ def memory(variant, dev):
             "driver_allocs": s.get("num_device_alloc", 0)}
 
 
-def profile(args, step, dev):
-    """Six steps under PyTorch's profiler: where host and device time went."""
+def profile(args, step, dev, rank=None):
+    """Six steps under PyTorch's profiler: where host and device time went. Writes
+    the operator tables, every device activity's time, and profile_gaps.py's
+    account of each stream's idle time (waiting on the host, or on the device)."""
+    import tempfile
+
     import torch
     from torch.profiler import ProfilerActivity
+
+    import profile_gaps
 
     out = pathlib.Path(args.profile)
     out.mkdir(parents=True, exist_ok=True)
@@ -371,7 +377,8 @@ def profile(args, step, dev):
         torch.cuda.synchronize(dev)
     wall = (time.perf_counter() - t0) * 1e3
     ka = prof.key_averages()
-    tag = f"{args.workload}-{args.variant}" + ("-flash" if args.sdpa == "flash" else "")
+    tag = f"{args.workload}-{args.variant}" + ("-flash" if args.sdpa == "flash" else "") + \
+        (f"-rank{rank}" if rank is not None else "")
     kernel_us = sum(e.self_device_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CUDA)
     with open(out / f"{tag}.txt", "w") as f:
         f.write(f"wall {wall:.1f} ms for 6 steps; device (kernel+memcpy) time {kernel_us / 1e3:.1f} ms\n\n")
@@ -388,8 +395,18 @@ def profile(args, step, dev):
                 name = e.key.replace('"', "'")
                 f.write(f'"{name}",{e.count},{e.self_device_time_total:.1f}\n')
     cpu_us = sum(e.self_cpu_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CPU)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = pathlib.Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        gaps = profile_gaps.analyse(profile_gaps.load(trace))
+    with open(out / f"{tag}-gaps.txt", "w") as f:
+        f.write(f"{tag}: wall {wall:.1f} ms for 6 steps\n")
+        f.write(profile_gaps.render(gaps, streams=4) + "\n")
+    main = gaps["streams"][0] if gaps["streams"] else {}
     print(f"PROFILE {tag}: wall {wall:.1f} ms / 6 steps, device busy {kernel_us / 1e3:.1f} ms, "
-          f"host op time {cpu_us / 1e3:.1f} ms", flush=True)
+          f"host op time {cpu_us / 1e3:.1f} ms; busiest stream busy {main.get('busy_us', 0) / 1e3:.1f} ms, "
+          f"idle waiting on the host {main.get('host_late_us', 0) / 1e3:.1f} ms, "
+          f"on the device {main.get('device_wait_us', 0) / 1e3:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

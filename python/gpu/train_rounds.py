@@ -38,7 +38,7 @@ def run_one(args, workload, variant, rnd, log):
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
-    if args.profile and not args.ddp:
+    if args.profile:
         cmd += ["--profile", args.profile]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
