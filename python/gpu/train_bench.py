@@ -251,7 +251,13 @@ def main():
         everyone = [None] * world
         dist.all_gather_object(everyone, result)
         if rank == 0:
-            result["ranks"] = [{k: r[k] for k in ("median_ms", "peak_reserved", "peak_allocated")} for r in everyone]
+            result["ranks"] = [{k: r[k] for k in ("median_ms", "peak_reserved", "peak_allocated", "calib")}
+                               for r in everyone]
+            result["calib"] = {k: max(r["calib"][k] for r in everyone) for k in result["calib"]}
+            # A DDP step waits for the slowest rank, so it ran on a steady host only
+            # when every rank's did: the probe of a step is the slowest rank's.
+            result["probe_ms_ranks"] = [r["probe_ms"] for r in everyone]
+            result["probe_ms"] = [max(ps) for ps in zip(*result["probe_ms_ranks"])]
             result["peak_reserved"] = max(r["peak_reserved"] for r in everyone)
             result["peak_allocated"] = max(r["peak_allocated"] for r in everyone)
         dist.destroy_process_group()
