@@ -86,8 +86,8 @@ fn epochs(name: &str, passes: usize) -> Vec<Pass> {
 }
 
 /// Once the pool has its size, a pass of a training trace maps or moves at most a
-/// few hundred pieces (GPT-2 and Llama-style: 210-320 per pass today, where
-/// pieces of a sixteenth of each growth moved 500-730), and the footprint stays
+/// few hundred pieces (GPT-2 and Llama-style: 200-330 per pass today, where
+/// pieces of a sixteenth of each growth made 490-730), and the footprint stays
 /// within 1.05x of live.
 #[test]
 fn later_epochs_move_few_pieces_and_stay_tight() {

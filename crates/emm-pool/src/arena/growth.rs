@@ -696,9 +696,9 @@ struct HolePieces {
 /// the same for 2 and 16 MiB; moving one, a map and its access, 31 us), and a
 /// piece moves only when wholly free, so larger pieces trade moves for footprint.
 /// Replaying the recorded H200 training traces pass after pass (as epochs do),
-/// this moves 2.3-2.6x fewer pieces per pass than pieces of a sixteenth of each
+/// this moves 2.4-2.7x fewer pieces per pass than pieces of a sixteenth of each
 /// growth did (GPT-2: 853 against 2,053 over three passes; about 9 against 22 ms
-/// of driver time per pass) for 0.3-0.8 % more reserved memory.
+/// of driver time per pass) for 0.1-0.8 % more reserved memory.
 fn fresh_pieces(bytes: usize, page: usize, mapped: u64) -> Vec<usize> {
     let pages = bytes / page;
     let cap = (mapped as usize / page / PIECES_PER_SEGMENT).clamp(1, PIECE_PAGES);
