@@ -408,11 +408,11 @@ def profile(args, step, dev, rank=None):
     with open(out / f"{tag}-gaps.txt", "w") as f:
         f.write(f"{tag}: wall {wall:.1f} ms for 6 steps\n")
         f.write(profile_gaps.render(gaps, streams=4) + "\n")
-    main = gaps["streams"][0] if gaps["streams"] else {}
+    busiest = gaps["streams"][0] if gaps["streams"] else {}
     print(f"PROFILE {tag}: wall {wall:.1f} ms / 6 steps, device busy {kernel_us / 1e3:.1f} ms, "
-          f"host op time {cpu_us / 1e3:.1f} ms; busiest stream busy {main.get('busy_us', 0) / 1e3:.1f} ms, "
-          f"idle waiting on the host {main.get('host_late_us', 0) / 1e3:.1f} ms, "
-          f"on the device {main.get('device_wait_us', 0) / 1e3:.1f} ms", flush=True)
+          f"host op time {cpu_us / 1e3:.1f} ms; busiest stream busy {busiest.get('busy_us', 0) / 1e3:.1f} ms, "
+          f"idle waiting on the host {busiest.get('host_late_us', 0) / 1e3:.1f} ms, "
+          f"on the device {busiest.get('device_wait_us', 0) / 1e3:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

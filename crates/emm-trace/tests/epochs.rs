@@ -10,22 +10,13 @@
 //! training (run 80), which DDP's other rank then waits for.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 
 use emm_core::{alloc_from, DeviceAllocation, SYNC_STREAM};
 use emm_pool::{PoolConfig, PoolManager};
 use emm_trace::{Op, Trace};
 
-/// Test data under `crates/`, found at run time (as in `fragmentation.rs`): the
-/// GPU bundle's `EMM_TEST_DATA`, else cargo's `CARGO_MANIFEST_DIR`.
-fn data(rel: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
-        return PathBuf::from(d).join(rel);
-    }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
-    PathBuf::from(manifest).join("..").join(rel)
-}
+mod common;
+use common::data;
 
 /// One pass's figures: pieces of the expandable segment mapped with new memory and
 /// moved, and peak reserved over peak live so far.

@@ -2,21 +2,11 @@
 //! through the pool over the host stand-in: deterministic, so a regression fails here.
 
 use emm_pool::{PoolConfig, PoolManager};
-use std::path::PathBuf;
 
 use emm_trace::{replay, scan, synth, ReplayOptions, ReplayResult, Summary, Trace};
 
-/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
-/// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
-/// test. Never a path compiled in, so a moved bundle still finds its data.
-fn data(rel: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
-        return PathBuf::from(d).join(rel);
-    }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
-    PathBuf::from(manifest).join("..").join(rel)
-}
+mod common;
+use common::data;
 
 /// Replays `t` through a fresh pool over the host stand-in, all on one stream:
 /// the trace's figures, the replay's, and peak reserved over peak live.

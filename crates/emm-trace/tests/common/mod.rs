@@ -1,0 +1,15 @@
+//! What the integration tests of `emm-trace` share.
+
+use std::path::PathBuf;
+
+/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
+/// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
+/// test. Never a path compiled in, so a moved bundle still finds its data.
+pub fn data(rel: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
+        return PathBuf::from(d).join(rel);
+    }
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
+    PathBuf::from(manifest).join("..").join(rel)
+}
