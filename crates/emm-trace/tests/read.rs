@@ -5,21 +5,13 @@ use std::path::{Path, PathBuf};
 
 use emm_trace::{scan, Format, Op, Trace, TraceError, MAX_LINE};
 
+mod common;
+use common::data;
+
 fn fixture(name: &str) -> PathBuf {
     data("emm-trace/tests/fixtures").join(name)
 }
 
-/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
-/// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
-/// test. Never a path compiled in, so a moved bundle still finds its data.
-fn data(rel: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
-        return PathBuf::from(d).join(rel);
-    }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
-    PathBuf::from(manifest).join("..").join(rel)
-}
 
 fn temp(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("emm-trace-test-{}", std::process::id()));
