@@ -77,7 +77,7 @@ fn epochs(name: &str, passes: usize) -> Vec<Pass> {
 }
 
 /// Once the pool has its size, a pass of a training trace maps or moves at most a
-/// few hundred pieces (GPT-2 and Llama-style: 225-360 per pass today, where
+/// few hundred pieces (GPT-2 and Llama-style: 200-330 per pass today, where
 /// pieces of a sixteenth of each growth made 490-730), and the footprint stays
 /// within 1.05x of live.
 #[test]

@@ -72,18 +72,18 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
 /// history of real GPT-2, Llama-style and ResNet-50 training with shapes drawn per
 /// step, and GPT-2 inference with variable batch): peak reserved over peak live
 /// through the pool stays within 1.05 (issue 12's goal for real training), and each
-/// within a hair of what it is today (1.007-1.027), so a regression fails; and
-/// the driver mapping calls of the expandable segment stay bounded (842-2,023
-/// today; pieces of a sixteenth of each growth made 1,800-4,400).
+/// within a hair of what it is today (1.005-1.031), so a regression fails; and
+/// the driver mapping calls of the expandable segment stay bounded (583-1,494
+/// today; pieces of a sixteenth of each growth made 2,300-4,400).
 #[test]
 fn recorded_h200_traces_stay_within_their_bounds() {
     // (trace, bound on peak reserved / peak live, bound on the expandable
     // segment's pieces mapped or moved: each costs 31-44 us on an H200 (run 83),
     // so thousands of them show in a step's time)
     for (name, bound, calls) in [
-        ("gpt2_h200.csv", 1.03, 1_800),
-        ("llama_h200.csv", 1.03, 2_200),
-        ("resnet50_h200.csv", 1.02, 950),
+        ("gpt2_h200.csv", 1.035, 1_800),
+        ("llama_h200.csv", 1.025, 1_700),
+        ("resnet50_h200.csv", 1.025, 800),
         ("gpt2_infer_h200.csv", 1.015, 1_100),
     ] {
         let t = Trace::open(&data("emm-cli/traces").join(name), None)

@@ -689,23 +689,20 @@ struct HolePieces {
 }
 
 /// New memory of `bytes` (a multiple of `page`) for an expandable segment of
-/// `mapped` bytes, in pieces of at most a third of the growth, 8 pages (16 MiB of
-/// 2 MiB pages) and a 32nd of the segment (a small pool keeps small pieces), the
-/// remainder one smaller piece. The driver's cost is per piece, not per byte (run
-/// 83, H200: creating a piece 12-14 us, granting access to it about 30 us, mapping
-/// it 1 us, the same for 2 and 16 MiB; moving one, a map and its access, 31 us),
-/// and a piece moves only when wholly free, so larger pieces trade moves for
-/// footprint. Replaying the recorded H200 training traces pass after pass (as
-/// epochs do), this moves 2.2-2.6x fewer pieces per pass than pieces of a
-/// sixteenth of each growth did (GPT-2: 799 against 2,053 over three passes; about
-/// 9 against 22 ms of driver time per pass), for a footprint within 0.6 % of theirs
-/// (ResNet-50's first pass: 1.013x of live against 1.015x). Without the third,
-/// ResNet-50 reserved 4.35 GiB on an H200 where expandable segments reserved 4.33
-/// (run 88).
+/// `mapped` bytes, in pieces of up to 8 pages (16 MiB of 2 MiB pages) and at most
+/// a 32nd of the segment (a small pool keeps small pieces), the remainder one
+/// smaller piece. The driver's cost is per piece, not per byte (run 83, H200:
+/// creating a piece 12-14 us, granting access to it about 30 us, mapping it 1 us,
+/// the same for 2 and 16 MiB; moving one, a map and its access, 31 us), and a
+/// piece moves only when wholly free, so larger pieces trade moves for footprint.
+/// Replaying the recorded H200 training traces pass after pass (as epochs do),
+/// this moves 2.4-2.7x fewer pieces per pass than pieces of a sixteenth of each
+/// growth did (GPT-2: 853 against 2,053 over three passes; about 9 against 22 ms
+/// of driver time per pass) for 0.1-0.8 % more reserved memory.
 fn fresh_pieces(bytes: usize, page: usize, mapped: u64) -> Vec<usize> {
     let pages = bytes / page;
     let cap = (mapped as usize / page / PIECES_PER_SEGMENT).clamp(1, PIECE_PAGES);
-    let per = (pages / PIECES_PER_GROWTH).clamp(1, cap);
+    let per = pages.clamp(1, cap);
     let mut out = vec![per * page; pages / per];
     if pages % per > 0 {
         out.push((pages % per) * page);
@@ -717,5 +714,3 @@ fn fresh_pieces(bytes: usize, page: usize, mapped: u64) -> Vec<usize> {
 const PIECE_PAGES: usize = 8;
 /// A piece of new memory is at most this fraction of the segment (see `fresh_pieces`).
 const PIECES_PER_SEGMENT: usize = 32;
-/// A growth of three pages or more is at least this many pieces (see `fresh_pieces`).
-const PIECES_PER_GROWTH: usize = 3;
