@@ -74,7 +74,7 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
 /// through the pool stays within 1.05 (issue 12's goal for real training), and each
 /// within a hair of what it is today (1.005-1.031), so a regression fails; and
 /// the driver mapping calls of the expandable segment stay bounded (583-1,494
-/// today; pieces of a sixteenth of each growth made 2,300-4,400).
+/// today; pieces of a sixteenth of each growth made 1,800-4,400).
 #[test]
 fn recorded_h200_traces_stay_within_their_bounds() {
     // (trace, bound on peak reserved / peak live, bound on the expandable
