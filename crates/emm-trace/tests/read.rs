@@ -12,7 +12,6 @@ fn fixture(name: &str) -> PathBuf {
     data("emm-trace/tests/fixtures").join(name)
 }
 
-
 fn temp(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("emm-trace-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
