@@ -16,8 +16,9 @@ the same correlation id) says why the stream waited:
                waited on the device, behind an event on another stream (the
                gradient all-reduce under DDP, a copy) or a host-side dependency.
 
-It also sums the host's blocking runtime calls (synchronizations, event waits,
-synchronous copies) per thread. Two allocators running the same steps run the
+It also sums the host's time in the runtime calls that wait or order
+(synchronizations, synchronous copies, and stream waits on events, which queue a
+wait for the device rather than block the host) per thread. Two allocators running the same steps run the
 same kernels; where one's steps are longer, these figures say whether the
 device worked longer (kernel time), waited on the host (host late, and which
 operator), or waited on itself (device wait).
@@ -29,6 +30,7 @@ import json
 import sys
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# Runtime calls that wait (the host) or order (a stream behind an event).
 BLOCKING = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
             "cudaStreamWaitEvent", "cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize")
 # Gaps shorter than this are the device's own scheduling, not a wait.
@@ -159,7 +161,7 @@ def render(report, streams=3):
                 lines.append(title)
                 lines.extend(f"    {us / 1e3:8.3f} ms  {name}" for name, us in rows)
     if report["host_blocking"]:
-        lines.append("host blocked in runtime calls:")
+        lines.append("host time in runtime calls that wait or order:")
         lines.extend(f"  {us / 1e3:8.3f} ms  {name}" for name, us in report["host_blocking"])
     return "\n".join(lines)
 
