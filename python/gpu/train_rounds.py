@@ -234,7 +234,7 @@ def tables(args, results):
             # own cost can show in a step.
             busy = sum(1 for x in rs for c in x.get("step_changes", [])[-len(x["step_ms"]):]
                        if any(c.get(k) for k in ("num_device_alloc", "num_device_free", "pieces_mapped",
-                                                 "pieces_moved", "device_syncs", "num_alloc_retries")))
+                                                 "pieces_moved", "pieces_unmapped", "device_syncs", "num_alloc_retries")))
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")

@@ -173,9 +173,12 @@ pub struct PoolStats {
     pub tightenings: usize,
     /// Pieces of the expandable segment mapped with new memory (one driver call each).
     pub pieces_mapped: usize,
-    /// Pieces of the expandable segment whose memory moved to its end (mapped again
-    /// there instead of new memory; one driver call each).
+    /// Pieces of the expandable segment whose memory moved (mapped again where
+    /// growth needed memory, instead of new memory; one driver call each).
     pub pieces_moved: usize,
+    /// Old mappings of moved pieces unmapped once their work was done (one driver
+    /// call each), their address space used again.
+    pub pieces_unmapped: usize,
 }
 
 impl PoolStats {
@@ -225,6 +228,7 @@ impl PoolStats {
             ("emm.scan_steps", u(self.scan_steps)),
             ("emm.pieces_mapped", u(self.pieces_mapped)),
             ("emm.pieces_moved", u(self.pieces_moved)),
+            ("emm.pieces_unmapped", u(self.pieces_unmapped)),
             ("emm.tightenings", u(self.tightenings)),
         ]
     }
@@ -1129,6 +1133,7 @@ impl PoolManager {
             tightenings: a.tightenings,
             pieces_mapped: a.pieces_mapped,
             pieces_moved: a.pieces_moved,
+            pieces_unmapped: a.pieces_unmapped,
         }
     }
 
@@ -1179,7 +1184,7 @@ impl PoolManager {
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
             tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
         }
-        arena.release_free_segments(&self.core.source())
+        arena.release_free_segments(&self.core.source(), self.core.events.as_ref())
     }
 
     /// Checks the pool's internal consistency (for tests); returns what is wrong.

@@ -5,6 +5,7 @@ use emm_sys::CUdeviceptr;
 
 use emm_core::TraceAction;
 
+use super::retire::{HolePieces, Target};
 use super::*;
 use crate::events::EventSource;
 
@@ -53,12 +54,16 @@ impl Arena {
         Ok(base)
     }
 
-    /// Grows the expandable segment so that a free block of `stream` at its end
-    /// holds `size` bytes. `Ok(false)`: no virtual memory here.
+    /// Grows the expandable segment so that a free block of `stream` holds `size`
+    /// bytes: by mapping memory into a gap (address space whose memory moved away,
+    /// see `retire.rs`) between free blocks of the stream when that needs the
+    /// fewest bytes, else at its end. `Ok(false)`: no virtual memory here, or its
+    /// address space is used up.
     pub(super) fn expand(
         &mut self,
         size: usize,
         stream: StreamKey,
+        events: &dyn EventSource,
         source: &dyn SegmentSource,
     ) -> Result<bool> {
         let base = match self.grow_base {
@@ -86,46 +91,23 @@ impl Arena {
                 }
             },
         };
-        let (mapped, reserve) = match self.segments.get(&base) {
-            Some(Segment {
-                size,
-                expandable: Some((r, _)),
-                ..
-            }) => (*size, *r),
-            _ => return Ok(false),
-        };
-        let end = base + mapped as u64;
-        let tail_free = match self.blocks.range(..end).next_back() {
-            // The segment's own last block (a block of another segment may end
-            // where this one starts).
-            Some((&a, b))
-                if b.segment == base
-                    && b.state == State::Free(stream)
-                    && a + b.size as u64 == end =>
-            {
-                b.size
-            }
-            _ => 0,
-        };
-        // Grow by what the request lacks, at least the step: over-reserving by a
-        // fraction of what is mapped cost 2-3 % of the footprint on the recorded
-        // training traces for a handful of driver calls.
-        let page = self.policy.large_round;
-        let grow = (size - tail_free).max(self.policy.expand_step);
-        let grow = grow.div_ceil(page) * page;
-        if mapped + grow > reserve {
+        // Old mappings whose work is done become gaps first, so growth can use them.
+        self.unmap_retired(base, events, source, false);
+        let Some(target) = self.growth_target(base, size, stream) else {
             return Ok(false);
-        }
+        };
+        let page = self.policy.large_round;
+        let (dst, grow, room) = (target.dst, target.want, target.room);
         // First the memory of whole pieces inside free holes of this stream (or
-        // settled): mapped again at the end, their old addresses retired. Same-stream
-        // order (or the settling event) makes that as safe as reusing the hole, and
-        // the pool reserves no more memory for a request that fragmentation would
-        // otherwise have grown it for. Then new memory in pieces that can move later
-        // (`fresh_pieces`: up to 8 pages each; a piece's cost to the driver does
-        // not depend on its size, a move maps it again). All of it in one
-        // `map_pieces` call: the driver grants access once over the whole range.
-        // The last piece may pass `grow`, but never the reservation's end.
-        let plan = self.hole_pieces(base, end - tail_free as u64, grow, reserve - mapped, stream);
+        // settled), mapped again at `dst`, their old addresses retired (see
+        // `retire.rs`). Same-stream order (or the settling event) makes that as safe
+        // as reusing the hole, and the pool reserves no more memory for a request
+        // that fragmentation would otherwise have grown it for. Then new memory in
+        // pieces that can move later (`fresh_pieces`: up to 8 pages each; a piece's
+        // cost to the driver does not depend on its size, a move maps it again). All
+        // of it in one `map_pieces` call: the driver grants access once over the
+        // whole range. The last moved piece may pass `grow`, never `room`.
+        let plan = self.hole_pieces(base, &target.exclude, grow, room, stream);
         let movable: Vec<(Option<CUdeviceptr>, usize)> = plan
             .iter()
             .flat_map(|h| {
@@ -142,15 +124,16 @@ impl Arena {
         let over_limit = self
             .limit
             .filter(|&limit| self.stats.reserved + fresh > limit);
+        let seg_mapped = self.segments.get(&base).map_or(0, |s| s.size);
         let mut pieces = movable.clone();
         if over_limit.is_none() {
             pieces.extend(
-                fresh_pieces(fresh, page, end - base)
+                fresh_pieces(fresh, page, seg_mapped as u64)
                     .into_iter()
                     .map(|len| (None, len)),
             );
         }
-        let (mut mapped, mut result) = source.map_pieces(end, &pieces);
+        let (mut mapped, mut result) = source.map_pieces(dst, &pieces);
         // Pieces moved: those of the first call that were moves (a fallback below
         // maps only new memory).
         let moved_pieces = mapped.min(movable.len());
@@ -161,31 +144,31 @@ impl Arena {
                 tracing::warn!(error = %e, "moving a piece of the expandable segment failed; mapping new memory instead");
             }
             let have: usize = pieces[..mapped].iter().map(|p| p.1).sum();
-            let want = grow.saturating_sub(have);
+            let want = grow.saturating_sub(have).min(room - have);
             let limit = self.limit.filter(|&l| self.stats.reserved + want > l);
             if limit.is_some() {
                 // Out of memory under the byte limit, not the move's error.
                 over_limit = limit;
                 result = Ok(());
             } else {
-                let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page, end - base)
-                    .into_iter()
-                    .map(|len| (None, len))
-                    .collect();
-                let (more, r) = source.map_pieces(end + have as u64, &rest);
+                let rest: Vec<(Option<CUdeviceptr>, usize)> =
+                    fresh_pieces(want, page, seg_mapped as u64)
+                        .into_iter()
+                        .map(|len| (None, len))
+                        .collect();
+                let (more, r) = source.map_pieces(dst + have as u64, &rest);
                 pieces.truncate(mapped);
                 pieces.extend_from_slice(&rest);
                 mapped += more;
                 result = r;
             }
         }
-        let mut off = (end - base) as usize;
+        let mut off = (dst - base) as usize;
         let mut new_pieces = Vec::with_capacity(mapped);
         let (mut moved, mut fresh_mapped) = (0, 0);
-        for (i, &(src, len)) in pieces[..mapped].iter().enumerate() {
+        for (i, &(_, len)) in pieces[..mapped].iter().enumerate() {
             new_pieces.push((off, len));
-            if let Some(src) = src.filter(|_| i < moved_pieces) {
-                self.aliases.insert(base + off as u64, src);
+            if i < moved_pieces {
                 moved += len;
             } else {
                 fresh_mapped += len;
@@ -194,8 +177,8 @@ impl Arena {
         }
         self.stats.pieces_moved += moved_pieces;
         self.stats.pieces_mapped += mapped - moved_pieces;
-        self.retire_moved(base, &plan, moved_pieces);
-        self.commit_growth(base, end, moved, fresh_mapped, &new_pieces, stream);
+        self.retire_moved(base, &plan, moved_pieces, events);
+        self.commit_growth(base, &target, moved, fresh_mapped, &new_pieces, stream);
         if let Some(limit) = over_limit {
             let (free, total) = source.device_info();
             return Err(EmmError::OutOfMemory {
@@ -214,13 +197,71 @@ impl Arena {
         Ok(true)
     }
 
+    /// Where growth for `size` bytes of `stream` maps memory: the gap that joins
+    /// free blocks of the stream into one of `size` bytes with the fewest bytes
+    /// mapped, or the segment's end when that needs fewer (at least the step, so
+    /// a growing pool makes few driver calls); `None` when neither fits in the
+    /// reservation.
+    fn growth_target(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Option<Target> {
+        let Some(Segment {
+            size: mapped,
+            expandable: Some((reserve, _)),
+            ..
+        }) = self.segments.get(&base)
+        else {
+            return None;
+        };
+        let (mapped, reserve) = (*mapped, *reserve);
+        let page = self.policy.large_round;
+        let end = base + mapped as u64;
+        // The segment's own last block when it is free (a block of another
+        // segment may end where this one starts).
+        let tail = self
+            .blocks
+            .range(..end)
+            .next_back()
+            .filter(|(&a, b)| {
+                b.segment == base && b.state == State::Free(stream) && a + b.size as u64 == end
+            })
+            .map(|(&a, b)| (a, b.size));
+        let tail_need = size - tail.map_or(0, |t| t.1);
+        let mut best: Option<Target> = None;
+        // A gap when it needs no more than the end would, or when the end is past
+        // the reservation (moving memory retires the ranges it leaves, so the end
+        // walks up through the reservation while gaps open below).
+        let gap = self.best_gap(base, end, size, stream);
+        let end_fits =
+            mapped + tail_need.max(self.policy.expand_step).div_ceil(page) * page <= reserve;
+        if let Some(gap) = gap {
+            if !end_fits || gap.want <= tail_need.div_ceil(page) * page {
+                best = Some(gap);
+            }
+        }
+        if best.is_none() {
+            // Grow by what the request lacks, at least the step: over-reserving by
+            // a fraction of what is mapped cost 2-3 % of the footprint on the
+            // recorded training traces for a handful of driver calls.
+            let want = tail_need.max(self.policy.expand_step).div_ceil(page) * page;
+            if mapped + want <= reserve {
+                best = Some(Target {
+                    dst: end,
+                    want,
+                    room: reserve - mapped,
+                    exclude: [tail.map(|t| t.0), None],
+                    gap: None,
+                });
+            }
+        }
+        best
+    }
+
     /// Accounts for `moved` bytes of moved pieces and `fresh` bytes of new memory
-    /// mapped at `end` (as `new_pieces`, offsets in the segment), and makes them one
-    /// free block of `stream`.
+    /// mapped at the target (as `new_pieces`, offsets in the segment), and makes
+    /// them one free block of `stream` (joined with its free neighbours).
     fn commit_growth(
         &mut self,
         base: CUdeviceptr,
-        end: CUdeviceptr,
+        target: &Target,
         moved: usize,
         fresh: usize,
         new_pieces: &[(usize, usize)],
@@ -232,12 +273,32 @@ impl Arena {
         }
         if let Some(Segment {
             size,
+            retired,
             expandable: Some((_, pieces)),
             ..
         }) = self.segments.get_mut(&base)
         {
-            pieces.extend_from_slice(new_pieces);
-            *size += grown;
+            // Pieces stay in address order.
+            let at = pieces.partition_point(|&(off, _)| off < (target.dst - base) as usize);
+            pieces.splice(at..at, new_pieces.iter().copied());
+            match target.gap {
+                None => *size += grown,
+                Some(_) => *retired -= grown,
+            }
+        }
+        if let Some(gap) = target.gap {
+            // The gap's address space now has memory: what is left of it stays a gap.
+            self.blocks.remove(&gap);
+            if target.room > grown {
+                self.blocks.insert(
+                    gap + grown as u64,
+                    Block {
+                        size: target.room - grown,
+                        segment: base,
+                        state: State::Gap,
+                    },
+                );
+            }
         }
         self.stats.reserved += fresh;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
@@ -245,28 +306,30 @@ impl Arena {
             self.stats.upstream_allocs += 1;
             self.history.push(
                 TraceAction::SegmentMap,
-                end + moved as u64,
+                target.dst + moved as u64,
                 fresh,
                 stream_id(stream),
             );
         }
-        self.insert_free(end, grown, base, stream);
+        self.insert_free(target.dst, grown, base, stream);
     }
 
     /// The whole pieces, up to `want` bytes (the last may pass it, never `cap` in
-    /// all), lying in free blocks of `stream` (or settled) of the expandable segment
-    /// below `below`: the pieces growth moves. Pieces tile the segment in address order, so those of
-    /// one block are a contiguous run.
+    /// all), lying in free blocks of `stream` (or settled) of the expandable
+    /// segment other than the blocks `exclude` (those growth joins): the pieces
+    /// growth moves. Pieces tile the segment's memory in address order, so those
+    /// of one block are a contiguous run.
     fn hole_pieces(
         &self,
         base: CUdeviceptr,
-        below: CUdeviceptr,
+        exclude: &[Option<CUdeviceptr>; 2],
         want: usize,
         cap: usize,
         stream: StreamKey,
     ) -> Vec<HolePieces> {
         let mut plan = Vec::new();
         let Some(Segment {
+            size: mapped,
             expandable: Some((_, pieces)),
             ..
         }) = self.segments.get(&base)
@@ -275,15 +338,18 @@ impl Arena {
         };
         let mut left = want;
         let mut taken = 0usize;
-        if below <= base {
-            return plan;
-        }
-        for (&a, b) in self.blocks.range(base..below) {
+        for (&a, b) in self.blocks.range(base..base + *mapped as u64) {
             if left == 0 {
                 break;
             }
             let owner = match b.state {
-                State::Free(s) if b.segment == base && (s == stream || s == SETTLED) => s,
+                State::Free(s)
+                    if b.segment == base
+                        && (s == stream || s == SETTLED)
+                        && !exclude.contains(&Some(a)) =>
+                {
+                    s
+                }
                 _ => continue,
             };
             let (lo, hi) = ((a - base) as usize, (a - base) as usize + b.size);
@@ -313,68 +379,10 @@ impl Arena {
         plan
     }
 
-    /// Retires the addresses of the first `moved` pieces of `plan` (whose memory is
-    /// now mapped at the end of the segment).
-    fn retire_moved(&mut self, base: CUdeviceptr, plan: &[HolePieces], moved: usize) {
-        let mut left = moved;
-        for h in plan {
-            if left == 0 {
-                break;
-            }
-            let n = h.pieces.len().min(left);
-            left -= n;
-            let len: usize = h.pieces[..n].iter().sum();
-            self.retire(
-                base,
-                h.block,
-                h.size,
-                h.owner,
-                h.first,
-                h.first + len as u64,
-            );
-        }
-    }
-
-    /// Splits the free block `[a, a+n)` of `owner` around `[from, to)`, which is
-    /// retired.
-    fn retire(
-        &mut self,
-        base: CUdeviceptr,
-        a: CUdeviceptr,
-        n: usize,
-        owner: StreamKey,
-        from: CUdeviceptr,
-        to: CUdeviceptr,
-    ) {
-        self.free_set(owner, Kind::Large).remove(&(n, a));
-        self.blocks.remove(&a);
-        let put = |me: &mut Self, at: CUdeviceptr, len: usize, state: State| {
-            if len > 0 {
-                me.blocks.insert(
-                    at,
-                    Block {
-                        size: len,
-                        segment: base,
-                        state,
-                    },
-                );
-                if let State::Free(s) = state {
-                    me.free_set(s, Kind::Large).insert((len, at));
-                }
-            }
-        };
-        put(self, a, (from - a) as usize, State::Free(owner));
-        put(self, from, (to - from) as usize, State::Retired);
-        put(self, to, (a + n as u64 - to) as usize, State::Free(owner));
-        if let Some(seg) = self.segments.get_mut(&base) {
-            seg.retired += (to - from) as usize;
-        }
-    }
-
     /// When no block of the expandable segment is held or pending, unmaps all of it
     /// (moved pages and retired address space included) and starts it again at its
     /// base, so its address space is used again; returns the bytes released.
-    fn reset_expandable(&mut self, source: &dyn SegmentSource) -> usize {
+    fn reset_expandable(&mut self, source: &dyn SegmentSource, events: &dyn EventSource) -> usize {
         let Some(base) = self.grow_base.filter(|&b| b != 0) else {
             return 0;
         };
@@ -420,7 +428,7 @@ impl Arena {
                 tracing::error!(error = %e, "unmapping the expandable segment failed");
             }
         }
-        self.aliases.clear();
+        self.drop_retiring(events);
         self.stats.reserved -= physical;
         self.stats.upstream_frees += 1;
         self.history
@@ -476,23 +484,6 @@ impl Arena {
                 );
                 self.free_set(stream, Kind::Large).insert((rest, a));
             }
-            // A page whose memory is shared with retired pages: their mappings go
-            // too, and with the last one the memory.
-            let mut src = self.aliases.remove(&piece_start);
-            while let Some(s) = src {
-                if let Err(e) = source.unmap(s, len) {
-                    tracing::error!(error = %e, "unmapping a retired page failed");
-                }
-                if let Some(Segment {
-                    expandable: Some((_, pieces)),
-                    ..
-                }) = self.segments.get_mut(&base)
-                {
-                    let off = (s - base) as usize;
-                    pieces.retain(|&(o, _)| o != off);
-                }
-                src = self.aliases.remove(&s);
-            }
             if let Some(Segment {
                 size,
                 expandable: Some((_, pieces)),
@@ -515,10 +506,18 @@ impl Arena {
         released
     }
 
-    /// Gives every wholly free segment back to the upstream; returns bytes released.
-    pub fn release_free_segments(&mut self, source: &dyn SegmentSource) -> usize {
+    /// Gives every wholly free segment back to the upstream (and the old mappings
+    /// of moved pieces, after their work); returns bytes released.
+    pub fn release_free_segments(
+        &mut self,
+        source: &dyn SegmentSource,
+        events: &dyn EventSource,
+    ) -> usize {
+        if let Some(base) = self.grow_base.filter(|&b| b != 0) {
+            self.unmap_retired(base, events, source, true);
+        }
         let released = self.release_whole_segments(source, None);
-        let whole = self.reset_expandable(source);
+        let whole = self.reset_expandable(source, events);
         released
             + if whole > 0 {
                 whole
@@ -668,24 +667,12 @@ impl Arena {
                 events.recycle(id);
             }
         }
-        self.aliases.clear();
+        self.drop_retiring(events);
         self.stats.reserved = 0;
         self.stats.live = 0;
         self.stats.segments = self.segments.len();
         segs
     }
-}
-
-/// Whole pieces of one free block of the expandable segment that growth may move.
-struct HolePieces {
-    /// The free block: address, size and stream.
-    block: CUdeviceptr,
-    size: usize,
-    owner: StreamKey,
-    /// The address of its first whole piece, and the lengths of the pieces to move
-    /// (a contiguous run).
-    first: CUdeviceptr,
-    pieces: Vec<usize>,
 }
 
 /// New memory of `bytes` (a multiple of `page`) for an expandable segment of

@@ -10,7 +10,7 @@ impl Arena {
     pub fn inactive_split_bytes(&self) -> usize {
         self.blocks
             .values()
-            .filter(|b| b.state != State::Live && b.state != State::Retired)
+            .filter(|b| matches!(b.state, State::Free(_) | State::Pending))
             .filter(|b| {
                 self.segments
                     .get(&b.segment)
@@ -23,14 +23,14 @@ impl Arena {
     /// Every segment with memory behind it and its blocks, in address order. Live
     /// blocks (held by callers or parked in thread caches) are `allocated`; free and
     /// pending ones are not. The expandable segment is reported as its runs of
-    /// memory between retired address ranges (whose memory moved to its end), so
+    /// memory between retired address ranges and gaps (whose memory moved), so
     /// blocks tile every reported segment and segments sum to what is reserved.
     pub fn snapshot_segments(&self) -> Vec<SnapshotSegment> {
         let mut out = Vec::new();
         for (&base, seg) in self.segments.iter().filter(|(_, seg)| seg.size > 0) {
             let mut run: Option<SnapshotSegment> = None;
             for (&a, b) in self.blocks.range(base..base + seg.size as u64) {
-                if b.state == State::Retired {
+                if matches!(b.state, State::Retired | State::Gap) {
                     out.extend(run.take());
                     continue;
                 }
@@ -91,7 +91,7 @@ impl Arena {
                 if b.state == State::Live {
                     live += b.size;
                 }
-                if b.state == State::Retired {
+                if matches!(b.state, State::Retired | State::Gap) {
                     retired += b.size;
                 }
                 at = a + b.size as u64;
@@ -100,6 +100,26 @@ impl Arena {
                 return Err(format!(
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
                 ));
+            }
+            if let Some((_, pieces)) = &seg.expandable {
+                let mut at = 0;
+                for &(off, len) in pieces {
+                    if off < at || off + len > seg.size {
+                        return Err(format!(
+                            "segment {base:#x}: piece at offset {off} ({len} bytes) out of order or past its {} bytes",
+                            seg.size
+                        ));
+                    }
+                    let addr = base + off as u64;
+                    if let Some((&ga, g)) = self.blocks.range(..=addr).next_back() {
+                        if g.state == State::Gap && addr < ga + g.size as u64 {
+                            return Err(format!(
+                                "piece {addr:#x} mapped inside the gap at {ga:#x}"
+                            ));
+                        }
+                    }
+                    at = off + len;
+                }
             }
             if retired != seg.retired {
                 return Err(format!(

@@ -18,6 +18,7 @@ mod growth;
 mod heap;
 mod inspect;
 mod oom;
+mod retire;
 mod streams;
 
 /// Alignment and rounding of every block.
@@ -64,9 +65,12 @@ enum State {
     Free(StreamKey),
     /// Freed on a stream, waiting for an event before another stream may use it.
     Pending,
-    /// Address space of the expandable segment whose memory now also backs its end
-    /// (see `growth.rs`): never handed out again.
+    /// Address space of the expandable segment whose memory growth moved elsewhere
+    /// (see `retire.rs`): still mapped until the work queued on it is done.
     Retired,
+    /// Address space of the expandable segment with no memory behind it (a
+    /// retired range, unmapped): growth may map memory there again.
+    Gap,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -84,8 +88,8 @@ pub(crate) struct Segment {
     /// For an expandable segment: the address space reserved, and the mapped
     /// pieces `(offset, len)` in order.
     pub expandable: Option<(usize, Vec<(usize, usize)>)>,
-    /// Bytes of `size` whose memory was moved to the segment's end (retired
-    /// address space): the memory behind the segment is `size - retired`.
+    /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
+    /// gaps): the memory behind the segment is `size - retired`.
     pub retired: usize,
 }
 
@@ -129,8 +133,11 @@ pub struct ArenaStats {
     pub scan_steps: usize,
     /// Pieces of the expandable segment mapped with new memory (one driver call each).
     pub pieces_mapped: usize,
-    /// Pieces of the expandable segment whose memory was mapped again at its end.
+    /// Pieces of the expandable segment whose memory was mapped again elsewhere in it.
     pub pieces_moved: usize,
+    /// Old mappings of moved pieces unmapped (one driver call each), once the work
+    /// queued on them was done.
+    pub pieces_unmapped: usize,
     /// Synchronizations made to give back wholly free large segments instead of
     /// growing (without the expandable segment).
     pub tightenings: usize,
@@ -176,12 +183,17 @@ pub(crate) trait SegmentSource {
         Ok(None)
     }
     /// Releases the memory behind `[addr, addr+len)` (a piece given to `map_pieces`
-    /// whole).
+    /// whole), after waiting for the device.
     fn unmap(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
         Err(EmmError::Unsupported {
             manager: "pool".into(),
             operation: "unmap",
         })
+    }
+    /// As `unmap`, for a range the device is known to be done with (the caller
+    /// waited for the work queued on it): no synchronization.
+    fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.unmap(addr, len)
     }
     /// Maps `pieces` one after another at `dst` and up: new memory (`None`) or the
     /// memory mapped at `src`. Returns how many pieces, from the first, were mapped,
@@ -228,7 +240,7 @@ impl Default for SegmentPolicy {
             expandable: true,
             expandable_reserve: 1 << 40,
             expand_step: 20 << 20,
-            small_segment: 4 << 20,
+            small_segment: 2 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,
             tight_percent: Some(115),
@@ -345,9 +357,9 @@ pub(crate) struct Arena {
     /// The expandable segment's base, once reserved; `Some(0)` after a reservation
     /// failed (do not try again).
     grow_base: Option<CUdeviceptr>,
-    /// Pages at the end of the expandable segment mapped onto the memory of a
-    /// retired page: end page → the page whose memory it shares.
-    aliases: FastMap<CUdeviceptr, CUdeviceptr>,
+    /// Old mappings of moved pieces, waiting for the work queued on them (see
+    /// `retire.rs`).
+    retiring: Vec<retire::Retiring>,
     /// The allocation history (off unless asked for).
     pub history: History,
 }
@@ -419,7 +431,7 @@ impl Arena {
             }
         }
         if kind == Kind::Large && self.policy.expandable {
-            match self.expand(size, stream, source) {
+            match self.expand(size, stream, events, source) {
                 Ok(true) => {
                     self.stats.misses += 1;
                     self.cover_fresh(stream, events);

@@ -27,7 +27,7 @@ impl Arena {
             return Ok(self.finish(a, size));
         }
         // 2. Give back every wholly free segment.
-        self.release_free_segments(source);
+        self.release_free_segments(source, events);
         // 3. Retry the upstream.
         let seg = self.policy.segment_for(size, kind);
         let retry = self.grow(seg, kind, stream, source).or_else(|_| {

@@ -1,0 +1,349 @@
+//! The address space of moved pieces. When growth moves a piece's memory out of a
+//! free hole (see `growth.rs`), the hole's range is retired: its old mapping stays
+//! until the work queued on it is done, then it is unmapped and the range becomes
+//! a gap, which growth maps memory into again when that joins free blocks.
+//!
+//! So the segment holds about one mapping per piece of memory, and its address
+//! space is reused instead of running through the reservation: a GPT-2 training
+//! loop with variable shapes moved about 900 pieces every 56 steps, some 11 GiB of
+//! address space and as many mappings, which used up a terabyte's reservation in
+//! about 5,000 steps (and the host's 65,530 mappings sooner, on the stand-in).
+
+use emm_sys::CUdeviceptr;
+
+use super::*;
+use crate::events::{EventId, EventSource};
+
+/// Old mappings allowed to wait for their work; past it, growth waits for the
+/// oldest (their work was queued before a move, and moves are rare).
+pub(super) const MAX_RETIRING: usize = 1024;
+
+/// When the work queued on a retired range is known to be done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Done {
+    /// Already: the range was settled (its last stream's work had completed).
+    Now,
+    /// When this event, recorded on the range's stream at the move, completes.
+    After(EventId),
+    /// After a device-wide synchronization (recording the event failed).
+    AfterSync,
+}
+
+/// Old mappings of the pieces moved out of retired ranges by one growth.
+#[derive(Debug)]
+pub(super) struct Retiring {
+    /// The retired blocks (each keeps its extent until it becomes a gap).
+    blocks: Vec<CUdeviceptr>,
+    /// Each old mapping: address and length.
+    maps: Vec<(CUdeviceptr, usize)>,
+    done: Done,
+}
+
+/// Whole pieces of one free block of the expandable segment that growth may move.
+pub(super) struct HolePieces {
+    /// The free block: address, size and stream.
+    pub block: CUdeviceptr,
+    pub size: usize,
+    pub owner: StreamKey,
+    /// The address of its first whole piece, and the lengths of the pieces to move
+    /// (a contiguous run).
+    pub first: CUdeviceptr,
+    pub pieces: Vec<usize>,
+}
+
+impl Arena {
+    /// Retires the ranges of the first `moved` pieces of `plan`, whose memory is
+    /// mapped elsewhere now: their old mappings wait for the work queued on them
+    /// (an event on the hole's stream; none for a settled hole).
+    pub(super) fn retire_moved(
+        &mut self,
+        base: CUdeviceptr,
+        plan: &[HolePieces],
+        moved: usize,
+        events: &dyn EventSource,
+    ) {
+        let mut left = moved;
+        let mut settled = Retiring {
+            blocks: Vec::new(),
+            maps: Vec::new(),
+            done: Done::Now,
+        };
+        let mut queued: Option<Retiring> = None;
+        for h in plan {
+            if left == 0 {
+                break;
+            }
+            let n = h.pieces.len().min(left);
+            left -= n;
+            let len: usize = h.pieces[..n].iter().sum();
+            self.retire(base, h, h.first + len as u64);
+            let entry = if h.owner == SETTLED {
+                &mut settled
+            } else {
+                if queued.is_none() {
+                    let done = self.done_after(h.owner, events);
+                    queued = Some(Retiring {
+                        blocks: Vec::new(),
+                        maps: Vec::new(),
+                        done,
+                    });
+                }
+                match queued.as_mut() {
+                    Some(q) => q,
+                    None => continue,
+                }
+            };
+            entry.blocks.push(h.first);
+            let mut at = h.first;
+            for &l in &h.pieces[..n] {
+                entry.maps.push((at, l));
+                at += l as u64;
+            }
+        }
+        for r in [Some(settled), queued].into_iter().flatten() {
+            if !r.maps.is_empty() {
+                self.retiring.push(r);
+            }
+        }
+    }
+
+    /// When the work queued so far on `owner` (the stream growing now, whose
+    /// handle is valid) is done.
+    fn done_after(&mut self, owner: StreamKey, events: &dyn EventSource) -> Done {
+        self.stats.events_recorded += 1;
+        match events.record(stream_of_key(owner)) {
+            Ok(id) => Done::After(id),
+            Err(e) => {
+                tracing::warn!(error = %e, "recording an event for moved pieces failed; their old mappings wait for a device synchronization");
+                Done::AfterSync
+            }
+        }
+    }
+
+    /// Splits the free block of `h` around `[h.first, to)`, which is retired.
+    fn retire(&mut self, base: CUdeviceptr, h: &HolePieces, to: CUdeviceptr) {
+        let (a, n, owner, from) = (h.block, h.size, h.owner, h.first);
+        self.free_set(owner, Kind::Large).remove(&(n, a));
+        self.blocks.remove(&a);
+        let put = |me: &mut Self, at: CUdeviceptr, len: usize, state: State| {
+            if len > 0 {
+                me.blocks.insert(
+                    at,
+                    Block {
+                        size: len,
+                        segment: base,
+                        state,
+                    },
+                );
+                if let State::Free(s) = state {
+                    me.free_set(s, Kind::Large).insert((len, at));
+                }
+            }
+        };
+        put(self, a, (from - a) as usize, State::Free(owner));
+        put(self, from, (to - from) as usize, State::Retired);
+        put(self, to, (a + n as u64 - to) as usize, State::Free(owner));
+        if let Some(seg) = self.segments.get_mut(&base) {
+            seg.retired += (to - from) as usize;
+        }
+    }
+
+    /// Unmaps the old mappings whose work is done and makes their ranges gaps.
+    /// With more than [`MAX_RETIRING`] waiting (or `all`), first waits for the
+    /// oldest (for all).
+    pub(super) fn unmap_retired(
+        &mut self,
+        base: CUdeviceptr,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+        all: bool,
+    ) {
+        let waiting: usize = self.retiring.iter().map(|r| r.maps.len()).sum();
+        let mut excess = if all {
+            waiting
+        } else {
+            waiting.saturating_sub(MAX_RETIRING)
+        };
+        let mut keep = Vec::new();
+        for r in std::mem::take(&mut self.retiring) {
+            let ready = match r.done {
+                Done::Now => true,
+                Done::After(id) => {
+                    self.stats.event_queries += 1;
+                    match events.is_complete(id) {
+                        Ok(true) => true,
+                        _ if excess > 0 => events.wait(id).is_ok(),
+                        _ => false,
+                    }
+                }
+                Done::AfterSync if excess > 0 => {
+                    self.stats.device_syncs += 1;
+                    events.synchronize_all().is_ok()
+                }
+                Done::AfterSync => false,
+            };
+            if !ready {
+                keep.push(r);
+                continue;
+            }
+            excess = excess.saturating_sub(r.maps.len());
+            if let Done::After(id) = r.done {
+                events.recycle(id);
+            }
+            self.unmap_retiring(base, r, source);
+        }
+        self.retiring = keep;
+    }
+
+    /// Unmaps `r`'s old mappings (their work is done) and makes its blocks gaps.
+    /// A mapping that fails to go keeps its block retired (its address space is
+    /// not used again; the error is logged).
+    fn unmap_retiring(&mut self, base: CUdeviceptr, r: Retiring, source: &dyn SegmentSource) {
+        let mut failed = false;
+        let mut gone = Vec::with_capacity(r.maps.len());
+        for &(addr, len) in &r.maps {
+            match source.unmap_done(addr, len) {
+                Ok(()) => {
+                    self.stats.pieces_unmapped += 1;
+                    gone.push((addr - base) as usize);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, addr, len, "unmapping the old mapping of a moved piece failed; its address range stays retired");
+                    failed = true;
+                }
+            }
+        }
+        if let Some(Segment {
+            expandable: Some((_, pieces)),
+            ..
+        }) = self.segments.get_mut(&base)
+        {
+            for off in gone {
+                if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
+                    pieces.remove(i);
+                }
+            }
+        }
+        if !failed {
+            for b in r.blocks {
+                self.make_gap(b);
+            }
+        }
+    }
+
+    /// The retired block at `addr` (unmapped now) becomes a gap, joined with the
+    /// gaps beside it.
+    fn make_gap(&mut self, addr: CUdeviceptr) {
+        let Some(b) = self.blocks.get(&addr).copied() else {
+            return;
+        };
+        if b.state != State::Retired {
+            return;
+        }
+        let (mut at, mut size) = (addr, b.size);
+        if let Some((pa, p)) = self.blocks.range(..addr).next_back().map(|(&a, &p)| (a, p)) {
+            if p.state == State::Gap && p.segment == b.segment && pa + p.size as u64 == addr {
+                self.blocks.remove(&addr);
+                at = pa;
+                size += p.size;
+            }
+        }
+        let next = addr + b.size as u64;
+        if let Some(n) = self.blocks.get(&next).copied() {
+            if n.state == State::Gap && n.segment == b.segment {
+                self.blocks.remove(&next);
+                size += n.size;
+            }
+        }
+        // A gap at the segment's end is no address space of it at all.
+        if let Some(seg) = self.segments.get_mut(&b.segment) {
+            if b.segment + seg.size as u64 == at + size as u64 {
+                seg.size -= size;
+                seg.retired -= size;
+                return;
+            }
+        }
+        self.blocks.insert(
+            at,
+            Block {
+                size,
+                segment: b.segment,
+                state: State::Gap,
+            },
+        );
+    }
+
+    /// The gap whose memory would join free blocks of `stream` into one of `size`
+    /// bytes with the fewest bytes mapped (on a tie, the lowest): mapped from the
+    /// gap's start, onto the free block before it, or filling it whole, joining the
+    /// free blocks on both sides.
+    pub(super) fn best_gap(
+        &self,
+        base: CUdeviceptr,
+        end: CUdeviceptr,
+        size: usize,
+        stream: StreamKey,
+    ) -> Option<Target> {
+        let page = self.policy.large_round;
+        let free_of = |b: &Block| b.segment == base && b.state == State::Free(stream);
+        let mut best: Option<Target> = None;
+        let mut prev: Option<(CUdeviceptr, Block)> = None;
+        for (&ga, g) in self.blocks.range(base..end) {
+            let before = prev.replace((ga, *g));
+            if g.state != State::Gap {
+                continue;
+            }
+            let a = before.filter(|(pa, p)| free_of(p) && pa + p.size as u64 == ga);
+            let gend = ga + g.size as u64;
+            let b = self
+                .blocks
+                .get(&gend)
+                .filter(|n| free_of(n))
+                .map(|n| (gend, n.size));
+            let asz = a.map_or(0, |(_, p)| p.size);
+            let prefix = size.saturating_sub(asz).div_ceil(page) * page;
+            let want = if prefix <= g.size {
+                prefix
+            } else if asz + g.size + b.map_or(0, |b| b.1) >= size {
+                g.size
+            } else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|t| want < t.want) {
+                best = Some(Target {
+                    dst: ga,
+                    want,
+                    room: g.size,
+                    exclude: [a.map(|a| a.0), b.map(|b| b.0)],
+                    gap: Some(ga),
+                });
+            }
+        }
+        best
+    }
+
+    /// Forgets every old mapping still waiting: the caller unmaps them with the
+    /// segment's pieces (reset), and their blocks go with the segment's.
+    pub(super) fn drop_retiring(&mut self, events: &dyn EventSource) {
+        for r in std::mem::take(&mut self.retiring) {
+            if let Done::After(id) = r.done {
+                events.recycle(id);
+            }
+        }
+    }
+}
+
+/// Where growth maps memory (see `Arena::growth_target`).
+#[derive(Clone, Debug)]
+pub(super) struct Target {
+    /// The first address mapped.
+    pub dst: CUdeviceptr,
+    /// Bytes wanted (moved pieces may pass it, never `room`).
+    pub want: usize,
+    /// Bytes of address space there.
+    pub room: usize,
+    /// The free blocks the growth joins (their pieces do not move).
+    pub exclude: [Option<CUdeviceptr>; 2],
+    /// The gap mapped into (`None`: the segment's end).
+    pub gap: Option<CUdeviceptr>,
+}
