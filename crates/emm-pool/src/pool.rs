@@ -255,6 +255,9 @@ impl SegmentSource for SourceAdapter<'_> {
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("unmap")?.unmap(addr, len)
     }
+    fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.vmm("unmap")?.unmap_done(addr, len)
+    }
     fn map_pieces(
         &self,
         dst: CUdeviceptr,

@@ -19,8 +19,13 @@ pub trait VirtualMemory: Send + Sync {
     fn reserve(&self, size: usize) -> Result<CUdeviceptr>;
     /// Backs `[addr, addr+len)` with memory.
     fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
-    /// Releases a range given to `map` whole.
+    /// Releases a range given to `map` whole, after waiting for the device.
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()>;
+    /// As `unmap`, for a range the device is known to be done with (the caller
+    /// waited for the work queued on it): no synchronization.
+    fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.unmap(addr, len)
+    }
     /// Maps at `dst` (unmapped, in a reservation) the memory mapped at `src` (the
     /// start of a range `map` or `alias` mapped whole, `len` bytes): the same memory
     /// at two addresses. The memory is released when its last mapping is unmapped.
@@ -330,6 +335,16 @@ impl VirtualMemory for DriverVmm {
     }
 
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        // Unmapping waits for nothing: the pool only unmaps blocks freed in stream
+        // order; make sure the device is done with them first.
+        {
+            let _g = self.ctx.push()?;
+            self.ctx.synchronize()?;
+        }
+        self.unmap_done(addr, len)
+    }
+
+    fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         let drv = self.ctx.driver();
         let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
         let release = optional(drv, drv.mem_release, "cuMemRelease")?;
@@ -347,11 +362,8 @@ impl VirtualMemory for DriverVmm {
             });
         };
         let _g = self.ctx.push()?;
-        // Unmapping waits for nothing: the pool only unmaps blocks freed in stream
-        // order; make sure the device is done with them first.
-        self.ctx.synchronize()?;
         // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle `h`;
-        // each mapping is undone once.
+        // each mapping is undone once; the caller waited for the work queued on it.
         check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
         let last = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
