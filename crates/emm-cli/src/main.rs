@@ -43,6 +43,14 @@ enum Command {
         /// Also write a self-contained HTML page with charts to FILE.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
+        /// Replay each trace N times back to back through the same manager, as the
+        /// steps of a long run repeat: what the trace frees is made again each
+        /// pass, what it never frees (weights, optimizer state) is kept. Shows what
+        /// a manager does once warm: its driver calls per pass, and whether its
+        /// footprint holds.
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        passes: u32,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {
@@ -113,6 +121,7 @@ fn main() -> ExitCode {
             format,
             json,
             html,
+            passes,
         } => replay::run(&replay::Args {
             traces,
             managers: managers(&manager),
@@ -123,6 +132,7 @@ fn main() -> ExitCode {
             }),
             json,
             html,
+            passes,
         }),
     };
     out::finish(result)

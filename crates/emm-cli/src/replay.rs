@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Backend;
 use crate::out::{note, Out};
-use crate::report::{self, ManagerReport, Report, Skipped, TorchReport, TraceReport};
+use crate::report::{self, ManagerReport, PassReport, Report, Skipped, TorchReport, TraceReport};
 
 /// The trace replayed when none is given.
 const BUNDLED_NAME: &str = "gpt_train.csv (bundled)";
@@ -26,6 +26,8 @@ pub struct Args {
     pub format: Option<Format>,
     pub json: bool,
     pub html: Option<PathBuf>,
+    /// Passes over each trace (at least 1).
+    pub passes: u32,
 }
 
 fn progress_bar(total: u64, label: String) -> ProgressBar {
@@ -108,8 +110,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             let opts = ReplayOptions {
                 total_events: summary.events,
                 samples: SAMPLES,
+                passes: args.passes,
             };
-            let bar = progress_bar(summary.events, format!("{} through {m}", t.name()));
+            let total = summary.events.saturating_mul(u64::from(args.passes.max(1)));
+            let bar = progress_bar(total, format!("{} through {m}", t.name()));
             let mut streams = backend.streams();
             let r = replay(
                 t,
@@ -151,10 +155,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             }
             tr.managers.push(ManagerReport {
                 manager: m.clone(),
+                peak_live_bytes: r.peak_live_bytes,
                 peak_reserved_bytes: r.peak_reserved_bytes,
                 reserved_over_live: (r.peak_live_bytes > 0)
                     .then(|| r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64),
                 upstream_allocs: r.upstream_allocs,
+                driver: r.driver.into(),
                 seconds: r.elapsed.as_secs_f64(),
                 failures: r.failures,
                 first_failure: r.first_failure,
@@ -162,6 +168,19 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     .samples
                     .iter()
                     .map(|s| (s.event, s.reserved_bytes))
+                    .collect(),
+                passes: r
+                    .passes
+                    .iter()
+                    .map(|p| PassReport {
+                        requests: p.requests,
+                        failures: p.failures,
+                        driver: p.driver.into(),
+                        peak_live_bytes: p.peak_live_bytes,
+                        peak_reserved_bytes: p.peak_reserved_bytes,
+                        reserved_bytes: p.reserved_bytes,
+                        seconds: p.elapsed.as_secs_f64(),
+                    })
                     .collect(),
             });
         }

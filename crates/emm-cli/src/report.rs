@@ -49,15 +49,61 @@ pub struct TorchReport {
 #[derive(Serialize)]
 pub struct ManagerReport {
     pub manager: String,
+    /// Peak live bytes of this replay: the trace's, or more over several passes
+    /// (what the trace never frees is kept from pass to pass).
+    pub peak_live_bytes: u128,
     pub peak_reserved_bytes: u64,
     pub reserved_over_live: Option<f64>,
     pub upstream_allocs: u64,
+    /// Driver calls for memory over the whole replay.
+    pub driver: DriverReport,
     pub seconds: f64,
     pub failures: u64,
     pub first_failure: Option<String>,
     /// Reserved bytes along the trace: `[event, bytes]` (for the page).
     #[serde(skip)]
     pub reserved_curve: Vec<(u64, u64)>,
+    /// Each pass over the trace (`--passes`; one entry for a single pass).
+    pub passes: Vec<PassReport>,
+}
+
+/// Driver calls for memory (emm-trace's `DriverCalls`, with their sum).
+#[derive(Clone, Copy, Serialize)]
+pub struct DriverReport {
+    pub total: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub pieces_mapped: u64,
+    pub pieces_moved: u64,
+    pub pieces_unmapped: u64,
+}
+
+impl From<emm::trace::DriverCalls> for DriverReport {
+    fn from(d: emm::trace::DriverCalls) -> Self {
+        DriverReport {
+            total: d.total(),
+            allocs: d.allocs,
+            frees: d.frees,
+            pieces_mapped: d.pieces_mapped,
+            pieces_moved: d.pieces_moved,
+            pieces_unmapped: d.pieces_unmapped,
+        }
+    }
+}
+
+/// One pass of a replay.
+#[derive(Serialize)]
+pub struct PassReport {
+    pub requests: u64,
+    pub failures: u64,
+    pub driver: DriverReport,
+    /// Peak live from the start to the end of this pass.
+    pub peak_live_bytes: u128,
+    /// Peak reserved from the start to the end of this pass.
+    pub peak_reserved_bytes: u64,
+    /// Reserved at the end of this pass.
+    pub reserved_bytes: u64,
+    pub seconds: f64,
 }
 
 /// A manager that could not run here, and why.
@@ -84,8 +130,8 @@ fn fit(s: &str, w: usize) -> String {
 }
 
 /// The rows of the text table: `[trace, manager, requests, peak live, peak
-/// reserved, reserved/live, upstream, time]`.
-pub fn rows(r: &Report) -> Vec<[String; 8]> {
+/// reserved, reserved/live, upstream, driver calls, time]`.
+pub fn rows(r: &Report) -> Vec<[String; 9]> {
     let mut rows = Vec::new();
     for t in &r.traces {
         for m in &t.managers {
@@ -93,10 +139,11 @@ pub fn rows(r: &Report) -> Vec<[String; 8]> {
                 t.trace.clone(),
                 m.manager.clone(),
                 t.requests.to_string(),
-                units::bytes(t.peak_live_bytes),
+                units::bytes(m.peak_live_bytes),
                 units::bytes(u128::from(m.peak_reserved_bytes)),
-                units::ratio(u128::from(m.peak_reserved_bytes), t.peak_live_bytes),
+                units::ratio(u128::from(m.peak_reserved_bytes), m.peak_live_bytes),
                 m.upstream_allocs.to_string(),
+                m.driver.total.to_string(),
                 units::duration(std::time::Duration::from_secs_f64(m.seconds)),
             ]);
         }
@@ -109,6 +156,7 @@ pub fn rows(r: &Report) -> Vec<[String; 8]> {
                 units::bytes(p.peak_reserved_bytes),
                 units::ratio(p.peak_reserved_bytes, t.peak_live_bytes),
                 "-".into(),
+                "-".into(),
                 "(recorded)".into(),
             ]);
         }
@@ -118,7 +166,7 @@ pub fn rows(r: &Report) -> Vec<[String; 8]> {
 
 /// Writes the table.
 pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
-    const HEAD: [&str; 8] = [
+    const HEAD: [&str; 9] = [
         "trace",
         "manager",
         "requests",
@@ -126,6 +174,7 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         "peak reserved",
         "reserved/live",
         "upstream",
+        "driver calls",
         "time",
     ];
     let rows = rows(r);
@@ -136,12 +185,12 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         .unwrap_or(5)
         .clamp(5, 40);
     out.line(format_args!(
-        "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>10}",
-        HEAD[0], HEAD[1], HEAD[2], HEAD[3], HEAD[4], HEAD[5], HEAD[6], HEAD[7]
+        "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>12} {:>10}",
+        HEAD[0], HEAD[1], HEAD[2], HEAD[3], HEAD[4], HEAD[5], HEAD[6], HEAD[7], HEAD[8]
     ))?;
     for c in &rows {
         out.line(format_args!(
-            "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>10}",
+            "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>12} {:>10}",
             fit(&c[0], name_w),
             c[1],
             c[2],
@@ -149,8 +198,14 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             c[4],
             c[5],
             c[6],
-            c[7]
+            c[7],
+            c[8]
         ))?;
+    }
+    for t in &r.traces {
+        for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
+            out.line(passes_line(t, m))?;
+        }
     }
     for t in &r.traces {
         if let Some(p) = &t.pytorch {
@@ -165,6 +220,50 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One line on a replay of several passes: the driver calls of the first pass
+/// (the manager growing to its size) beside those of the later ones (what a
+/// warm manager pays each pass), and the footprint after the first and the last.
+pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
+    let (Some(first), Some(last)) = (m.passes.first(), m.passes.last()) else {
+        return String::new();
+    };
+    let later: Vec<u64> = m.passes[1..].iter().map(|p| p.driver.total).collect();
+    let (lo, hi) = (
+        later.iter().min().copied().unwrap_or(0),
+        later.iter().max().copied().unwrap_or(0),
+    );
+    let d = &last.driver;
+    // Three decimals: a pass's drift is often under 1 %.
+    let ratio = |reserved: u64, live: u128| {
+        if live == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.3}x", reserved as f64 / live as f64)
+        }
+    };
+    format!(
+        "{} through {}, {} passes: driver calls in pass 1 {}, in each later pass {}; the last: {} pieces mapped, {} moved, {} unmapped, {} allocations, {} frees, {}; peak reserved/live {} after pass 1, {} after pass {}",
+        t.trace,
+        m.manager,
+        m.passes.len(),
+        first.driver.total,
+        if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}-{hi}")
+        },
+        d.pieces_mapped,
+        d.pieces_moved,
+        d.pieces_unmapped,
+        d.allocs,
+        d.frees,
+        units::duration(std::time::Duration::from_secs_f64(last.seconds)),
+        ratio(first.peak_reserved_bytes, first.peak_live_bytes),
+        ratio(last.peak_reserved_bytes, last.peak_live_bytes),
+        m.passes.len()
+    )
 }
 
 /// Writes the report as one JSON document.

@@ -109,6 +109,52 @@ fn the_bundled_trace_replays_on_the_host_stand_in() {
     );
 }
 
+/// `--passes N` replays each trace N times through one manager: the JSON has a
+/// figure for each pass, the table a line on the passes, and a warm pool calls
+/// the driver in the first pass only (this trace frees everything it makes).
+#[test]
+fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
+    let mut csv = String::from("op,id,size,stream\n");
+    for i in 0..32u64 {
+        csv.push_str(&format!("a,{i},{},0\n", (i + 1) << 16));
+    }
+    for i in 0..32u64 {
+        csv.push_str(&format!("f,{i},0,0\n"));
+    }
+    let p = temp("passes.csv", csv.as_bytes());
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "3", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &v["traces"][0]["managers"][0];
+    let passes = m["passes"].as_array().unwrap();
+    assert_eq!(passes.len(), 3);
+    let calls: Vec<u64> = passes
+        .iter()
+        .map(|p| p["driver"]["total"].as_u64().unwrap())
+        .collect();
+    assert!(calls[0] > 0 && calls[1..] == [0, 0], "{calls:?}");
+    assert_eq!(m["driver"]["total"].as_u64(), Some(calls[0]));
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "3"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(out.contains("driver calls"), "{out}");
+    assert!(
+        out.contains("through pool, 3 passes: driver calls in pass 1"),
+        "{out}"
+    );
+    let o = run(&["replay", "--passes", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--passes"), "{}", text(&o.stderr));
+}
+
 #[test]
 fn a_closed_pipe_ends_quietly() {
     let mut child = emm()

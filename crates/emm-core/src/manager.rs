@@ -47,6 +47,9 @@ pub struct ManagerStats {
     pub allocations: u64,
     /// Allocations the manager made from its upstream (the driver).
     pub upstream_allocs: u64,
+    /// Frees the manager made to its upstream (the driver): with
+    /// `upstream_allocs`, how often it called the driver for memory.
+    pub upstream_frees: u64,
 }
 
 /// A memory manager: where a context's device and pinned host memory comes from.
@@ -210,6 +213,7 @@ pub trait MemoryManager: Send + Sync {
             ("reserved_bytes.all.peak", s.reserved_bytes_peak as u64),
             ("allocation.all.allocated", s.allocations),
             ("num_device_alloc", s.upstream_allocs),
+            ("num_device_free", s.upstream_frees),
         ];
         list.extend(self.managed_stats().to_list());
         list

@@ -24,6 +24,8 @@ pub struct DefaultStats {
     pub allocations: usize,
     /// Flushes of the pending queue.
     pub flushes: usize,
+    /// Blocks given back to the upstream (`cuMemFree`), one call each.
+    pub frees: usize,
     /// Out-of-memory retries (flush, then retry once).
     pub oom_retries: usize,
     /// Live allocations.
@@ -55,6 +57,7 @@ struct Inner<U: Upstream> {
     state: Mutex<State>,
     allocations: AtomicUsize,
     flushes: AtomicUsize,
+    frees: AtomicUsize,
     oom_retries: AtomicUsize,
     release_errors: Mutex<Vec<EmmError>>,
 }
@@ -84,7 +87,10 @@ impl<U: Upstream> Inner<U> {
             // SAFETY: each block came from `upstream.alloc(size)`, left the live set
             // exactly once (release or reset), and is freed once here.
             match unsafe { self.upstream.free(ptr, size) } {
-                Ok(()) => bytes += size,
+                Ok(()) => {
+                    bytes += size;
+                    self.frees.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) => {
                     tracing::error!(ptr = format_args!("{ptr:#x}"), size, error = %e, "freeing a pending block failed");
                     self.release_errors
@@ -218,6 +224,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
                 state: Mutex::new(State::default()),
                 allocations: AtomicUsize::new(0),
                 flushes: AtomicUsize::new(0),
+                frees: AtomicUsize::new(0),
                 oom_retries: AtomicUsize::new(0),
                 release_errors: Mutex::new(Vec::new()),
             }),
@@ -254,6 +261,7 @@ impl<U: Upstream + 'static> DefaultManager<U> {
         DefaultStats {
             allocations: self.inner.allocations.load(Ordering::Relaxed),
             flushes: self.inner.flushes.load(Ordering::Relaxed),
+            frees: self.inner.frees.load(Ordering::Relaxed),
             oom_retries: self.inner.oom_retries.load(Ordering::Relaxed),
             live: s.live.len(),
             live_bytes: s.live_bytes,
@@ -458,6 +466,7 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
             reserved_bytes_peak: st.peak_held_bytes,
             allocations: st.allocations as u64,
             upstream_allocs: st.allocations as u64,
+            upstream_frees: st.frees as u64,
         }
     }
 

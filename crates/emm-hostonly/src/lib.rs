@@ -113,6 +113,8 @@ struct Inner {
     generation: Mutex<usize>,
     /// Allocations served (each one a driver call: the driver's pool is upstream).
     allocations: AtomicU64,
+    /// Frees made (`cuMemFreeAsync`, one driver call each).
+    frees: AtomicU64,
 }
 
 impl DeviceRelease for Inner {
@@ -128,8 +130,11 @@ impl DeviceRelease for Inner {
         // stream of this context that outlives its allocations, or a default stream).
         let stream = unsafe { Stream::from_raw(&self.ctx, b.stream) };
         // SAFETY: `b.ptr` came from this pool and is freed once, on its stream.
-        if let Err(e) = unsafe { free_async(b.ptr, &stream) } {
-            self.ctx.record_drop_error(e);
+        match unsafe { free_async(b.ptr, &stream) } {
+            Ok(()) => {
+                self.frees.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.ctx.record_drop_error(e),
         }
     }
 }
@@ -185,6 +190,7 @@ impl HostOnlyManager {
                 live: Mutex::new(HashMap::new()),
                 generation: Mutex::new(0),
                 allocations: AtomicU64::new(0),
+                frees: AtomicU64::new(0),
             }),
             host: HostOnly::new(ctx, PendingConfig::from_env()?, defer.clone())?,
             managed: Managed::new(ctx, "hostonly", defer.clone()),
@@ -390,6 +396,7 @@ impl MemoryManager for HostOnlyManager {
             allocations: self.inner.allocations.load(Ordering::Relaxed),
             // Every allocation is a call to the driver's stream-ordered pool.
             upstream_allocs: self.inner.allocations.load(Ordering::Relaxed),
+            upstream_frees: self.inner.frees.load(Ordering::Relaxed),
         }
     }
 

@@ -1387,6 +1387,7 @@ impl MemoryManager for PoolManager {
             reserved_bytes_peak: s.reserved_bytes_peak,
             allocations: s.allocations,
             upstream_allocs: s.num_device_alloc as u64,
+            upstream_frees: s.num_device_free as u64,
         }
     }
 }

@@ -35,7 +35,9 @@ pub use diagnostics::{Diagnostics, KEPT_LINE_ERRORS};
 pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
 pub use record::{RecordingManager, RECORD_ENV};
-pub use replay::{replay, scan, ReplayOptions, ReplayResult, Sample, Summary};
+pub use replay::{
+    replay, scan, DriverCalls, PassResult, ReplayOptions, ReplayResult, Sample, Summary,
+};
 pub use snapshot::TorchFigures;
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};
 pub use trace::{Events, FormatChoice, Trace};

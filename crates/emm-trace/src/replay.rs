@@ -2,7 +2,7 @@
 //!
 //! Live bytes are summed in `u128`, so no trace can overflow them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use emm_core::{DeviceAllocation, MemoryManager};
@@ -130,35 +130,137 @@ pub struct ReplayOptions {
     pub total_events: u64,
     /// About how many samples to take for the curves (0: none).
     pub samples: u64,
+    /// How many times to replay the trace back to back through the manager, as
+    /// the steps of a long run repeat (0 and 1: once). A pass after the first makes
+    /// again what the trace frees and keeps what it never frees (weights, optimizer
+    /// state), which is made once.
+    pub passes: u32,
+}
+
+/// Calls a manager made to the driver for device memory, from the counters of its
+/// [`MemoryManager::memory_stats`] (a counter the manager does not keep is 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCalls {
+    /// Memory taken from the driver (`num_device_alloc`: `cuMemAlloc`, a segment,
+    /// a stream-ordered allocation).
+    pub allocs: u64,
+    /// Memory given back (`num_device_free`).
+    pub frees: u64,
+    /// Pieces of an expandable segment mapped with new memory
+    /// (`emm.pieces_mapped`).
+    pub pieces_mapped: u64,
+    /// Pieces of an expandable segment whose memory was mapped again elsewhere
+    /// (`emm.pieces_moved`).
+    pub pieces_moved: u64,
+    /// Old mappings unmapped (`emm.pieces_unmapped`).
+    pub pieces_unmapped: u64,
+}
+
+impl DriverCalls {
+    /// The counters `manager` keeps now.
+    pub fn of(manager: &dyn MemoryManager) -> Self {
+        let mut d = DriverCalls::default();
+        for (name, v) in manager.memory_stats() {
+            match name {
+                "num_device_alloc" => d.allocs = v,
+                "num_device_free" => d.frees = v,
+                "emm.pieces_mapped" => d.pieces_mapped = v,
+                "emm.pieces_moved" => d.pieces_moved = v,
+                "emm.pieces_unmapped" => d.pieces_unmapped = v,
+                _ => {}
+            }
+        }
+        d
+    }
+
+    /// Every call counted.
+    pub fn total(&self) -> u64 {
+        self.allocs
+            .saturating_add(self.frees)
+            .saturating_add(self.pieces_mapped)
+            .saturating_add(self.pieces_moved)
+            .saturating_add(self.pieces_unmapped)
+    }
+
+    /// The calls made since `earlier` was taken.
+    pub fn since(&self, earlier: &DriverCalls) -> DriverCalls {
+        DriverCalls {
+            allocs: self.allocs.saturating_sub(earlier.allocs),
+            frees: self.frees.saturating_sub(earlier.frees),
+            pieces_mapped: self.pieces_mapped.saturating_sub(earlier.pieces_mapped),
+            pieces_moved: self.pieces_moved.saturating_sub(earlier.pieces_moved),
+            pieces_unmapped: self.pieces_unmapped.saturating_sub(earlier.pieces_unmapped),
+        }
+    }
+}
+
+/// One pass of a replay (see [`ReplayOptions::passes`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassResult {
+    /// Allocation requests of this pass.
+    pub requests: u64,
+    /// Requests of this pass that failed.
+    pub failures: u64,
+    /// Driver calls the manager made during this pass.
+    pub driver: DriverCalls,
+    /// Peak of live requested bytes from the start of the replay to the end of
+    /// this pass. A later pass can hold more than the first: what the trace
+    /// never frees is kept, and that includes the last step's tensors still live
+    /// when it was recorded.
+    pub peak_live_bytes: u128,
+    /// Peak reserved bytes from the start of the replay to the end of this pass.
+    pub peak_reserved_bytes: u64,
+    /// Reserved bytes at the end of this pass.
+    pub reserved_bytes: u64,
+    /// Wall time of this pass.
+    pub elapsed: Duration,
 }
 
 /// What one replay measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayResult {
-    /// Allocation requests replayed.
+    /// Allocation requests replayed, over every pass.
     pub requests: u64,
-    /// Peak of live requested bytes.
+    /// Peak of live requested bytes, over every pass (see
+    /// [`PassResult::peak_live_bytes`]).
     pub peak_live_bytes: u128,
     /// Peak of bytes the manager held from its upstream (its `stats()`).
     pub peak_reserved_bytes: u64,
     /// Upstream allocations the manager made (its `stats()`).
     pub upstream_allocs: u64,
+    /// Driver calls for memory the manager made, over every pass.
+    pub driver: DriverCalls,
     /// Wall time of the event loop.
     pub elapsed: Duration,
     /// Requests that failed (out of memory etc.).
     pub failures: u64,
     /// The first failure's message.
     pub first_failure: Option<String>,
-    /// Frees of ids that were not live.
+    /// Frees of ids that were not live (in one pass of the trace).
     pub unknown_frees: u64,
-    /// Live and reserved bytes along the trace.
+    /// Live and reserved bytes along the trace (every pass, one after the other).
     pub samples: Vec<Sample>,
+    /// Each pass's figures, in order (one entry for a single pass).
+    pub passes: Vec<PassResult>,
+}
+
+/// Ids the trace frees: the allocations a pass after the first makes again.
+fn freed_ids(trace: &Trace) -> Result<HashSet<u64>, TraceError> {
+    let mut events = trace.events()?;
+    let freed = (&mut events)
+        .filter_map(|op| match op {
+            Op::Free { id } => Some(id),
+            Op::Alloc { .. } => None,
+        })
+        .collect();
+    events.finish()?;
+    Ok(freed)
 }
 
 /// Replays `trace` through `manager`, which should be fresh (its statistics are
 /// read as the replay's). The trace's streams are numbered densely (0: the default
 /// stream) and `streams(n)` gives the handle for number `n`. `progress` is called
-/// with the events done, every few thousand events.
+/// with the events done (over every pass), every few thousand events.
 pub fn replay(
     trace: &Trace,
     manager: &dyn MemoryManager,
@@ -166,12 +268,19 @@ pub fn replay(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayResult, TraceError> {
+    let passes = options.passes.max(1);
+    let freed = if passes > 1 {
+        freed_ids(trace)?
+    } else {
+        HashSet::new()
+    };
     let mut held: HashMap<u64, DeviceAllocation> = HashMap::with_capacity(1024);
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
     let step = options
         .total_events
+        .saturating_mul(u64::from(passes))
         .checked_div(options.samples)
         .map_or(u64::MAX, |s| s.max(1));
     let mut samples = Vec::new();
@@ -183,45 +292,73 @@ pub fn replay(
         });
     }
     let mut bucket_max = 0u128;
-    let mut events = trace.events()?;
     let mut i = 0u64;
+    let mut unknown_frees = 0;
+    let mut pass_results = Vec::with_capacity(passes as usize);
+    let driver_start = DriverCalls::of(manager);
+    let mut driver_before = driver_start;
     let start = Instant::now();
-    for op in &mut events {
-        if let Op::Free { id } = op {
-            held.remove(&id);
-        }
-        if let (Some(n), Op::Alloc { id, size, .. }) = (books.apply(op), op) {
-            held.remove(&id);
-            let s = *handles.entry(n).or_insert_with(|| streams(n));
-            let got = usize::try_from(size)
-                .map_err(|_| format!("{size} bytes does not fit this machine's address space"))
-                .and_then(|size| manager.memalloc_async(size, s).map_err(|e| e.to_string()));
-            match got {
-                Ok(a) => {
-                    held.insert(id, a);
+    for pass in 0..passes {
+        let pass_start = Instant::now();
+        let (requests_before, failures_before) = (books.requests, failures);
+        let mut events = trace.events()?;
+        for op in &mut events {
+            match op {
+                Op::Free { id } => {
+                    held.remove(&id);
                 }
-                Err(e) => {
-                    failures += 1;
-                    first.get_or_insert(e);
+                // Made once, kept: weights, optimizer state.
+                Op::Alloc { id, .. } if pass > 0 && !freed.contains(&id) => continue,
+                Op::Alloc { .. } => {}
+            }
+            if let (Some(n), Op::Alloc { id, size, .. }) = (books.apply(op), op) {
+                held.remove(&id);
+                let s = *handles.entry(n).or_insert_with(|| streams(n));
+                let got = usize::try_from(size)
+                    .map_err(|_| format!("{size} bytes does not fit this machine's address space"))
+                    .and_then(|size| manager.memalloc_async(size, s).map_err(|e| e.to_string()));
+                match got {
+                    Ok(a) => {
+                        held.insert(id, a);
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        first.get_or_insert(e);
+                    }
                 }
             }
+            i += 1;
+            bucket_max = bucket_max.max(books.cur);
+            if i % step == 0 {
+                samples.push(Sample {
+                    event: i,
+                    live_bytes: bucket_max,
+                    reserved_bytes: manager.stats().reserved_bytes as u64,
+                });
+                bucket_max = books.cur;
+            }
+            if i % 4096 == 0 {
+                progress(i);
+            }
         }
-        i += 1;
-        bucket_max = bucket_max.max(books.cur);
-        if i % step == 0 {
-            samples.push(Sample {
-                event: i,
-                live_bytes: bucket_max,
-                reserved_bytes: manager.stats().reserved_bytes as u64,
-            });
-            bucket_max = books.cur;
+        events.finish()?;
+        if pass == 0 {
+            unknown_frees = books.unknown;
         }
-        if i % 4096 == 0 {
-            progress(i);
-        }
+        let stats = manager.stats();
+        let driver = DriverCalls::of(manager);
+        pass_results.push(PassResult {
+            requests: books.requests - requests_before,
+            failures: failures - failures_before,
+            driver: driver.since(&driver_before),
+            peak_live_bytes: books.peak,
+            peak_reserved_bytes: stats.reserved_bytes_peak as u64,
+            reserved_bytes: stats.reserved_bytes as u64,
+            elapsed: pass_start.elapsed(),
+        });
+        driver_before = driver;
     }
     let elapsed = start.elapsed();
-    events.finish()?;
     if options.samples > 0 && samples.last().is_some_and(|s| s.event != i) {
         samples.push(Sample {
             event: i,
@@ -237,11 +374,13 @@ pub fn replay(
         peak_live_bytes: books.peak,
         peak_reserved_bytes: stats.reserved_bytes_peak as u64,
         upstream_allocs: stats.upstream_allocs,
+        driver: DriverCalls::of(manager).since(&driver_start),
         elapsed,
         failures,
         first_failure: first,
-        unknown_frees: books.unknown,
+        unknown_frees,
         samples,
+        passes: pass_results,
     })
 }
 

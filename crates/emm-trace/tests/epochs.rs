@@ -9,11 +9,9 @@
 //! misses: 165-277 of them in one step of GPT-2 training took 10-18 ms (run 80),
 //! which DDP's other rank then waits for.
 
-use std::collections::{HashMap, HashSet};
-
-use emm_core::{alloc_from, DeviceAllocation, SYNC_STREAM};
+use emm_core::SYNC_STREAM;
 use emm_pool::{PoolConfig, PoolManager};
-use emm_trace::{Op, Trace};
+use emm_trace::{replay, ReplayOptions, Trace};
 
 mod common;
 use common::data;
@@ -22,62 +20,39 @@ use common::data;
 /// moved, and peak reserved over peak live so far.
 #[derive(Debug)]
 struct Pass {
-    mapped: usize,
-    moved: usize,
+    mapped: u64,
+    moved: u64,
     ratio: f64,
 }
 
 /// Replays `name` `passes` times through one pool on one stream.
-fn epochs(name: &str, passes: usize) -> Vec<Pass> {
+fn epochs(name: &str, passes: u32) -> Vec<Pass> {
     epochs_with(name, passes, PoolConfig::default()).0
 }
 
-/// As [`epochs`], through a pool of `config`; also the pool's final statistics.
-fn epochs_with(name: &str, passes: usize, config: PoolConfig) -> (Vec<Pass>, emm_pool::PoolStats) {
+/// As [`epochs`], through a pool of `config` (with `emm replay --passes`'s
+/// replay); also the pool's final statistics.
+fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_pool::PoolStats) {
     let t = Trace::open(&data("emm-cli/traces").join(name), None)
         .unwrap()
         .remove(0);
-    let ops: Vec<Op> = t.events().unwrap().collect();
-    let freed: HashSet<u64> = ops
+    let pool = PoolManager::host(1 << 40, config).unwrap();
+    let options = ReplayOptions {
+        passes,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&t, &pool, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap();
+    assert_eq!(r.failures, 0, "{name}: {:?}", r.first_failure);
+    assert_eq!(r.passes.len(), passes as usize);
+    let out = r
+        .passes
         .iter()
-        .filter_map(|op| match *op {
-            Op::Free { id } => Some(id),
-            Op::Alloc { .. } => None,
+        .map(|p| Pass {
+            mapped: p.driver.pieces_mapped,
+            moved: p.driver.pieces_moved,
+            ratio: p.peak_reserved_bytes as f64 / p.peak_live_bytes as f64,
         })
         .collect();
-    let pool = PoolManager::host(1 << 40, config).unwrap();
-    let mut held: HashMap<u64, DeviceAllocation> = HashMap::new();
-    let (mut live, mut peak_live) = (0usize, 0usize);
-    let mut out = Vec::new();
-    let (mut mapped0, mut moved0) = (0, 0);
-    for pass in 0..passes {
-        for op in &ops {
-            match *op {
-                Op::Alloc { id, size, .. } => {
-                    if pass > 0 && !freed.contains(&id) {
-                        continue; // made once, kept
-                    }
-                    let size = usize::try_from(size).unwrap();
-                    let a = alloc_from(&pool, size, SYNC_STREAM).unwrap();
-                    live += size;
-                    peak_live = peak_live.max(live);
-                    held.insert(id, a);
-                }
-                Op::Free { id } => {
-                    if let Some(a) = held.remove(&id) {
-                        live -= a.size();
-                    }
-                }
-            }
-        }
-        let st = pool.stats();
-        out.push(Pass {
-            mapped: st.pieces_mapped - mapped0,
-            moved: st.pieces_moved - moved0,
-            ratio: st.reserved_bytes_peak as f64 / peak_live as f64,
-        });
-        (mapped0, moved0) = (st.pieces_mapped, st.pieces_moved);
-    }
     (out, pool.stats())
 }
 

@@ -1,0 +1,72 @@
+//! Replaying a trace pass after pass (`ReplayOptions::passes`, `emm replay
+//! --passes`): what each pass makes again, what it keeps, and the driver calls
+//! counted per pass.
+
+use emm_core::SYNC_STREAM;
+use emm_pool::{PoolConfig, PoolManager};
+use emm_trace::{replay, ReplayOptions, ReplayResult, Trace};
+
+fn run(text: &str, passes: u32) -> ReplayResult {
+    let t = Trace::from_text("t.csv", text).unwrap();
+    let pool = PoolManager::host(1 << 30, PoolConfig::default()).unwrap();
+    let options = ReplayOptions {
+        passes,
+        ..ReplayOptions::default()
+    };
+    replay(&t, &pool, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap()
+}
+
+/// What the trace never frees (id 1: weights) is made once and kept; what it
+/// frees (id 2) is made again each pass; a free of an id never made is counted
+/// once, as in the trace.
+#[test]
+fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
+    let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\nf,9,1,0\n";
+    let r = run(text, 3);
+    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    assert_eq!(requests, vec![2, 1, 1]);
+    assert_eq!(r.requests, 4);
+    assert_eq!(r.unknown_frees, 1);
+    assert_eq!(r.peak_live_bytes, 4096 + 1_048_576);
+    assert!(r
+        .passes
+        .iter()
+        .all(|p| p.peak_live_bytes == r.peak_live_bytes));
+    assert_eq!(r.failures, 0);
+}
+
+/// A warm pool calls the driver in the first pass only: later passes reuse what
+/// it holds, and the per-pass counts add up to the replay's.
+#[test]
+fn driver_calls_are_counted_per_pass_and_a_warm_pool_makes_none() {
+    let mut text = String::from("op,id,size,stream\n");
+    for i in 0..64u64 {
+        text.push_str(&format!("a,{i},{},0\n", (i + 1) << 18));
+    }
+    for i in 0..64u64 {
+        text.push_str(&format!("f,{i},0,0\n"));
+    }
+    let r = run(&text, 4);
+    assert_eq!(r.failures, 0, "{:?}", r.first_failure);
+    let calls: Vec<u64> = r.passes.iter().map(|p| p.driver.total()).collect();
+    println!("{:?}", r.passes);
+    assert!(
+        calls[0] > 0,
+        "the first pass made no driver call: {calls:?}"
+    );
+    assert_eq!(&calls[1..], &[0, 0, 0], "a warm pool called the driver");
+    assert_eq!(calls.iter().sum::<u64>(), r.driver.total());
+    let last = r.passes.last().unwrap();
+    assert_eq!(last.peak_reserved_bytes, r.peak_reserved_bytes);
+    assert!(last.peak_reserved_bytes as u128 >= r.peak_live_bytes);
+}
+
+/// One pass, or none asked for, replays the trace once.
+#[test]
+fn zero_and_one_pass_replay_once() {
+    let text = "op,id,size,stream\na,1,512,0\nf,1,512,0\n";
+    for passes in [0, 1] {
+        let r = run(text, passes);
+        assert_eq!((r.passes.len(), r.requests), (1, 1));
+    }
+}
