@@ -68,6 +68,10 @@ fn later_epochs_move_few_pieces_and_stay_tight() {
         ("llama_h200.csv", 400),
         ("resnet50_h200.csv", 60),
         ("gpt2_infer_h200.csv", 120),
+        // The benchmark's own bucketed inference (run 91): its 3.8 GB logits come
+        // back each step of the largest bucket and take ~45 pieces from the holes
+        // the rest of the step left, 502 a pass today.
+        ("gpt2_infer_bucketed_h200.csv", 560),
     ] {
         let passes = epochs(name, 4);
         println!("{name}: {passes:?}");
