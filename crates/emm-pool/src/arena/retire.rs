@@ -80,18 +80,12 @@ impl Arena {
             let entry = if h.owner == SETTLED {
                 &mut settled
             } else {
-                if queued.is_none() {
-                    let done = self.done_after(h.owner, events);
-                    queued = Some(Retiring {
-                        blocks: Vec::new(),
-                        maps: Vec::new(),
-                        done,
-                    });
-                }
-                match queued.as_mut() {
-                    Some(q) => q,
-                    None => continue,
-                }
+                // One event for the growing stream's work, recorded once.
+                queued.get_or_insert_with(|| Retiring {
+                    blocks: Vec::new(),
+                    maps: Vec::new(),
+                    done: self.done_after(h.owner, events),
+                })
             };
             entry.blocks.push(h.first);
             let mut at = h.first;
