@@ -204,9 +204,9 @@ pub struct PassResult {
     /// Driver calls the manager made during this pass.
     pub driver: DriverCalls,
     /// Peak of live requested bytes from the start of the replay to the end of
-    /// this pass. A later pass can hold more than the first: what the trace
-    /// never frees is kept, and that includes the last step's tensors still live
-    /// when it was recorded.
+    /// this pass. A later pass can hold more than the first: its first steps run
+    /// beside what the trace made once and kept, such as optimizer state that did
+    /// not exist yet when the recording's first step ran.
     pub peak_live_bytes: u128,
     /// Peak reserved bytes from the start of the replay to the end of this pass.
     pub peak_reserved_bytes: u64,
