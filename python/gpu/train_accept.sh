@@ -1,0 +1,47 @@
+#!/bin/bash
+# Issue 12's acceptance on a GPU machine, in stages that each fit one call of the
+# lent machine (10 minutes; about 30 s a process): the training benchmark beside PyTorch native and
+# PyTorch with expandable segments, interleaved rounds, bucketed shapes.
+#
+#   python/gpu/train_accept.sh STAGE...     (from the repository root, after
+#                                            `cargo xtask gpu`; logs to $OUT)
+#
+# Stages:
+#   gpt2    GPT-2 training, ROUNDS rounds of 48 timed steps
+#   resnet50  ResNet-50 training, the same
+#   infer   GPT-2 inference (variable batch, torch.no_grad), the same
+#   ddp     GPT-2 under DDP on every GPU of the machine (needs 2 or more)
+#   long    one round of LONG timed steps (default 400) of ResNet-50 and GPT-2:
+#           the footprint over a long run, where `emm replay --passes` shows the
+#           pool's drifting on the host (docs/benchmarks.md, twelfth session)
+# ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
+set -u
+: "${OUT:?set OUT to the folder for the logs}"
+export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so PYTHONPATH=$PWD/python
+PIN=${PIN:-0-$(($(nproc) - 1))}
+ROUNDS=${ROUNDS:-3}
+VARIANTS="native expandable emm-pool"
+rounds() { # name, then train_rounds.py's arguments
+  local name=$1; shift
+  python3 python/gpu/train_rounds.py --pin "$PIN" --shapes bucketed --variants $VARIANTS \
+    --warmup 8 --log "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2>&1
+  echo "== $name rc=$?"
+  tail -40 "$OUT/$name.txt"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+for stage in "$@"; do
+  case $stage in
+    gpt2|resnet50)
+      rounds "$stage" --rounds "$ROUNDS" --workloads "$stage" --steps 48 --timeout 120 ;;
+    infer)
+      rounds gpt2-infer --rounds "$ROUNDS" --workloads gpt2-infer --steps 48 --timeout 120 ;;
+    ddp)
+      gpus=$(nvidia-smi -L | wc -l)
+      if [ "$gpus" -lt 2 ]; then echo "== ddp skipped: $gpus GPU on this machine"; continue; fi
+      rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
+    long)
+      rounds long-resnet50 --rounds 1 --workloads resnet50 --steps "${LONG:-400}" --timeout 200
+      rounds long-gpt2 --rounds 1 --workloads gpt2 --steps "${LONG:-400}" --timeout 200 ;;
+    *) echo "unknown stage $stage (gpt2, resnet50, infer, ddp, long)" >&2; exit 2 ;;
+  esac
+done
