@@ -353,7 +353,8 @@ impl VirtualMemory for DriverVmm {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .1
-            .remove(&addr)
+            .get(&addr)
+            .copied()
         else {
             return Err(EmmError::InvalidArgument {
                 what: "address to unmap",
@@ -366,7 +367,9 @@ impl VirtualMemory for DriverVmm {
         // each mapping is undone once; the caller waited for the work queued on it.
         check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
         let last = {
+            // Forgotten once gone: a mapping the driver kept is still known.
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.1.remove(&addr);
             match st.2.get_mut(&h) {
                 Some(n) if *n > 1 => {
                     *n -= 1;

@@ -846,3 +846,39 @@ fn pool_moves_free_pages_to_the_end_instead_of_growing() {
     });
     assert_clean(&f.s, &f.ctx, &before, "pool after moving pages");
 }
+
+/// A moved piece's old mapping whose unmap fails stays known to the pool's virtual
+/// memory: its range stays retired, and trimming unmaps it with the rest of the
+/// expandable segment, so nothing leaks (the mapping used to be forgotten before
+/// the driver had unmapped it).
+#[test]
+fn a_failed_unmap_of_a_moved_piece_is_undone_when_the_segment_goes() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let m = PoolManager::new(&f.ctx).unwrap();
+        let mib = 1usize << 20;
+        let mut blocks: Vec<_> = (0..10)
+            .map(|_| Some(m.memalloc(30 * mib).unwrap()))
+            .collect();
+        for b in blocks.iter_mut().step_by(2) {
+            drop(b.take());
+        }
+        let big = m.memalloc(120 * mib).unwrap();
+        let moved = m.stats().pieces_moved;
+        assert!(moved > 0, "no piece moved");
+        drop(big);
+        drop(blocks);
+        f.s.fail_nth("cuMemUnmap", 1, CUresult::ERROR_UNKNOWN)
+            .unwrap();
+        assert!(m.trim() > 0);
+        assert_eq!(m.stats().reserved_bytes, 0, "trim gives every byte back");
+        assert_eq!(
+            f.s.control("pending_faults").unwrap(),
+            0,
+            "no unmap was tried"
+        );
+        drop(m);
+    });
+    assert_clean(&f.s, &f.ctx, &before, "pool after a failed unmap");
+}
