@@ -4,7 +4,8 @@
 # PyTorch with expandable segments, interleaved rounds, bucketed shapes.
 #
 #   python/gpu/train_accept.sh STAGE...     (from the repository root, after
-#                                            `cargo xtask gpu`; logs to $OUT)
+#                                            `cargo xtask gpu`; logs to $OUT;
+#                                            exits 1 when a stage failed)
 #
 # Stages:
 #   gpt2    GPT-2 training, ROUNDS rounds of 48 timed steps
@@ -17,16 +18,27 @@
 # ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
 set -u
 : "${OUT:?set OUT to the folder for the logs}"
+[ $# -gt 0 ] || { echo "usage: $0 STAGE... (gpt2, resnet50, infer, ddp, long)" >&2; exit 2; }
+for stage in "$@"; do
+  case $stage in
+    gpt2|resnet50|infer|ddp|long) ;;
+    *) echo "unknown stage $stage (gpt2, resnet50, infer, ddp, long)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so PYTHONPATH=$PWD/python
 PIN=${PIN:-0-$(($(nproc) - 1))}
 ROUNDS=${ROUNDS:-3}
 VARIANTS="native expandable emm-pool"
+failed=0
 rounds() { # name, then train_rounds.py's arguments
-  local name=$1; shift
+  local name=$1 rc; shift
   python3 python/gpu/train_rounds.py --pin "$PIN" --shapes bucketed --variants $VARIANTS \
-    --warmup 8 --log "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2>&1
-  echo "== $name rc=$?"
+    --warmup 8 --log "$OUT/$name.log" "$@" > "$OUT/$name.txt" 2>&1
+  rc=$?
+  echo "== $name rc=$rc"
   tail -40 "$OUT/$name.txt"
+  [ $rc -eq 0 ] || failed=1
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 for stage in "$@"; do
@@ -37,11 +49,11 @@ for stage in "$@"; do
       rounds gpt2-infer --rounds "$ROUNDS" --workloads gpt2-infer --steps 48 --timeout 120 ;;
     ddp)
       gpus=$(nvidia-smi -L | wc -l)
-      if [ "$gpus" -lt 2 ]; then echo "== ddp skipped: $gpus GPU on this machine"; continue; fi
+      if [ "$gpus" -lt 2 ]; then echo "== ddp skipped: $gpus GPU on this machine"; failed=1; continue; fi
       rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
     long)
       rounds long-resnet50 --rounds 1 --workloads resnet50 --steps "${LONG:-400}" --timeout 200
       rounds long-gpt2 --rounds 1 --workloads gpt2 --steps "${LONG:-400}" --timeout 200 ;;
-    *) echo "unknown stage $stage (gpt2, resnet50, infer, ddp, long)" >&2; exit 2 ;;
   esac
 done
+exit $failed

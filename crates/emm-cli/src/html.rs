@@ -58,7 +58,7 @@ pub fn page(r: &Report) -> String {
     for t in &r.traces {
         let _ = write!(
             h,
-            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, streams: {}, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live</th><th>upstream</th><th>time</th></tr>\n",
+            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, streams: {}, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live</th><th>upstream</th><th>driver calls</th><th>time</th></tr>\n",
             escape(&t.trace),
             t.format,
             t.events,
@@ -69,13 +69,14 @@ pub fn page(r: &Report) -> String {
         for row in all.iter().filter(|row| row[0] == t.trace) {
             let _ = writeln!(
                 h,
-                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 color(&row[1]),
                 escape(&row[1]),
                 escape(&row[4]),
                 escape(&row[5]),
                 escape(&row[6]),
-                escape(&row[7])
+                escape(&row[7]),
+                escape(&row[8])
             );
         }
         h.push_str("</table>\n");
@@ -127,7 +128,15 @@ pub fn chart(t: &TraceReport) -> String {
     let entries = t.managers.len() + 1 + usize::from(t.pytorch.is_some());
     let top = 12.0 + LEGEND_LINE * entries as f64 + 10.0;
     let h = H + top;
-    let x_max = t.events.max(1) as f64;
+    // Every pass's events (`--passes`): the curves run to the last sample.
+    let last_sample = t
+        .managers
+        .iter()
+        .filter_map(|m| m.reserved_curve.last().map(|p| p.0))
+        .chain(t.live_curve.last().map(|p| p.0))
+        .max()
+        .unwrap_or(0);
+    let x_max = t.events.max(last_sample).max(1) as f64;
     let mut y_max = t.live_curve.iter().map(|p| p.1).max().unwrap_or(0) as f64;
     for m in &t.managers {
         y_max = y_max.max(m.reserved_curve.iter().map(|p| p.1).max().unwrap_or(0) as f64);

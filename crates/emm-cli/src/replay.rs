@@ -155,6 +155,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             }
             tr.managers.push(ManagerReport {
                 manager: m.clone(),
+                requests: r.requests,
                 peak_live_bytes: r.peak_live_bytes,
                 peak_reserved_bytes: r.peak_reserved_bytes,
                 reserved_over_live: (r.peak_live_bytes > 0)

@@ -49,6 +49,8 @@ pub struct TorchReport {
 #[derive(Serialize)]
 pub struct ManagerReport {
     pub manager: String,
+    /// Allocation requests replayed, over every pass.
+    pub requests: u64,
     /// Peak live bytes of this replay: the trace's, or more over several passes
     /// (what the trace never frees is kept from pass to pass).
     pub peak_live_bytes: u128,
@@ -138,7 +140,7 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
             rows.push([
                 t.trace.clone(),
                 m.manager.clone(),
-                t.requests.to_string(),
+                m.requests.to_string(),
                 units::bytes(m.peak_live_bytes),
                 units::bytes(u128::from(m.peak_reserved_bytes)),
                 units::ratio(u128::from(m.peak_reserved_bytes), m.peak_live_bytes),

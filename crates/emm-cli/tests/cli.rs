@@ -150,6 +150,15 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         out.contains("through pool, 3 passes: driver calls in pass 1"),
         "{out}"
     );
+    let html = temp("passes.html", b"");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "5", "--html"])
+        .arg(&html)
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    points_inside(&std::fs::read_to_string(&html).unwrap(), 960.0);
     let o = run(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--passes"), "{}", text(&o.stderr));
@@ -299,4 +308,25 @@ fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg") && page.contains("PyTorch peak reserved"));
     assert!(page.matches("<polyline").count() >= 3);
+    // Each row's cells under their own heads: PyTorch's time is "(recorded)".
+    assert!(
+        page.contains("<th>driver calls</th><th>time</th>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td>-</td><td>(recorded)</td></tr>"),
+        "{page}"
+    );
+}
+
+/// Every point of a page's curves lies inside its chart, also when the curves run
+/// over several passes of the trace.
+fn points_inside(page: &str, width: f64) {
+    for line in page.split("points=\"").skip(1) {
+        let points = &line[..line.find('"').unwrap()];
+        for p in points.split_whitespace() {
+            let x: f64 = p.split(',').next().unwrap().parse().unwrap();
+            assert!((0.0..=width).contains(&x), "x = {x} outside 0..{width}");
+        }
+    }
 }

@@ -362,6 +362,7 @@ impl MemoryManager for HostOnlyManager {
             // SAFETY: every live pointer came from this pool; after the generation
             // bump its owner's drop does nothing, so it is freed once, here.
             unsafe { free_async(ptr, &legacy) }?;
+            self.inner.frees.fetch_add(1, Ordering::Relaxed);
         }
         self.trim(0)?;
         self.host.flush();

@@ -132,17 +132,25 @@ pub struct ReplayOptions {
     pub samples: u64,
     /// How many times to replay the trace back to back through the manager, as
     /// the steps of a long run repeat (0 and 1: once). A pass after the first makes
-    /// again what the trace frees and keeps what it never frees (weights, optimizer
-    /// state), which is made once.
+    /// again what the trace frees, and keeps what it never frees and made in its
+    /// first half (weights, optimizer state), which is made once; what it never
+    /// frees but made in its second half (the last step's gradients, still live
+    /// when the recording stopped) is freed at the end of each pass and made again
+    /// in the next. Allocations are told apart by id.
     pub passes: u32,
 }
 
 /// Calls a manager made to the driver for device memory, from the counters of its
 /// [`MemoryManager::memory_stats`] (a counter the manager does not keep is 0).
+///
+/// The counters are the manager's own, so the sum is near the calls made, not
+/// exact: emm's pool counts a growth of its expandable segment in `allocs` as
+/// well as its pieces in `pieces_mapped`, and giving that whole segment back
+/// (one unmap a piece) as one of `frees`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCalls {
-    /// Memory taken from the driver (`num_device_alloc`: `cuMemAlloc`, a segment,
-    /// a stream-ordered allocation).
+    /// Memory taken from the driver (`num_device_alloc`: a `cuMemAlloc`, a
+    /// stream-ordered allocation, a segment or a growth of the pool).
     pub allocs: u64,
     /// Memory given back (`num_device_free`).
     pub frees: u64,
@@ -173,7 +181,7 @@ impl DriverCalls {
         d
     }
 
-    /// Every call counted.
+    /// The sum of the counters: about the calls made (see [`DriverCalls`]).
     pub fn total(&self) -> u64 {
         self.allocs
             .saturating_add(self.frees)
@@ -204,9 +212,9 @@ pub struct PassResult {
     /// Driver calls the manager made during this pass.
     pub driver: DriverCalls,
     /// Peak of live requested bytes from the start of the replay to the end of
-    /// this pass. A later pass can hold more than the first: its first steps run
-    /// beside what the trace made once and kept, such as optimizer state that did
-    /// not exist yet when the recording's first step ran.
+    /// this pass. A later pass can hold more than the first when what the trace
+    /// keeps (see [`ReplayOptions::passes`]) is live beside steps that ran before
+    /// it existed in the recording.
     pub peak_live_bytes: u128,
     /// Peak reserved bytes from the start of the replay to the end of this pass.
     pub peak_reserved_bytes: u64,
@@ -228,7 +236,8 @@ pub struct ReplayResult {
     pub peak_reserved_bytes: u64,
     /// Upstream allocations the manager made (its `stats()`).
     pub upstream_allocs: u64,
-    /// Driver calls for memory the manager made, over every pass.
+    /// Driver calls for memory the manager made, over every pass (before what is
+    /// still held at the end goes back).
     pub driver: DriverCalls,
     /// Wall time of the event loop.
     pub elapsed: Duration,
@@ -244,17 +253,46 @@ pub struct ReplayResult {
     pub passes: Vec<PassResult>,
 }
 
-/// Ids the trace frees: the allocations a pass after the first makes again.
-fn freed_ids(trace: &Trace) -> Result<HashSet<u64>, TraceError> {
+/// The allocations a pass after the first keeps from the one before instead of
+/// making them again: those the trace never frees and made in its first half
+/// (weights, optimizer state). What it never frees but made in its second half is
+/// the last step's (gradients the next step's `zero_grad` would free, outside the
+/// recording): a pass frees those at its end, so that a later pass does not hold
+/// two sets of them. An id allocated again after its free is tracked by its
+/// latest allocation.
+fn kept_ids(trace: &Trace) -> Result<PassPlan, TraceError> {
+    let mut made: HashMap<u64, u64> = HashMap::new();
+    let mut freed: HashSet<u64> = HashSet::new();
+    let mut n = 0u64;
     let mut events = trace.events()?;
-    let freed = (&mut events)
-        .filter_map(|op| match op {
-            Op::Free { id } => Some(id),
-            Op::Alloc { .. } => None,
-        })
-        .collect();
+    for op in &mut events {
+        match op {
+            Op::Alloc { id, .. } => {
+                made.insert(id, n);
+                freed.remove(&id);
+            }
+            Op::Free { id } => {
+                freed.insert(id);
+            }
+        }
+        n += 1;
+    }
     events.finish()?;
-    Ok(freed)
+    let kept = made
+        .iter()
+        .filter(|&(id, &at)| !freed.contains(id) && at < n / 2)
+        .map(|(&id, _)| id)
+        .collect();
+    Ok(PassPlan { kept, made })
+}
+
+/// What [`kept_ids`] found: the ids kept from pass to pass, and where in the trace
+/// each id was last allocated (what the end of a pass frees goes in that order, so
+/// that a replay is the same from run to run).
+#[derive(Default)]
+struct PassPlan {
+    kept: HashSet<u64>,
+    made: HashMap<u64, u64>,
 }
 
 /// Replays `trace` through `manager`, which should be fresh (its statistics are
@@ -269,11 +307,12 @@ pub fn replay(
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayResult, TraceError> {
     let passes = options.passes.max(1);
-    let freed = if passes > 1 {
-        freed_ids(trace)?
+    let plan = if passes > 1 {
+        kept_ids(trace)?
     } else {
-        HashSet::new()
+        PassPlan::default()
     };
+    let kept = &plan.kept;
     let mut held: HashMap<u64, DeviceAllocation> = HashMap::with_capacity(1024);
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
@@ -294,7 +333,7 @@ pub fn replay(
     let mut bucket_max = 0u128;
     let mut i = 0u64;
     let mut unknown_frees = 0;
-    let mut pass_results = Vec::with_capacity(passes as usize);
+    let mut pass_results = Vec::with_capacity(passes.min(1024) as usize);
     let driver_start = DriverCalls::of(manager);
     let mut driver_before = driver_start;
     let start = Instant::now();
@@ -303,15 +342,16 @@ pub fn replay(
         let (requests_before, failures_before) = (books.requests, failures);
         let mut events = trace.events()?;
         for op in &mut events {
-            match op {
-                Op::Free { id } => {
-                    held.remove(&id);
-                }
-                // Made once, kept: weights, optimizer state.
-                Op::Alloc { id, .. } if pass > 0 && !freed.contains(&id) => continue,
-                Op::Alloc { .. } => {}
+            // A later pass keeps what the one before kept (weights, optimizer state).
+            let replayed = match op {
+                Op::Alloc { id, .. } => pass == 0 || !kept.contains(&id),
+                Op::Free { .. } => true,
+            };
+            if let Op::Free { id } = op {
+                held.remove(&id);
             }
-            if let (Some(n), Op::Alloc { id, size, .. }) = (books.apply(op), op) {
+            let dense = if replayed { books.apply(op) } else { None };
+            if let (Some(n), Op::Alloc { id, size, .. }) = (dense, op) {
                 held.remove(&id);
                 let s = *handles.entry(n).or_insert_with(|| streams(n));
                 let got = usize::try_from(size)
@@ -345,6 +385,20 @@ pub fn replay(
         if pass == 0 {
             unknown_frees = books.unknown;
         }
+        if passes > 1 {
+            // What the trace left live and a later pass makes again (see `kept_ids`).
+            let mut late: Vec<u64> = books
+                .live
+                .keys()
+                .filter(|id| !kept.contains(id))
+                .copied()
+                .collect();
+            late.sort_unstable_by_key(|id| (plan.made.get(id).copied(), *id));
+            for id in late {
+                held.remove(&id);
+                books.apply(Op::Free { id });
+            }
+        }
         let stats = manager.stats();
         let driver = DriverCalls::of(manager);
         pass_results.push(PassResult {
@@ -367,6 +421,8 @@ pub fn replay(
         });
     }
     progress(i);
+    // The replay's driver calls, before what is still held goes back.
+    let driver = DriverCalls::of(manager).since(&driver_start);
     drop(held);
     let stats = manager.stats();
     Ok(ReplayResult {
@@ -374,7 +430,7 @@ pub fn replay(
         peak_live_bytes: books.peak,
         peak_reserved_bytes: stats.reserved_bytes_peak as u64,
         upstream_allocs: stats.upstream_allocs,
-        driver: DriverCalls::of(manager).since(&driver_start),
+        driver,
         elapsed,
         failures,
         first_failure: first,

@@ -59,19 +59,23 @@ fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_p
 /// Once the pool has its size, a pass of a training trace maps or moves at most a
 /// few hundred pieces (GPT-2 and Llama-style: 200-330 per pass today, where
 /// pieces of a sixteenth of each growth made 490-730), and the footprint stays
-/// within 1.05x of live.
+/// near what it is today, within 1.05x of live after 4 passes. The Llama-style
+/// trace is the tightest (1.048 here); its fragments take it past 1.05 in longer
+/// runs (1.061 after 30 passes: `docs/benchmarks.md`, twelfth session), a known
+/// gap that these bounds keep from widening.
 #[test]
 fn later_epochs_move_few_pieces_and_stay_tight() {
-    // (trace, bound on pieces mapped + moved in each pass after the first)
-    for (name, bound) in [
-        ("gpt2_h200.csv", 400),
-        ("llama_h200.csv", 400),
-        ("resnet50_h200.csv", 60),
-        ("gpt2_infer_h200.csv", 120),
+    // (trace, bound on pieces mapped + moved in each pass after the first, bound
+    // on peak reserved / peak live after 4 passes)
+    for (name, bound, ratio) in [
+        ("gpt2_h200.csv", 400, 1.035),
+        ("llama_h200.csv", 400, 1.05),
+        ("resnet50_h200.csv", 60, 1.025),
+        ("gpt2_infer_h200.csv", 120, 1.015),
         // The benchmark's own bucketed inference (run 91): its 3.8 GB logits come
         // back each step of the largest bucket and take ~45 pieces from the holes
         // the rest of the step left, 502 a pass today.
-        ("gpt2_infer_bucketed_h200.csv", 560),
+        ("gpt2_infer_bucketed_h200.csv", 560, 1.02),
     ] {
         let passes = epochs(name, 4);
         println!("{name}: {passes:?}");
@@ -85,8 +89,8 @@ fn later_epochs_move_few_pieces_and_stay_tight() {
         }
         let last = passes.last().unwrap();
         assert!(
-            last.ratio <= 1.05,
-            "{name}: peak reserved / peak live = {:.3} after {} passes",
+            last.ratio <= ratio,
+            "{name}: peak reserved / peak live = {:.3} after {} passes (at most {ratio})",
             last.ratio,
             passes.len()
         );

@@ -35,6 +35,26 @@ fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
     assert_eq!(r.failures, 0);
 }
 
+/// What the trace never frees but made in its second half (id 3: the last step's
+/// gradients, still live when the recording stopped) is freed at the end of each
+/// pass and made again in the next, so a later pass does not hold two sets of it:
+/// peak live is the same in every pass.
+#[test]
+fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
+    let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\na,3,1048576,0\n";
+    let r = run(text, 3);
+    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    assert_eq!(requests, vec![3, 2, 2]);
+    assert!(
+        r.passes
+            .iter()
+            .all(|p| p.peak_live_bytes == 4096 + 1_048_576),
+        "{:?}",
+        r.passes
+    );
+    assert_eq!(r.failures, 0);
+}
+
 /// A warm pool calls the driver in the first pass only: later passes reuse what
 /// it holds, and the per-pass counts add up to the replay's.
 #[test]
