@@ -136,7 +136,8 @@ pub struct ReplayOptions {
     /// first half (weights, optimizer state), which is made once; what it never
     /// frees but made in its second half (the last step's gradients, still live
     /// when the recording stopped) is freed at the end of each pass and made again
-    /// in the next. Allocations are told apart by id.
+    /// in the next. Each `Alloc` event is an allocation of its own, so an id used
+    /// again (an address, in RMM's log) is kept only for its last.
     pub passes: u32,
 }
 
@@ -258,9 +259,9 @@ pub struct ReplayResult {
 /// (weights, optimizer state). What it never frees but made in its second half is
 /// the last step's (gradients the next step's `zero_grad` would free, outside the
 /// recording): a pass frees those at its end, so that a later pass does not hold
-/// two sets of them. An id allocated again after its free is tracked by its
-/// latest allocation.
-fn kept_ids(trace: &Trace) -> Result<PassPlan, TraceError> {
+/// two sets of them. An id used again (an address in RMM's log) is an allocation
+/// per `Alloc` event: only its last one can be kept.
+fn pass_plan(trace: &Trace) -> Result<PassPlan, TraceError> {
     let mut made: HashMap<u64, u64> = HashMap::new();
     let mut freed: HashSet<u64> = HashSet::new();
     let mut n = 0u64;
@@ -278,20 +279,31 @@ fn kept_ids(trace: &Trace) -> Result<PassPlan, TraceError> {
         n += 1;
     }
     events.finish()?;
-    let kept = made
+    let kept_ids: HashSet<u64> = made
         .iter()
         .filter(|&(id, &at)| !freed.contains(id) && at < n / 2)
         .map(|(&id, _)| id)
         .collect();
-    Ok(PassPlan { kept, made })
+    let kept = kept_ids
+        .iter()
+        .filter_map(|id| made.get(id).copied())
+        .collect();
+    Ok(PassPlan {
+        kept,
+        kept_ids,
+        made,
+    })
 }
 
-/// What [`kept_ids`] found: the ids kept from pass to pass, and where in the trace
-/// each id was last allocated (what the end of a pass frees goes in that order, so
-/// that a replay is the same from run to run).
+/// What [`pass_plan`] found.
 #[derive(Default)]
 struct PassPlan {
+    /// The events (indices in the trace) of the allocations kept.
     kept: HashSet<u64>,
+    /// Their ids.
+    kept_ids: HashSet<u64>,
+    /// Where in the trace each id was last allocated: what the end of a pass frees
+    /// goes in that order, so that a replay is the same from run to run.
     made: HashMap<u64, u64>,
 }
 
@@ -308,12 +320,14 @@ pub fn replay(
 ) -> Result<ReplayResult, TraceError> {
     let passes = options.passes.max(1);
     let plan = if passes > 1 {
-        kept_ids(trace)?
+        pass_plan(trace)?
     } else {
         PassPlan::default()
     };
-    let kept = &plan.kept;
     let mut held: HashMap<u64, DeviceAllocation> = HashMap::with_capacity(1024);
+    // The kept allocations after the first pass, apart from `held` and from the
+    // books' ids (a later pass may use their ids again; their bytes stay live).
+    let mut kept_held: Vec<DeviceAllocation> = Vec::new();
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
@@ -341,10 +355,10 @@ pub fn replay(
         let pass_start = Instant::now();
         let (requests_before, failures_before) = (books.requests, failures);
         let mut events = trace.events()?;
-        for op in &mut events {
-            // A later pass keeps what the one before kept (weights, optimizer state).
+        for (k, op) in (&mut events).enumerate() {
+            // A later pass keeps what the first kept (weights, optimizer state).
             let replayed = match op {
-                Op::Alloc { id, .. } => pass == 0 || !kept.contains(&id),
+                Op::Alloc { .. } => pass == 0 || !plan.kept.contains(&(k as u64)),
                 Op::Free { .. } => true,
             };
             if let Op::Free { id } = op {
@@ -386,13 +400,14 @@ pub fn replay(
             unknown_frees = books.unknown;
         }
         if passes > 1 {
-            // What the trace left live and a later pass makes again (see `kept_ids`).
-            let mut late: Vec<u64> = books
-                .live
-                .keys()
-                .filter(|id| !kept.contains(id))
-                .copied()
-                .collect();
+            if pass == 0 {
+                for id in &plan.kept_ids {
+                    books.live.remove(id);
+                    kept_held.extend(held.remove(id));
+                }
+            }
+            // What the trace left live and a later pass makes again (see `pass_plan`).
+            let mut late: Vec<u64> = books.live.keys().copied().collect();
             late.sort_unstable_by_key(|id| (plan.made.get(id).copied(), *id));
             for id in late {
                 held.remove(&id);
@@ -424,6 +439,7 @@ pub fn replay(
     // The replay's driver calls, before what is still held goes back.
     let driver = DriverCalls::of(manager).since(&driver_start);
     drop(held);
+    drop(kept_held);
     let stats = manager.stats();
     Ok(ReplayResult {
         requests: books.requests,

@@ -55,6 +55,25 @@ fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
     assert_eq!(r.failures, 0);
 }
 
+/// An id used again (RMM's log names allocations by address) is an allocation per
+/// `Alloc` event: only its last one is kept, and a later pass makes and frees its
+/// earlier ones as the trace does, beside the kept one.
+#[test]
+fn an_id_used_again_keeps_only_its_last_allocation() {
+    let text = "op,id,size,stream\na,7,4096,0\nf,7,4096,0\na,7,8192,0\na,2,1048576,0\nf,2,1048576,0\na,3,65536,0\nf,3,65536,0\n";
+    let r = run(text, 3);
+    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    assert_eq!(requests, vec![4, 3, 3]);
+    assert!(
+        r.passes
+            .iter()
+            .all(|p| p.peak_live_bytes == 8192 + 1_048_576),
+        "{:?}",
+        r.passes
+    );
+    assert_eq!(r.failures, 0);
+}
+
 /// A warm pool calls the driver in the first pass only: later passes reuse what
 /// it holds, and the per-pass counts add up to the replay's.
 #[test]
