@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{rows, Report, TraceReport};
+use crate::report::{passes_line, rows, Report, TraceReport};
 use crate::units;
 
 const W: f64 = 960.0;
@@ -80,6 +80,9 @@ pub fn page(r: &Report) -> String {
             );
         }
         h.push_str("</table>\n");
+        for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
+            let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(&passes_line(t, m)));
+        }
         for s in &t.skipped {
             let _ = writeln!(
                 h,

@@ -158,7 +158,9 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
-    points_inside(&std::fs::read_to_string(&html).unwrap(), 960.0);
+    let page = std::fs::read_to_string(&html).unwrap();
+    points_inside(&page, 960.0);
+    assert!(page.contains("through pool, 5 passes: driver calls in pass 1"));
     let o = run(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--passes"), "{}", text(&o.stderr));
