@@ -8,6 +8,8 @@
 #                                            exits 1 when a stage failed)
 #
 # Stages:
+#   tests   every GPU test binary of the bundle (gpu-bundle/run.sh)
+#   probe   python/gpu/probes/vmm_costs.cu: what the driver's VMM calls cost
 #   gpt2    GPT-2 training, ROUNDS rounds of 48 timed steps
 #   resnet50  ResNet-50 training, the same
 #   infer   GPT-2 inference (variable batch, torch.no_grad), the same
@@ -18,11 +20,12 @@
 # ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
 set -u
 : "${OUT:?set OUT to the folder for the logs}"
-[ $# -gt 0 ] || { echo "usage: $0 STAGE... (gpt2, resnet50, infer, ddp, long)" >&2; exit 2; }
+STAGES="tests, probe, gpt2, resnet50, infer, ddp, long"
+[ $# -gt 0 ] || { echo "usage: $0 STAGE... ($STAGES)" >&2; exit 2; }
 for stage in "$@"; do
   case $stage in
-    gpt2|resnet50|infer|ddp|long) ;;
-    *) echo "unknown stage $stage (gpt2, resnet50, infer, ddp, long)" >&2; exit 2 ;;
+    tests|probe|gpt2|resnet50|infer|ddp|long) ;;
+    *) echo "unknown stage $stage ($STAGES)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -43,6 +46,13 @@ rounds() { # name, then train_rounds.py's arguments
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 for stage in "$@"; do
   case $stage in
+    tests)
+      timeout 300 bash gpu-bundle/run.sh > "$OUT/tests.txt" 2>&1
+      rc=$?; echo "== tests rc=$rc"; tail -45 "$OUT/tests.txt"; [ $rc -eq 0 ] || failed=1 ;;
+    probe)
+      { nvcc -O2 -o /tmp/vmm_costs python/gpu/probes/vmm_costs.cu -lcuda &&
+        timeout 120 taskset -c 2 /tmp/vmm_costs; } > "$OUT/vmm_costs.txt" 2>&1
+      rc=$?; echo "== probe rc=$rc"; tail -30 "$OUT/vmm_costs.txt"; [ $rc -eq 0 ] || failed=1 ;;
     gpt2|resnet50)
       rounds "$stage" --rounds "$ROUNDS" --workloads "$stage" --steps 48 --timeout 120 ;;
     infer)
