@@ -45,9 +45,10 @@ enum Command {
         html: Option<PathBuf>,
         /// Replay each trace N times back to back through the same manager, as the
         /// steps of a long run repeat: what the trace frees is made again each
-        /// pass, what it never frees (weights, optimizer state) is kept. Shows what
-        /// a manager does once warm: its driver calls per pass, and whether its
-        /// footprint holds.
+        /// pass; what it never frees is kept when made in its first half (weights,
+        /// optimizer state) and made again each pass when made in its second half
+        /// (the last step's gradients). Shows what a manager does once warm: its
+        /// driver calls per pass, and whether its footprint holds.
         #[arg(long, value_name = "N", default_value_t = 1,
               value_parser = clap::value_parser!(u32).range(1..=100_000))]
         passes: u32,

@@ -180,6 +180,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                         peak_live_bytes: p.peak_live_bytes,
                         peak_reserved_bytes: p.peak_reserved_bytes,
                         reserved_bytes: p.reserved_bytes,
+                        allocated_bytes: p.allocated_bytes,
                         seconds: p.elapsed.as_secs_f64(),
                     })
                     .collect(),

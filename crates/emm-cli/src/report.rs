@@ -105,6 +105,8 @@ pub struct PassReport {
     pub peak_reserved_bytes: u64,
     /// Reserved at the end of this pass.
     pub reserved_bytes: u64,
+    /// Held for callers at the end of this pass.
+    pub allocated_bytes: u64,
     pub seconds: f64,
 }
 

@@ -137,7 +137,7 @@ pub struct ReplayOptions {
     /// frees but made in its second half (the last step's gradients, still live
     /// when the recording stopped) is freed at the end of each pass and made again
     /// in the next. Each `Alloc` event is an allocation of its own, so an id used
-    /// again (an address, in RMM's log) is kept only for its last.
+    /// again (as a CSV written by another tool may do) is kept only for its last.
     pub passes: u32,
 }
 
@@ -221,6 +221,9 @@ pub struct PassResult {
     pub peak_reserved_bytes: u64,
     /// Reserved bytes at the end of this pass.
     pub reserved_bytes: u64,
+    /// Bytes the manager holds for its callers at the end of this pass (its
+    /// `stats()`): what the replay kept and what the trace left live.
+    pub allocated_bytes: u64,
     /// Wall time of this pass.
     pub elapsed: Duration,
 }
@@ -259,39 +262,35 @@ pub struct ReplayResult {
 /// (weights, optimizer state). What it never frees but made in its second half is
 /// the last step's (gradients the next step's `zero_grad` would free, outside the
 /// recording): a pass frees those at its end, so that a later pass does not hold
-/// two sets of them. An id used again (an address in RMM's log) is an allocation
-/// per `Alloc` event: only its last one can be kept.
+/// two sets of them. Each `Alloc` event is an allocation of its own, so an id
+/// used again (as a CSV written by another tool may do) is kept only for its last.
+/// Memory: a map entry per allocation live at the trace's end.
 fn pass_plan(trace: &Trace) -> Result<PassPlan, TraceError> {
-    let mut made: HashMap<u64, u64> = HashMap::new();
-    let mut freed: HashSet<u64> = HashSet::new();
+    let mut live_at_end: HashMap<u64, u64> = HashMap::new();
     let mut n = 0u64;
     let mut events = trace.events()?;
     for op in &mut events {
         match op {
             Op::Alloc { id, .. } => {
-                made.insert(id, n);
-                freed.remove(&id);
+                live_at_end.insert(id, n);
             }
             Op::Free { id } => {
-                freed.insert(id);
+                live_at_end.remove(&id);
             }
         }
         n += 1;
     }
     events.finish()?;
-    let kept_ids: HashSet<u64> = made
+    let mut kept: Vec<(u64, u64)> = live_at_end
         .iter()
-        .filter(|&(id, &at)| !freed.contains(id) && at < n / 2)
-        .map(|(&id, _)| id)
+        .filter(|&(_, &at)| at < n / 2)
+        .map(|(&id, &at)| (at, id))
         .collect();
-    let kept = kept_ids
-        .iter()
-        .filter_map(|id| made.get(id).copied())
-        .collect();
+    kept.sort_unstable();
     Ok(PassPlan {
+        kept_events: kept.iter().map(|&(at, _)| at).collect(),
         kept,
-        kept_ids,
-        made,
+        made: live_at_end,
     })
 }
 
@@ -299,12 +298,24 @@ fn pass_plan(trace: &Trace) -> Result<PassPlan, TraceError> {
 #[derive(Default)]
 struct PassPlan {
     /// The events (indices in the trace) of the allocations kept.
-    kept: HashSet<u64>,
-    /// Their ids.
-    kept_ids: HashSet<u64>,
-    /// Where in the trace each id was last allocated: what the end of a pass frees
-    /// goes in that order, so that a replay is the same from run to run.
+    kept_events: HashSet<u64>,
+    /// The same, with their ids, in trace order.
+    kept: Vec<(u64, u64)>,
+    /// The event of each allocation live at the trace's end, by id: what the end
+    /// of a pass frees goes in that order, so that a replay is the same from run
+    /// to run.
     made: HashMap<u64, u64>,
+}
+
+/// Drops `held`'s allocations in the order of their events in the trace (not in
+/// a hash map's), so that the frees a manager sees are the same from run to run.
+fn drop_in_trace_order(held: HashMap<u64, DeviceAllocation>, plan: &PassPlan) {
+    let mut left: Vec<(Option<u64>, u64, DeviceAllocation)> = held
+        .into_iter()
+        .map(|(id, a)| (plan.made.get(&id).copied(), id, a))
+        .collect();
+    left.sort_unstable_by_key(|&(at, id, _)| (at, id));
+    drop(left);
 }
 
 /// Replays `trace` through `manager`, which should be fresh (its statistics are
@@ -331,10 +342,12 @@ pub fn replay(
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
+    // No periodic sample when the trace's length is unknown (`total_events` 0).
     let step = options
         .total_events
         .saturating_mul(u64::from(passes))
         .checked_div(options.samples)
+        .filter(|&s| s > 0 || options.total_events > 0)
         .map_or(u64::MAX, |s| s.max(1));
     let mut samples = Vec::new();
     if options.samples > 0 {
@@ -358,9 +371,17 @@ pub fn replay(
         for (k, op) in (&mut events).enumerate() {
             // A later pass keeps what the first kept (weights, optimizer state).
             let replayed = match op {
-                Op::Alloc { .. } => pass == 0 || !plan.kept.contains(&(k as u64)),
+                Op::Alloc { .. } => pass == 0 || !plan.kept_events.contains(&(k as u64)),
                 Op::Free { .. } => true,
             };
+            if let (false, Op::Alloc { id, .. }) = (replayed, op) {
+                // What the kept allocation replaced in the first pass (an id
+                // allocated again while live) goes now as it went then.
+                if books.live.contains_key(&id) {
+                    held.remove(&id);
+                    books.apply(Op::Free { id });
+                }
+            }
             if let Op::Free { id } = op {
                 held.remove(&id);
             }
@@ -401,7 +422,7 @@ pub fn replay(
         }
         if passes > 1 {
             if pass == 0 {
-                for id in &plan.kept_ids {
+                for (_, id) in &plan.kept {
                     books.live.remove(id);
                     kept_held.extend(held.remove(id));
                 }
@@ -423,6 +444,7 @@ pub fn replay(
             peak_live_bytes: books.peak,
             peak_reserved_bytes: stats.reserved_bytes_peak as u64,
             reserved_bytes: stats.reserved_bytes as u64,
+            allocated_bytes: stats.allocated_bytes as u64,
             elapsed: pass_start.elapsed(),
         });
         driver_before = driver;
@@ -438,7 +460,7 @@ pub fn replay(
     progress(i);
     // The replay's driver calls, before what is still held goes back.
     let driver = DriverCalls::of(manager).since(&driver_start);
-    drop(held);
+    drop_in_trace_order(held, &plan);
     drop(kept_held);
     let stats = manager.stats();
     Ok(ReplayResult {

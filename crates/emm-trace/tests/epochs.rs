@@ -2,8 +2,10 @@
 //! training run the same steps again, through the pool over the host stand-in:
 //! what the expandable segment's driver work costs once the pool has its size.
 //!
-//! A pass frees what the trace frees and keeps what it never frees (weights,
-//! optimizer state), which later passes do not make again. On an H200 each piece
+//! The replay is `emm replay --passes`'s (`ReplayOptions::passes`): a pass makes
+//! again what the trace frees, keeps what it never frees and made in its first
+//! half (weights, optimizer state), and frees at its end what it never frees but
+//! made in its second half (the last step's gradients). On an H200 each piece
 //! of the expandable segment the pool maps or moves costs about 31-44 us of host
 //! time (run 83, `python/gpu/probes/vmm_costs.cu`), paid inside the step that
 //! misses: 165-277 of them in one step of GPT-2 training took 10-18 ms (run 80),

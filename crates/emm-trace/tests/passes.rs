@@ -25,6 +25,9 @@ fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
     let r = run(text, 3);
     let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
     assert_eq!(requests, vec![2, 1, 1]);
+    // The kept allocation stays with the manager from pass to pass.
+    let held: Vec<u64> = r.passes.iter().map(|p| p.allocated_bytes).collect();
+    assert_eq!(held, vec![4096; 3]);
     assert_eq!(r.requests, 4);
     assert_eq!(r.unknown_frees, 1);
     assert_eq!(r.peak_live_bytes, 4096 + 1_048_576);
@@ -55,8 +58,8 @@ fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
     assert_eq!(r.failures, 0);
 }
 
-/// An id used again (RMM's log names allocations by address) is an allocation per
-/// `Alloc` event: only its last one is kept, and a later pass makes and frees its
+/// An id used again (as a CSV written by another tool may do) is an allocation
+/// per `Alloc` event: only its last one is kept, and a later pass makes and frees its
 /// earlier ones as the trace does, beside the kept one.
 #[test]
 fn an_id_used_again_keeps_only_its_last_allocation() {
@@ -72,6 +75,23 @@ fn an_id_used_again_keeps_only_its_last_allocation() {
         r.passes
     );
     assert_eq!(r.failures, 0);
+}
+
+/// An id allocated again while live (the first allocation replaced, as `scan`
+/// counts it) goes in every pass as it went in the first, also when its second
+/// allocation is the one kept: a later pass does not hold both.
+#[test]
+fn an_id_allocated_again_while_live_is_replaced_in_every_pass() {
+    let text = "op,id,size,stream\na,7,4096,0\na,7,8192,0\na,2,1048576,0\nf,2,1048576,0\na,3,65536,0\nf,3,65536,0\n";
+    let r = run(text, 3);
+    let peaks: Vec<u128> = r.passes.iter().map(|p| p.peak_live_bytes).collect();
+    assert_eq!(peaks, vec![8192 + 1_048_576; 3]);
+    let held: Vec<u64> = r.passes.iter().map(|p| p.allocated_bytes).collect();
+    assert_eq!(
+        held,
+        vec![8192; 3],
+        "the manager holds the kept allocation alone"
+    );
 }
 
 /// A warm pool calls the driver in the first pass only: later passes reuse what
