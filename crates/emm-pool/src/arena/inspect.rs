@@ -101,7 +101,13 @@ impl Arena {
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
                 ));
             }
-            if let Some((_, pieces)) = &seg.expandable {
+            if let Some((reserve, pieces)) = &seg.expandable {
+                // Past its end, the segment's address space holds no block.
+                if let Some((&a, _)) = self.blocks.range(end..base + *reserve as u64).next() {
+                    return Err(format!(
+                        "block {a:#x} past the end {end:#x} of the expandable segment {base:#x}"
+                    ));
+                }
                 let mut at = 0;
                 for &(off, len) in pieces {
                     if off < at || off + len > seg.size {

@@ -249,11 +249,14 @@ impl Arena {
                 size += n.size;
             }
         }
-        // A gap at the segment's end is no address space of it at all.
+        // A gap at the segment's end is no address space of it at all: its block
+        // goes (the retired block itself, or the gap before it that it joined),
+        // else it would lie past the end and overlap what growth maps there next.
         if let Some(seg) = self.segments.get_mut(&b.segment) {
             if b.segment + seg.size as u64 == at + size as u64 {
                 seg.size -= size;
                 seg.retired -= size;
+                self.blocks.remove(&at);
                 return;
             }
         }
