@@ -2,7 +2,7 @@
 //!
 //! Live bytes are summed in `u128`, so no trace can overflow them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use emm_core::{DeviceAllocation, MemoryManager};
@@ -288,7 +288,6 @@ fn pass_plan(trace: &Trace) -> Result<PassPlan, TraceError> {
         .collect();
     kept.sort_unstable();
     Ok(PassPlan {
-        kept_events: kept.iter().map(|&(at, _)| at).collect(),
         kept,
         made: live_at_end,
     })
@@ -297,24 +296,30 @@ fn pass_plan(trace: &Trace) -> Result<PassPlan, TraceError> {
 /// What [`pass_plan`] found.
 #[derive(Default)]
 struct PassPlan {
-    /// The events (indices in the trace) of the allocations kept.
-    kept_events: HashSet<u64>,
-    /// The same, with their ids, in trace order.
+    /// The kept allocations: their events (indices in the trace) and ids, in
+    /// trace order.
     kept: Vec<(u64, u64)>,
-    /// The event of each allocation live at the trace's end, by id: what the end
-    /// of a pass frees goes in that order, so that a replay is the same from run
-    /// to run.
+    /// The event of each allocation live at the trace's end, by id.
     made: HashMap<u64, u64>,
 }
 
-/// Drops `held`'s allocations in the order of their events in the trace (not in
-/// a hash map's), so that the frees a manager sees are the same from run to run.
+impl PassPlan {
+    /// Whether the allocation of event `k` is kept.
+    fn keeps(&self, k: u64) -> bool {
+        self.kept.binary_search_by_key(&k, |&(at, _)| at).is_ok()
+    }
+
+    /// Where `id` comes when allocations are given back in trace order (not in a
+    /// hash map's), so that the frees a manager sees are the same from run to run.
+    fn order(&self, id: u64) -> (Option<u64>, u64) {
+        (self.made.get(&id).copied(), id)
+    }
+}
+
+/// Drops `held`'s allocations in trace order (see [`PassPlan::order`]).
 fn drop_in_trace_order(held: HashMap<u64, DeviceAllocation>, plan: &PassPlan) {
-    let mut left: Vec<(Option<u64>, u64, DeviceAllocation)> = held
-        .into_iter()
-        .map(|(id, a)| (plan.made.get(&id).copied(), id, a))
-        .collect();
-    left.sort_unstable_by_key(|&(at, id, _)| (at, id));
+    let mut left: Vec<(u64, DeviceAllocation)> = held.into_iter().collect();
+    left.sort_unstable_by_key(|&(id, _)| plan.order(id));
     drop(left);
 }
 
@@ -371,7 +376,7 @@ pub fn replay(
         for (k, op) in (&mut events).enumerate() {
             // A later pass keeps what the first kept (weights, optimizer state).
             let replayed = match op {
-                Op::Alloc { .. } => pass == 0 || !plan.kept_events.contains(&(k as u64)),
+                Op::Alloc { .. } => pass == 0 || !plan.keeps(k as u64),
                 Op::Free { .. } => true,
             };
             if let (false, Op::Alloc { id, .. }) = (replayed, op) {
@@ -429,7 +434,7 @@ pub fn replay(
             }
             // What the trace left live and a later pass makes again (see `pass_plan`).
             let mut late: Vec<u64> = books.live.keys().copied().collect();
-            late.sort_unstable_by_key(|id| (plan.made.get(id).copied(), *id));
+            late.sort_unstable_by_key(|&id| plan.order(id));
             for id in late {
                 held.remove(&id);
                 books.apply(Op::Free { id });

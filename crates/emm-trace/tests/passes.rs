@@ -4,7 +4,7 @@
 
 use emm_core::SYNC_STREAM;
 use emm_pool::{PoolConfig, PoolManager};
-use emm_trace::{replay, ReplayOptions, ReplayResult, Trace};
+use emm_trace::{replay, PassResult, ReplayOptions, ReplayResult, Trace};
 
 fn run(text: &str, passes: u32) -> ReplayResult {
     let t = Trace::from_text("t.csv", text).unwrap();
@@ -16,6 +16,11 @@ fn run(text: &str, passes: u32) -> ReplayResult {
     replay(&t, &pool, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap()
 }
 
+/// One figure of each pass of `r`, in order.
+fn per_pass<T>(r: &ReplayResult, figure: impl Fn(&PassResult) -> T) -> Vec<T> {
+    r.passes.iter().map(figure).collect()
+}
+
 /// What the trace never frees (id 1: weights) is made once and kept; what it
 /// frees (id 2) is made again each pass; a free of an id never made is counted
 /// once, as in the trace.
@@ -23,18 +28,18 @@ fn run(text: &str, passes: u32) -> ReplayResult {
 fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
     let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\nf,9,1,0\n";
     let r = run(text, 3);
-    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    let requests = per_pass(&r, |p| p.requests);
     assert_eq!(requests, vec![2, 1, 1]);
     // The kept allocation stays with the manager from pass to pass.
-    let held: Vec<u64> = r.passes.iter().map(|p| p.allocated_bytes).collect();
+    let held = per_pass(&r, |p| p.allocated_bytes);
     assert_eq!(held, vec![4096; 3]);
     assert_eq!(r.requests, 4);
     assert_eq!(r.unknown_frees, 1);
     assert_eq!(r.peak_live_bytes, 4096 + 1_048_576);
-    assert!(r
-        .passes
-        .iter()
-        .all(|p| p.peak_live_bytes == r.peak_live_bytes));
+    assert_eq!(
+        per_pass(&r, |p| p.peak_live_bytes),
+        vec![r.peak_live_bytes; 3]
+    );
     assert_eq!(r.failures, 0);
 }
 
@@ -46,14 +51,11 @@ fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
 fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
     let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\na,3,1048576,0\n";
     let r = run(text, 3);
-    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    let requests = per_pass(&r, |p| p.requests);
     assert_eq!(requests, vec![3, 2, 2]);
-    assert!(
-        r.passes
-            .iter()
-            .all(|p| p.peak_live_bytes == 4096 + 1_048_576),
-        "{:?}",
-        r.passes
+    assert_eq!(
+        per_pass(&r, |p| p.peak_live_bytes),
+        vec![4096 + 1_048_576; 3]
     );
     assert_eq!(r.failures, 0);
 }
@@ -65,14 +67,11 @@ fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
 fn an_id_used_again_keeps_only_its_last_allocation() {
     let text = "op,id,size,stream\na,7,4096,0\nf,7,4096,0\na,7,8192,0\na,2,1048576,0\nf,2,1048576,0\na,3,65536,0\nf,3,65536,0\n";
     let r = run(text, 3);
-    let requests: Vec<u64> = r.passes.iter().map(|p| p.requests).collect();
+    let requests = per_pass(&r, |p| p.requests);
     assert_eq!(requests, vec![4, 3, 3]);
-    assert!(
-        r.passes
-            .iter()
-            .all(|p| p.peak_live_bytes == 8192 + 1_048_576),
-        "{:?}",
-        r.passes
+    assert_eq!(
+        per_pass(&r, |p| p.peak_live_bytes),
+        vec![8192 + 1_048_576; 3]
     );
     assert_eq!(r.failures, 0);
 }
@@ -84,9 +83,9 @@ fn an_id_used_again_keeps_only_its_last_allocation() {
 fn an_id_allocated_again_while_live_is_replaced_in_every_pass() {
     let text = "op,id,size,stream\na,7,4096,0\na,7,8192,0\na,2,1048576,0\nf,2,1048576,0\na,3,65536,0\nf,3,65536,0\n";
     let r = run(text, 3);
-    let peaks: Vec<u128> = r.passes.iter().map(|p| p.peak_live_bytes).collect();
+    let peaks = per_pass(&r, |p| p.peak_live_bytes);
     assert_eq!(peaks, vec![8192 + 1_048_576; 3]);
-    let held: Vec<u64> = r.passes.iter().map(|p| p.allocated_bytes).collect();
+    let held = per_pass(&r, |p| p.allocated_bytes);
     assert_eq!(
         held,
         vec![8192; 3],
@@ -107,8 +106,7 @@ fn driver_calls_are_counted_per_pass_and_a_warm_pool_makes_none() {
     }
     let r = run(&text, 4);
     assert_eq!(r.failures, 0, "{:?}", r.first_failure);
-    let calls: Vec<u64> = r.passes.iter().map(|p| p.driver.total()).collect();
-    println!("{:?}", r.passes);
+    let calls = per_pass(&r, |p| p.driver.total());
     assert!(
         calls[0] > 0,
         "the first pass made no driver call: {calls:?}"

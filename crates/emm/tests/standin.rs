@@ -785,6 +785,18 @@ fn one_managers_cache_makes_room_for_another_through_the_oom_hook() {
     assert_eq!(snapshot(&f.s), before, "leaked or freed twice");
 }
 
+/// Ten 30 MiB blocks of `m`, then every other one freed: 150 MiB of holes, none
+/// of which holds a 120 MiB request (`None` where a block was freed).
+fn holes_of_30_mib(m: &PoolManager) -> Vec<Option<emm::DeviceAllocation>> {
+    let mut blocks: Vec<_> = (0..10)
+        .map(|_| Some(m.memalloc(30 << 20).unwrap()))
+        .collect();
+    for b in blocks.iter_mut().step_by(2) {
+        drop(b.take());
+    }
+    blocks
+}
+
 /// The pool moves the memory of free pages in the middle of its expandable segment
 /// to the segment's end instead of mapping new memory (the same physical pages at a
 /// second address, `cuMemMap` of one handle twice): the data written through the new
@@ -797,20 +809,15 @@ fn pool_moves_free_pages_to_the_end_instead_of_growing() {
     on_thread(|| {
         let m = PoolManager::new(&f.ctx).unwrap();
         let mib = 1usize << 20;
-        // Ten 30 MiB blocks, then every other one freed: 150 MiB of holes.
-        let mut blocks: Vec<_> = (0..10)
-            .map(|_| Some(m.memalloc(30 * mib).unwrap()))
-            .collect();
+        let blocks = holes_of_30_mib(&m);
         let mut kept = Vec::new();
-        for (i, b) in blocks.iter_mut().enumerate() {
-            let b = b.as_ref().unwrap();
+        for (i, b) in blocks.iter().enumerate() {
             let data = pattern(i as u8, 4096);
-            // SAFETY: each block holds 30 MiB.
-            unsafe { memory::copy_htod(&f.ctx, b.ptr(), &data) }.unwrap();
+            if let Some(b) = b {
+                // SAFETY: each block holds 30 MiB.
+                unsafe { memory::copy_htod(&f.ctx, b.ptr(), &data) }.unwrap();
+            }
             kept.push(data);
-        }
-        for b in blocks.iter_mut().step_by(2) {
-            drop(b.take());
         }
         let reserved = m.stats().reserved_bytes;
         // 120 MiB in one piece fits no hole: without moving pages the pool would map
@@ -858,12 +865,7 @@ fn a_failed_unmap_of_a_moved_piece_is_undone_when_the_segment_goes() {
     on_thread(|| {
         let m = PoolManager::new(&f.ctx).unwrap();
         let mib = 1usize << 20;
-        let mut blocks: Vec<_> = (0..10)
-            .map(|_| Some(m.memalloc(30 * mib).unwrap()))
-            .collect();
-        for b in blocks.iter_mut().step_by(2) {
-            drop(b.take());
-        }
+        let blocks = holes_of_30_mib(&m);
         let big = m.memalloc(120 * mib).unwrap();
         let moved = m.stats().pieces_moved;
         assert!(moved > 0, "no piece moved");
