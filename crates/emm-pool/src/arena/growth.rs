@@ -218,12 +218,9 @@ impl Arena {
         // segment may end where this one starts).
         let tail = self
             .blocks
-            .range(..end)
-            .next_back()
-            .filter(|(&a, b)| {
-                b.segment == base && b.state == State::Free(stream) && a + b.size as u64 == end
-            })
-            .map(|(&a, b)| (a, b.size));
+            .ending_at(end)
+            .filter(|(_, b)| b.segment == base && b.state == State::Free(stream))
+            .map(|(a, b)| (a, b.size));
         let tail_need = size - tail.map_or(0, |t| t.1);
         let mut best: Option<Target> = None;
         // A gap when it needs no more than the end would, or when the end is past
@@ -335,7 +332,7 @@ impl Arena {
         };
         let mut left = want;
         let mut taken = 0usize;
-        for (&a, b) in self.blocks.range(base..base + *mapped as u64) {
+        for (a, b) in self.blocks.walk(base, base + *mapped as u64) {
             if left == 0 {
                 break;
             }
@@ -391,16 +388,13 @@ impl Arena {
         if physical == 0
             || self
                 .blocks
-                .range(base..end)
+                .walk(base, end)
                 .any(|(_, b)| matches!(b.state, State::Live | State::Pending))
         {
             return 0;
         }
-        let blocks: Vec<(CUdeviceptr, Block)> = self
-            .blocks
-            .range(base..end)
-            .map(|(&a, &b)| (a, b))
-            .collect();
+        let blocks: Vec<(CUdeviceptr, Block)> =
+            self.blocks.walk(base, end).map(|(a, &b)| (a, b)).collect();
         for (a, b) in blocks {
             if let State::Free(s) = b.state {
                 self.free_set(s, Kind::Large).remove(&(b.size, a));
@@ -456,7 +450,7 @@ impl Arena {
             let mapped = *mapped;
             let end = base + mapped as u64;
             let piece_start = base + off as u64;
-            let Some((&a, &b)) = self.blocks.range(..end).next_back() else {
+            let Some((a, &b)) = self.blocks.ending_at(end) else {
                 break;
             };
             let State::Free(stream) = b.state else { break };

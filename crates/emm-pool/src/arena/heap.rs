@@ -21,7 +21,7 @@ impl Arena {
         let kind = self.segments.get(&segment).map_or(Kind::Large, |s| s.kind);
         // Coalesce with a free neighbour of the same stream and segment on each side.
         let (mut addr, mut size) = (addr, size);
-        if let Some((&paddr, &p)) = self.blocks.range(..addr).next_back() {
+        if let Some((paddr, &p)) = self.blocks.ending_at(addr) {
             if p.segment == segment
                 && p.state == State::Free(stream)
                 && paddr + p.size as u64 == addr
@@ -114,24 +114,15 @@ impl Arena {
         let (bsize, addr) = self.fit(size, kind, stream)?;
         self.free_set(stream, kind).remove(&(bsize, addr));
         // The free block's entry becomes the live block's, in place.
-        let segment = match self.blocks.get_mut(&addr) {
-            Some(b) => {
-                b.size = size;
-                b.state = State::Live;
-                b.segment
-            }
-            None => {
-                self.blocks.insert(
-                    addr,
-                    Block {
-                        size,
-                        segment: addr,
-                        state: State::Live,
-                    },
-                );
-                addr
-            }
-        };
+        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                segment,
+                state: State::Live,
+            },
+        );
         if bsize > size {
             let rest = addr + size as u64;
             self.blocks.insert(

@@ -29,7 +29,7 @@ impl Arena {
         let mut out = Vec::new();
         for (&base, seg) in self.segments.iter().filter(|(_, seg)| seg.size > 0) {
             let mut run: Option<SnapshotSegment> = None;
-            for (&a, b) in self.blocks.range(base..base + seg.size as u64) {
+            for (a, b) in self.blocks.walk(base, base + seg.size as u64) {
                 if matches!(b.state, State::Retired | State::Gap) {
                     out.extend(run.take());
                     continue;
@@ -62,12 +62,17 @@ impl Arena {
 
     /// Checks the arena's internal consistency; returns what is wrong.
     pub fn check(&self) -> std::result::Result<(), String> {
+        self.blocks.check()?;
         let mut live = 0;
+        let mut tiled = 0;
         for (&base, seg) in &self.segments {
             let mut retired = 0;
             let mut at = base;
             let end = base + seg.size as u64;
-            for (&a, b) in self.blocks.range(base..end) {
+            // Gaps of the segment, in address order (no piece is mapped in one).
+            let mut gaps = Vec::new();
+            for (a, b) in self.blocks.walk(base, end) {
+                tiled += 1;
                 if a != at {
                     return Err(format!(
                         "gap or overlap in segment {base:#x} at {a:#x} (expected {at:#x})"
@@ -94,6 +99,9 @@ impl Arena {
                 if matches!(b.state, State::Retired | State::Gap) {
                     retired += b.size;
                 }
+                if b.state == State::Gap {
+                    gaps.push((a, a + b.size as u64));
+                }
                 at = a + b.size as u64;
             }
             if at != end {
@@ -103,7 +111,8 @@ impl Arena {
             }
             if let Some((reserve, pieces)) = &seg.expandable {
                 // Past its end, the segment's address space holds no block.
-                if let Some((&a, _)) = self.blocks.range(end..base + *reserve as u64).next() {
+                let past = base + *reserve as u64;
+                if let Some((&a, _)) = self.blocks.iter().find(|(&a, _)| a >= end && a < past) {
                     return Err(format!(
                         "block {a:#x} past the end {end:#x} of the expandable segment {base:#x}"
                     ));
@@ -117,8 +126,9 @@ impl Arena {
                         ));
                     }
                     let addr = base + off as u64;
-                    if let Some((&ga, g)) = self.blocks.range(..=addr).next_back() {
-                        if g.state == State::Gap && addr < ga + g.size as u64 {
+                    let i = gaps.partition_point(|&(ga, _)| ga <= addr);
+                    if let Some(&(ga, gend)) = i.checked_sub(1).and_then(|i| gaps.get(i)) {
+                        if addr < gend {
                             return Err(format!(
                                 "piece {addr:#x} mapped inside the gap at {ga:#x}"
                             ));
@@ -133,6 +143,12 @@ impl Arena {
                     seg.retired
                 ));
             }
+        }
+        if tiled != self.blocks.len() {
+            return Err(format!(
+                "{} blocks, {tiled} of them tiling a segment",
+                self.blocks.len()
+            ));
         }
         if live != self.stats.live {
             return Err(format!(

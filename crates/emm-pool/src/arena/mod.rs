@@ -2,8 +2,9 @@
 //! splitting and coalescing inside them, per-stream free sets, and the events that
 //! order cross-stream reuse. Callers hold the pool's lock around every method.
 //!
-//! Lookup cost is logarithmic in the number of blocks (B-trees keyed by address and
-//! by size), so it stays flat as live blocks grow.
+//! Blocks are found by address in constant time (hashed by start and end, see
+//! `blocks.rs`); free blocks by size in logarithmic time (a B-tree per stream and
+//! kind), so lookups stay flat as live blocks grow.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +15,7 @@ use crate::events::{EventId, EventSource};
 use crate::fasthash::FastMap;
 use crate::history::History;
 
+mod blocks;
 mod growth;
 mod heap;
 mod inspect;
@@ -346,7 +348,7 @@ pub(crate) fn stream_of_key(key: StreamKey) -> emm_sys::CUstream {
 
 #[derive(Default)]
 pub(crate) struct Arena {
-    blocks: BTreeMap<CUdeviceptr, Block>,
+    blocks: blocks::BlockMap,
     streams: FastMap<StreamKey, StreamState>,
     free: FastMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
     pending: Vec<(EventId, Vec<CUdeviceptr>)>,

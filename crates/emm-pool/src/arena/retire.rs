@@ -235,7 +235,7 @@ impl Arena {
             return;
         }
         let (mut at, mut size) = (addr, b.size);
-        if let Some((pa, p)) = self.blocks.range(..addr).next_back().map(|(&a, &p)| (a, p)) {
+        if let Some((pa, p)) = self.blocks.ending_at(addr).map(|(a, &p)| (a, p)) {
             if p.state == State::Gap && p.segment == b.segment && pa + p.size as u64 == addr {
                 self.blocks.remove(&addr);
                 at = pa;
@@ -285,7 +285,7 @@ impl Arena {
         let free_of = |b: &Block| b.segment == base && b.state == State::Free(stream);
         let mut best: Option<Target> = None;
         let mut prev: Option<(CUdeviceptr, Block)> = None;
-        for (&ga, g) in self.blocks.range(base..end) {
+        for (ga, g) in self.blocks.walk(base, end) {
             let before = prev.replace((ga, *g));
             if g.state != State::Gap {
                 continue;

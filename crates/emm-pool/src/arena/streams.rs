@@ -70,9 +70,7 @@ impl Arena {
             for kind in [Kind::Small, Kind::Large] {
                 if let Some(set) = self.free.get_mut(&(donor, kind)) {
                     for (_, a) in std::mem::take(set) {
-                        if let Some(b) = self.blocks.get_mut(&a) {
-                            b.state = State::Pending;
-                        }
+                        self.blocks.set_state(a, State::Pending);
                         addrs.push(a);
                     }
                 }
