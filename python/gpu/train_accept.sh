@@ -17,14 +17,18 @@
 #   long    one round of LONG timed steps (default 400) of ResNet-50 and GPT-2:
 #           the footprint over a long run, where `emm replay --passes` shows the
 #           pool's drifting on the host (docs/benchmarks.md, twelfth session)
+#   hooks   emm's own time inside PyTorch's allocator hooks per GPT-2 step, for
+#           each library of HOOK_LIBS (space-separated paths to libemm_capi.so
+#           built with `--features call-timing`, e.g. before and after a change),
+#           one process each, interleaved over ROUNDS rounds
 # ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
 set -u
 : "${OUT:?set OUT to the folder for the logs}"
-STAGES="tests, probe, gpt2, resnet50, infer, ddp, long"
+STAGES="tests, probe, gpt2, resnet50, infer, ddp, long, hooks"
 [ $# -gt 0 ] || { echo "usage: $0 STAGE... ($STAGES)" >&2; exit 2; }
 for stage in "$@"; do
   case $stage in
-    tests|probe|gpt2|resnet50|infer|ddp|long) ;;
+    tests|probe|gpt2|resnet50|infer|ddp|long|hooks) ;;
     *) echo "unknown stage $stage ($STAGES)" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +65,16 @@ for stage in "$@"; do
       gpus=$(nvidia-smi -L | wc -l)
       if [ "$gpus" -lt 2 ]; then echo "== ddp skipped: $gpus GPU on this machine"; failed=1; continue; fi
       rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
+    hooks)
+      [ -n "${HOOK_LIBS:-}" ] || { echo "== hooks: set HOOK_LIBS to call-timing builds of libemm_capi.so"; failed=1; continue; }
+      for r in $(seq "$ROUNDS"); do
+        i=0
+        for lib in $HOOK_LIBS; do
+          i=$((i + 1))
+          EMM_LIBRARY=$lib VARIANTS=emm-pool rounds "hooks-$i-round$r" --rounds 1 --workloads gpt2 --steps 48 --timeout 120
+          echo "   ($lib)"; grep "hooks per timed step" "$OUT/hooks-$i-round$r.txt"
+        done
+      done ;;
     long)
       rounds long-resnet50 --rounds 1 --workloads resnet50 --steps "${LONG:-400}" --timeout 200
       rounds long-gpt2 --rounds 1 --workloads gpt2 --steps "${LONG:-400}" --timeout 200 ;;
