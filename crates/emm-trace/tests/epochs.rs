@@ -27,6 +27,13 @@ struct Pass {
     ratio: f64,
 }
 
+/// The recorded trace `name` bundled with `emm-cli`.
+fn bundled(name: &str) -> Trace {
+    Trace::open(&data("emm-cli/traces").join(name), None)
+        .unwrap()
+        .remove(0)
+}
+
 /// Replays `name` `passes` times through one pool on one stream.
 fn epochs(name: &str, passes: u32) -> Vec<Pass> {
     epochs_with(name, passes, PoolConfig::default()).0
@@ -35,9 +42,7 @@ fn epochs(name: &str, passes: u32) -> Vec<Pass> {
 /// As [`epochs`], through a pool of `config` (with `emm replay --passes`'s
 /// replay); also the pool's final statistics.
 fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_pool::PoolStats) {
-    let t = Trace::open(&data("emm-cli/traces").join(name), None)
-        .unwrap()
-        .remove(0);
+    let t = bundled(name);
     let pool = PoolManager::host(1 << 40, config).unwrap();
     let options = ReplayOptions {
         passes,
@@ -155,9 +160,7 @@ fn the_pool_stays_consistent_through_every_recorded_trace() {
         "gpt2_infer_h200.csv",
         "gpt2_infer_bucketed_h200.csv",
     ] {
-        let t = Trace::open(&data("emm-cli/traces").join(name), None)
-            .unwrap()
-            .remove(0);
+        let t = bundled(name);
         let pool = PoolManager::host(1 << 40, PoolConfig::default()).unwrap();
         let options = ReplayOptions {
             passes: 3,

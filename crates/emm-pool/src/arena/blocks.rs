@@ -42,6 +42,24 @@ impl BlockMap {
         }
     }
 
+    /// Gives the block starting at `addr` a new size and state, in place (its
+    /// segment stays); the block as it is now, or `None` when there is none.
+    pub fn reshape(
+        &mut self,
+        addr: CUdeviceptr,
+        size: usize,
+        state: super::State,
+    ) -> Option<Block> {
+        let b = self.by_start.get_mut(&addr)?;
+        let old = b.size;
+        b.size = size;
+        b.state = state;
+        let now = *b;
+        self.forget_end(addr, old);
+        self.by_end.insert(addr + size as u64, addr);
+        Some(now)
+    }
+
     /// Puts `block` at `addr`, replacing the block that started there (returned).
     pub fn insert(&mut self, addr: CUdeviceptr, block: Block) -> Option<Block> {
         let old = self.by_start.insert(addr, block);
@@ -173,14 +191,15 @@ mod tests {
         assert_eq!(walked, [0x1000, 0x1100, 0x1300]);
         let part: Vec<u64> = m.walk(0x1000, 0x1300).map(|(a, _)| a).collect();
         assert_eq!(part, [0x1000, 0x1100], "stops at the bound");
-        // Splitting the free block: the first part replaces its entry.
-        assert!(m.insert(0x1100, block(0x80, State::Live)).is_some());
+        // Splitting the free block: the first part takes its entry.
+        assert!(m.reshape(0x1100, 0x80, State::Live).is_some());
+        assert!(m.reshape(0x1101, 0x80, State::Live).is_none());
         m.insert(0x1180, block(0x180, State::Free(7)));
         assert_eq!(m.ending_at(0x1180).map(|(a, _)| a), Some(0x1100));
         assert_eq!(m.ending_at(0x1300).map(|(a, _)| a), Some(0x1180));
         // Merging it back: the removed block's end index goes with it.
         m.remove(&0x1180);
-        m.insert(0x1100, block(0x200, State::Free(7)));
+        assert!(m.insert(0x1100, block(0x200, State::Free(7))).is_some());
         assert!(m.ending_at(0x1180).is_none());
         assert_eq!(m.ending_at(0x1300).map(|(a, _)| a), Some(0x1100));
         assert_eq!(m.len(), 3);

@@ -104,25 +104,30 @@ impl Arena {
     }
 
     /// Best fit among `stream`'s free blocks of `kind` (see [`Arena::fit`]);
-    /// splits off the remainder.
+    /// splits off the remainder. Returns the block's address and its segment's.
     pub(super) fn take_fit(
         &mut self,
         size: usize,
         kind: Kind,
         stream: StreamKey,
-    ) -> Option<CUdeviceptr> {
+    ) -> Option<(CUdeviceptr, CUdeviceptr)> {
         let (bsize, addr) = self.fit(size, kind, stream)?;
         self.free_set(stream, kind).remove(&(bsize, addr));
         // The free block's entry becomes the live block's, in place.
-        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
-        self.blocks.insert(
-            addr,
-            Block {
-                size,
-                segment,
-                state: State::Live,
-            },
-        );
+        let segment = match self.blocks.reshape(addr, size, State::Live) {
+            Some(b) => b.segment,
+            None => {
+                self.blocks.insert(
+                    addr,
+                    Block {
+                        size,
+                        segment: addr,
+                        state: State::Live,
+                    },
+                );
+                addr
+            }
+        };
         if bsize > size {
             let rest = addr + size as u64;
             self.blocks.insert(
@@ -135,7 +140,7 @@ impl Arena {
             );
             self.free_set(stream, kind).insert((bsize - size, rest));
         }
-        Some(addr)
+        Some((addr, segment))
     }
 
     /// The largest free block, any stream.

@@ -467,14 +467,19 @@ impl Arena {
         };
         self.stats.misses += 1;
         self.cover_fresh(stream, events);
-        let a = self.take_fit(size, kind, stream).unwrap_or(base);
+        let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
         Ok(Some(self.finish(a, size)))
     }
 
-    fn finish(&mut self, addr: CUdeviceptr, size: usize) -> (CUdeviceptr, CUdeviceptr, usize) {
+    /// Counts the block at `addr` of `segment` (from `take_fit`) live; returns its
+    /// address and its segment's base and size.
+    fn finish(
+        &mut self,
+        (addr, segment): (CUdeviceptr, CUdeviceptr),
+        size: usize,
+    ) -> (CUdeviceptr, CUdeviceptr, usize) {
         self.stats.live += size;
         self.stats.peak_live = self.stats.peak_live.max(self.stats.live);
-        let segment = self.blocks.get(&addr).map_or(addr, |b| b.segment);
         let seg_size = self.segments.get(&segment).map_or(size, |s| s.size);
         (addr, segment, seg_size)
     }
