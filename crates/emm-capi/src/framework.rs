@@ -6,15 +6,14 @@
 //! the live allocation (which remembers its manager and stream). The manager is the
 //! process's: `EMM_MEMORY_MANAGER`, else the one configured, else `pool`.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
+use crate::live_table::LiveTable;
 use crate::stream_uses::{self, StreamUses};
 use crate::timing::{self, Hook};
 use crate::{
@@ -25,29 +24,10 @@ use crate::{
 /// One device's manager and the allocations handed out by address.
 struct LiveDevice {
     manager: Arc<dyn MemoryManager>,
-    live: Mutex<HashMap<u64, DeviceAllocation, BuildHasherDefault<AddrHasher>>>,
+    live: Mutex<LiveTable<DeviceAllocation>>,
     /// Other streams live allocations are used on (`emm_torch_record_stream`);
     /// changed only with `live` locked.
     uses: StreamUses,
-}
-
-/// Device pointers are 256-byte aligned and spread out: a multiply-shift of the
-/// address is a good hash and much cheaper than SipHash on this hot path.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 const LIVE_DEVICES: usize = 64;
@@ -66,7 +46,7 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
     let state = slot.get_or_init(|| match manager_for(None, device) {
         Ok((manager, _)) => Ok(LiveDevice {
             manager,
-            live: Mutex::new(HashMap::default()),
+            live: Mutex::new(LiveTable::default()),
             uses: StreamUses::default(),
         }),
         Err(e) => {
@@ -110,7 +90,7 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
     // The lock is released before the allocation is dropped (freed).
     let (found, used_on) = {
         let mut live = lock(&d.live);
-        let found = live.remove(&ptr);
+        let found = live.remove(ptr);
         let used_on = found.as_ref().map_or_else(Vec::new, |_| d.uses.take(ptr));
         (found, used_on)
     };
@@ -172,7 +152,7 @@ fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
         Err(code) => return code,
     };
     let live = lock(&d.live);
-    match live.get(&ptr) {
+    match live.get(ptr) {
         Some(a) if a.stream() == stream => EMM_OK,
         Some(_) => {
             d.uses.note(ptr, stream);

@@ -29,6 +29,7 @@
 mod array;
 mod framework;
 mod handles;
+mod live_table;
 pub mod log;
 mod managed;
 mod stream_uses;
