@@ -17,10 +17,11 @@
 #   long    one round of LONG timed steps (default 400) of ResNet-50 and GPT-2:
 #           the footprint over a long run, where `emm replay --passes` shows the
 #           pool's drifting on the host (docs/benchmarks.md, twelfth session)
-#   hooks   emm's own time inside PyTorch's allocator hooks per GPT-2 step, for
-#           each library of HOOK_LIBS (space-separated paths to libemm_capi.so
-#           built with `--features call-timing`, e.g. before and after a change),
-#           one process each, interleaved over ROUNDS rounds
+#   hooks   emm's own time inside PyTorch's allocator hooks per step of each
+#           workload of HOOK_WORKLOADS (default gpt2; also gpt2-infer, resnet50),
+#           for each library of HOOK_LIBS (space-separated paths to
+#           libemm_capi.so built with `--features call-timing`, e.g. before and
+#           after a change), one process each, interleaved over ROUNDS rounds
 # ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
 set -u
 : "${OUT:?set OUT to the folder for the logs}"
@@ -67,12 +68,14 @@ for stage in "$@"; do
       rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
     hooks)
       [ -n "${HOOK_LIBS:-}" ] || { echo "== hooks: set HOOK_LIBS to call-timing builds of libemm_capi.so"; failed=1; continue; }
-      for r in $(seq "$ROUNDS"); do
-        i=0
-        for lib in $HOOK_LIBS; do
-          i=$((i + 1))
-          EMM_LIBRARY=$lib VARIANTS=emm-pool rounds "hooks-$i-round$r" --rounds 1 --workloads gpt2 --steps 48 --timeout 120
-          echo "   (that was $lib)"
+      for w in ${HOOK_WORKLOADS:-gpt2}; do
+        for r in $(seq "$ROUNDS"); do
+          i=0
+          for lib in $HOOK_LIBS; do
+            i=$((i + 1))
+            EMM_LIBRARY=$lib VARIANTS=emm-pool rounds "hooks-$w-$i-round$r" --rounds 1 --workloads "$w" --steps 48 --timeout 120
+            echo "   (that was $lib)"
+          done
         done
       done ;;
     long)
