@@ -13,10 +13,10 @@
 
 use emm_core::SYNC_STREAM;
 use emm_pool::{PoolConfig, PoolManager};
-use emm_trace::{replay, ReplayOptions, Trace};
+use emm_trace::{replay, ReplayOptions};
 
 mod common;
-use common::data;
+use common::bundled;
 
 /// One pass's figures: pieces of the expandable segment mapped with new memory and
 /// moved, and peak reserved over peak live so far.
@@ -28,12 +28,6 @@ struct Pass {
 }
 
 /// The recorded trace `name` bundled with `emm-cli`.
-fn bundled(name: &str) -> Trace {
-    Trace::open(&data("emm-cli/traces").join(name), None)
-        .unwrap()
-        .remove(0)
-}
-
 /// Replays `name` `passes` times through one pool on one stream.
 fn epochs(name: &str, passes: u32) -> Vec<Pass> {
     epochs_with(name, passes, PoolConfig::default()).0

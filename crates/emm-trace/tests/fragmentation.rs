@@ -6,7 +6,7 @@ use emm_pool::{PoolConfig, PoolManager};
 use emm_trace::{replay, scan, synth, ReplayOptions, ReplayResult, Summary, Trace};
 
 mod common;
-use common::data;
+use common::{bundled, data};
 
 /// Replays `t` through a fresh pool over the host stand-in, all on one stream:
 /// the trace's figures, the replay's, and peak reserved over peak live.
@@ -95,9 +95,7 @@ fn recorded_h200_traces_stay_within_their_bounds() {
         // segments reserved 6.88 GiB for its 6.22 (run 88), 1.105.
         ("gpt2_infer_bucketed_h200.csv", 1.02, 1_800),
     ] {
-        let t = Trace::open(&data("emm-cli/traces").join(name), None)
-            .unwrap()
-            .remove(0);
+        let t = bundled(name);
         let (_, _, ratio, maps) = through_the_pool_counting(&t, 10);
         println!("{name}: reserved/live {ratio:.4}, {maps} mapping calls");
         assert!(maps <= calls, "{name}: {maps} mapping calls > {calls}");
@@ -128,9 +126,7 @@ fn without_virtual_memory_the_recorded_traces_stay_below_pytorch_defaults() {
         ("resnet50_h200.csv", 1.16, 10, 420),
         ("gpt2_infer_h200.csv", 1.16, 28, 210),
     ] {
-        let t = Trace::open(&data("emm-cli/traces").join(name), None)
-            .unwrap()
-            .remove(0);
+        let t = bundled(name);
         let summary = scan(&t).unwrap();
         let mut config = PoolConfig::default();
         config.segments.expandable = false;

@@ -16,6 +16,16 @@ fn run(text: &str, passes: u32) -> ReplayResult {
     replay(&t, &pool, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap()
 }
 
+/// Replays `text` 3 passes; checks the requests of each pass, that peak live is
+/// `peak` in each, and that nothing failed.
+fn three_passes(text: &str, requests: [u64; 3], peak: u128) -> ReplayResult {
+    let r = run(text, 3);
+    assert_eq!(per_pass(&r, |p| p.requests), requests.to_vec());
+    assert_eq!(per_pass(&r, |p| p.peak_live_bytes), vec![peak; 3]);
+    assert_eq!(r.failures, 0);
+    r
+}
+
 /// One figure of each pass of `r`, in order.
 fn per_pass<T>(r: &ReplayResult, figure: impl Fn(&PassResult) -> T) -> Vec<T> {
     r.passes.iter().map(figure).collect()
@@ -27,20 +37,13 @@ fn per_pass<T>(r: &ReplayResult, figure: impl Fn(&PassResult) -> T) -> Vec<T> {
 #[test]
 fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
     let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\nf,9,1,0\n";
-    let r = run(text, 3);
-    let requests = per_pass(&r, |p| p.requests);
-    assert_eq!(requests, vec![2, 1, 1]);
+    let r = three_passes(text, [2, 1, 1], 4096 + 1_048_576);
     // The kept allocation stays with the manager from pass to pass.
     let held = per_pass(&r, |p| p.allocated_bytes);
     assert_eq!(held, vec![4096; 3]);
     assert_eq!(r.requests, 4);
     assert_eq!(r.unknown_frees, 1);
     assert_eq!(r.peak_live_bytes, 4096 + 1_048_576);
-    assert_eq!(
-        per_pass(&r, |p| p.peak_live_bytes),
-        vec![r.peak_live_bytes; 3]
-    );
-    assert_eq!(r.failures, 0);
 }
 
 /// What the trace never frees but made in its second half (id 3: the last step's
@@ -50,14 +53,7 @@ fn later_passes_make_again_what_the_trace_frees_and_keep_the_rest() {
 #[test]
 fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
     let text = "op,id,size,stream\na,1,4096,0\na,2,1048576,0\nf,2,1048576,0\na,3,1048576,0\n";
-    let r = run(text, 3);
-    let requests = per_pass(&r, |p| p.requests);
-    assert_eq!(requests, vec![3, 2, 2]);
-    assert_eq!(
-        per_pass(&r, |p| p.peak_live_bytes),
-        vec![4096 + 1_048_576; 3]
-    );
-    assert_eq!(r.failures, 0);
+    three_passes(text, [3, 2, 2], 4096 + 1_048_576);
 }
 
 /// An id used again (as a CSV written by another tool may do) is an allocation
@@ -66,14 +62,7 @@ fn the_last_steps_leftovers_are_made_again_not_kept_twice() {
 #[test]
 fn an_id_used_again_keeps_only_its_last_allocation() {
     let text = "op,id,size,stream\na,7,4096,0\nf,7,4096,0\na,7,8192,0\na,2,1048576,0\nf,2,1048576,0\na,3,65536,0\nf,3,65536,0\n";
-    let r = run(text, 3);
-    let requests = per_pass(&r, |p| p.requests);
-    assert_eq!(requests, vec![4, 3, 3]);
-    assert_eq!(
-        per_pass(&r, |p| p.peak_live_bytes),
-        vec![8192 + 1_048_576; 3]
-    );
-    assert_eq!(r.failures, 0);
+    three_passes(text, [4, 3, 3], 8192 + 1_048_576);
 }
 
 /// An id allocated again while live (the first allocation replaced, as `scan`
