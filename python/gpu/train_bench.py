@@ -303,8 +303,8 @@ COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_
             "event_queries", "misses", "pieces_mapped", "pieces_moved", "pieces_unmapped", "reserved_bytes", "num_ooms",
             # Only from a library built with `--features call-timing` (emm-capi):
             # time inside PyTorch's allocator hooks.
-            "torch_alloc_calls", "torch_alloc_ns", "torch_alloc_slow_calls",
-            "torch_free_calls", "torch_free_ns", "torch_free_slow_calls")
+            "torch_alloc_calls", "torch_alloc_ns", "torch_alloc_slow_calls", "torch_alloc_slow_ns",
+            "torch_free_calls", "torch_free_ns", "torch_free_slow_calls", "torch_free_slow_ns")
 
 
 def step_counters(variant, dev):

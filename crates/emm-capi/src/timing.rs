@@ -2,8 +2,8 @@
 //! `emm_torch_free`), counted only in builds with the `call-timing` feature.
 //!
 //! A diagnostic for training runs: it says how much of a step's host time is emm's
-//! own (the call count, the total and slowest call, and how many calls took 4 us or
-//! more), so a slower step can be told apart from a slower allocator.
+//! own (the call count, the total and slowest call, how many calls took 4 us or
+//! more and how long those took together), so a slower step can be told apart from a slower allocator.
 //! `emm_manager_report` appends the counters as `name: value` lines. Without the
 //! feature, [`timed`] is a plain call and [`report`] is empty.
 
@@ -31,6 +31,8 @@ mod counters {
         total_ns: AtomicU64,
         max_ns: AtomicU64,
         slow: AtomicU64,
+        /// Nanoseconds spent in the slow calls.
+        slow_ns: AtomicU64,
     }
 
     static COUNTERS: [Counters; 2] = [const {
@@ -39,6 +41,7 @@ mod counters {
             total_ns: AtomicU64::new(0),
             max_ns: AtomicU64::new(0),
             slow: AtomicU64::new(0),
+            slow_ns: AtomicU64::new(0),
         }
     }; 2];
 
@@ -52,6 +55,7 @@ mod counters {
         c.max_ns.fetch_max(ns, Relaxed);
         if ns >= SLOW_NS {
             c.slow.fetch_add(1, Relaxed);
+            c.slow_ns.fetch_add(ns, Relaxed);
         }
         out
     }
@@ -60,11 +64,12 @@ mod counters {
         let mut text = String::new();
         for (name, c) in ["torch_alloc", "torch_free"].iter().zip(&COUNTERS) {
             text.push_str(&format!(
-                "\n{name}_calls: {}\n{name}_ns: {}\n{name}_max_ns: {}\n{name}_slow_calls: {}",
+                "\n{name}_calls: {}\n{name}_ns: {}\n{name}_max_ns: {}\n{name}_slow_calls: {}\n{name}_slow_ns: {}",
                 c.calls.load(Relaxed),
                 c.total_ns.load(Relaxed),
                 c.max_ns.load(Relaxed),
-                c.slow.load(Relaxed)
+                c.slow.load(Relaxed),
+                c.slow_ns.load(Relaxed)
             ));
         }
         text

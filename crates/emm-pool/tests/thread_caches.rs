@@ -123,3 +123,45 @@ fn trim_gives_back_the_blocks_other_threads_cached() {
     drop(release);
     a.join().unwrap();
 }
+
+#[test]
+fn large_blocks_filling_their_part_of_the_cache_leave_the_small_blocks_cached() {
+    let config = PoolConfig {
+        thread_cache_blocks: 4,
+        ..PoolConfig::default()
+    };
+    let pool = PoolManager::host(1 << 36, config).unwrap();
+    // Three small blocks cached, then large frees past the large part's budget of
+    // four: only the large part is flushed to the arena.
+    let small: Vec<_> = (0..3).map(|_| pool.alloc(4096, S).unwrap()).collect();
+    drop(small);
+    let large: Vec<_> = (0..6)
+        .map(|i| pool.alloc((2 + i) * MIB, S).unwrap())
+        .collect();
+    drop(large);
+    // Freed 2..=7 MiB in order: the fifth free found 2+3+4+5 MiB cached and
+    // flushed them; 6 and 7 MiB started the large part again.
+    assert_eq!(pool.stats().thread_cached_bytes, 3 * 4096 + 13 * MIB);
+    let locked = pool.stats().locked_allocs;
+    let again: Vec<_> = (0..3).map(|_| pool.alloc(4096, S).unwrap()).collect();
+    assert_eq!(
+        pool.stats().locked_allocs,
+        locked,
+        "the large blocks' flush took the small ones with it"
+    );
+    drop(again);
+}
+
+#[test]
+fn a_miss_that_grows_gives_back_only_its_own_kind() {
+    let pool = PoolManager::host(1 << 36, PoolConfig::default()).unwrap();
+    let small: Vec<_> = (0..3).map(|_| pool.alloc(4096, S).unwrap()).collect();
+    drop(small);
+    // A large request the arena cannot serve: the pool grows, and the small blocks
+    // (which live in other segments and could not serve it) stay cached.
+    let big = pool.alloc(64 * MIB, S).unwrap();
+    let locked = pool.stats().locked_allocs;
+    let again: Vec<_> = (0..3).map(|_| pool.alloc(4096, S).unwrap()).collect();
+    assert_eq!(pool.stats().locked_allocs, locked);
+    drop((big, again));
+}

@@ -1,0 +1,34 @@
+"""python/gpu/train_rounds.py's reading of the call-timing counters: emm's time
+inside PyTorch's allocator hooks per step, and the part of it in slow calls."""
+
+import argparse
+import importlib.util
+import pathlib
+
+import pytest
+
+PATH = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "train_rounds.py"
+
+
+@pytest.fixture(scope="module")
+def rounds():
+    spec = importlib.util.spec_from_file_location("train_rounds", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(rounds, capsys):
+    # Two warm-up steps' changes come first and are left out (only the last
+    # len(step_ms) changes belong to timed steps).
+    warm = {"torch_alloc_ns": 9_000_000, "torch_alloc_calls": 10}
+    step = {"torch_alloc_ns": 200_000, "torch_free_ns": 100_000, "torch_alloc_calls": 300,
+            "torch_free_calls": 300, "torch_alloc_slow_calls": 2, "torch_alloc_slow_ns": 40_000,
+            "torch_free_slow_calls": 1, "torch_free_slow_ns": 10_000}
+    results = {("gpt2", "emm-pool"): [{"step_changes": [warm, warm, step, step], "step_ms": [20.0, 30.0]}]}
+    rounds.hook_time("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "emm-pool: time inside emm's PyTorch hooks per timed step: median 0.300 ms" in out
+    assert "600 calls per step" in out
+    assert "6 calls of 4 us or more in 2 steps, taking 0.100 ms of the hooks' 0.600 ms" in out
+    assert "native" not in out
