@@ -15,7 +15,7 @@ use emm_sys::{CUdeviceptr, CUstream};
 
 use crate::arena::{
     is_per_thread, per_thread_key_of, per_thread_number, round_size, stream_id, stream_key, Arena,
-    Kind, SegmentPolicy, SegmentSource, StreamKey,
+    SegmentPolicy, SegmentSource, StreamKey,
 };
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::owner_lock::{self, OwnerLock};
@@ -29,11 +29,9 @@ pub struct PoolConfig {
     pub segments: SegmentPolicy,
     /// Largest number of bytes the pool may reserve (`None`: the device's memory).
     pub limit: Option<usize>,
-    /// Blocks a thread keeps per stream for immediate reuse, small (up to
-    /// [`SMALL_MAX`](crate::SMALL_MAX)) and large blocks each.
+    /// Blocks a thread keeps per stream for immediate reuse.
     pub thread_cache_blocks: usize,
-    /// Bytes a thread keeps per stream for immediate reuse, small and large blocks
-    /// each.
+    /// Bytes a thread keeps per stream for immediate reuse.
     pub thread_cache_bytes: usize,
     /// Reserved bytes above which `release_cached` and a free's trim check give
     /// wholly free segments back (`usize::MAX`: only on `trim()` or out of memory).
@@ -43,7 +41,7 @@ pub struct PoolConfig {
 impl PoolConfig {
     /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
     /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_THREAD_CACHE`
-    /// (bytes per thread, stream and block kind; 0 turns thread caches off) and `EMM_POOL_LIMIT`
+    /// (bytes per thread and stream; 0 turns thread caches off) and `EMM_POOL_LIMIT`
     /// (bytes) applied. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
@@ -375,8 +373,8 @@ struct Local {
 /// cache on each.
 pub const MAX_STREAM_CACHES: usize = 16;
 
-/// The most a thread caches per stream and block kind in a pool without the
-/// expandable segment (see `Core::cache_bytes`).
+/// The most a thread caches per stream in a pool without the expandable segment
+/// (see `Core::cache_bytes`).
 pub const NO_VMM_CACHE_BYTES: usize = 64 << 20;
 
 impl Drop for Local {
@@ -389,7 +387,7 @@ impl Drop for Local {
         let gen = core.generation.load(Ordering::Acquire);
         for mut sc in caches.drain(..) {
             let stream = sc.stream;
-            sc.drain(None, |e| {
+            sc.drain(|e| {
                 if e.generation == gen {
                     arena.free(e.ptr, stream, None); // the stream may be gone
                 }
@@ -442,14 +440,12 @@ impl Core {
             .flatten()
     }
 
-    /// Gives a stream's cached blocks of `kind` (of both kinds with `None`) to the
-    /// arena; `alive`: the stream is known to be usable now (events may be
-    /// recorded on it).
+    /// Gives a stream's cached blocks to the arena; `alive`: the stream is known
+    /// to be usable now (events may be recorded on it).
     fn flush_stream(
         &self,
         arena: &mut Arena,
         sc: &mut StreamCache,
-        kind: Option<Kind>,
         counters: &ThreadCounters,
         gen: usize,
         alive: bool,
@@ -459,10 +455,9 @@ impl Core {
         } else {
             None
         };
-        let stream = sc.stream;
-        let bytes = kind.map_or_else(|| sc.bytes(), |k| sc.bytes_of(k));
+        let (stream, bytes) = (sc.stream, sc.bytes());
         let mut any = false;
-        sc.drain(kind, |e| {
+        sc.drain(|e| {
             if e.generation == gen {
                 arena.free(e.ptr, stream, events);
                 any = true;
@@ -478,12 +473,12 @@ impl Core {
         let gen = self.generation.load(Ordering::Acquire);
         let _ = self.with_local(|local| {
             for sc in caches_of(&local.counters).iter_mut() {
-                self.flush_stream(arena, sc, None, &local.counters, gen, false);
+                self.flush_stream(arena, sc, &local.counters, gen, false);
             }
         });
     }
 
-    /// Bytes a thread may cache per stream and block kind. Without the expandable segment, large
+    /// Bytes a thread may cache per stream. Without the expandable segment, large
     /// blocks are whole segments of their exact size, which the pool gives back
     /// (instead of growing) only when they are free in the arena: a cache holding
     /// many of them counts as live there and let the recorded inference trace grow
@@ -496,9 +491,9 @@ impl Core {
         }
     }
 
-    /// Gives blocks other threads cached back to the arena. With `Some((key, kind))`
-    /// (before the pool grows for a block of `kind` on stream `key`): every
-    /// thread's blocks of that stream and kind, with an event recorded on it (the caller allocates on it, so it is
+    /// Gives blocks other threads cached back to the arena. With `Some(key)`
+    /// (before the pool grows for stream `key`): every thread's blocks of that
+    /// stream, with an event recorded on it (the caller allocates on it, so it is
     /// alive), so that memory parked in another thread's cache (the blocks
     /// PyTorch's autograd thread freed, when the next forward pass allocates on the
     /// main thread) is not reserved a second time. With `None` (out of memory,
@@ -507,12 +502,7 @@ impl Core {
     /// whose thread holds it right now is skipped: that thread may be waiting for
     /// the arena, which the caller holds. `gen` is the generation read under the
     /// arena's lock. Returns whether any current block came back.
-    fn reclaim_cached(
-        &self,
-        arena: &mut Arena,
-        only: Option<(StreamKey, Kind)>,
-        gen: usize,
-    ) -> bool {
+    fn reclaim_cached(&self, arena: &mut Arena, only: Option<StreamKey>, gen: usize) -> bool {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         // Claim every cache that holds blocks, then one process-wide barrier for
         // all of them (see `owner_lock`).
@@ -531,13 +521,11 @@ impl Core {
                 continue;
             };
             for sc in caches.iter_mut() {
-                let kind = only.map(|(_, k)| k);
-                let held = kind.map_or_else(|| sc.blocks(), |k| sc.blocks_of(k));
-                if held == 0 || only.is_some_and(|(s, _)| s != sc.stream) {
+                if sc.blocks() == 0 || only.is_some_and(|k| k != sc.stream) {
                     continue;
                 }
                 arena.stats.scan_steps += 1;
-                any |= self.flush_stream(arena, sc, kind, t, gen, only.is_some());
+                any |= self.flush_stream(arena, sc, t, gen, only.is_some());
             }
         }
         any
@@ -589,27 +577,18 @@ impl Core {
                 let cfg_caches = self.config.thread_cache_blocks > 0;
                 if on_thread {
                     // A miss: serve it from the arena's free blocks if possible;
-                    // before taking new memory, give this stream's cached blocks of
-                    // the request's kind back so they can coalesce and serve it
-                    // (blocks of the other kind live in other segments).
+                    // before taking new memory, give this stream's cached blocks back
+                    // so they can coalesce and serve it.
                     found = arena.try_alloc(rsize, key, self.events.as_ref(), &source, false)?;
                     if found.is_none() {
-                        let kind = Kind::of(rsize);
                         self.with_local(|local| {
                             let mut caches = caches_of(&local.counters);
                             if let Some(sc) = caches.iter_mut().find(|s| s.stream == key) {
-                                self.flush_stream(
-                                    &mut arena,
-                                    sc,
-                                    Some(kind),
-                                    &local.counters,
-                                    gen,
-                                    true,
-                                );
+                                self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                             }
                         });
                         // Other threads' blocks of this stream, before growing.
-                        if cfg_caches && self.reclaim_cached(&mut arena, Some((key, kind)), gen) {
+                        if cfg_caches && self.reclaim_cached(&mut arena, Some(key), gen) {
                             found = arena.try_alloc(
                                 rsize,
                                 key,
@@ -753,30 +732,20 @@ impl Core {
                             let mut oldest = caches.remove(0);
                             let mut arena = self.lock();
                             arena.stats.scan_steps += 1;
-                            self.flush_stream(
-                                &mut arena,
-                                &mut oldest,
-                                None,
-                                &local.counters,
-                                gen,
-                                false,
-                            );
+                            self.flush_stream(&mut arena, &mut oldest, &local.counters, gen, false);
                         }
                         caches.push(StreamCache::new(key));
                         caches.last_mut()?
                     }
                 };
-                // Full (each kind counts on its own): the stream's cached blocks of
-                // this kind all go back to the arena (where they coalesce) and this
-                // one starts that part afresh, so blocks that are not reused (one
-                // large tensor, say) cannot keep the cache full and send every other
-                // size to the locked path.
-                let kind = Kind::of(rsize);
-                if sc.blocks_of(kind) >= cfg.thread_cache_blocks
-                    || sc.bytes_of(kind).saturating_add(rsize) > cap
+                // Full: the stream's cached blocks all go back to the arena (where
+                // they coalesce) and this one starts the cache afresh, so blocks that
+                // are not reused (one large tensor, say) cannot keep the cache full
+                // and send every other size to the locked path.
+                if sc.blocks() >= cfg.thread_cache_blocks || sc.bytes().saturating_add(rsize) > cap
                 {
                     let mut arena = self.lock();
-                    self.flush_stream(&mut arena, sc, Some(kind), &local.counters, gen, true);
+                    self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                 }
                 sc.put(Entry {
                     ptr,
@@ -944,12 +913,11 @@ pub enum PoolUpstream {
 ///   reused on S at once (stream order makes that safe). Another stream T takes it
 ///   only after an event recorded on S has completed (events are pooled).
 /// - **Thread caches.** Each thread keeps up to [`PoolConfig::thread_cache_blocks`]
-///   freed small blocks and as many large ones per stream; an allocation of the
-///   same rounded size on the same stream takes one back without a lock. A miss
-///   that needs new memory, or a free into a full cache, gives that stream's cached
-///   blocks of its kind back to the shared arena first, so nothing stays
-///   fragmented or stuck in a cache; before the pool grows for a stream, every
-///   other thread's cached blocks of that stream and kind go back too.
+///   freed blocks per stream; an allocation of the same rounded size on the same
+///   stream takes one back without a lock. A miss that needs new memory, or a free
+///   into a full cache, gives that stream's cached blocks back to the shared arena
+///   first, so nothing stays fragmented or stuck in a cache; before the pool grows
+///   for a stream, every other thread's cached blocks of that stream go back too.
 /// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
 ///   large blocks use different segments; lookups are `O(log n)`.
 /// - **Out of memory**: wait for pending cross-stream events, give back every

@@ -8,16 +8,10 @@
 //! tensor freed and allocated again at once (the commonest pattern) touches no
 //! map at all: that probe had made a same-stream allocate+free pair about half
 //! again as slow on the host stand-in.
-//!
-//! Small and large blocks (see [`Kind`]) are kept apart, each with its own counts,
-//! so that each kind fills, and is given back to the arena, on its own. With one
-//! budget for both, a few large activations filled it and every flush took the
-//! small blocks with them: on the recorded traces, a third to two fifths of the
-//! allocations that a per-kind cache serves went to the pool's lock instead.
 
 use emm_sys::CUdeviceptr;
 
-use crate::arena::{Kind, StreamKey};
+use crate::arena::StreamKey;
 use crate::fasthash::FastMap;
 
 /// A cached block: what the allocation handed out for it needs again.
@@ -37,20 +31,43 @@ pub(crate) struct Entry {
 /// cache holds little memory of its own.
 const KEPT_SIZES: usize = 256;
 
-/// The cached blocks of one kind.
-#[derive(Debug, Default)]
-struct Part {
-    /// The block of this kind freed last, when it has not been taken or filed since.
+/// The blocks one thread freed on one stream.
+#[derive(Debug)]
+pub(crate) struct StreamCache {
+    pub stream: StreamKey,
+    /// The block freed last, when it has not been taken or filed since.
     last: Option<Entry>,
     by_size: FastMap<usize, Vec<Entry>>,
     blocks: usize,
     bytes: usize,
 }
 
-impl Part {
-    fn take(&mut self, size: usize, generation: usize) -> Option<Entry> {
+impl StreamCache {
+    pub fn new(stream: StreamKey) -> Self {
+        StreamCache {
+            stream,
+            last: None,
+            by_size: FastMap::default(),
+            blocks: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Blocks held (stale ones included).
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Bytes held (stale blocks included).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The block of `size` bytes and generation `generation` freed last, if any.
+    /// Blocks of an older generation stay until [`StreamCache::drain`].
+    pub fn take(&mut self, size: usize, generation: usize) -> Option<Entry> {
         let e = match self.last {
-            // Freed after every block of its kind in the map: the latest of its size.
+            // Freed after every block in the map: the latest of its size.
             Some(e) if e.size == size && e.generation == generation => {
                 self.last = None;
                 e
@@ -66,7 +83,8 @@ impl Part {
         Some(e)
     }
 
-    fn put(&mut self, e: Entry) {
+    /// Files a freed block.
+    pub fn put(&mut self, e: Entry) {
         if let Some(prev) = self.last.replace(e) {
             self.by_size.entry(prev.size).or_default().push(prev);
         }
@@ -74,7 +92,8 @@ impl Part {
         self.bytes += e.size;
     }
 
-    fn drain(&mut self, f: &mut impl FnMut(Entry)) {
+    /// Hands every block to `f` and leaves the cache empty.
+    pub fn drain(&mut self, mut f: impl FnMut(Entry)) {
         if let Some(e) = self.last.take() {
             f(e);
         }
@@ -88,70 +107,6 @@ impl Part {
         }
         self.blocks = 0;
         self.bytes = 0;
-    }
-}
-
-/// The blocks one thread freed on one stream, small and large apart.
-#[derive(Debug)]
-pub(crate) struct StreamCache {
-    pub stream: StreamKey,
-    parts: [Part; 2],
-}
-
-fn index(kind: Kind) -> usize {
-    match kind {
-        Kind::Small => 0,
-        Kind::Large => 1,
-    }
-}
-
-impl StreamCache {
-    pub fn new(stream: StreamKey) -> Self {
-        StreamCache {
-            stream,
-            parts: Default::default(),
-        }
-    }
-
-    /// Blocks held, both kinds (stale ones included).
-    pub fn blocks(&self) -> usize {
-        self.parts.iter().map(|p| p.blocks).sum()
-    }
-
-    /// Bytes held, both kinds (stale blocks included).
-    pub fn bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.bytes).sum()
-    }
-
-    /// Blocks of `kind` held (stale ones included).
-    pub fn blocks_of(&self, kind: Kind) -> usize {
-        self.parts[index(kind)].blocks
-    }
-
-    /// Bytes of `kind` held (stale blocks included).
-    pub fn bytes_of(&self, kind: Kind) -> usize {
-        self.parts[index(kind)].bytes
-    }
-
-    /// The block of `size` bytes and generation `generation` freed last, if any.
-    /// Blocks of an older generation stay until [`StreamCache::drain`].
-    pub fn take(&mut self, size: usize, generation: usize) -> Option<Entry> {
-        self.parts[index(Kind::of(size))].take(size, generation)
-    }
-
-    /// Files a freed block.
-    pub fn put(&mut self, e: Entry) {
-        self.parts[index(Kind::of(e.size))].put(e);
-    }
-
-    /// Hands every block of `kind` (of both kinds with `None`) to `f` and leaves
-    /// that part of the cache empty.
-    pub fn drain(&mut self, kind: Option<Kind>, mut f: impl FnMut(Entry)) {
-        for (i, part) in self.parts.iter_mut().enumerate() {
-            if kind.is_none_or(|k| index(k) == i) {
-                part.drain(&mut f);
-            }
-        }
     }
 }
 
@@ -192,7 +147,7 @@ mod tests {
         assert_eq!(c.take(512, 1).map(|e| e.ptr), Some(0x2000));
         assert_eq!(c.take(512, 1), None, "generation 0 is stale");
         let mut out = Vec::new();
-        c.drain(None, |e| out.push(e.ptr));
+        c.drain(|e| out.push(e.ptr));
         out.sort_unstable();
         assert_eq!(out, [0x1000, 0x3000]);
         assert_eq!((c.blocks(), c.bytes()), (0, 0));
@@ -206,38 +161,10 @@ mod tests {
             c.put(entry(0x1000 * (i + 1), 512 * (i as usize + 1), 0));
         }
         let mut n = 0;
-        c.drain(None, |_| n += 1);
+        c.drain(|_| n += 1);
         assert_eq!(n, KEPT_SIZES + 10);
-        let lists = c.parts[0].by_size.len();
-        assert_eq!(lists, 0, "{lists} size lists kept");
+        assert!(c.by_size.is_empty(), "{} size lists kept", c.by_size.len());
         c.put(entry(0x1000, 512, 0));
         assert_eq!(c.take(512, 0).map(|e| e.ptr), Some(0x1000));
-    }
-
-    #[test]
-    fn small_and_large_blocks_are_counted_and_drained_apart() {
-        let big = crate::arena::SMALL_MAX + 512;
-        let mut c = StreamCache::new(7);
-        c.put(entry(0x1000, 512, 0));
-        c.put(entry(0x10_0000, big, 0));
-        c.put(entry(0x2000, 1024, 0));
-        assert_eq!(
-            (c.blocks_of(Kind::Small), c.bytes_of(Kind::Small)),
-            (2, 1536)
-        );
-        assert_eq!(
-            (c.blocks_of(Kind::Large), c.bytes_of(Kind::Large)),
-            (1, big)
-        );
-        assert_eq!((c.blocks(), c.bytes()), (3, 1536 + big));
-        let mut out = Vec::new();
-        c.drain(Some(Kind::Large), |e| out.push(e.ptr));
-        assert_eq!(out, [0x10_0000]);
-        assert_eq!((c.blocks(), c.bytes()), (2, 1536), "the small blocks stay");
-        assert_eq!(c.take(512, 0).map(|e| e.ptr), Some(0x1000));
-        assert_eq!(c.take(big, 0), None);
-        c.drain(Some(Kind::Small), |e| out.push(e.ptr));
-        assert_eq!(out, [0x10_0000, 0x2000]);
-        assert_eq!((c.blocks(), c.bytes()), (0, 0));
     }
 }
