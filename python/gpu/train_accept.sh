@@ -9,7 +9,8 @@
 #
 # Stages:
 #   tests   every GPU test binary of the bundle (gpu-bundle/run.sh)
-#   probe   python/gpu/probes/vmm_costs.cu: what the driver's VMM calls cost
+#   probe   python/gpu/probes/vmm_costs.cu: what the driver's VMM calls cost;
+#           vmm_kernels.cu: whether kernels run slower on VMM-mapped memory
 #   gpt2    GPT-2 training, ROUNDS rounds of 48 timed steps
 #   resnet50  ResNet-50 training, the same
 #   infer   GPT-2 inference (variable batch, torch.no_grad), the same
@@ -57,7 +58,10 @@ for stage in "$@"; do
     probe)
       { nvcc -O2 -o /tmp/vmm_costs python/gpu/probes/vmm_costs.cu -lcuda &&
         timeout 120 taskset -c 2 /tmp/vmm_costs; } > "$OUT/vmm_costs.txt" 2>&1
-      rc=$?; echo "== probe rc=$rc"; tail -30 "$OUT/vmm_costs.txt"; [ $rc -eq 0 ] || failed=1 ;;
+      rc=$?; echo "== probe vmm_costs rc=$rc"; tail -30 "$OUT/vmm_costs.txt"; [ $rc -eq 0 ] || failed=1
+      { nvcc -O2 -o /tmp/vmm_kernels python/gpu/probes/vmm_kernels.cu -lcuda &&
+        timeout 180 /tmp/vmm_kernels 4 15; } > "$OUT/vmm_kernels.txt" 2>&1
+      rc=$?; echo "== probe vmm_kernels rc=$rc"; tail -15 "$OUT/vmm_kernels.txt"; [ $rc -eq 0 ] || failed=1 ;;
     gpt2|resnet50)
       rounds "$stage" --rounds "$ROUNDS" --workloads "$stage" --steps 48 --timeout 120 ;;
     infer)
