@@ -325,17 +325,20 @@ def hook_time(w, args, results):
                     ns = c.get("torch_alloc_ns", 0) + c.get("torch_free_ns", 0)
                     calls = c.get("torch_alloc_calls", 0) + c.get("torch_free_calls", 0)
                     slow = c.get("torch_alloc_slow_calls", 0) + c.get("torch_free_slow_calls", 0)
-                    slow_ns = c.get("torch_alloc_slow_ns", 0) + c.get("torch_free_slow_ns", 0)
-                    per_step.append((ns / 1e6, calls, slow, ms, slow_ns / 1e6))
+                    # Libraries before the fifteenth session do not count the slow
+                    # calls' time: None then, and nothing is printed for it.
+                    slow_ns = (c.get("torch_alloc_slow_ns", 0) + c.get("torch_free_slow_ns", 0)
+                               if "torch_alloc_slow_ns" in c or "torch_free_slow_ns" in c else None)
+                    per_step.append((ns / 1e6, calls, slow, ms, slow_ns))
         if per_step:
             hook_ms = [p[0] for p in per_step]
             share = [p[0] / p[3] for p in per_step]
             print(f"{v}: time inside emm's PyTorch hooks per timed step: median {statistics.median(hook_ms):.3f} ms, "
                   f"max {max(hook_ms):.3f} ms ({statistics.median(share) * 100:.2f} % of the step); "
                   f"{statistics.median([p[1] for p in per_step]):.0f} calls per step, "
-                  f"{sum(p[2] for p in per_step)} calls of 4 us or more in {len(per_step)} steps, "
-                  f"taking {sum(p[4] for p in per_step):.3f} ms of the hooks' "
-                  f"{sum(hook_ms):.3f} ms")
+                  f"{sum(p[2] for p in per_step)} calls of 4 us or more in {len(per_step)} steps"
+                  + (f", taking {sum(p[4] or 0 for p in per_step) / 1e6:.3f} ms of the hooks' {sum(hook_ms):.3f} ms"
+                     if any(p[4] is not None for p in per_step) else ""))
 
 
 def paired(w, args, results):

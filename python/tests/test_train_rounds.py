@@ -32,3 +32,12 @@ def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(roun
     assert "600 calls per step" in out
     assert "6 calls of 4 us or more in 2 steps, taking 0.100 ms of the hooks' 0.600 ms" in out
     assert "native" not in out
+
+
+def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(rounds, capsys):
+    step = {"torch_alloc_ns": 200_000, "torch_free_ns": 100_000, "torch_alloc_calls": 300,
+            "torch_free_calls": 300, "torch_alloc_slow_calls": 2}
+    results = {("gpt2", "emm-pool"): [{"step_changes": [step], "step_ms": [20.0]}]}
+    rounds.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("2 calls of 4 us or more in 1 steps"), out

@@ -3,7 +3,8 @@
 //!
 //! A diagnostic for training runs: it says how much of a step's host time is emm's
 //! own (the call count, the total and slowest call, how many calls took 4 us or
-//! more and how long those took together), so a slower step can be told apart from a slower allocator.
+//! more and how long those took together), so a slower step can be told apart
+//! from a slower allocator.
 //! `emm_manager_report` appends the counters as `name: value` lines. Without the
 //! feature, [`timed`] is a plain call and [`report`] is empty.
 
