@@ -1,20 +1,13 @@
 """python/gpu/profile_gaps.py, the reading of a profiler trace that says whether a
 slow step's GPU stream waited on the host or on the device, over hand-made traces."""
 
-import importlib.util
-import pathlib
-
 import pytest
-
-PATH = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "profile_gaps.py"
+from conftest import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def gaps():
-    spec = importlib.util.spec_from_file_location("profile_gaps", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_gpu_script("profile_gaps")
 
 
 def kernel(ts, dur, corr, stream=7, name="k"):

@@ -2,20 +2,14 @@
 inside PyTorch's allocator hooks per step, and the part of it in slow calls."""
 
 import argparse
-import importlib.util
-import pathlib
 
 import pytest
-
-PATH = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "train_rounds.py"
+from conftest import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def rounds():
-    spec = importlib.util.spec_from_file_location("train_rounds", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_gpu_script("train_rounds")
 
 
 def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(rounds, capsys):
