@@ -325,8 +325,8 @@ def hook_time(w, args, results):
                     ns = c.get("torch_alloc_ns", 0) + c.get("torch_free_ns", 0)
                     calls = c.get("torch_alloc_calls", 0) + c.get("torch_free_calls", 0)
                     slow = c.get("torch_alloc_slow_calls", 0) + c.get("torch_free_slow_calls", 0)
-                    # Libraries before the fifteenth session do not count the slow
-                    # calls' time: None then, and nothing is printed for it.
+                    # Older call-timing builds do not count the slow calls' time:
+                    # None then, and nothing is printed for it.
                     slow_ns = (c.get("torch_alloc_slow_ns", 0) + c.get("torch_free_slow_ns", 0)
                                if "torch_alloc_slow_ns" in c or "torch_free_slow_ns" in c else None)
                     per_step.append((ns / 1e6, calls, slow, ms, slow_ns))

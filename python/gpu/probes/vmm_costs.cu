@@ -12,25 +12,13 @@
 // 1 MiB cudaMemcpyAsync between two of them and of an empty kernel's launch.
 //
 //   nvcc -O2 -o /tmp/vmm_costs vmm_costs.cu -lcuda && /tmp/vmm_costs
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "check.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = nullptr;                                            \
-      cuGetErrorString(r_, &s_);                                           \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, s_, __LINE__); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t) {

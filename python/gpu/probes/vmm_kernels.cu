@@ -19,34 +19,13 @@
 // layout's median over malloc's.
 //
 //   nvcc -O2 -o /tmp/vmm_kernels vmm_kernels.cu -lcuda && /tmp/vmm_kernels [GiB] [rounds]
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "check.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = nullptr;                                            \
-      cuGetErrorString(r_, &s_);                                           \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, s_, __LINE__); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
-#define RK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), \
-                   __LINE__);                                                   \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 __global__ void add_one(const float* x, float* y, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

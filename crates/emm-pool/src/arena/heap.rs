@@ -21,11 +21,9 @@ impl Arena {
         let kind = self.segments.get(&segment).map_or(Kind::Large, |s| s.kind);
         // Coalesce with a free neighbour of the same stream and segment on each side.
         let (mut addr, mut size) = (addr, size);
+        // (`ending_at` gives only a block that ends exactly at `addr`.)
         if let Some((paddr, &p)) = self.blocks.ending_at(addr) {
-            if p.segment == segment
-                && p.state == State::Free(stream)
-                && paddr + p.size as u64 == addr
-            {
+            if p.segment == segment && p.state == State::Free(stream) {
                 self.free_set(stream, kind).remove(&(p.size, paddr));
                 // The merged block takes the neighbour's entry (overwritten below);
                 // any entry at `addr` goes.

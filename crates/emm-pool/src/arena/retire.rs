@@ -236,7 +236,8 @@ impl Arena {
         }
         let (mut at, mut size) = (addr, b.size);
         if let Some((pa, p)) = self.blocks.ending_at(addr).map(|(a, &p)| (a, p)) {
-            if p.state == State::Gap && p.segment == b.segment && pa + p.size as u64 == addr {
+            // (`ending_at` gives only a block that ends exactly at `addr`.)
+            if p.state == State::Gap && p.segment == b.segment {
                 self.blocks.remove(&addr);
                 at = pa;
                 size += p.size;
