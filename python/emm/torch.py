@@ -1,7 +1,12 @@
 """PyTorch through emm: ``emm.torch.install()`` swaps PyTorch's CUDA allocator for
-emm's (``torch.cuda.memory.CUDAPluggableAllocator`` over ``emm_torch_alloc`` /
-``emm_torch_free`` of libemm_capi). Call it before PyTorch allocates any CUDA memory;
-PyTorch allows one swap per process. The manager is the process's (``pool`` unless
+emm's. Call it before PyTorch allocates any CUDA memory; PyTorch allows one swap per
+process. The allocator object is emm's own where it can be built: a subclass of
+PyTorch's pluggable allocator (``_torch_native.cpp``, compiled against the PyTorch
+in use on first use and cached) whose tensors are allocated and freed by
+``emm_torch_alloc`` / ``emm_torch_release`` directly. Otherwise it is PyTorch's
+``torch.cuda.memory.CUDAPluggableAllocator`` over ``emm_torch_alloc`` /
+``emm_torch_free``, which also keeps a map of every live address under a lock of its
+own; :func:`install` says which (:func:`installed` too). The manager is the process's (``pool`` unless
 ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Importing this module does not import PyTorch.
 
 Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()``,
@@ -24,15 +29,19 @@ threads (PyTorch's autograd thread, say) show as ``active_allocated``, so the
 
 from __future__ import annotations
 
+import os
 import pickle
+import warnings
 from typing import Any, Dict, List, Optional
 
-from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, Manager, _raise_last, library_path, load
+from . import _torch_native
+from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, EmmWarning, Manager, _raise_last, library_path, load
 
 __all__ = [
     "dump_snapshot",
     "empty_cache",
     "install",
+    "installed",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",
@@ -47,18 +56,57 @@ __all__ = [
 _MANAGERS: Dict[int, Manager] = {}
 
 
-def install() -> Any:
-    """Makes PyTorch allocate CUDA memory through emm; returns the allocator object.
+_INSTALLED: Optional[str] = None
+
+
+def install(native: Optional[bool] = None) -> Any:
+    """Makes PyTorch allocate CUDA memory through emm; returns PyTorch's allocator
+    object (``torch.cuda.memory._get_current_allocator()``).
+
+    ``native`` picks the allocator object. ``None`` (the default): emm's own, built on
+    first use (a C++ compiler, PyTorch's headers and a CUDA runtime header are
+    needed; about a minute, once per PyTorch build), else PyTorch's pluggable
+    allocator with an :class:`~emm.EmmWarning` saying why. ``True``: emm's own or
+    :class:`emm._torch_native.NativeUnavailable`. ``False``, or the environment
+    variable ``EMM_TORCH_NATIVE=0``: PyTorch's pluggable allocator. Both run the
+    same manager; emm's own skips the pluggable allocator's second map of live
+    addresses (a heap node and a process-wide lock on every allocation and free),
+    and raises ``torch.OutOfMemoryError`` with emm's reason when memory runs out.
 
     Also routes ``torch.Tensor.record_stream`` to emm (see :func:`_route_record_stream`):
     PyTorch's pluggable allocator drops those calls, which would let memory still in
     use on another stream be handed out again."""
+    global _INSTALLED
     import torch
 
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "emm_torch_alloc", "emm_torch_free")
-    torch.cuda.memory.change_current_allocator(alloc)
+    if native is None and os.environ.get("EMM_TORCH_NATIVE", "").strip() == "0":
+        native = False
+    kind = "pluggable"
+    if native is not False:
+        try:
+            _torch_native.install(torch, load())
+            kind = "native"
+        except _torch_native.NativeUnavailable as e:
+            if native:
+                raise
+            warnings.warn(
+                f"emm.torch: emm's own allocator object is unavailable ({e}); using PyTorch's "
+                "CUDAPluggableAllocator over emm instead (EMM_TORCH_NATIVE=0 skips the attempt)",
+                EmmWarning,
+                stacklevel=2,
+            )
+    if kind == "pluggable":
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "emm_torch_alloc", "emm_torch_free")
+        torch.cuda.memory.change_current_allocator(alloc)
+    _INSTALLED = kind
     _route_record_stream(torch)
-    return alloc
+    return torch.cuda.memory._get_current_allocator()
+
+
+def installed() -> Optional[str]:
+    """Which allocator object :func:`install` gave PyTorch in this process: ``"native"``
+    (emm's own), ``"pluggable"`` (PyTorch's CUDAPluggableAllocator), or ``None``."""
+    return _INSTALLED
 
 
 def _route_record_stream(torch: Any) -> None:

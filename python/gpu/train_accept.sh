@@ -23,7 +23,8 @@
 #           for each library of HOOK_LIBS (space-separated paths to
 #           libemm_capi.so built with `--features call-timing`, e.g. before and
 #           after a change), one process each, interleaved over ROUNDS rounds
-# ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs.
+# ROUNDS (default 3); PIN (default every CPU) pins every process to the same CPUs;
+# VARIANTS (default "native expandable emm-pool") names train_bench.py's variants.
 set -u
 : "${OUT:?set OUT to the folder for the logs}"
 STAGES="tests, probe, gpt2, resnet50, infer, ddp, long, hooks"
@@ -38,7 +39,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 EMM_LIBRARY=$PWD/gpu-bundle/lib/libemm_capi.so PYTHONPATH=$PWD/python
 PIN=${PIN:-0-$(($(nproc) - 1))}
 ROUNDS=${ROUNDS:-3}
-VARIANTS="native expandable emm-pool"
+VARIANTS=${VARIANTS:-native expandable emm-pool}
 failed=0
 rounds() { # name, then train_rounds.py's arguments
   local name=$1 rc; shift

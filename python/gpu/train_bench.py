@@ -7,7 +7,10 @@
 Variants (fixed before PyTorch touches the GPU, so one per process):
   native       PyTorch's caching allocator as shipped
   expandable   the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-  emm-pool     emm.torch.install() over emm's pool
+  emm-pool     emm.torch.install() over emm's pool (emm's own allocator object,
+               built on first use; the RESULT line's "torch_allocator" says which)
+  emm-pool-pluggable  the same through PyTorch's CUDAPluggableAllocator
+               (EMM_TORCH_NATIVE=0): what that object's bookkeeping costs
   emm-pool-novmm  the same with EMM_POOL_EXPANDABLE=0 (no virtual memory: what
                IPC-exportable blocks need)
   emm-hostonly emm.torch.install() over emm's hostonly manager (CUDA's own pool)
@@ -36,8 +39,8 @@ import statistics
 import sys
 import time
 
-VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-novmm", "emm-pool-nocache", "emm-hostonly",
-            "pluggable-floor")
+VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-pluggable", "emm-pool-novmm", "emm-pool-nocache",
+            "emm-hostonly", "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
 
 
@@ -73,14 +76,23 @@ def setup_allocator(variant):
             os.environ["EMM_POOL_EXPANDABLE"] = "0"
         if variant == "emm-pool-nocache":
             os.environ["EMM_POOL_THREAD_CACHE"] = "0"
+        if variant == "emm-pool-pluggable":
+            os.environ["EMM_TORCH_NATIVE"] = "0"
         import emm.torch
 
         emm.torch.install()
+        print(f"emm.torch: allocator object {emm.torch.installed()}", file=sys.stderr)
     if variant == "pluggable-floor":
         import torch
 
         alloc = torch.cuda.memory.CUDAPluggableAllocator(str(floor_library()), "floor_alloc", "floor_free")
         torch.cuda.memory.change_current_allocator(alloc)
+
+
+def torch_allocator():
+    """Which allocator object emm.torch installed ("native", "pluggable"), or None."""
+    mod = sys.modules.get("emm.torch")
+    return mod.installed() if mod is not None else None
 
 
 def floor_library():
@@ -244,6 +256,7 @@ def main():
         "steps": args.steps, "step_ms": times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
         "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
+        "torch_allocator": torch_allocator(),
     }
     if args.ddp:
         import torch.distributed as dist

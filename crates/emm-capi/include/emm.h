@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 305
+#define EMM_ABI_VERSION 306
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -204,7 +204,8 @@ extern "C" {
  * `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
  * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
  * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
- * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`.
+ * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
+ * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object).
  */
 int emm_abi_version(void);
 
@@ -440,7 +441,10 @@ uint64_t emm_array_deleters_run(struct emm_array *a);
  * PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
  * the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
  * "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
- * failure (PyTorch then raises its out-of-memory error); `emm_last_error` says why.
+ * failure; `emm_last_error` says why. (emm's own allocator object, which
+ * `emm.torch.install()` sets up, raises `torch.OutOfMemoryError` with that reason;
+ * PyTorch's `CUDAPluggableAllocator` does not check, and hands out a tensor at
+ * address 0.)
  */
 void *emm_torch_alloc(ssize_t size, int device, void *stream);
 
@@ -449,6 +453,17 @@ void *emm_torch_alloc(ssize_t size, int device, void *stream);
  * `stream` (`size` is not needed: emm knows it).
  */
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/**
+ * Frees `ptr` from [`emm_torch_alloc`] on `device` (-1: whichever device holds
+ * it), ordered on the stream it was allocated on, after the work queued so far on
+ * every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
+ * the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
+ * from `python/emm/_torch_native.cpp`), which knows neither the size nor the
+ * stream. A null `ptr` does nothing; an address emm did not hand out on that
+ * device is `EMM_ERR_INVALID_ARGUMENT`, and nothing is freed. Since ABI 306.
+ */
+emm_status emm_torch_release(void *ptr, int device);
 
 /**
  * PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from

@@ -32,12 +32,14 @@ struct LiveDevice {
 
 const LIVE_DEVICES: usize = 64;
 
+/// Each device's state once made (see [`live_device`]).
+static DEVICES: [OnceLock<Result<LiveDevice, (emm_status, String)>>; LIVE_DEVICES] =
+    [const { OnceLock::new() }; LIVE_DEVICES];
+
 /// The device's state, created on first use, or the status of why it cannot be
 /// (recorded again for `emm_last_error` at every call, as each caller needs it): a
 /// device outside `0..64`, or no manager could be made.
 fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
-    static DEVICES: [OnceLock<Result<LiveDevice, (emm_status, String)>>; LIVE_DEVICES] =
-        [const { OnceLock::new() }; LIVE_DEVICES];
     let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
         return Err(invalid(format!(
             "device {device} is outside 0..{LIVE_DEVICES}"
@@ -87,18 +89,46 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
         Ok(d) => d,
         Err(code) => return code,
     };
-    // The lock is released before the allocation is dropped (freed).
-    let (found, used_on) = {
-        let mut live = lock(&d.live);
-        let found = live.remove(ptr);
-        let used_on = found.as_ref().map_or_else(Vec::new, |_| d.uses.take(ptr));
-        (found, used_on)
-    };
-    let Some(mut a) = found else {
+    let Some((a, used_on)) = take_live(d, ptr) else {
         return invalid(format!(
             "{what}: {ptr:#x} is not an emm allocation of device {device}"
         ));
     };
+    release_taken(what, d, a, used_on, stream)
+}
+
+/// [`live_free`] on the allocation's own stream, on whichever device whose state
+/// exists holds `ptr` (the devices in order).
+fn live_free_any(what: &str, ptr: u64) -> emm_status {
+    for d in DEVICES.iter().filter_map(|slot| slot.get()?.as_ref().ok()) {
+        if let Some((a, used_on)) = take_live(d, ptr) {
+            return release_taken(what, d, a, used_on, None);
+        }
+    }
+    invalid(format!(
+        "{what}: {ptr:#x} is not an emm allocation of any device"
+    ))
+}
+
+/// Takes the live allocation at `ptr` out of `d`'s table, with the other streams
+/// it was used on. The lock is released on return, before the allocation is
+/// dropped (freed).
+fn take_live(d: &LiveDevice, ptr: u64) -> Option<(DeviceAllocation, Vec<CUstream>)> {
+    let mut live = lock(&d.live);
+    let a = live.remove(ptr)?;
+    let used_on = d.uses.take(ptr);
+    Some((a, used_on))
+}
+
+/// Frees `a`, taken out of `d`'s table: ordered on `stream` (its own when `None`),
+/// after the work queued so far on each of `used_on`.
+fn release_taken(
+    what: &str,
+    d: &LiveDevice,
+    mut a: DeviceAllocation,
+    used_on: Vec<CUstream>,
+    stream: Option<CUstream>,
+) -> emm_status {
     if let Some(s) = stream {
         a.set_stream(s);
     }
@@ -167,7 +197,10 @@ fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
 /// PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
 /// the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
 /// "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
-/// failure (PyTorch then raises its out-of-memory error); `emm_last_error` says why.
+/// failure; `emm_last_error` says why. (emm's own allocator object, which
+/// `emm.torch.install()` sets up, raises `torch.OutOfMemoryError` with that reason;
+/// PyTorch's `CUDAPluggableAllocator` does not check, and hands out a tensor at
+/// address 0.)
 #[no_mangle]
 pub extern "C" fn emm_torch_alloc(
     size: ssize_t,
@@ -215,6 +248,29 @@ pub extern "C" fn emm_torch_free(
             )
         })
     });
+}
+
+/// Frees `ptr` from [`emm_torch_alloc`] on `device` (-1: whichever device holds
+/// it), ordered on the stream it was allocated on, after the work queued so far on
+/// every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
+/// the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
+/// from `python/emm/_torch_native.cpp`), which knows neither the size nor the
+/// stream. A null `ptr` does nothing; an address emm did not hand out on that
+/// device is `EMM_ERR_INVALID_ARGUMENT`, and nothing is freed. Since ABI 306.
+#[no_mangle]
+pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_status {
+    timing::timed(Hook::Free, || {
+        guard(|| {
+            if ptr.is_null() {
+                return EMM_OK;
+            }
+            if device == -1 {
+                live_free_any("emm_torch_release", ptr as u64)
+            } else {
+                live_free("emm_torch_release", device, ptr as u64, None)
+            }
+        })
+    })
 }
 
 /// PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from

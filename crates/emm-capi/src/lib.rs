@@ -89,7 +89,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 305;
+pub const ABI_VERSION: c_int = 306;
 
 thread_local! {
     pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -236,7 +236,8 @@ pub(crate) fn manager_for(
 /// `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
 /// (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
 /// memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
-/// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`.
+/// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
+/// `emm_torch_release` (the deleter of `emm.torch`'s own allocator object).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

@@ -787,4 +787,73 @@ mod standin {
         standin.reset().unwrap();
         println!("{} record_stream stand-in cases", cases() - before);
     }
+
+    /// `emm_torch_release` (the deleter of emm's own PyTorch allocator object):
+    /// frees on the block's own stream, on the device named or (-1) whichever holds
+    /// it, after the work of the streams it was used on; a null address does
+    /// nothing; a foreign, freed or other device's address is refused and frees
+    /// nothing.
+    #[test]
+    fn torch_release_frees_on_the_blocks_own_stream_on_the_standin() {
+        let standin = standin();
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let calls = |f: &str| standin.calls(f).unwrap();
+        let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
+        let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+        let side_ptr = side.raw().0;
+
+        case("null", emm_torch_release(null_mut(), 0), EMM_OK);
+        case(
+            "null, any device",
+            emm_torch_release(null_mut(), -1),
+            EMM_OK,
+        );
+        case("foreign", emm_torch_release(0x10 as *mut c_void, 0), inv);
+        case(
+            "foreign, any device",
+            emm_torch_release(0x10 as *mut c_void, -1),
+            inv,
+        );
+        case(
+            "device out of range",
+            emm_torch_release(0x10 as *mut c_void, 64),
+            inv,
+        );
+
+        // Allocated on the side stream; released with no stream named: the block
+        // goes back on the side stream, so the same stream gets it again at once.
+        let p = emm_torch_alloc(8192, 0, side_ptr);
+        assert!(!p.is_null(), "{}", last_message());
+        case("release", emm_torch_release(p, 0), EMM_OK);
+        case("double release", emm_torch_release(p, 0), inv);
+        case("double release, any device", emm_torch_release(p, -1), inv);
+        let again = emm_torch_alloc(8192, 0, side_ptr);
+        assert_eq!(
+            again, p,
+            "the side stream's own freed block comes back to it"
+        );
+
+        // -1 finds the device; a device the stand-in lacks frees nothing.
+        let other = emm_torch_release(again, 1);
+        assert!(
+            other != EMM_OK && other != EMM_ERR_PANIC,
+            "device 1: {other}"
+        );
+        case("any device", emm_torch_release(again, -1), EMM_OK);
+        case("gone", emm_torch_release(again, -1), inv);
+
+        // A use on another stream is waited for, as emm_torch_free does.
+        let q = emm_torch_alloc(4096, 0, null_mut());
+        case("record q", emm_torch_record_stream(q, 0, side_ptr), EMM_OK);
+        let waits = calls("cuStreamWaitEvent");
+        case("release q", emm_torch_release(q, -1), EMM_OK);
+        assert_eq!(
+            calls("cuStreamWaitEvent"),
+            waits + 1,
+            "one wait, for the side stream"
+        );
+        standin.reset().unwrap();
+        println!("{} torch_release stand-in cases", cases() - before);
+    }
 }

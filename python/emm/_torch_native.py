@@ -1,0 +1,167 @@
+"""Builds and loads ``_torch_native.cpp``: emm's allocator object for PyTorch, a
+subclass of PyTorch's pluggable allocator whose ``allocate`` and deleter call emm
+directly instead of keeping a second map of live addresses under a mutex.
+
+The library is compiled against the PyTorch it runs with (its headers and
+libraries, the C++ compiler in ``CXX`` or ``c++``; no ninja), once per PyTorch
+build and source, into ``EMM_CACHE_DIR`` (else ``$XDG_CACHE_HOME/emm``, else
+``~/.cache/emm``). Any step that cannot be done raises :class:`NativeUnavailable`
+saying which and why; ``emm.torch.install`` then uses PyTorch's pluggable
+allocator instead and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, List, Optional
+
+SOURCE = pathlib.Path(__file__).with_name("_torch_native.cpp")
+
+# The PyTorch libraries the subclass needs: the pluggable allocator's class
+# (libtorch_cuda), CUDA streams and devices (libc10_cuda), exceptions (libc10).
+LIBRARIES = ("torch_cuda", "c10_cuda", "c10")
+
+# Seconds a compile may take before it is given up.
+COMPILE_TIMEOUT = 600
+
+
+class NativeUnavailable(RuntimeError):
+    """The native allocator object cannot be built or installed here; the message
+    says which step failed and why."""
+
+
+def cache_dir() -> pathlib.Path:
+    """Where built libraries are kept."""
+    explicit = os.environ.get("EMM_CACHE_DIR")
+    if explicit:
+        return pathlib.Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return base / "emm"
+
+
+def _cuda_includes(torch: Any) -> List[str]:
+    """Directories holding ``cuda_runtime_api.h``: the CUDA toolkit PyTorch finds,
+    and the include folders of NVIDIA's pip packages beside PyTorch."""
+    found: List[str] = []
+    try:
+        from torch.utils import cpp_extension
+
+        home = cpp_extension.CUDA_HOME
+        if home:
+            found.append(os.path.join(home, "include"))
+    except Exception:  # noqa: BLE001 - an odd PyTorch install: try the pip layout
+        pass
+    for entry in sys.path:
+        nvidia = pathlib.Path(entry) / "nvidia"
+        if nvidia.is_dir():
+            found.extend(str(p) for p in sorted(nvidia.glob("*/include")) if p.is_dir())
+    return [d for d in found if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
+
+
+def compile_command(torch: Any, output: pathlib.Path) -> List[str]:
+    """The compiler command that builds the library at ``output`` against ``torch``."""
+    torch_dir = pathlib.Path(torch.__file__).parent
+    include = torch_dir / "include"
+    lib = torch_dir / "lib"
+    if not (include / "torch" / "csrc" / "cuda" / "CUDAPluggableAllocator.h").is_file():
+        raise NativeUnavailable(
+            f"PyTorch at {torch_dir} has no torch/csrc/cuda/CUDAPluggableAllocator.h under {include}"
+        )
+    cuda = _cuda_includes(torch)
+    if not cuda:
+        raise NativeUnavailable(
+            "no cuda_runtime_api.h found (set CUDA_HOME to a CUDA toolkit, or install "
+            "NVIDIA's nvidia-cuda-runtime package)"
+        )
+    cxx = os.environ.get("CXX") or "c++"
+    if shutil.which(cxx) is None:
+        raise NativeUnavailable(f"no C++ compiler: `{cxx}` is not on PATH (set CXX)")
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return [
+        cxx, "-O2", "-std=c++17", "-shared", "-fPIC",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+        *(f"-I{d}" for d in cuda),
+        str(SOURCE), "-o", str(output),
+        f"-L{lib}", f"-Wl,-rpath,{lib}", *(f"-l{name}" for name in LIBRARIES),
+    ]
+
+
+def _key(torch: Any) -> str:
+    """What the built library depends on: the source, PyTorch's build, the compiler."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, str(getattr(torch.version, "cuda", None)),
+                 str(pathlib.Path(torch.__file__).parent), os.environ.get("CXX") or "c++"):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
+
+
+def build(torch: Any) -> pathlib.Path:
+    """The library for ``torch``: the cached one, else compiled now (tens of
+    seconds, once). Raises :class:`NativeUnavailable`."""
+    if not SOURCE.is_file():
+        raise NativeUnavailable(f"{SOURCE} is missing from the emm package")
+    out = cache_dir() / "torch-native" / f"emm_torch_native-{_key(torch)}.so"
+    if out.is_file():
+        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NativeUnavailable(f"cannot create the cache folder {out.parent}: {e}") from e
+    # Built beside its final name and renamed into place, so that two processes
+    # building at once never load a half-written library.
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=out.stem + ".", suffix=".tmp.so")
+    os.close(fd)
+    tmp = pathlib.Path(tmp_name)
+    try:
+        cmd = compile_command(torch, tmp)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NativeUnavailable(f"compiling {SOURCE.name} failed to run: {e}") from e
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-12:]
+            raise NativeUnavailable(
+                f"compiling {SOURCE.name} failed (exit {r.returncode}): " + " | ".join(tail)
+            )
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def install(torch: Any, lib: ctypes.CDLL, path: Optional[pathlib.Path] = None) -> pathlib.Path:
+    """Builds (or finds) the library, loads it and makes PyTorch's CUDA allocator
+    the native one over ``lib`` (libemm_capi). Returns the library's path. Raises
+    :class:`NativeUnavailable`; PyTorch's allocator is unchanged then."""
+    path = path or build(torch)
+    try:
+        native = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeUnavailable(f"cannot load {path}: {e}") from e
+    try:
+        fn = native.emm_torch_native_install
+    except AttributeError as e:
+        raise NativeUnavailable(f"{path} does not export emm_torch_native_install: {e}") from e
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                 for name in ("emm_torch_alloc", "emm_torch_free", "emm_torch_release", "emm_last_error")]
+    err = ctypes.create_string_buffer(2048)
+    if fn(*addresses, err, len(err)) != 0:
+        raise NativeUnavailable(f"PyTorch refused emm's allocator: {err.value.decode(errors='replace')}")
+    # The library must stay loaded while PyTorch holds the allocator.
+    _LOADED.append(native)
+    return path
+
+
+_LOADED: List[ctypes.CDLL] = []

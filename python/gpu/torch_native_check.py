@@ -1,0 +1,95 @@
+"""emm's own PyTorch allocator object on a GPU (``emm.torch.install()``, the
+default path): it is the one installed, tensors through it hold the data written
+to them, on the current stream and on a side stream, emm's counters return to
+where they were when the tensors go, PyTorch's raw allocations (cuBLAS workspaces,
+``caching_allocator_alloc``) still work, an impossible request raises
+``torch.OutOfMemoryError`` with emm's reason, and training steps run.
+
+    EMM_LIBRARY=... PYTHONPATH=python python3 python/gpu/torch_native_check.py
+
+Prints ``torch_native_check: OK`` and exits 0, or says what failed and exits 1.
+"""
+import sys
+import time
+
+
+def main():
+    import emm.torch as et
+
+    t0 = time.perf_counter()
+    et.install(native=True)
+    built = time.perf_counter() - t0
+    import torch
+
+    assert et.installed() == "native", et.installed()
+    print(f"installed emm's own allocator object in {built:.1f} s "
+          f"(a compile the first time, then the cached library)")
+    dev = torch.device("cuda", 0)
+    base = et.memory_allocated(dev)
+
+    # Data survives, sizes from 1 byte to 1 GiB, on the current stream.
+    kept = []
+    for n in (1, 511, 512, 4097, 1 << 20, (1 << 20) + 3, 64 << 20, 1 << 30):
+        x = torch.empty(n, dtype=torch.uint8, device=dev)
+        x.copy_(torch.arange(n, device=dev, dtype=torch.int64).remainder(251).to(torch.uint8))
+        kept.append((n, x))
+    for n, x in kept:
+        want = torch.arange(n, device=dev, dtype=torch.int64).remainder(251).to(torch.uint8)
+        assert torch.equal(x, want), f"{n} bytes: data changed"
+    assert et.memory_allocated(dev) > base
+    del kept, x, want
+    torch.cuda.synchronize(dev)
+    assert et.memory_allocated(dev) == base, (et.memory_allocated(dev), base)
+
+    # A side stream: allocated and freed there, data intact.
+    s = torch.cuda.Stream(dev)
+    with torch.cuda.stream(s):
+        y = torch.full((1 << 22,), 7.0, device=dev)
+        z = y * 3
+    s.synchronize()
+    assert float(z.sum()) == 21.0 * (1 << 22)
+    del y, z
+    torch.cuda.synchronize(dev)
+    assert et.memory_allocated(dev) == base
+
+    # PyTorch's raw path (kept by PyTorch's own bookkeeping, freed through emm).
+    p = torch.cuda.caching_allocator_alloc(3 << 20, device=0)
+    assert p != 0
+    torch.cuda.caching_allocator_delete(p)
+    a = torch.randn(2048, 2048, device=dev)
+    b = a @ a  # cuBLAS may take a workspace through the raw path
+    assert torch.isfinite(b).all()
+    del a, b
+
+    # Out of memory: PyTorch's exception type, with emm's reason.
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device=dev)
+    except torch.OutOfMemoryError as e:
+        assert "emm could not allocate" in str(e), str(e)
+        print(f"out of memory raised as expected: {str(e).splitlines()[0][:160]}")
+    else:
+        raise AssertionError("a 1 PiB tensor did not raise torch.OutOfMemoryError")
+
+    # A few training steps; gradients and optimizer state come and go.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(dev)
+    opt = torch.optim.AdamW(model.parameters())
+    for step in range(20):
+        x = torch.randn(64 + step, 512, device=dev)
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize(dev)
+    assert torch.isfinite(loss)
+    print(f"20 training steps, loss {float(loss):.5f}; allocated {et.memory_allocated(dev)} B, "
+          f"peak reserved {et.max_memory_reserved(dev)} B")
+    print("torch_native_check: OK")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"torch_native_check: FAILED: {e}")
+        sys.exit(1)

@@ -1,0 +1,223 @@
+"""emm's own PyTorch allocator object without PyTorch or a GPU: its C++ source
+agrees with include/emm.h, building it fails with a reason that says which step
+(no headers, no compiler, a failed compile) and leaves nothing half-written behind,
+a built library is reused, and ``emm.torch.install`` falls back to PyTorch's
+pluggable allocator with a warning (or raises, or skips the attempt, as asked).
+The object itself runs on the GPU machine: python/gpu/torch_native_check.py."""
+
+import os
+import pathlib
+import re
+import sys
+import types
+import warnings
+
+import pytest
+
+import emm
+import emm.torch as et
+from emm import _torch_native as tn
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HEADER = ROOT / "crates" / "emm-capi" / "include" / "emm.h"
+
+
+def _params(decl: str) -> list:
+    """The parameter types of a C declaration's parameter list, names dropped."""
+    out = []
+    for p in decl.split(","):
+        p = re.sub(r"\s+", " ", p.replace("*", " * ")).strip()
+        words = p.split(" ")
+        out.append(" ".join(words[:-1]).replace(" *", "*"))
+    return out
+
+
+@pytest.mark.parametrize("function,alias", [
+    ("emm_torch_alloc", "AllocFn"),
+    ("emm_torch_free", "FreeFn"),
+    ("emm_torch_release", "ReleaseFn"),
+    ("emm_last_error", "LastErrorFn"),
+])
+def test_the_sources_function_types_are_the_headers(function, alias):
+    header = HEADER.read_text()
+    m = re.search(r"\n(\w[\w\s\*]*?)\s*\*?\s*\b" + function + r"\(([^)]*)\);", header)
+    assert m, f"{function} is not declared in {HEADER}"
+    h_ret = m.group(0).split(function)[0].strip().replace(" *", "*").replace("*", "*")
+    src = tn.SOURCE.read_text()
+    s = re.search(r"using " + alias + r" = ([\w\s\*]+?)\s*\(\*\)\(([^)]*)\);", src)
+    assert s, f"{alias} is not in {tn.SOURCE}"
+    s_ret = s.group(1).strip().replace(" *", "*")
+    norm = {"emm_status": "int"}
+    assert norm.get(h_ret, h_ret).replace(" ", "") == s_ret.replace(" ", ""), (h_ret, s_ret)
+    assert _params(m.group(2)) == _params(s.group(2)), (m.group(2), s.group(2))
+
+
+def fake_torch(tmp_path: pathlib.Path, headers: bool = True) -> types.SimpleNamespace:
+    """A stand-in for the ``torch`` module with the layout of a PyTorch install."""
+    pkg = tmp_path / "torch"
+    inc = pkg / "include" / "torch" / "csrc" / "cuda"
+    inc.mkdir(parents=True)
+    if headers:
+        (inc / "CUDAPluggableAllocator.h").write_text("#pragma once\n")
+    cuda = tmp_path / "cuda" / "include"
+    cuda.mkdir(parents=True)
+    (cuda / "cuda_runtime_api.h").write_text("#pragma once\n")
+    (pkg / "lib").mkdir()
+    return types.SimpleNamespace(
+        __file__=str(pkg / "__init__.py"), __version__="2.99.0+test",
+        version=types.SimpleNamespace(cuda="13.0"),
+        _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True),
+        _cuda_include=str(cuda),
+    )
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("EMM_CACHE_DIR", str(d))
+    monkeypatch.setattr(tn, "_cuda_includes", lambda torch: [torch._cuda_include])
+    return d
+
+
+def test_missing_headers_say_where_they_were_looked_for(tmp_path, cache):
+    torch = fake_torch(tmp_path, headers=False)
+    with pytest.raises(tn.NativeUnavailable, match="CUDAPluggableAllocator.h"):
+        tn.build(torch)
+
+
+def test_a_missing_compiler_is_named(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(tn.NativeUnavailable, match=r"no C\+\+ compiler.*no-such-compiler"):
+        tn.build(fake_torch(tmp_path))
+
+
+def test_a_failed_compile_leaves_nothing_behind(tmp_path, cache, monkeypatch):
+    compiler = tmp_path / "cxx"
+    compiler.write_text("#!/bin/sh\necho 'error: this compiler refuses' >&2\nexit 3\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    with pytest.raises(tn.NativeUnavailable, match=r"exit 3.*this compiler refuses"):
+        tn.build(fake_torch(tmp_path))
+    assert list((cache / "torch-native").iterdir()) == []
+
+
+def test_the_command_builds_against_the_torch_given(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("CXX", sys.executable)  # any program on PATH
+    torch = fake_torch(tmp_path)
+    cmd = tn.compile_command(torch, tmp_path / "out.so")
+    base = pathlib.Path(torch.__file__).parent
+    assert cmd[0] == sys.executable
+    assert f"-I{base / 'include'}" in cmd and f"-I{torch._cuda_include}" in cmd
+    assert f"-L{base / 'lib'}" in cmd and f"-Wl,-rpath,{base / 'lib'}" in cmd
+    assert "-D_GLIBCXX_USE_CXX11_ABI=1" in cmd
+    assert {"-ltorch_cuda", "-lc10_cuda", "-lc10"} <= set(cmd)
+    assert str(tn.SOURCE) in cmd and cmd[cmd.index("-o") + 1] == str(tmp_path / "out.so")
+
+
+def test_a_built_library_is_reused_and_a_new_torch_builds_again(tmp_path, cache, monkeypatch):
+    compiler = tmp_path / "cxx"
+    log = tmp_path / "calls"
+    # Writes the output file (the argument after -o) and counts its calls.
+    compiler.write_text(
+        "#!/bin/sh\necho x >> " + str(log) + "\n"
+        "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then shift; echo lib > \"$1\"; fi; shift; done\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    torch = fake_torch(tmp_path)
+    first = tn.build(torch)
+    assert first.is_file() and first.parent == cache / "torch-native"
+    assert tn.build(torch) == first
+    assert log.read_text().count("x") == 1, "the cached library is reused"
+    torch.__version__ = "3.0.0+test"
+    second = tn.build(torch)
+    assert second != first and log.read_text().count("x") == 2
+
+
+class _Recorder:
+    """A stand-in for ``torch`` that records which allocator was installed."""
+
+    def __init__(self):
+        self.changed = []
+        rec = self
+
+        class Pluggable:
+            def __init__(self, path, alloc, free):
+                self.names = (path, alloc, free)
+
+        class Tensor:
+            def record_stream(self, stream):
+                pass
+
+        def change(alloc):
+            rec.changed.append(alloc.names)
+
+        self.Tensor = Tensor
+        self.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+            CUDAPluggableAllocator=Pluggable, change_current_allocator=change,
+            _get_current_allocator=lambda: "current"))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setitem(sys.modules, "torch", rec)
+    monkeypatch.setattr(et, "_INSTALLED", None)
+    monkeypatch.delenv("EMM_TORCH_NATIVE", raising=False)
+    return rec
+
+
+def test_install_falls_back_to_the_pluggable_allocator_and_says_why(recorder, monkeypatch):
+    def unavailable(torch, lib):
+        raise tn.NativeUnavailable("no C++ compiler: `c++` is not on PATH")
+
+    monkeypatch.setattr(tn, "install", unavailable)
+    with pytest.warns(emm.EmmWarning, match="unavailable.*no C\\+\\+ compiler.*CUDAPluggableAllocator"):
+        assert et.install() == "current"
+    assert et.installed() == "pluggable"
+    assert recorder.changed == [(str(emm.library_path()), "emm_torch_alloc", "emm_torch_free")]
+
+
+def test_install_native_true_raises_instead(recorder, monkeypatch):
+    def unavailable(torch, lib):
+        raise tn.NativeUnavailable("PyTorch refused emm's allocator: already initialized")
+
+    monkeypatch.setattr(tn, "install", unavailable)
+    with pytest.raises(tn.NativeUnavailable, match="already initialized"):
+        et.install(native=True)
+    assert recorder.changed == [] and et.installed() is None
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_the_pluggable_allocator_can_be_asked_for(recorder, monkeypatch, how):
+    def must_not_run(torch, lib):
+        raise AssertionError("the native object was attempted")
+
+    monkeypatch.setattr(tn, "install", must_not_run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if how == "argument":
+            et.install(native=False)
+        else:
+            monkeypatch.setenv("EMM_TORCH_NATIVE", "0")
+            et.install()
+    assert et.installed() == "pluggable" and len(recorder.changed) == 1
+
+
+def test_install_uses_the_native_object_when_it_builds(recorder, monkeypatch):
+    seen = []
+    monkeypatch.setattr(tn, "install", lambda torch, lib: seen.append((torch, lib)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert et.install() == "current"
+    assert et.installed() == "native"
+    assert recorder.changed == [], "PyTorch's pluggable allocator was not made"
+    assert seen and seen[0][0] is recorder
+
+
+def test_the_source_ships_with_the_package():
+    assert tn.SOURCE.is_file()
+    assert tn.SOURCE.parent == pathlib.Path(et.__file__).parent
+    assert "emm_torch_native_install" in tn.SOURCE.read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "_torch_native.cpp" in pyproject, "package data must list the C++ source"
+    assert os.path.basename(str(tn.SOURCE)) == "_torch_native.cpp"
