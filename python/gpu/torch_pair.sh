@@ -9,6 +9,7 @@ ABI=$(python3 -c "import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=$ABI python/gpu/torch_pair.cpp -o /tmp/torch_pair \
   -I$T/include -I$T/include/torch/csrc/api/include -I/usr/local/cuda/include \
   -L$T/lib -ltorch_cuda -ltorch -ltorch_cpu -lc10_cuda -lc10 -Lgpu-bundle/lib -lemm_capi \
+  -L/usr/local/cuda/lib64 -lcudart \
   -Wl,-rpath,$T/lib -Wl,-rpath,$PWD/gpu-bundle/lib
 /tmp/torch_pair
 for r in $(seq "${ROUNDS:-5}"); do
