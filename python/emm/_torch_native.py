@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, List, Optional
+from typing import Any, List
 
 SOURCE = pathlib.Path(__file__).with_name("_torch_native.cpp")
 
@@ -35,6 +35,11 @@ COMPILE_TIMEOUT = 600
 class NativeUnavailable(RuntimeError):
     """The native allocator object cannot be built or installed here; the message
     says which step failed and why."""
+
+
+class Refused(NativeUnavailable):
+    """PyTorch refused to swap its allocator (it has handed out memory already):
+    PyTorch's pluggable allocator would be refused too."""
 
 
 def cache_dir() -> pathlib.Path:
@@ -99,14 +104,24 @@ def _key(torch: Any) -> str:
     """What the built library depends on: the source, PyTorch's build, the compiler."""
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (torch.__version__, str(getattr(torch.version, "cuda", None)),
+                 str(getattr(torch.version, "git_version", None)),
                  str(pathlib.Path(torch.__file__).parent), os.environ.get("CXX") or "c++"):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:16]
 
 
 def build(torch: Any) -> pathlib.Path:
-    """The library for ``torch``: the cached one, else compiled now (tens of
-    seconds, once). Raises :class:`NativeUnavailable`."""
+    """The library for ``torch``: the cached one, else compiled now (a few seconds
+    to a minute, once). Raises :class:`NativeUnavailable`."""
+    try:
+        return _build(torch)
+    except NativeUnavailable:
+        raise
+    except (OSError, UnicodeError, RuntimeError, ValueError) as e:
+        raise NativeUnavailable(f"building {SOURCE.name} failed: {e}") from e
+
+
+def _build(torch: Any) -> pathlib.Path:
     if not SOURCE.is_file():
         raise NativeUnavailable(f"{SOURCE} is missing from the emm package")
     out = cache_dir() / "torch-native" / f"emm_torch_native-{_key(torch)}.so"
@@ -124,7 +139,8 @@ def build(torch: Any) -> pathlib.Path:
     try:
         cmd = compile_command(torch, tmp)
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+            r = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                               timeout=COMPILE_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise NativeUnavailable(f"compiling {SOURCE.name} failed to run: {e}") from e
         if r.returncode != 0:
@@ -139,15 +155,25 @@ def build(torch: Any) -> pathlib.Path:
     return out
 
 
-def install(torch: Any, lib: ctypes.CDLL, path: Optional[pathlib.Path] = None) -> pathlib.Path:
+def install(torch: Any, lib: ctypes.CDLL) -> pathlib.Path:
     """Builds (or finds) the library, loads it and makes PyTorch's CUDA allocator
-    the native one over ``lib`` (libemm_capi). Returns the library's path. Raises
-    :class:`NativeUnavailable`; PyTorch's allocator is unchanged then."""
-    path = path or build(torch)
+    the native one over ``lib`` (libemm_capi). Returns the library's path. A cached
+    library that does not load is built again once. Raises :class:`Refused` when
+    PyTorch refuses the swap, :class:`NativeUnavailable` for anything else;
+    PyTorch's allocator is unchanged then."""
+    path = build(torch)
     try:
         native = ctypes.CDLL(str(path))
-    except OSError as e:
-        raise NativeUnavailable(f"cannot load {path}: {e}") from e
+    except OSError as first:
+        try:
+            path.unlink()
+        except OSError as e:
+            raise NativeUnavailable(f"cannot load {path} ({first}) nor remove it: {e}") from e
+        path = build(torch)
+        try:
+            native = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise NativeUnavailable(f"cannot load {path}, built again: {e}") from e
     try:
         fn = native.emm_torch_native_install
     except AttributeError as e:
@@ -155,10 +181,14 @@ def install(torch: Any, lib: ctypes.CDLL, path: Optional[pathlib.Path] = None) -
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
     fn.restype = ctypes.c_int
     addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                 for name in ("emm_torch_alloc", "emm_torch_free", "emm_torch_release", "emm_last_error")]
+                 for name in ("emm_torch_alloc", "emm_torch_release", "emm_last_error",
+                              "emm_last_error_code")]
     err = ctypes.create_string_buffer(2048)
-    if fn(*addresses, err, len(err)) != 0:
-        raise NativeUnavailable(f"PyTorch refused emm's allocator: {err.value.decode(errors='replace')}")
+    status = fn(*addresses, err, len(err))
+    if status == 2:
+        raise Refused(f"PyTorch refused emm's allocator: {err.value.decode(errors='replace')}")
+    if status != 0:
+        raise NativeUnavailable(err.value.decode(errors="replace"))
     # The library must stay loaded while PyTorch holds the allocator.
     _LOADED.append(native)
     return path

@@ -65,9 +65,11 @@ def install(native: Optional[bool] = None) -> Any:
 
     ``native`` picks the allocator object. ``None`` (the default): emm's own, built on
     first use (a C++ compiler, PyTorch's headers and a CUDA runtime header are
-    needed; about a minute, once per PyTorch build), else PyTorch's pluggable
+    needed; seconds to a minute, once per PyTorch build), else PyTorch's pluggable
     allocator with an :class:`~emm.EmmWarning` saying why. ``True``: emm's own or
-    :class:`emm._torch_native.NativeUnavailable`. ``False``, or the environment
+    :class:`emm._torch_native.NativeUnavailable`. When PyTorch refuses the swap
+    (it has handed out memory already), :class:`emm._torch_native.Refused` in
+    every case. A second call returns the allocator the first installed. ``False``, or the environment
     variable ``EMM_TORCH_NATIVE=0``: PyTorch's pluggable allocator. Both run the
     same manager; emm's own skips the pluggable allocator's second map of live
     addresses (a heap node and a process-wide lock on every allocation and free),
@@ -79,6 +81,8 @@ def install(native: Optional[bool] = None) -> Any:
     global _INSTALLED
     import torch
 
+    if _INSTALLED is not None:
+        return torch.cuda.memory._get_current_allocator()
     if native is None and os.environ.get("EMM_TORCH_NATIVE", "").strip() == "0":
         native = False
     kind = "pluggable"
@@ -86,6 +90,8 @@ def install(native: Optional[bool] = None) -> Any:
         try:
             _torch_native.install(torch, load())
             kind = "native"
+        except _torch_native.Refused:
+            raise  # PyTorch's pluggable allocator would be refused as well
         except _torch_native.NativeUnavailable as e:
             if native:
                 raise

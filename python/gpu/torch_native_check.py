@@ -52,12 +52,13 @@ def main():
     torch.cuda.synchronize(dev)
     assert et.memory_allocated(dev) == base
 
-    # PyTorch's raw path (kept by PyTorch's own bookkeeping, freed through emm).
+    # PyTorch's raw path goes through emm's table as well.
     p = torch.cuda.caching_allocator_alloc(3 << 20, device=0)
-    assert p != 0
+    assert p != 0 and et.memory_allocated(dev) > base
     torch.cuda.caching_allocator_delete(p)
+    assert et.memory_allocated(dev) == base
     a = torch.randn(2048, 2048, device=dev)
-    b = a @ a  # cuBLAS may take a workspace through the raw path
+    b = a @ a  # cuBLAS's workspace comes through allocate()
     assert torch.isfinite(b).all()
     del a, b
 

@@ -37,6 +37,7 @@ void *emm_torch_alloc(ssize_t size, int device, void *stream);
 void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 int emm_torch_release(void *ptr, int device);
 size_t emm_last_error(char *buf, size_t len);
+int emm_last_error_code(void);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -93,8 +94,8 @@ static int tensor_main(const char *variant) {
             [](void *p, size_t n, int dev, cudaStream_t s) { emm_torch_free(p, (ssize_t)n, dev, s); }));
   } else if (std::strcmp(variant, "emm-object") == 0) {
     char err[512] = {0};
-    if (emm_torch_native_install((void *)&emm_torch_alloc, (void *)&emm_torch_free,
-                                 (void *)&emm_torch_release, (void *)&emm_last_error, err,
+    if (emm_torch_native_install((void *)&emm_torch_alloc, (void *)&emm_torch_release,
+                                 (void *)&emm_last_error, (void *)&emm_last_error_code, err,
                                  sizeof err) != 0) {
       fprintf(stderr, "emm_torch_native_install: %s\n", err);
       return 1;

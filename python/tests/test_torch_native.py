@@ -34,7 +34,7 @@ def _params(decl: str) -> list:
 
 @pytest.mark.parametrize("function,alias", [
     ("emm_torch_alloc", "AllocFn"),
-    ("emm_torch_free", "FreeFn"),
+    ("emm_last_error_code", "LastErrorCodeFn"),
     ("emm_torch_release", "ReleaseFn"),
     ("emm_last_error", "LastErrorFn"),
 ])
@@ -175,6 +175,36 @@ def test_install_falls_back_to_the_pluggable_allocator_and_says_why(recorder, mo
         assert et.install() == "current"
     assert et.installed() == "pluggable"
     assert recorder.changed == [(str(emm.library_path()), "emm_torch_alloc", "emm_torch_free")]
+
+
+def test_a_refusal_by_pytorch_is_raised_without_trying_the_pluggable_path(recorder, monkeypatch):
+    def refused(torch, lib):
+        raise tn.Refused("PyTorch refused emm's allocator: Can't swap an already initialized allocator")
+
+    monkeypatch.setattr(tn, "install", refused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(tn.Refused, match="already initialized"):
+            et.install()
+    assert recorder.changed == [] and et.installed() is None
+
+
+def test_a_second_install_returns_the_first(recorder, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tn, "install", lambda torch, lib: calls.append(1))
+    assert et.install() == "current" and et.install() == "current"
+    assert calls == [1] and et.installed() == "native"
+
+
+def test_an_unwritable_cache_is_a_reason_not_a_crash(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("CXX", sys.executable)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(cache))
+
+    monkeypatch.setattr(tn.tempfile, "mkstemp", refuse)
+    with pytest.raises(tn.NativeUnavailable, match="Permission denied"):
+        tn.build(fake_torch(tmp_path))
 
 
 def test_install_native_true_raises_instead(recorder, monkeypatch):

@@ -460,8 +460,11 @@ void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
  * the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
  * from `python/emm/_torch_native.cpp`), which knows neither the size nor the
- * stream. A null `ptr` does nothing; an address emm did not hand out on that
- * device is `EMM_ERR_INVALID_ARGUMENT`, and nothing is freed. Since ABI 306.
+ * stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
+ * did not hand out on that device (or on any, for -1) is
+ * `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
+ * set up for it). Every failure is also logged as a warning (`EMM_LOG`). Since
+ * ABI 306.
  */
 emm_status emm_torch_release(void *ptr, int device);
 

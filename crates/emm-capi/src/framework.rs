@@ -255,21 +255,46 @@ pub extern "C" fn emm_torch_free(
 /// every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
 /// the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
 /// from `python/emm/_torch_native.cpp`), which knows neither the size nor the
-/// stream. A null `ptr` does nothing; an address emm did not hand out on that
-/// device is `EMM_ERR_INVALID_ARGUMENT`, and nothing is freed. Since ABI 306.
+/// stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
+/// did not hand out on that device (or on any, for -1) is
+/// `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
+/// set up for it). Every failure is also logged as a warning (`EMM_LOG`). Since
+/// ABI 306.
 #[no_mangle]
 pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_status {
     timing::timed(Hook::Free, || {
-        guard(|| {
+        let code = guard(|| {
             if ptr.is_null() {
                 return EMM_OK;
             }
+            let what = "emm_torch_release";
             if device == -1 {
-                live_free_any("emm_torch_release", ptr as u64)
-            } else {
-                live_free("emm_torch_release", device, ptr as u64, None)
+                return live_free_any(what, ptr as u64);
             }
-        })
+            let known = usize::try_from(device)
+                .ok()
+                .and_then(|d| DEVICES.get(d)?.get()?.as_ref().ok());
+            match known {
+                Some(d) => match take_live(d, ptr as u64) {
+                    Some((a, used_on)) => release_taken(what, d, a, used_on, None),
+                    None => invalid(format!(
+                        "{what}: {:#x} is not an emm allocation of device {device}",
+                        ptr as u64
+                    )),
+                },
+                None => invalid(format!(
+                    "{what}: {:#x} is not an emm allocation of device {device} (emm has no allocation there)",
+                    ptr as u64
+                )),
+            }
+        });
+        if code != EMM_OK {
+            let msg = LAST_ERROR
+                .try_with(|e| e.borrow().1.clone())
+                .unwrap_or_default();
+            tracing::warn!("a tensor's free failed: {msg}");
+        }
+        code
     })
 }
 
