@@ -5,9 +5,10 @@ PyTorch's pluggable allocator (``_torch_native.cpp``, compiled against the PyTor
 in use on first use and cached) whose tensors are allocated and freed by
 ``emm_torch_alloc`` / ``emm_torch_release`` directly. Otherwise it is PyTorch's
 ``torch.cuda.memory.CUDAPluggableAllocator`` over ``emm_torch_alloc`` /
-``emm_torch_free``, which also keeps a map of every live address under a lock of its
-own; :func:`install` says which (:func:`installed` too). The manager is the process's (``pool`` unless
-``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Importing this module does not import PyTorch.
+``emm_torch_free``, which also keeps a map of every live address under a lock of
+its own; :func:`installed` says which. The manager is the process's (``pool``
+unless ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Importing this
+module does not import PyTorch.
 
 Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()``,
 ``memory_summary()``, ``max_memory_reserved()`` and snapshots know nothing; this
@@ -63,17 +64,22 @@ def install(native: Optional[bool] = None) -> Any:
     """Makes PyTorch allocate CUDA memory through emm; returns PyTorch's allocator
     object (``torch.cuda.memory._get_current_allocator()``).
 
-    ``native`` picks the allocator object. ``None`` (the default): emm's own, built on
-    first use (a C++ compiler, PyTorch's headers and a CUDA runtime header are
-    needed; seconds to a minute, once per PyTorch build), else PyTorch's pluggable
-    allocator with an :class:`~emm.EmmWarning` saying why. ``True``: emm's own or
-    :class:`emm._torch_native.NativeUnavailable`. When PyTorch refuses the swap
-    (it has handed out memory already), :class:`emm._torch_native.Refused` in
-    every case. A second call returns the allocator the first installed. ``False``, or the environment
-    variable ``EMM_TORCH_NATIVE=0``: PyTorch's pluggable allocator. Both run the
-    same manager; emm's own skips the pluggable allocator's second map of live
-    addresses (a heap node and a process-wide lock on every allocation and free),
-    and raises ``torch.OutOfMemoryError`` with emm's reason when memory runs out.
+    ``native`` picks the allocator object:
+
+    - ``None`` (the default): emm's own, built on first use (a C++ compiler,
+      PyTorch's headers and a CUDA runtime header are needed; seconds to a minute,
+      once per PyTorch build), else PyTorch's pluggable allocator with an
+      :class:`~emm.EmmWarning` saying why.
+    - ``True``: emm's own, or :class:`emm._torch_native.NativeUnavailable`.
+    - ``False``, or the environment variable ``EMM_TORCH_NATIVE=0``: PyTorch's
+      pluggable allocator.
+
+    Both run the same manager; emm's own skips the pluggable allocator's second map
+    of live addresses (a heap node and a process-wide lock on every allocation and
+    free), and raises ``torch.OutOfMemoryError`` with emm's reason when memory runs
+    out. When PyTorch refuses the swap (it has handed out memory already),
+    :class:`emm._torch_native.Refused` is raised whatever ``native`` says. A second
+    call returns the allocator the first installed.
 
     Also routes ``torch.Tensor.record_stream`` to emm (see :func:`_route_record_stream`):
     PyTorch's pluggable allocator drops those calls, which would let memory still in

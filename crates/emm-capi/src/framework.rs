@@ -18,7 +18,7 @@ use crate::stream_uses::{self, StreamUses};
 use crate::timing::{self, Hook};
 use crate::{
     emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
-    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK, LAST_ERROR,
+    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK,
 };
 
 /// One device's manager and the allocations handed out by address.
@@ -53,9 +53,7 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
         }),
         Err(e) => {
             let code = fail(e);
-            let msg = LAST_ERROR
-                .try_with(|e| e.borrow().1.clone())
-                .unwrap_or_default();
+            let msg = crate::last_error_message();
             Err((code, msg))
         }
     });
@@ -271,27 +269,20 @@ pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_stat
             if device == -1 {
                 return live_free_any(what, ptr as u64);
             }
+            // Only a device emm has set up can hold it (a free sets none up).
             let known = usize::try_from(device)
                 .ok()
                 .and_then(|d| DEVICES.get(d)?.get()?.as_ref().ok());
-            match known {
-                Some(d) => match take_live(d, ptr as u64) {
-                    Some((a, used_on)) => release_taken(what, d, a, used_on, None),
-                    None => invalid(format!(
-                        "{what}: {:#x} is not an emm allocation of device {device}",
-                        ptr as u64
-                    )),
-                },
+            match known.and_then(|d| Some((d, take_live(d, ptr as u64)?))) {
+                Some((d, (a, used_on))) => release_taken(what, d, a, used_on, None),
                 None => invalid(format!(
-                    "{what}: {:#x} is not an emm allocation of device {device} (emm has no allocation there)",
+                    "{what}: {:#x} is not an emm allocation of device {device}",
                     ptr as u64
                 )),
             }
         });
         if code != EMM_OK {
-            let msg = LAST_ERROR
-                .try_with(|e| e.borrow().1.clone())
-                .unwrap_or_default();
+            let msg = crate::last_error_message();
             tracing::warn!("a tensor's free failed: {msg}");
         }
         code
@@ -427,9 +418,7 @@ pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int
             } else {
                 hooks.error_type
             };
-            let msg = LAST_ERROR
-                .try_with(|e| e.borrow().1.clone())
-                .unwrap_or_default();
+            let msg = crate::last_error_message();
             let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
             // SAFETY: `raise` is PyErr_SetString per emm_cupy_set_hooks, called with
             // the GIL held (CuPy holds it around its allocator) with a live type
@@ -459,9 +448,7 @@ pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_
     }
     let code = guard(|| live_free("emm_cupy_free", device, ptr as u64, None));
     if code != EMM_OK {
-        let msg = LAST_ERROR
-            .try_with(|e| e.borrow().1.clone())
-            .unwrap_or_default();
+        let msg = crate::last_error_message();
         tracing::error!("CuPy freed memory emm could not free: {msg}");
     }
 }

@@ -92,7 +92,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 pub const ABI_VERSION: c_int = 306;
 
 thread_local! {
-    pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
+    static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
     /// Requested, free and total bytes of the last failure when it was out of memory.
     static LAST_OOM: std::cell::Cell<Option<(usize, usize, usize)>> = const { std::cell::Cell::new(None) };
 }
@@ -101,6 +101,14 @@ pub(crate) fn set_error(code: emm_status, msg: String) -> emm_status {
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = (code, msg));
     let _ = LAST_OOM.try_with(|o| o.set(None));
     code
+}
+
+/// The message of this thread's last failure (empty when there is none, or while
+/// the thread is being torn down).
+pub(crate) fn last_error_message() -> String {
+    LAST_ERROR
+        .try_with(|e| e.borrow().1.clone())
+        .unwrap_or_default()
 }
 
 fn set_oom(requested: usize, free: usize, total: usize) {

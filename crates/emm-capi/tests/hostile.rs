@@ -684,6 +684,14 @@ mod standin {
         println!("{} managed stand-in cases", cases() - before);
     }
 
+    /// Device 0 of the stand-in and a stream of its own (the context must outlive
+    /// the stream).
+    fn side_stream() -> (emm_driver::Context, emm_driver::Stream) {
+        let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
+        let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+        (ctx, side)
+    }
+
     /// `emm_torch_record_stream`: a foreign address is refused; a block used on a
     /// side stream is freed only after its own stream waits for that stream (an
     /// event recorded there, `cuStreamWaitEvent` on its own), and by synchronizing
@@ -695,8 +703,7 @@ mod standin {
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
         let calls = |f: &str| standin.calls(f).unwrap();
-        let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
-        let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+        let (_ctx, side) = side_stream();
         let side_ptr = side.raw().0;
 
         case(
@@ -793,13 +800,12 @@ mod standin {
     /// of the streams it was used on; a null address does nothing; a foreign or
     /// freed address, or a device without it, is refused and frees nothing.
     #[test]
-    fn torch_release_frees_on_the_blocks_own_stream_on_the_standin() {
+    fn torch_release_frees_once_on_the_device_that_holds_it_on_the_standin() {
         let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
         let calls = |f: &str| standin.calls(f).unwrap();
-        let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
-        let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+        let (_ctx, side) = side_stream();
         let side_ptr = side.raw().0;
 
         case("null", emm_torch_release(null_mut(), 0), EMM_OK);
