@@ -172,8 +172,9 @@ _LIB: Optional[ctypes.CDLL] = None
 # The oldest C ABI (emm_abi_version) these bindings work with: 0.3.0, which added
 # emm_configure, emm_last_oom and the warning queue; 301 the memory tools; 302
 # EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator; 304 managed
-# memory; 305 emm_torch_record_stream; 306 emm_torch_release.
-ABI_NEEDED = 306
+# memory; 305 emm_torch_record_stream; 306 emm_torch_release; 307 PyTorch's memory
+# tools for the native object (emm_torch_memory_stats, ...).
+ABI_NEEDED = 307
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1

@@ -10,14 +10,19 @@
 // it returns) and the raw path (`raw_alloc`, `raw_alloc_with_stream`,
 // `raw_delete`, which `torch.cuda.caching_allocator_alloc` and NCCL use), so that
 // every address the object hands out is in emm's table alone and any of its
-// deleters frees any of them; everything else (the stream and graph hooks) stays
-// PyTorch's.
+// deleters frees any of them. It also answers what PyTorch's pluggable allocator
+// refuses or drops: `torch.cuda.memory_stats()` and the figures built on it
+// (`memory_allocated`, `max_memory_reserved`, `memory_summary`, ...), the peak and
+// accumulated resets, `empty_cache()`, cuDNN's `cacheInfo`, and `recordStream`
+// from C++ (NCCL's process group, `Tensor.record_stream`), each through emm's
+// `emm_torch_*` functions; the graph hooks stay PyTorch's.
 //
 // `emm.torch` compiles this file against the PyTorch it runs with (g++, PyTorch's
 // headers and libraries; no ninja), caches the library, and loads it with ctypes.
 // emm's functions are handed in as addresses, so the library does not link emm.
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/version.h>
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,35 +32,53 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
 namespace {
 
-// The signatures of include/emm.h's emm_torch_alloc, emm_torch_release,
-// emm_last_error and emm_last_error_code (python/tests/test_torch_native.py checks
-// that they agree).
+// The signatures of include/emm.h's functions the object calls
+// (python/tests/test_torch_native.py checks that they agree).
 using AllocFn = void* (*)(ssize_t size, int device, void* stream);
 using ReleaseFn = int (*)(void* ptr, int device);
 using LastErrorFn = size_t (*)(char* buf, size_t len);
 using LastErrorCodeFn = int (*)();
+using RecordStreamFn = int (*)(void* ptr, int device, void* stream);
+using MemoryStatsFn = int (*)(int device, const char* const* keys, uint64_t* values, size_t n, size_t* found);
+using ResetPeakStatsFn = int (*)(int device);
+using EmptyCacheFn = int (*)(int device, size_t* released);
+using CacheInfoFn = int (*)(int device, size_t* largest);
 
-// emm_status's EMM_ERR_OUT_OF_MEMORY.
+// The addresses of emm's functions, in the order python/emm/_torch_native.py's
+// `Functions` lists them (the test checks that too).
+struct EmmFunctions {
+  AllocFn alloc;
+  ReleaseFn release;
+  LastErrorFn last_error;
+  LastErrorCodeFn last_error_code;
+  RecordStreamFn record_stream;
+  MemoryStatsFn memory_stats;
+  ResetPeakStatsFn reset_peak_stats;
+  EmptyCacheFn empty_cache;
+  CacheInfoFn cache_info;
+};
+
+// emm_status's EMM_OK and EMM_ERR_OUT_OF_MEMORY.
+constexpr int kOk = 0;
 constexpr int kOutOfMemory = 2;
 
 // Set once, by the first emm_torch_native_install, before PyTorch can call the
 // allocator object.
-AllocFn g_alloc = nullptr;
-ReleaseFn g_release = nullptr;
-LastErrorFn g_last_error = nullptr;
-LastErrorCodeFn g_last_error_code = nullptr;
+EmmFunctions g_emm{};
 
 std::string last_error() {
   std::array<char, 2048> buf{};
-  g_last_error(buf.data(), buf.size());
+  g_emm.last_error(buf.data(), buf.size());
   buf.back() = '\0';
   return std::string(buf.data());
 }
@@ -68,11 +91,11 @@ constexpr int kDevices = 64;
 
 template <int D>
 void release_on(void* ptr) {
-  g_release(ptr, D);
+  g_emm.release(ptr, D);
 }
 
 void release_any(void* ptr) {
-  g_release(ptr, -1);
+  g_emm.release(ptr, -1);
 }
 
 template <std::size_t... I>
@@ -90,13 +113,13 @@ using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 // c10::OutOfMemoryError (torch.OutOfMemoryError) when memory ran out and
 // c10::Error for any other failure, with emm's reason.
 void* checked_alloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-  void* ptr = g_alloc(static_cast<ssize_t>(size), device, stream);
+  void* ptr = g_emm.alloc(static_cast<ssize_t>(size), device, stream);
   if (ptr == nullptr && size != 0) {
     // (PyTorch's own pluggable allocator hands out a tensor at address 0
     // here.) The message is put together without iostreams: c10::str's
     // stream, instantiated in this library, crashed against the libstdc++
     // PyTorch's wheel runs with.
-    const bool oom = g_last_error_code() == kOutOfMemory;
+    const bool oom = g_emm.last_error_code() == kOutOfMemory;
     const std::string message = "emm could not allocate " +
         std::to_string(size) + " bytes on CUDA device " +
         std::to_string(static_cast<int>(device)) + ": " + last_error();
@@ -106,6 +129,94 @@ void* checked_alloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     C10_THROW_ERROR(Error, message);
   }
   return ptr;
+}
+
+// Throws c10::Error with emm's reason when an emm function other than an
+// allocation failed.
+void check(int status, const char* what) {
+  if (status != kOk) {
+    C10_THROW_ERROR(Error, std::string(what) + ": " + last_error());
+  }
+}
+
+// PyTorch's statistics type (c10::CachingDeviceAllocator::DeviceStats since
+// PyTorch 2.6 or so, c10::cuda::CUDACachingAllocator::DeviceStats before), as the
+// base class returns it.
+using DeviceStats =
+    decltype(std::declval<Pluggable&>().getDeviceStats(c10::DeviceIndex{0}));
+using StatArray = decltype(DeviceStats::allocated_bytes);
+using Stat = typename StatArray::value_type;
+
+// memory_stats names: the arrays of DeviceStats (emm keeps the "all" entry of
+// each, the aggregate: index 0), each with four fields, then the single counters.
+constexpr std::array<const char*, 9> kArrayNames = {
+    "allocation", "segment", "active", "inactive_split", "allocated_bytes",
+    "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"};
+constexpr std::array<StatArray DeviceStats::*, 9> kArrays = {
+    &DeviceStats::allocation, &DeviceStats::segment, &DeviceStats::active,
+    &DeviceStats::inactive_split, &DeviceStats::allocated_bytes,
+    &DeviceStats::reserved_bytes, &DeviceStats::active_bytes,
+    &DeviceStats::inactive_split_bytes, &DeviceStats::requested_bytes};
+constexpr std::array<const char*, 4> kFieldNames = {
+    "current", "peak", "allocated", "freed"};
+constexpr std::array<int64_t Stat::*, 4> kFields = {
+    &Stat::current, &Stat::peak, &Stat::allocated, &Stat::freed};
+constexpr std::array<const char*, 5> kCounterNames = {
+    "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+    "num_device_free"};
+constexpr std::array<int64_t DeviceStats::*, 5> kCounters = {
+    &DeviceStats::num_alloc_retries, &DeviceStats::num_ooms,
+    &DeviceStats::num_sync_all_streams, &DeviceStats::num_device_alloc,
+    &DeviceStats::num_device_free};
+constexpr std::size_t kStatFields = kArrays.size() * kFields.size();
+constexpr std::size_t kNames = kStatFields + kCounters.size();
+
+// Whether name i is an accumulated count, which resetAccumulatedStats zeroes:
+// the "allocated" and "freed" fields, and every single counter.
+constexpr bool accumulated(std::size_t i) {
+  return i >= kStatFields || i % kFields.size() >= 2;
+}
+
+// The names as emm's emm_torch_memory_stats takes them ("allocation.all.current",
+// ..., "num_device_free"), made once.
+const std::array<std::string, kNames>& stat_names() {
+  static const std::array<std::string, kNames> names = [] {
+    std::array<std::string, kNames> out;
+    for (std::size_t a = 0; a < kArrays.size(); ++a) {
+      for (std::size_t f = 0; f < kFields.size(); ++f) {
+        out[a * kFields.size() + f] =
+            std::string(kArrayNames[a]) + ".all." + kFieldNames[f];
+      }
+    }
+    for (std::size_t c = 0; c < kCounters.size(); ++c) {
+      out[kStatFields + c] = kCounterNames[c];
+    }
+    return out;
+  }();
+  return names;
+}
+
+using StatValues = std::array<uint64_t, kNames>;
+
+// emm's counters of `device`, in stat_names() order (0 where emm keeps none).
+StatValues read_stats(c10::DeviceIndex device) {
+  static const std::array<const char*, kNames> keys = [] {
+    std::array<const char*, kNames> out{};
+    for (std::size_t i = 0; i < kNames; ++i) {
+      out[i] = stat_names()[i].c_str();
+    }
+    return out;
+  }();
+  StatValues values{};
+  check(
+      g_emm.memory_stats(device, keys.data(), values.data(), kNames, nullptr),
+      "emm's memory statistics");
+  return values;
+}
+
+int64_t as_stat(uint64_t v) {
+  return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX
+                                                : static_cast<int64_t>(v);
 }
 
 struct EmmAllocator final : Pluggable {
@@ -137,6 +248,104 @@ struct EmmAllocator final : Pluggable {
   void raw_delete(void* ptr) override {
     release_any(ptr);
   }
+
+  // A tensor's memory is used on `stream` too: its free waits for the work
+  // queued there (emm_torch_record_stream). Memory another allocator handed out
+  // (a DataPtr with a deleter not of this object) is ignored, as PyTorch's own
+  // allocator ignores it.
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream)
+      override {
+    if (ptr.get() == nullptr || !is_ours(ptr.get_deleter())) {
+      return;
+    }
+    check(
+        g_emm.record_stream(ptr.get(), ptr.device().index(), stream.stream()),
+        "emm could not record a tensor's use on another stream");
+  }
+
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    StatValues values = read_stats(device);
+    subtract_reset(device, values);
+    DeviceStats stats;
+    for (std::size_t a = 0; a < kArrays.size(); ++a) {
+      // Index 0 is StatType::AGGREGATE, PyTorch's "all".
+      Stat& stat = (stats.*kArrays[a])[0];
+      for (std::size_t f = 0; f < kFields.size(); ++f) {
+        stat.*kFields[f] = as_stat(values[a * kFields.size() + f]);
+      }
+    }
+    for (std::size_t c = 0; c < kCounters.size(); ++c) {
+      stats.*kCounters[c] = as_stat(values[kStatFields + c]);
+    }
+    return stats;
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check(g_emm.reset_peak_stats(device), "emm could not reset its peaks");
+  }
+
+  // emm never resets its accumulated counts; from here on this device's are
+  // reported as counted since this call.
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (device < 0 || device >= kDevices) {
+      return;
+    }
+    const StatValues now = read_stats(device);
+    const std::lock_guard<std::mutex> lock(reset_mutex_);
+    StatValues& base = reset_base_[device];
+    for (std::size_t i = 0; i < kNames; ++i) {
+      base[i] = accumulated(i) ? now[i] : 0;
+    }
+  }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  // emm keeps no memory pools of PyTorch's: every device's idle memory goes.
+  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
+    empty_all();
+  }
+#else
+  void emptyCache() override {
+    empty_all();
+  }
+#endif
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    check(
+        g_emm.cache_info(device, largestBlock),
+        "emm could not tell the largest block it can hand out");
+  }
+
+ private:
+  static bool is_ours(c10::DeleterFnPtr deleter) {
+    if (deleter == &release_any) {
+      return true;
+    }
+    for (const c10::DeleterFnPtr d : kRelease) {
+      if (d == deleter) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static void empty_all() {
+    check(g_emm.empty_cache(-1, nullptr), "emm could not empty its cache");
+  }
+
+  void subtract_reset(c10::DeviceIndex device, StatValues& values) {
+    if (device < 0 || device >= kDevices) {
+      return;
+    }
+    const std::lock_guard<std::mutex> lock(reset_mutex_);
+    const StatValues& base = reset_base_[device];
+    for (std::size_t i = 0; i < kNames; ++i) {
+      values[i] = values[i] > base[i] ? values[i] - base[i] : 0;
+    }
+  }
+
+  // Each device's accumulated counts at its last resetAccumulatedStats.
+  std::mutex reset_mutex_;
+  std::array<StatValues, kDevices> reset_base_{};
 };
 
 void copy_message(const char* what, char* err, size_t len) {
@@ -150,28 +359,34 @@ void copy_message(const char* what, char* err, size_t len) {
 } // namespace
 
 // Makes PyTorch's CUDA allocator emm's (PyTorch refuses once its allocator has
-// handed out memory). 0 on success; 1 with the reason in `err` when an address
-// is null or the library was installed already; 2 when PyTorch refused.
+// handed out memory). `fns` holds emm's functions, `size` is the size of the
+// struct the caller filled. 0 on success; 1 with the reason in `err` when the
+// struct's size differs, an address is null or the library was installed
+// already; 2 when PyTorch refused.
 extern "C" int emm_torch_native_install(
-    void* alloc,
-    void* release,
-    void* last_error_fn,
-    void* last_error_code_fn,
+    const EmmFunctions* fns,
+    size_t size,
     char* err,
     size_t len) {
-  if (alloc == nullptr || release == nullptr || last_error_fn == nullptr ||
-      last_error_code_fn == nullptr) {
+  if (fns == nullptr || size != sizeof(EmmFunctions)) {
+    copy_message(
+        "emm_torch_native_install: the functions' table is missing or of another size",
+        err, len);
+    return 1;
+  }
+  if (fns->alloc == nullptr || fns->release == nullptr ||
+      fns->last_error == nullptr || fns->last_error_code == nullptr ||
+      fns->record_stream == nullptr || fns->memory_stats == nullptr ||
+      fns->reset_peak_stats == nullptr || fns->empty_cache == nullptr ||
+      fns->cache_info == nullptr) {
     copy_message("emm_torch_native_install: a function address is null", err, len);
     return 1;
   }
-  if (g_alloc != nullptr) {
+  if (g_emm.alloc != nullptr) {
     copy_message("emm_torch_native_install: installed already", err, len);
     return 1;
   }
-  g_alloc = reinterpret_cast<AllocFn>(alloc);
-  g_release = reinterpret_cast<ReleaseFn>(release);
-  g_last_error = reinterpret_cast<LastErrorFn>(last_error_fn);
-  g_last_error_code = reinterpret_cast<LastErrorCodeFn>(last_error_code_fn);
+  g_emm = *fns;
   try {
     // The base class's own functions are never called: every path that
     // would reach them is overridden above.
@@ -192,6 +407,6 @@ extern "C" int emm_torch_native_install(
   } catch (...) {
     copy_message("emm_torch_native_install: an unknown C++ exception", err, len);
   }
-  g_alloc = nullptr;
+  g_emm = EmmFunctions{};
   return 2;
 }

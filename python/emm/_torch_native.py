@@ -155,6 +155,28 @@ def _build(torch: Any) -> pathlib.Path:
     return out
 
 
+FUNCTIONS = (
+    ("alloc", "emm_torch_alloc"),
+    ("release", "emm_torch_release"),
+    ("last_error", "emm_last_error"),
+    ("last_error_code", "emm_last_error_code"),
+    ("record_stream", "emm_torch_record_stream"),
+    ("memory_stats", "emm_torch_memory_stats"),
+    ("reset_peak_stats", "emm_torch_reset_peak_stats"),
+    ("empty_cache", "emm_torch_empty_cache"),
+    ("cache_info", "emm_torch_cache_info"),
+)
+"""The fields of the source's ``EmmFunctions``, in its order, each with the
+function of libemm_capi whose address it holds."""
+
+
+class Functions(ctypes.Structure):
+    """The source's ``EmmFunctions``: the addresses of emm's functions the object
+    calls (the library does not link emm)."""
+
+    _fields_ = [(field, ctypes.c_void_p) for field, _ in FUNCTIONS]
+
+
 def install(torch: Any, lib: ctypes.CDLL) -> pathlib.Path:
     """Builds (or finds) the library, loads it and makes PyTorch's CUDA allocator
     the native one over ``lib`` (libemm_capi). Returns the library's path. A cached
@@ -178,13 +200,12 @@ def install(torch: Any, lib: ctypes.CDLL) -> pathlib.Path:
         fn = native.emm_torch_native_install
     except AttributeError as e:
         raise NativeUnavailable(f"{path} does not export emm_torch_native_install: {e}") from e
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
+    fn.argtypes = [ctypes.POINTER(Functions), ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     fn.restype = ctypes.c_int
-    addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                 for name in ("emm_torch_alloc", "emm_torch_release", "emm_last_error",
-                              "emm_last_error_code")]
+    fns = Functions(**{field: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                       for field, name in FUNCTIONS})
     err = ctypes.create_string_buffer(2048)
-    status = fn(*addresses, err, len(err))
+    status = fn(ctypes.byref(fns), ctypes.sizeof(fns), err, len(err))
     if status == 2:
         raise Refused(f"PyTorch refused emm's allocator: {err.value.decode(errors='replace')}")
     if status != 0:

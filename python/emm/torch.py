@@ -10,10 +10,20 @@ its own; :func:`installed` says which. The manager is the process's (``pool``
 unless ``emm.configure`` or ``EMM_MEMORY_MANAGER`` names another). Importing this
 module does not import PyTorch.
 
-Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()``,
-``memory_summary()``, ``max_memory_reserved()`` and snapshots know nothing; this
-module offers the same tools over emm's counters (kept in Rust; nothing is counted
-here): :func:`memory_stats`, :func:`memory_summary`, :func:`memory_allocated`,
+PyTorch's own memory tools keep working with emm's object:
+``torch.cuda.memory_stats()`` and everything built on it (``memory_allocated``,
+``max_memory_allocated``, ``memory_reserved``, ``memory_summary``, ...),
+``reset_peak_memory_stats``, ``reset_accumulated_memory_stats``, ``empty_cache``,
+cuDNN's workspace sizing and ``record_stream`` (from Python and from C++) are
+answered by emm's counters and manager. ``install()`` also points PyTorch's
+allocation-history tools (``torch.cuda.memory._record_memory_history``,
+``_snapshot``, ``_dump_snapshot``, ``memory_snapshot``) at emm's history, with
+either object. PyTorch's pluggable allocator refuses the rest (its
+``memory_stats`` raises).
+
+This module offers the same tools over emm's counters under their own names, with
+either object (kept in Rust; nothing is counted here), plus emm's own counters
+(``emm.*``): :func:`memory_stats`, :func:`memory_summary`, :func:`memory_allocated`,
 :func:`max_memory_allocated`, :func:`memory_reserved`, :func:`max_memory_reserved`,
 :func:`reset_peak_memory_stats`, :func:`empty_cache`, and
 :func:`record_memory_history` / :func:`snapshot` / :func:`dump_snapshot`, whose
@@ -32,11 +42,21 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import warnings
 from typing import Any, Dict, List, Optional
 
 from . import _torch_native
-from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, EmmWarning, Manager, _raise_last, library_path, load
+from ._lib import (
+    EMM_ERR_INVALID_ARGUMENT,
+    EMM_OK,
+    SIZE_MAX,
+    EmmWarning,
+    Manager,
+    _raise_last,
+    library_path,
+    load,
+)
 
 __all__ = [
     "dump_snapshot",
@@ -81,9 +101,12 @@ def install(native: Optional[bool] = None) -> Any:
     :class:`emm._torch_native.Refused` is raised whatever ``native`` says. A second
     call returns the allocator the first installed.
 
-    Also routes ``torch.Tensor.record_stream`` to emm (see :func:`_route_record_stream`):
-    PyTorch's pluggable allocator drops those calls, which would let memory still in
-    use on another stream be handed out again."""
+    emm's own object answers PyTorch's memory tools (``torch.cuda.memory_stats()``,
+    ``empty_cache()``, ...) and ``recordStream``. With PyTorch's pluggable object,
+    ``torch.Tensor.record_stream`` is routed to emm (see
+    :func:`_route_record_stream`): that object drops those calls, which would let
+    memory still in use on another stream be handed out again. Either way PyTorch's
+    allocation-history tools are pointed at emm's (:func:`_route_memory_history`)."""
     global _INSTALLED
     import torch
 
@@ -111,7 +134,9 @@ def install(native: Optional[bool] = None) -> Any:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "emm_torch_alloc", "emm_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     _INSTALLED = kind
-    _route_record_stream(torch)
+    if kind == "pluggable":
+        _route_record_stream(torch)
+    _route_memory_history(torch)
     return torch.cuda.memory._get_current_allocator()
 
 
@@ -153,12 +178,48 @@ def _route_record_stream(torch: Any) -> None:
     torch.Tensor.record_stream = record_stream
 
 
+def _route_memory_history(torch: Any) -> None:
+    """Points PyTorch's allocation-history tools at emm's:
+    ``torch.cuda.memory._record_memory_history`` starts and stops emm's history
+    (:func:`record_memory_history`), and ``torch.cuda.memory._snapshot`` (which
+    ``_dump_snapshot`` pickles) and ``torch.cuda.memory_snapshot`` return emm's
+    segments and history in PyTorch's format (:func:`snapshot`). Neither of
+    PyTorch's allocator objects over emm keeps a history of its own: the pluggable
+    one raises, and PyTorch's snapshot types differ between its versions, which a
+    compiled override would have to follow."""
+    memory = torch.cuda.memory
+    if getattr(memory._snapshot, "_emm_routed", False):
+        return
+
+    def _record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = sys.maxsize,
+                               device: Any = None, **kwargs: Any) -> None:
+        del args, kwargs  # context, stacks, ...: emm records no stack frames
+        on = enabled not in (None, False, "None")
+        d = _device_index(device)
+        _manager(d).record_history(min(max_entries, SIZE_MAX) if on else 0)
+
+    def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        del args, kwargs  # augment_with_fx_traces, ...: emm has none to add
+        return snapshot(device)
+
+    def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
+        del args, kwargs  # mempool_id: emm keeps none of PyTorch's pools
+        return list(snapshot(None)["segments"])
+
+    for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
+                     ("memory_snapshot", memory_snapshot)):
+        original = getattr(memory, name)
+        fn.__doc__ = f"emm's allocation history in place of PyTorch's (emm.torch.install()).\n\n{original.__doc__}"
+        fn._emm_routed = True  # type: ignore[attr-defined]
+        fn._emm_original = original  # type: ignore[attr-defined]
+        setattr(memory, name, fn)
+    torch.cuda.memory_snapshot = memory.memory_snapshot
+
+
 def _device_index(device: Any = None) -> int:
     """An ordinal from ``None`` (PyTorch's current device, else 0), an int, a
     ``torch.device`` or a string such as ``"cuda:1"``."""
     if device is None:
-        import sys
-
         torch = sys.modules.get("torch")
         return int(torch.cuda.current_device()) if torch is not None else 0
     if isinstance(device, str):

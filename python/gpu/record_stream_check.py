@@ -3,26 +3,30 @@ and freed while that stream still works on it must not be handed to the next
 allocation before the side stream is done.
 
 The scenario, in its own process for each variant: ``x`` is made on the default
-stream; a side stream sleeps (``torch.cuda._sleep``) and then adds 1 to ``x``;
+stream; a side stream sleeps (``torch.cuda._sleep``, one thread spinning, so the
+default stream's kernels run beside it) and then adds 1 to ``x``;
 ``x.record_stream(side)``; ``del x``; ``y = torch.full(..., 7.0)`` of the same size
 on the default stream, then the device is synchronized and ``y`` checked. The side
 stream's delay is timed with events and reported (``side_ms``): a check whose side
 stream finished before ``y`` was made proves nothing, and says so.
 
-- ``emm``: ``emm.torch.install()``, which routes ``record_stream`` to emm. ``y``
-  takes ``x``'s memory (the thread cache) after the default stream waited for the
-  side stream, so ``y`` is all 7.
-- ``emm-unrouted``: the same without the routing (PyTorch's own ``record_stream``,
-  which does nothing under a pluggable allocator): ``y`` takes ``x``'s memory at
-  once and the side stream's late add makes it 8. This control shows that the
-  scenario catches the race; it is expected to corrupt.
+- ``emm``: ``emm.torch.install()`` with emm's own allocator object, whose
+  ``recordStream`` (what PyTorch's ``Tensor.record_stream`` and its C++ callers
+  reach) tells emm. ``y`` takes ``x``'s memory (the thread cache) after the default
+  stream waited for the side stream, so ``y`` is all 7.
+- ``emm-pluggable``: PyTorch's pluggable allocator object over emm, with
+  ``Tensor.record_stream`` routed to emm in Python; ``y`` is all 7 as well.
+- ``emm-unrouted``: the pluggable object without the routing (PyTorch's own
+  ``record_stream``, which does nothing under a pluggable allocator): ``y`` takes
+  ``x``'s memory at once and the side stream's late add makes it 8. This control
+  shows that the scenario catches the race; it is expected to corrupt.
 - ``native``: PyTorch's own allocator, which keeps ``x``'s block until the side
   stream's event completes.
 
-Prints one JSON line per variant and ``record_stream_check: OK`` (exit 0) when emm
-and native are intact and the control corrupted; ``INCONCLUSIVE`` (exit 2) when the
-control's ``y`` was made only after the side stream had finished (nothing overlapped;
-on the H200 of runs 76-77 the host reached ``y`` that late in every variant).
+Prints one JSON line per variant and ``record_stream_check: OK`` (exit 0) when
+emm's variants and native are intact and the control corrupted; ``INCONCLUSIVE``
+(exit 2) when the control's ``y`` was made only after the side stream had finished
+(nothing overlapped).
 
     EMM_LIBRARY=gpu-bundle/lib/libemm_capi.so PYTHONPATH=python \\
         python3 python/gpu/record_stream_check.py
@@ -34,7 +38,7 @@ import subprocess
 import sys
 
 N = 1 << 22  # floats: 16 MiB
-DELAY_MATMULS = 60  # 4096 x 4096 fp32 products on the side stream: about 0.1 s on an H100/H200
+DELAY_CYCLES = 400_000_000  # the side stream's spin: about 0.2 s at an H200's 1.98 GHz
 
 
 def scenario(variant):
@@ -43,23 +47,20 @@ def scenario(variant):
     if variant != "native":
         import emm.torch as et
 
-        et.install()
+        et.install(native=variant == "emm")
+        assert et.installed() == ("native" if variant == "emm" else "pluggable"), et.installed()
         if variant == "emm-unrouted":
             torch.Tensor.record_stream = torch.Tensor.record_stream._emm_original
     dev = torch.device("cuda:0")
-    torch.backends.cuda.matmul.allow_tf32 = False
     side = torch.cuda.Stream(dev)
-    a = torch.randn(4096, 4096, device=dev) / 64
     x = torch.zeros(N, device=dev)
     start, end, made = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
         start.record()
-        b = a
-        for _ in range(DELAY_MATMULS):  # keeps the side stream busy
-            b = b @ a
-        x.add_(1 + b[0, 0] * 0)  # the side stream writes x only after the delay
+        torch.cuda._sleep(DELAY_CYCLES)
+        x.add_(1)  # the side stream writes x only after the delay
         end.record()
     x.record_stream(side)
     xp = x.data_ptr()
@@ -79,7 +80,7 @@ def main():
         scenario(sys.argv[2])
         return
     results = {}
-    for variant in ("emm", "emm-unrouted", "native"):
+    for variant in ("emm", "emm-pluggable", "emm-unrouted", "native"):
         out = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True,
                              env=dict(os.environ), check=False)
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
@@ -99,10 +100,11 @@ def main():
               f"{control['side_ms']} ms: no overlap to catch")
         sys.exit(2)
     problems = []
-    if results["emm"]["wrong_elements"]:
-        problems.append("emm: the side stream's late write reached the next allocation")
-    if not results["emm"]["reused_memory"]:
-        problems.append("emm: y did not take x's memory, so the check proved nothing")
+    for variant in ("emm", "emm-pluggable"):
+        if results[variant]["wrong_elements"]:
+            problems.append(f"{variant}: the side stream's late write reached the next allocation")
+        if not results[variant]["reused_memory"]:
+            problems.append(f"{variant}: y did not take x's memory, so the check proved nothing")
     if results["native"]["wrong_elements"]:
         problems.append("native: corrupted (the scenario itself is wrong)")
     if not control["wrong_elements"]:
@@ -110,7 +112,8 @@ def main():
     if problems:
         print("record_stream_check: FAIL: " + "; ".join(problems))
         sys.exit(1)
-    print("record_stream_check: OK (emm intact with reuse; the unrouted control corrupted; native intact)")
+    print("record_stream_check: OK (emm's object and the routed pluggable one intact with reuse; "
+          "the unrouted control corrupted; native intact)")
 
 
 if __name__ == "__main__":

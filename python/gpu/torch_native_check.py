@@ -3,7 +3,11 @@ default path): it is the one installed, tensors through it hold the data written
 to them, on the current stream and on a side stream, emm's counters return to
 where they were when the tensors go, PyTorch's raw allocations (cuBLAS workspaces,
 ``caching_allocator_alloc``) still work, an impossible request raises
-``torch.OutOfMemoryError`` with emm's reason, and training steps run.
+``torch.OutOfMemoryError`` with emm's reason, PyTorch's own memory tools
+(``torch.cuda.memory_stats`` and what is built on it, the peak and accumulated
+resets, ``empty_cache``, ``_record_memory_history`` / ``_snapshot`` /
+``_dump_snapshot`` and ``_memory_viz``) answer from emm, cuDNN's benchmark mode
+(which asks the allocator's ``cacheInfo``) runs, and training steps run.
 
     EMM_LIBRARY=... PYTHONPATH=python python3 python/gpu/torch_native_check.py
 
@@ -71,6 +75,8 @@ def main():
     else:
         raise AssertionError("a 1 PiB tensor did not raise torch.OutOfMemoryError")
 
+    pytorch_tools(torch, et, dev)
+
     # A few training steps; gradients and optimizer state come and go.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(dev)
@@ -86,6 +92,87 @@ def main():
     print(f"20 training steps, loss {float(loss):.5f}; allocated {et.memory_allocated(dev)} B, "
           f"peak reserved {et.max_memory_reserved(dev)} B")
     print("torch_native_check: OK")
+
+
+def pytorch_tools(torch, et, dev):
+    """PyTorch's own memory tools, called as a user calls them, answer from emm."""
+    import os
+    import pickle
+    import tempfile
+
+    mib = 1 << 20
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    assert base == et.memory_allocated(dev), (base, et.memory_allocated(dev))
+    torch.cuda.reset_peak_memory_stats(dev)
+    torch.cuda.reset_accumulated_memory_stats(dev)
+    assert torch.cuda.memory_stats(dev)["allocation.all.allocated"] == 0
+
+    big = torch.empty(256 * mib, dtype=torch.uint8, device=dev)
+    stats = torch.cuda.memory_stats(dev)
+    assert stats["allocation.all.allocated"] == 1, stats["allocation.all.allocated"]
+    assert torch.cuda.memory_allocated(dev) >= base + 256 * mib
+    assert torch.cuda.max_memory_allocated(dev) >= base + 256 * mib
+    assert torch.cuda.memory_reserved(dev) >= torch.cuda.memory_allocated(dev)
+    assert torch.cuda.max_memory_reserved(dev) >= torch.cuda.memory_reserved(dev)
+    assert stats["num_device_alloc"] >= 1 and stats["segment.all.current"] >= 1, stats
+    summary = torch.cuda.memory_summary(dev)
+    assert "Allocated memory" in summary, summary[:400]
+    del big
+    torch.cuda.synchronize(dev)
+    assert torch.cuda.memory_allocated(dev) == base
+    assert torch.cuda.max_memory_allocated(dev) >= base + 256 * mib, "the peak stays until a reset"
+    torch.cuda.reset_peak_memory_stats(dev)
+    assert torch.cuda.max_memory_allocated(dev) == torch.cuda.memory_allocated(dev)
+    held = torch.cuda.memory_reserved(dev)
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved(dev)
+    assert after <= held - 256 * mib, f"empty_cache kept {held} -> {after} bytes"
+    print(f"torch.cuda.memory_stats / max_memory_allocated / resets / memory_summary from emm; "
+          f"empty_cache gave back {(held - after) / mib:.0f} MiB")
+
+    # The allocation history through PyTorch's own functions, rendered by _memory_viz.
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    t = torch.empty(3 * mib, dtype=torch.uint8, device=dev)
+    addr = t.data_ptr()
+    snap = torch.cuda.memory._snapshot()
+    assert any(b["address"] == addr and b["state"] == "active_allocated"
+               for seg in snap["segments"] for b in seg["blocks"]), "the live tensor is not in the snapshot"
+    del t
+    path = os.path.join(tempfile.mkdtemp(), "emm_snapshot.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "rb") as f:
+        dumped = pickle.load(f)
+    actions = [e["action"] for e in dumped["device_traces"][dev.index]]
+    assert "alloc" in actions and any(a.startswith("free") for a in actions), actions
+    assert isinstance(torch.cuda.memory_snapshot(), list)
+    from torch.cuda import _memory_viz
+
+    html = _memory_viz.trace_plot(dumped)
+    assert len(html) > 1000
+    print(f"_record_memory_history / _snapshot / _dump_snapshot: {len(actions)} events; "
+          f"_memory_viz.trace_plot rendered {len(html)} bytes")
+
+    # recordStream from PyTorch itself (not routed in Python) reaches emm's object.
+    assert not getattr(torch.Tensor.record_stream, "_emm_routed", False)
+    side = torch.cuda.Stream(dev)
+    u = torch.ones(mib, device=dev)
+    with torch.cuda.stream(side):
+        u.mul_(2)
+    u.record_stream(side)
+    del u
+    torch.cuda.synchronize(dev)
+
+    # cuDNN's benchmark mode sizes workspaces from the allocator's cacheInfo.
+    torch.backends.cudnn.benchmark = True
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).to(dev)
+    out = conv(torch.randn(16, 64, 56, 56, device=dev))
+    out.float().sum().backward()
+    torch.cuda.synchronize(dev)
+    torch.backends.cudnn.benchmark = False
+    assert torch.isfinite(conv.weight.grad).all()
+    print("recordStream from PyTorch and cuDNN benchmark mode ran through emm's object")
 
 
 if __name__ == "__main__":

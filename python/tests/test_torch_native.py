@@ -31,13 +31,22 @@ def _params(decl: str) -> list:
     return out
 
 
-@pytest.mark.parametrize("function,alias", [
-    ("emm_torch_alloc", "AllocFn"),
-    ("emm_last_error_code", "LastErrorCodeFn"),
-    ("emm_torch_release", "ReleaseFn"),
-    ("emm_last_error", "LastErrorFn"),
-])
-def test_the_sources_function_types_are_the_headers(function, alias):
+def _struct_fields() -> list:
+    """``(alias, field)`` of each member of the source's ``EmmFunctions``, in order."""
+    src = tn.SOURCE.read_text()
+    body = re.search(r"struct EmmFunctions \{([^}]*)\};", src)
+    assert body, f"struct EmmFunctions is not in {tn.SOURCE}"
+    return re.findall(r"(\w+) (\w+);", body.group(1))
+
+
+def test_the_functions_table_is_the_sources_struct():
+    assert [f for _, f in _struct_fields()] == [f for f, _ in tn.FUNCTIONS]
+    assert [f for f, _ in tn.Functions._fields_] == [f for f, _ in tn.FUNCTIONS]
+
+
+@pytest.mark.parametrize("field,function", tn.FUNCTIONS)
+def test_the_sources_function_types_are_the_headers(field, function):
+    alias = dict((f, a) for a, f in _struct_fields())[field]
     header = HEADER.read_text()
     m = re.search(r"\n(\w[\w\s\*]*?)\s*\*?\s*\b" + function + r"\(([^)]*)\);", header)
     assert m, f"{function} is not declared in {HEADER}"
@@ -150,10 +159,21 @@ class _Recorder:
         def change(alloc):
             rec.changed.append(alloc.names)
 
+        def pytorchs(name):
+            def tool(*args, **kwargs):
+                raise AssertionError(f"PyTorch's own {name} was called")
+            tool.__doc__ = f"PyTorch's {name}."
+            return tool
+
         self.Tensor = Tensor
-        self.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
-            CUDAPluggableAllocator=Pluggable, change_current_allocator=change,
-            _get_current_allocator=lambda: "current"))
+        self.cuda = types.SimpleNamespace(
+            current_device=lambda: 0,
+            memory_snapshot=pytorchs("memory_snapshot"),
+            memory=types.SimpleNamespace(
+                CUDAPluggableAllocator=Pluggable, change_current_allocator=change,
+                _get_current_allocator=lambda: "current",
+                _record_memory_history=pytorchs("_record_memory_history"),
+                _snapshot=pytorchs("_snapshot"), memory_snapshot=pytorchs("memory_snapshot")))
 
 
 @pytest.fixture
@@ -249,3 +269,59 @@ def test_the_source_ships_with_the_package():
     assert "emm_torch_native_install" in tn.SOURCE.read_text()
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert "_torch_native.cpp" in pyproject, "package data must list the C++ source"
+
+
+def test_record_stream_is_routed_only_for_pytorchs_pluggable_object(recorder, monkeypatch):
+    original = recorder.Tensor.record_stream
+    monkeypatch.setattr(tn, "install", lambda torch, lib: None)
+    et.install()
+    assert recorder.Tensor.record_stream is original, "emm's object takes recordStream in C++"
+
+    monkeypatch.setattr(et, "_INSTALLED", None)
+    monkeypatch.setattr(tn, "install", lambda torch, lib: (_ for _ in ()).throw(tn.NativeUnavailable("x")))
+    with pytest.warns(emm.EmmWarning):
+        et.install()
+    assert getattr(recorder.Tensor.record_stream, "_emm_routed", False)
+
+
+class _History:
+    """A stand-in for a device's manager: what the history tools ask of it."""
+
+    def __init__(self, device):
+        self.device, self.name, self.asked = device, "pool", []
+
+    def record_history(self, n):
+        self.asked.append(n)
+
+    def snapshot(self):
+        seg = {"address": 4096, "total_size": 1024, "stream": 0, "large": True, "expandable": False,
+               "blocks": [{"address": 4096, "size": 512, "requested_size": 500, "allocated": 1}]}
+        return {"segments": [seg], "trace": [
+            {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 7}]}
+
+
+@pytest.mark.parametrize("kind", ["native", "pluggable"])
+def test_pytorchs_history_tools_reach_emms_history(recorder, monkeypatch, kind):
+    managers = {}
+    monkeypatch.setattr(et, "_manager", lambda d=None: managers.setdefault(
+        et._device_index(d), _History(et._device_index(d))))
+    monkeypatch.setattr(tn, "install", lambda torch, lib: None)
+    et.install(native=kind == "native")
+    memory = recorder.cuda.memory
+
+    memory._record_memory_history(max_entries=5, context="all", stacks="python")
+    memory._record_memory_history("state", device=1)
+    memory._record_memory_history(enabled=None)
+    assert managers[0].asked == [5, 0] and managers[1].asked == [sys.maxsize]
+
+    snap = memory._snapshot()
+    assert snap["segments"][0]["blocks"][0]["state"] == "active_allocated"
+    assert snap["device_traces"] == [[{"action": "alloc", "addr": 4096, "size": 512, "stream": 0,
+                                       "time_us": 7, "frames": []}]]
+    assert recorder.cuda.memory_snapshot() == memory.memory_snapshot() == snap["segments"]
+    assert memory._snapshot._emm_original.__doc__ == "PyTorch's _snapshot."
+    assert "PyTorch's _snapshot." in memory._snapshot.__doc__
+
+    routed = memory._snapshot
+    et._route_memory_history(recorder)
+    assert memory._snapshot is routed, "routing twice wraps once"

@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 306
+#define EMM_ABI_VERSION 307
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -205,7 +205,9 @@ extern "C" {
  * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
  * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
  * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
- * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object).
+ * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
+ * added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
+ * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`).
  */
 int emm_abi_version(void);
 
@@ -619,6 +621,51 @@ emm_status emm_record_memory_history(struct emm_manager *m, size_t max_entries);
  * `EMM_ERR_UNSUPPORTED` for managers without segments of their own.
  */
 emm_status emm_memory_snapshot_json(struct emm_manager *m, char **out, size_t *len);
+
+/**
+ * `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
+ * `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
+ * behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
+ * A name the manager does not keep reads 0, and so does every name on a device
+ * emm has not set up (which this does not set up); `*found` (may be NULL) gets
+ * how many of the names the manager keeps. A null `keys` or `values` with `n > 0`,
+ * a null name, or a device outside `0..64` is `EMM_ERR_INVALID_ARGUMENT`, and
+ * `values` is then unspecified. Since ABI 307.
+ */
+emm_status emm_torch_memory_stats(int device,
+                                  const char *const *keys,
+                                  uint64_t *values,
+                                  size_t n,
+                                  size_t *found);
+
+/**
+ * `torch.cuda.reset_peak_memory_stats(device)`: sets every peak counter of the
+ * manager behind `emm_torch_alloc` on `device` to its current value. A device
+ * emm has not set up has nothing to reset; one outside `0..64` is
+ * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
+ */
+emm_status emm_torch_reset_peak_stats(int device);
+
+/**
+ * `torch.cuda.empty_cache()`: gives the memory the manager behind
+ * `emm_torch_alloc` holds idle on `device` back to the device, on every device
+ * emm has set up when `device` is -1; `*released` (may be NULL) gets the bytes
+ * given back. Every device is tried; the status is the first failure's. A device
+ * emm has not set up holds nothing; one outside `-1..64` is
+ * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
+ */
+emm_status emm_torch_empty_cache(int device, size_t *released);
+
+/**
+ * The allocator's `cacheInfo`, which cuDNN asks to bound the workspace it
+ * allocates next: into `*largest`, the larger of the device's free memory and the
+ * bytes the manager behind `emm_torch_alloc` holds reserved but not in use on
+ * `device` (what an allocation can get once the manager's out-of-memory ladder
+ * has given idle memory back; PyTorch's own allocator answers the larger of the
+ * free memory and its largest cached block). Sets the device up when emm has not
+ * yet. Since ABI 307.
+ */
+emm_status emm_torch_cache_info(int device, size_t *largest);
 
 #ifdef __cplusplus
 }  // extern "C"

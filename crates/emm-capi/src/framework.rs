@@ -63,6 +63,42 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
     }
 }
 
+/// The state of `device` if emm has set it up (an allocation was asked for on
+/// it), without setting it up.
+fn known_device(device: c_int) -> Option<&'static LiveDevice> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| DEVICES.get(d)?.get()?.as_ref().ok())
+}
+
+/// The manager of `device` if emm has set the device up for the allocator hooks,
+/// without setting it up (`None`: nothing of emm's is on it); a device outside
+/// `0..64` is `EMM_ERR_INVALID_ARGUMENT`.
+pub(crate) fn known_manager(
+    device: c_int,
+) -> Result<Option<&'static dyn MemoryManager>, emm_status> {
+    if usize::try_from(device).map_or(true, |d| d >= LIVE_DEVICES) {
+        return Err(invalid(format!(
+            "device {device} is outside 0..{LIVE_DEVICES}"
+        )));
+    }
+    Ok(known_device(device).map(|d| d.manager.as_ref()))
+}
+
+/// The manager of `device` for the allocator hooks, setting the device up when
+/// it is not yet; the status of why it cannot be otherwise.
+pub(crate) fn device_manager(device: c_int) -> Result<&'static dyn MemoryManager, emm_status> {
+    live_device(device).map(|d| d.manager.as_ref())
+}
+
+/// The managers of every device emm has set up for the allocator hooks, in
+/// device order.
+pub(crate) fn known_managers() -> impl Iterator<Item = &'static dyn MemoryManager> {
+    DEVICES
+        .iter()
+        .filter_map(|slot| Some(slot.get()?.as_ref().ok()?.manager.as_ref()))
+}
+
 /// Allocates `size` bytes on `device` ordered on `stream` and remembers the
 /// allocation by address; the address (0 for size 0), or the status of the failure.
 fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
@@ -270,9 +306,7 @@ pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_stat
                 return live_free_any(what, ptr as u64);
             }
             // Only a device emm has set up can hold it (a free sets none up).
-            let known = usize::try_from(device)
-                .ok()
-                .and_then(|d| DEVICES.get(d)?.get()?.as_ref().ok());
+            let known = known_device(device);
             match known.and_then(|d| Some((d, take_live(d, ptr as u64)?))) {
                 Some((d, (a, used_on))) => release_taken(what, d, a, used_on, None),
                 None => invalid(format!(

@@ -35,6 +35,7 @@ mod managed;
 mod stream_uses;
 mod timing;
 mod tools;
+mod torch_tools;
 pub use array::*;
 pub use framework::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
@@ -42,6 +43,7 @@ pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
 };
 pub use tools::*;
+pub use torch_tools::*;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -89,7 +91,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 306;
+pub const ABI_VERSION: c_int = 307;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -245,7 +247,9 @@ pub(crate) fn manager_for(
 /// (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
 /// memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
 /// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
-/// `emm_torch_release` (the deleter of `emm.torch`'s own allocator object).
+/// `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
+/// added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
+/// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

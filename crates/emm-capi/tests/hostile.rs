@@ -445,6 +445,14 @@ mod standin {
         );
     }
 
+    /// Held by each case of this module for its whole run: they count the
+    /// stand-in's calls, inject faults into them and change its device count,
+    /// which cases running at once would see from each other.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The stand-in's control handle (after `use_standin`).
     fn standin() -> emm_sys::StandIn<'static> {
         use_standin();
@@ -456,6 +464,7 @@ mod standin {
 
     #[test]
     fn extreme_sizes_and_stale_handles_on_the_standin() {
+        let _serial = serial();
         use_standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
@@ -584,6 +593,7 @@ mod standin {
 
     #[test]
     fn managed_memory_refuses_bad_flags_sizes_and_frees_on_the_standin() {
+        let _serial = serial();
         let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
@@ -699,6 +709,7 @@ mod standin {
     /// leaked (never reused while in use) and the free says so.
     #[test]
     fn torch_record_stream_orders_the_free_after_the_other_stream_on_the_standin() {
+        let _serial = serial();
         let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
@@ -801,6 +812,7 @@ mod standin {
     /// freed address, or a device without it, is refused and frees nothing.
     #[test]
     fn torch_release_frees_once_on_the_device_that_holds_it_on_the_standin() {
+        let _serial = serial();
         let standin = standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
@@ -854,5 +866,156 @@ mod standin {
         );
         standin.reset().unwrap();
         println!("{} torch_release stand-in cases", cases() - before);
+    }
+
+    /// The counters `emm_torch_memory_stats` reads for the names asked, in one read
+    /// (the stand-in's device `device`), and how many the manager keeps.
+    fn torch_stats(device: c_int, names: &[&str]) -> (emm_status, Vec<u64>, usize) {
+        let owned: Vec<std::ffi::CString> = names
+            .iter()
+            .map(|n| std::ffi::CString::new(*n).unwrap())
+            .collect();
+        let keys: Vec<*const std::ffi::c_char> = owned.iter().map(|k| k.as_ptr()).collect();
+        let mut values = vec![u64::MAX; names.len()];
+        let mut found = usize::MAX;
+        // SAFETY: `keys` and `values` hold `names.len()` elements; the names are
+        // NUL-terminated and outlive the call.
+        let code = unsafe {
+            emm_torch_memory_stats(
+                device,
+                keys.as_ptr(),
+                values.as_mut_ptr(),
+                names.len(),
+                &mut found,
+            )
+        };
+        (code, values, found)
+    }
+
+    /// PyTorch's memory tools for emm's own allocator object
+    /// (`emm_torch_memory_stats`, `emm_torch_reset_peak_stats`,
+    /// `emm_torch_empty_cache`, `emm_torch_cache_info`): they read and reset the
+    /// counters of the manager behind `emm_torch_alloc` on the device asked; a
+    /// device emm has not set up reads 0 and is left so; idle memory goes back to
+    /// the device; bad arguments are refused. Device 1 of a two-device stand-in,
+    /// which no other case of this file allocates on.
+    #[test]
+    fn torch_memory_tools_read_and_reset_the_devices_manager_on_the_standin() {
+        let _serial = serial();
+        let standin = standin();
+        assert_eq!(standin.control("devices 2").unwrap(), 2);
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let names = [
+            "allocated_bytes.all.current",
+            "allocated_bytes.all.peak",
+            "reserved_bytes.all.current",
+            "no.such.counter",
+        ];
+        let mut released = usize::MAX;
+
+        // Not set up: zeros, nothing to reset or give back, and still not set up
+        // afterwards (a release there is refused without setting it up).
+        let (code, v, found) = torch_stats(1, &names);
+        case("stats before any allocation", code, EMM_OK);
+        assert_eq!((v, found), (vec![0; 4], 0));
+        case("reset before", emm_torch_reset_peak_stats(1), EMM_OK);
+        // SAFETY: `released` is writable.
+        case(
+            "empty before",
+            unsafe { emm_torch_empty_cache(1, &mut released) },
+            EMM_OK,
+        );
+        assert_eq!(released, 0);
+        assert_eq!(torch_stats(1, &names).2, 0, "a question set the device up");
+
+        // Bad arguments.
+        case("device 64", torch_stats(64, &names).0, inv);
+        case("device -1", torch_stats(-1, &names).0, inv);
+        case("reset device 64", emm_torch_reset_peak_stats(64), inv);
+        // SAFETY: null outputs are refused before anything is written.
+        unsafe {
+            case(
+                "empty device -2",
+                emm_torch_empty_cache(-2, null_mut()),
+                inv,
+            );
+            case(
+                "null keys",
+                emm_torch_memory_stats(1, null(), [0u64; 1].as_mut_ptr(), 1, null_mut()),
+                inv,
+            );
+            let null_name = [null::<std::ffi::c_char>()];
+            case(
+                "null name",
+                emm_torch_memory_stats(
+                    1,
+                    null_name.as_ptr(),
+                    [0u64; 1].as_mut_ptr(),
+                    1,
+                    null_mut(),
+                ),
+                inv,
+            );
+            case(
+                "no names",
+                emm_torch_memory_stats(1, null(), null_mut(), 0, null_mut()),
+                EMM_OK,
+            );
+            case(
+                "cache_info null out",
+                emm_torch_cache_info(1, null_mut()),
+                inv,
+            );
+        }
+
+        // Allocated: the counters say so, in one read; the peak stays after the
+        // free until reset; the idle memory goes back to the device.
+        let big = emm_torch_alloc(3 << 20, 1, null_mut());
+        assert!(!big.is_null(), "{}", last_message());
+        let (code, v, found) = torch_stats(1, &names);
+        case("stats while allocated", code, EMM_OK);
+        assert_eq!(found, 3, "the pool keeps the first three names: {v:?}");
+        assert!(v[0] >= 3 << 20 && v[1] >= v[0] && v[2] >= v[0], "{v:?}");
+        assert_eq!(v[3], 0, "a name the manager does not keep reads 0");
+        let mut largest = 0usize;
+        // SAFETY: `largest` is writable.
+        case(
+            "cache_info",
+            unsafe { emm_torch_cache_info(1, &mut largest) },
+            EMM_OK,
+        );
+        assert!(largest > 0, "free device memory is reported");
+
+        case("release", emm_torch_release(big, 1), EMM_OK);
+        let (_, after, _) = torch_stats(1, &names);
+        assert!(after[0] < 3 << 20 && after[1] >= 3 << 20, "{after:?}");
+        case("reset peak", emm_torch_reset_peak_stats(1), EMM_OK);
+        let (_, reset, _) = torch_stats(1, &names);
+        assert_eq!(
+            reset[1], reset[0],
+            "the peak is the current value after a reset"
+        );
+        // SAFETY: `largest` is writable.
+        case(
+            "cache_info idle",
+            unsafe { emm_torch_cache_info(1, &mut largest) },
+            EMM_OK,
+        );
+        assert!(
+            largest >= (reset[2] - reset[0]) as usize,
+            "{largest} < the idle bytes"
+        );
+
+        // SAFETY: `released` is writable.
+        case(
+            "empty all",
+            unsafe { emm_torch_empty_cache(-1, &mut released) },
+            EMM_OK,
+        );
+        let (_, emptied, _) = torch_stats(1, &names);
+        assert!(released >= 3 << 20, "released {released}");
+        assert!(emptied[2] < reset[2], "{emptied:?} after {reset:?}");
+        println!("{} torch memory-tool stand-in cases", cases() - before);
     }
 }

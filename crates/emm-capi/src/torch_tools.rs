@@ -1,0 +1,154 @@
+//! PyTorch's memory tools over emm's own allocator object for PyTorch
+//! (`python/emm/_torch_native.cpp`): what `torch.cuda.memory_stats()`,
+//! `torch.cuda.reset_peak_memory_stats()`, `torch.cuda.empty_cache()` and cuDNN's
+//! workspace sizing (the allocator's `cacheInfo`) ask of PyTorch's allocator,
+//! answered by the manager behind `emm_torch_alloc` on each device.
+//!
+//! A device emm has not set up holds nothing of emm's: its counters read 0 and
+//! the question sets nothing up (PyTorch's own allocator does not create a device
+//! context to answer either). Only `emm_torch_cache_info`, asked right before a
+//! workspace is allocated on the device, sets it up.
+
+use std::ffi::{c_char, c_int, CStr};
+
+use emm_core::MemoryManager;
+
+use crate::framework::{device_manager, known_manager, known_managers};
+use crate::{emm_status, fail, guard, invalid, EMM_OK};
+
+/// The counter named `key` in `stats`, if the manager keeps one.
+fn counter(stats: &[(&'static str, u64)], key: &[u8]) -> Option<u64> {
+    stats
+        .iter()
+        .find(|(k, _)| k.as_bytes() == key)
+        .map(|&(_, v)| v)
+}
+
+/// `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
+/// `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
+/// behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
+/// A name the manager does not keep reads 0, and so does every name on a device
+/// emm has not set up (which this does not set up); `*found` (may be NULL) gets
+/// how many of the names the manager keeps. A null `keys` or `values` with `n > 0`,
+/// a null name, or a device outside `0..64` is `EMM_ERR_INVALID_ARGUMENT`, and
+/// `values` is then unspecified. Since ABI 307.
+#[no_mangle]
+pub unsafe extern "C" fn emm_torch_memory_stats(
+    device: c_int,
+    keys: *const *const c_char,
+    values: *mut u64,
+    n: usize,
+    found: *mut usize,
+) -> emm_status {
+    guard(|| {
+        if n > 0 && (keys.is_null() || values.is_null()) {
+            return invalid("emm_torch_memory_stats: `keys` or `values` is null");
+        }
+        let manager = match known_manager(device) {
+            Ok(m) => m,
+            Err(code) => return code,
+        };
+        let stats = manager.map(|m| m.memory_stats()).unwrap_or_default();
+        let mut hits = 0;
+        for i in 0..n {
+            // SAFETY: `keys` and `values` hold `n` elements each per the contract
+            // (both non-null when n > 0, checked above).
+            let (key, out) = unsafe { (*keys.add(i), values.add(i)) };
+            if key.is_null() {
+                return invalid(format!("emm_torch_memory_stats: name {i} of {n} is null"));
+            }
+            // SAFETY: non-null names are NUL-terminated strings per the contract.
+            let key = unsafe { CStr::from_ptr(key) }.to_bytes();
+            let v = counter(&stats, key);
+            hits += usize::from(v.is_some());
+            // SAFETY: `out` is element i of `values`, writable per the contract.
+            unsafe { *out = v.unwrap_or(0) };
+        }
+        if !found.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { *found = hits };
+        }
+        EMM_OK
+    })
+}
+
+/// `torch.cuda.reset_peak_memory_stats(device)`: sets every peak counter of the
+/// manager behind `emm_torch_alloc` on `device` to its current value. A device
+/// emm has not set up has nothing to reset; one outside `0..64` is
+/// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
+#[no_mangle]
+pub extern "C" fn emm_torch_reset_peak_stats(device: c_int) -> emm_status {
+    guard(|| match known_manager(device) {
+        Ok(Some(m)) => {
+            m.reset_peak_stats();
+            EMM_OK
+        }
+        Ok(None) => EMM_OK,
+        Err(code) => code,
+    })
+}
+
+/// `torch.cuda.empty_cache()`: gives the memory the manager behind
+/// `emm_torch_alloc` holds idle on `device` back to the device, on every device
+/// emm has set up when `device` is -1; `*released` (may be NULL) gets the bytes
+/// given back. Every device is tried; the status is the first failure's. A device
+/// emm has not set up holds nothing; one outside `-1..64` is
+/// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
+#[no_mangle]
+pub unsafe extern "C" fn emm_torch_empty_cache(device: c_int, released: *mut usize) -> emm_status {
+    guard(|| {
+        let managers: Vec<&dyn MemoryManager> = if device == -1 {
+            known_managers().collect()
+        } else {
+            match known_manager(device) {
+                Ok(m) => m.into_iter().collect(),
+                Err(code) => return code,
+            }
+        };
+        let mut total = 0usize;
+        let mut status = EMM_OK;
+        for m in managers {
+            match m.release_cached() {
+                Ok(n) => total = total.saturating_add(n),
+                Err(e) if status == EMM_OK => status = fail(e),
+                Err(e) => tracing::warn!("emm_torch_empty_cache: {e}"),
+            }
+        }
+        if !released.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { *released = total };
+        }
+        status
+    })
+}
+
+/// The allocator's `cacheInfo`, which cuDNN asks to bound the workspace it
+/// allocates next: into `*largest`, the larger of the device's free memory and the
+/// bytes the manager behind `emm_torch_alloc` holds reserved but not in use on
+/// `device` (what an allocation can get once the manager's out-of-memory ladder
+/// has given idle memory back; PyTorch's own allocator answers the larger of the
+/// free memory and its largest cached block). Sets the device up when emm has not
+/// yet. Since ABI 307.
+#[no_mangle]
+pub unsafe extern "C" fn emm_torch_cache_info(device: c_int, largest: *mut usize) -> emm_status {
+    guard(|| {
+        if largest.is_null() {
+            return invalid("emm_torch_cache_info: `largest` is null");
+        }
+        let m = match device_manager(device) {
+            Ok(m) => m,
+            Err(code) => return code,
+        };
+        let free = match m.get_memory_info() {
+            Ok(info) => info.free,
+            Err(e) => return fail(e),
+        };
+        let stats = m.memory_stats();
+        let reserved = counter(&stats, b"reserved_bytes.all.current").unwrap_or(0);
+        let active = counter(&stats, b"active_bytes.all.current").unwrap_or(0);
+        let idle = usize::try_from(reserved.saturating_sub(active)).unwrap_or(usize::MAX);
+        // SAFETY: non-null (checked above) and writable per the contract.
+        unsafe { *largest = free.max(idle) };
+        EMM_OK
+    })
+}
