@@ -54,6 +54,14 @@ def scenario(variant):
     dev = torch.device("cuda:0")
     side = torch.cuda.Stream(dev)
     x = torch.zeros(N, device=dev)
+    # Every kernel the scenario launches runs once first: CUDA loads kernels on
+    # first launch (lazy loading), and a load while the side stream spins waits
+    # for the device, which would hold the host back until the side stream is done.
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        x.add_(1)
+    x.fill_(7.0)
+    torch.cuda.synchronize(dev)
     start, end, made = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize(dev)
     side.wait_stream(torch.cuda.current_stream(dev))

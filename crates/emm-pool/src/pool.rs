@@ -1176,9 +1176,10 @@ impl PoolManager {
         }
     }
 
-    /// Gives every wholly free segment back to the upstream (after returning the
-    /// blocks this thread and the other threads cached; a thread using its cache at
-    /// that moment keeps it); returns the bytes released.
+    /// Gives every wholly free segment back to the upstream, and every idle piece
+    /// of the expandable segment, wherever it lies (after returning the blocks
+    /// this thread and the other threads cached; a thread using its cache at that
+    /// moment keeps it); returns the bytes released.
     pub fn trim(&self) -> usize {
         let mut arena = self.core.lock();
         self.core.flush_thread(&mut arena);
@@ -1187,7 +1188,9 @@ impl PoolManager {
         if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
             tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
         }
-        arena.release_free_segments(&self.core.source(), self.core.events.as_ref())
+        let source = self.core.source();
+        arena.release_free_segments(&source, self.core.events.as_ref())
+            + arena.release_free_pieces(&source)
     }
 
     /// Checks the pool's internal consistency (for tests); returns what is wrong.

@@ -166,6 +166,52 @@ fn trim_gives_every_byte_back_to_the_device() {
     }
 }
 
+/// `trim` (PyTorch's `empty_cache`) gives the idle middle of the expandable
+/// segment back to the device while live blocks on both sides keep their data,
+/// and the next allocation maps memory there again.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn trim_gives_back_the_idle_middle_and_live_blocks_keep_their_data() {
+    const MIB: usize = 1 << 20;
+    let ctx = ctx();
+    let pool = PoolManager::new(&ctx).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let first = pool.memalloc_async(8 * MIB, stream.raw()).unwrap();
+    let middle = pool.memalloc_async(512 * MIB, stream.raw()).unwrap();
+    let last = pool.memalloc_async(8 * MIB, stream.raw()).unwrap();
+    // SAFETY: both blocks are live and 8 MiB long.
+    unsafe {
+        memory::memset_d8(&ctx, first.ptr(), 0xA5, 8 * MIB).unwrap();
+        memory::memset_d8(&ctx, last.ptr(), 0x5A, 8 * MIB).unwrap();
+    }
+    drop(middle);
+    stream.synchronize().unwrap();
+    let reserved = pool.stats().reserved_bytes;
+    let (free0, _) = ctx.mem_info().unwrap();
+    let released = pool.trim();
+    let (free1, _) = ctx.mem_info().unwrap();
+    assert!(released >= 500 * MIB, "released {released}");
+    assert_eq!(pool.stats().reserved_bytes, reserved - released);
+    assert!(
+        free1 >= free0 + 500 * MIB,
+        "the device's free memory went {free0} -> {free1}"
+    );
+    pool.check().unwrap();
+    for (a, byte) in [(&first, 0xA5u8), (&last, 0x5A)] {
+        let mut back = vec![0u8; 8 * MIB];
+        // SAFETY: `back` holds 8 MiB; `a` is live and as long.
+        unsafe { memory::copy_dtoh(&ctx, &mut back, a.ptr()) }.unwrap();
+        assert!(
+            back.iter().all(|&b| b == byte),
+            "a live block lost its data"
+        );
+    }
+    let again = pool.memalloc_async(512 * MIB, stream.raw()).unwrap();
+    // SAFETY: `again` is live and 512 MiB long.
+    unsafe { memory::memset_d8(&ctx, again.ptr(), 1, 512 * MIB) }.unwrap();
+    pool.check().unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {

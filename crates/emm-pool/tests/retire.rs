@@ -196,3 +196,55 @@ fn a_long_run_stays_inside_the_reservation() {
     );
     drop(keep);
 }
+
+/// `trim` (PyTorch's `empty_cache`) gives back the idle middle of the expandable
+/// segment while live blocks sit on both sides: the idle pieces are unmapped, the
+/// reserved bytes drop by them, the live blocks stay where they are, and growth
+/// maps memory into the gap again afterwards. (The host stand-in's addresses are
+/// made up; `tests/gpu.rs` checks the live blocks' data on a GPU.)
+#[test]
+fn trim_gives_back_the_idle_middle_of_the_expandable_segment() {
+    let s = setup(1 << 30);
+    let (pool, st) = (&s.pool, stream());
+    let first = pool.memalloc_async(8 * MIB, st).unwrap();
+    let middle = pool.memalloc_async(96 * MIB, st).unwrap();
+    let last = pool.memalloc_async(8 * MIB, st).unwrap();
+    assert!(
+        first.ptr() < middle.ptr() && middle.ptr() < last.ptr(),
+        "not laid out in order"
+    );
+    drop(middle);
+    let before = pool.stats();
+    let unmaps = s.unmaps.load(Ordering::Relaxed);
+
+    let released = pool.trim();
+    let after = pool.stats();
+    assert!(released >= 64 * MIB, "released {released} of 96 MiB idle");
+    assert_eq!(after.reserved_bytes, before.reserved_bytes - released);
+    assert!(
+        s.unmaps.load(Ordering::Relaxed) > unmaps,
+        "nothing was unmapped"
+    );
+    assert_eq!(after.allocated_bytes, 16 * MIB);
+    pool.check().unwrap();
+
+    // The gap is mapped again by growth.
+    let again = pool.memalloc_async(96 * MIB, st).unwrap();
+    assert!(pool.stats().reserved_bytes >= 16 * MIB + 96 * MIB);
+    for (x, xs) in [(&first, 8 * MIB), (&last, 8 * MIB)] {
+        let (x0, y0) = (x.ptr(), again.ptr());
+        assert!(
+            x0 + xs as u64 <= y0 || y0 + 96 * MIB as u64 <= x0,
+            "live blocks overlap"
+        );
+    }
+    pool.check().unwrap();
+    drop((first, last, again));
+    assert!(pool.trim() > 0);
+    assert_eq!(
+        pool.stats().reserved_bytes,
+        0,
+        "everything goes back once nothing is live"
+    );
+    pool.check().unwrap();
+}

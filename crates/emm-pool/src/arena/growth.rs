@@ -313,7 +313,7 @@ impl Arena {
     /// segment other than the blocks `exclude` (those growth joins): the pieces
     /// growth moves. Pieces tile the segment's memory in address order, so those
     /// of one block are a contiguous run.
-    fn hole_pieces(
+    pub(super) fn hole_pieces(
         &self,
         base: CUdeviceptr,
         exclude: &[Option<CUdeviceptr>; 2],

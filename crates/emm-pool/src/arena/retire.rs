@@ -8,7 +8,12 @@
 //! loop with variable shapes moved about 900 pieces every 56 steps, some 11 GiB of
 //! address space and as many mappings, which used up a terabyte's reservation in
 //! about 5,000 steps (and the host's 65,530 mappings sooner, on the stand-in).
+//!
+//! `trim` (PyTorch's `empty_cache`) makes gaps the same way out of the idle
+//! pieces themselves: their memory goes back to the device, wherever in the
+//! segment they lie ([`Arena::release_free_pieces`]).
 
+use emm_core::TraceAction;
 use emm_sys::CUdeviceptr;
 
 use super::*;
@@ -99,6 +104,67 @@ impl Arena {
                 self.retiring.push(r);
             }
         }
+    }
+
+    /// Unmaps every whole piece of the expandable segment that lies in a settled
+    /// free block (every free block is settled after `consolidate`): its memory
+    /// goes back to the device and its range becomes a gap, which growth maps
+    /// memory into again when that joins free blocks. So the free middle of the
+    /// segment is given back while live blocks sit past it (PyTorch's
+    /// `empty_cache` unmaps the free pages of its expandable segments likewise).
+    /// Old mappings of moved pieces must be unmapped first (`unmap_retired` with
+    /// `all`), so that no piece's memory is mapped twice. A piece that fails to
+    /// unmap stays mapped, its block retired (the error is logged). Returns the
+    /// bytes released.
+    pub fn release_free_pieces(&mut self, source: &dyn SegmentSource) -> usize {
+        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+            return 0;
+        };
+        let plan = self.hole_pieces(base, &[None, None], usize::MAX, usize::MAX, SETTLED);
+        let mut released = 0;
+        for h in plan {
+            let len: usize = h.pieces.iter().sum();
+            self.retire(base, &h, h.first + len as u64);
+            let mut gone = Vec::with_capacity(h.pieces.len());
+            let mut at = h.first;
+            for &l in &h.pieces {
+                match source.unmap_done(at, l) {
+                    Ok(()) => gone.push(((at - base) as usize, l)),
+                    Err(e) => {
+                        tracing::error!(error = %e, addr = at, len = l, "giving an idle piece of the expandable segment back failed; it stays mapped");
+                    }
+                }
+                at += l as u64;
+            }
+            if let Some(Segment {
+                expandable: Some((_, pieces)),
+                retired,
+                ..
+            }) = self.segments.get_mut(&base)
+            {
+                for &(off, _) in &gone {
+                    if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
+                        pieces.remove(i);
+                    }
+                }
+                // Pieces still mapped are memory the segment holds, not retired
+                // address space.
+                *retired -= len - gone.iter().map(|&(_, l)| l).sum::<usize>();
+            }
+            let freed: usize = gone.iter().map(|&(_, l)| l).sum();
+            self.stats.reserved -= freed;
+            self.stats.pieces_unmapped += gone.len();
+            self.stats.upstream_frees += usize::from(freed > 0);
+            if freed > 0 {
+                self.history
+                    .push(TraceAction::SegmentUnmap, h.first, freed, 0);
+            }
+            released += freed;
+            if gone.len() == h.pieces.len() {
+                self.make_gap(h.first);
+            }
+        }
+        released
     }
 
     /// When the work queued so far on `owner` (the stream growing now, whose
