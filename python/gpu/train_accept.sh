@@ -14,7 +14,9 @@
 #   gpt2    GPT-2 training, ROUNDS rounds of 48 timed steps
 #   resnet50  ResNet-50 training, the same
 #   infer   GPT-2 inference (variable batch, torch.no_grad), the same
-#   ddp     GPT-2 under DDP on every GPU of the machine (needs 2 or more)
+#   ddp     GPT-2 under DDP on every GPU of the machine (needs 2 or more; DDP_GPUS=N
+#           runs N ranks, e.g. 1: torchrun and NCCL on one GPU, with no traffic
+#           between GPUs)
 #   long    one round of LONG timed steps (default 400) of ResNet-50 and GPT-2:
 #           the footprint over a long run, where `emm replay --passes` shows the
 #           pool's drifting on the host (docs/benchmarks.md, twelfth session)
@@ -68,8 +70,8 @@ for stage in "$@"; do
     infer)
       rounds gpt2-infer --rounds "$ROUNDS" --workloads gpt2-infer --steps 48 --timeout 120 ;;
     ddp)
-      gpus=$(nvidia-smi -L | wc -l)
-      if [ "$gpus" -lt 2 ]; then echo "== ddp skipped: $gpus GPU on this machine"; failed=1; continue; fi
+      gpus=${DDP_GPUS:-$(nvidia-smi -L | wc -l)}
+      if [ "$gpus" -lt 2 ] && [ -z "${DDP_GPUS:-}" ]; then echo "== ddp skipped: $gpus GPU on this machine (DDP_GPUS=1 runs one rank)"; failed=1; continue; fi
       rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
     hooks)
       [ -n "${HOOK_LIBS:-}" ] || { echo "== hooks: set HOOK_LIBS to call-timing builds of libemm_capi.so"; failed=1; continue; }
