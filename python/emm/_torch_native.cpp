@@ -22,7 +22,6 @@
 // emm's functions are handed in as addresses, so the library does not link emm.
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
-#include <torch/version.h>
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -38,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace {
@@ -219,8 +219,46 @@ int64_t as_stat(uint64_t v) {
                                                 : static_cast<int64_t>(v);
 }
 
-struct EmmAllocator final : Pluggable {
-  using Pluggable::Pluggable;
+// Gives every device's idle memory back (emm keeps none of PyTorch's memory
+// pools, so a pool named by PyTorch changes nothing).
+void empty_all() {
+  check(g_emm.empty_cache(-1, nullptr), "emm could not empty its cache");
+}
+
+// Whether the base class's emptyCache takes a memory pool (PyTorch 2.8 and later),
+// told from its signature.
+template <class A, class = void>
+struct EmptyCacheTakesPool : std::false_type {};
+template <class A>
+struct EmptyCacheTakesPool<
+    A,
+    std::void_t<decltype(std::declval<A&>().emptyCache(
+        std::declval<c10::cuda::MempoolId_t>()))>> : std::true_type {};
+
+template <class Base>
+struct EmptyCacheWithPool : Base {
+  using Base::Base;
+  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
+    empty_all();
+  }
+};
+
+template <class Base>
+struct EmptyCacheWithoutPool : Base {
+  using Base::Base;
+  void emptyCache() override {
+    empty_all();
+  }
+};
+
+// The pluggable allocator with emptyCache overridden in the form it has.
+using WithEmptyCache = std::conditional_t<
+    EmptyCacheTakesPool<Pluggable>::value,
+    EmptyCacheWithPool<Pluggable>,
+    EmptyCacheWithoutPool<Pluggable>>;
+
+struct EmmAllocator final : WithEmptyCache {
+  using WithEmptyCache::WithEmptyCache;
 
   c10::DataPtr allocate(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
@@ -284,8 +322,9 @@ struct EmmAllocator final : Pluggable {
     check(g_emm.reset_peak_stats(device), "emm could not reset its peaks");
   }
 
-  // emm never resets its accumulated counts; from here on this device's are
-  // reported as counted since this call.
+  // emm never resets its accumulated counts; from here on PyTorch is told this
+  // device's as counted since this call (emm.torch.memory_stats() and emm's own
+  // tools still count from the start).
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     if (device < 0 || device >= kDevices) {
       return;
@@ -297,17 +336,6 @@ struct EmmAllocator final : Pluggable {
       base[i] = accumulated(i) ? now[i] : 0;
     }
   }
-
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
-  // emm keeps no memory pools of PyTorch's: every device's idle memory goes.
-  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
-    empty_all();
-  }
-#else
-  void emptyCache() override {
-    empty_all();
-  }
-#endif
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     check(
@@ -326,10 +354,6 @@ struct EmmAllocator final : Pluggable {
       }
     }
     return false;
-  }
-
-  static void empty_all() {
-    check(g_emm.empty_cache(-1, nullptr), "emm could not empty its cache");
   }
 
   void subtract_reset(c10::DeviceIndex device, StatValues& values) {

@@ -13,7 +13,8 @@ module does not import PyTorch.
 PyTorch's own memory tools keep working with emm's object:
 ``torch.cuda.memory_stats()`` and everything built on it (``memory_allocated``,
 ``max_memory_allocated``, ``memory_reserved``, ``memory_summary``, ...),
-``reset_peak_memory_stats``, ``reset_accumulated_memory_stats``, ``empty_cache``,
+``reset_peak_memory_stats``, ``reset_accumulated_memory_stats`` (for PyTorch's
+figures; emm's own count from the start), ``empty_cache``,
 cuDNN's workspace sizing and ``record_stream`` (from Python and from C++) are
 answered by emm's counters and manager. ``install()`` also points PyTorch's
 allocation-history tools (``torch.cuda.memory._record_memory_history``,
@@ -180,10 +181,13 @@ def _route_record_stream(torch: Any) -> None:
 
 def _route_memory_history(torch: Any) -> None:
     """Points PyTorch's allocation-history tools at emm's:
-    ``torch.cuda.memory._record_memory_history`` starts and stops emm's history
-    (:func:`record_memory_history`), and ``torch.cuda.memory._snapshot`` (which
-    ``_dump_snapshot`` pickles) and ``torch.cuda.memory_snapshot`` return emm's
-    segments and history in PyTorch's format (:func:`snapshot`). Neither of
+    ``torch.cuda.memory._record_memory_history`` (either of PyTorch's forms; its
+    ``max_entries``, ``device`` and ``clear_history`` are honoured) starts and stops
+    emm's history of that device, and ``torch.cuda.memory._snapshot`` (which
+    ``_dump_snapshot`` pickles) and ``torch.cuda.memory_snapshot`` return the
+    current device's segments and history in PyTorch's format (:func:`snapshot`;
+    PyTorch's cover every device). Stopping drops emm's history, so take the
+    snapshot first, as PyTorch's own example does. Neither of
     PyTorch's allocator objects over emm keeps a history of its own: the pluggable
     one raises, and PyTorch's snapshot types differ between its versions, which a
     compiled override would have to follow."""
@@ -191,12 +195,21 @@ def _route_memory_history(torch: Any) -> None:
     if getattr(memory._snapshot, "_emm_routed", False):
         return
 
-    def _record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = sys.maxsize,
-                               device: Any = None, **kwargs: Any) -> None:
-        del args, kwargs  # context, stacks, ...: emm records no stack frames
-        on = enabled not in (None, False, "None")
-        d = _device_index(device)
-        _manager(d).record_history(min(max_entries, SIZE_MAX) if on else 0)
+    def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        legacy = isinstance(enabled, bool)  # PyTorch's older form takes a bool first
+        names = (("record_context", "trace_alloc_max_entries", "trace_alloc_record_context", "device",
+                  "record_context_cpp", "clear_history") if legacy
+                 else ("context", "stacks", "max_entries", "device", "clear_history"))
+        given = dict(zip(names, args))
+        given.update(kwargs)
+        on = enabled if legacy else enabled not in (None, "None")
+        max_entries = (given.get("trace_alloc_max_entries", 1) if legacy
+                       else given.get("max_entries", sys.maxsize))
+        m = _manager(given.get("device"))
+        if on and given.get("clear_history"):
+            m.record_history(0)  # drops what was recorded
+        # Context and stacks: emm records no stack frames.
+        m.record_history(min(int(max_entries), SIZE_MAX) if on else 0)
 
     def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         del args, kwargs  # augment_with_fx_traces, ...: emm has none to add

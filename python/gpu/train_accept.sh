@@ -71,6 +71,7 @@ for stage in "$@"; do
       rounds gpt2-infer --rounds "$ROUNDS" --workloads gpt2-infer --steps 48 --timeout 120 ;;
     ddp)
       gpus=${DDP_GPUS:-$(nvidia-smi -L | wc -l)}
+      case $gpus in ''|*[!0-9]*|0) echo "== ddp: no ranks to run (DDP_GPUS, else the GPU count, is '$gpus'; 1 or more)"; failed=1; continue ;; esac
       if [ "$gpus" -lt 2 ] && [ -z "${DDP_GPUS:-}" ]; then echo "== ddp skipped: $gpus GPU on this machine (DDP_GPUS=1 runs one rank)"; failed=1; continue; fi
       rounds ddp --rounds "$ROUNDS" --ddp "$gpus" --workloads gpt2 --steps 48 --timeout 180 ;;
     hooks)

@@ -313,6 +313,11 @@ def test_pytorchs_history_tools_reach_emms_history(recorder, monkeypatch, kind):
     memory._record_memory_history("state", device=1)
     memory._record_memory_history(enabled=None)
     assert managers[0].asked == [5, 0] and managers[1].asked == [sys.maxsize]
+    memory._record_memory_history("all", "all", "all", 7, 1)  # PyTorch's positional order
+    memory._record_memory_history("all", max_entries=8, device=1, clear_history=True)
+    memory._record_memory_history(True, trace_alloc_max_entries=9)  # PyTorch's older form
+    memory._record_memory_history(False)
+    assert managers[1].asked == [sys.maxsize, 7, 0, 8] and managers[0].asked == [5, 0, 9, 0]
 
     snap = memory._snapshot()
     assert snap["segments"][0]["blocks"][0]["state"] == "active_allocated"

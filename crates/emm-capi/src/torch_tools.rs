@@ -88,15 +88,21 @@ pub extern "C" fn emm_torch_reset_peak_stats(device: c_int) -> emm_status {
     })
 }
 
-/// `torch.cuda.empty_cache()`: gives the memory the manager behind
-/// `emm_torch_alloc` holds idle on `device` back to the device, on every device
-/// emm has set up when `device` is -1; `*released` (may be NULL) gets the bytes
-/// given back. Every device is tried; the status is the first failure's. A device
-/// emm has not set up holds nothing; one outside `-1..64` is
+/// `torch.cuda.empty_cache()`: gives back what the manager behind
+/// `emm_torch_alloc` holds idle on `device`, on every device emm has set up when
+/// `device` is -1 (the manager's `release_cached`: its idle device memory, and the
+/// pinned host and managed memory it caches); `*released` (may be NULL) gets the
+/// bytes given back, of all three. Every device is tried; the status is the first
+/// failure's. A device emm has not set up holds nothing; one outside `-1..64` is
 /// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
 #[no_mangle]
 pub unsafe extern "C" fn emm_torch_empty_cache(device: c_int, released: *mut usize) -> emm_status {
     guard(|| {
+        if device < -1 {
+            return invalid(format!(
+                "emm_torch_empty_cache: device {device} is neither -1 (every device) nor in 0..64"
+            ));
+        }
         let managers: Vec<&dyn MemoryManager> = if device == -1 {
             known_managers().collect()
         } else {

@@ -985,7 +985,13 @@ mod standin {
             unsafe { emm_torch_cache_info(1, &mut largest) },
             EMM_OK,
         );
-        assert!(largest > 0, "free device memory is reported");
+        let capacity = standin.control("capacity").unwrap();
+        let used = standin.control("used_bytes 1").unwrap();
+        assert_eq!(
+            largest as u64,
+            capacity - used,
+            "with the device's free memory above the idle bytes, the free memory"
+        );
 
         case("release", emm_torch_release(big, 1), EMM_OK);
         let (_, after, _) = torch_stats(1, &names);
@@ -996,16 +1002,25 @@ mod standin {
             reset[1], reset[0],
             "the peak is the current value after a reset"
         );
+        // With the device's free memory below what the pool holds idle, the idle
+        // bytes (reserved, not active) are the answer.
+        let used = standin.control("used_bytes 1").unwrap();
+        standin
+            .control(&format!("capacity {}", used + (1 << 20)))
+            .unwrap();
         // SAFETY: `largest` is writable.
-        case(
-            "cache_info idle",
-            unsafe { emm_torch_cache_info(1, &mut largest) },
-            EMM_OK,
+        let code = unsafe { emm_torch_cache_info(1, &mut largest) };
+        standin.control(&format!("capacity {capacity}")).unwrap();
+        case("cache_info idle", code, EMM_OK);
+        let (_, idle, _) = torch_stats(
+            1,
+            &["reserved_bytes.all.current", "active_bytes.all.current"],
         );
         assert!(
-            largest >= (reset[2] - reset[0]) as usize,
-            "{largest} < the idle bytes"
+            idle[0] - idle[1] > 1 << 20,
+            "too little idle to tell the two apart: {idle:?}"
         );
+        assert_eq!(largest as u64, idle[0] - idle[1], "the idle bytes");
 
         // SAFETY: `released` is writable.
         case(
@@ -1016,6 +1031,8 @@ mod standin {
         let (_, emptied, _) = torch_stats(1, &names);
         assert!(released >= 3 << 20, "released {released}");
         assert!(emptied[2] < reset[2], "{emptied:?} after {reset:?}");
+        standin.control("devices 1").unwrap();
+        standin.reset().unwrap();
         println!("{} torch memory-tool stand-in cases", cases() - before);
     }
 }

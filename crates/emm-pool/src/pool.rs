@@ -176,8 +176,10 @@ pub struct PoolStats {
     /// Pieces of the expandable segment whose memory moved (mapped again where
     /// growth needed memory, instead of new memory; one driver call each).
     pub pieces_moved: usize,
-    /// Old mappings of moved pieces unmapped once their work was done (one driver
-    /// call each), their address space used again.
+    /// Mappings of the expandable segment unmapped without a synchronization of
+    /// their own (one driver call each), their address space used again: old
+    /// mappings of moved pieces once their work was done, and idle pieces `trim`
+    /// gave back.
     pub pieces_unmapped: usize,
 }
 

@@ -137,8 +137,8 @@ pub struct ArenaStats {
     pub pieces_mapped: usize,
     /// Pieces of the expandable segment whose memory was mapped again elsewhere in it.
     pub pieces_moved: usize,
-    /// Old mappings of moved pieces unmapped (one driver call each), once the work
-    /// queued on them was done.
+    /// Mappings unmapped once the work queued on them was done (one driver call
+    /// each): old mappings of moved pieces, and idle pieces `trim` gave back.
     pub pieces_unmapped: usize,
     /// Synchronizations made to give back wholly free large segments instead of
     /// growing (without the expandable segment).

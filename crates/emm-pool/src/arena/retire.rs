@@ -112,59 +112,100 @@ impl Arena {
     /// memory into again when that joins free blocks. So the free middle of the
     /// segment is given back while live blocks sit past it (PyTorch's
     /// `empty_cache` unmaps the free pages of its expandable segments likewise).
-    /// Old mappings of moved pieces must be unmapped first (`unmap_retired` with
-    /// `all`), so that no piece's memory is mapped twice. A piece that fails to
-    /// unmap stays mapped, its block retired (the error is logged). Returns the
-    /// bytes released.
+    ///
+    /// Nothing is done while old mappings of moved pieces still wait to be
+    /// unmapped: a piece's memory may then be mapped at two addresses, and
+    /// unmapping one would give nothing back. A piece that fails to unmap stays
+    /// mapped in its free block, for the next trim (the error is logged). Returns
+    /// the bytes released.
     pub fn release_free_pieces(&mut self, source: &dyn SegmentSource) -> usize {
         let Some(base) = self.grow_base.filter(|&b| b != 0) else {
             return 0;
         };
+        if !self.retiring.is_empty() {
+            return 0;
+        }
         let plan = self.hole_pieces(base, &[None, None], usize::MAX, usize::MAX, SETTLED);
         let mut released = 0;
         for h in plan {
-            let len: usize = h.pieces.iter().sum();
-            self.retire(base, &h, h.first + len as u64);
-            let mut gone = Vec::with_capacity(h.pieces.len());
+            // The free block around the runs still to retire (it starts past the
+            // last run retired), and the run of pieces unmapped so far.
+            let mut block = (h.block, h.size);
+            let (mut run_start, mut run) = (h.first, Vec::new());
             let mut at = h.first;
-            for &l in &h.pieces {
-                match source.unmap_done(at, l) {
-                    Ok(()) => gone.push(((at - base) as usize, l)),
-                    Err(e) => {
-                        tracing::error!(error = %e, addr = at, len = l, "giving an idle piece of the expandable segment back failed; it stays mapped");
+            for &len in &h.pieces {
+                if self.unmap_piece(base, at, len, source) {
+                    if run.is_empty() {
+                        run_start = at;
                     }
+                    run.push(len);
+                } else if !run.is_empty() {
+                    released +=
+                        self.retire_unmapped(base, &mut block, run_start, std::mem::take(&mut run));
                 }
-                at += l as u64;
+                at += len as u64;
             }
-            if let Some(Segment {
-                expandable: Some((_, pieces)),
-                retired,
-                ..
-            }) = self.segments.get_mut(&base)
-            {
-                for &(off, _) in &gone {
-                    if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
-                        pieces.remove(i);
-                    }
-                }
-                // Pieces still mapped are memory the segment holds, not retired
-                // address space.
-                *retired -= len - gone.iter().map(|&(_, l)| l).sum::<usize>();
-            }
-            let freed: usize = gone.iter().map(|&(_, l)| l).sum();
-            self.stats.reserved -= freed;
-            self.stats.pieces_unmapped += gone.len();
-            self.stats.upstream_frees += usize::from(freed > 0);
-            if freed > 0 {
-                self.history
-                    .push(TraceAction::SegmentUnmap, h.first, freed, 0);
-            }
-            released += freed;
-            if gone.len() == h.pieces.len() {
-                self.make_gap(h.first);
+            if !run.is_empty() {
+                released += self.retire_unmapped(base, &mut block, run_start, run);
             }
         }
         released
+    }
+
+    /// Makes the run of `pieces` from `first`, unmapped now, a gap of the free
+    /// block `block` (address, size), which becomes what is left of it past the
+    /// run; returns the run's bytes, which the pool no longer holds.
+    fn retire_unmapped(
+        &mut self,
+        base: CUdeviceptr,
+        block: &mut (CUdeviceptr, usize),
+        first: CUdeviceptr,
+        pieces: Vec<usize>,
+    ) -> usize {
+        let len: usize = pieces.iter().sum();
+        let to = first + len as u64;
+        let run = HolePieces {
+            block: block.0,
+            size: block.1,
+            owner: SETTLED,
+            first,
+            pieces,
+        };
+        self.retire(base, &run, to);
+        self.make_gap(first);
+        *block = (to, (block.0 + block.1 as u64 - to) as usize);
+        self.stats.reserved -= len;
+        self.stats.upstream_frees += 1;
+        self.history.push(TraceAction::SegmentUnmap, first, len, 0);
+        len
+    }
+
+    /// Unmaps the mapping of `len` bytes at `addr` of the expandable segment at
+    /// `base` (the device is done with it) and drops it from the segment's
+    /// pieces; whether it went (a failure is logged and leaves it mapped).
+    fn unmap_piece(
+        &mut self,
+        base: CUdeviceptr,
+        addr: CUdeviceptr,
+        len: usize,
+        source: &dyn SegmentSource,
+    ) -> bool {
+        if let Err(e) = source.unmap_done(addr, len) {
+            tracing::error!(error = %e, addr, len, "unmapping a piece of the expandable segment failed; it stays mapped");
+            return false;
+        }
+        self.stats.pieces_unmapped += 1;
+        if let Some(Segment {
+            expandable: Some((_, pieces)),
+            ..
+        }) = self.segments.get_mut(&base)
+        {
+            let off = (addr - base) as usize;
+            if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
+                pieces.remove(i);
+            }
+        }
+        true
     }
 
     /// When the work queued so far on `owner` (the stream growing now, whose
@@ -260,28 +301,10 @@ impl Arena {
     /// not used again; the error is logged).
     fn unmap_retiring(&mut self, base: CUdeviceptr, r: Retiring, source: &dyn SegmentSource) {
         let mut failed = false;
-        let mut gone = Vec::with_capacity(r.maps.len());
         for &(addr, len) in &r.maps {
-            match source.unmap_done(addr, len) {
-                Ok(()) => {
-                    self.stats.pieces_unmapped += 1;
-                    gone.push((addr - base) as usize);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, addr, len, "unmapping the old mapping of a moved piece failed; its address range stays retired");
-                    failed = true;
-                }
-            }
-        }
-        if let Some(Segment {
-            expandable: Some((_, pieces)),
-            ..
-        }) = self.segments.get_mut(&base)
-        {
-            for off in gone {
-                if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
-                    pieces.remove(i);
-                }
+            if !self.unmap_piece(base, addr, len, source) {
+                // (Its address range stays retired.)
+                failed = true;
             }
         }
         if !failed {
