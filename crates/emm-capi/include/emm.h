@@ -647,11 +647,12 @@ emm_status emm_torch_memory_stats(int device,
 emm_status emm_torch_reset_peak_stats(int device);
 
 /**
- * `torch.cuda.empty_cache()`: gives the memory the manager behind
- * `emm_torch_alloc` holds idle on `device` back to the device, on every device
- * emm has set up when `device` is -1; `*released` (may be NULL) gets the bytes
- * given back. Every device is tried; the status is the first failure's. A device
- * emm has not set up holds nothing; one outside `-1..64` is
+ * `torch.cuda.empty_cache()`: gives back what the manager behind
+ * `emm_torch_alloc` holds idle on `device`, on every device emm has set up when
+ * `device` is -1 (the manager's `release_cached`: its idle device memory, and the
+ * pinned host and managed memory it caches); `*released` (may be NULL) gets the
+ * bytes given back, of all three. Every device is tried; the status is the first
+ * failure's. A device emm has not set up holds nothing; one outside `-1..64` is
  * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
  */
 emm_status emm_torch_empty_cache(int device, size_t *released);
