@@ -15,7 +15,8 @@
 // (`memory_allocated`, `max_memory_reserved`, `memory_summary`, ...), the peak and
 // accumulated resets, `empty_cache()`, cuDNN's `cacheInfo`, and `recordStream`
 // from C++ (NCCL's process group, `Tensor.record_stream`), each through emm's
-// `emm_torch_*` functions; the graph hooks stay PyTorch's.
+// `emm_torch_*` functions. CUDA graph capture, which needs a private pool emm
+// does not have yet, is refused with the reason instead of corrupting memory.
 //
 // `emm.torch` compiles this file against the PyTorch it runs with (g++, PyTorch's
 // headers and libraries; no ninja), caches the library, and loads it with ctypes.
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -130,6 +132,15 @@ void* checked_alloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   }
   return ptr;
 }
+
+// Why emm's object refuses CUDA graph capture and torch.cuda.MemPool
+// (python/emm/torch.py says the same for PyTorch's pluggable object).
+constexpr const char* kNoGraphPools =
+    "emm's allocator does not keep private memory pools for CUDA graphs or "
+    "torch.cuda.MemPool yet: memory a graph was captured with would be handed to "
+    "other tensors after the capture, and every replay would write into them. "
+    "Capture CUDA graphs (torch.cuda.graph, torch.compile's reduce-overhead mode) "
+    "in a process that does not call emm.torch.install()";
 
 // Throws c10::Error with emm's reason when an emm function other than an
 // allocation failed.
@@ -335,6 +346,18 @@ struct EmmAllocator final : WithEmptyCache {
     for (std::size_t i = 0; i < kNames; ++i) {
       base[i] = accumulated(i) ? now[i] : 0;
     }
+  }
+
+  // CUDA graph capture (and torch.cuda.MemPool) asks for a private pool that
+  // keeps the memory a graph was captured with for its replays. emm has none
+  // yet; without one, memory freed during capture would go to other tensors and
+  // every replay would write into them. Refused before the capture begins
+  // (PyTorch calls this ahead of cudaStreamBeginCapture).
+  void beginAllocateToPool(
+      c10::DeviceIndex /*device*/,
+      c10::cuda::MempoolId_t /*mempool_id*/,
+      std::function<bool(cudaStream_t)> /*filter*/) override {
+    C10_THROW_ERROR(Error, kNoGraphPools);
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {

@@ -103,7 +103,10 @@ def install(native: Optional[bool] = None) -> Any:
     call returns the allocator the first installed.
 
     emm's own object answers PyTorch's memory tools (``torch.cuda.memory_stats()``,
-    ``empty_cache()``, ...) and ``recordStream``. With PyTorch's pluggable object,
+    ``empty_cache()``, ...) and ``recordStream``. CUDA graph capture (and
+    ``torch.cuda.MemPool``) raises ``RuntimeError`` with either object: emm keeps
+    no private pool for a graph's memory yet, and without one every replay would
+    write into memory handed to other tensors. With PyTorch's pluggable object,
     ``torch.Tensor.record_stream`` is routed to emm (see
     :func:`_route_record_stream`): that object drops those calls, which would let
     memory still in use on another stream be handed out again. Either way PyTorch's
@@ -137,6 +140,7 @@ def install(native: Optional[bool] = None) -> Any:
     _INSTALLED = kind
     if kind == "pluggable":
         _route_record_stream(torch)
+        _refuse_graph_capture(torch)
     _route_memory_history(torch)
     return torch.cuda.memory._get_current_allocator()
 
@@ -177,6 +181,35 @@ def _route_record_stream(torch: Any) -> None:
     record_stream._emm_routed = True  # type: ignore[attr-defined]
     record_stream._emm_original = original  # type: ignore[attr-defined]
     torch.Tensor.record_stream = record_stream
+
+
+NO_GRAPH_POOLS = (
+    "emm's allocator does not keep private memory pools for CUDA graphs or torch.cuda.MemPool yet: memory a "
+    "graph was captured with would be handed to other tensors after the capture, and every replay would write "
+    "into them. Capture CUDA graphs (torch.cuda.graph, torch.compile's reduce-overhead mode) in a process that "
+    "does not call emm.torch.install()"
+)
+"""Why CUDA graph capture is refused under emm (emm's own object says the same
+from its ``beginAllocateToPool``)."""
+
+
+def _refuse_graph_capture(torch: Any) -> None:
+    """Makes ``torch.cuda.CUDAGraph.capture_begin`` raise :data:`NO_GRAPH_POOLS`
+    under PyTorch's pluggable object, which would let a capture go ahead with no
+    pool to keep its memory (emm's own object refuses in C++, before the capture
+    begins)."""
+    graph = torch.cuda.CUDAGraph
+    original = graph.capture_begin
+    if getattr(original, "_emm_routed", False):
+        return
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(NO_GRAPH_POOLS)
+
+    capture_begin.__doc__ = original.__doc__
+    capture_begin._emm_routed = True  # type: ignore[attr-defined]
+    capture_begin._emm_original = original  # type: ignore[attr-defined]
+    graph.capture_begin = capture_begin
 
 
 def _route_memory_history(torch: Any) -> None:

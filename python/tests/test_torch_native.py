@@ -165,8 +165,14 @@ class _Recorder:
             tool.__doc__ = f"PyTorch's {name}."
             return tool
 
+        class CUDAGraph:
+            def capture_begin(self, pool=None):
+                rec.captures.append(pool)
+
+        self.captures = []
         self.Tensor = Tensor
         self.cuda = types.SimpleNamespace(
+            CUDAGraph=CUDAGraph,
             current_device=lambda: 0,
             memory_snapshot=pytorchs("memory_snapshot"),
             memory=types.SimpleNamespace(
@@ -330,3 +336,22 @@ def test_pytorchs_history_tools_reach_emms_history(recorder, monkeypatch, kind):
     routed = memory._snapshot
     et._route_memory_history(recorder)
     assert memory._snapshot is routed, "routing twice wraps once"
+
+
+def test_graph_capture_is_refused_under_pytorchs_pluggable_object(recorder, monkeypatch):
+    monkeypatch.setattr(tn, "install", lambda torch, lib: (_ for _ in ()).throw(tn.NativeUnavailable("x")))
+    with pytest.warns(emm.EmmWarning):
+        et.install()
+    with pytest.raises(RuntimeError, match="private memory pools for CUDA graphs"):
+        recorder.cuda.CUDAGraph().capture_begin()
+    assert recorder.captures == [], "the capture went ahead"
+    recorder.cuda.CUDAGraph.capture_begin._emm_original(recorder.cuda.CUDAGraph(), "p")
+    assert recorder.captures == ["p"], "PyTorch's own capture_begin is kept"
+
+
+def test_emms_object_leaves_graph_capture_to_its_cpp_refusal(recorder, monkeypatch):
+    original = recorder.cuda.CUDAGraph.capture_begin
+    monkeypatch.setattr(tn, "install", lambda torch, lib: None)
+    et.install()
+    assert recorder.cuda.CUDAGraph.capture_begin is original
+    assert "private memory pools for CUDA graphs" in tn.SOURCE.read_text().replace('"\n    "', "")
