@@ -5,13 +5,15 @@ directly instead of keeping a second map of live addresses under a mutex.
 The library is compiled against the PyTorch it runs with (its headers and
 libraries, the C++ compiler in ``CXX`` or ``c++``; no ninja), once per PyTorch
 build and source, into ``EMM_CACHE_DIR`` (else ``$XDG_CACHE_HOME/emm``, else
-``~/.cache/emm``). Any step that cannot be done raises :class:`NativeUnavailable`
+``~/.cache/emm``); processes starting together (the ranks of a torchrun job) build
+it once, the others waiting on a lock file beside it. Any step that cannot be done raises :class:`NativeUnavailable`
 saying which and why; ``emm.torch.install`` then uses PyTorch's pluggable
 allocator instead and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -20,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, List
+from typing import Any, Iterator, List
 
 SOURCE = pathlib.Path(__file__).with_name("_torch_native.cpp")
 
@@ -131,8 +133,34 @@ def _build(torch: Any) -> pathlib.Path:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NativeUnavailable(f"cannot create the cache folder {out.parent}: {e}") from e
-    # Built beside its final name and renamed into place, so that two processes
-    # building at once never load a half-written library.
+    # One build at a time per library (the ranks of a torchrun job start
+    # together): the others wait for it and load what it built.
+    with _build_lock(out.with_suffix(".lock")):
+        if out.is_file():
+            return out
+        return _compile(torch, out)
+
+
+@contextlib.contextmanager
+def _build_lock(path: pathlib.Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (created if missing) while in the
+    block; a system without ``fcntl`` builds without one."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _compile(torch: Any, out: pathlib.Path) -> pathlib.Path:
+    # Built beside its final name and renamed into place, so that a process
+    # that does not wait for the lock never loads a half-written library.
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=out.stem + ".", suffix=".tmp.so")
     os.close(fd)
     tmp = pathlib.Path(tmp_name)

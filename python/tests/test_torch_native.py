@@ -106,7 +106,7 @@ def test_a_failed_compile_leaves_nothing_behind(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("CXX", str(compiler))
     with pytest.raises(tn.NativeUnavailable, match=r"exit 3.*this compiler refuses"):
         tn.build(fake_torch(tmp_path))
-    assert list((cache / "torch-native").iterdir()) == []
+    assert [p.name for p in (cache / "torch-native").iterdir() if p.suffix != ".lock"] == []
 
 
 def test_the_command_builds_against_the_torch_given(tmp_path, cache, monkeypatch):
@@ -355,3 +355,21 @@ def test_emms_object_leaves_graph_capture_to_its_cpp_refusal(recorder, monkeypat
     et.install()
     assert recorder.cuda.CUDAGraph.capture_begin is original
     assert "private memory pools for CUDA graphs" in tn.SOURCE.read_text().replace('"\n    "', "")
+
+
+def test_processes_building_at_once_compile_once(tmp_path, cache, monkeypatch):
+    compiler = tmp_path / "cxx"
+    log = tmp_path / "calls"
+    # Takes a while, writes the output file (the argument after -o), counts its calls.
+    compiler.write_text(
+        "#!/bin/sh\necho x >> " + str(log) + "\nsleep 0.5\n"
+        "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then shift; echo lib > \"$1\"; fi; shift; done\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    torch = fake_torch(tmp_path)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda _: tn.build(torch), range(4)))
+    assert len(set(built)) == 1 and built[0].is_file()
+    assert log.read_text().count("x") == 1, "each waiting build compiled again"
