@@ -19,8 +19,8 @@ cuDNN's workspace sizing and ``record_stream`` (from Python and from C++) are
 answered by emm's counters and manager. ``install()`` also points PyTorch's
 allocation-history tools (``torch.cuda.memory._record_memory_history``,
 ``_snapshot``, ``_dump_snapshot``, ``memory_snapshot``) at emm's history, with
-either object. PyTorch's pluggable allocator refuses the rest (its
-``memory_stats`` raises).
+either object, and under PyTorch's pluggable object (which raises for them) its
+statistics, resets and ``empty_cache`` as well (``_torch_routes.py``).
 
 This module offers the same tools over emm's counters under their own names, with
 either object (kept in Rust; nothing is counted here), plus emm's own counters
@@ -47,7 +47,7 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional
 
-from . import _torch_native
+from . import _torch_native, _torch_routes
 from ._lib import (
     EMM_ERR_INVALID_ARGUMENT,
     EMM_OK,
@@ -107,10 +107,10 @@ def install(native: Optional[bool] = None) -> Any:
     ``torch.cuda.MemPool``) raises ``RuntimeError`` with either object: emm keeps
     no private pool for a graph's memory yet, and without one every replay would
     write into memory handed to other tensors. With PyTorch's pluggable object,
-    ``torch.Tensor.record_stream`` is routed to emm (see
-    :func:`_route_record_stream`): that object drops those calls, which would let
-    memory still in use on another stream be handed out again. Either way PyTorch's
-    allocation-history tools are pointed at emm's (:func:`_route_memory_history`)."""
+    ``torch.Tensor.record_stream`` and PyTorch's memory statistics are routed to
+    emm in Python (``emm._torch_routes``): that object drops the first, which would
+    let memory still in use on another stream be handed out again, and raises for
+    the second. Either way PyTorch's allocation-history tools are pointed at emm's."""
     global _INSTALLED
     import torch
 
@@ -139,9 +139,10 @@ def install(native: Optional[bool] = None) -> Any:
         torch.cuda.memory.change_current_allocator(alloc)
     _INSTALLED = kind
     if kind == "pluggable":
-        _route_record_stream(torch)
-        _refuse_graph_capture(torch)
-    _route_memory_history(torch)
+        _torch_routes.route_record_stream(torch)
+        _torch_routes.route_memory_stats(torch)
+        _torch_routes.refuse_graph_capture(torch)
+    _torch_routes.route_memory_history(torch)
     return torch.cuda.memory._get_current_allocator()
 
 
@@ -149,117 +150,6 @@ def installed() -> Optional[str]:
     """Which allocator object :func:`install` gave PyTorch in this process: ``"native"``
     (emm's own), ``"pluggable"`` (PyTorch's CUDAPluggableAllocator), or ``None``."""
     return _INSTALLED
-
-
-def _route_record_stream(torch: Any) -> None:
-    """Makes ``Tensor.record_stream(stream)`` reach emm (``emm_torch_record_stream``).
-
-    Under a pluggable allocator PyTorch's ``recordStream`` calls a hook only C++ can
-    set, so ``record_stream`` would do nothing: a tensor used on a side stream and
-    freed meanwhile would be reused on its own stream while the side stream still
-    works on it. With this, its free first makes its own stream wait for the side
-    stream's work. Calls from PyTorch's C++ code (rather than through
-    ``Tensor.record_stream``) still go nowhere; PyTorch's NCCL process group no
-    longer makes them (it keeps the tensors of a collective alive until the
-    collective is done instead). Memory emm did not allocate is ignored, as PyTorch's
-    own allocator ignores it."""
-    original = torch.Tensor.record_stream
-    if getattr(original, "_emm_routed", False):
-        return
-    lib = load()
-
-    def record_stream(self: Any, stream: Any) -> None:
-        original(self, stream)  # PyTorch's argument checks; it records nothing here
-        ptr = self.untyped_storage().data_ptr()
-        if ptr == 0 or self.device.type != "cuda":
-            return
-        status = lib.emm_torch_record_stream(ptr, self.device.index, stream.cuda_stream)
-        if status not in (EMM_OK, EMM_ERR_INVALID_ARGUMENT):
-            _raise_last(lib, status)
-
-    record_stream.__doc__ = original.__doc__
-    record_stream._emm_routed = True  # type: ignore[attr-defined]
-    record_stream._emm_original = original  # type: ignore[attr-defined]
-    torch.Tensor.record_stream = record_stream
-
-
-NO_GRAPH_POOLS = (
-    "emm's allocator does not keep private memory pools for CUDA graphs or torch.cuda.MemPool yet: memory a "
-    "graph was captured with would be handed to other tensors after the capture, and every replay would write "
-    "into them. Capture CUDA graphs (torch.cuda.graph, torch.compile's reduce-overhead mode) in a process that "
-    "does not call emm.torch.install()"
-)
-"""Why CUDA graph capture is refused under emm (emm's own object says the same
-from its ``beginAllocateToPool``)."""
-
-
-def _refuse_graph_capture(torch: Any) -> None:
-    """Makes ``torch.cuda.CUDAGraph.capture_begin`` raise :data:`NO_GRAPH_POOLS`
-    under PyTorch's pluggable object, which would let a capture go ahead with no
-    pool to keep its memory (emm's own object refuses in C++, before the capture
-    begins)."""
-    graph = torch.cuda.CUDAGraph
-    original = graph.capture_begin
-    if getattr(original, "_emm_routed", False):
-        return
-
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(NO_GRAPH_POOLS)
-
-    capture_begin.__doc__ = original.__doc__
-    capture_begin._emm_routed = True  # type: ignore[attr-defined]
-    capture_begin._emm_original = original  # type: ignore[attr-defined]
-    graph.capture_begin = capture_begin
-
-
-def _route_memory_history(torch: Any) -> None:
-    """Points PyTorch's allocation-history tools at emm's:
-    ``torch.cuda.memory._record_memory_history`` (either of PyTorch's forms; its
-    ``max_entries``, ``device`` and ``clear_history`` are honoured) starts and stops
-    emm's history of that device, and ``torch.cuda.memory._snapshot`` (which
-    ``_dump_snapshot`` pickles) and ``torch.cuda.memory_snapshot`` return the
-    current device's segments and history in PyTorch's format (:func:`snapshot`;
-    PyTorch's cover every device). Stopping drops emm's history, so take the
-    snapshot first, as PyTorch's own example does. Neither of
-    PyTorch's allocator objects over emm keeps a history of its own: the pluggable
-    one raises, and PyTorch's snapshot types differ between its versions, which a
-    compiled override would have to follow."""
-    memory = torch.cuda.memory
-    if getattr(memory._snapshot, "_emm_routed", False):
-        return
-
-    def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
-        legacy = isinstance(enabled, bool)  # PyTorch's older form takes a bool first
-        names = (("record_context", "trace_alloc_max_entries", "trace_alloc_record_context", "device",
-                  "record_context_cpp", "clear_history") if legacy
-                 else ("context", "stacks", "max_entries", "device", "clear_history"))
-        given = dict(zip(names, args))
-        given.update(kwargs)
-        on = enabled if legacy else enabled not in (None, "None")
-        max_entries = (given.get("trace_alloc_max_entries", 1) if legacy
-                       else given.get("max_entries", sys.maxsize))
-        m = _manager(given.get("device"))
-        if on and given.get("clear_history"):
-            m.record_history(0)  # drops what was recorded
-        # Context and stacks: emm records no stack frames.
-        m.record_history(min(int(max_entries), SIZE_MAX) if on else 0)
-
-    def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
-        del args, kwargs  # augment_with_fx_traces, ...: emm has none to add
-        return snapshot(device)
-
-    def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
-        del args, kwargs  # mempool_id: emm keeps none of PyTorch's pools
-        return list(snapshot(None)["segments"])
-
-    for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
-                     ("memory_snapshot", memory_snapshot)):
-        original = getattr(memory, name)
-        fn.__doc__ = f"emm's allocation history in place of PyTorch's (emm.torch.install()).\n\n{original.__doc__}"
-        fn._emm_routed = True  # type: ignore[attr-defined]
-        fn._emm_original = original  # type: ignore[attr-defined]
-        setattr(memory, name, fn)
-    torch.cuda.memory_snapshot = memory.memory_snapshot
 
 
 def _device_index(device: Any = None) -> int:

@@ -175,11 +175,16 @@ class _Recorder:
             CUDAGraph=CUDAGraph,
             current_device=lambda: 0,
             memory_snapshot=pytorchs("memory_snapshot"),
+            empty_cache=pytorchs("empty_cache"),
             memory=types.SimpleNamespace(
                 CUDAPluggableAllocator=Pluggable, change_current_allocator=change,
                 _get_current_allocator=lambda: "current",
                 _record_memory_history=pytorchs("_record_memory_history"),
-                _snapshot=pytorchs("_snapshot"), memory_snapshot=pytorchs("memory_snapshot")))
+                _snapshot=pytorchs("_snapshot"), memory_snapshot=pytorchs("memory_snapshot"),
+                memory_stats_as_nested_dict=pytorchs("memory_stats_as_nested_dict"),
+                reset_peak_memory_stats=pytorchs("reset_peak_memory_stats"),
+                reset_accumulated_memory_stats=pytorchs("reset_accumulated_memory_stats"),
+                empty_cache=pytorchs("empty_cache")))
 
 
 @pytest.fixture
@@ -334,7 +339,9 @@ def test_pytorchs_history_tools_reach_emms_history(recorder, monkeypatch, kind):
     assert "PyTorch's _snapshot." in memory._snapshot.__doc__
 
     routed = memory._snapshot
-    et._route_memory_history(recorder)
+    from emm import _torch_routes
+
+    _torch_routes.route_memory_history(recorder)
     assert memory._snapshot is routed, "routing twice wraps once"
 
 
@@ -373,3 +380,40 @@ def test_processes_building_at_once_compile_once(tmp_path, cache, monkeypatch):
         built = list(pool.map(lambda _: tn.build(torch), range(4)))
     assert len(set(built)) == 1 and built[0].is_file()
     assert log.read_text().count("x") == 1, "each waiting build compiled again"
+
+
+def test_pytorchs_statistics_reach_emm_under_the_pluggable_object(recorder, monkeypatch):
+    from emm import _torch_routes
+
+    monkeypatch.setattr(_torch_routes, "_RESET_BASE", {})
+    counters = {"allocated_bytes.all.current": 100, "allocated_bytes.all.peak": 300,
+                "allocated_bytes.all.allocated": 1000, "num_device_alloc": 4, "emm.thread_cache_hits": 9}
+    asked = []
+    monkeypatch.setattr(et, "memory_stats", lambda d=None: dict(counters))
+    monkeypatch.setattr(et, "reset_peak_memory_stats", lambda d=None: asked.append(("peak", d)))
+    monkeypatch.setattr(et, "empty_cache", lambda: asked.append("empty"))
+    monkeypatch.setattr(tn, "install", lambda torch, lib: (_ for _ in ()).throw(tn.NativeUnavailable("x")))
+    with pytest.warns(emm.EmmWarning):
+        et.install()
+    memory = recorder.cuda.memory
+    nested = memory.memory_stats_as_nested_dict(0)
+    assert nested["allocated_bytes"]["all"] == {"current": 100, "peak": 300, "allocated": 1000, "freed": 0}
+    assert nested["allocated_bytes"]["large_pool"]["current"] == 0, "every key PyTorch's summary reads"
+    assert nested["oversize_segments"]["peak"] == 0 and nested["num_device_alloc"] == 4
+    assert nested["emm"] == {"thread_cache_hits": 9}
+    memory.reset_peak_memory_stats(0)
+    recorder.cuda.empty_cache()
+    assert asked == [("peak", 0), "empty"]
+
+    memory.reset_accumulated_memory_stats(0)
+    counters.update({"allocated_bytes.all.allocated": 1500, "num_device_alloc": 5, "allocated_bytes.all.current": 90})
+    again = memory.memory_stats_as_nested_dict(0)
+    assert again["allocated_bytes"]["all"]["allocated"] == 500 and again["num_device_alloc"] == 1
+    assert again["allocated_bytes"]["all"]["current"] == 90, "current values are not reset"
+
+
+def test_emms_object_leaves_pytorchs_statistics_alone(recorder, monkeypatch):
+    original = recorder.cuda.memory.memory_stats_as_nested_dict
+    monkeypatch.setattr(tn, "install", lambda torch, lib: None)
+    et.install()
+    assert recorder.cuda.memory.memory_stats_as_nested_dict is original, "the C++ object answers them"
