@@ -30,8 +30,11 @@ def main():
     import torch
 
     assert et.installed() == ("pluggable" if pluggable else "native"), et.installed()
-    print(f"installed emm's own allocator object in {built:.1f} s "
-          f"(a compile the first time, then the cached library)")
+    if pluggable:
+        print(f"installed PyTorch's pluggable allocator object over emm in {built:.1f} s")
+    else:
+        print(f"installed emm's own allocator object in {built:.1f} s "
+              f"(a compile the first time, then the cached library)")
     dev = torch.device("cuda", 0)
     base = et.memory_allocated(dev)
 
