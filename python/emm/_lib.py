@@ -250,6 +250,10 @@ def load() -> ctypes.CDLL:
         "emm_record_memory_history": ([vp, ctypes.c_size_t], ctypes.c_int),
         "emm_memory_snapshot_json": ([vp, ctypes.POINTER(vp), szp], ctypes.c_int),
         "emm_torch_record_stream": ([vp, ctypes.c_int, vp], ctypes.c_int),
+        "emm_torch_memory_stats": ([ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), u64p, ctypes.c_size_t, szp],
+                                   ctypes.c_int),
+        "emm_torch_reset_peak_stats": ([ctypes.c_int], ctypes.c_int),
+        "emm_torch_empty_cache": ([ctypes.c_int, szp], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)

@@ -144,18 +144,28 @@ def _build(torch: Any) -> pathlib.Path:
 @contextlib.contextmanager
 def _build_lock(path: pathlib.Path) -> Iterator[None]:
     """Holds an exclusive lock on ``path`` (created if missing) while in the
-    block; a system without ``fcntl`` builds without one."""
+    block. Where none can be had (no ``fcntl``, a lock file another user made
+    unreadable, a file system without locks), the block runs without one: the
+    build's rename into place keeps that safe, at the cost of compiling twice. A
+    failed build is not remembered, so each process that waited tries again."""
     try:
         import fcntl
-    except ImportError:
+
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError):
         yield
         return
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        locked = True
+    except OSError:
+        locked = False
+    try:
+        yield
+    finally:
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _compile(torch: Any, out: pathlib.Path) -> pathlib.Path:

@@ -8,6 +8,7 @@ keeps PyTorch's function as ``_emm_original`` and is applied once.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from typing import Any, Dict, List
 
@@ -63,20 +64,27 @@ NO_GRAPH_POOLS = (
 from its ``beginAllocateToPool``)."""
 
 
-def refuse_graph_capture(torch: Any) -> None:
-    """Makes ``torch.cuda.CUDAGraph.capture_begin`` raise :data:`NO_GRAPH_POOLS`
-    under PyTorch's pluggable object, which would let a capture go ahead with no
-    pool to keep its memory (emm's own object refuses in C++, before the capture
-    begins)."""
-    graph = torch.cuda.CUDAGraph
-    original = graph.capture_begin
-    if getattr(original, "_emm_routed", False):
-        return
+def refuse_graph_capture(torch: Any, pluggable: bool) -> None:
+    """Makes CUDA graph capture raise :data:`NO_GRAPH_POOLS` before anything of it
+    happens: ``torch.cuda.graph``'s ``__enter__`` (which would otherwise make the
+    capture stream current first and leave it so), and under PyTorch's pluggable
+    object, which would let a capture or a ``torch.cuda.MemPool`` go ahead with no
+    pool to keep its memory, ``CUDAGraph.capture_begin`` and ``use_mem_pool`` too
+    (emm's own object refuses those in C++, in ``beginAllocateToPool``)."""
+    def refusal() -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(NO_GRAPH_POOLS)
+        return refused
 
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(NO_GRAPH_POOLS)
-
-    _wrap(graph, "capture_begin", capture_begin)
+    targets = [(torch.cuda.graph, "__enter__")]
+    if pluggable:
+        targets += [(torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.memory, "use_mem_pool")]
+    for owner, name in targets:
+        if hasattr(owner, name) and not getattr(getattr(owner, name), "_emm_routed", False):
+            fn = refusal()
+            _wrap(owner, name, fn)
+            if owner is torch.cuda.memory and hasattr(torch.cuda, name):
+                setattr(torch.cuda, name, fn)
 
 
 def route_memory_history(torch: Any) -> None:
@@ -138,6 +146,10 @@ _COUNTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_
            "max_split_size")
 _ACCUMULATED = ("allocated", "freed")
 
+# The names emm is asked for: the "all" entries (emm keeps no pools of PyTorch's
+# kinds) and the single counts.
+_ASKED = tuple(f"{a}.all.{f}" for a in _STAT_ARRAYS for f in _FIELDS) + _COUNTS
+
 # Each device's accumulated counts at its last reset_accumulated_memory_stats.
 _RESET_BASE: Dict[int, Dict[str, int]] = {}
 
@@ -148,10 +160,10 @@ def _accumulated(key: str) -> bool:
 
 
 def nested_stats(flat: Dict[str, int], base: Dict[str, int]) -> Dict[str, Any]:
-    """emm's counters (``emm.torch.memory_stats``) in the nested layout of
-    PyTorch's ``memory_stats_as_nested_dict``, every key PyTorch's tools read
-    present (0 where emm keeps no such count), accumulated counts less ``base``;
-    emm's own counters under ``emm``."""
+    """emm's counters (PyTorch's flat names) in the nested layout of PyTorch's
+    ``memory_stats_as_nested_dict``, every key PyTorch's tools read present (0
+    where emm keeps no such count: the large and small pools' rows, the oversize
+    counts), accumulated counts less ``base``."""
     def value(key: str) -> int:
         return max(0, flat.get(key, 0) - base.get(key, 0))
 
@@ -159,37 +171,61 @@ def nested_stats(flat: Dict[str, int], base: Dict[str, int]) -> Dict[str, Any]:
                            for a in _STAT_ARRAYS}
     out.update({o: {f: value(f"{o}.{f}") for f in _FIELDS} for o in _OVERSIZE})
     out.update({c: value(c) for c in _COUNTS})
-    out["emm"] = {k[len("emm."):]: v for k, v in flat.items() if k.startswith("emm.")}
     return out
+
+
+def torch_counters(lib: Any, device: int) -> Dict[str, int]:
+    """The counters of the manager behind PyTorch's allocations on ``device``
+    (``emm_torch_memory_stats``: a device emm has not set up reads 0 and is not set
+    up by the question), under PyTorch's flat names."""
+    keys = (ctypes.c_char_p * len(_ASKED))(*(k.encode() for k in _ASKED))
+    values = (ctypes.c_uint64 * len(_ASKED))()
+    status = lib.emm_torch_memory_stats(device, keys, values, len(_ASKED), None)
+    if status != EMM_OK:
+        _raise_last(lib, status)
+    return dict(zip(_ASKED, values))
 
 
 def route_memory_stats(torch: Any) -> None:
     """Under PyTorch's pluggable object, whose statistics raise: makes
     ``torch.cuda.memory_stats()`` and everything built on it (``memory_allocated``,
     ``max_memory_reserved``, ``memory_summary``, ...), ``reset_peak_memory_stats``,
-    ``reset_accumulated_memory_stats`` and ``empty_cache`` answer from emm (the
-    first through ``memory_stats_as_nested_dict``, which PyTorch's ``memory_stats``
-    reads). As with emm's own object, the accumulated reset is PyTorch's view:
-    ``emm.torch.memory_stats()`` still counts from the start."""
+    ``reset_accumulated_memory_stats`` and ``empty_cache`` answer from the manager
+    behind PyTorch's allocations (the first through ``memory_stats_as_nested_dict``,
+    which PyTorch's ``memory_stats`` reads). As PyTorch's own, they start nothing:
+    before CUDA is initialized they report nothing and do nothing, and a device
+    emm has not set up reads 0. The accumulated reset is PyTorch's view:
+    ``emm.torch.memory_stats()`` still counts from the start. (``torch.accelerator``'s
+    statistics go through PyTorch's C++ and still raise.)"""
     from . import torch as et
 
     memory = torch.cuda.memory
     if getattr(memory.memory_stats_as_nested_dict, "_emm_routed", False):
         return
+    lib = load()
 
     def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
+        if not torch.cuda.is_initialized():
+            return {}
         d = et._device_index(device)
-        return nested_stats(et.memory_stats(d), _RESET_BASE.get(d, {}))
+        return nested_stats(torch_counters(lib, d), _RESET_BASE.get(d, {}))
 
     def reset_peak_memory_stats(device: Any = None) -> None:
-        et.reset_peak_memory_stats(device)
+        if torch.cuda.is_initialized():
+            status = lib.emm_torch_reset_peak_stats(et._device_index(device))
+            if status != EMM_OK:
+                _raise_last(lib, status)
 
     def reset_accumulated_memory_stats(device: Any = None) -> None:
-        d = et._device_index(device)
-        _RESET_BASE[d] = {k: v for k, v in et.memory_stats(d).items() if _accumulated(k)}
+        if torch.cuda.is_initialized():
+            d = et._device_index(device)
+            _RESET_BASE[d] = {k: v for k, v in torch_counters(lib, d).items() if _accumulated(k)}
 
     def empty_cache() -> None:
-        et.empty_cache()
+        if torch.cuda.is_initialized():
+            status = lib.emm_torch_empty_cache(-1, None)
+            if status != EMM_OK:
+                _raise_last(lib, status)
 
     prefix = "emm's counters in place of PyTorch's (emm.torch.install()).\n\n"
     for name, fn in (("memory_stats_as_nested_dict", memory_stats_as_nested_dict),

@@ -48,16 +48,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from . import _torch_native, _torch_routes
-from ._lib import (
-    EMM_ERR_INVALID_ARGUMENT,
-    EMM_OK,
-    SIZE_MAX,
-    EmmWarning,
-    Manager,
-    _raise_last,
-    library_path,
-    load,
-)
+from ._lib import EmmWarning, Manager, library_path, load
 
 __all__ = [
     "dump_snapshot",
@@ -141,7 +132,7 @@ def install(native: Optional[bool] = None) -> Any:
     if kind == "pluggable":
         _torch_routes.route_record_stream(torch)
         _torch_routes.route_memory_stats(torch)
-        _torch_routes.refuse_graph_capture(torch)
+    _torch_routes.refuse_graph_capture(torch, pluggable=kind == "pluggable")
     _torch_routes.route_memory_history(torch)
     return torch.cuda.memory._get_current_allocator()
 

@@ -11,8 +11,8 @@ of those tensors must still be all 5.
 - ``emm``: emm's own allocator object: ``torch.cuda.graph`` raises
   ``RuntimeError`` with emm's reason before the capture begins.
 - ``emm-pluggable``: PyTorch's pluggable object over emm: raises as well.
-- ``emm-pluggable-unguarded``: the same with PyTorch's own ``capture_begin`` put
-  back (the control): the capture runs with no pool to keep its memory. On the
+- ``emm-pluggable-unguarded``: the same with PyTorch's own ``graph.__enter__`` and
+  ``capture_begin`` put back (the control): the capture runs with no pool to keep its memory. On the
   H200 of run 124 the process died of an illegal memory access at the first
   synchronization after the capture; otherwise the replay would write into the
   tensors made after it.
@@ -41,6 +41,7 @@ def scenario(variant):
 
         et.install(native=variant == "emm")
         if variant == "emm-pluggable-unguarded":
+            torch.cuda.graph.__enter__ = torch.cuda.graph.__enter__._emm_original
             torch.cuda.CUDAGraph.capture_begin = torch.cuda.CUDAGraph.capture_begin._emm_original
     dev = torch.device("cuda:0")
     static_in = torch.ones(N, device=dev)

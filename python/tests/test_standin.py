@@ -206,9 +206,11 @@ def test_record_stream_reaches_emm_and_orders_the_free():
             seen.append(stream)
 
     fake_torch = types.SimpleNamespace(Tensor=Tensor)
-    et._route_record_stream(fake_torch)
+    from emm import _torch_routes
+
+    _torch_routes.route_record_stream(fake_torch)
     routed = fake_torch.Tensor.record_stream
-    et._route_record_stream(fake_torch)  # a second install routes nothing twice
+    _torch_routes.route_record_stream(fake_torch)  # a second install routes nothing twice
     assert fake_torch.Tensor.record_stream is routed
 
     def tensor(ptr):

@@ -169,10 +169,17 @@ class _Recorder:
             def capture_begin(self, pool=None):
                 rec.captures.append(pool)
 
+        class graph:  # noqa: N801 (PyTorch's name)
+            def __enter__(self):
+                rec.captures.append("enter")
+
         self.captures = []
         self.Tensor = Tensor
         self.cuda = types.SimpleNamespace(
             CUDAGraph=CUDAGraph,
+            graph=graph,
+            is_initialized=lambda: True,
+            use_mem_pool=pytorchs("use_mem_pool"),
             current_device=lambda: 0,
             memory_snapshot=pytorchs("memory_snapshot"),
             empty_cache=pytorchs("empty_cache"),
@@ -184,7 +191,7 @@ class _Recorder:
                 memory_stats_as_nested_dict=pytorchs("memory_stats_as_nested_dict"),
                 reset_peak_memory_stats=pytorchs("reset_peak_memory_stats"),
                 reset_accumulated_memory_stats=pytorchs("reset_accumulated_memory_stats"),
-                empty_cache=pytorchs("empty_cache")))
+                empty_cache=pytorchs("empty_cache"), use_mem_pool=pytorchs("use_mem_pool")))
 
 
 @pytest.fixture
@@ -349,22 +356,28 @@ def test_graph_capture_is_refused_under_pytorchs_pluggable_object(recorder, monk
     monkeypatch.setattr(tn, "install", lambda torch, lib: (_ for _ in ()).throw(tn.NativeUnavailable("x")))
     with pytest.warns(emm.EmmWarning):
         et.install()
-    with pytest.raises(RuntimeError, match="private memory pools for CUDA graphs"):
-        recorder.cuda.CUDAGraph().capture_begin()
-    assert recorder.captures == [], "the capture went ahead"
-    recorder.cuda.CUDAGraph.capture_begin._emm_original(recorder.cuda.CUDAGraph(), "p")
+    cuda = recorder.cuda
+    for call in (lambda: cuda.graph().__enter__(), lambda: cuda.CUDAGraph().capture_begin(),
+                 lambda: cuda.memory.use_mem_pool("pool"), lambda: cuda.use_mem_pool("pool")):
+        with pytest.raises(RuntimeError, match="private memory pools for CUDA graphs"):
+            call()
+    assert recorder.captures == [], "a capture went ahead"
+    cuda.CUDAGraph.capture_begin._emm_original(cuda.CUDAGraph(), "p")
     assert recorder.captures == ["p"], "PyTorch's own capture_begin is kept"
 
 
-def test_emms_object_leaves_graph_capture_to_its_cpp_refusal(recorder, monkeypatch):
+def test_emms_object_refuses_graph_capture_before_the_stream_changes(recorder, monkeypatch):
     original = recorder.cuda.CUDAGraph.capture_begin
     monkeypatch.setattr(tn, "install", lambda torch, lib: None)
     et.install()
-    assert recorder.cuda.CUDAGraph.capture_begin is original
-    assert "private memory pools for CUDA graphs" in tn.SOURCE.read_text().replace('"\n    "', "")
+    with pytest.raises(RuntimeError, match="private memory pools for CUDA graphs"):
+        recorder.cuda.graph().__enter__()
+    assert recorder.captures == [], "torch.cuda.graph entered its capture stream"
+    assert recorder.cuda.CUDAGraph.capture_begin is original, "the C++ object refuses it"
+    assert "private memory pools for CUDA graphs" in tn.SOURCE.read_text()
 
 
-def test_processes_building_at_once_compile_once(tmp_path, cache, monkeypatch):
+def test_builds_at_once_compile_once(tmp_path, cache, monkeypatch):
     compiler = tmp_path / "cxx"
     log = tmp_path / "calls"
     # Takes a while, writes the output file (the argument after -o), counts its calls.
@@ -382,16 +395,35 @@ def test_processes_building_at_once_compile_once(tmp_path, cache, monkeypatch):
     assert log.read_text().count("x") == 1, "each waiting build compiled again"
 
 
+class _FakeLib:
+    """libemm_capi's PyTorch statistics, as the routes call them."""
+
+    def __init__(self, counters):
+        self.counters, self.calls = counters, []
+
+    def emm_torch_memory_stats(self, device, keys, values, n, found):
+        self.calls.append(("stats", device))
+        for i in range(n):
+            values[i] = self.counters.get(keys[i].decode(), 0)
+        return 0
+
+    def emm_torch_reset_peak_stats(self, device):
+        self.calls.append(("peak", device))
+        return 0
+
+    def emm_torch_empty_cache(self, device, released):
+        self.calls.append(("empty", device))
+        return 0
+
+
 def test_pytorchs_statistics_reach_emm_under_the_pluggable_object(recorder, monkeypatch):
     from emm import _torch_routes
 
     monkeypatch.setattr(_torch_routes, "_RESET_BASE", {})
     counters = {"allocated_bytes.all.current": 100, "allocated_bytes.all.peak": 300,
-                "allocated_bytes.all.allocated": 1000, "num_device_alloc": 4, "emm.thread_cache_hits": 9}
-    asked = []
-    monkeypatch.setattr(et, "memory_stats", lambda d=None: dict(counters))
-    monkeypatch.setattr(et, "reset_peak_memory_stats", lambda d=None: asked.append(("peak", d)))
-    monkeypatch.setattr(et, "empty_cache", lambda: asked.append("empty"))
+                "allocated_bytes.all.allocated": 1000, "num_device_alloc": 4}
+    lib = _FakeLib(counters)
+    monkeypatch.setattr(_torch_routes, "load", lambda: lib)
     monkeypatch.setattr(tn, "install", lambda torch, lib: (_ for _ in ()).throw(tn.NativeUnavailable("x")))
     with pytest.warns(emm.EmmWarning):
         et.install()
@@ -400,16 +432,24 @@ def test_pytorchs_statistics_reach_emm_under_the_pluggable_object(recorder, monk
     assert nested["allocated_bytes"]["all"] == {"current": 100, "peak": 300, "allocated": 1000, "freed": 0}
     assert nested["allocated_bytes"]["large_pool"]["current"] == 0, "every key PyTorch's summary reads"
     assert nested["oversize_segments"]["peak"] == 0 and nested["num_device_alloc"] == 4
-    assert nested["emm"] == {"thread_cache_hits": 9}
-    memory.reset_peak_memory_stats(0)
+    memory.reset_peak_memory_stats(1)
     recorder.cuda.empty_cache()
-    assert asked == [("peak", 0), "empty"]
+    assert lib.calls == [("stats", 0), ("peak", 1), ("empty", -1)]
 
     memory.reset_accumulated_memory_stats(0)
     counters.update({"allocated_bytes.all.allocated": 1500, "num_device_alloc": 5, "allocated_bytes.all.current": 90})
     again = memory.memory_stats_as_nested_dict(0)
     assert again["allocated_bytes"]["all"]["allocated"] == 500 and again["num_device_alloc"] == 1
     assert again["allocated_bytes"]["all"]["current"] == 90, "current values are not reset"
+
+    # Before CUDA is initialized: nothing reported, nothing done, nothing set up.
+    recorder.cuda.is_initialized = lambda: False
+    lib.calls.clear()
+    assert memory.memory_stats_as_nested_dict(0) == {}
+    memory.reset_peak_memory_stats(0)
+    memory.reset_accumulated_memory_stats(0)
+    memory.empty_cache()
+    assert lib.calls == []
 
 
 def test_emms_object_leaves_pytorchs_statistics_alone(recorder, monkeypatch):
