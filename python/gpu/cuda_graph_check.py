@@ -26,9 +26,9 @@ native is intact and both emm variants refused; the control's fate is reported
 """
 
 import json
-import os
-import subprocess
 import sys
+
+from _variants import run_variant
 
 N = 1 << 20  # floats per tensor
 
@@ -83,18 +83,16 @@ def main():
         return
     results = {}
     for variant in ("native", "emm", "emm-pluggable", "emm-pluggable-unguarded"):
-        out = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True,
-                             env=dict(os.environ), check=False)
-        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
-        if line is None:
+        result, out = run_variant(__file__, variant)
+        if result is None:
             print(out.stdout + out.stderr[-3000:])
             errors = [ln for ln in out.stderr.splitlines() if "Error" in ln]
             results[variant] = {"variant": variant, "exit": out.returncode,
                                 "error": errors[-1][:200] if errors else ""}
             print(json.dumps(results[variant]))
             continue
-        print(line)
-        results[variant] = json.loads(line)
+        print(json.dumps(result))
+        results[variant] = result
     problems = []
     native = results["native"]
     if not native.get("captured") or native.get("wrong_elements_after_replay") or not native.get("output_right"):

@@ -33,9 +33,9 @@ emm's variants and native are intact and the control corrupted; ``INCONCLUSIVE``
 """
 
 import json
-import os
-import subprocess
 import sys
+
+from _variants import run_variant
 
 N = 1 << 22  # floats: 16 MiB
 DELAY_CYCLES = 400_000_000  # the side stream's spin: about 0.2 s at an H200's 1.98 GHz
@@ -89,15 +89,13 @@ def main():
         return
     results = {}
     for variant in ("emm", "emm-pluggable", "emm-unrouted", "native"):
-        out = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True,
-                             env=dict(os.environ), check=False)
-        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
-        if out.returncode != 0 or line is None:
+        result, out = run_variant(__file__, variant)
+        if out.returncode != 0 or result is None:
             print(out.stdout + out.stderr)
             print(f"record_stream_check: FAIL: variant {variant} exited {out.returncode}")
             sys.exit(1)
-        print(line)
-        results[variant] = json.loads(line)
+        print(json.dumps(result))
+        results[variant] = result
     control = results["emm-unrouted"]
     if control["y_made_ms_after_side_start"] >= control["side_ms"] and not control["wrong_elements"]:
         # Nothing overlapped: y was made only once the side stream had finished (the

@@ -79,6 +79,20 @@ def fake_torch(tmp_path: pathlib.Path, headers: bool = True) -> types.SimpleName
     )
 
 
+def counting_compiler(tmp_path, monkeypatch, seconds=0.0):
+    """Makes ``CXX`` a stand-in compiler that takes ``seconds``, writes the output
+    file (the argument after ``-o``) and appends an ``x`` to the returned log per
+    call."""
+    compiler = tmp_path / "cxx"
+    log = tmp_path / "calls"
+    compiler.write_text(
+        "#!/bin/sh\necho x >> " + str(log) + f"\nsleep {seconds}\n"
+        "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then shift; echo lib > \"$1\"; fi; shift; done\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    return log
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     d = tmp_path / "cache"
@@ -123,14 +137,7 @@ def test_the_command_builds_against_the_torch_given(tmp_path, cache, monkeypatch
 
 
 def test_a_built_library_is_reused_and_a_new_torch_builds_again(tmp_path, cache, monkeypatch):
-    compiler = tmp_path / "cxx"
-    log = tmp_path / "calls"
-    # Writes the output file (the argument after -o) and counts its calls.
-    compiler.write_text(
-        "#!/bin/sh\necho x >> " + str(log) + "\n"
-        "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then shift; echo lib > \"$1\"; fi; shift; done\n")
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CXX", str(compiler))
+    log = counting_compiler(tmp_path, monkeypatch)
     torch = fake_torch(tmp_path)
     first = tn.build(torch)
     assert first.is_file() and first.parent == cache / "torch-native"
@@ -378,14 +385,7 @@ def test_emms_object_refuses_graph_capture_before_the_stream_changes(recorder, m
 
 
 def test_builds_at_once_compile_once(tmp_path, cache, monkeypatch):
-    compiler = tmp_path / "cxx"
-    log = tmp_path / "calls"
-    # Takes a while, writes the output file (the argument after -o), counts its calls.
-    compiler.write_text(
-        "#!/bin/sh\necho x >> " + str(log) + "\nsleep 0.5\n"
-        "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then shift; echo lib > \"$1\"; fi; shift; done\n")
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CXX", str(compiler))
+    log = counting_compiler(tmp_path, monkeypatch, seconds=0.5)
     torch = fake_torch(tmp_path)
     import concurrent.futures
 
