@@ -33,17 +33,32 @@ struct LiveDevice {
 const LIVE_DEVICES: usize = 64;
 
 /// Each device's state once made (see [`live_device`]).
-static DEVICES: [OnceLock<Result<LiveDevice, (emm_status, String)>>; LIVE_DEVICES] =
-    [const { OnceLock::new() }; LIVE_DEVICES];
+static DEVICES: [Slot; LIVE_DEVICES] = [const { OnceLock::new() }; LIVE_DEVICES];
+
+/// One device's state once made, or why it could not be.
+type Slot = OnceLock<Result<LiveDevice, (emm_status, String)>>;
+
+/// The slot of `device`; `None` outside `0..64`.
+fn slot(device: c_int) -> Option<&'static Slot> {
+    usize::try_from(device).ok().and_then(|d| DEVICES.get(d))
+}
+
+/// `EMM_ERR_INVALID_ARGUMENT` for a device past the slots.
+fn out_of_range(device: c_int) -> emm_status {
+    invalid(format!("device {device} is outside 0..{LIVE_DEVICES}"))
+}
+
+/// The state in `slot` if the device was set up, without setting it up.
+fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
+    slot.get()?.as_ref().ok()
+}
 
 /// The device's state, created on first use, or the status of why it cannot be
 /// (recorded again for `emm_last_error` at every call, as each caller needs it): a
 /// device outside `0..64`, or no manager could be made.
 fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
-    let Some(slot) = usize::try_from(device).ok().and_then(|d| DEVICES.get(d)) else {
-        return Err(invalid(format!(
-            "device {device} is outside 0..{LIVE_DEVICES}"
-        )));
+    let Some(slot) = slot(device) else {
+        return Err(out_of_range(device));
     };
     let state = slot.get_or_init(|| match manager_for(None, device) {
         Ok((manager, _)) => Ok(LiveDevice {
@@ -66,9 +81,7 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
 /// The state of `device` if emm has set it up (an allocation was asked for on
 /// it), without setting it up.
 fn known_device(device: c_int) -> Option<&'static LiveDevice> {
-    usize::try_from(device)
-        .ok()
-        .and_then(|d| DEVICES.get(d)?.get()?.as_ref().ok())
+    slot(device).and_then(set_up)
 }
 
 /// The manager of `device` if emm has set the device up for the allocator hooks,
@@ -77,12 +90,8 @@ fn known_device(device: c_int) -> Option<&'static LiveDevice> {
 pub(crate) fn known_manager(
     device: c_int,
 ) -> Result<Option<&'static dyn MemoryManager>, emm_status> {
-    if usize::try_from(device).map_or(true, |d| d >= LIVE_DEVICES) {
-        return Err(invalid(format!(
-            "device {device} is outside 0..{LIVE_DEVICES}"
-        )));
-    }
-    Ok(known_device(device).map(|d| d.manager.as_ref()))
+    let slot = slot(device).ok_or_else(|| out_of_range(device))?;
+    Ok(set_up(slot).map(|d| d.manager.as_ref()))
 }
 
 /// The manager of `device` for the allocator hooks, setting the device up when
@@ -96,7 +105,8 @@ pub(crate) fn device_manager(device: c_int) -> Result<&'static dyn MemoryManager
 pub(crate) fn known_managers() -> impl Iterator<Item = &'static dyn MemoryManager> {
     DEVICES
         .iter()
-        .filter_map(|slot| Some(slot.get()?.as_ref().ok()?.manager.as_ref()))
+        .filter_map(set_up)
+        .map(|d| d.manager.as_ref())
 }
 
 /// Allocates `size` bytes on `device` ordered on `stream` and remembers the
@@ -134,7 +144,7 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
 /// [`live_free`] on the allocation's own stream, on whichever device whose state
 /// exists holds `ptr` (the devices in order).
 fn live_free_any(what: &str, ptr: u64) -> emm_status {
-    for d in DEVICES.iter().filter_map(|slot| slot.get()?.as_ref().ok()) {
+    for d in DEVICES.iter().filter_map(set_up) {
         if let Some((a, used_on)) = take_live(d, ptr) {
             return release_taken(what, d, a, used_on, None);
         }
