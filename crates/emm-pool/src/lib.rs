@@ -18,6 +18,7 @@
 mod arena;
 mod events;
 mod fasthash;
+mod graph;
 mod history;
 mod owner_lock;
 mod pool;
@@ -26,6 +27,10 @@ mod vmm;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
+pub use graph::{
+    GraphPool, GraphPoolStats, GRAPH_MEDIUM_MAX, GRAPH_MEDIUM_SEGMENT, GRAPH_ROUND,
+    GRAPH_SMALL_MAX, GRAPH_SMALL_SEGMENT,
+};
 pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};
 

@@ -1,0 +1,382 @@
+//! A private pool for the memory of CUDA graphs (what PyTorch calls a graph's
+//! memory pool).
+//!
+//! A graph replays with the addresses it was captured with. Every block handed
+//! out during the capture, the intermediates freed before the capture ended
+//! included, is written again at each replay, so that memory must not go to
+//! anyone outside the graph while the graph lives. A [`GraphPool`] keeps it:
+//!
+//! - Blocks come from segments of the pool's own, never shared with the
+//!   process's manager.
+//! - A freed block is reused only by later allocations from the same pool on the
+//!   stream it was freed on. Within a capture, stream order is captured into the
+//!   graph, so the reuse replays in the same order; graphs that share a pool must
+//!   be replayed in the order they were captured, as with PyTorch's own pools.
+//! - Segments go back to the upstream only through [`GraphPool::reclaim`], once
+//!   every user of the pool has released it ([`GraphPool::set_released`]) and
+//!   nothing in the segment is live. Reclaiming synchronizes the device first, so
+//!   no replay still running can touch the memory.
+//!
+//! Nothing on the allocation and free path records or queries an event,
+//! synchronizes or frees: a capture in progress forbids those (they would fail
+//! or invalidate it), and allocations during a capture are the pool's main use.
+//! The only driver call on that path is the upstream's `cuMemAlloc` for a new
+//! segment, which a capture allows (PyTorch's own allocator makes the same call
+//! during captures).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use emm_core::{DeviceAllocation, DeviceRelease, EmmError, Released, Result};
+use emm_default::Upstream;
+use emm_sys::{CUdeviceptr, CUstream};
+
+/// Blocks are multiples of this many bytes (as the caching pool's are).
+pub const GRAPH_ROUND: usize = 512;
+/// Requests up to this size share segments of [`GRAPH_SMALL_SEGMENT`] bytes.
+pub const GRAPH_SMALL_MAX: usize = 1 << 20;
+/// The segment small requests are cut from.
+pub const GRAPH_SMALL_SEGMENT: usize = 2 << 20;
+/// Requests below this size (and above [`GRAPH_SMALL_MAX`]) are cut from
+/// segments of [`GRAPH_MEDIUM_SEGMENT`] bytes; larger ones get a segment of their
+/// own, rounded up to [`GRAPH_SMALL_SEGMENT`].
+pub const GRAPH_MEDIUM_MAX: usize = 10 << 20;
+/// The segment medium requests are cut from.
+pub const GRAPH_MEDIUM_SEGMENT: usize = 20 << 20;
+
+/// What a [`GraphPool`] holds, read at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GraphPoolStats {
+    /// Bytes handed out and not yet freed (rounded sizes).
+    pub live_bytes: usize,
+    /// Blocks handed out and not yet freed.
+    pub live_blocks: usize,
+    /// Bytes of the segments the pool holds.
+    pub reserved_bytes: usize,
+    /// Segments the pool holds.
+    pub segments: usize,
+    /// The largest `live_bytes` so far.
+    pub peak_live_bytes: usize,
+    /// The largest `reserved_bytes` so far.
+    pub peak_reserved_bytes: usize,
+    /// Segments taken from the upstream so far.
+    pub segment_allocs: usize,
+    /// Segments given back so far.
+    pub segment_frees: usize,
+}
+
+/// One block of a segment, free or handed out.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    size: usize,
+    segment: CUdeviceptr,
+    free: bool,
+    /// The stream the block was handed out on, or freed on (a free block is
+    /// reusable on that stream only).
+    stream: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Base address to size.
+    segments: BTreeMap<CUdeviceptr, usize>,
+    /// Every block by address, free or not.
+    blocks: BTreeMap<CUdeviceptr, Block>,
+    /// Free blocks as (stream, size, address): the best fit on a stream is the
+    /// first at or after (stream, size, 0).
+    free: BTreeSet<(usize, usize, CUdeviceptr)>,
+    released: bool,
+    stats: GraphPoolStats,
+}
+
+/// A private pool for the memory of CUDA graphs; see the module documentation.
+/// Shared through an `Arc`: the allocations it hands out keep it alive.
+pub struct GraphPool {
+    upstream: Box<dyn Upstream>,
+    state: Mutex<State>,
+}
+
+impl core::fmt::Debug for GraphPool {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("GraphPool")
+            .field("upstream", &self.upstream.name())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn round_up(n: usize, to: usize) -> Option<usize> {
+    n.checked_add(to - 1).map(|v| v / to * to)
+}
+
+/// The segment a request of `rounded` bytes gets when no free block fits.
+fn segment_size(rounded: usize) -> Option<usize> {
+    if rounded <= GRAPH_SMALL_MAX {
+        Some(GRAPH_SMALL_SEGMENT)
+    } else if rounded < GRAPH_MEDIUM_MAX {
+        Some(GRAPH_MEDIUM_SEGMENT)
+    } else {
+        round_up(rounded, GRAPH_SMALL_SEGMENT)
+    }
+}
+
+impl GraphPool {
+    /// An empty pool whose segments come from `upstream`.
+    pub fn new(upstream: Box<dyn Upstream>) -> Arc<GraphPool> {
+        Arc::new(GraphPool {
+            upstream,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent between statements that can panic, so a
+        // poisoned lock's data is still good.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `size` bytes (more than 0) ordered on `stream`, from a block freed on that
+    /// stream or from a new segment. Out of memory is the upstream's error (the
+    /// pool gives nothing back on its own: that would synchronize). A pool that was
+    /// released takes no new allocations.
+    pub fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        let invalid_size = |reason| EmmError::InvalidSize {
+            requested: size,
+            reason,
+        };
+        if size == 0 {
+            return Err(invalid_size(
+                "a graph pool hands out blocks of at least one byte",
+            ));
+        }
+        let rounded = round_up(size, GRAPH_ROUND)
+            .ok_or_else(|| invalid_size("larger than the address space"))?;
+        let key = stream.0 as usize;
+        let mut st = self.lock();
+        if st.released {
+            return Err(EmmError::InvalidArgument {
+                what: "graph pool",
+                found: "a pool every user has released".into(),
+                expected: "a pool that is still in use (begin a new one)".into(),
+            });
+        }
+        let fit = st
+            .free
+            .range((key, rounded, 0)..=(key, usize::MAX, CUdeviceptr::MAX))
+            .next()
+            .copied();
+        let (ptr, segment) = match fit {
+            Some(entry @ (_, _, ptr)) => {
+                st.free.remove(&entry);
+                let segment = st.blocks.get(&ptr).map_or(ptr, |b| b.segment);
+                (ptr, segment)
+            }
+            None => {
+                let seg_size = segment_size(rounded)
+                    .ok_or_else(|| invalid_size("larger than the address space"))?;
+                // A capture allows cuMemAlloc; holding the lock across it keeps
+                // two threads from making a segment each for one need.
+                let base = self.upstream.alloc(seg_size)?;
+                st.segments.insert(base, seg_size);
+                st.blocks.insert(
+                    base,
+                    Block {
+                        size: seg_size,
+                        segment: base,
+                        free: true,
+                        stream: key,
+                    },
+                );
+                let s = &mut st.stats;
+                s.segments += 1;
+                s.segment_allocs += 1;
+                s.reserved_bytes += seg_size;
+                s.peak_reserved_bytes = s.peak_reserved_bytes.max(s.reserved_bytes);
+                (base, base)
+            }
+        };
+        let seg_size = st.segments.get(&segment).copied().unwrap_or(0);
+        let Some(block) = st.blocks.get_mut(&ptr) else {
+            return Err(EmmError::Internal {
+                operation: "graph pool allocation",
+                detail: format!("free block {ptr:#x} is not in the pool's block map"),
+            });
+        };
+        let rest = block.size - rounded;
+        block.size = rounded;
+        block.free = false;
+        block.stream = key;
+        if rest >= GRAPH_ROUND {
+            let tail = ptr + rounded as CUdeviceptr;
+            st.blocks.insert(
+                tail,
+                Block {
+                    size: rest,
+                    segment,
+                    free: true,
+                    stream: key,
+                },
+            );
+            st.free.insert((key, rest, tail));
+        } else if let Some(b) = st.blocks.get_mut(&ptr) {
+            b.size += rest; // too small to hand out: stays with the block
+        }
+        let held = st.blocks.get(&ptr).map_or(rounded, |b| b.size);
+        let s = &mut st.stats;
+        s.live_bytes += held;
+        s.live_blocks += 1;
+        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        drop(st);
+        // SAFETY: [ptr, ptr+size) lies in the pool's segment [segment,
+        // segment+seg_size) and is this pool's until `release` is called for it.
+        Ok(unsafe {
+            DeviceAllocation::with_releaser(
+                ptr,
+                size,
+                stream,
+                segment,
+                seg_size,
+                self.clone() as Arc<dyn DeviceRelease>,
+                0,
+            )
+        })
+    }
+
+    /// Whether `ptr` is the address of a block this pool handed out and that is
+    /// not yet freed.
+    pub fn owns(&self, ptr: CUdeviceptr) -> bool {
+        self.lock().blocks.get(&ptr).is_some_and(|b| !b.free)
+    }
+
+    /// Marks the pool as released by every user: it takes no new allocations, and
+    /// [`GraphPool::reclaim`] gives back each segment nothing live is left in.
+    pub fn set_released(&self) {
+        self.lock().released = true;
+    }
+
+    /// Whether the pool was released.
+    pub fn is_released(&self) -> bool {
+        self.lock().released
+    }
+
+    /// Gives back to the upstream every segment of a released pool that holds
+    /// nothing live, after synchronizing the device (a replay still queued may
+    /// use any of them); the bytes given back. A pool still in use keeps all its
+    /// segments: its free blocks are what its graphs' replays write into. Call it
+    /// only while no capture is under way: a synchronization would invalidate it.
+    pub fn reclaim(&self) -> Result<usize> {
+        let idle: Vec<(CUdeviceptr, usize)> = {
+            let st = self.lock();
+            if !st.released {
+                return Ok(0);
+            }
+            st.segments
+                .iter()
+                .filter(|&(&base, &size)| {
+                    st.blocks
+                        .range(base..base + size as CUdeviceptr)
+                        .all(|(_, b)| b.free)
+                })
+                .map(|(&b, &s)| (b, s))
+                .collect()
+        };
+        if idle.is_empty() {
+            return Ok(0);
+        }
+        if let Some(ctx) = self.upstream.context() {
+            ctx.synchronize()?;
+        }
+        let mut freed = 0;
+        let mut first_error = None;
+        for (base, size) in idle {
+            {
+                let mut st = self.lock();
+                let end = base + size as CUdeviceptr;
+                let gone: Vec<(CUdeviceptr, Block)> =
+                    st.blocks.range(base..end).map(|(&a, &b)| (a, b)).collect();
+                for (addr, b) in gone {
+                    st.blocks.remove(&addr);
+                    st.free.remove(&(b.stream, b.size, addr));
+                }
+                st.segments.remove(&base);
+                let s = &mut st.stats;
+                s.segments -= 1;
+                s.segment_frees += 1;
+                s.reserved_bytes -= size;
+            }
+            // SAFETY: `base` came from this upstream's alloc(size), is given back
+            // once (it left the pool's state above), and nothing uses it: every
+            // block in it is free and the device was synchronized.
+            match unsafe { self.upstream.free(base, size) } {
+                Ok(()) => freed += size,
+                Err(e) => {
+                    tracing::error!(
+                        "a graph pool could not give back its segment {base:#x} ({size} bytes): {e}"
+                    );
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(freed),
+        }
+    }
+
+    /// What the pool holds now.
+    pub fn stats(&self) -> GraphPoolStats {
+        self.lock().stats
+    }
+}
+
+impl DeviceRelease for GraphPool {
+    fn release(&self, r: Released) {
+        let mut st = self.lock();
+        let key = r.stream.0 as usize;
+        let Some(block) = st.blocks.get(&r.ptr).copied().filter(|b| !b.free) else {
+            tracing::error!(
+                "a graph pool was handed back {:#x}, which is not one of its live blocks; ignored",
+                r.ptr
+            );
+            return;
+        };
+        let s = &mut st.stats;
+        s.live_bytes -= block.size;
+        s.live_blocks -= 1;
+        let (mut start, mut size) = (r.ptr, block.size);
+        // Merge with the free neighbours of the same segment freed on the same
+        // stream (other streams' blocks are reusable only on theirs).
+        let before = st.blocks.range(..start).next_back().map(|(&a, &b)| (a, b));
+        if let Some((a, b)) = before {
+            if b.free
+                && b.segment == block.segment
+                && b.stream == key
+                && a + b.size as CUdeviceptr == start
+            {
+                st.free.remove(&(key, b.size, a));
+                st.blocks.remove(&start);
+                start = a;
+                size += b.size;
+            }
+        }
+        let next = start + size as CUdeviceptr;
+        if let Some(b) = st.blocks.get(&next).copied() {
+            if b.free && b.segment == block.segment && b.stream == key {
+                st.free.remove(&(key, b.size, next));
+                st.blocks.remove(&next);
+                size += b.size;
+            }
+        }
+        st.blocks.insert(
+            start,
+            Block {
+                size,
+                segment: block.segment,
+                free: true,
+                stream: key,
+            },
+        );
+        st.free.insert((key, size, start));
+    }
+}
