@@ -15,8 +15,10 @@
 // (`memory_allocated`, `max_memory_reserved`, `memory_summary`, ...), the peak and
 // accumulated resets, `empty_cache()`, cuDNN's `cacheInfo`, and `recordStream`
 // from C++ (NCCL's process group, `Tensor.record_stream`), each through emm's
-// `emm_torch_*` functions. CUDA graph capture, which needs a private pool emm
-// does not have yet, is refused with the reason instead of corrupting memory.
+// `emm_torch_*` functions. CUDA graph capture gets a private pool of emm's for
+// each of PyTorch's pool ids (`beginAllocateToPool`, `endAllocateToPool`,
+// `releasePool`): the allocations PyTorch's filter picks during a capture come
+// from it, so the memory a graph was captured with stays the graph's.
 //
 // `emm.torch` compiles this file against the PyTorch it runs with (g++, PyTorch's
 // headers and libraries; no ninja), caches the library, and loads it with ctypes.
@@ -31,6 +33,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +44,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -55,6 +59,8 @@ using MemoryStatsFn = int (*)(int device, const char* const* keys, uint64_t* val
 using ResetPeakStatsFn = int (*)(int device);
 using EmptyCacheFn = int (*)(int device, size_t* released);
 using CacheInfoFn = int (*)(int device, size_t* largest);
+using GraphPoolFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b);
+using GraphAllocFn = void* (*)(ssize_t size, int device, void* stream, uint64_t pool_a, uint64_t pool_b);
 
 // The addresses of emm's functions, in the order python/emm/_torch_native.py's
 // `Functions` lists them (the test checks that too).
@@ -68,6 +74,10 @@ struct EmmFunctions {
   ResetPeakStatsFn reset_peak_stats;
   EmptyCacheFn empty_cache;
   CacheInfoFn cache_info;
+  GraphPoolFn graph_pool_begin;
+  GraphPoolFn graph_pool_end;
+  GraphPoolFn graph_pool_release;
+  GraphAllocFn graph_pool_alloc;
 };
 
 // emm_status's EMM_OK and EMM_ERR_OUT_OF_MEMORY.
@@ -111,36 +121,32 @@ constexpr std::array<c10::DeleterFnPtr, kDevices> kRelease =
 
 using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
-// emm's allocation of `size` bytes on `device` ordered on `stream`; throws
-// c10::OutOfMemoryError (torch.OutOfMemoryError) when memory ran out and
-// c10::Error for any other failure, with emm's reason.
+// Throws c10::OutOfMemoryError (torch.OutOfMemoryError) when emm's last
+// allocation ran out of memory and c10::Error for any other failure, with emm's
+// reason. (PyTorch's own pluggable allocator hands out a tensor at address 0
+// instead.) The message is put together without iostreams: c10::str's stream,
+// instantiated in this library, crashed against the libstdc++ PyTorch's wheel
+// runs with.
+[[noreturn]] void throw_alloc_failure(size_t size, c10::DeviceIndex device) {
+  const bool oom = g_emm.last_error_code() == kOutOfMemory;
+  const std::string message = "emm could not allocate " +
+      std::to_string(size) + " bytes on CUDA device " +
+      std::to_string(static_cast<int>(device)) + ": " + last_error();
+  if (oom) {
+    C10_THROW_ERROR(OutOfMemoryError, message);
+  }
+  C10_THROW_ERROR(Error, message);
+}
+
+// emm's allocation of `size` bytes on `device` ordered on `stream`, from the
+// process's manager; throws as throw_alloc_failure says.
 void* checked_alloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   void* ptr = g_emm.alloc(static_cast<ssize_t>(size), device, stream);
   if (ptr == nullptr && size != 0) {
-    // (PyTorch's own pluggable allocator hands out a tensor at address 0
-    // here.) The message is put together without iostreams: c10::str's
-    // stream, instantiated in this library, crashed against the libstdc++
-    // PyTorch's wheel runs with.
-    const bool oom = g_emm.last_error_code() == kOutOfMemory;
-    const std::string message = "emm could not allocate " +
-        std::to_string(size) + " bytes on CUDA device " +
-        std::to_string(static_cast<int>(device)) + ": " + last_error();
-    if (oom) {
-      C10_THROW_ERROR(OutOfMemoryError, message);
-    }
-    C10_THROW_ERROR(Error, message);
+    throw_alloc_failure(size, device);
   }
   return ptr;
 }
-
-// Why emm's object refuses CUDA graph capture and torch.cuda.MemPool
-// (python/emm/torch.py says the same for PyTorch's pluggable object).
-constexpr const char* kNoGraphPools =
-    "emm's allocator does not keep private memory pools for CUDA graphs or "
-    "torch.cuda.MemPool yet: memory a graph was captured with would be handed to "
-    "other tensors after the capture, and every replay would write into them. "
-    "Capture CUDA graphs (torch.cuda.graph, torch.compile's reduce-overhead mode) "
-    "in a process that does not call emm.torch.install()";
 
 // Throws c10::Error with emm's reason when an emm function other than an
 // allocation failed.
@@ -274,7 +280,7 @@ struct EmmAllocator final : WithEmptyCache {
   c10::DataPtr allocate(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    void* ptr = checked_alloc(size, device, stream);
+    void* ptr = routed_alloc(size, device, stream);
     const c10::DeleterFnPtr deleter =
         device >= 0 && device < kDevices ? kRelease[device] : &release_any;
     return {ptr, ptr, deleter, c10::Device(c10::DeviceType::CUDA, device)};
@@ -286,12 +292,12 @@ struct EmmAllocator final : WithEmptyCache {
 
   void* raw_alloc(size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
-    return checked_alloc(
+    return routed_alloc(
         nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
-    return checked_alloc(nbytes, c10::cuda::current_device(), stream);
+    return routed_alloc(nbytes, c10::cuda::current_device(), stream);
   }
 
   void raw_delete(void* ptr) override {
@@ -348,16 +354,47 @@ struct EmmAllocator final : WithEmptyCache {
     }
   }
 
-  // CUDA graph capture (and torch.cuda.MemPool) asks for a private pool that
-  // keeps the memory a graph was captured with for its replays. emm has none
-  // yet; without one, memory freed during capture would go to other tensors and
-  // every replay would write into them. Refused before the capture begins
-  // (PyTorch calls this ahead of cudaStreamBeginCapture).
+  // A CUDA graph capture (PyTorch calls this before cudaStreamBeginCapture):
+  // from here until endAllocateToPool, the allocations on `device` that
+  // `filter` picks (those on a stream of the capture) come from emm's private
+  // pool `mempool_id`, which keeps them for the graph's replays.
   void beginAllocateToPool(
-      c10::DeviceIndex /*device*/,
-      c10::cuda::MempoolId_t /*mempool_id*/,
-      std::function<bool(cudaStream_t)> /*filter*/) override {
-    C10_THROW_ERROR(Error, kNoGraphPools);
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id,
+      std::function<bool(cudaStream_t)> filter) override {
+    check(
+        g_emm.graph_pool_begin(device, mempool_id.first, mempool_id.second),
+        "emm could not begin a private pool for a CUDA graph");
+    const std::lock_guard<std::mutex> lock(routes_mutex_);
+    routes_.push_back(Route{device, mempool_id, std::move(filter)});
+    routing_.store(routes_.size(), std::memory_order_release);
+  }
+
+  // After the capture ended: its allocations go to the process's manager again.
+  void endAllocateToPool(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id) override {
+    {
+      const std::lock_guard<std::mutex> lock(routes_mutex_);
+      for (auto it = routes_.begin(); it != routes_.end(); ++it) {
+        if (it->device == device && it->pool == mempool_id) {
+          routes_.erase(it);
+          break;
+        }
+      }
+      routing_.store(routes_.size(), std::memory_order_release);
+    }
+    check(
+        g_emm.graph_pool_end(device, mempool_id.first, mempool_id.second),
+        "emm could not end the routing of a CUDA graph's allocations");
+  }
+
+  // A graph captured with the pool was reset or destroyed. PyTorch calls this
+  // from CUDAGraph's destructor, so it must not throw: a failure is in emm's log.
+  void releasePool(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id) override {
+    g_emm.graph_pool_release(device, mempool_id.first, mempool_id.second);
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
@@ -367,6 +404,36 @@ struct EmmAllocator final : WithEmptyCache {
   }
 
  private:
+  // Where a capture's allocations go: PyTorch's filter picks them on `device`.
+  struct Route {
+    c10::DeviceIndex device;
+    c10::cuda::MempoolId_t pool;
+    std::function<bool(cudaStream_t)> filter;
+  };
+
+  // The allocation from the private pool of the capture `stream` belongs to,
+  // if a capture routes it there; else from the process's manager.
+  void* routed_alloc(
+      size_t size,
+      c10::DeviceIndex device,
+      cudaStream_t stream) {
+    if (routing_.load(std::memory_order_acquire) != 0) {
+      const std::lock_guard<std::mutex> lock(routes_mutex_);
+      for (const Route& r : routes_) {
+        if (r.device == device && r.filter(stream)) {
+          void* ptr = g_emm.graph_pool_alloc(
+              static_cast<ssize_t>(size), device, stream, r.pool.first,
+              r.pool.second);
+          if (ptr == nullptr && size != 0) {
+            throw_alloc_failure(size, device);
+          }
+          return ptr;
+        }
+      }
+    }
+    return checked_alloc(size, device, stream);
+  }
+
   static bool is_ours(c10::DeleterFnPtr deleter) {
     if (deleter == &release_any) {
       return true;
@@ -393,6 +460,12 @@ struct EmmAllocator final : WithEmptyCache {
   // Each device's accumulated counts at its last resetAccumulatedStats.
   std::mutex reset_mutex_;
   std::array<StatValues, kDevices> reset_base_{};
+
+  // The captures routing allocations now; routing_ is their count, read without
+  // the lock on every allocation.
+  std::mutex routes_mutex_;
+  std::vector<Route> routes_;
+  std::atomic<std::size_t> routing_{0};
 };
 
 void copy_message(const char* what, char* err, size_t len) {
@@ -425,7 +498,9 @@ extern "C" int emm_torch_native_install(
       fns->last_error == nullptr || fns->last_error_code == nullptr ||
       fns->record_stream == nullptr || fns->memory_stats == nullptr ||
       fns->reset_peak_stats == nullptr || fns->empty_cache == nullptr ||
-      fns->cache_info == nullptr) {
+      fns->cache_info == nullptr || fns->graph_pool_begin == nullptr ||
+      fns->graph_pool_end == nullptr || fns->graph_pool_release == nullptr ||
+      fns->graph_pool_alloc == nullptr) {
     copy_message("emm_torch_native_install: a function address is null", err, len);
     return 1;
   }

@@ -203,6 +203,10 @@ FUNCTIONS = (
     ("reset_peak_stats", "emm_torch_reset_peak_stats"),
     ("empty_cache", "emm_torch_empty_cache"),
     ("cache_info", "emm_torch_cache_info"),
+    ("graph_pool_begin", "emm_torch_graph_pool_begin"),
+    ("graph_pool_end", "emm_torch_graph_pool_end"),
+    ("graph_pool_release", "emm_torch_graph_pool_release"),
+    ("graph_pool_alloc", "emm_torch_graph_pool_alloc"),
 )
 """The fields of the source's ``EmmFunctions``, in its order, each with the
 function of libemm_capi whose address it holds."""

@@ -55,30 +55,28 @@ def route_record_stream(torch: Any) -> None:
 
 
 NO_GRAPH_POOLS = (
-    "emm's allocator does not keep private memory pools for CUDA graphs or torch.cuda.MemPool yet: memory a "
-    "graph was captured with would be handed to other tensors after the capture, and every replay would write "
-    "into them. Capture CUDA graphs (torch.cuda.graph, torch.compile's reduce-overhead mode) in a process that "
-    "does not call emm.torch.install()"
+    "PyTorch's pluggable allocator object over emm keeps no private memory pools for CUDA graphs or "
+    "torch.cuda.MemPool: memory a graph was captured with would be handed to other tensors after the capture, "
+    "and every replay would write into them. emm's own allocator object keeps them; emm.torch.install() "
+    "uses it unless EMM_TORCH_NATIVE=0 or it could not be built (its warning said why)"
 )
-"""Why CUDA graph capture is refused under emm (emm's own object says the same
-from its ``beginAllocateToPool``)."""
+"""Why CUDA graph capture is refused under PyTorch's pluggable object over emm."""
 
 
-def refuse_graph_capture(torch: Any, pluggable: bool) -> None:
-    """Makes CUDA graph capture raise :data:`NO_GRAPH_POOLS` before anything of it
-    happens: ``torch.cuda.graph``'s ``__enter__`` (which would otherwise make the
-    capture stream current first and leave it so), and under PyTorch's pluggable
-    object, which would let a capture or a ``torch.cuda.MemPool`` go ahead with no
-    pool to keep its memory, ``CUDAGraph.capture_begin`` and ``use_mem_pool`` too
-    (emm's own object refuses those in C++, in ``beginAllocateToPool``)."""
+def refuse_graph_capture(torch: Any) -> None:
+    """Under PyTorch's pluggable object, which would let a capture or a
+    ``torch.cuda.MemPool`` go ahead with no pool to keep its memory, makes them
+    raise :data:`NO_GRAPH_POOLS` before anything of them happens:
+    ``torch.cuda.graph``'s ``__enter__`` (which would otherwise make the capture
+    stream current first and leave it so), ``CUDAGraph.capture_begin`` and
+    ``use_mem_pool``. (emm's own object keeps a private pool for each capture.)"""
     def refusal() -> Any:
         def refused(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError(NO_GRAPH_POOLS)
         return refused
 
-    targets = [(torch.cuda.graph, "__enter__")]
-    if pluggable:
-        targets += [(torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.memory, "use_mem_pool")]
+    targets = [(torch.cuda.graph, "__enter__"), (torch.cuda.CUDAGraph, "capture_begin"),
+               (torch.cuda.memory, "use_mem_pool")]
     for owner, name in targets:
         if hasattr(owner, name) and not getattr(getattr(owner, name), "_emm_routed", False):
             fn = refusal()

@@ -94,9 +94,11 @@ def install(native: Optional[bool] = None) -> Any:
     call returns the allocator the first installed.
 
     emm's own object answers PyTorch's memory tools (``torch.cuda.memory_stats()``,
-    ``empty_cache()``, ...) and ``recordStream``. CUDA graph capture (and
-    ``torch.cuda.MemPool``) raises ``RuntimeError`` with either object: emm keeps
-    no private pool for a graph's memory yet, and without one every replay would
+    ``empty_cache()``, ...) and ``recordStream``, and keeps a private pool of emm's
+    for each CUDA graph capture (``torch.cuda.graph``, ``make_graphed_callables``),
+    so the memory a graph was captured with stays the graph's. Under PyTorch's
+    pluggable object, which cannot keep one, CUDA graph capture and
+    ``torch.cuda.use_mem_pool`` raise ``RuntimeError`` instead: every replay would
     write into memory handed to other tensors. With PyTorch's pluggable object,
     ``torch.Tensor.record_stream`` and PyTorch's memory statistics are routed to
     emm in Python (``emm._torch_routes``): that object drops the first, which would
@@ -132,7 +134,7 @@ def install(native: Optional[bool] = None) -> Any:
     if kind == "pluggable":
         _torch_routes.route_record_stream(torch)
         _torch_routes.route_memory_stats(torch)
-    _torch_routes.refuse_graph_capture(torch, pluggable=kind == "pluggable")
+        _torch_routes.refuse_graph_capture(torch)
     _torch_routes.route_memory_history(torch)
     return torch.cuda.memory._get_current_allocator()
 

@@ -373,15 +373,15 @@ def test_graph_capture_is_refused_under_pytorchs_pluggable_object(recorder, monk
     assert recorder.captures == ["p"], "PyTorch's own capture_begin is kept"
 
 
-def test_emms_object_refuses_graph_capture_before_the_stream_changes(recorder, monkeypatch):
-    original = recorder.cuda.CUDAGraph.capture_begin
+def test_emms_object_leaves_graph_capture_to_its_own_pools(recorder, monkeypatch):
+    originals = (recorder.cuda.graph.__enter__, recorder.cuda.CUDAGraph.capture_begin)
     monkeypatch.setattr(tn, "install", lambda torch, lib: None)
     et.install()
-    with pytest.raises(RuntimeError, match="private memory pools for CUDA graphs"):
-        recorder.cuda.graph().__enter__()
-    assert recorder.captures == [], "torch.cuda.graph entered its capture stream"
-    assert recorder.cuda.CUDAGraph.capture_begin is original, "the C++ object refuses it"
-    assert "private memory pools for CUDA graphs" in tn.SOURCE.read_text()
+    assert (recorder.cuda.graph.__enter__, recorder.cuda.CUDAGraph.capture_begin) == originals
+    src = tn.SOURCE.read_text()
+    for hook in ("beginAllocateToPool", "endAllocateToPool", "releasePool"):
+        assert re.search(r"void " + hook + r"\([^;{]*\) override", src), f"{hook} is not overridden"
+    assert "kNoGraphPools" not in src
 
 
 def test_builds_at_once_compile_once(tmp_path, cache, monkeypatch):

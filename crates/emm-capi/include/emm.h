@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 307
+#define EMM_ABI_VERSION 308
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -207,7 +207,10 @@ extern "C" {
  * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
  * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
  * added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
- * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`).
+ * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
+ * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
+ * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
+ * `emm_torch_graph_pool_alloc`).
  */
 int emm_abi_version(void);
 
@@ -521,6 +524,50 @@ void *emm_cupy_malloc(void *param, size_t size, int device);
 void emm_cupy_free(void *param, void *ptr, int device);
 
 /**
+ * PyTorch's `beginAllocateToPool` for a CUDA graph capture (emm's allocator
+ * object): makes the private pool `(pool_a, pool_b)` of `device` if it does not
+ * exist (a pool id used again after every graph of it was released gets a new
+ * pool), counts one more use of it, and marks a capture as routing allocations
+ * to it until [`emm_torch_graph_pool_end`]. Frees held back for captures that
+ * are over go ahead. A device whose manager serves no device context is
+ * `EMM_ERR_UNSUPPORTED`. Since ABI 308.
+ */
+emm_status emm_torch_graph_pool_begin(int device, uint64_t pool_a, uint64_t pool_b);
+
+/**
+ * PyTorch's `endAllocateToPool`, after the capture ended: the capture no longer
+ * routes to `(pool_a, pool_b)`. When no capture routes any more, the frees held
+ * back go ahead and released pools give back what they can. A pool that was
+ * never begun is `EMM_ERR_INVALID_ARGUMENT`. Since ABI 308.
+ */
+emm_status emm_torch_graph_pool_end(int device, uint64_t pool_a, uint64_t pool_b);
+
+/**
+ * PyTorch's `releasePool`, when a graph captured with the pool is reset or
+ * destroyed: one use fewer. When none is left the pool takes no more
+ * allocations, and its segments go back once nothing in them is live (now if
+ * no capture runs, else at the end of the captures, at `emm_torch_empty_cache`
+ * or when a later pool call finds it so). An unknown pool is
+ * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 308.
+ */
+emm_status emm_torch_graph_pool_release(int device, uint64_t pool_a, uint64_t pool_b);
+
+/**
+ * An allocation of `size` bytes on `device` ordered on `stream` from the graph
+ * pool `(pool_a, pool_b)` (begun with [`emm_torch_graph_pool_begin`] and not yet
+ * released), for emm's allocator object while a capture routes to the pool.
+ * Freed like any other address of `emm_torch_alloc` (`emm_torch_release`), back
+ * into its pool. NULL on failure (`emm_last_error` says why; out of memory is
+ * `EMM_ERR_OUT_OF_MEMORY`: the pool gives nothing back during a capture); size 0
+ * is NULL with `EMM_OK`. Since ABI 308.
+ */
+void *emm_torch_graph_pool_alloc(ssize_t size,
+                                 int device,
+                                 void *stream,
+                                 uint64_t pool_a,
+                                 uint64_t pool_b);
+
+/**
  * Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
  * instead of printing them on standard error; 0 prints them (the default). Returns
  * the previous setting.
@@ -626,7 +673,9 @@ emm_status emm_memory_snapshot_json(struct emm_manager *m, char **out, size_t *l
  * `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
  * `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
  * behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
- * A name the manager does not keep reads 0, and so does every name on a device
+ * The device's CUDA graph pools count in (`emm_torch_graph_pool_begin`: their
+ * live and reserved bytes in the current values, their segments in the device
+ * allocations). A name the manager does not keep reads 0, and so does every name on a device
  * emm has not set up (which this does not set up); `*found` (may be NULL) gets
  * how many of the names the manager keeps. A null `keys` or `values` with `n > 0`,
  * a null name, or a device outside `0..64` is `EMM_ERR_INVALID_ARGUMENT`, and
@@ -650,8 +699,10 @@ emm_status emm_torch_reset_peak_stats(int device);
  * `torch.cuda.empty_cache()`: gives back what the manager behind
  * `emm_torch_alloc` holds idle on `device`, on every device emm has set up when
  * `device` is -1 (the manager's `release_cached`: its idle device memory, and the
- * pinned host and managed memory it caches); `*released` (may be NULL) gets the
- * bytes given back, of all three. Every device is tried; the status is the first
+ * pinned host and managed memory it caches), and the segments of CUDA graph
+ * pools that every graph released and nothing in them lives (none while a
+ * capture runs); `*released` (may be NULL) gets the bytes given back, of all
+ * four. Every device is tried; the status is the first
  * failure's. A device emm has not set up holds nothing; one outside `-1..64` is
  * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
  */

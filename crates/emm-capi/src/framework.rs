@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
+use crate::graph_pools::GraphPools;
 use crate::live_table::LiveTable;
 use crate::stream_uses::{self, StreamUses};
 use crate::timing::{self, Hook};
@@ -22,12 +23,15 @@ use crate::{
 };
 
 /// One device's manager and the allocations handed out by address.
-struct LiveDevice {
-    manager: Arc<dyn MemoryManager>,
+pub(crate) struct LiveDevice {
+    pub(crate) manager: Arc<dyn MemoryManager>,
     live: Mutex<LiveTable<DeviceAllocation>>,
     /// Other streams live allocations are used on (`emm_torch_record_stream`);
     /// changed only with `live` locked.
     uses: StreamUses,
+    /// The private pools of CUDA graph captures, and the frees held back while a
+    /// capture runs.
+    pub(crate) graphs: GraphPools,
 }
 
 const LIVE_DEVICES: usize = 64;
@@ -56,7 +60,7 @@ fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
 /// The device's state, created on first use, or the status of why it cannot be
 /// (recorded again for `emm_last_error` at every call, as each caller needs it): a
 /// device outside `0..64`, or no manager could be made.
-fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
+pub(crate) fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
     let Some(slot) = slot(device) else {
         return Err(out_of_range(device));
     };
@@ -65,6 +69,7 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
             manager,
             live: Mutex::new(LiveTable::default()),
             uses: StreamUses::default(),
+            graphs: GraphPools::default(),
         }),
         Err(e) => {
             let code = fail(e);
@@ -80,18 +85,18 @@ fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
 
 /// The state of `device` if emm has set it up (an allocation was asked for on
 /// it), without setting it up.
-fn known_device(device: c_int) -> Option<&'static LiveDevice> {
+pub(crate) fn known_device(device: c_int) -> Option<&'static LiveDevice> {
     slot(device).and_then(set_up)
 }
 
-/// The manager of `device` if emm has set the device up for the allocator hooks,
+/// The state of `device` if emm has set the device up for the allocator hooks,
 /// without setting it up (`None`: nothing of emm's is on it); a device outside
 /// `0..64` is `EMM_ERR_INVALID_ARGUMENT`.
-pub(crate) fn known_manager(
+pub(crate) fn known_device_checked(
     device: c_int,
-) -> Result<Option<&'static dyn MemoryManager>, emm_status> {
+) -> Result<Option<&'static LiveDevice>, emm_status> {
     let slot = slot(device).ok_or_else(|| out_of_range(device))?;
-    Ok(set_up(slot).map(|d| d.manager.as_ref()))
+    Ok(set_up(slot))
 }
 
 /// The manager of `device` for the allocator hooks, setting the device up when
@@ -100,13 +105,9 @@ pub(crate) fn device_manager(device: c_int) -> Result<&'static dyn MemoryManager
     live_device(device).map(|d| d.manager.as_ref())
 }
 
-/// The managers of every device emm has set up for the allocator hooks, in
-/// device order.
-pub(crate) fn known_managers() -> impl Iterator<Item = &'static dyn MemoryManager> {
-    DEVICES
-        .iter()
-        .filter_map(set_up)
-        .map(|d| d.manager.as_ref())
+/// Every device emm has set up for the allocator hooks, in device order.
+pub(crate) fn known_devices() -> impl Iterator<Item = &'static LiveDevice> {
+    DEVICES.iter().filter_map(set_up)
 }
 
 /// Allocates `size` bytes on `device` ordered on `stream` and remembers the
@@ -114,15 +115,17 @@ pub(crate) fn known_managers() -> impl Iterator<Item = &'static dyn MemoryManage
 fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
     let d = live_device(device)?;
     match emm_core::alloc_from(d.manager.as_ref(), size, stream) {
-        Ok(a) => {
-            let ptr = a.ptr();
-            if size > 0 {
-                lock(&d.live).insert(ptr, a);
-            }
-            Ok(ptr)
-        }
+        Ok(a) if size == 0 => Ok(a.ptr()),
+        Ok(a) => Ok(insert_live(d, a)),
         Err(e) => Err(fail_alloc(e, size, d.manager.as_ref())),
     }
+}
+
+/// Remembers `a` (not empty) among `d`'s live allocations; its address.
+pub(crate) fn insert_live(d: &LiveDevice, a: DeviceAllocation) -> u64 {
+    let ptr = a.ptr();
+    lock(&d.live).insert(ptr, a);
+    ptr
 }
 
 /// Frees an allocation of `live_alloc` by address: ordered on `stream`, or on the
@@ -176,7 +179,24 @@ fn release_taken(
     if let Some(s) = stream {
         a.set_stream(s);
     }
-    if let Err(code) = wait_for_other_streams(what, d, &a, &used_on) {
+    if d.graphs.routing() {
+        match d.graphs.hold_if_capturing(d.manager.context(), a, used_on) {
+            None => return EMM_OK, // freed when the capture on its stream ends
+            Some(back) => return release_now(what, d, back.a, &back.used_on),
+        }
+    }
+    release_now(what, d, a, &used_on)
+}
+
+/// Frees `a` now: after the work queued so far on each of `used_on`, ordered on
+/// its stream.
+pub(crate) fn release_now(
+    what: &str,
+    d: &LiveDevice,
+    a: DeviceAllocation,
+    used_on: &[CUstream],
+) -> emm_status {
+    if let Err(code) = wait_for_other_streams(what, d, &a, used_on) {
         // Work on another stream may still use the block: it must never be handed
         // out again, so it stays allocated (leaked); the error says why.
         std::mem::forget(a);

@@ -28,6 +28,7 @@
 
 mod array;
 mod framework;
+mod graph_pools;
 mod handles;
 mod live_table;
 pub mod log;
@@ -38,6 +39,7 @@ mod tools;
 mod torch_tools;
 pub use array::*;
 pub use framework::*;
+pub use graph_pools::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
 pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
@@ -91,7 +93,7 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 307;
+pub const ABI_VERSION: c_int = 308;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -249,7 +251,10 @@ pub(crate) fn manager_for(
 /// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
 /// `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
 /// added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
-/// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`).
+/// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
+/// 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
+/// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
+/// `emm_torch_graph_pool_alloc`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

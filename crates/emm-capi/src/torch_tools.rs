@@ -11,9 +11,9 @@
 
 use std::ffi::{c_char, c_int, CStr};
 
-use emm_core::MemoryManager;
+use emm::emm_pool::GraphPoolStats;
 
-use crate::framework::{device_manager, known_manager, known_managers};
+use crate::framework::{device_manager, known_device_checked, known_devices, LiveDevice};
 use crate::{emm_status, fail, guard, invalid, EMM_OK};
 
 /// The counter named `key` in `stats`, if the manager keeps one.
@@ -24,10 +24,57 @@ fn counter(stats: &[(&'static str, u64)], key: &[u8]) -> Option<u64> {
         .map(|&(_, v)| v)
 }
 
+/// The manager's counters with the device's CUDA graph pools added in: their
+/// live and reserved bytes, blocks and segments count in the current values
+/// (and in the peaks where that raises them), their segments in the device
+/// allocations and frees.
+fn device_stats(d: &LiveDevice) -> Vec<(&'static str, u64)> {
+    let mut stats = d.manager.memory_stats();
+    let g: GraphPoolStats = d.graphs.stats();
+    if g.segment_allocs == 0 {
+        return stats;
+    }
+    let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let add = |stats: &mut Vec<(&'static str, u64)>, base: &str, n: usize| {
+        let current = format!("{base}.all.current");
+        let peak = format!("{base}.all.peak");
+        let mut now = None;
+        for (k, v) in stats.iter_mut() {
+            if *k == current {
+                *v = v.saturating_add(as_u64(n));
+                now = Some(*v);
+            }
+        }
+        if let Some(now) = now {
+            for (k, v) in stats.iter_mut() {
+                if *k == peak {
+                    *v = (*v).max(now);
+                }
+            }
+        }
+    };
+    add(&mut stats, "allocated_bytes", g.live_bytes);
+    add(&mut stats, "active_bytes", g.live_bytes);
+    add(&mut stats, "reserved_bytes", g.reserved_bytes);
+    add(&mut stats, "allocation", g.live_blocks);
+    add(&mut stats, "active", g.live_blocks);
+    add(&mut stats, "segment", g.segments);
+    for (k, v) in stats.iter_mut() {
+        match *k {
+            "num_device_alloc" => *v = v.saturating_add(as_u64(g.segment_allocs)),
+            "num_device_free" => *v = v.saturating_add(as_u64(g.segment_frees)),
+            _ => {}
+        }
+    }
+    stats
+}
+
 /// `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
 /// `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
 /// behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
-/// A name the manager does not keep reads 0, and so does every name on a device
+/// The device's CUDA graph pools count in (`emm_torch_graph_pool_begin`: their
+/// live and reserved bytes in the current values, their segments in the device
+/// allocations). A name the manager does not keep reads 0, and so does every name on a device
 /// emm has not set up (which this does not set up); `*found` (may be NULL) gets
 /// how many of the names the manager keeps. A null `keys` or `values` with `n > 0`,
 /// a null name, or a device outside `0..64` is `EMM_ERR_INVALID_ARGUMENT`, and
@@ -44,11 +91,11 @@ pub unsafe extern "C" fn emm_torch_memory_stats(
         if n > 0 && (keys.is_null() || values.is_null()) {
             return invalid("emm_torch_memory_stats: `keys` or `values` is null");
         }
-        let manager = match known_manager(device) {
-            Ok(m) => m,
+        let d = match known_device_checked(device) {
+            Ok(d) => d,
             Err(code) => return code,
         };
-        let stats = manager.map(|m| m.memory_stats()).unwrap_or_default();
+        let stats = d.map(device_stats).unwrap_or_default();
         let mut hits = 0;
         for i in 0..n {
             // SAFETY: `keys` and `values` hold `n` elements each per the contract
@@ -78,9 +125,9 @@ pub unsafe extern "C" fn emm_torch_memory_stats(
 /// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
 #[no_mangle]
 pub extern "C" fn emm_torch_reset_peak_stats(device: c_int) -> emm_status {
-    guard(|| match known_manager(device) {
-        Ok(Some(m)) => {
-            m.reset_peak_stats();
+    guard(|| match known_device_checked(device) {
+        Ok(Some(d)) => {
+            d.manager.reset_peak_stats();
             EMM_OK
         }
         Ok(None) => EMM_OK,
@@ -91,8 +138,10 @@ pub extern "C" fn emm_torch_reset_peak_stats(device: c_int) -> emm_status {
 /// `torch.cuda.empty_cache()`: gives back what the manager behind
 /// `emm_torch_alloc` holds idle on `device`, on every device emm has set up when
 /// `device` is -1 (the manager's `release_cached`: its idle device memory, and the
-/// pinned host and managed memory it caches); `*released` (may be NULL) gets the
-/// bytes given back, of all three. Every device is tried; the status is the first
+/// pinned host and managed memory it caches), and the segments of CUDA graph
+/// pools that every graph released and nothing in them lives (none while a
+/// capture runs); `*released` (may be NULL) gets the bytes given back, of all
+/// four. Every device is tried; the status is the first
 /// failure's. A device emm has not set up holds nothing; one outside `-1..64` is
 /// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
 #[no_mangle]
@@ -103,21 +152,23 @@ pub unsafe extern "C" fn emm_torch_empty_cache(device: c_int, released: *mut usi
                 "emm_torch_empty_cache: device {device} is neither -1 (every device) nor in 0..64"
             ));
         }
-        let managers: Vec<&dyn MemoryManager> = if device == -1 {
-            known_managers().collect()
+        let devices: Vec<&LiveDevice> = if device == -1 {
+            known_devices().collect()
         } else {
-            match known_manager(device) {
-                Ok(m) => m.into_iter().collect(),
+            match known_device_checked(device) {
+                Ok(d) => d.into_iter().collect(),
                 Err(code) => return code,
             }
         };
         let mut total = 0usize;
         let mut status = EMM_OK;
-        for m in managers {
-            match m.release_cached() {
-                Ok(n) => total = total.saturating_add(n),
-                Err(e) if status == EMM_OK => status = fail(e),
-                Err(e) => tracing::warn!("emm_torch_empty_cache: {e}"),
+        for d in devices {
+            for result in [d.manager.release_cached(), d.graphs.reclaim()] {
+                match result {
+                    Ok(n) => total = total.saturating_add(n),
+                    Err(e) if status == EMM_OK => status = fail(e),
+                    Err(e) => tracing::warn!("emm_torch_empty_cache: {e}"),
+                }
             }
         }
         if !released.is_null() {

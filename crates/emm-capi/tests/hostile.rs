@@ -7,41 +7,14 @@
 //! in `crates/emm/tests/standin.rs`); build it first with
 //! `cargo build -p emm-standin` (`cargo xtask ci` does).
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::ptr::{null, null_mut};
 
 use ::emm_array::dlpack::DLManagedTensorVersioned;
 use emm_capi::*;
 
-thread_local! {
-    /// The cases this test's thread checked so far (reported at the end).
-    static CASES: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Checks one case: `got` is `want`, the thread's last code agrees, and no panic.
-#[track_caller]
-fn case(what: &str, got: emm_status, want: emm_status) {
-    assert_eq!(got, want, "{what}: {}", last_message());
-    assert_ne!(got, EMM_ERR_PANIC, "{what}");
-    if got != EMM_OK {
-        assert_eq!(emm_last_error_code(), got, "{what}");
-        assert!(!last_message().is_empty(), "{what}: no message");
-    }
-    CASES.with(|c| c.set(c.get() + 1));
-}
-
-fn last_message() -> String {
-    let mut buf = vec![0u8; 512];
-    // SAFETY: `buf` holds 512 writable bytes.
-    let n = unsafe { emm_last_error(buf.as_mut_ptr().cast(), buf.len()) };
-    buf.truncate(n.min(511));
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn cases() -> usize {
-    CASES.with(Cell::get)
-}
+mod common;
+use common::{case, cases, last_message};
 
 /// Handles that no `emm_*_create` returned: a small integer, a high address and a
 /// pointer to something else entirely. None of them may be read through.
@@ -413,54 +386,7 @@ fn extreme_shapes_are_invalid_arguments_and_dlpack_extents_stay_non_negative() {
 
 mod standin {
     use super::*;
-    use std::path::PathBuf;
-
-    fn standin_path() -> PathBuf {
-        let exe = std::env::current_exe().expect("the test executable's path");
-        exe.parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>/deps")
-            .join("libemm_standin.so")
-    }
-
-    /// Points the driver at the stand-in (once, before the first test of this
-    /// module touches the driver).
-    fn use_standin() {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            let path = standin_path();
-            assert!(
-                path.is_file(),
-                "{} is missing: run `cargo build -p emm-standin`",
-                path.display()
-            );
-            // `cargo xtask ci` sets the same library; a driver set by hand is used as is.
-            if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
-                std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
-            }
-        });
-        println!(
-            "driver: {:?} (emm-standin is host memory, not a GPU)",
-            std::env::var_os(emm_sys::DRIVER_PATH_ENV)
-        );
-    }
-
-    /// Held by each case of this module for its whole run: they count the
-    /// stand-in's calls, inject faults into them and change its device count,
-    /// which cases running at once would see from each other.
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
-        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The stand-in's control handle (after `use_standin`).
-    fn standin() -> emm_sys::StandIn<'static> {
-        use_standin();
-        emm_sys::driver()
-            .expect("the stand-in loads")
-            .stand_in()
-            .expect("the loaded driver is emm-standin")
-    }
+    use crate::common::{serial, standin, use_standin};
 
     #[test]
     fn extreme_sizes_and_stale_handles_on_the_standin() {

@@ -104,6 +104,13 @@ impl Stream {
         check(drv, "cuStreamQuery", r).map(|()| true)
     }
 
+    /// Whether the stream is capturing a CUDA graph (`cuStreamIsCapturing`; a
+    /// capture that was invalidated counts: work queued on it must not run
+    /// either). `false` on a driver without the call, which has no captures.
+    pub fn is_capturing(&self) -> Result<bool> {
+        stream_is_capturing(&self.ctx, self.raw)
+    }
+
     /// Makes future work on this stream wait for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         let _g = self.ctx.push()?;
@@ -235,4 +242,21 @@ impl Drop for Event {
             self.ctx.record_drop_error(e);
         }
     }
+}
+
+/// Whether `stream` (of `ctx`, or a default stream) is capturing a CUDA graph;
+/// see [`Stream::is_capturing`]. For streams emm does not own (a framework's).
+pub fn stream_is_capturing(ctx: &Context, stream: CUstream) -> Result<bool> {
+    let drv = ctx.driver();
+    let Some(is_capturing) = drv.stream_is_capturing else {
+        return Ok(false);
+    };
+    let _g = ctx.push()?;
+    let mut status: core::ffi::c_int = 0;
+    // SAFETY: `status` is a writable int; the stream handle is the caller's, and
+    // the driver reports a dead one as an error rather than touching memory.
+    check(drv, "cuStreamIsCapturing", unsafe {
+        is_capturing(stream, &mut status)
+    })?;
+    Ok(status != 0)
 }

@@ -8,6 +8,7 @@
 //! | `devices [N]` | sets / answers the device count |
 //! | `vmm 0\|1`, `mempools 0\|1`, `managed 0\|1` | whether devices report VMM / memory pools / managed memory |
 //! | `not_ready N` | the first N queries after each record report `CUDA_ERROR_NOT_READY` |
+//! | `capturing HANDLE\|off` | `cuStreamIsCapturing` reports the stream HANDLE (a number; 0 is the null stream) as capturing |
 //! | `fail FUNCTION NTH CODE` | the NTH next call (1: the next) of FUNCTION fails with CODE |
 //! | `fail_always FUNCTION CODE` | every call of FUNCTION fails with CODE until `reset` |
 //! | `fail_frees CODE\|off` | every free (`cuMemFree_v2`, `cuMemFreeAsync`, `cuMemRelease`, …) fails |
@@ -79,6 +80,14 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
             st.streams.not_ready_after_record = num(1)?;
             st.streams.not_ready_after_record
         }
+        "capturing" => {
+            st.streams.capturing = if arg(1)? == "off" {
+                None
+            } else {
+                Some(num(1)?)
+            };
+            st.streams.capturing.unwrap_or(0)
+        }
         "fail" => {
             st.faults.fail_nth(arg(1)?, num(2)?, code(3)?);
             st.faults.pending()
@@ -103,6 +112,7 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
         "reset" => {
             st.faults.reset();
             st.streams.not_ready_after_record = 0;
+            st.streams.capturing = None;
             st.config.vmm = true;
             st.config.mempools = true;
             st.config.managed = true;

@@ -40,6 +40,8 @@ pub struct Streams {
     pub not_ready_after_record: u64,
     /// Queries of default streams still to answer `NOT_READY`.
     default_not_ready: u64,
+    /// The stream `cuStreamIsCapturing` reports as capturing (`capturing` knob).
+    pub capturing: Option<u64>,
 }
 
 /// `true` for the null, legacy and per-thread default streams.

@@ -169,6 +169,10 @@ driver_table! {
         mem_address_free = "cuMemAddressFree"(CUdeviceptr, usize);
         mem_get_allocation_granularity = "cuMemGetAllocationGranularity"(*mut usize, *const CUmemAllocationProp, i32);
 
+        /// Whether a stream is capturing a graph: 0 no, 1 active, 2 invalidated
+        /// (`CUstreamCaptureStatus`).
+        stream_is_capturing = "cuStreamIsCapturing"(CUstream, *mut c_int);
+
         /// Only in `emm-standin`, the test driver: runs a control command.
         standin_control = "emmStandinControl"(*const c_char, *mut u64);
     }

@@ -73,6 +73,25 @@ pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     })
 }
 
+/// `cuStreamIsCapturing`: active (1) for the stream the `capturing` knob names,
+/// none (0) for every other; the stream handle is checked.
+///
+/// # Safety
+/// `status` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(s: CUstream, status: *mut c_int) -> CUresult {
+    call("cuStreamIsCapturing", |st| {
+        st.streams.check_stream(id(s.0))?;
+        if status.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let capturing = st.streams.capturing == Some(id(s.0));
+        // SAFETY: non-null and writable per the contract.
+        unsafe { *status = c_int::from(capturing) };
+        Ok(())
+    })
+}
+
 /// `cuStreamWaitEvent`: nothing to wait for; both handles are checked.
 ///
 /// # Safety
