@@ -26,9 +26,9 @@ What ``native`` and ``emm`` run:
 3. **make_graphed_callables** on a module (forward and backward graphs sharing
    one pool), trained 10 steps, against eager.
 4. **Release.** The graphs are dropped and ``torch.cuda.empty_cache()`` called:
-   the memory reserved must fall back to at most what it was before the graphs
-   plus 64 MiB, and ``torch.cuda.memory_reserved()`` must have counted the
-   graphs' memory while they lived.
+   emm's memory reserved must fall back to within 64 MiB of native's (or of
+   what it was before the graphs), and ``torch.cuda.memory_reserved()`` must
+   have counted the graphs' memory while they lived.
 5. ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees): reported, not
    required (it needs Triton and more of the allocator's interface).
 
@@ -189,7 +189,7 @@ def scenario(variant):
     try:
         g1, r = intermediates(torch, dev)
     except RuntimeError as e:
-        result.update(captured=False, error=str(e).splitlines()[0][:300])
+        result.update(captured=False, error=" | ".join(str(e).splitlines()[:4])[:600])
         print(json.dumps(result), flush=True)
         return
     result.update(captured=True, **r)
@@ -227,6 +227,8 @@ def main():
             print(json.dumps(results[variant]))
             continue
         print(json.dumps(result))
+        if variant == "emm" and not result.get("captured"):
+            print(out.stderr[-3000:])  # emm's log (EMM_LOG) says what failed
         results[variant] = result
     problems = []
     for variant in ("native", "emm"):
@@ -238,8 +240,10 @@ def main():
             problems.append(f"{variant}: graphed training differs from eager: {r}")
         if r["reserved_with_graphs_mib"] <= r["reserved_before_mib"]:
             problems.append(f"{variant}: the graphs' memory is not in memory_reserved: {r}")
-        if r["reserved_after_release_mib"] > r["reserved_before_mib"] + 64:
-            problems.append(f"{variant}: the graphs' memory did not go back: {r}")
+    native, ours = results["native"], results["emm"]
+    if not problems and ours["reserved_after_release_mib"] > max(native["reserved_after_release_mib"],
+                                                                 ours["reserved_before_mib"]) + 64:
+        problems.append(f"emm: the graphs' memory did not go back as far as native's: {ours}")
     r = results["emm-pluggable"]
     if r.get("captured", True) or "private memory pools for CUDA graphs" not in r.get("error", ""):
         problems.append(f"emm-pluggable did not refuse with emm's reason: {r}")

@@ -58,8 +58,14 @@ fn a_capture_allocates_from_its_pool_and_holds_the_managers_frees_until_it_ends(
 
     case("begin", emm_torch_graph_pool_begin(0, a, b), EMM_OK);
     standin.control(&capture_null_stream()).unwrap();
+    let exchanges = calls("cuThreadExchangeStreamCaptureMode");
     let g1 = emm_torch_graph_pool_alloc(MIB, 0, null_mut(), a, b);
     assert!(!g1.is_null(), "{}", last_message());
+    assert_eq!(
+        calls("cuThreadExchangeStreamCaptureMode"),
+        exchanges + 2,
+        "the new segment was not allocated in the relaxed capture mode (and the mode restored)"
+    );
     assert_ne!(g1, m);
     assert!(
         reserved(0) >= reserved_before + (2 << 20),

@@ -39,7 +39,7 @@ pub use context::{Context, ContextGuard};
 pub use device::Device;
 pub use error::{check, driver, optional, DriverError, Result};
 pub use module::{Function, LaunchConfig, Module};
-pub use stream::{stream_is_capturing, Event, Stream};
+pub use stream::{stream_is_capturing, Event, RelaxedCapture, Stream};
 
 pub use emm_sys as sys;
 

@@ -260,3 +260,59 @@ pub fn stream_is_capturing(ctx: &Context, stream: CUstream) -> Result<bool> {
     })?;
     Ok(status != 0)
 }
+
+/// While alive, the calling thread's calls are in CUDA's relaxed capture mode
+/// (`cuThreadExchangeStreamCaptureMode`): a call that a capture in progress
+/// would otherwise refuse (a `cuMemAlloc` while another thread captures in
+/// global mode) goes ahead. Only for calls that are safe during a capture:
+/// `cuMemAlloc` of memory a graph keeps (PyTorch's allocator does the same
+/// around `cudaMalloc` in a capture). Dropping it restores the thread's mode.
+#[derive(Debug)]
+#[must_use = "the mode is relaxed only while the guard lives"]
+pub struct RelaxedCapture<'a> {
+    ctx: &'a Context,
+    /// The thread's mode before, to restore; `None` when the driver has no such
+    /// call (it has no captures either).
+    previous: Option<core::ffi::c_int>,
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: core::ffi::c_int = 2;
+
+impl<'a> RelaxedCapture<'a> {
+    /// Relaxes the calling thread's capture mode until the guard drops.
+    pub fn new(ctx: &'a Context) -> Result<RelaxedCapture<'a>> {
+        let drv = ctx.driver();
+        let Some(exchange) = drv.thread_exchange_stream_capture_mode else {
+            return Ok(RelaxedCapture {
+                ctx,
+                previous: None,
+            });
+        };
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a writable int holding a valid mode.
+        check(drv, "cuThreadExchangeStreamCaptureMode", unsafe {
+            exchange(&mut mode)
+        })?;
+        Ok(RelaxedCapture {
+            ctx,
+            previous: Some(mode),
+        })
+    }
+}
+
+impl Drop for RelaxedCapture<'_> {
+    fn drop(&mut self) {
+        let Some(mut mode) = self.previous else {
+            return;
+        };
+        let drv = self.ctx.driver();
+        if let Some(exchange) = drv.thread_exchange_stream_capture_mode {
+            // SAFETY: `mode` is a writable int holding the mode the driver gave.
+            let r = unsafe { exchange(&mut mode) };
+            if let Err(e) = check(drv, "cuThreadExchangeStreamCaptureMode", r) {
+                tracing::error!("could not restore the thread's capture mode: {e}");
+            }
+        }
+    }
+}

@@ -21,8 +21,9 @@
 //! synchronizes or frees: a capture in progress forbids those (they would fail
 //! or invalidate it), and allocations during a capture are the pool's main use.
 //! The only driver call on that path is the upstream's `cuMemAlloc` for a new
-//! segment, which a capture allows (PyTorch's own allocator makes the same call
-//! during captures).
+//! segment, made in CUDA's relaxed capture mode (PyTorch's own allocator makes
+//! the same call the same way during captures: a capture leaves such memory to
+//! the graph, which is safe as long as it is not freed before the graph is).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -175,8 +176,15 @@ impl GraphPool {
             None => {
                 let seg_size = segment_size(rounded)
                     .ok_or_else(|| invalid_size("larger than the address space"))?;
-                // A capture allows cuMemAlloc; holding the lock across it keeps
-                // two threads from making a segment each for one need.
+                // cuMemAlloc in a capture is safe (the segment is never freed
+                // before the graph is released), but the driver refuses it in
+                // the global capture mode PyTorch captures in: relaxed for
+                // the call, as PyTorch's own allocator does. Holding the lock
+                // across it keeps two threads from making a segment each.
+                let _relaxed = match self.upstream.context() {
+                    Some(ctx) => Some(emm_driver::RelaxedCapture::new(ctx)?),
+                    None => None,
+                };
                 let base = self.upstream.alloc(seg_size)?;
                 st.segments.insert(base, seg_size);
                 st.blocks.insert(

@@ -172,6 +172,9 @@ driver_table! {
         /// Whether a stream is capturing a graph: 0 no, 1 active, 2 invalidated
         /// (`CUstreamCaptureStatus`).
         stream_is_capturing = "cuStreamIsCapturing"(CUstream, *mut c_int);
+        /// Swaps the calling thread's capture interaction mode (0 global, 1
+        /// thread-local, 2 relaxed: `CUstreamCaptureMode`) with `*mode`.
+        thread_exchange_stream_capture_mode = "cuThreadExchangeStreamCaptureMode"(*mut c_int);
 
         /// Only in `emm-standin`, the test driver: runs a control command.
         standin_control = "emmStandinControl"(*const c_char, *mut u64);

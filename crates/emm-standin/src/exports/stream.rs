@@ -92,6 +92,34 @@ pub unsafe extern "C" fn cuStreamIsCapturing(s: CUstream, status: *mut c_int) ->
     })
 }
 
+thread_local! {
+    /// The thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static CAPTURE_MODE: std::cell::Cell<c_int> = const { std::cell::Cell::new(0) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: swaps the thread's mode (0 global, 1
+/// thread-local, 2 relaxed) with `*mode`; a mode outside those is refused.
+///
+/// # Safety
+/// `mode` must be readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    call("cuThreadExchangeStreamCaptureMode", |_st| {
+        if mode.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null and readable per the contract.
+        let want = unsafe { *mode };
+        if !(0..=2).contains(&want) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(want));
+        // SAFETY: writable per the contract.
+        unsafe { *mode = old };
+        Ok(())
+    })
+}
+
 /// `cuStreamWaitEvent`: nothing to wait for; both handles are checked.
 ///
 /// # Safety
