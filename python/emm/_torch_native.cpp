@@ -43,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,7 @@ using EmptyCacheFn = int (*)(int device, size_t* released);
 using CacheInfoFn = int (*)(int device, size_t* largest);
 using GraphPoolFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b);
 using GraphAllocFn = void* (*)(ssize_t size, int device, void* stream, uint64_t pool_a, uint64_t pool_b);
+using GraphLiveFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b, void** ptrs, size_t n, size_t* count);
 
 // The addresses of emm's functions, in the order python/emm/_torch_native.py's
 // `Functions` lists them (the test checks that too).
@@ -78,6 +80,7 @@ struct EmmFunctions {
   GraphPoolFn graph_pool_end;
   GraphPoolFn graph_pool_release;
   GraphAllocFn graph_pool_alloc;
+  GraphLiveFn graph_pool_live;
 };
 
 // emm_status's EMM_OK and EMM_ERR_OUT_OF_MEMORY.
@@ -397,6 +400,35 @@ struct EmmAllocator final : WithEmptyCache {
     g_emm.graph_pool_release(device, mempool_id.first, mempool_id.second);
   }
 
+  // Whether the blocks of the graph pool handed out and not yet freed are
+  // exactly `expected_live_allocations` (CUDA graph trees, torch.compile's
+  // reduce-overhead mode, ask before reusing a pool).
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override {
+    size_t count = 0;
+    check(
+        g_emm.graph_pool_live(
+            device, mempool_id.first, mempool_id.second, nullptr, 0, &count),
+        "emm could not list a CUDA graph pool's live blocks");
+    std::vector<void*> live(count);
+    check(
+        g_emm.graph_pool_live(
+            device, mempool_id.first, mempool_id.second, live.data(),
+            live.size(), &count),
+        "emm could not list a CUDA graph pool's live blocks");
+    if (count != live.size() || count != expected_live_allocations.size()) {
+      return false;
+    }
+    for (void* p : live) {
+      if (expected_live_allocations.count(p) == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     check(
         g_emm.cache_info(device, largestBlock),
@@ -500,7 +532,7 @@ extern "C" int emm_torch_native_install(
       fns->reset_peak_stats == nullptr || fns->empty_cache == nullptr ||
       fns->cache_info == nullptr || fns->graph_pool_begin == nullptr ||
       fns->graph_pool_end == nullptr || fns->graph_pool_release == nullptr ||
-      fns->graph_pool_alloc == nullptr) {
+      fns->graph_pool_alloc == nullptr || fns->graph_pool_live == nullptr) {
     copy_message("emm_torch_native_install: a function address is null", err, len);
     return 1;
   }

@@ -207,6 +207,7 @@ FUNCTIONS = (
     ("graph_pool_end", "emm_torch_graph_pool_end"),
     ("graph_pool_release", "emm_torch_graph_pool_release"),
     ("graph_pool_alloc", "emm_torch_graph_pool_alloc"),
+    ("graph_pool_live", "emm_torch_graph_pool_live"),
 )
 """The fields of the source's ``EmmFunctions``, in its order, each with the
 function of libemm_capi whose address it holds."""

@@ -210,7 +210,7 @@ extern "C" {
  * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
  * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
  * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
- * `emm_torch_graph_pool_alloc`).
+ * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`).
  */
 int emm_abi_version(void);
 
@@ -547,8 +547,10 @@ emm_status emm_torch_graph_pool_end(int device, uint64_t pool_a, uint64_t pool_b
  * destroyed: one use fewer. When none is left the pool takes no more
  * allocations, and its segments go back once nothing in them is live (now if
  * no capture runs, else at the end of the captures, at `emm_torch_empty_cache`
- * or when a later pool call finds it so). An unknown pool is
- * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 308.
+ * or when a later pool call finds it so). A pool released before its capture
+ * ended (a capture that failed) routes no more, and frees held for it go
+ * ahead. An unknown pool is `EMM_ERR_INVALID_ARGUMENT`; every failure is also
+ * logged, as PyTorch calls this from a destructor. Since ABI 308.
  */
 emm_status emm_torch_graph_pool_release(int device, uint64_t pool_a, uint64_t pool_b);
 
@@ -566,6 +568,22 @@ void *emm_torch_graph_pool_alloc(ssize_t size,
                                  void *stream,
                                  uint64_t pool_a,
                                  uint64_t pool_b);
+
+/**
+ * PyTorch's `checkPoolLiveAllocations` (CUDA graph trees, `torch.compile`'s
+ * reduce-overhead mode): the addresses of the blocks of the graph pool
+ * `(pool_a, pool_b)` of `device` handed out and not yet freed, in address
+ * order: the first `n` into `ptrs` (may be NULL when `n` is 0), and how many
+ * there are into `*count`. A pool that is not in use is
+ * `EMM_ERR_INVALID_ARGUMENT`; so is a null `count`, or a null `ptrs` with
+ * `n > 0`. Since ABI 308.
+ */
+emm_status emm_torch_graph_pool_live(int device,
+                                     uint64_t pool_a,
+                                     uint64_t pool_b,
+                                     void **ptrs,
+                                     size_t n,
+                                     size_t *count);
 
 /**
  * Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`

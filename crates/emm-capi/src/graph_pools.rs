@@ -398,3 +398,47 @@ pub extern "C" fn emm_torch_graph_pool_alloc(
     });
     out
 }
+
+/// PyTorch's `checkPoolLiveAllocations` (CUDA graph trees, `torch.compile`'s
+/// reduce-overhead mode): the addresses of the blocks of the graph pool
+/// `(pool_a, pool_b)` of `device` handed out and not yet freed, in address
+/// order: the first `n` into `ptrs` (may be NULL when `n` is 0), and how many
+/// there are into `*count`. A pool that is not in use is
+/// `EMM_ERR_INVALID_ARGUMENT`; so is a null `count`, or a null `ptrs` with
+/// `n > 0`. Since ABI 308.
+#[no_mangle]
+pub unsafe extern "C" fn emm_torch_graph_pool_live(
+    device: c_int,
+    pool_a: u64,
+    pool_b: u64,
+    ptrs: *mut *mut c_void,
+    n: usize,
+    count: *mut usize,
+) -> emm_status {
+    guard(|| {
+        if count.is_null() || (n > 0 && ptrs.is_null()) {
+            return invalid(
+                "emm_torch_graph_pool_live: `count` is null, or `ptrs` is null with n > 0",
+            );
+        }
+        let pool = known_device(device).and_then(|d| {
+            lock(&d.graphs.pools)
+                .get(&(pool_a, pool_b))
+                .map(|e| e.pool.clone())
+        });
+        let Some(pool) = pool else {
+            return invalid(format!(
+                "emm_torch_graph_pool_live: no {} in use",
+                pool_name(device, (pool_a, pool_b))
+            ));
+        };
+        let live = pool.live_blocks();
+        for (i, &p) in live.iter().take(n).enumerate() {
+            // SAFETY: `ptrs` holds `n` writable elements per the contract, and i < n.
+            unsafe { *ptrs.add(i) = p as *mut c_void };
+        }
+        // SAFETY: non-null (checked above) and writable per the contract.
+        unsafe { *count = live.len() };
+        EMM_OK
+    })
+}

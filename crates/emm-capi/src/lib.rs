@@ -254,7 +254,7 @@ pub(crate) fn manager_for(
 /// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
 /// 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
 /// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
-/// `emm_torch_graph_pool_alloc`).
+/// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

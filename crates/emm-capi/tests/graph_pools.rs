@@ -100,6 +100,14 @@ fn a_capture_allocates_from_its_pool_and_holds_the_managers_frees_until_it_ends(
         g2, g1,
         "the pool did not reuse its freed block on the stream"
     );
+    let (mut live, mut count) = ([null_mut(); 4], usize::MAX);
+    // SAFETY: four writable slots and a writable count.
+    let code = unsafe { emm_torch_graph_pool_live(0, a, b, live.as_mut_ptr(), 4, &mut count) };
+    case("live blocks", code, EMM_OK);
+    assert_eq!((count, live[0]), (1, g2), "the pool's live blocks");
+    // SAFETY: a null count is refused before anything is written.
+    let code = unsafe { emm_torch_graph_pool_live(0, a, b, null_mut(), 0, null_mut()) };
+    case("live blocks, null count", code, inv);
     assert_eq!(
         calls("cuEventRecord"),
         records,

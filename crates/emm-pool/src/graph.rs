@@ -257,6 +257,17 @@ impl GraphPool {
         self.lock().blocks.get(&ptr).is_some_and(|b| !b.free)
     }
 
+    /// The addresses of the blocks handed out and not yet freed, in address
+    /// order.
+    pub fn live_blocks(&self) -> Vec<CUdeviceptr> {
+        self.lock()
+            .blocks
+            .iter()
+            .filter(|(_, b)| !b.free)
+            .map(|(&a, _)| a)
+            .collect()
+    }
+
     /// Marks the pool as released by every user: it takes no new allocations, and
     /// [`GraphPool::reclaim`] gives back each segment nothing live is left in.
     pub fn set_released(&self) {

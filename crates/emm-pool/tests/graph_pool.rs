@@ -126,7 +126,7 @@ fn out_of_memory_and_bad_sizes_are_errors_that_say_what_was_asked() {
 }
 
 #[test]
-fn owns_tells_its_live_blocks_from_anything_else() {
+fn owns_and_live_blocks_tell_its_live_blocks_from_anything_else() {
     let (pool, _host) = pool(1 << 30);
     let a = pool.alloc(1000, stream(1)).unwrap();
     let addr = a.ptr();
@@ -135,8 +135,13 @@ fn owns_tells_its_live_blocks_from_anything_else() {
         !pool.owns(addr + 512),
         "the free tail of the segment is not a live block"
     );
+    let b = pool.alloc(1 << 21, stream(2)).unwrap();
+    let mut want = vec![addr, b.ptr()];
+    want.sort_unstable();
+    assert_eq!(pool.live_blocks(), want);
     drop(a);
     assert!(!pool.owns(addr), "a freed block is not live");
+    assert_eq!(pool.live_blocks(), vec![b.ptr()]);
 }
 
 #[derive(Clone, Debug)]
