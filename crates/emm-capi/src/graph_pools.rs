@@ -10,10 +10,10 @@
 //! pool id share the pool.
 //!
 //! While a capture runs, a free of the process's manager on a stream that is
-//! capturing is held back until the capture ends: the manager would record an
-//! event on that stream (or query one), which a capture forbids, and the work
-//! the captured graph queued on the memory has not run yet. Frees on other
-//! streams go ahead. Memory of a graph pool is never held: it goes back to its
+//! capturing, or of a block used on one (`record_stream`), is held back until
+//! the capture ends: the manager would record an event on that stream (or query
+//! one), which a capture forbids, and the work the captured graph queued on the
+//! memory has not run yet. Other frees go ahead. Memory of a graph pool is never held: it goes back to its
 //! pool at once, for the rest of the capture to reuse in stream order.
 
 use std::collections::HashMap;
@@ -60,6 +60,13 @@ pub(crate) struct GraphPools {
     /// Frees held back while their stream captures; `routing` changes only with
     /// this locked, so a free never lands here after the last capture ended.
     held: Mutex<Vec<Held>>,
+    /// Held for a whole reclaim and by `begin` while it raises `routing`, so no
+    /// capture begins while a reclaim synchronizes or frees.
+    gate: Mutex<()>,
+    /// Segments taken and given back by pools that are gone (the device's
+    /// counters never go down).
+    gone_allocs: AtomicUsize,
+    gone_frees: AtomicUsize,
 }
 
 impl GraphPools {
@@ -84,7 +91,20 @@ impl GraphPools {
         if self.owns(back.a.ptr()) {
             return Some(back);
         }
-        match emm_driver::stream_is_capturing(ctx, back.a.stream()) {
+        // Its own stream, or one it was used on (the free joins those with an
+        // event): any of them capturing holds it.
+        let streams = std::iter::once(back.a.stream()).chain(back.used_on.iter().copied());
+        let mut capturing = Ok(false);
+        for s in streams {
+            match emm_driver::stream_is_capturing(ctx, s) {
+                Ok(false) => {}
+                other => {
+                    capturing = other;
+                    break;
+                }
+            }
+        }
+        match capturing {
             Ok(true) => {}
             Ok(false) => return Some(back),
             Err(e) => {
@@ -127,12 +147,15 @@ impl GraphPools {
             sum.segment_allocs += s.segment_allocs;
             sum.segment_frees += s.segment_frees;
         }
+        sum.segment_allocs += self.gone_allocs.load(Ordering::Relaxed);
+        sum.segment_frees += self.gone_frees.load(Ordering::Relaxed);
         sum
     }
 
     /// Gives back the segments of released pools that hold nothing live (none
     /// while a capture routes: reclaiming synchronizes); the bytes given back.
     pub(crate) fn reclaim(&self) -> Result<usize, EmmError> {
+        let _gate = lock(&self.gate);
         if self.routing() {
             return Ok(0);
         }
@@ -147,7 +170,17 @@ impl GraphPools {
                 }
             }
         }
-        lock(&self.released).retain(|p| p.stats().segments > 0);
+        lock(&self.released).retain(|p| {
+            let s = p.stats();
+            if s.segments > 0 {
+                return true;
+            }
+            self.gone_allocs
+                .fetch_add(s.segment_allocs, Ordering::Relaxed);
+            self.gone_frees
+                .fetch_add(s.segment_frees, Ordering::Relaxed);
+            false
+        });
         match first_error {
             Some(e) => Err(e),
             None => Ok(total),
@@ -230,6 +263,7 @@ pub extern "C" fn emm_torch_graph_pool_begin(
             });
             e.uses += 1;
             e.routes += 1;
+            let _gate = lock(&d.graphs.gate);
             let _held = lock(&d.graphs.held);
             d.graphs.routing.fetch_add(1, Ordering::AcqRel);
         }

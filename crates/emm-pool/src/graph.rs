@@ -96,6 +96,8 @@ struct State {
 pub struct GraphPool {
     upstream: Box<dyn Upstream>,
     state: Mutex<State>,
+    /// Held for a whole `reclaim`, so two never give the same segment back.
+    reclaiming: Mutex<()>,
 }
 
 impl core::fmt::Debug for GraphPool {
@@ -128,6 +130,7 @@ impl GraphPool {
         Arc::new(GraphPool {
             upstream,
             state: Mutex::new(State::default()),
+            reclaiming: Mutex::new(()),
         })
     }
 
@@ -285,6 +288,7 @@ impl GraphPool {
     /// segments: its free blocks are what its graphs' replays write into. Call it
     /// only while no capture is under way: a synchronization would invalidate it.
     pub fn reclaim(&self) -> Result<usize> {
+        let _one_at_a_time = self.reclaiming.lock().unwrap_or_else(|p| p.into_inner());
         let idle: Vec<(CUdeviceptr, usize)> = {
             let st = self.lock();
             if !st.released {
@@ -312,6 +316,13 @@ impl GraphPool {
             {
                 let mut st = self.lock();
                 let end = base + size as CUdeviceptr;
+                // Still there and still idle (a block cannot be handed out of a
+                // released pool, but check rather than free a live one).
+                let idle_now = st.segments.get(&base) == Some(&size)
+                    && st.blocks.range(base..end).all(|(_, b)| b.free);
+                if !idle_now {
+                    continue;
+                }
                 let gone: Vec<(CUdeviceptr, Block)> =
                     st.blocks.range(base..end).map(|(&a, &b)| (a, b)).collect();
                 for (addr, b) in gone {
