@@ -104,13 +104,6 @@ impl Stream {
         check(drv, "cuStreamQuery", r).map(|()| true)
     }
 
-    /// Whether the stream is capturing a CUDA graph (`cuStreamIsCapturing`; a
-    /// capture that was invalidated counts: work queued on it must not run
-    /// either). `false` on a driver without the call, which has no captures.
-    pub fn is_capturing(&self) -> Result<bool> {
-        stream_is_capturing(&self.ctx, self.raw)
-    }
-
     /// Makes future work on this stream wait for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         let _g = self.ctx.push()?;
@@ -244,8 +237,10 @@ impl Drop for Event {
     }
 }
 
-/// Whether `stream` (of `ctx`, or a default stream) is capturing a CUDA graph;
-/// see [`Stream::is_capturing`]. For streams emm does not own (a framework's).
+/// Whether `stream` (of `ctx`, or a default stream; a framework's stream too) is
+/// capturing a CUDA graph (`cuStreamIsCapturing`; a capture that was
+/// invalidated counts: work queued on it must not run either). `false` on a
+/// driver without the call, which has no captures.
 pub fn stream_is_capturing(ctx: &Context, stream: CUstream) -> Result<bool> {
     let drv = ctx.driver();
     let Some(is_capturing) = drv.stream_is_capturing else {

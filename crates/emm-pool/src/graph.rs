@@ -214,11 +214,12 @@ impl GraphPool {
                 detail: format!("free block {ptr:#x} is not in the pool's block map"),
             });
         };
+        // Sizes and segments are multiples of GRAPH_ROUND: any rest is a block.
         let rest = block.size - rounded;
         block.size = rounded;
         block.free = false;
         block.stream = key;
-        if rest >= GRAPH_ROUND {
+        if rest > 0 {
             let tail = ptr + rounded as CUdeviceptr;
             st.blocks.insert(
                 tail,
@@ -230,12 +231,9 @@ impl GraphPool {
                 },
             );
             st.free.insert((key, rest, tail));
-        } else if let Some(b) = st.blocks.get_mut(&ptr) {
-            b.size += rest; // too small to hand out: stays with the block
         }
-        let held = st.blocks.get(&ptr).map_or(rounded, |b| b.size);
         let s = &mut st.stats;
-        s.live_bytes += held;
+        s.live_bytes += rounded;
         s.live_blocks += 1;
         s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
         drop(st);
