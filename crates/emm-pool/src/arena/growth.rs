@@ -56,8 +56,9 @@ impl Arena {
 
     /// Grows the expandable segment so that a free block of `stream` holds `size`
     /// bytes: by mapping memory into a gap (address space whose memory moved away,
-    /// see `retire.rs`) between free blocks of the stream when that needs the
-    /// fewest bytes, else at its end. `Ok(false)`: no virtual memory here, or its
+    /// see `retire.rs`) between free blocks of the stream, or at its end, whichever
+    /// of the two needs the least new memory once free pieces have moved there
+    /// (see `growth_targets`). `Ok(false)`: no virtual memory here, or its
     /// address space is used up.
     pub(super) fn expand(
         &mut self,
@@ -93,10 +94,21 @@ impl Arena {
         };
         // Old mappings whose work is done become gaps first, so growth can use them.
         self.unmap_retired(base, events, source, false);
-        let Some(target) = self.growth_target(base, size, stream) else {
+        let candidates = self.growth_targets(base, size, stream);
+        let page = self.policy.large_round;
+        // The candidate whose moved pieces leave the least new memory to map (on a
+        // tie, the first: the one needing the fewest bytes).
+        let Some((target, plan, movable_bytes)) = candidates
+            .into_iter()
+            .map(|t| {
+                let plan = self.hole_pieces(base, &t.exclude, t.want, t.room, stream);
+                let movable: usize = plan.iter().flat_map(|h| h.pieces.iter()).sum();
+                (t, plan, movable)
+            })
+            .min_by_key(|(t, _, m)| t.want.saturating_sub(*m))
+        else {
             return Ok(false);
         };
-        let page = self.policy.large_round;
         let (dst, grow, room) = (target.dst, target.want, target.room);
         // First the memory of whole pieces inside free holes of this stream (or
         // settled), mapped again at `dst`, their old addresses retired (see
@@ -107,7 +119,6 @@ impl Arena {
         // cost to the driver does not depend on its size, a move maps it again). All
         // of it in one `map_pieces` call: the driver grants access once over the
         // whole range. The last moved piece may pass `grow`, never `room`.
-        let plan = self.hole_pieces(base, &target.exclude, grow, room, stream);
         let movable: Vec<(Option<CUdeviceptr>, usize)> = plan
             .iter()
             .flat_map(|h| {
@@ -119,7 +130,6 @@ impl Arena {
                 })
             })
             .collect();
-        let movable_bytes: usize = movable.iter().map(|p| p.1).sum();
         let fresh = grow.saturating_sub(movable_bytes);
         let over_limit = self
             .limit
@@ -197,19 +207,22 @@ impl Arena {
         Ok(true)
     }
 
-    /// Where growth for `size` bytes of `stream` maps memory: the gap that joins
-    /// free blocks of the stream into one of `size` bytes with the fewest bytes
-    /// mapped, or the segment's end when that needs fewer (at least the step, so
-    /// a growing pool makes few driver calls); `None` when neither fits in the
-    /// reservation.
-    fn growth_target(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Option<Target> {
+    /// Where growth for `size` bytes of `stream` may map memory, preferred first:
+    /// the gap that joins free blocks of the stream into one of `size` bytes with
+    /// the fewest bytes mapped, when it needs no more than the segment's end would,
+    /// then the end (at least the step, so a growing pool makes few driver calls);
+    /// empty when neither fits in the reservation. `expand` takes the one whose
+    /// moved pieces leave the least new memory to map: a gap's room can be too
+    /// small for the whole pieces that could fill it, while the end has room for
+    /// all of them.
+    fn growth_targets(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Vec<Target> {
         let Some(Segment {
             size: mapped,
             expandable: Some((reserve, _)),
             ..
         }) = self.segments.get(&base)
         else {
-            return None;
+            return Vec::new();
         };
         let (mapped, reserve) = (*mapped, *reserve);
         let page = self.policy.large_round;
@@ -222,7 +235,7 @@ impl Arena {
             .filter(|(_, b)| b.segment == base && b.state == State::Free(stream))
             .map(|(a, b)| (a, b.size));
         let tail_need = size - tail.map_or(0, |t| t.1);
-        let mut best: Option<Target> = None;
+        let mut best: Vec<Target> = Vec::new();
         // A gap when it needs no more than the end would, or when the end is past
         // the reservation (moving memory retires the ranges it leaves, so the end
         // walks up through the reservation while gaps open below).
@@ -232,19 +245,19 @@ impl Arena {
         // footprint on the recorded training traces for a handful of driver calls.
         let end_want = tail_need.max(self.policy.expand_step).div_ceil(page) * page;
         let end_fits = mapped + end_want <= reserve;
-        if let Some(gap) = gap {
-            if !end_fits || gap.want <= tail_need.div_ceil(page) * page {
-                best = Some(gap);
+        let end_target = end_fits.then(|| Target {
+            dst: end,
+            want: end_want,
+            room: reserve - mapped,
+            exclude: [tail.map(|t| t.0), None],
+            gap: None,
+        });
+        match gap {
+            Some(gap) if !end_fits || gap.want <= tail_need.div_ceil(page) * page => {
+                best.push(gap);
+                best.extend(end_target);
             }
-        }
-        if best.is_none() && end_fits {
-            best = Some(Target {
-                dst: end,
-                want: end_want,
-                room: reserve - mapped,
-                exclude: [tail.map(|t| t.0), None],
-                gap: None,
-            });
+            _ => best.extend(end_target),
         }
         best
     }
@@ -352,6 +365,8 @@ impl Arena {
             let mut first = None;
             while let Some(&(off, len)) = pieces.get(i) {
                 if off + len > hi || left == 0 || taken + len > cap {
+                    // (A piece past `cap` ends this block's run; a later block
+                    // may hold smaller pieces that fit.)
                     break;
                 }
                 first.get_or_insert(off);

@@ -450,6 +450,23 @@ impl Arena {
                 Err(e) => return Err(e),
             }
         }
+        // Before a new small segment, a free block of the expandable segment: the
+        // small and large blocks' peaks come at different moments of a step
+        // (optimizer state and bookkeeping after the activations are gone), and a
+        // small segment taken while the expandable segment holds free memory adds
+        // the two peaks (the recorded snapshot of GPT-2 training reached 1.149x
+        // of live after 30 passes; 1.122x this way, the recorded traces 0.3-1.4 %
+        // lower, with fewer pieces moved). Only with the expandable segment:
+        // without it a small block would keep an exact-size segment from coming
+        // free whole (the inference snapshot went from 1.60x to 1.90x).
+        if kind == Kind::Small && self.grow_base.is_some_and(|b| b != 0) {
+            for s in [stream, SETTLED] {
+                if let Some(a) = self.take_fit(size, Kind::Large, s) {
+                    self.stats.hits += 1;
+                    return Ok(Some(self.finish(a, size)));
+                }
+            }
+        }
         if kind == Kind::Large {
             if let Some(a) = self.tighten(size, events, source)? {
                 return Ok(Some(a));
