@@ -323,6 +323,26 @@ fn bench_applies_the_pool_environment_and_names_invalid_values() {
     );
 }
 
+/// An invalid `EMM_LOG` is replaced by `warn`, and a warning says so once.
+#[test]
+fn an_invalid_emm_log_is_replaced_by_warn_and_said_once() {
+    let o = emm()
+        .arg("info")
+        .env("EMM_LOG", "emm=notalevel")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    let err = text(&o.stderr);
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("EMM_LOG")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].starts_with("emm: warning: ")
+            && said[0].contains("EMM_LOG=\"emm=notalevel\" is not a valid log filter")
+            && said[0].contains("using `warn` instead"),
+        "{err}"
+    );
+}
+
 #[test]
 fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
     let html = temp("report.html", b"");
