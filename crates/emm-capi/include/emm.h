@@ -293,7 +293,9 @@ uint64_t emm_alloc_ptr(struct emm_manager *m, size_t size, void *stream);
 
 /**
  * Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (NULL: the
- * stream it was allocated on). 0 is ignored.
+ * stream it was allocated on). 0 is ignored. Where the driver refuses the free
+ * (`EMM_ERR_DRIVER`), nothing was freed: `ptr` stays allocated and this handle's,
+ * and `emm_free` may be called for it again once the fault clears.
  */
 emm_status emm_free(struct emm_manager *m, uint64_t ptr, void *stream);
 
@@ -468,8 +470,12 @@ void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
  * did not hand out on that device (or on any, for -1) is
  * `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
- * set up for it). Every failure is also logged as a warning (`EMM_LOG`). Since
- * ABI 306.
+ * set up for it). Where the work of a stream it was used on cannot be waited
+ * for (the stream was destroyed), the block is freed after a synchronization of
+ * the device (or, while a CUDA graph capture runs, once the captures end), with a
+ * warning; only if that fails too is the status an error, and the block then
+ * stays live for a later release. Every failure is also logged as a warning
+ * (`EMM_LOG`). Since ABI 306.
  */
 emm_status emm_torch_release(void *ptr, int device);
 
@@ -484,7 +490,9 @@ emm_status emm_torch_release(void *ptr, int device);
  * `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
  * the allocation's own stream does nothing; an address emm did not hand out is
  * `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
- * allocate, and so does `emm.torch`). Since ABI 305.
+ * allocate, and so does `emm.torch`), and so is a stream handle the driver does
+ * not know (`cuStreamIsCapturing` refuses it): nothing is recorded then. Since
+ * ABI 305.
  */
 emm_status emm_torch_record_stream(void *ptr, int device, void *stream);
 

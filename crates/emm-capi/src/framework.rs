@@ -10,8 +10,8 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use emm_core::{DeviceAllocation, MemoryManager};
-use emm_sys::CUstream;
+use emm_core::{DeviceAllocation, EmmError, MemoryManager};
+use emm_sys::{CUresult, CUstream};
 
 use crate::graph_pools::GraphPools;
 use crate::live_table::LiveTable;
@@ -189,33 +189,88 @@ fn release_taken(
 }
 
 /// Frees `a` now: after the work queued so far on each of `used_on`, ordered on
-/// its stream.
+/// its stream. Where that work cannot be waited for (a stream handle that is dead
+/// or was never one, a failing event), see [`release_after_device_sync`].
 pub(crate) fn release_now(
     what: &str,
     d: &LiveDevice,
     a: DeviceAllocation,
     used_on: &[CUstream],
 ) -> emm_status {
-    if let Err(code) = wait_for_other_streams(what, d, &a, used_on) {
-        // Work on another stream may still use the block: it must never be handed
-        // out again, so it stays allocated (leaked); the error says why.
-        std::mem::forget(a);
-        return code;
+    match wait_for_other_streams(what, d, &a, used_on) {
+        Ok(()) => {
+            drop(a);
+            EMM_OK
+        }
+        Err(e) => release_after_device_sync(what, d, a, used_on, &e),
     }
-    drop(a);
-    EMM_OK
+}
+
+/// The fallback of [`release_now`] when the work of a stream `a` was used on
+/// could not be waited for (`why`): once the whole device is idle
+/// (`cuCtxSynchronize`) no stream's work uses `a`, and it is freed on its own
+/// stream (`EMM_OK`; a warning says what happened). While a CUDA graph capture
+/// may run, the device is not synchronized (that would invalidate the capture):
+/// the free is held until the captures end, as frees on capturing streams are.
+/// Where the synchronization fails too, `a` goes back into the live table, still
+/// noted as used on `used_on`, and the status says why: releasing it again later
+/// frees it. The block is never lost, and never reused while in use.
+fn release_after_device_sync(
+    what: &str,
+    d: &LiveDevice,
+    a: DeviceAllocation,
+    used_on: &[CUstream],
+    why: &EmmError,
+) -> emm_status {
+    let (ptr, size) = (a.ptr(), a.size());
+    let Some(ctx) = d.manager.context() else {
+        drop(a); // no device work to wait for (see `wait_for_other_streams`)
+        return EMM_OK;
+    };
+    let a = match d.graphs.hold_until_captures_end(a, used_on.to_vec()) {
+        None => {
+            tracing::warn!(
+                "{what}: {ptr:#x} ({size} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({why}); it is freed once the CUDA graph captures running now end"
+            );
+            return EMM_OK;
+        }
+        Some(back) => back.a,
+    };
+    match ctx.synchronize_keeping_deferred() {
+        Ok(()) => {
+            tracing::warn!(
+                "{what}: {ptr:#x} ({size} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({why}); it was freed after synchronizing the device"
+            );
+            drop(a);
+            EMM_OK
+        }
+        Err(sync) => {
+            {
+                let mut live = lock(&d.live);
+                live.insert(ptr, a);
+                for &s in used_on {
+                    d.uses.note(ptr, s);
+                }
+            }
+            let msg = format!(
+                "{what}: {ptr:#x} ({size} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({why}), and synchronizing the device failed too ({sync}); the block is kept, live and unused: release it again once the device recovers"
+            );
+            tracing::error!("{msg}");
+            crate::set_error(crate::code_of(&EmmError::Driver(sync)), msg)
+        }
+    }
 }
 
 /// Makes the stream `a` is freed on wait for the work queued so far on each of
 /// `used_on` (nothing to do when it is empty, or for a manager without a device
-/// context, which runs no device work). The status of the failure when that work
-/// could not be waited for.
+/// context, which runs no device work). The error when that work could not be
+/// waited for.
 fn wait_for_other_streams(
     what: &str,
     d: &LiveDevice,
     a: &DeviceAllocation,
     used_on: &[CUstream],
-) -> Result<(), emm_status> {
+) -> Result<(), EmmError> {
     if used_on.is_empty() {
         return Ok(());
     }
@@ -227,35 +282,58 @@ fn wait_for_other_streams(
         );
         return Ok(());
     };
-    stream_uses::join(ctx, a.stream(), used_on).map_err(|e| {
-        let msg = format!(
-            "{what}: {:#x} ({} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({e}); the block is leaked so that it is never reused while in use",
-            a.ptr(),
-            a.size()
-        );
-        tracing::error!("{msg}");
-        crate::set_error(crate::code_of(&e), msg)
-    })
+    stream_uses::join(ctx, a.stream(), used_on)
 }
 
 /// Notes that the live allocation at `ptr` of `device` is used on `stream` as
-/// well as on its own: its free then waits for the work queued on `stream`.
+/// well as on its own: its free then waits for the work queued on `stream`. The
+/// stream is checked first (`cuStreamIsCapturing`, a query that is allowed during
+/// a capture and changes nothing): a handle the driver does not know is
+/// `EMM_ERR_INVALID_ARGUMENT` and is not noted, so the free never waits on it.
 fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
     let d = match live_device(device) {
         Ok(d) => d,
         Err(code) => return code,
     };
-    let live = lock(&d.live);
-    match live.get(ptr) {
-        Some(a) if a.stream() == stream => EMM_OK,
-        Some(_) => {
-            d.uses.note(ptr, stream);
-            EMM_OK
-        }
-        None => invalid(format!(
+    let not_live = || {
+        invalid(format!(
             "emm_torch_record_stream: {ptr:#x} is not the address of a live emm allocation of device {device}"
-        )),
+        ))
+    };
+    match lock(&d.live).get(ptr) {
+        Some(a) if a.stream() == stream => return EMM_OK,
+        Some(_) => {}
+        None => return not_live(),
     }
+    if let Some(ctx) = d.manager.context() {
+        if let Err(e) = emm_driver::stream_is_capturing(ctx, stream) {
+            let unknown = matches!(
+                e.code(),
+                Some(CUresult::ERROR_INVALID_HANDLE | CUresult::ERROR_INVALID_VALUE)
+            );
+            let found = format!("{stream:?}, which the driver refused ({e})");
+            let err = EmmError::InvalidArgument {
+                what: "stream for emm_torch_record_stream",
+                found,
+                expected: format!(
+                    "a live stream of device {device}'s context, or a default stream; nothing was recorded for {ptr:#x}"
+                ),
+            };
+            return if unknown {
+                fail(err)
+            } else {
+                crate::set_error(crate::EMM_ERR_DRIVER, err.to_string())
+            };
+        }
+    }
+    // Checked without the table locked (a driver call): the allocation may have
+    // been freed meanwhile.
+    let live = lock(&d.live);
+    if live.get(ptr).is_none() {
+        return not_live();
+    }
+    d.uses.note(ptr, stream);
+    EMM_OK
 }
 
 /// PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
@@ -322,8 +400,12 @@ pub extern "C" fn emm_torch_free(
 /// stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
 /// did not hand out on that device (or on any, for -1) is
 /// `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
-/// set up for it). Every failure is also logged as a warning (`EMM_LOG`). Since
-/// ABI 306.
+/// set up for it). Where the work of a stream it was used on cannot be waited
+/// for (the stream was destroyed), the block is freed after a synchronization of
+/// the device (or, while a CUDA graph capture runs, once the captures end), with a
+/// warning; only if that fails too is the status an error, and the block then
+/// stays live for a later release. Every failure is also logged as a warning
+/// (`EMM_LOG`). Since ABI 306.
 #[no_mangle]
 pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_status {
     timing::timed(Hook::Free, || {
@@ -363,7 +445,9 @@ pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_stat
 /// `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
 /// the allocation's own stream does nothing; an address emm did not hand out is
 /// `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
-/// allocate, and so does `emm.torch`). Since ABI 305.
+/// allocate, and so does `emm.torch`), and so is a stream handle the driver does
+/// not know (`cuStreamIsCapturing` refuses it): nothing is recorded then. Since
+/// ABI 305.
 #[no_mangle]
 pub extern "C" fn emm_torch_record_stream(
     ptr: *mut c_void,

@@ -125,6 +125,22 @@ impl GraphPools {
         None
     }
 
+    /// Holds the free of `a` until the captures now routing end (when a device-wide
+    /// synchronization, which would invalidate a capture, is not allowed):
+    /// `None` when it was held, else the allocation back (no capture routes now).
+    pub(crate) fn hold_until_captures_end(
+        &self,
+        a: DeviceAllocation,
+        used_on: Vec<CUstream>,
+    ) -> Option<Held> {
+        let mut held = lock(&self.held);
+        if self.routing.load(Ordering::Acquire) == 0 {
+            return Some(Held { a, used_on });
+        }
+        held.push(Held { a, used_on });
+        None
+    }
+
     /// Whether a graph pool of the device handed out `ptr` (and it is live).
     fn owns(&self, ptr: u64) -> bool {
         lock(&self.pools).values().any(|e| e.pool.owns(ptr))

@@ -126,7 +126,7 @@ pub(crate) fn code_of(e: &EmmError) -> emm_status {
         | EmmError::InvalidArgument { .. }
         | EmmError::OutOfRange { .. }
         | EmmError::InvalidConfig { .. } => EMM_ERR_INVALID_ARGUMENT,
-        EmmError::Driver(_) => EMM_ERR_DRIVER,
+        EmmError::Driver(_) | EmmError::FreeFailed { .. } => EMM_ERR_DRIVER,
         EmmError::Unsupported { .. } | EmmError::InterfaceVersion { .. } => EMM_ERR_UNSUPPORTED,
         EmmError::UnknownManager { .. } => EMM_ERR_UNKNOWN_MANAGER,
         EmmError::InvalidIpcHandle { .. } => EMM_ERR_IPC,
@@ -509,7 +509,9 @@ pub unsafe extern "C" fn emm_alloc_ptr(
 }
 
 /// Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (NULL: the
-/// stream it was allocated on). 0 is ignored.
+/// stream it was allocated on). 0 is ignored. Where the driver refuses the free
+/// (`EMM_ERR_DRIVER`), nothing was freed: `ptr` stays allocated and this handle's,
+/// and `emm_free` may be called for it again once the fault clears.
 #[no_mangle]
 pub unsafe extern "C" fn emm_free(
     m: *mut emm_manager,
@@ -526,8 +528,15 @@ pub unsafe extern "C" fn emm_free(
                 if !stream.is_null() {
                     a.set_stream(CUstream(stream));
                 }
-                drop(a);
-                EMM_OK
+                match a.free() {
+                    Ok(()) => EMM_OK,
+                    Err(not_freed) => {
+                        // Still allocated: the handle keeps it for a retry.
+                        let emm_core::NotFreed { allocation, error } = *not_freed;
+                        lock(&h.device).insert(ptr, allocation);
+                        fail(error)
+                    }
+                }
             }
             None if lock(&h.managed).contains_key(&ptr) => invalid(format!(
                 "emm_free: {ptr:#x} is managed memory from emm_alloc_managed; free it with emm_free_managed"

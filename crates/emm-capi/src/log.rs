@@ -6,7 +6,9 @@
 //! one line each. After [`emm_capture_warnings`]`(1)` (Python's bindings do this),
 //! warnings and errors go instead to a queue that [`emm_take_warning`] empties, so a
 //! binding can raise them in its own terms (Python: `warnings.warn`). The queue
-//! keeps the newest [`QUEUE_CAP`] messages.
+//! keeps the newest [`QUEUE_CAP`] messages. An invalid `EMM_LOG` is replaced by
+//! `warn`, with a notice on standard error that is also queued for
+//! [`emm_take_warning`].
 
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int};
@@ -39,14 +41,56 @@ fn queue() -> std::sync::MutexGuard<'static, VecDeque<(c_int, String)>> {
     QUEUE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Installs the subscriber once (a process that set its own keeps it).
+/// The filter used when `EMM_LOG` is unset or invalid.
+const DEFAULT_FILTER: &str = "warn";
+
+/// Installs the subscriber once (a process that set its own keeps it). An
+/// `EMM_LOG` value that is not a valid filter is replaced by `warn`, and that is
+/// said once: on standard error, and queued for [`emm_take_warning`] (so a
+/// binding that captures warnings after this sees it too).
 pub(crate) fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
+        let (filter, rejected) = filter_from(std::env::var_os(LOG_ENV));
         let subscriber = tracing_subscriber::registry().with(filter).with(Output);
-        let _ = tracing::subscriber::set_global_default(subscriber);
+        if tracing::subscriber::set_global_default(subscriber).is_ok() {
+            if let Some(text) = rejected {
+                eprintln!("emm: {} {}: {text}", Level::WARN, module_path!());
+                push(EMM_LOG_WARN, text);
+            }
+        }
     });
+}
+
+/// The filter for the value of `EMM_LOG` (`None`: unset), and, when the value was
+/// rejected, the notice saying what was given, why it was rejected and what is
+/// used instead.
+fn filter_from(value: Option<std::ffi::OsString>) -> (EnvFilter, Option<String>) {
+    let fallback = |why: String| (EnvFilter::new(DEFAULT_FILTER), Some(why));
+    let Some(value) = value else {
+        return (EnvFilter::new(DEFAULT_FILTER), None);
+    };
+    let Some(text) = value.to_str() else {
+        return fallback(format!(
+            "{LOG_ENV}={value:?} is not valid UTF-8; using `{DEFAULT_FILTER}` instead"
+        ));
+    };
+    match EnvFilter::try_new(text) {
+        Ok(f) => (f, None),
+        Err(e) => fallback(format!(
+            "{LOG_ENV}={text:?} is not a valid log filter ({e}); using `{DEFAULT_FILTER}` instead (the syntax: `debug`, `emm_pool=trace`, `warn,emm_capi=debug`)"
+        )),
+    }
+}
+
+/// Queues a message for [`emm_take_warning`], dropping the oldest past
+/// [`QUEUE_CAP`].
+fn push(code: c_int, text: String) {
+    let mut q = queue();
+    if q.len() >= QUEUE_CAP {
+        q.pop_front();
+    }
+    q.push_back((code, text));
 }
 
 /// Collects an event's message and fields into one line.
@@ -106,11 +150,7 @@ impl<S: Subscriber> Layer<S> for Output {
             } else {
                 EMM_LOG_WARN
             };
-            let mut q = queue();
-            if q.len() >= QUEUE_CAP {
-                q.pop_front();
-            }
-            q.push_back((code, text));
+            push(code, text);
         } else {
             eprintln!("emm: {level} {}: {text}", meta.target());
         }
@@ -174,6 +214,26 @@ pub unsafe extern "C" fn emm_take_warning(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_invalid_filter_falls_back_to_warn_and_says_why() {
+        let (f, notice) = filter_from(None);
+        assert_eq!((f.to_string(), notice), ("warn".to_owned(), None));
+        let (f, notice) = filter_from(Some("emm_pool=trace".into()));
+        assert_eq!((f.to_string(), notice), ("emm_pool=trace".to_owned(), None));
+        let (f, notice) = filter_from(Some("emm=notalevel".into()));
+        assert_eq!(f.to_string(), "warn");
+        let notice = notice.expect("a rejected value is reported");
+        assert!(
+            notice.starts_with("EMM_LOG=\"emm=notalevel\" is not a valid log filter (")
+                && notice.contains("using `warn` instead"),
+            "{notice}"
+        );
+        use std::os::unix::ffi::OsStringExt as _;
+        let (f, notice) = filter_from(Some(std::ffi::OsString::from_vec(vec![0x66, 0xff])));
+        assert_eq!(f.to_string(), "warn");
+        assert!(notice.unwrap().contains("not valid UTF-8"));
+    }
 
     #[test]
     fn captured_warnings_are_taken_in_order_and_not_lost_to_a_short_buffer() {

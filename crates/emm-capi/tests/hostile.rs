@@ -631,8 +631,9 @@ mod standin {
     /// `emm_torch_record_stream`: a foreign address is refused; a block used on a
     /// side stream is freed only after its own stream waits for that stream (an
     /// event recorded there, `cuStreamWaitEvent` on its own), and by synchronizing
-    /// the side stream where the event fails; where that fails too the block is
-    /// leaked (never reused while in use) and the free says so.
+    /// the side stream where the event fails, by synchronizing the device where
+    /// that fails too; where even that fails the block is kept live (never reused
+    /// while in use), the free says so, and a later release frees it.
     #[test]
     fn torch_record_stream_orders_the_free_after_the_other_stream_on_the_standin() {
         let _serial = serial();
@@ -709,7 +710,9 @@ mod standin {
         assert_eq!(calls("cuStreamSynchronize"), syncs + 1);
         case("r is freed", emm_torch_record_stream(r, 0, side_ptr), inv);
 
-        // Both fail: the block is leaked, and the free says so.
+        // Both fail: the device is synchronized, then the block is freed, once.
+        let allocated = || torch_stats(0, &["allocated_bytes.all.current"]).1[0];
+        let base = allocated();
         let t = emm_torch_alloc(4096, 0, null_mut());
         case("record t", emm_torch_record_stream(t, 0, side_ptr), EMM_OK);
         standin
@@ -722,14 +725,105 @@ mod standin {
                 emm_sys::CUresult::ERROR_LAUNCH_FAILED,
             )
             .unwrap();
-        emm_torch_free(t, 4096, 0, null_mut());
-        case("leaked free", emm_last_error_code(), EMM_ERR_DRIVER);
-        assert!(last_message().contains("leaked"), "{}", last_message());
+        let ctx_syncs = calls("cuCtxSynchronize");
+        case(
+            "t freed after a device sync",
+            emm_torch_release(t, 0),
+            EMM_OK,
+        );
+        assert_eq!(calls("cuCtxSynchronize"), ctx_syncs + 1);
+        assert_eq!(allocated(), base, "t's bytes are back");
+        case("t is freed", emm_torch_release(t, 0), inv);
+
+        // All three fail: the block is kept, live, and the status says so; a
+        // later release frees it.
+        let u = emm_torch_alloc(4096, 0, null_mut());
+        case("record u", emm_torch_record_stream(u, 0, side_ptr), EMM_OK);
+        for f in ["cuEventRecord", "cuStreamSynchronize", "cuCtxSynchronize"] {
+            standin
+                .fail_nth(f, 1, emm_sys::CUresult::ERROR_LAUNCH_FAILED)
+                .unwrap();
+        }
+        case("u kept", emm_torch_release(u, 0), EMM_ERR_DRIVER);
+        assert!(last_message().contains("kept"), "{}", last_message());
+        assert_eq!(allocated(), base + 4096, "u is still allocated");
         let again = emm_torch_alloc(4096, 0, null_mut());
-        assert_ne!(again, t, "a leaked block is never handed out again");
+        assert_ne!(again, u, "a kept block is never handed out again");
         emm_torch_free(again, 4096, 0, null_mut());
+        let waits = calls("cuStreamWaitEvent");
+        case("u released again", emm_torch_release(u, 0), EMM_OK);
+        assert_eq!(
+            calls("cuStreamWaitEvent"),
+            waits + 1,
+            "still waits for the side stream"
+        );
+        assert_eq!(allocated(), base);
         standin.reset().unwrap();
         println!("{} record_stream stand-in cases", cases() - before);
+    }
+
+    /// `emm_torch_record_stream` with a stream handle the driver does not know is
+    /// refused and records nothing, and a stream destroyed after it was recorded
+    /// makes the release synchronize the device and free the block: one release
+    /// reclaims the bytes either way, and a second one is refused.
+    #[test]
+    fn torch_record_stream_of_a_garbage_or_dead_stream_keeps_no_block() {
+        let _serial = serial();
+        let standin = standin();
+        let before = cases();
+        let inv = EMM_ERR_INVALID_ARGUMENT;
+        let calls = |f: &str| standin.calls(f).unwrap();
+        let allocated = || torch_stats(0, &["allocated_bytes.all.current"]).1[0];
+        let p = emm_torch_alloc(4096, 0, null_mut());
+        assert!(!p.is_null(), "{}", last_message());
+        let base = allocated() - 4096;
+        let garbage = 0xdead_beef_usize as *mut c_void;
+        case(
+            "garbage stream",
+            emm_torch_record_stream(p, 0, garbage),
+            inv,
+        );
+        assert!(
+            last_message().contains("0xdeadbeef")
+                && last_message().contains("nothing was recorded"),
+            "{}",
+            last_message()
+        );
+        let waits = calls("cuStreamWaitEvent");
+        case("release", emm_torch_release(p, 0), EMM_OK);
+        assert_eq!(
+            calls("cuStreamWaitEvent"),
+            waits,
+            "nothing recorded, nothing waited for"
+        );
+        assert_eq!(allocated(), base, "the bytes are back");
+        case("second release", emm_torch_release(p, 0), inv);
+
+        // Valid when recorded, destroyed before the release.
+        let q = emm_torch_alloc(4096, 0, null_mut());
+        let (ctx, side) = side_stream();
+        case(
+            "record",
+            emm_torch_record_stream(q, 0, side.raw().0),
+            EMM_OK,
+        );
+        drop(side);
+        let ctx_syncs = calls("cuCtxSynchronize");
+        case(
+            "release after the stream went",
+            emm_torch_release(q, 0),
+            EMM_OK,
+        );
+        assert_eq!(
+            calls("cuCtxSynchronize"),
+            ctx_syncs + 1,
+            "the device was synchronized"
+        );
+        assert_eq!(allocated(), base, "the bytes are back");
+        case("second release", emm_torch_release(q, 0), inv);
+        drop(ctx);
+        standin.reset().unwrap();
+        println!("{} garbage-stream stand-in cases", cases() - before);
     }
 
     /// `emm_torch_release` (the deleter of emm's own PyTorch allocator object):

@@ -1,12 +1,18 @@
 //! `emm bench`: allocate+free pairs through every path, side by side in one run.
+//!
+//! The managers are built as `emm replay` builds them ([`Backend::build`], so
+//! `emm::build_manager` or `emm::build_host_standin`): configured from the
+//! environment (`EMM_POOL_*`, `EMM_MAX_PENDING_DEALLOCS_*`,
+//! `EMM_HOSTONLY_RELEASE_THRESHOLD`), and an invalid value stops the run with a
+//! message naming it and exit status 1.
 
 use std::io;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use emm::driver::{memory, mempool, Context, Stream};
-use emm::emm_pool::{PoolConfig, PoolManager};
-use emm::MemoryManager;
+use emm::{EmmError, MemoryManager};
 
 use crate::backend::Backend;
 use crate::out::{note, Out};
@@ -53,8 +59,8 @@ pub fn run(json: bool) -> io::Result<ExitCode> {
         out.line(backend.describe())?;
     }
     let rows = match &backend {
-        Backend::Gpu { ctx, .. } => gpu_rows(ctx),
-        Backend::Host { .. } => host_rows(),
+        Backend::Gpu { ctx, .. } => gpu_rows(&backend, ctx),
+        Backend::Host { .. } => host_rows(&backend),
     };
     let rows = match rows {
         Ok(r) => r,
@@ -91,20 +97,28 @@ pub fn run(json: bool) -> io::Result<ExitCode> {
         }
     }
     match &backend {
-        Backend::Gpu { ctx, .. } => threads(ctx, json, &mut out),
+        Backend::Gpu { ctx, .. } => threads(&backend, ctx, json, &mut out),
         Backend::Host { .. } => Ok(ExitCode::SUCCESS),
     }
 }
 
 type Rows = Vec<(String, Vec<Option<f64>>)>;
 
-fn host_rows() -> Result<Rows, String> {
-    let e2s = |e: emm::EmmError| e.to_string();
-    let pool = PoolManager::host(1 << 40, PoolConfig::default()).map_err(e2s)?;
+/// Manager `name` as `emm replay` builds it (configured from the environment); a
+/// message naming the manager and the setting when it cannot be built.
+fn build(backend: &Backend, name: &str) -> Result<Arc<dyn MemoryManager>, String> {
+    backend
+        .build(name)
+        .map_err(|e| format!("cannot build manager `{name}`: {e}"))
+}
+
+fn host_rows(backend: &Backend) -> Result<Rows, String> {
+    let e2s = |e: EmmError| e.to_string();
+    let pool = build(backend, "pool")?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
         cells.push(Some(median_ns(200_000, || {
-            pool.alloc(size, emm::core::SYNC_STREAM)
+            pool.memalloc_async(size, emm::core::SYNC_STREAM)
                 .map(drop)
                 .map_err(e2s)
         })?));
@@ -115,19 +129,19 @@ fn host_rows() -> Result<Rows, String> {
     )])
 }
 
-fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
-    let e2s = |e: emm::EmmError| e.to_string();
+fn gpu_rows(backend: &Backend, ctx: &Context) -> Result<Rows, String> {
+    let e2s = |e: EmmError| e.to_string();
     let d2s = |e: emm::driver::DriverError| e.to_string();
     ctx.set_current().map_err(d2s)?;
     let stream = Stream::new(ctx).map_err(d2s)?;
     let s = stream.raw();
     let mut rows: Rows = Vec::new();
 
-    let pool = PoolManager::new(ctx).map_err(e2s)?;
+    let pool = build(backend, "pool")?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
         cells.push(Some(median_ns(200_000, || {
-            pool.alloc(size, s).map(drop).map_err(e2s)
+            pool.memalloc_async(size, s).map(drop).map_err(e2s)
         })?));
     }
     rows.push(("emm pool, same stream".into(), cells));
@@ -161,7 +175,7 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
             cells,
         ));
 
-        let ho = emm::emm_hostonly::HostOnlyManager::new(ctx).map_err(e2s)?;
+        let ho = build(backend, "hostonly")?;
         let mut cells = Vec::new();
         for &(size, _) in SIZES {
             cells.push(Some(median_ns(20_000, || {
@@ -172,8 +186,7 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
         rows.push(("emm hostonly (its own mempool), same stream".into(), cells));
     }
 
-    let dm = emm::emm_default::DefaultManager::new(ctx).map_err(e2s)?;
-    dm.initialize().map_err(e2s)?;
+    let dm = build(backend, "default")?;
     let mut cells = Vec::new();
     for &(size, _) in SIZES {
         cells.push(Some(median_ns(500, || {
@@ -195,8 +208,8 @@ fn gpu_rows(ctx: &Context) -> Result<Rows, String> {
 }
 
 /// Sixteen threads, each on its own stream, against one thread: aggregate pairs/s.
-fn threads(ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
-    let pool = match PoolManager::new(ctx) {
+fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
+    let pool = match build(backend, "pool") {
         Ok(p) => p,
         Err(e) => {
             note(format_args!("emm bench: {e}"));
@@ -229,12 +242,12 @@ fn threads(ctx: &Context, json: bool, out: &mut Out) -> io::Result<ExitCode> {
                     let _ = ctx.set_current();
                     let sizes = [256usize, 4096, 65_536, 1 << 20];
                     for &s in &sizes {
-                        drop(pool.alloc(s, stream.raw()));
+                        drop(pool.memalloc_async(s, stream.raw()));
                     }
                     ready.wait();
                     for i in 0..per_thread {
                         let size = sizes[(i + t) % 4];
-                        drop(pool.alloc(size, stream.raw()));
+                        drop(pool.memalloc_async(size, stream.raw()));
                     }
                     done.wait();
                     let _ = stream.synchronize();

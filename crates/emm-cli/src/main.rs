@@ -99,13 +99,43 @@ fn managers(chosen: &[ManagerArg]) -> Vec<String> {
     v
 }
 
+/// The log filter for `EMM_LOG`'s value, and, when the value was rejected, what
+/// was given, why, and that `warn` is used instead.
+fn log_filter(
+    value: Result<String, std::env::VarError>,
+) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    use tracing_subscriber::EnvFilter;
+    match value {
+        Err(std::env::VarError::NotPresent) => (EnvFilter::new("warn"), None),
+        Err(std::env::VarError::NotUnicode(v)) => (
+            EnvFilter::new("warn"),
+            Some(format!(
+                "EMM_LOG={v:?} is not valid UTF-8; using `warn` instead"
+            )),
+        ),
+        Ok(v) => match EnvFilter::try_new(&v) {
+            Ok(f) => (f, None),
+            Err(e) => (
+                EnvFilter::new("warn"),
+                Some(format!(
+                    "EMM_LOG={v:?} is not a valid log filter ({e}); using `warn` instead"
+                )),
+            ),
+        },
+    }
+}
+
 fn main() -> ExitCode {
-    // emm's warnings (e.g. EMM_MEMORY_MANAGER overriding a choice) on stderr; EMM_LOG filters.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EMM_LOG");
+    // emm's warnings (e.g. EMM_MEMORY_MANAGER overriding a choice) on stderr; EMM_LOG
+    // filters (an invalid value: `warn`, and a warning that says so).
+    let (filter, rejected) = log_filter(std::env::var("EMM_LOG"));
     tracing_subscriber::fmt()
-        .with_env_filter(filter.unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(why) = rejected {
+        out::note(format_args!("emm: warning: {why}"));
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -290,6 +290,59 @@ fn manager_environment_applies_and_invalid_values_are_named() {
     assert!(text(&o.stderr).contains("EMM_MAX_PENDING_DEALLOCS_COUNT"));
 }
 
+/// `emm bench` builds its managers as `emm replay` does: an invalid `EMM_POOL_*`
+/// value stops it with a message naming the variable and exit status 1, and a
+/// valid one applies (a pool limit below the smallest pair makes it fail).
+#[test]
+fn bench_applies_the_pool_environment_and_names_invalid_values() {
+    for (var, value) in [("EMM_POOL_LIMIT", "lots"), ("EMM_POOL_EXPANDABLE", "maybe")] {
+        let o = emm().arg("bench").env(var, value).output().unwrap();
+        no_panic(&o);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{var}={value}: {err}");
+        assert!(
+            err.contains(var) && err.contains(value) && err.contains("cannot build manager `pool`"),
+            "{var}={value}: {err}"
+        );
+        assert!(
+            !text(&o.stdout).contains("emm pool"),
+            "no row measured with an invalid setting"
+        );
+    }
+    let o = emm()
+        .arg("bench")
+        .env("EMM_POOL_LIMIT", "100")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("out of device memory in manager `pool`"),
+        "{err}"
+    );
+}
+
+/// An invalid `EMM_LOG` is replaced by `warn`, and a warning says so once.
+#[test]
+fn an_invalid_emm_log_is_replaced_by_warn_and_said_once() {
+    let o = emm()
+        .arg("info")
+        .env("EMM_LOG", "emm=notalevel")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    let err = text(&o.stderr);
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("EMM_LOG")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].starts_with("emm: warning: ")
+            && said[0].contains("EMM_LOG=\"emm=notalevel\" is not a valid log filter")
+            && said[0].contains("using `warn` instead"),
+        "{err}"
+    );
+}
+
 #[test]
 fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
     let html = temp("report.html", b"");

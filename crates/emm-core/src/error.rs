@@ -127,6 +127,19 @@ pub enum EmmError {
         /// The manager that was created.
         manager: String,
     },
+    /// A free the driver refused: the block is still allocated, still counted as
+    /// handed out, and still the caller's, to free again once the fault clears.
+    #[error("manager `{manager}` could not free {} at {ptr:#x}: {source}; the block is still allocated and still yours: free it again once the fault clears", fmt_bytes(*.size))]
+    FreeFailed {
+        /// The manager asked to free it.
+        manager: String,
+        /// The block's address.
+        ptr: u64,
+        /// Its size in bytes.
+        size: usize,
+        /// What the driver said (boxed: it keeps every `EmmError` small).
+        source: Box<DriverError>,
+    },
     /// The allocation was invalidated by `reset`; its memory is gone.
     #[error("the allocation at {ptr:#x} was invalidated by a reset of manager `{manager}`")]
     Invalidated {

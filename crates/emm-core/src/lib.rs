@@ -43,7 +43,7 @@ pub use manager::{
 };
 pub use pointer::{
     DeviceAllocation, DeviceRelease, DeviceView, HostAllocFlags, HostMemory, MappedMemory,
-    PinnedMemory, Released, SYNC_STREAM,
+    NotFreed, PinnedMemory, Released, SYNC_STREAM,
 };
 pub use router::{
     alloc_from, alloc_managed_from, memory_manager, register_manager, set_memory_manager,

@@ -19,8 +19,20 @@ use crate::error::{EmmError, Result};
 /// `release` is called once per allocation, from the thread that drops it. It must
 /// not panic (a panic is caught and logged, and the memory is then lost).
 pub trait DeviceRelease: Send + Sync {
-    /// Takes back a block.
+    /// Takes back a block. A failure has no caller to go to: the manager keeps it
+    /// (recorded on its context, logged) and keeps what it could not free for a
+    /// later retry where it can.
     fn release(&self, block: Released);
+
+    /// Takes back a block and says whether that worked (what
+    /// [`DeviceAllocation::free`] calls). On `Err` nothing was freed and the
+    /// manager still counts the block as handed out: the caller still owns it and
+    /// may free it again once the fault clears. The default calls
+    /// [`DeviceRelease::release`] and succeeds.
+    fn try_release(&self, block: Released) -> Result<()> {
+        self.release(block);
+        Ok(())
+    }
 }
 
 /// What a dropped [`DeviceAllocation`] gives back to its manager.
@@ -228,6 +240,67 @@ impl DeviceAllocation {
         }
     }
 
+    /// Gives the allocation back to its manager now, on its stream, as dropping it
+    /// would, but reports a failed free instead of recording it: on `Err` nothing
+    /// was freed and the allocation comes back ([`NotFreed`]) with the error,
+    /// still owned by the caller, to be freed again (or dropped) once the fault
+    /// clears. Managers that cannot tell (a finalizer from
+    /// [`DeviceAllocation::from_raw_parts`]) release as on drop and succeed.
+    pub fn free(mut self) -> core::result::Result<(), Box<NotFreed>> {
+        if matches!(self.releaser, Releaser::Callback(_) | Releaser::Nothing) {
+            drop(self); // the finalizer runs as on drop; it cannot report
+            return Ok(());
+        }
+        let releaser = core::mem::replace(&mut self.releaser, Releaser::Nothing);
+        let (ptr, size) = (self.ptr, self.size);
+        let block = |token| Released {
+            ptr,
+            size,
+            stream: self.stream,
+            base: self.base,
+            base_size: self.base_size,
+            token,
+        };
+        let outcome = match &releaser {
+            Releaser::Shared(owner, token) => {
+                catch_unwind(AssertUnwindSafe(|| owner.try_release(block(*token))))
+            }
+            Releaser::Borrowed(owner, token) => catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: the constructor's contract keeps `owner` alive until the
+                // allocation is dropped or turned into raw parts; `self` is neither
+                // yet.
+                unsafe { (**owner).try_release(block(*token)) }
+            })),
+            Releaser::Callback(_) | Releaser::Nothing => Ok(Ok(())),
+        };
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                self.releaser = releaser;
+                Err(Box::new(NotFreed {
+                    allocation: self,
+                    error,
+                }))
+            }
+            Err(_) => {
+                tracing::error!(
+                    ptr = format_args!("{ptr:#x}"),
+                    size,
+                    "a release callback panicked; the block is lost"
+                );
+                Err(Box::new(NotFreed {
+                    allocation: self,
+                    error: EmmError::Internal {
+                        operation: "DeviceAllocation::free",
+                        detail: format!(
+                            "the manager's release of {ptr:#x} ({size} bytes) panicked; the block is lost"
+                        ),
+                    },
+                }))
+            }
+        }
+    }
+
     /// Gives up ownership without releasing: returns `(ptr, size, stream)`.
     /// The caller becomes responsible for the memory.
     pub fn into_raw(mut self) -> (CUdeviceptr, usize, CUstream) {
@@ -264,6 +337,16 @@ impl Drop for DeviceAllocation {
             );
         }
     }
+}
+
+/// A free that did not happen ([`DeviceAllocation::free`]): the allocation, still
+/// owned by the caller and still counted by its manager, and why.
+#[derive(Debug)]
+pub struct NotFreed {
+    /// The allocation, to free again (or drop) once the fault clears.
+    pub allocation: DeviceAllocation,
+    /// Why the manager could not free it.
+    pub error: EmmError,
 }
 
 /// A borrowed window `[ptr, ptr+len)` of a [`DeviceAllocation`].
@@ -509,6 +592,68 @@ mod tests {
         assert!(a.view(usize::MAX, 2).is_err());
         drop(a);
         assert_eq!(c.0.load(Ordering::SeqCst), 256);
+    }
+
+    /// Refuses frees while `refuse` is set; counts the bytes it took back.
+    struct Refusing {
+        refuse: std::sync::atomic::AtomicBool,
+        freed: AtomicUsize,
+        dropped: AtomicUsize,
+    }
+    impl DeviceRelease for Refusing {
+        fn release(&self, b: Released) {
+            self.dropped.fetch_add(b.size, Ordering::SeqCst);
+        }
+        fn try_release(&self, b: Released) -> Result<()> {
+            assert_eq!(b.token, 3);
+            if self.refuse.load(Ordering::SeqCst) {
+                return Err(EmmError::Internal {
+                    operation: "test",
+                    detail: "refused".into(),
+                });
+            }
+            self.freed.fetch_add(b.size, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn free_reports_a_refused_release_and_hands_the_allocation_back() {
+        let r = Arc::new(Refusing {
+            refuse: std::sync::atomic::AtomicBool::new(true),
+            freed: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+        });
+        // SAFETY: a fake address, never dereferenced.
+        let a = unsafe {
+            DeviceAllocation::with_releaser(0x1000, 256, SYNC_STREAM, 0x1000, 256, r.clone(), 3)
+        };
+        let NotFreed {
+            allocation: back,
+            error: e,
+        } = *a.free().unwrap_err();
+        assert!(matches!(e, EmmError::Internal { .. }), "{e}");
+        assert_eq!((back.ptr(), back.size()), (0x1000, 256));
+        assert_eq!(r.freed.load(Ordering::SeqCst), 0);
+        r.refuse.store(false, Ordering::SeqCst);
+        back.free().unwrap();
+        assert_eq!(r.freed.load(Ordering::SeqCst), 256);
+        assert_eq!(
+            r.dropped.load(Ordering::SeqCst),
+            0,
+            "released once, by free"
+        );
+        // A finalizer cannot refuse: free runs it and succeeds.
+        let ran = Arc::new(AtomicUsize::new(0));
+        let seen = ran.clone();
+        // SAFETY: as above.
+        let f = unsafe {
+            DeviceAllocation::from_raw_parts(0x10, 8, SYNC_STREAM, move |_, s, _| {
+                seen.fetch_add(s, Ordering::SeqCst);
+            })
+        };
+        f.free().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 8);
     }
 
     #[test]

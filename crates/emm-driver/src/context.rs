@@ -148,6 +148,17 @@ impl Context {
         check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
     }
 
+    /// Waits for all work in the context, as [`Context::synchronize`] does, but
+    /// leaves the errors recorded during drops for the next fallible call to
+    /// report: for code that runs in a `Drop`, or a fallback that must not take
+    /// another caller's error.
+    pub fn synchronize_keeping_deferred(&self) -> Result<()> {
+        let _g = self.push()?;
+        let drv = self.inner.drv;
+        // SAFETY: the context is current.
+        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
+    }
+
     /// `(free, total)` bytes of the device, as `cuMemGetInfo` reports them.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         let _g = self.push()?;

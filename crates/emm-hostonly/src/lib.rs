@@ -108,8 +108,13 @@ pub struct PoolUsage {
 struct Inner {
     ctx: Context,
     pool: MemPool,
-    /// Live allocations and the stream each is freed on (for `reset`).
+    /// Live allocations and their sizes (for `reset`).
     live: Mutex<HashMap<u64, usize>>,
+    /// Blocks whose free failed in a drop (no caller to tell): still allocated in
+    /// the pool, freed again by the next [`HostOnlyManager::trim`] (and so
+    /// `release_cached` and the out-of-memory ladder), `reset`, or the manager's
+    /// end. `(ptr, size)`.
+    failed: Mutex<Vec<(u64, usize)>>,
     generation: Mutex<usize>,
     /// Allocations served (each one a driver call: the driver's pool is upstream).
     allocations: AtomicU64,
@@ -117,24 +122,137 @@ struct Inner {
     frees: AtomicU64,
 }
 
-impl DeviceRelease for Inner {
-    fn release(&self, b: Released) {
-        if *self.generation.lock().unwrap_or_else(|p| p.into_inner()) != b.token {
-            return; // freed by reset already
+impl Inner {
+    fn generation(&self) -> usize {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, Vec<(u64, usize)>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes `b` out of the live set; `None` when it is not there (`reset` freed
+    /// it already).
+    fn take_live(&self, b: &Released) -> Option<usize> {
+        if self.generation() != b.token {
+            return None; // freed by reset already
         }
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&b.ptr);
+        self.live().remove(&b.ptr)
+    }
+
+    /// `cuMemFreeAsync` of `b` on its stream.
+    fn free_on_its_stream(&self, b: &Released) -> emm_driver::Result<()> {
         // SAFETY: `b.stream` is the stream the caller ordered the memory on (a
         // stream of this context that outlives its allocations, or a default stream).
         let stream = unsafe { Stream::from_raw(&self.ctx, b.stream) };
-        // SAFETY: `b.ptr` came from this pool and is freed once, on its stream.
-        match unsafe { free_async(b.ptr, &stream) } {
-            Ok(()) => {
-                self.frees.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `b.ptr` came from this pool, left the live set just now (so no
+        // one else frees it) and is freed once, on its stream.
+        unsafe { free_async(b.ptr, &stream) }?;
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Frees again the blocks whose free failed in a drop, on the legacy default
+    /// stream. The caller has synchronized the context since those drops, so no
+    /// work still uses them. Those that fail again stay for the next retry; the
+    /// first error is returned. The number freed on success.
+    fn retry_failed(&self) -> Result<usize> {
+        let blocks = std::mem::take(&mut *self.failed());
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        let legacy = Stream::legacy(&self.ctx);
+        let mut first = None;
+        let mut freed = 0;
+        let mut kept = Vec::new();
+        for (ptr, size) in blocks {
+            // SAFETY: each block came from this pool, left the live set when its
+            // owner dropped it, and is freed once: it is in `failed` only until a
+            // free of it succeeds. The context was synchronized since, so no work
+            // uses it.
+            match unsafe { free_async(ptr, &legacy) } {
+                Ok(()) => {
+                    self.frees.fetch_add(1, Ordering::Relaxed);
+                    freed += 1;
+                }
+                Err(e) => {
+                    kept.push((ptr, size));
+                    first.get_or_insert(EmmError::FreeFailed {
+                        manager: "hostonly".into(),
+                        ptr,
+                        size,
+                        source: Box::new(e),
+                    });
+                }
             }
-            Err(e) => self.ctx.record_drop_error(e),
+        }
+        if !kept.is_empty() {
+            tracing::warn!(
+                blocks = kept.len(),
+                "hostonly: freeing blocks whose free failed earlier failed again; they are kept for the next trim"
+            );
+            self.failed().extend(kept);
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(freed),
+        }
+    }
+}
+
+impl DeviceRelease for Inner {
+    fn release(&self, b: Released) {
+        if self.take_live(&b).is_none() {
+            return;
+        }
+        if let Err(e) = self.free_on_its_stream(&b) {
+            // No caller to return to: the error goes to the context (reported by
+            // its next fallible call), and the block, still allocated in the pool,
+            // is kept for the next trim to free again.
+            tracing::warn!(
+                ptr = format_args!("{:#x}", b.ptr),
+                size = b.size,
+                "hostonly: a free in a drop failed; the block is kept and freed again by the next trim"
+            );
+            self.failed().push((b.ptr, b.size));
+            self.ctx.record_drop_error(e);
+        }
+    }
+
+    fn try_release(&self, b: Released) -> Result<()> {
+        if self.take_live(&b).is_none() {
+            return Ok(());
+        }
+        self.free_on_its_stream(&b).map_err(|e| {
+            // Nothing was freed: the block stays live, its owner's again.
+            self.live().insert(b.ptr, b.size);
+            EmmError::FreeFailed {
+                manager: "hostonly".into(),
+                ptr: b.ptr,
+                size: b.size,
+                source: Box::new(e),
+            }
+        })
+    }
+}
+
+/// The manager's end (its last allocation gone too): blocks whose free failed are
+/// freed now, before the pool goes, so the pool does not keep them.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.failed().is_empty() {
+            return;
+        }
+        // Errors recorded on the context stay for its next user.
+        if let Err(e) = self.ctx.synchronize_keeping_deferred() {
+            tracing::error!(error = %e, "hostonly: synchronizing before its last frees failed");
+        }
+        if let Err(e) = self.retry_failed() {
+            tracing::error!(error = %e, blocks = self.failed().len(), "hostonly: blocks whose free failed could not be freed at the manager's end; they stay allocated");
         }
     }
 }
@@ -188,6 +306,7 @@ impl HostOnlyManager {
                 ctx: ctx.clone(),
                 pool,
                 live: Mutex::new(HashMap::new()),
+                failed: Mutex::new(Vec::new()),
                 generation: Mutex::new(0),
                 allocations: AtomicU64::new(0),
                 frees: AtomicU64::new(0),
@@ -213,8 +332,16 @@ impl HostOnlyManager {
 
     /// Gives reserved memory above `keep` bytes back to the device (after the
     /// context's queued frees have run); returns the bytes released.
+    ///
+    /// First frees again the blocks whose free failed in a drop (the context is
+    /// synchronized, so nothing uses them): once the fault clears they are back
+    /// in the pool. While it lasts, their error is returned
+    /// ([`EmmError::FreeFailed`]) and they are kept for the next call.
     pub fn trim(&self, keep: usize) -> Result<u64> {
         self.inner.ctx.synchronize()?;
+        if self.inner.retry_failed()? > 0 {
+            self.inner.ctx.synchronize()?; // the frees just queued, done
+        }
         let before = self.inner.pool.attribute(Attr::RESERVED_MEM_CURRENT)?;
         self.inner.pool.trim_to(keep)?;
         let after = self.inner.pool.attribute(Attr::RESERVED_MEM_CURRENT)?;
@@ -261,7 +388,7 @@ impl HostOnlyManager {
             .live
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(ptr, stream.0 as usize);
+            .insert(ptr, size);
         let owner: Arc<dyn DeviceRelease> = self.inner.clone();
         // SAFETY: a fresh pool block of `size` bytes, released once through `owner`.
         Ok(unsafe { DeviceAllocation::with_releaser(ptr, size, stream, ptr, size, owner, token) })
@@ -356,13 +483,33 @@ impl MemoryManager for HostOnlyManager {
             .unwrap_or_else(|p| p.into_inner())
             .drain()
             .collect();
+        // After the generation bump the owners' drops do nothing: the drained
+        // blocks are the manager's alone. Any it cannot free yet join the failed
+        // ones, for the next trim.
+        let mut blocks = live;
+        blocks.append(&mut self.inner.failed());
+        if let Err(e) = self.inner.ctx.synchronize() {
+            self.inner.failed().extend(blocks);
+            return Err(e.into());
+        }
         let legacy = Stream::legacy(&self.inner.ctx);
-        self.inner.ctx.synchronize()?;
-        for (ptr, _) in live {
-            // SAFETY: every live pointer came from this pool; after the generation
-            // bump its owner's drop does nothing, so it is freed once, here.
-            unsafe { free_async(ptr, &legacy) }?;
-            self.inner.frees.fetch_add(1, Ordering::Relaxed);
+        let mut first = None;
+        for (ptr, size) in blocks {
+            // SAFETY: every block came from this pool and is the manager's alone
+            // (see above); the context is synchronized, so no work uses it. It is
+            // freed once: here, or, where this fails, by a later retry.
+            match unsafe { free_async(ptr, &legacy) } {
+                Ok(()) => {
+                    self.inner.frees.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.inner.failed().push((ptr, size));
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first {
+            return Err(e.into());
         }
         self.trim(0)?;
         self.host.flush();

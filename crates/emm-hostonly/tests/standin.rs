@@ -1,0 +1,214 @@
+//! The hostonly plugin against `emm-standin`, the fault-injecting stand-in driver
+//! (host memory, no GPU): frees the driver refuses (failing frees, a lost
+//! context) are reported, the blocks stay the manager's, and a later call frees
+//! them once the fault clears, with nothing leaked and nothing freed twice.
+//!
+//! The library is found next to the test executable (`target/<profile>/`); build
+//! it first with `cargo build -p emm-standin` (`cargo xtask ci` does).
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, Once};
+
+use emm_core::{EmmError, MemoryManager};
+use emm_driver::{Context, DriverError, Stream};
+use emm_hostonly::HostOnlyManager;
+use emm_sys::StandIn;
+
+/// Serializes the tests (the stand-in's faults and counters are process-wide),
+/// loads the stand-in once and clears its faults.
+struct Fixture {
+    _serial: MutexGuard<'static, ()>,
+    s: StandIn<'static>,
+    ctx: Context,
+}
+
+fn fixture() -> Fixture {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    static LOAD: Once = Once::new();
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    LOAD.call_once(|| {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let path: PathBuf = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("the test executable lives in target/<profile>/deps")
+            .join("libemm_standin.so");
+        assert!(
+            path.is_file(),
+            "{} is missing: run `cargo build -p emm-standin` first (cargo xtask ci does)",
+            path.display()
+        );
+        std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
+    });
+    let drv = emm_sys::driver().expect("the stand-in loads");
+    let s = drv
+        .stand_in()
+        .expect("the loaded driver is emm-standin (EMM_CUDA_DRIVER was set elsewhere?)");
+    s.reset().unwrap();
+    s.control("capacity 8G").unwrap();
+    let ctx = Context::on_device(0).unwrap();
+    let _ = ctx.take_deferred_errors();
+    Fixture {
+        _serial: serial,
+        s,
+        ctx,
+    }
+}
+
+/// `(live device bytes, double frees, invalid frees)` of the stand-in.
+fn counters(s: &StandIn<'_>) -> (u64, u64, u64) {
+    (
+        s.control("live_bytes").unwrap(),
+        s.control("double_frees").unwrap(),
+        s.control("invalid_frees").unwrap(),
+    )
+}
+
+/// Asserts that the stand-in holds `held` bytes more than `base` for the manager,
+/// that the manager reports the same, and that nothing was freed twice.
+#[track_caller]
+fn assert_held(s: &StandIn<'_>, m: &HostOnlyManager, base: (u64, u64, u64), held: u64) {
+    let now = counters(s);
+    assert_eq!(
+        now,
+        (base.0 + held, base.1, base.2),
+        "the stand-in's (live bytes, double frees, invalid frees)"
+    );
+    assert_eq!(
+        m.stats().allocated_bytes as u64,
+        held,
+        "the manager's allocated bytes"
+    );
+}
+
+/// A free refused in a drop (no caller to tell) is recorded on the context and
+/// the block stays allocated and counted; a trim while the fault lasts reports it
+/// again and keeps the block; once the fault clears a trim frees it, and the
+/// manager's and the stand-in's bytes are back where they were.
+#[test]
+fn a_free_refused_in_a_drop_is_reported_and_the_next_trim_frees_it() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let stream = Stream::new(&f.ctx).unwrap();
+    let base = counters(&f.s);
+    let a = m.memalloc(1 << 20).unwrap();
+    let b = m.memalloc_async(3 << 20, stream.raw()).unwrap();
+    assert_held(&f.s, &m, base, 4 << 20);
+
+    f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+    drop(a);
+    drop(b);
+    assert_held(&f.s, &m, base, 4 << 20);
+    // The first fallible call reports what the drops could not.
+    match m.trim(0) {
+        Err(EmmError::Driver(DriverError::Deferred(e))) => {
+            assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+        }
+        other => panic!("expected the drop's error, deferred; got {other:?}"),
+    }
+    // While the fault lasts, the retry fails, says so, and keeps both blocks.
+    let e = m.trim(0).expect_err("frees still fail");
+    let text = e.to_string();
+    assert!(
+        text.contains("could not free") && text.contains("CUDA_ERROR_UNKNOWN"),
+        "{text}"
+    );
+    assert_held(&f.s, &m, base, 4 << 20);
+
+    f.s.control("fail_frees off").unwrap();
+    m.trim(0).unwrap();
+    assert_held(&f.s, &m, base, 0);
+    assert_eq!(m.stats().upstream_frees, 2, "each block freed once");
+    // Reclaimed for good: a second trim finds nothing more, and frees nothing twice.
+    m.trim(0).unwrap();
+    assert_held(&f.s, &m, base, 0);
+    assert!(f.ctx.take_deferred_errors().is_empty());
+    drop(stream);
+}
+
+/// The same with a lost context: the drop's free fails, and once the context is
+/// back the block is freed by the out-of-memory hook's path (`release_cached`).
+#[test]
+fn a_free_refused_by_a_lost_context_is_freed_once_it_is_back() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let base = counters(&f.s);
+    let a = m.memalloc(2 << 20).unwrap();
+    f.s.control("lose_context").unwrap();
+    drop(a);
+    f.s.reset().unwrap();
+    assert_held(&f.s, &m, base, 2 << 20);
+    assert!(
+        m.release_cached().is_err(),
+        "the drop's error is reported first"
+    );
+    m.release_cached().unwrap();
+    assert_held(&f.s, &m, base, 0);
+    assert!(f.ctx.take_deferred_errors().is_empty());
+}
+
+/// A block whose free failed in a drop and was never retried is freed when the
+/// manager goes: dropping it leaks nothing.
+#[test]
+fn the_managers_end_frees_blocks_whose_free_failed() {
+    let f = fixture();
+    let base = counters(&f.s);
+    {
+        let m = HostOnlyManager::new(&f.ctx).unwrap();
+        let a = m.memalloc(1 << 20).unwrap();
+        f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+        drop(a);
+        f.s.control("fail_frees off").unwrap();
+        let _ = f.ctx.take_deferred_errors();
+    }
+    f.ctx.synchronize().unwrap();
+    assert_eq!(counters(&f.s), base, "nothing leaked, nothing freed twice");
+}
+
+/// An explicit free ([`emm_core::DeviceAllocation::free`]) returns the refused
+/// free as [`EmmError::FreeFailed`] with the allocation, still live; freeing it
+/// again once the fault clears works. `reset` also frees blocks whose free failed.
+#[test]
+fn an_explicit_free_returns_the_refusal_and_the_allocation_for_a_retry() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let base = counters(&f.s);
+    let a = m.memalloc(1 << 20).unwrap();
+    let ptr = a.ptr();
+    f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+    let emm_core::NotFreed {
+        allocation: a,
+        error: e,
+    } = *a.free().expect_err("the driver refuses the free");
+    match &e {
+        EmmError::FreeFailed {
+            manager,
+            ptr: p,
+            size,
+            source,
+        } => {
+            assert_eq!((manager.as_str(), *p, *size), ("hostonly", ptr, 1 << 20));
+            assert!(source.to_string().contains("cuMemFreeAsync"), "{source}");
+        }
+        other => panic!("expected FreeFailed, got {other:?}"),
+    }
+    assert!(e.to_string().contains("free it again"), "{e}");
+    assert_eq!(a.ptr(), ptr);
+    assert_held(&f.s, &m, base, 1 << 20);
+    assert!(
+        f.ctx.take_deferred_errors().is_empty(),
+        "returned to the caller, not deferred"
+    );
+    f.s.control("fail_frees off").unwrap();
+    a.free().unwrap();
+    assert_held(&f.s, &m, base, 0);
+
+    // A drop's failed free, then `reset`: freed there.
+    let b = m.memalloc(1 << 20).unwrap();
+    f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+    drop(b);
+    f.s.control("fail_frees off").unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    m.reset().unwrap();
+    assert_held(&f.s, &m, base, 0);
+}
