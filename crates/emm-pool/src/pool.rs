@@ -1298,9 +1298,15 @@ impl MemoryManager for PoolManager {
             .ctx
             .as_ref()
             .ok_or_else(|| self.no_host("get_ipc_handle"))?;
-        if self.core.vmm.is_some() && view.len() > crate::arena::SMALL_MAX {
+        // Large blocks, and the small ones placed in the expandable segment when no
+        // small segment had room (see `Arena::try_alloc`), are virtual memory,
+        // which legacy IPC cannot export.
+        let base = view.parent().base().0;
+        if self.core.vmm.is_some()
+            && (view.len() > crate::arena::SMALL_MAX || self.core.lock().is_expandable(base))
+        {
             return Err(EmmError::Unsupported {
-                manager: "pool (large blocks in its expandable segment; build it with expandable: false for legacy IPC)".into(),
+                manager: "pool (blocks in its expandable segment: every large block, and a small one when no small segment had room; build it with expandable: false, EMM_POOL_EXPANDABLE=0, for legacy IPC of every block)".into(),
                 operation: "get_ipc_handle",
             });
         }

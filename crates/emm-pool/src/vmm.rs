@@ -63,9 +63,9 @@ pub trait VirtualMemory: Send + Sync {
     }
 }
 
-/// Reservations `(base, size)` and mappings `addr -> (handle, len)`.
 /// Reservations; mappings (address → handle, length); how many mappings each
-/// handle has (a handle is released with its last mapping).
+/// handle has (a handle is released with its last mapping; 0: every mapping is
+/// gone but releasing the handle failed, retried by the next unmap and on drop).
 type VmmState = (
     Vec<(CUdeviceptr, usize)>,
     HashMap<CUdeviceptr, (u64, usize)>,
@@ -77,6 +77,9 @@ type VmmState = (
 pub struct DriverVmm {
     ctx: Context,
     state: Mutex<VmmState>,
+    /// Some handle's release failed after its last mapping went (see
+    /// [`VmmState`]): the next unmap retries it.
+    orphans: std::sync::atomic::AtomicBool,
 }
 
 impl DriverVmm {
@@ -88,6 +91,7 @@ impl DriverVmm {
         Some(DriverVmm {
             ctx: ctx.clone(),
             state: Mutex::new((Vec::new(), HashMap::new(), HashMap::new())),
+            orphans: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -383,9 +387,52 @@ impl VirtualMemory for DriverVmm {
         };
         if last {
             // SAFETY: the handle's last mapping is gone; it is released once.
-            check(drv, "cuMemRelease", unsafe { release(h) })?;
+            if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
+                // The mapping is gone (its address range may be mapped again);
+                // the handle is kept for a retry, so its memory is not lost.
+                self.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .2
+                    .insert(h, 0);
+                self.orphans
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(error = %e, addr, len, "releasing an unmapped piece's memory failed; retried by the next unmap and on drop");
+            }
         }
+        self.release_orphans();
         Ok(())
+    }
+}
+
+impl DriverVmm {
+    /// Retries releasing the handles whose mappings are all gone but whose release
+    /// failed (see [`VmmState`]); those that fail again stay for the next try.
+    fn release_orphans(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.orphans.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let drv = self.ctx.driver();
+        let Some(release) = drv.mem_release else {
+            return;
+        };
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let orphans: Vec<u64> =
+            st.2.iter()
+                .filter(|(_, &n)| n == 0)
+                .map(|(&h, _)| h)
+                .collect();
+        for h in orphans {
+            // SAFETY: `h` has no mapping left and was not released (its release
+            // failed); it is released once, here or on a later retry.
+            match check(drv, "cuMemRelease", unsafe { release(h) }) {
+                Ok(()) => {
+                    st.2.remove(&h);
+                }
+                Err(_) => self.orphans.store(true, Ordering::Relaxed),
+            }
+        }
     }
 }
 

@@ -884,3 +884,73 @@ fn a_failed_unmap_of_a_moved_piece_is_undone_when_the_segment_goes() {
     });
     assert_clean(&f.s, &f.ctx, &before, "pool after a failed unmap");
 }
+
+// ---- a failed unmap (reliability issue: the pool never allocated again) ----
+
+/// Ten 4 MiB blocks in the expandable segment, all freed; `trim` while the driver
+/// refuses every free and unmap; the fault clears; a new allocation. Before, the
+/// trim reported the segment released while the driver still held it, and every
+/// later growth failed with `CUDA_ERROR_ALREADY_MAPPED`.
+#[test]
+fn pool_allocates_again_after_a_trim_whose_unmaps_failed() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let pool = PoolManager::new(&f.ctx).unwrap();
+        let blocks: Vec<_> = (0..10).map(|_| pool.memalloc(4 << 20).unwrap()).collect();
+        drop(blocks);
+        let held = f.s.live().unwrap().bytes - before.live.bytes;
+        assert!(
+            held >= 40 << 20,
+            "the stand-in holds {held} bytes for the pool"
+        );
+        f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+        let released = pool.trim();
+        let still = f.s.live().unwrap().bytes - before.live.bytes;
+        assert_eq!(
+            pool.stats().reserved_bytes as u64,
+            still,
+            "after a trim whose unmaps failed ({released} bytes reported released), the pool's reserved bytes must be what the driver still holds"
+        );
+        pool.check().unwrap();
+        f.s.reset().unwrap();
+        let a = pool.memalloc(5 << 20).unwrap();
+        let b = pool.memalloc(64 << 20).unwrap();
+        pool.check().unwrap();
+        drop((a, b));
+        assert!(pool.trim() > 0);
+        assert_eq!(pool.stats().reserved_bytes, 0);
+        assert_eq!(f.s.live().unwrap().bytes, before.live.bytes);
+        drop(pool);
+    });
+    assert_clean(&f.s, &f.ctx, &before, "pool after failed unmaps");
+}
+
+/// As above, with `reset` (every segment back) while unmaps fail: the pool
+/// reserves new address space and allocates again; the stuck mapping is retried
+/// when the pool goes.
+#[test]
+fn pool_allocates_again_after_a_reset_whose_unmaps_failed() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    on_thread(|| {
+        let pool = PoolManager::new(&f.ctx).unwrap();
+        let blocks: Vec<_> = (0..10).map(|_| pool.memalloc(4 << 20).unwrap()).collect();
+        drop(blocks);
+        f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+        pool.reset().unwrap();
+        f.s.reset().unwrap();
+        let a = pool.memalloc(5 << 20).unwrap();
+        pool.check().unwrap();
+        drop(a);
+        pool.trim();
+        drop(pool);
+    });
+    let _ = f.ctx.take_deferred_errors();
+    assert_clean(
+        &f.s,
+        &f.ctx,
+        &before,
+        "pool after a reset whose unmaps failed",
+    );
+}

@@ -389,9 +389,14 @@ impl Arena {
     }
 
     /// When no block of the expandable segment is held or pending, unmaps all of it
-    /// (moved pages and retired address space included) and starts it again at its
-    /// base, so its address space is used again; returns the bytes released.
-    fn reset_expandable(&mut self, source: &dyn SegmentSource, events: &dyn EventSource) -> usize {
+    /// and starts it again at its base, so its address space is used again;
+    /// returns the bytes released. The pieces go first (as `trim` unmaps idle
+    /// pieces, [`Arena::release_free_pieces`]), and only once every one of them
+    /// went is the segment's bookkeeping reset: a piece the driver refused to
+    /// unmap stays mapped in its free block, known, for the next trim (had the
+    /// segment been reset over it, growth would map there again and the driver
+    /// answer `CUDA_ERROR_ALREADY_MAPPED` for good).
+    fn reset_expandable(&mut self, source: &dyn SegmentSource) -> usize {
         let Some(base) = self.grow_base.filter(|&b| b != 0) else {
             return 0;
         };
@@ -399,8 +404,8 @@ impl Arena {
             return 0;
         };
         let end = base + seg.size as u64;
-        let physical = seg.size - seg.retired;
-        if physical == 0
+        if seg.size == seg.retired
+            || !self.retiring.is_empty()
             || self
                 .blocks
                 .walk(base, end)
@@ -408,6 +413,17 @@ impl Arena {
         {
             return 0;
         }
+        let released = self.release_free_pieces(source);
+        let Some(seg) = self.segments.get(&base) else {
+            return released;
+        };
+        let end = base + seg.size as u64;
+        if seg.size != seg.retired {
+            // A piece stayed mapped (or lies in a block of a stream not settled).
+            return released;
+        }
+        // Nothing is mapped any more: only gaps (and free blocks without a whole
+        // piece) are left; the segment starts again at its base.
         let blocks: Vec<(CUdeviceptr, Block)> =
             self.blocks.walk(base, end).map(|(a, &b)| (a, b)).collect();
         for (a, b) in blocks {
@@ -416,30 +432,18 @@ impl Arena {
             }
             self.blocks.remove(&a);
         }
-        let pieces = match self.segments.get_mut(&base) {
-            Some(Segment {
-                size,
-                retired,
-                expandable: Some((_, pieces)),
-                ..
-            }) => {
-                *size = 0;
-                *retired = 0;
-                std::mem::take(pieces)
-            }
-            _ => Vec::new(),
-        };
-        for (off, len) in pieces {
-            if let Err(e) = source.unmap(base + off as u64, len) {
-                tracing::error!(error = %e, "unmapping the expandable segment failed");
-            }
+        if let Some(Segment {
+            size,
+            retired,
+            expandable: Some((_, pieces)),
+            ..
+        }) = self.segments.get_mut(&base)
+        {
+            *size = 0;
+            *retired = 0;
+            pieces.clear();
         }
-        self.drop_retiring(events);
-        self.stats.reserved -= physical;
-        self.stats.upstream_frees += 1;
-        self.history
-            .push(TraceAction::SegmentUnmap, base, physical, 0);
-        physical
+        released
     }
 
     /// Unmaps the mapped pieces at the end of the expandable segment that lie
@@ -523,7 +527,7 @@ impl Arena {
             self.unmap_retired(base, events, source, true);
         }
         let released = self.release_whole_segments(source, None);
-        let whole = self.reset_expandable(source, events);
+        let whole = self.reset_expandable(source);
         released
             + if whole > 0 {
                 whole
@@ -636,6 +640,7 @@ impl Arena {
         events: &dyn EventSource,
     ) -> Vec<(CUdeviceptr, usize)> {
         let mut segs = Vec::new();
+        let mut stuck = false;
         for (&b, s) in &self.segments {
             match &s.expandable {
                 None => {
@@ -647,10 +652,19 @@ impl Arena {
                         self.history
                             .push(TraceAction::SegmentUnmap, b + off as u64, len, 0);
                         if let Err(e) = source.unmap(b + off as u64, len) {
-                            tracing::error!(error = %e, "unmapping during reset failed");
+                            tracing::error!(error = %e, "unmapping during reset failed; the pool reserves new address space for its next growth");
+                            stuck = true;
                         }
                     }
                 }
+            }
+        }
+        if stuck {
+            // A mapping the driver kept: its address space is not used again (growth
+            // there would fail with `CUDA_ERROR_ALREADY_MAPPED`); the virtual memory
+            // keeps it and retries on drop, and the next growth reserves anew.
+            if let Some(b) = self.grow_base.take().filter(|&b| b != 0) {
+                self.segments.remove(&b);
             }
         }
         if let Some(b) = self.grow_base.filter(|&b| b != 0) {

@@ -375,6 +375,12 @@ impl Arena {
         }
     }
 
+    /// Whether `base` is the expandable segment's base (a block there is virtual
+    /// memory).
+    pub fn is_expandable(&self, base: CUdeviceptr) -> bool {
+        self.grow_base.is_some_and(|b| b != 0 && b == base)
+    }
+
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
     /// base and size of its segment.
     pub fn alloc(
