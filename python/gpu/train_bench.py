@@ -13,6 +13,8 @@ Variants (fixed before PyTorch touches the GPU, so one per process):
                (EMM_TORCH_NATIVE=0): what that object's bookkeeping costs
   emm-pool-novmm  the same with EMM_POOL_EXPANDABLE=0 (no virtual memory: what
                IPC-exportable blocks need)
+  emm-pool-prev  emm-pool over the library EMM_PREV_LIBRARY names (a build from
+               before a change), beside emm-pool in the same run
   emm-hostonly emm.torch.install() over emm's hostonly manager (CUDA's own pool)
   pluggable-floor  PyTorch's CUDAPluggableAllocator over floor_alloc.cpp, an
                exact-size cache that does almost nothing (built with g++ on first
@@ -39,7 +41,8 @@ import statistics
 import sys
 import time
 
-VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-pluggable", "emm-pool-novmm", "emm-pool-nocache",
+VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
+            "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
 
@@ -78,6 +81,8 @@ def setup_allocator(variant):
             os.environ["EMM_POOL_THREAD_CACHE"] = "0"
         if variant == "emm-pool-pluggable":
             os.environ["EMM_TORCH_NATIVE"] = "0"
+        if variant == "emm-pool-prev":
+            os.environ["EMM_LIBRARY"] = os.environ["EMM_PREV_LIBRARY"]
         import emm.torch
 
         emm.torch.install()
@@ -173,6 +178,11 @@ def main():
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.snapshot:  # from the start, so the model's own blocks are in the trace
         torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
+    # The device's own view (cuMemGetInfo), beside the allocator's counters: bytes
+    # in use before the model, and the most in use after any step.
+    free, total_mem = torch.cuda.mem_get_info(dev)
+    device_base = total_mem - free
+    device_peak = device_base
     torch.manual_seed(args.seed)
     model = build(args.workload, dev)
     infer = args.workload.endswith("-infer")
@@ -235,6 +245,8 @@ def main():
         torch.cuda.synchronize(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+        free, _ = torch.cuda.mem_get_info(dev)
+        device_peak = max(device_peak, total_mem - free)
         after = counters()
         changes.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
         before = after
@@ -257,6 +269,7 @@ def main():
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
         "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
         "torch_allocator": torch_allocator(),
+        "device_used_peak": device_peak - device_base,
     }
     if args.ddp:
         import torch.distributed as dist

@@ -175,7 +175,8 @@ def main():
                         g = res["gpu"]
                         clock = f"  SM {g['sm_mhz_median']:.0f} MHz (min {g['sm_mhz_min']:.0f})" if g else ""
                         print(f"round {r + 1} {w:10} {v:16} total {res['total_ms']:8.1f} ms  median {res['median_ms']:7.2f}"
-                              f" ms  reserved {gib(res['peak_reserved'])} GiB  loss {res['final_loss']:.5f}{clock}",
+                              f" ms  reserved {gib(res['peak_reserved'])} GiB  device {gib(res.get('device_used_peak', 0))} GiB"
+                              f"  loss {res['final_loss']:.5f}{clock}",
                               flush=True)
     tables(args, results)
 
@@ -218,13 +219,14 @@ def tables(args, results):
     for w in args.workloads:
         print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
         print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "
+              "| step ms: mean of round medians (each round's median) "
               "| all timed steps: median / mean | timed steps with driver work | peak reserved GiB "
-              "| peak allocated GiB | reserved/allocated | driver allocs | final loss |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "| peak allocated GiB | reserved/allocated | device-used peak GiB (cuMemGetInfo) | driver allocs | final loss |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for v in args.variants:
             rs = results.get((w, v), [])
             if not rs:
-                print(f"| {v} | no result | | | | | | | | | |")
+                print(f"| {v} | no result | | | | | | | | | | | |")
                 continue
             totals = [x["total_ms"] for x in rs]
             meds = [x["median_ms"] for x in rs]
@@ -238,10 +240,12 @@ def tables(args, results):
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
+            device = max(x.get("device_used_peak", 0) for x in rs)
+            each = ", ".join(f"{m:.2f}" for m in meds)
             print(f"| {v} | {statistics.median(totals):.1f} | {min(totals):.1f}-{max(totals):.1f} | "
-                  f"{statistics.median(meds):.2f} | "
+                  f"{statistics.median(meds):.2f} | {statistics.mean(meds):.2f} ({each}) | "
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
-                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {max(x['driver_allocs'] for x in rs)} | "
+                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {gib(device)} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
         steady(w, args, results)
         fastest_of_rounds(w, args, results)

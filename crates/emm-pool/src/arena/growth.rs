@@ -134,11 +134,10 @@ impl Arena {
         let over_limit = self
             .limit
             .filter(|&limit| self.stats.reserved + fresh > limit);
-        let seg_mapped = self.segments.get(&base).map_or(0, |s| s.size);
         let mut pieces = movable.clone();
         if over_limit.is_none() {
             pieces.extend(
-                fresh_pieces(fresh, page, seg_mapped as u64)
+                fresh_pieces(fresh, page, size)
                     .into_iter()
                     .map(|len| (None, len)),
             );
@@ -161,11 +160,10 @@ impl Arena {
                 over_limit = limit;
                 result = Ok(());
             } else {
-                let rest: Vec<(Option<CUdeviceptr>, usize)> =
-                    fresh_pieces(want, page, seg_mapped as u64)
-                        .into_iter()
-                        .map(|len| (None, len))
-                        .collect();
+                let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page, size)
+                    .into_iter()
+                    .map(|len| (None, len))
+                    .collect();
                 let (more, r) = source.map_pieces(dst + have as u64, &rest);
                 pieces.truncate(mapped);
                 pieces.extend_from_slice(&rest);
@@ -695,23 +693,25 @@ impl Arena {
     }
 }
 
-/// New memory of `bytes` (a multiple of `page`) for an expandable segment of
-/// `mapped` bytes, in pieces of up to 8 pages (16 MiB of 2 MiB pages) and at most
-/// a 32nd of the segment (a small pool keeps small pieces), the remainder one
-/// smaller piece. The driver's cost is per piece, not per byte (run 83, H200:
+/// New memory of `bytes` (a multiple of `page`) for a request of `request` bytes,
+/// in pieces of a 32nd of the request, at least a page and at most 8 pages (16 MiB
+/// of 2 MiB pages), the remainder one smaller piece. A piece is the unit the pool
+/// moves and unmaps, and it moves only when wholly free: the piece where a block
+/// ends is shared with the free rest of its hole and stays put, so a piece in
+/// proportion to the block bounds what a hole strands to about a 32nd of the
+/// blocks around it. The driver's cost is per piece, not per byte (run 83, H200:
 /// creating a piece 12-14 us, granting access to it about 30 us, mapping it 1 us,
-/// the same for 2 and 16 MiB; moving one, a map and its access, 31 us), and a
-/// piece moves only when wholly free, so larger pieces trade moves for footprint.
-/// Replaying the recorded H200 training traces pass after pass (as epochs do),
-/// this moves 2.4-2.7x fewer pieces per pass than pieces of a sixteenth of each
-/// growth did (GPT-2: 853 against 2,053 over three passes; about 9 against 22 ms
-/// of driver time per pass) for 0.1-0.8 % more reserved memory. On an H200,
-/// ResNet-50 training reserved 4.35 GiB where pieces of a sixteenth reserved 4.33
-/// (run 88); pieces of at most a third of a growth, better on the recorded trace,
-/// reserved 4.38 there (run 89).
-fn fresh_pieces(bytes: usize, page: usize, mapped: u64) -> Vec<usize> {
+/// the same for 2 and 16 MiB; moving one, a map and its access, 31 us), and the
+/// bytes a steady pass moves hardly depend on the pieces' size, so smaller pieces
+/// cost moves. Replaying the recorded traces 30 passes on the host stand-in
+/// (`docs/benchmarks.md`, nineteenth session), pieces of up to 8 pages and at most
+/// a 32nd of the *segment* (before) held 1.015-1.212x of live at steady state
+/// with 13-405 pieces moved a pass; these hold 1.008-1.091x with 22-841: the
+/// training traces' moves double (0.1-0.4 ms a step at run 83's prices), the
+/// bucketed inference's go from 405 to 841 (about 0.8 ms a step).
+fn fresh_pieces(bytes: usize, page: usize, request: usize) -> Vec<usize> {
     let pages = bytes / page;
-    let cap = (mapped as usize / page / PIECES_PER_SEGMENT).clamp(1, PIECE_PAGES);
+    let cap = (request / page / PIECES_PER_REQUEST).clamp(1, PIECE_PAGES);
     let per = pages.clamp(1, cap);
     let mut out = vec![per * page; pages / per];
     if pages % per > 0 {
@@ -722,5 +722,6 @@ fn fresh_pieces(bytes: usize, page: usize, mapped: u64) -> Vec<usize> {
 
 /// Pages in a piece of new memory, at most (see `fresh_pieces`).
 const PIECE_PAGES: usize = 8;
-/// A piece of new memory is at most this fraction of the segment (see `fresh_pieces`).
-const PIECES_PER_SEGMENT: usize = 32;
+/// A piece of new memory is at most this fraction of the request it is made for
+/// (see `fresh_pieces`).
+const PIECES_PER_REQUEST: usize = 32;
