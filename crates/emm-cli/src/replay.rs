@@ -111,6 +111,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 total_events: summary.events,
                 samples: SAMPLES,
                 passes: args.passes,
+                until_steady: None,
             };
             let total = summary.events.saturating_mul(u64::from(args.passes.max(1)));
             let bar = progress_bar(total, format!("{} through {m}", t.name()));
