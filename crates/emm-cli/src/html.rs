@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{passes_line, rows, Report, TraceReport};
+use crate::report::{last_label, passes_line, rows, unsettled, Report, TraceReport};
 use crate::units;
 
 const W: f64 = 960.0;
@@ -55,10 +55,11 @@ pub fn page(r: &Report) -> String {
         escape(&r.backend_detail)
     );
     let all = rows(r);
+    let last = escape(&last_label(r));
     for t in &r.traces {
         let _ = write!(
             h,
-            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, streams: {}, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live</th><th>upstream</th><th>driver calls</th><th>time</th></tr>\n",
+            "<h2>{}</h2>\n<p class=\"note\">{}: {} events, {} allocation requests, streams: {}, peak live {}</p>\n<table><tr><th>manager</th><th>peak reserved</th><th>reserved/live (pass 1)</th><th>reserved/live ({last})</th><th>passes</th><th>driver calls</th><th>time</th></tr>\n",
             escape(&t.trace),
             t.format,
             t.events,
@@ -69,9 +70,10 @@ pub fn page(r: &Report) -> String {
         for row in all.iter().filter(|row| row[0] == t.trace) {
             let _ = writeln!(
                 h,
-                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 color(&row[1]),
                 escape(&row[1]),
+                escape(&row[3]),
                 escape(&row[4]),
                 escape(&row[5]),
                 escape(&row[6]),
@@ -82,6 +84,16 @@ pub fn page(r: &Report) -> String {
         h.push_str("</table>\n");
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(&passes_line(t, m)));
+        }
+        for m in &t.managers {
+            if let Some(why) = r.steady_rule.as_ref().and_then(|rule| unsettled(m, rule)) {
+                let _ = writeln!(
+                    h,
+                    "<p class=\"note\">{} {}</p>",
+                    escape(&m.manager),
+                    escape(&why)
+                );
+            }
         }
         for s in &t.skipped {
             let _ = writeln!(

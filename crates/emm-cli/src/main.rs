@@ -43,15 +43,19 @@ enum Command {
         /// Also write a self-contained HTML page with charts to FILE.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
-        /// Replay each trace N times back to back through the same manager, as the
-        /// steps of a long run repeat: what the trace frees is made again each
-        /// pass; what it never frees is kept when made in its first half (weights,
-        /// optimizer state) and made again each pass when made in its second half
-        /// (the last step's gradients). Shows what a manager does once warm: its
-        /// driver calls per pass, and whether its footprint holds.
-        #[arg(long, value_name = "N", default_value_t = 1,
+        /// Replay each trace exactly N times back to back through the same
+        /// manager (1: the first pass only). Without it, each manager replays the
+        /// trace pass after pass until its peak reserved bytes have not moved for
+        /// 10 passes in a row, at most 100 passes and 60 s per trace and manager
+        /// (the table marks a replay stopped by either bound), and the table shows
+        /// reserved/live after pass 1 beside the steady figure. Passes repeat the
+        /// steps of a long run: what the trace frees is made again each pass; what
+        /// it never frees is kept when made in its first half (weights, optimizer
+        /// state) and made again each pass when made in its second half (the last
+        /// step's gradients).
+        #[arg(long, value_name = "N",
               value_parser = clap::value_parser!(u32).range(1..=100_000))]
-        passes: u32,
+        passes: Option<u32>,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {

@@ -4,13 +4,15 @@ use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use emm::trace::{replay, scan, Format, ReplayOptions, Summary, Trace};
+use emm::trace::{replay, scan, Format, ReplayOptions, SteadyRule, SteadyStop, Summary, Trace};
 use emm::EmmError;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Backend;
 use crate::out::{note, Out};
-use crate::report::{self, ManagerReport, PassReport, Report, Skipped, TorchReport, TraceReport};
+use crate::report::{
+    self, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport, TorchReport, TraceReport,
+};
 
 /// The trace replayed when none is given.
 const BUNDLED_NAME: &str = "gpt_train.csv (bundled)";
@@ -19,6 +21,10 @@ const BUNDLED: &str = include_str!("../traces/gpt_train.csv");
 /// Points per curve on the page.
 const SAMPLES: u64 = 600;
 
+/// When a replay without `--passes` stops: peak reserved bytes unmoved for 10
+/// passes in a row, at most 100 passes, 60 s per trace and manager.
+pub const STEADY: SteadyRule = SteadyRule::DEFAULT;
+
 /// The parsed arguments of `emm replay`.
 pub struct Args {
     pub traces: Vec<PathBuf>,
@@ -26,8 +32,9 @@ pub struct Args {
     pub format: Option<Format>,
     pub json: bool,
     pub html: Option<PathBuf>,
-    /// Passes over each trace (at least 1).
-    pub passes: u32,
+    /// Passes over each trace (at least 1); `None`: until the footprint holds
+    /// ([`STEADY`]).
+    pub passes: Option<u32>,
 }
 
 fn progress_bar(total: u64, label: String) -> ProgressBar {
@@ -68,9 +75,15 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             }
         }
     }
+    let until_steady = args.passes.is_none().then_some(STEADY);
     let mut report = Report {
         backend: backend.name(),
         backend_detail: backend.describe(),
+        steady_rule: until_steady.map(|r| SteadyRuleReport {
+            quiet_passes: r.quiet_passes,
+            max_passes: r.max_passes,
+            max_seconds: r.max_time.as_secs_f64(),
+        }),
         traces: Vec::new(),
     };
     let mut skipped_said: Vec<String> = Vec::new();
@@ -110,19 +123,48 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             let opts = ReplayOptions {
                 total_events: summary.events,
                 samples: SAMPLES,
-                passes: args.passes,
+                passes: args.passes.unwrap_or(1),
+                until_steady,
             };
-            let total = summary.events.saturating_mul(u64::from(args.passes.max(1)));
-            let bar = progress_bar(total, format!("{} through {m}", t.name()));
+            let label = format!("{} through {m}", t.name());
             let mut streams = backend.streams();
-            let r = replay(
-                t,
-                manager.as_ref(),
-                &mut |n| streams.get(n),
-                &opts,
-                &mut |done| bar.set_position(done),
-            );
-            bar.finish_and_clear();
+            let r = match args.passes {
+                Some(n) => {
+                    let total = summary.events.saturating_mul(u64::from(n));
+                    let bar = progress_bar(total, label);
+                    let r = replay(
+                        t,
+                        manager.as_ref(),
+                        &mut |n| streams.get(n),
+                        &opts,
+                        &mut |done| bar.set_position(done),
+                    );
+                    bar.finish_and_clear();
+                    r
+                }
+                // The passes to come are unknown: the bar shows the pass under way.
+                None => {
+                    let bar = progress_bar(summary.events, label.clone());
+                    let events = summary.events.max(1);
+                    let mut shown = 0;
+                    let r = replay(
+                        t,
+                        manager.as_ref(),
+                        &mut |n| streams.get(n),
+                        &opts,
+                        &mut |done| {
+                            let pass = done / events + 1;
+                            if pass != shown {
+                                bar.set_message(format!("{label}, pass {pass}"));
+                                shown = pass;
+                            }
+                            bar.set_position(done % events);
+                        },
+                    );
+                    bar.finish_and_clear();
+                    r
+                }
+            };
             if let Err(e) = backend.synchronize() {
                 note(format_args!(
                     "emm replay: {} through {m}: synchronizing: {e}",
@@ -153,8 +195,24 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             if tr.live_curve.is_empty() {
                 tr.live_curve = r.samples.iter().map(|s| (s.event, s.live_bytes)).collect();
             }
+            let first = r.passes.first();
+            let first_live = first.map_or(0, |p| p.peak_live_bytes);
+            let first_reserved = first.map_or(0, |p| p.peak_reserved_bytes);
             tr.managers.push(ManagerReport {
                 manager: m.clone(),
+                first_pass_peak_live_bytes: first_live,
+                first_pass_peak_reserved_bytes: first_reserved,
+                first_pass_reserved_over_live: (first_live > 0)
+                    .then(|| first_reserved as f64 / first_live as f64),
+                steady_passes: r.passes.len() as u64,
+                steady_reached: r.steady.is_some_and(SteadyStop::settled),
+                stopped_by: match r.steady {
+                    Some(SteadyStop::Settled) => "steady",
+                    Some(SteadyStop::MaxPasses) => "max_passes",
+                    Some(SteadyStop::MaxTime) => "max_time",
+                    None => "passes",
+                },
+                steady_from_pass: r.peak_reserved_from_pass() as u64,
                 requests: r.requests,
                 peak_live_bytes: r.peak_live_bytes,
                 peak_reserved_bytes: r.peak_reserved_bytes,

@@ -13,7 +13,22 @@ use crate::units;
 pub struct Report {
     pub backend: &'static str,
     pub backend_detail: String,
+    /// When each replay stopped on its own (without `--passes`); `null` with
+    /// `--passes N`.
+    pub steady_rule: Option<SteadyRuleReport>,
     pub traces: Vec<TraceReport>,
+}
+
+/// emm-trace's `SteadyRule`, as the report gives it.
+#[derive(Serialize)]
+pub struct SteadyRuleReport {
+    /// Passes in a row without a move of peak reserved bytes that make it steady.
+    pub quiet_passes: u32,
+    /// The most passes a trace is replayed through one manager.
+    pub max_passes: u32,
+    /// The most seconds a trace is replayed through one manager (checked after
+    /// each pass).
+    pub max_seconds: f64,
 }
 
 /// One trace and its replays.
@@ -65,8 +80,25 @@ pub struct ManagerReport {
     /// Reserved bytes along the trace: `[event, bytes]` (for the page).
     #[serde(skip)]
     pub reserved_curve: Vec<(u64, u64)>,
-    /// Each pass over the trace (`--passes`; one entry for a single pass).
+    /// Each pass over the trace (one entry for a single pass).
     pub passes: Vec<PassReport>,
+    /// Peak live bytes of the first pass.
+    pub first_pass_peak_live_bytes: u128,
+    /// Peak reserved bytes of the first pass: the footprint of one pass, beside
+    /// `peak_reserved_bytes` over every pass.
+    pub first_pass_peak_reserved_bytes: u64,
+    /// `first_pass_peak_reserved_bytes / first_pass_peak_live_bytes`.
+    pub first_pass_reserved_over_live: Option<f64>,
+    /// Passes replayed (as many as `passes` has).
+    pub steady_passes: u64,
+    /// Whether peak reserved bytes held for the steady rule's quiet passes (false
+    /// with `--passes N`, which does not look).
+    pub steady_reached: bool,
+    /// Why the passes ended: `steady` (peak reserved held), `max_passes` or
+    /// `max_time` (the steady rule's bounds, before it held), `passes` (`--passes N`).
+    pub stopped_by: &'static str,
+    /// The pass (from 1) from which peak reserved bytes held their final value.
+    pub steady_from_pass: u64,
 }
 
 /// Driver calls for memory (emm-trace's `DriverCalls`, with their sum).
@@ -133,8 +165,34 @@ fn fit(s: &str, w: usize) -> String {
     }
 }
 
-/// The rows of the text table: `[trace, manager, requests, peak live, peak
-/// reserved, reserved/live, upstream, driver calls, time]`.
+/// The passes a replay took, marked when a bound of the steady rule stopped it.
+fn passes_cell(m: &ManagerReport) -> String {
+    match m.stopped_by {
+        "max_passes" => format!("{} (cap)", m.steady_passes),
+        "max_time" => format!("{} (time)", m.steady_passes),
+        _ => m.steady_passes.to_string(),
+    }
+}
+
+/// The head of the column of the footprint over every pass: `steady` without
+/// `--passes`, `pass N` with it.
+pub fn last_label(r: &Report) -> String {
+    if r.steady_rule.is_some() {
+        return "steady".into();
+    }
+    let mut counts = r
+        .traces
+        .iter()
+        .flat_map(|t| t.managers.iter().map(|m| m.steady_passes));
+    match counts.next() {
+        Some(n) if counts.all(|c| c == n) => format!("pass {n}"),
+        _ => "last".into(),
+    }
+}
+
+/// The rows of the text table: `[trace, manager, peak live, peak reserved,
+/// reserved/live after pass 1, reserved/live over every pass (steady), passes,
+/// driver calls, time]`. Peak live and peak reserved are over every pass.
 pub fn rows(r: &Report) -> Vec<[String; 9]> {
     let mut rows = Vec::new();
     for t in &r.traces {
@@ -142,11 +200,14 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
             rows.push([
                 t.trace.clone(),
                 m.manager.clone(),
-                m.requests.to_string(),
                 units::bytes(m.peak_live_bytes),
                 units::bytes(u128::from(m.peak_reserved_bytes)),
+                units::ratio(
+                    u128::from(m.first_pass_peak_reserved_bytes),
+                    m.first_pass_peak_live_bytes,
+                ),
                 units::ratio(u128::from(m.peak_reserved_bytes), m.peak_live_bytes),
-                m.upstream_allocs.to_string(),
+                passes_cell(m),
                 m.driver.total.to_string(),
                 units::duration(std::time::Duration::from_secs_f64(m.seconds)),
             ]);
@@ -155,10 +216,10 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
             rows.push([
                 t.trace.clone(),
                 "pytorch".into(),
-                t.requests.to_string(),
                 units::bytes(t.peak_live_bytes),
                 units::bytes(p.peak_reserved_bytes),
                 units::ratio(p.peak_reserved_bytes, t.peak_live_bytes),
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 "(recorded)".into(),
@@ -170,14 +231,15 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
 
 /// Writes the table.
 pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
-    const HEAD: [&str; 9] = [
+    let last = last_label(r);
+    let head: [&str; 9] = [
         "trace",
         "manager",
-        "requests",
         "peak live",
         "peak reserved",
-        "reserved/live",
-        "upstream",
+        "pass 1",
+        &last,
+        "passes",
         "driver calls",
         "time",
     ];
@@ -187,15 +249,11 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         .map(|r| r[0].chars().count())
         .max()
         .unwrap_or(5)
-        .clamp(5, 40);
-    out.line(format_args!(
-        "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>12} {:>10}",
-        HEAD[0], HEAD[1], HEAD[2], HEAD[3], HEAD[4], HEAD[5], HEAD[6], HEAD[7], HEAD[8]
-    ))?;
-    for c in &rows {
-        out.line(format_args!(
-            "{:<name_w$}  {:<8} {:>9} {:>11} {:>13} {:>13} {:>9} {:>12} {:>10}",
-            fit(&c[0], name_w),
+        .clamp(5, 32); // rows of at most 120 columns
+    let line = |c: [&str; 9]| {
+        format!(
+            "{:<name_w$}  {:<8} {:>11} {:>13} {:>8} {:>8} {:>9} {:>12} {:>10}",
+            fit(c[0], name_w),
             c[1],
             c[2],
             c[3],
@@ -204,11 +262,36 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             c[6],
             c[7],
             c[8]
-        ))?;
+        )
+    };
+    // "reserved/live" over its two columns (pass 1 and steady).
+    let group = format!(
+        "{:w$}{:>17}",
+        "",
+        "reserved/live",
+        w = name_w + 2 + 8 + 12 + 14 + 1
+    );
+    out.line(group)?;
+    out.line(line(head))?;
+    for c in &rows {
+        out.line(line(c.each_ref().map(String::as_str)))?;
     }
     for t in &r.traces {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             out.line(passes_line(t, m))?;
+        }
+    }
+    if let Some(rule) = &r.steady_rule {
+        out.line(format_args!(
+            "steady: passes until peak reserved held for {} in a row (at most {} passes, {} s a manager); --passes N: exactly N",
+            rule.quiet_passes, rule.max_passes, rule.max_seconds
+        ))?;
+        for t in &r.traces {
+            for m in &t.managers {
+                if let Some(why) = unsettled(m, rule) {
+                    out.line(format_args!("{} through {}: {why}", t.trace, m.manager))?;
+                }
+            }
         }
     }
     for t in &r.traces {
@@ -226,6 +309,19 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
     Ok(())
 }
 
+/// Why `m` did not reach a steady footprint under `rule`, when it did not.
+pub fn unsettled(m: &ManagerReport, rule: &SteadyRuleReport) -> Option<String> {
+    let bound = match m.stopped_by {
+        "max_passes" => format!("at the cap of {} passes", rule.max_passes),
+        "max_time" => format!("by the time bound ({} s)", rule.max_seconds),
+        _ => return None,
+    };
+    Some(format!(
+        "stopped {bound} after {} passes, before peak reserved held for {} in a row (it last rose in pass {}): the steady figure may still grow",
+        m.steady_passes, rule.quiet_passes, m.steady_from_pass
+    ))
+}
+
 /// One line on a replay of several passes: the driver calls of the first pass
 /// (the manager growing to its size) beside those of the later ones (what a
 /// warm manager pays each pass), and the footprint after the first and the last.
@@ -239,14 +335,7 @@ pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
         later.iter().max().copied().unwrap_or(0),
     );
     let d = &last.driver;
-    // Three decimals: a pass's drift is often under 1 %.
-    let ratio = |reserved: u64, live: u128| {
-        if live == 0 {
-            "-".to_owned()
-        } else {
-            format!("{:.3}x", reserved as f64 / live as f64)
-        }
-    };
+    let ratio = |reserved: u64, live: u128| units::ratio(u128::from(reserved), live);
     format!(
         "{} through {}, {} passes: driver calls in pass 1 {}, in each later pass {}; the last: {} pieces mapped, {} moved, {} unmapped, {} allocations, {} frees, {}; peak reserved/live {} after pass 1, {} after pass {}",
         t.trace,
@@ -275,4 +364,99 @@ pub fn json(out: &mut Out, r: &Report) -> io::Result<()> {
     let mut text = serde_json::to_string_pretty(r).map_err(io::Error::other)?;
     text.push('\n');
     out.bytes(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(stopped_by: &'static str, passes: u64) -> ManagerReport {
+        ManagerReport {
+            manager: "pool".into(),
+            requests: 10 * passes,
+            peak_live_bytes: 1000,
+            peak_reserved_bytes: 1200,
+            reserved_over_live: Some(1.2),
+            upstream_allocs: 3,
+            driver: emm::trace::DriverCalls::default().into(),
+            seconds: 1.0,
+            failures: 0,
+            first_failure: None,
+            reserved_curve: Vec::new(),
+            passes: Vec::new(),
+            first_pass_peak_live_bytes: 1000,
+            first_pass_peak_reserved_bytes: 1050,
+            first_pass_reserved_over_live: Some(1.05),
+            steady_passes: passes,
+            steady_reached: stopped_by == "steady",
+            stopped_by,
+            steady_from_pass: passes,
+        }
+    }
+
+    fn report(m: ManagerReport, steady: bool) -> Report {
+        Report {
+            backend: "host",
+            backend_detail: String::new(),
+            steady_rule: steady.then_some(SteadyRuleReport {
+                quiet_passes: 10,
+                max_passes: 100,
+                max_seconds: 60.0,
+            }),
+            traces: vec![TraceReport {
+                trace: "t.csv".into(),
+                format: "emm-csv",
+                events: 20,
+                requests: 10,
+                streams: 1,
+                peak_live_bytes: 1000,
+                malformed_lines: 0,
+                pytorch: None,
+                managers: vec![m],
+                skipped: Vec::new(),
+                live_curve: Vec::new(),
+            }],
+        }
+    }
+
+    /// A replay stopped by a bound of the steady rule is marked in the passes
+    /// column and explained; one that settled, or ran a fixed number of passes,
+    /// is not.
+    #[test]
+    fn a_replay_stopped_by_a_bound_is_marked_and_explained() {
+        let rule = SteadyRuleReport {
+            quiet_passes: 10,
+            max_passes: 100,
+            max_seconds: 60.0,
+        };
+        for (stopped_by, passes, cell, why) in [
+            ("steady", 13, "13", None),
+            (
+                "max_passes",
+                100,
+                "100 (cap)",
+                Some("at the cap of 100 passes"),
+            ),
+            (
+                "max_time",
+                37,
+                "37 (time)",
+                Some("by the time bound (60 s)"),
+            ),
+            ("passes", 3, "3", None),
+        ] {
+            let r = report(manager(stopped_by, passes), stopped_by != "passes");
+            let row = &rows(&r)[0];
+            assert_eq!(row[4], "1.050x");
+            assert_eq!(row[5], "1.200x");
+            assert_eq!(row[6], cell);
+            let said = unsettled(&r.traces[0].managers[0], &rule);
+            match why {
+                Some(w) => assert!(said.is_some_and(|s| s.contains(w)), "{stopped_by}"),
+                None => assert_eq!(said, None),
+            }
+        }
+        assert_eq!(last_label(&report(manager("steady", 13), true)), "steady");
+        assert_eq!(last_label(&report(manager("passes", 3), false)), "pass 3");
+    }
 }

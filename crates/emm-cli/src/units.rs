@@ -31,12 +31,13 @@ pub fn bytes(bytes: u128) -> String {
     format!("{v:.digits$} {}", UNITS[unit])
 }
 
-/// `a / b` as `1.09x`, or `-` when `b` is 0.
+/// `a / b` as `1.090x` (three decimals: a footprint's drift from pass to pass is
+/// often under 1 %), or `-` when `b` is 0.
 pub fn ratio(a: u128, b: u128) -> String {
     if b == 0 {
         "-".into()
     } else {
-        format!("{:.2}x", a as f64 / b as f64)
+        format!("{:.3}x", a as f64 / b as f64)
     }
 }
 
@@ -72,7 +73,8 @@ mod tests {
 
     #[test]
     fn ratios_and_durations() {
-        assert_eq!(ratio(109, 100), "1.09x");
+        assert_eq!(ratio(109, 100), "1.090x");
+        assert_eq!(ratio(1053, 1000), "1.053x");
         assert_eq!(ratio(1, 0), "-");
         assert_eq!(duration(Duration::from_micros(850)), "850 us");
         assert_eq!(duration(Duration::from_micros(12_345)), "12.3 ms");

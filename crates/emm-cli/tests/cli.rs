@@ -74,7 +74,13 @@ fn help_and_version_do_not_run_anything() {
         text(&o.stdout).trim(),
         format!("emm {}", env!("CARGO_PKG_VERSION"))
     );
-    assert!(run(&["replay", "--help"]).status.success());
+    let o = run(&["replay", "--help"]);
+    assert!(o.status.success());
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("until its peak reserved bytes have not moved for 10 passes"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -139,6 +145,11 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         .collect();
     assert!(calls[0] > 0 && calls[1..] == [0, 0], "{calls:?}");
     assert_eq!(m["driver"]["total"].as_u64(), Some(calls[0]));
+    // Exactly 3, with no search for a steady footprint.
+    assert_eq!(m["steady_passes"], 3);
+    assert_eq!(m["stopped_by"], "passes");
+    assert_eq!(m["steady_reached"], false);
+    assert!(v["steady_rule"].is_null(), "{v}");
     let o = emm()
         .args(["replay", "-m", "pool", "--passes", "3"])
         .arg(&p)
@@ -150,6 +161,10 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         out.contains("through pool, 3 passes: driver calls in pass 1"),
         "{out}"
     );
+    let row = out.lines().find(|l| l.contains(" pool ")).unwrap();
+    assert_eq!(cells(&out, row)[6], "3", "{out}");
+    assert!(out.contains("pass 1   pass 3"), "{out}");
+    assert!(!out.contains("steady"), "{out}");
     let html = temp("passes.html", b"");
     let o = emm()
         .args(["replay", "-m", "pool", "--passes", "5", "--html"])
@@ -164,6 +179,159 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
     let o = run(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--passes"), "{}", text(&o.stderr));
+}
+
+/// The cells of `row`, a row of the replay table `table`, cut at the columns'
+/// widths (the trace's as wide as the head's up to `manager`), trimmed.
+fn cells(table: &str, row: &str) -> Vec<String> {
+    let head = table.lines().find(|l| l.starts_with("trace ")).unwrap();
+    let name_w = head.find("manager").unwrap();
+    let row: Vec<char> = row.chars().collect();
+    let mut at = 0;
+    let mut out = Vec::new();
+    // Each column: the spaces before it, and its width.
+    let columns = [
+        (0, name_w),
+        (0, 8),
+        (1, 11),
+        (1, 13),
+        (1, 8),
+        (1, 8),
+        (1, 9),
+        (1, 12),
+        (1, 10),
+    ];
+    for (gap, w) in columns {
+        let start = (at + gap).min(row.len());
+        let end = (start + w).min(row.len());
+        out.push(row[start..end].iter().collect::<String>().trim().to_owned());
+        at = end;
+    }
+    out
+}
+
+/// Without `--passes`, each manager replays the trace until its peak reserved
+/// bytes have not moved for 10 passes: a pool warm after the first pass of a
+/// trace that frees all it makes takes exactly 11. The table shows reserved/live
+/// after pass 1 beside the steady figure and the passes taken; the JSON the same.
+#[test]
+fn the_default_replays_until_the_footprint_holds() {
+    let mut csv = String::from("op,id,size,stream\n");
+    for i in 0..16u64 {
+        csv.push_str(&format!("a,{i},{},0\n", (i + 1) << 16));
+    }
+    for i in 0..16u64 {
+        csv.push_str(&format!("f,{i},0,0\n"));
+    }
+    let p = temp("steady.csv", csv.as_bytes());
+    let o = emm()
+        .args(["replay", "-m", "pool", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steady_rule"]["quiet_passes"], 10);
+    assert_eq!(v["steady_rule"]["max_passes"], 100);
+    assert_eq!(v["steady_rule"]["max_seconds"], 60.0);
+    let m = &v["traces"][0]["managers"][0];
+    let passes = m["passes"].as_array().unwrap();
+    assert_eq!(passes.len(), 11);
+    assert_eq!(m["steady_passes"], 11);
+    assert_eq!(m["steady_reached"], true);
+    assert_eq!(m["stopped_by"], "steady");
+    assert_eq!(m["steady_from_pass"], 1);
+    assert_eq!(m["requests"], 16 * 11);
+    assert_eq!(
+        m["first_pass_peak_reserved_bytes"],
+        passes[0]["peak_reserved_bytes"]
+    );
+    assert_eq!(
+        m["first_pass_peak_live_bytes"],
+        passes[0]["peak_live_bytes"]
+    );
+    assert_eq!(m["peak_reserved_bytes"], passes[10]["peak_reserved_bytes"]);
+    let ratio = m["first_pass_reserved_over_live"].as_f64().unwrap();
+    assert!(ratio >= 1.0, "{m}");
+
+    // The bundled trace: every manager settles (or says why not), its steady
+    // footprint at least its first pass's, the last 10 passes' peaks unmoved.
+    let o = run(&["replay", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let managers = v["traces"][0]["managers"].as_array().unwrap();
+    assert!(managers.len() >= 2, "{v}");
+    for m in managers {
+        let peaks: Vec<u64> = m["passes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["peak_reserved_bytes"].as_u64().unwrap())
+            .collect();
+        let n = peaks.len();
+        assert_eq!(m["steady_passes"].as_u64(), Some(n as u64));
+        assert!(
+            m["first_pass_peak_reserved_bytes"].as_u64().unwrap()
+                <= m["peak_reserved_bytes"].as_u64().unwrap()
+        );
+        if m["steady_reached"] == true {
+            assert!((11..=100).contains(&n), "{peaks:?}");
+            assert!(
+                peaks[n - 11..].windows(2).all(|w| w[0] == w[1]),
+                "{peaks:?}"
+            );
+            assert_ne!(peaks[n - 11], *peaks.get(n.wrapping_sub(12)).unwrap_or(&0));
+        } else {
+            assert!(n == 100 || m["stopped_by"] == "max_time", "{m}");
+        }
+    }
+
+    let o = run(&["replay"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let mut lines = out.lines().skip(1);
+    assert!(lines.next().unwrap().trim() == "reserved/live", "{out}");
+    assert_eq!(
+        cells(&out, lines.next().unwrap()),
+        [
+            "trace",
+            "manager",
+            "peak live",
+            "peak reserved",
+            "pass 1",
+            "steady",
+            "passes",
+            "driver calls",
+            "time"
+        ],
+        "{out}"
+    );
+    let row = out.lines().find(|l| l.contains(" pool ")).unwrap();
+    let c = cells(&out, row);
+    assert_eq!(c[1], "pool", "{c:?}");
+    assert!(c[4].ends_with('x') && c[5].ends_with('x'), "{c:?}");
+    let passes: u64 = c[6].parse().unwrap_or(0);
+    assert!(passes >= 11 || c[6].contains('('), "{c:?}");
+    assert!(
+        out.contains("steady: passes until peak reserved held for 10 in a row"),
+        "{out}"
+    );
+    // The table's rows fit 120 columns (the trace's name here is 23 characters).
+    for l in out.lines().skip(1).take(4) {
+        assert!(l.chars().count() <= 120, "{l}");
+    }
+
+    // `--passes 1`: the first pass alone, as before.
+    let o = run(&["replay", "--passes", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for m in v["traces"][0]["managers"].as_array().unwrap() {
+        assert_eq!(m["passes"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            m["peak_reserved_bytes"],
+            m["first_pass_peak_reserved_bytes"]
+        );
+    }
 }
 
 #[test]

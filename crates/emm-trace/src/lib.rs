@@ -36,7 +36,8 @@ pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
 pub use record::{RecordingManager, RECORD_ENV};
 pub use replay::{
-    replay, scan, DriverCalls, PassResult, ReplayOptions, ReplayResult, Sample, Summary,
+    replay, scan, DriverCalls, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule,
+    SteadyStop, Summary,
 };
 pub use snapshot::TorchFigures;
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};

@@ -138,7 +138,66 @@ pub struct ReplayOptions {
     /// when the recording stopped) is freed at the end of each pass and made again
     /// in the next. Each `Alloc` event is an allocation of its own, so an id used
     /// again (as a CSV written by another tool may do) is kept only for its last.
+    /// Ignored when [`until_steady`](ReplayOptions::until_steady) is set.
     pub passes: u32,
+    /// Replay pass after pass, as [`passes`](ReplayOptions::passes) describes, until
+    /// the manager's peak reserved bytes hold (see [`SteadyRule`]) instead of a fixed
+    /// number of passes; [`ReplayResult::steady`] says why the replay stopped.
+    /// `None`: exactly `passes` passes.
+    pub until_steady: Option<SteadyRule>,
+}
+
+/// When a replay under [`ReplayOptions::until_steady`] stops: once the manager's
+/// peak reserved bytes (from the start of the replay) have not moved for
+/// `quiet_passes` passes in a row, or at `max_passes` passes, or when `max_time`
+/// has run out, whichever comes first.
+///
+/// The rule is checked after each pass: a pass begun is finished, so the first
+/// pass always runs whole and a replay can overrun `max_time` by up to one pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SteadyRule {
+    /// Passes in a row whose peak reserved bytes equal those of the pass before,
+    /// after which the footprint is taken as steady (0 reads as 1).
+    pub quiet_passes: u32,
+    /// The most passes to replay (0 reads as 1).
+    pub max_passes: u32,
+    /// The most wall time for the whole replay: no pass begins once this much has
+    /// passed since the first began.
+    pub max_time: Duration,
+}
+
+impl SteadyRule {
+    /// `emm replay`'s rule: 10 quiet passes, at most 100 passes and 60 s.
+    pub const DEFAULT: SteadyRule = SteadyRule {
+        quiet_passes: 10,
+        max_passes: 100,
+        max_time: Duration::from_secs(60),
+    };
+}
+
+impl Default for SteadyRule {
+    /// [`SteadyRule::DEFAULT`].
+    fn default() -> Self {
+        SteadyRule::DEFAULT
+    }
+}
+
+/// Why a replay under a [`SteadyRule`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SteadyStop {
+    /// Peak reserved bytes held for the rule's `quiet_passes` passes in a row.
+    Settled,
+    /// The rule's `max_passes` passes ran before peak reserved bytes held.
+    MaxPasses,
+    /// The rule's `max_time` ran out before peak reserved bytes held.
+    MaxTime,
+}
+
+impl SteadyStop {
+    /// Whether the footprint settled ([`SteadyStop::Settled`]).
+    pub fn settled(self) -> bool {
+        self == SteadyStop::Settled
+    }
 }
 
 /// Calls a manager made to the driver for device memory, from the counters of its
@@ -255,6 +314,74 @@ pub struct ReplayResult {
     pub samples: Vec<Sample>,
     /// Each pass's figures, in order (one entry for a single pass).
     pub passes: Vec<PassResult>,
+    /// Why the replay stopped under [`ReplayOptions::until_steady`]; `None` for a
+    /// fixed number of passes.
+    pub steady: Option<SteadyStop>,
+}
+
+impl ReplayResult {
+    /// The pass (counted from 1) from which peak reserved bytes held their final
+    /// value: the last pass that raised them, or 1.
+    pub fn peak_reserved_from_pass(&self) -> usize {
+        let last = self.passes.last().map_or(0, |p| p.peak_reserved_bytes);
+        self.passes
+            .iter()
+            .position(|p| p.peak_reserved_bytes == last)
+            .map_or(1, |i| i + 1)
+    }
+}
+
+/// Where a replay under a [`SteadyRule`] stands after each pass.
+struct Steady {
+    rule: SteadyRule,
+    /// Passes in a row, up to the last, whose peak reserved equalled the one before.
+    quiet: u32,
+}
+
+impl Steady {
+    /// Whether the replay stops after pass `done` (counted from 1), whose peak
+    /// reserved bytes were `peak` against `before` for the pass before, with
+    /// `elapsed` since the replay began; and why.
+    fn after(
+        &mut self,
+        done: u32,
+        before: Option<u64>,
+        peak: u64,
+        elapsed: Duration,
+    ) -> Option<SteadyStop> {
+        if before == Some(peak) {
+            self.quiet += 1;
+        } else {
+            self.quiet = 0;
+        }
+        if self.quiet >= self.rule.quiet_passes.max(1) {
+            Some(SteadyStop::Settled)
+        } else if done >= self.rule.max_passes.max(1) {
+            Some(SteadyStop::MaxPasses)
+        } else if elapsed >= self.rule.max_time {
+            Some(SteadyStop::MaxTime)
+        } else {
+            None
+        }
+    }
+}
+
+/// Halves `samples` (all but the first, the start) by merging each pair into one
+/// at the later's event, with the larger live bytes and the later's reserved bytes.
+fn thin(samples: &mut Vec<Sample>) {
+    if samples.len() < 3 {
+        return;
+    }
+    let rest: Vec<Sample> = samples.split_off(1);
+    for pair in rest.chunks(2) {
+        if let Some(&last) = pair.last() {
+            let live = pair.iter().map(|s| s.live_bytes).max().unwrap_or(0);
+            samples.push(Sample {
+                live_bytes: live,
+                ..last
+            });
+        }
+    }
 }
 
 /// The allocations a pass after the first keeps from the one before instead of
@@ -324,9 +451,11 @@ fn drop_in_trace_order(held: HashMap<u64, DeviceAllocation>, plan: &PassPlan) {
 }
 
 /// Replays `trace` through `manager`, which should be fresh (its statistics are
-/// read as the replay's). The trace's streams are numbered densely (0: the default
-/// stream) and `streams(n)` gives the handle for number `n`. `progress` is called
-/// with the events done (over every pass), every few thousand events.
+/// read as the replay's), for the passes `options` asks for: a fixed number, or
+/// until the footprint holds ([`ReplayOptions::until_steady`]). The trace's
+/// streams are numbered densely (0: the default stream) and `streams(n)` gives the
+/// handle for number `n`. `progress` is called with the events done (over every
+/// pass), every few thousand events.
 pub fn replay(
     trace: &Trace,
     manager: &dyn MemoryManager,
@@ -334,7 +463,13 @@ pub fn replay(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayResult, TraceError> {
-    let passes = options.passes.max(1);
+    // The most passes: the rule's cap under `until_steady`, else exactly these.
+    let passes = match options.until_steady {
+        Some(rule) => rule.max_passes.max(1),
+        None => options.passes.max(1),
+    };
+    let mut steady = options.until_steady.map(|rule| Steady { rule, quiet: 0 });
+    let mut stop = None;
     let plan = if passes > 1 {
         pass_plan(trace)?
     } else {
@@ -348,9 +483,13 @@ pub fn replay(
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
     // No periodic sample when the trace's length is unknown (`total_events` 0).
-    let step = options
+    // Under `until_steady` the passes to come are unknown: the samples are spaced
+    // for one pass, and halved (the step doubled) whenever they reach twice as
+    // many as asked for.
+    let spaced_passes = if steady.is_some() { 1 } else { passes };
+    let mut step = options
         .total_events
-        .saturating_mul(u64::from(passes))
+        .saturating_mul(u64::from(spaced_passes))
         .checked_div(options.samples)
         .filter(|&s| s > 0 || options.total_events > 0)
         .map_or(u64::MAX, |s| s.max(1));
@@ -416,6 +555,10 @@ pub fn replay(
                     reserved_bytes: manager.stats().reserved_bytes as u64,
                 });
                 bucket_max = books.cur;
+                if samples.len() as u64 > options.samples.saturating_mul(2) {
+                    thin(&mut samples);
+                    step = step.saturating_mul(2);
+                }
             }
             if i % 4096 == 0 {
                 progress(i);
@@ -453,6 +596,22 @@ pub fn replay(
             elapsed: pass_start.elapsed(),
         });
         driver_before = driver;
+        if let Some(st) = steady.as_mut() {
+            let before = pass_results
+                .iter()
+                .rev()
+                .nth(1)
+                .map(|p| p.peak_reserved_bytes);
+            stop = st.after(
+                pass + 1,
+                before,
+                stats.reserved_bytes_peak as u64,
+                start.elapsed(),
+            );
+            if stop.is_some() {
+                break;
+            }
+        }
     }
     let elapsed = start.elapsed();
     if options.samples > 0 && samples.last().is_some_and(|s| s.event != i) {
@@ -480,6 +639,7 @@ pub fn replay(
         unknown_frees,
         samples,
         passes: pass_results,
+        steady: stop,
     })
 }
 

@@ -24,6 +24,7 @@ fn through_the_pool_counting(t: &Trace, samples: u64) -> (Summary, ReplayResult,
         total_events: summary.events,
         samples,
         passes: 1,
+        ..ReplayOptions::default()
     };
     let r = replay(t, &pool, &mut |_| emm_core::SYNC_STREAM, &opts, &mut |_| {}).unwrap();
     assert_eq!(r.failures, 0, "{}", t.name());
@@ -137,6 +138,7 @@ fn without_virtual_memory_the_recorded_traces_stay_below_pytorch_defaults() {
             total_events: summary.events,
             samples: 10,
             passes: 1,
+            ..ReplayOptions::default()
         };
         let r = replay(
             &t,
