@@ -57,26 +57,29 @@ fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_p
     (out, pool.stats())
 }
 
-/// Once the pool has its size, a pass of a training trace maps or moves at most a
-/// few hundred pieces (GPT-2 and Llama-style: 200-330 per pass today, where
-/// pieces of a sixteenth of each growth made 490-730), and the footprint stays
-/// near what it is today, within 1.05x of live after 4 passes. The Llama-style
-/// trace is the tightest (1.048 here); its fragments take it past 1.05 in longer
-/// runs (1.061 after 30 passes: `docs/benchmarks.md`, twelfth session), a known
-/// gap that these bounds keep from widening.
+/// Once the pool has its size, a pass of a trace maps or moves at most several
+/// hundred pieces, and the footprint stays near what it is today. Pieces are a
+/// 32nd of the request they were made for (1-8 pages): GPT-2 moves 156-845 a
+/// pass, Llama-style 523-616, bucketed inference 790-915 (pieces of a 32nd of the
+/// segment moved 200-330, 200-330 and ~500, for 1.03-1.06x of live instead of
+/// 1.01-1.04x after 4 passes). On an H100 the step times did not move with it
+/// (`docs/benchmarks.md`, nineteenth session: 300 steps, rounds interleaved with
+/// the build before the change: GPT-2 44.03 against 44.12 ms, bucketed inference
+/// 28.82 against 29.03, mean of round medians); these bounds keep the moves from
+/// growing further unseen.
 #[test]
 fn later_epochs_move_few_pieces_and_stay_tight() {
     // (trace, bound on pieces mapped + moved in each pass after the first, bound
     // on peak reserved / peak live after 4 passes)
     for (name, bound, ratio) in [
-        ("gpt2_h200.csv", 400, 1.035),
-        ("llama_h200.csv", 400, 1.05),
-        ("resnet50_h200.csv", 60, 1.025),
-        ("gpt2_infer_h200.csv", 120, 1.015),
+        ("gpt2_h200.csv", 900, 1.025),
+        ("llama_h200.csv", 700, 1.04),
+        ("resnet50_h200.csv", 60, 1.01),
+        ("gpt2_infer_h200.csv", 150, 1.01),
         // The benchmark's own bucketed inference (run 91): its 3.8 GB logits come
-        // back each step of the largest bucket and take ~45 pieces from the holes
-        // the rest of the step left, 502 a pass today.
-        ("gpt2_infer_bucketed_h200.csv", 560, 1.02),
+        // back each step of the largest bucket and take the pieces of ~600 MiB from
+        // the holes the rest of the step left, 790-915 a pass today.
+        ("gpt2_infer_bucketed_h200.csv", 1_000, 1.015),
     ] {
         let passes = epochs(name, 4);
         println!("{name}: {passes:?}");
