@@ -12,6 +12,7 @@ import ctypes
 import sys
 from typing import Any, Dict, List
 
+from . import _torch_state
 from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, SIZE_MAX, _raise_last, load
 
 
@@ -97,8 +98,6 @@ def route_memory_history(torch: Any) -> None:
     PyTorch's allocator objects over emm keeps a history of its own: the pluggable
     one raises, and PyTorch's snapshot types differ between its versions, which a
     compiled override would have to follow."""
-    from . import torch as et
-
     memory = torch.cuda.memory
     if getattr(memory._snapshot, "_emm_routed", False):
         return
@@ -113,7 +112,7 @@ def route_memory_history(torch: Any) -> None:
         on = enabled if legacy else enabled not in (None, "None")
         max_entries = (given.get("trace_alloc_max_entries", 1) if legacy
                        else given.get("max_entries", sys.maxsize))
-        m = et._manager(given.get("device"))
+        m = _torch_state.manager(given.get("device"))
         if on and given.get("clear_history"):
             m.record_history(0)  # drops what was recorded
         # Context and stacks: emm records no stack frames.
@@ -121,11 +120,11 @@ def route_memory_history(torch: Any) -> None:
 
     def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         del args, kwargs  # augment_with_fx_traces, ...: emm has none to add
-        return et.snapshot(device)
+        return _torch_state.snapshot(device)
 
     def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
         del args, kwargs  # mempool_id: emm keeps none of PyTorch's pools
-        return list(et.snapshot(None)["segments"])
+        return list(_torch_state.snapshot(None)["segments"])
 
     prefix = "emm's allocation history in place of PyTorch's (emm.torch.install()).\n\n"
     for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
@@ -195,8 +194,6 @@ def route_memory_stats(torch: Any) -> None:
     emm has not set up reads 0. The accumulated reset is PyTorch's view:
     ``emm.torch.memory_stats()`` still counts from the start. (``torch.accelerator``'s
     statistics go through PyTorch's C++ and still raise.)"""
-    from . import torch as et
-
     memory = torch.cuda.memory
     if getattr(memory.memory_stats_as_nested_dict, "_emm_routed", False):
         return
@@ -205,18 +202,18 @@ def route_memory_stats(torch: Any) -> None:
     def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
         if not torch.cuda.is_initialized():
             return {}
-        d = et._device_index(device)
+        d = _torch_state.device_index(device)
         return nested_stats(torch_counters(lib, d), _RESET_BASE.get(d, {}))
 
     def reset_peak_memory_stats(device: Any = None) -> None:
         if torch.cuda.is_initialized():
-            status = lib.emm_torch_reset_peak_stats(et._device_index(device))
+            status = lib.emm_torch_reset_peak_stats(_torch_state.device_index(device))
             if status != EMM_OK:
                 _raise_last(lib, status)
 
     def reset_accumulated_memory_stats(device: Any = None) -> None:
         if torch.cuda.is_initialized():
-            d = et._device_index(device)
+            d = _torch_state.device_index(device)
             _RESET_BASE[d] = {k: v for k, v in torch_counters(lib, d).items() if _accumulated(k)}
 
     def empty_cache() -> None:

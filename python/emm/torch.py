@@ -28,7 +28,9 @@ either object (kept in Rust; nothing is counted here), plus emm's own counters
 :func:`max_memory_allocated`, :func:`memory_reserved`, :func:`max_memory_reserved`,
 :func:`reset_peak_memory_stats`, :func:`empty_cache`, and
 :func:`record_memory_history` / :func:`snapshot` / :func:`dump_snapshot`, whose
-snapshots are in PyTorch's format (``torch.cuda._memory_viz`` renders them).
+snapshots are in PyTorch's format (``torch.cuda._memory_viz`` renders them). The
+manager handles they read, one per device, are kept in ``_torch_state.py``, which
+``_torch_routes.py`` shares.
 
 What the pool's figures mean: "allocated" is what PyTorch holds; blocks a thread
 keeps cached for reuse count as "active", not "allocated" (PyTorch's "active" is
@@ -43,12 +45,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-from . import _torch_native, _torch_routes
-from ._lib import EmmWarning, Manager, library_path, load
+from . import _torch_native, _torch_routes, _torch_state
+from ._lib import EmmWarning, library_path, load
+from ._torch_state import to_torch_snapshot  # noqa: F401  (public here; defined beside the state it converts)
 
 __all__ = [
     "dump_snapshot",
@@ -65,9 +67,6 @@ __all__ = [
     "reset_peak_memory_stats",
     "snapshot",
 ]
-
-_MANAGERS: Dict[int, Manager] = {}
-
 
 _INSTALLED: Optional[str] = None
 
@@ -145,34 +144,11 @@ def installed() -> Optional[str]:
     return _INSTALLED
 
 
-def _device_index(device: Any = None) -> int:
-    """An ordinal from ``None`` (PyTorch's current device, else 0), an int, a
-    ``torch.device`` or a string such as ``"cuda:1"``."""
-    if device is None:
-        torch = sys.modules.get("torch")
-        return int(torch.cuda.current_device()) if torch is not None else 0
-    if isinstance(device, str):
-        return int(device.split(":", 1)[1]) if ":" in device else _device_index(None)
-    index = getattr(device, "index", device)
-    if index is None:
-        return _device_index(None)
-    return int(index)
-
-
-def _manager(device: Any = None) -> Manager:
-    """The handle on the process's manager of ``device`` (one per device, kept)."""
-    d = _device_index(device)
-    m = _MANAGERS.get(d)
-    if m is None:
-        m = _MANAGERS[d] = Manager(device=d)
-    return m
-
-
 def memory_stats(device: Any = None) -> Dict[str, int]:
     """The manager's counters under PyTorch's ``memory_stats`` names where they mean
     the same (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
     ``num_ooms``, ...), emm's own under ``emm.``; sorted by name as PyTorch's."""
-    return dict(sorted(_manager(device).memory_stats().items()))
+    return dict(sorted(_torch_state.manager(device).memory_stats().items()))
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -197,14 +173,14 @@ def max_memory_reserved(device: Any = None) -> int:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Sets every peak counter to its current value."""
-    _manager(device).reset_peak_stats()
+    _torch_state.manager(device).reset_peak_stats()
 
 
 def empty_cache() -> None:
     """Gives cached memory back to the device, on every device used so far."""
-    if not _MANAGERS:
-        _manager(None)
-    for m in _MANAGERS.values():
+    if not _torch_state.MANAGERS:
+        _torch_state.manager(None)
+    for m in _torch_state.MANAGERS.values():
         m.trim()
 
 
@@ -261,7 +237,7 @@ def format_summary(stats: Dict[str, int], device: int = 0, manager: str = "pool"
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A readable table of :func:`memory_stats`, laid out as PyTorch's
     ``torch.cuda.memory_summary`` (``abbreviated`` is accepted and ignored)."""
-    m = _manager(device)
+    m = _torch_state.manager(device)
     return format_summary(m.memory_stats(), m.device, m.name)
 
 
@@ -271,68 +247,13 @@ def record_memory_history(enabled: Any = True, max_entries: int = 100_000, **_: 
     keeping the latest ``max_entries`` events. Other PyTorch arguments (``context``,
     ``stacks``) are accepted and ignored: emm records no stack frames."""
     on = bool(enabled) and enabled != "None"
-    _manager(None).record_history(max_entries if on else 0)
-
-
-def to_torch_snapshot(raw: Dict[str, Any], device: int = 0) -> Dict[str, Any]:
-    """emm's snapshot JSON (as ``Manager.snapshot()`` returns it) as PyTorch's
-    snapshot dict: ``segments`` (with ``blocks``), ``device_traces`` (one list per
-    device up to ``device``) and ``allocator_settings``. Live blocks are
-    ``active_allocated``, free ones ``inactive``; sizes are the pool's rounded
-    sizes; no stack frames are recorded."""
-    segments: List[Dict[str, Any]] = []
-    for seg in raw.get("segments", []):
-        blocks = []
-        allocated = requested = 0
-        for b in seg["blocks"]:
-            active = bool(b["allocated"])
-            if active:
-                allocated += b["size"]
-                requested += b["requested_size"]
-            blocks.append({
-                "address": b["address"],
-                "size": b["size"],
-                "requested_size": b["requested_size"] if active else b["size"],
-                "state": "active_allocated" if active else "inactive",
-                "frames": [],
-            })
-        segments.append({
-            "device": device,
-            "address": seg["address"],
-            "total_size": seg["total_size"],
-            "allocated_size": allocated,
-            "active_size": allocated,
-            "requested_size": requested,
-            "stream": seg["stream"],
-            "segment_type": "large" if seg["large"] else "small",
-            "segment_pool_id": (0, 0),
-            "is_expandable": bool(seg["expandable"]),
-            "frames": [],
-            "blocks": blocks,
-        })
-    trace = []
-    for e in raw.get("trace", []):
-        entry = {
-            "action": e["action"],
-            "addr": e["addr"],
-            "size": e["size"],
-            "stream": e["stream"],
-            "time_us": e["time_us"],
-            "frames": [],
-        }
-        if e["action"] == "oom":
-            entry["device_free"] = e.get("device_free", 0)
-        trace.append(entry)
-    device_traces: List[List[Dict[str, Any]]] = [[] for _ in range(device)]
-    device_traces.append(trace)
-    return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
+    _torch_state.manager(None).record_history(max_entries if on else 0)
 
 
 def snapshot(device: Any = None) -> Dict[str, Any]:
     """The manager's segments, blocks and recorded history in PyTorch's snapshot
     format (what ``torch.cuda.memory._snapshot()`` returns)."""
-    m = _manager(device)
-    return to_torch_snapshot(m.snapshot(), m.device)
+    return _torch_state.snapshot(device)
 
 
 def dump_snapshot(path: str, device: Any = None) -> Dict[str, Any]:

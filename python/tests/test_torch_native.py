@@ -16,6 +16,7 @@ import pytest
 import emm
 import emm.torch as et
 from emm import _torch_native as tn
+from emm import _torch_state as ets
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADER = ROOT / "crates" / "emm-capi" / "include" / "emm.h"
@@ -328,8 +329,8 @@ class _History:
 @pytest.mark.parametrize("kind", ["native", "pluggable"])
 def test_pytorchs_history_tools_reach_emms_history(recorder, monkeypatch, kind):
     managers = {}
-    monkeypatch.setattr(et, "_manager", lambda d=None: managers.setdefault(
-        et._device_index(d), _History(et._device_index(d))))
+    monkeypatch.setattr(ets, "manager", lambda d=None: managers.setdefault(
+        ets.device_index(d), _History(ets.device_index(d))))
     monkeypatch.setattr(tn, "install", lambda torch, lib: None)
     et.install(native=kind == "native")
     memory = recorder.cuda.memory

@@ -99,7 +99,7 @@ def test_the_summary_names_every_figure():
 
 
 def test_device_arguments_are_understood():
-    from emm.torch import _device_index
+    from emm._torch_state import device_index as _device_index
 
     class Dev:
         index = 3

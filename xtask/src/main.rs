@@ -16,9 +16,11 @@
 //! - `install --prefix DIR`: header, library (with its SONAME links), pkg-config
 //!   file and CMake package (`install.rs`).
 //! - `cpp`: the C/C++ step of `ci` alone (`cpp.rs`).
-//! - `tidy`: architecture invariants (layering, only emm-sys touches libloading,
+//! - `tidy`: architecture invariants (layering, no import circle between the files
+//!   of a crate or of `python/emm` (`circles.rs`), only emm-sys touches libloading,
 //!   nothing links libcuda, every crate has a README and docs.rs metadata).
 
+mod circles;
 mod cpp;
 mod elf;
 mod header;
@@ -471,6 +473,10 @@ fn tidy(root: &Path) -> Result<(), String> {
                 }
             }
         }
+    }
+    // Invariant: no import circle between the files of a crate or of python/emm.
+    for c in circles::check(root) {
+        let _ = write!(problems, "- import circle in {c}");
     }
     // The libcuda override that keeps cuda-driver-sys from linking stays in place.
     let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap_or_default();

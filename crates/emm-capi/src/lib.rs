@@ -28,6 +28,7 @@
 
 mod array;
 mod framework;
+mod graph_hooks;
 mod graph_pools;
 mod handles;
 mod live_table;
@@ -39,7 +40,7 @@ mod tools;
 mod torch_tools;
 pub use array::*;
 pub use framework::*;
-pub use graph_pools::*;
+pub use graph_hooks::*;
 pub use log::{emm_capture_warnings, emm_take_warning};
 pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,

@@ -23,10 +23,12 @@
 //! `emm-hostonly` is a complete example.
 
 pub mod config;
+mod config_store;
 pub mod conformance;
 mod error;
 mod fd;
 mod ipc;
+mod ipc_open;
 pub mod managed;
 mod manager;
 mod pointer;
@@ -34,8 +36,10 @@ mod router;
 mod snapshot;
 
 pub use config::configure;
+pub use config_store::MANAGER_ENV;
 pub use error::{fmt_bytes, EmmError, Result};
-pub use ipc::{IpcHandle, IpcMemory};
+pub use ipc::IpcHandle;
+pub use ipc_open::IpcMemory;
 pub use managed::{ManagedAttach, ManagedMemory, ManagedStats};
 pub use manager::{
     check_interface_version, DeferGuard, DeferState, ManagerStats, MemoryInfo, MemoryManager,
@@ -47,7 +51,7 @@ pub use pointer::{
 };
 pub use router::{
     alloc_from, alloc_managed_from, memory_manager, register_manager, set_memory_manager,
-    ManagerFactory, Router, DEFAULT_MANAGER, MANAGER_ENV,
+    ManagerFactory, Router, DEFAULT_MANAGER,
 };
 pub use snapshot::{
     stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,

@@ -21,14 +21,11 @@ use std::sync::{Arc, OnceLock, RwLock};
 use emm_driver::Context;
 use emm_sys::CUstream;
 
-use crate::config::Config;
+use crate::config_store::{Config, MANAGER_ENV};
 use crate::error::{EmmError, Result};
 use crate::managed::{ManagedAttach, ManagedMemory};
 use crate::manager::{check_interface_version, MemoryManager};
 use crate::pointer::DeviceAllocation;
-
-/// The environment variable that selects a manager by name.
-pub const MANAGER_ENV: &str = "EMM_MEMORY_MANAGER";
 
 /// The manager used when nothing else is chosen: `pool`, emm's caching pool, in
 /// every language (Rust, the C ABI, Python, PyTorch's allocator pair).

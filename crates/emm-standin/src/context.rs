@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use emm_sys::{CUdevice_attribute as A, CUresult};
 
-use crate::state::Config;
+use crate::config::Config;
 
 /// The handle of device `d`'s primary context: a fixed non-null value per device.
 pub fn ctx_handle(d: i32) -> u64 {

@@ -42,6 +42,7 @@
 //! Every entry point runs under `catch_unwind` (a panic would be
 //! `CUDA_ERROR_UNKNOWN`), and the whole model sits behind one lock.
 
+mod config;
 pub mod context;
 pub mod control;
 pub mod exports;

@@ -1,6 +1,7 @@
-//! The process-wide model behind one lock, its configuration, and [`call`], the
-//! wrapper every exported entry point runs in (counting, fault injection, no
-//! panic across the C ABI).
+//! The process-wide model behind one lock, its configuration (read from the
+//! environment here; [`Config`] itself is in `config.rs`, which the model's parts
+//! read too), and [`call`], the wrapper every exported entry point runs in
+//! (counting, fault injection, no panic across the C ABI).
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -8,42 +9,13 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use emm_sys::CUresult;
 
+pub use crate::config::{Config, DEFAULT_CAPACITY};
 use crate::context::Contexts;
 use crate::faults::{parse_code, Faults};
 use crate::memory::Memory;
 use crate::mempool::Pools;
 use crate::streams::Streams;
 use crate::vmm::Vmm;
-
-/// Default capacity per device: 8 GiB of accounting (memory is committed lazily).
-pub const DEFAULT_CAPACITY: usize = 8 << 30;
-
-/// What the model pretends to be.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Bytes per device; allocations past it are `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub capacity: usize,
-    /// Devices (1 or 2).
-    pub devices: i32,
-    /// Whether devices report virtual memory management.
-    pub vmm: bool,
-    /// Whether devices report memory pools.
-    pub mempools: bool,
-    /// Whether devices report managed memory (`cuMemAllocManaged`).
-    pub managed: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            capacity: DEFAULT_CAPACITY,
-            devices: 1,
-            vmm: true,
-            mempools: true,
-            managed: true,
-        }
-    }
-}
 
 /// The whole model.
 #[derive(Debug, Default)]
