@@ -211,3 +211,39 @@ fn a_pickle_that_is_not_a_snapshot_is_a_typed_error() {
     let e = open_one(&temp("trunc.pickle", &[0x80, 4, 0x95, 1, 2])).unwrap_err();
     assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
 }
+
+/// Every event of `t`, and what reading it found.
+fn ops_of(t: &Trace) -> (Vec<Op>, emm_trace::Diagnostics) {
+    let mut ev = t.events().unwrap();
+    let ops: Vec<_> = (&mut ev).collect();
+    (ops, ev.finish().unwrap())
+}
+
+/// A snapshot whose entries share Python objects (pickle memo references: the
+/// same entry dict, frame list or string written once and referred to after) reads
+/// exactly as the same snapshot written without sharing. The shared dicts once
+/// decoded as empty after their first use: 1 request and "unknown action" records.
+#[test]
+fn a_snapshot_whose_entries_share_objects_reads_as_without_sharing() {
+    let plain = open_one(&fixture("snapshot_unshared.pickle")).unwrap();
+    let (plain_ops, plain_diag) = ops_of(&plain);
+    assert_eq!(plain_diag.bad, 0, "{:?}", plain_diag.first);
+    assert!(
+        plain_ops.len() > 3 * 6,
+        "small()'s client events, 3 times: {plain_ops:?}"
+    );
+    for name in ["snapshot_shared.pickle", "snapshot_shared_p2.pickle"] {
+        let t = open_one(&fixture(name)).unwrap();
+        let (ops, diag) = ops_of(&t);
+        assert_eq!(diag, plain_diag, "{name}");
+        assert_eq!(ops, plain_ops, "{name}");
+        assert_eq!(t.torch_figures(), plain.torch_figures(), "{name}");
+    }
+
+    // One alloc dict 1,000 times: 1,000 requests of 1 MiB, each replacing the last.
+    let t = open_one(&fixture("snapshot_repeated_alloc.pickle")).unwrap();
+    let s = scan(&t).unwrap();
+    assert_eq!(s.diagnostics.bad, 0, "{:?}", s.diagnostics.first);
+    assert_eq!(s.requests, 1000);
+    assert_eq!(s.peak_live_bytes, 1 << 20);
+}
