@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{last_label, passes_line, rows, unsettled, Report, TraceReport};
+use crate::report::{last_label, passes_line, rows, unsettled, Report, TraceReport, NO_SEGMENTS};
 use crate::units;
 
 const W: f64 = 960.0;
@@ -95,6 +95,12 @@ pub fn page(r: &Report) -> String {
                 );
             }
         }
+        if t.pytorch
+            .as_ref()
+            .is_some_and(|p| p.peak_reserved_bytes.is_none())
+        {
+            let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(NO_SEGMENTS));
+        }
         for s in &t.skipped {
             let _ = writeln!(
                 h,
@@ -140,7 +146,8 @@ fn steps(points: impl Iterator<Item = (f64, f64)>) -> String {
 
 /// The chart of one trace.
 pub fn chart(t: &TraceReport) -> String {
-    let entries = t.managers.len() + 1 + usize::from(t.pytorch.is_some());
+    let torch_reserved = t.pytorch.as_ref().and_then(|p| p.peak_reserved_bytes);
+    let entries = t.managers.len() + 1 + usize::from(torch_reserved.is_some());
     let top = 12.0 + LEGEND_LINE * entries as f64 + 10.0;
     let h = H + top;
     // Every pass's events (`--passes`): the curves run to the last sample.
@@ -156,8 +163,8 @@ pub fn chart(t: &TraceReport) -> String {
     for m in &t.managers {
         y_max = y_max.max(m.reserved_curve.iter().map(|p| p.1).max().unwrap_or(0) as f64);
     }
-    if let Some(p) = &t.pytorch {
-        y_max = y_max.max(p.peak_reserved_bytes as f64);
+    if let Some(p) = torch_reserved {
+        y_max = y_max.max(p as f64);
     }
     let y_step = nice_step(y_max);
     let y_max = ((y_max / y_step).ceil() * y_step).max(y_step);
@@ -202,8 +209,8 @@ pub fn chart(t: &TraceReport) -> String {
         h - 8.0
     );
     let mut legend: Vec<(String, &str, bool)> = Vec::new();
-    if let Some(p) = &t.pytorch {
-        let yy = y(p.peak_reserved_bytes as f64);
+    if let Some(p) = torch_reserved {
+        let yy = y(p as f64);
         let _ = writeln!(
             s,
             "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>",
@@ -211,10 +218,7 @@ pub fn chart(t: &TraceReport) -> String {
             color("pytorch")
         );
         legend.push((
-            format!(
-                "PyTorch peak reserved ({})",
-                units::bytes(p.peak_reserved_bytes)
-            ),
+            format!("PyTorch peak reserved ({})", units::bytes(p)),
             color("pytorch"),
             true,
         ));

@@ -52,12 +52,16 @@ pub struct TraceReport {
 /// PyTorch's own figures from a snapshot.
 #[derive(Serialize)]
 pub struct TorchReport {
-    pub peak_reserved_bytes: u128,
+    /// `null` when the snapshot has no segments and no segment events: it does
+    /// not tell what PyTorch reserved.
+    pub peak_reserved_bytes: Option<u128>,
     pub reserved_at_dump_bytes: u128,
     pub allocated_at_dump_bytes: u128,
     pub reconstructed_allocations: u64,
     pub cross_stream_frees: u64,
     pub ooms: u64,
+    /// Segment events in the trace (`segment_alloc`, `segment_free`, …).
+    pub segment_events: u64,
 }
 
 /// One manager's replay.
@@ -217,8 +221,10 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
                 t.trace.clone(),
                 "pytorch".into(),
                 units::bytes(t.peak_live_bytes),
-                units::bytes(p.peak_reserved_bytes),
-                units::ratio(p.peak_reserved_bytes, t.peak_live_bytes),
+                p.peak_reserved_bytes
+                    .map_or_else(|| "-".into(), units::bytes),
+                p.peak_reserved_bytes
+                    .map_or_else(|| "-".into(), |b| units::ratio(b, t.peak_live_bytes)),
                 "-".into(),
                 "-".into(),
                 "-".into(),
@@ -228,6 +234,10 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
     }
     rows
 }
+
+/// Said of a snapshot whose PyTorch row has no reserved bytes.
+pub const NO_SEGMENTS: &str =
+    "PyTorch's reserved bytes are unknown (-): the snapshot has no segments and no segment events";
 
 /// Writes the table.
 pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
@@ -304,6 +314,9 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
                 p.cross_stream_frees,
                 p.ooms
             ))?;
+            if p.peak_reserved_bytes.is_none() {
+                out.line(format_args!("{}: {NO_SEGMENTS}", t.trace))?;
+            }
         }
     }
     Ok(())

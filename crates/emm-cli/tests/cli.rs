@@ -553,3 +553,49 @@ fn points_inside(page: &str, width: f64) {
         }
     }
 }
+
+/// A snapshot without segments or segment events does not tell what PyTorch
+/// reserved: its row shows `-`, not "0 B" and a ratio, a note says why, the
+/// JSON has `null`, and the page draws no PyTorch line.
+#[test]
+fn a_snapshot_without_segments_shows_no_pytorch_reserved_figure() {
+    let p = data("emm-trace/tests/fixtures/snapshot_completed_only.pickle");
+    let html = temp("nosegments.html", b"");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--html"])
+        .arg(&html)
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let row = out.lines().find(|l| l.contains(" pytorch ")).unwrap();
+    let c = cells(&out, row);
+    assert_eq!((c[3].as_str(), c[4].as_str()), ("-", "-"), "{out}");
+    assert!(!row.contains("0 B"), "{row}");
+    assert!(
+        out.contains("the snapshot has no segments and no segment events"),
+        "{out}"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains("PyTorch peak reserved"), "{page}");
+    assert!(page.contains("no segment events"), "{page}");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let torch = &v["traces"][0]["pytorch"];
+    assert!(torch["peak_reserved_bytes"].is_null(), "{torch}");
+    assert_eq!(torch["segment_events"], 0);
+    // A snapshot with segments keeps its figure.
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(snapshot())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["pytorch"]["peak_reserved_bytes"], 22 << 20);
+}

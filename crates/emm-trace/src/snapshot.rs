@@ -7,7 +7,8 @@
 //! frees without an alloc, or as blocks still allocated in `segments`; both are
 //! reconstructed as allocations at the start of the trace, so peak live is right.
 //! A `free_completed` that does not follow its `free_requested` at once was held back
-//! by a use on another stream (`record_stream`): counted as cross-stream.
+//! by a use on another stream (`record_stream`): counted as cross-stream. A
+//! `free_completed` of a live block with no `free_requested` before it frees it.
 //! PyTorch's own reserved bytes come from `segment_alloc`/`segment_free`/
 //! `segment_map`/`segment_unmap`, anchored at the reserved bytes of the dump.
 
@@ -41,6 +42,19 @@ pub struct TorchFigures {
     pub cross_stream_frees: u64,
     /// Out-of-memory events recorded.
     pub ooms: u64,
+    /// Segment events recorded (`segment_alloc`, `segment_free`, `segment_map`,
+    /// `segment_unmap`).
+    pub segment_events: u64,
+}
+
+impl TorchFigures {
+    /// Whether the snapshot tells PyTorch's reserved bytes at all: it has
+    /// segments at the dump or segment events. Without either,
+    /// [`peak_reserved_bytes`](TorchFigures::peak_reserved_bytes) is 0 because
+    /// nothing was said, not because PyTorch reserved nothing.
+    pub fn reserved_known(&self) -> bool {
+        self.reserved_at_dump > 0 || self.segment_events > 0
+    }
 }
 
 /// The events of one device of a snapshot.
@@ -292,17 +306,29 @@ fn device_trace(
                 let Some(a) = need_addr(&mut diag) else {
                     continue;
                 };
-                if let Some(j) = requested.remove(&a) {
-                    if j + 1 != i {
-                        fig.cross_stream_frees += 1;
+                match requested.remove(&a) {
+                    Some(j) => {
+                        if j + 1 != i {
+                            fig.cross_stream_frees += 1;
+                        }
+                    }
+                    // No `free_requested` freed it (a trace edited or written by
+                    // another tool): the block is free from here on.
+                    None => {
+                        if let Some(id) = live.remove(&a) {
+                            ops.push(Op::Free { id });
+                            diag.events += 1;
+                        }
                     }
                 }
             }
             "segment_alloc" | "segment_map" => {
+                fig.segment_events += 1;
                 delta += i128::from(size);
                 max_delta = max_delta.max(delta);
             }
             "segment_free" | "segment_unmap" => {
+                fig.segment_events += 1;
                 delta -= i128::from(size);
                 min_delta = min_delta.min(delta);
             }

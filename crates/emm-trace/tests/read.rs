@@ -247,3 +247,31 @@ fn a_snapshot_whose_entries_share_objects_reads_as_without_sharing() {
     assert_eq!(s.requests, 1000);
     assert_eq!(s.peak_live_bytes, 1 << 20);
 }
+
+/// A `free_completed` of a live block that no `free_requested` freed frees it:
+/// 100 allocations of 1 MiB, each followed by its `free_completed` alone, hold
+/// 1 MiB at most, not 100 MiB.
+#[test]
+fn a_free_completed_without_free_requested_frees_the_block() {
+    let t = open_one(&fixture("snapshot_completed_only.pickle")).unwrap();
+    let s = scan(&t).unwrap();
+    assert_eq!(s.requests, 100);
+    assert_eq!(s.peak_live_bytes, 1 << 20);
+    assert_eq!(s.unknown_frees, 0);
+    assert_eq!(s.diagnostics.bad, 0, "{:?}", s.diagnostics.first);
+    let (ops, _) = ops_of(&t);
+    assert_eq!(
+        ops.iter().filter(|o| matches!(o, Op::Free { .. })).count(),
+        100
+    );
+    // Not a cross-stream free: nothing held it back.
+    assert_eq!(t.torch_figures().unwrap().cross_stream_frees, 0);
+    // A free_completed after its free_requested frees nothing more: small() has
+    // 3 free_requested, each followed by its free_completed.
+    let t = open_one(&fixture("snapshot_small.pickle")).unwrap();
+    let (ops, _) = ops_of(&t);
+    assert_eq!(
+        ops.iter().filter(|o| matches!(o, Op::Free { .. })).count(),
+        3
+    );
+}
