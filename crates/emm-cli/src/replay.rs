@@ -101,9 +101,17 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         for m in &args.managers {
             let manager = match backend.build(m) {
                 Ok(x) => x,
-                Err(EmmError::Unsupported { .. }) if matches!(backend, Backend::Host { .. }) => {
-                    let why = "needs CUDA's stream-ordered allocator, and there is no GPU here"
-                        .to_owned();
+                // A manager this driver, device or the stand-in cannot run (e.g.
+                // `hostonly` without stream-ordered memory pools) is skipped, and
+                // the others run.
+                Err(EmmError::Unsupported { operation, .. }) => {
+                    let why = match backend {
+                        Backend::Host { .. } => {
+                            "needs CUDA's stream-ordered allocator, and there is no GPU here"
+                                .to_owned()
+                        }
+                        Backend::Gpu { .. } => format!("not supported here: {operation}"),
+                    };
                     if !skipped_said.contains(m) {
                         note(format_args!("emm replay: {m} skipped: {why}"));
                         skipped_said.push(m.clone());
@@ -246,9 +254,33 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         }
         report.traces.push(tr);
     }
+    // Every manager asked for was skipped: nothing ran, and the run says so.
+    let replayed = report.traces.iter().any(|t| !t.managers.is_empty());
+    if !replayed && !report.traces.is_empty() {
+        let why: Vec<String> = report
+            .traces
+            .iter()
+            .flat_map(|t| &t.skipped)
+            .map(|s| format!("{} skipped: {}", s.manager, s.why))
+            .fold(Vec::new(), |mut v, s| {
+                if !v.contains(&s) {
+                    v.push(s);
+                }
+                v
+            });
+        note(format_args!(
+            "emm replay: nothing was replayed: {}",
+            if why.is_empty() {
+                "no manager was asked for".to_owned()
+            } else {
+                why.join("; ")
+            }
+        ));
+        failed = true;
+    }
     if args.json {
         report::json(&mut out, &report)?;
-    } else if !report.traces.is_empty() {
+    } else if replayed {
         report::table(&mut out, &report)?;
     }
     if let Some(path) = &args.html {

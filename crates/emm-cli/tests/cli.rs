@@ -599,3 +599,83 @@ fn a_snapshot_without_segments_shows_no_pytorch_reserved_figure() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["traces"][0]["pytorch"]["peak_reserved_bytes"], 22 << 20);
 }
+
+/// `libemm_standin.so`, the stand-in driver, next to the test executable
+/// (`cargo build -p emm-standin` builds it; `cargo xtask ci` does). `None` in a
+/// GPU bundle (`EMM_BIN` set), which does not ship it.
+fn standin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps")
+        .join("libemm_standin.so");
+    if std::env::var_os("EMM_BIN").is_some() && !path.is_file() {
+        return None;
+    }
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p emm-standin` first (cargo xtask ci does)",
+        path.display()
+    );
+    Some(path)
+}
+
+/// On a driver whose device has no stream-ordered memory pools, `--manager all`
+/// skips `hostonly` with a note and replays the others (it once printed nothing
+/// and exited 1).
+#[test]
+fn a_device_without_memory_pools_skips_hostonly_and_replays_the_rest() {
+    let Some(driver) = standin() else {
+        return;
+    };
+    let p = temp("nopools.csv", b"op,id,size,stream\na,1,4096,0\nf,1,0,0\n");
+    for json in [false, true] {
+        let mut c = emm();
+        c.env("EMM_CUDA_DRIVER", &driver)
+            .env("EMM_STANDIN_MEMPOOLS", "0")
+            .args(["replay", "--passes", "1"]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.arg(&p).output().unwrap();
+        no_panic(&o);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert!(o.status.success(), "{out}\n{err}");
+        assert!(
+            err.contains("hostonly skipped: not supported here")
+                && err.contains("stream-ordered allocator"),
+            "{err}"
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["backend"], "gpu", "{v}");
+            let t = &v["traces"][0];
+            assert_eq!(t["managers"].as_array().unwrap().len(), 2, "{t}");
+            assert_eq!(t["skipped"][0]["manager"], "hostonly", "{t}");
+        } else {
+            assert!(out.contains(" default ") && out.contains(" pool "), "{out}");
+        }
+    }
+}
+
+/// `-m hostonly` where it cannot run replays nothing: it says why and exits 1
+/// (it once printed an empty table and exited 0).
+#[test]
+fn a_run_where_every_manager_is_skipped_says_why_and_fails() {
+    let o = run(&["replay", "-m", "hostonly"]);
+    no_panic(&o);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(
+        err.contains(
+            "nothing was replayed: hostonly skipped: needs CUDA's stream-ordered allocator"
+        ),
+        "{err}"
+    );
+    assert!(!out.contains("peak live"), "no empty table: {out}");
+    let o = run(&["replay", "-m", "hostonly", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["skipped"][0]["manager"], "hostonly");
+}
