@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{last_label, passes_line, rows, unsettled, Report, TraceReport, NO_SEGMENTS};
+use crate::report::{
+    failure_line, last_label, passes_line, rows, unsettled, Report, TraceReport, NO_SEGMENTS,
+};
 use crate::units;
 
 const W: f64 = 960.0;
@@ -50,7 +52,7 @@ pub fn page(r: &Report) -> String {
          body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}}\n\
          table{{border-collapse:collapse;margin:8px 0 16px}}td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}}\n\
          td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){{text-align:left}}\n\
-         .note{{color:#555;font-size:90%}}svg text{{font-size:12px;fill:#333}}\n\
+         .note{{color:#555;font-size:90%}}.failed{{color:#b00}}svg text{{font-size:12px;fill:#333}}\n\
          </style></head><body>\n<h1>emm replay</h1>\n<p class=\"note\">{}</p>\n",
         escape(&r.backend_detail)
     );
@@ -68,9 +70,14 @@ pub fn page(r: &Report) -> String {
             units::bytes(t.peak_live_bytes)
         );
         for row in all.iter().filter(|row| row[0] == t.trace) {
+            let status = if row[9].is_empty() {
+                String::new()
+            } else {
+                format!(" <strong class=\"failed\">{}</strong>", escape(&row[9]))
+            };
             let _ = writeln!(
                 h,
-                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td><span style=\"color:{}\">&#9632;</span> {}{status}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 color(&row[1]),
                 escape(&row[1]),
                 escape(&row[3]),
@@ -82,6 +89,11 @@ pub fn page(r: &Report) -> String {
             );
         }
         h.push_str("</table>\n");
+        for m in &t.managers {
+            if let Some(why) = failure_line(t, m) {
+                let _ = writeln!(h, "<p class=\"note failed\">{}</p>", escape(&why));
+            }
+        }
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(&passes_line(t, m)));
         }

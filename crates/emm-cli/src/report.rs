@@ -79,7 +79,13 @@ pub struct ManagerReport {
     /// Driver calls for memory over the whole replay.
     pub driver: DriverReport,
     pub seconds: f64,
+    /// Whether any request failed: the figures are then not the trace's (what
+    /// failed was never held).
+    pub failed: bool,
+    /// Requests that failed, over every pass.
     pub failures: u64,
+    /// The first failure's message (with the byte limit in effect, when one
+    /// was set through the environment).
     pub first_failure: Option<String>,
     /// Reserved bytes along the trace: `[event, bytes]` (for the page).
     #[serde(skip)]
@@ -194,26 +200,43 @@ pub fn last_label(r: &Report) -> String {
     }
 }
 
+/// `FAILED: n of m requests` for a replay in which requests failed, else `None`.
+pub fn failed_cell(m: &ManagerReport) -> Option<String> {
+    m.failed
+        .then(|| format!("FAILED: {} of {} requests", m.failures, m.requests))
+}
+
 /// The rows of the text table: `[trace, manager, peak live, peak reserved,
 /// reserved/live after pass 1, reserved/live over every pass (steady), passes,
-/// driver calls, time]`. Peak live and peak reserved are over every pass.
-pub fn rows(r: &Report) -> Vec<[String; 9]> {
+/// driver calls, time, status]`. Peak live and peak reserved are over every
+/// pass. A failed replay has `-` for its ratios and `FAILED: n of m requests`
+/// as its status; the status is empty otherwise.
+pub fn rows(r: &Report) -> Vec<[String; 10]> {
     let mut rows = Vec::new();
     for t in &r.traces {
         for m in &t.managers {
+            let failed = failed_cell(m);
+            let ratio = |reserved: u64, live: u128| {
+                if failed.is_some() {
+                    "-".to_owned()
+                } else {
+                    units::ratio(u128::from(reserved), live)
+                }
+            };
             rows.push([
                 t.trace.clone(),
                 m.manager.clone(),
                 units::bytes(m.peak_live_bytes),
                 units::bytes(u128::from(m.peak_reserved_bytes)),
-                units::ratio(
-                    u128::from(m.first_pass_peak_reserved_bytes),
+                ratio(
+                    m.first_pass_peak_reserved_bytes,
                     m.first_pass_peak_live_bytes,
                 ),
-                units::ratio(u128::from(m.peak_reserved_bytes), m.peak_live_bytes),
+                ratio(m.peak_reserved_bytes, m.peak_live_bytes),
                 passes_cell(m),
                 m.driver.total.to_string(),
                 units::duration(std::time::Duration::from_secs_f64(m.seconds)),
+                failed.unwrap_or_default(),
             ]);
         }
         if let Some(p) = &t.pytorch {
@@ -229,6 +252,7 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
                 "-".into(),
                 "-".into(),
                 "(recorded)".into(),
+                String::new(),
             ]);
         }
     }
@@ -284,7 +308,20 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
     out.line(group)?;
     out.line(line(head))?;
     for c in &rows {
-        out.line(line(c.each_ref().map(String::as_str)))?;
+        let [cells @ .., status] = c;
+        let row = line(cells.each_ref().map(String::as_str));
+        if status.is_empty() {
+            out.line(row)?;
+        } else {
+            out.line(format_args!("{row}  {status}"))?;
+        }
+    }
+    for t in &r.traces {
+        for m in &t.managers {
+            if let Some(why) = failure_line(t, m) {
+                out.line(why)?;
+            }
+        }
     }
     for t in &r.traces {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
@@ -320,6 +357,18 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The line under the table on a failed replay: how many requests failed and
+/// the first failure.
+pub fn failure_line(t: &TraceReport, m: &ManagerReport) -> Option<String> {
+    let cell = failed_cell(m)?;
+    Some(format!(
+        "{} through {}: {cell} failed; the first: {}",
+        t.trace,
+        m.manager,
+        m.first_failure.as_deref().unwrap_or("(no message)")
+    ))
 }
 
 /// Why `m` did not reach a steady footprint under `rule`, when it did not.
@@ -393,6 +442,7 @@ mod tests {
             upstream_allocs: 3,
             driver: emm::trace::DriverCalls::default().into(),
             seconds: 1.0,
+            failed: false,
             failures: 0,
             first_failure: None,
             reserved_curve: Vec::new(),

@@ -679,3 +679,66 @@ fn a_run_where_every_manager_is_skipped_says_why_and_fails() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["traces"][0]["skipped"][0]["manager"], "hostonly");
 }
+
+/// A replay with failed requests is marked as failed wherever it shows: the
+/// table's row (`FAILED: n of m requests`, no ratio) and the first failure
+/// under it, `failed: true` in the JSON, the page's row; the out-of-memory
+/// message names the limit that was hit (`EMM_POOL_LIMIT`), not only the host
+/// stand-in's 1 TiB. The run exits 1.
+#[test]
+fn a_failed_replay_is_marked_and_names_the_limit() {
+    let p = temp(
+        "fails.csv",
+        b"op,id,size,stream\na,1,4096,0\na,2,8388608,0\nf,1,0,0\nf,2,0,0\n",
+    );
+    let html = temp("fails.html", b"");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--html"])
+        .arg(&html)
+        .arg(&p)
+        .env("EMM_POOL_LIMIT", "3000000")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    let row = out.lines().find(|l| l.contains(" pool ")).unwrap();
+    assert!(row.ends_with("FAILED: 1 of 2 requests"), "{out}");
+    let c = cells(&out, row);
+    assert_eq!((c[4].as_str(), c[5].as_str()), ("-", "-"), "{out}");
+    let under = out
+        .lines()
+        .find(|l| l.contains("through pool: FAILED: 1 of 2 requests failed; the first: out of"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(under.contains("EMM_POOL_LIMIT=3000000"), "{under}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("FAILED: 1 of 2 requests</strong>"), "{page}");
+    assert!(page.contains("EMM_POOL_LIMIT=3000000"), "{page}");
+
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .env("EMM_POOL_LIMIT", "3000000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &v["traces"][0]["managers"][0];
+    assert_eq!(m["failed"], true, "{m}");
+    assert_eq!(m["failures"], 1, "{m}");
+    assert!(
+        m["first_failure"]
+            .as_str()
+            .is_some_and(|s| s.contains("EMM_POOL_LIMIT=3000000")),
+        "{m}"
+    );
+    // A replay without failures says so too.
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["managers"][0]["failed"], false);
+}
