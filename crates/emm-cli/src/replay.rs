@@ -50,6 +50,21 @@ fn progress_bar(total: u64, label: String) -> ProgressBar {
 }
 
 pub fn run(args: &Args) -> io::Result<ExitCode> {
+    // The page's file is made before the work, so a path that cannot be written
+    // fails at once, not after minutes of replay.
+    let html_file = match &args.html {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                note(format_args!(
+                    "emm replay: cannot create --html {}: {e}",
+                    path.display()
+                ));
+                return Ok(ExitCode::from(1));
+            }
+        },
+        None => None,
+    };
     let backend = Backend::detect();
     let mut out = Out::stdout();
     if !args.json {
@@ -67,7 +82,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         }
     }
     for p in &args.traces {
-        match Trace::open(p, args.format) {
+        let opened = if p.as_os_str() == "-" {
+            Trace::from_reader("(standard input)", io::stdin().lock(), args.format)
+        } else {
+            Trace::open(p, args.format)
+        };
+        match opened {
             Ok(ts) => traces.extend(ts),
             Err(e) => {
                 note(format_args!("emm replay: {e}"));
@@ -285,8 +305,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     } else if replayed {
         report::table(&mut out, &report)?;
     }
-    if let Some(path) = &args.html {
-        if let Err(e) = std::fs::write(path, crate::html::page(&report)) {
+    if let (Some(path), Some(mut file)) = (&args.html, html_file) {
+        use std::io::Write as _;
+        if let Err(e) = file.write_all(crate::html::page(&report).as_bytes()) {
             note(format_args!(
                 "emm replay: cannot write {}: {e}",
                 path.display()
@@ -338,6 +359,13 @@ fn say_diagnostics(t: &Trace, s: &Summary) {
             t.name()
         ));
     }
+    if s.reused_live_ids > 0 {
+        note(format_args!(
+            "emm replay: {}: {} allocations of an id that was still live (the earlier allocation is taken as freed there)",
+            t.name(),
+            s.reused_live_ids
+        ));
+    }
     if s.unknown_frees > 0 {
         note(format_args!(
             "emm replay: {}: {} frees of allocations that were not live (skipped)",
@@ -356,6 +384,7 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         streams: s.streams,
         peak_live_bytes: s.peak_live_bytes,
         malformed_lines: s.diagnostics.bad,
+        reused_live_ids: s.reused_live_ids,
         pytorch: t.torch_figures().map(|f| TorchReport {
             peak_reserved_bytes: f.reserved_known().then_some(f.peak_reserved_bytes),
             reserved_at_dump_bytes: f.reserved_at_dump,

@@ -41,6 +41,8 @@ pub struct TraceReport {
     pub streams: u64,
     pub peak_live_bytes: u128,
     pub malformed_lines: u64,
+    /// Allocations of an id that was still live (the earlier one taken as freed).
+    pub reused_live_ids: u64,
     pub pytorch: Option<TorchReport>,
     pub managers: Vec<ManagerReport>,
     pub skipped: Vec<Skipped>,
@@ -259,6 +261,13 @@ pub fn rows(r: &Report) -> Vec<[String; 10]> {
     rows
 }
 
+/// What the table's terms mean, printed under it (lines of at most 120 columns).
+pub const LEGEND: [&str; 3] = [
+    "driver calls: the manager's calls to the driver for device memory over every pass (allocations, frees, pieces",
+    "  of an expandable segment mapped, moved, unmapped); \"N passes:\" lines split them into pass 1 and the later passes.",
+    "upstream (JSON upstream_allocs): allocations the manager took from what it sits on (driver, stand-in).",
+];
+
 /// Said of a snapshot whose PyTorch row has no reserved bytes.
 pub const NO_SEGMENTS: &str =
     "PyTorch's reserved bytes are unknown (-): the snapshot has no segments and no segment events";
@@ -327,6 +336,15 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             out.line(passes_line(t, m))?;
         }
+    }
+    for t in r.traces.iter().filter(|t| t.reused_live_ids > 0) {
+        out.line(format_args!(
+            "{}: {} allocations reused an id that was still live (the earlier allocation taken as freed)",
+            t.trace, t.reused_live_ids
+        ))?;
+    }
+    for l in LEGEND {
+        out.line(l)?;
     }
     if let Some(rule) = &r.steady_rule {
         out.line(format_args!(
@@ -474,6 +492,7 @@ mod tests {
                 streams: 1,
                 peak_live_bytes: 1000,
                 malformed_lines: 0,
+                reused_live_ids: 0,
                 pytorch: None,
                 managers: vec![m],
                 skipped: Vec::new(),

@@ -290,7 +290,8 @@ fn the_default_replays_until_the_footprint_holds() {
     let o = run(&["replay"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    let mut lines = out.lines().skip(1);
+    // The backend's lines (the host stand-in's reason wrapped), then the table.
+    let mut lines = out.lines().skip_while(|l| l.trim() != "reserved/live");
     assert!(lines.next().unwrap().trim() == "reserved/live", "{out}");
     assert_eq!(
         cells(&out, lines.next().unwrap()),
@@ -501,7 +502,11 @@ fn an_invalid_emm_log_is_replaced_by_warn_and_said_once() {
         .unwrap();
     no_panic(&o);
     let err = text(&o.stderr);
-    let said: Vec<&str> = err.lines().filter(|l| l.contains("EMM_LOG")).collect();
+    // (`emm info` without a driver also lists the settings in effect: `  EMM_LOG=…`.)
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("EMM_LOG") && !l.starts_with("  EMM_LOG="))
+        .collect();
     assert_eq!(said.len(), 1, "{err}");
     assert!(
         said[0].starts_with("emm: warning: ")
@@ -741,4 +746,104 @@ fn a_failed_replay_is_marked_and_names_the_limit() {
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["traces"][0]["managers"][0]["failed"], false);
+}
+
+/// Small defects of the command, each once accepted silently or said badly.
+#[test]
+fn arguments_and_inputs_are_checked_and_explained() {
+    // `--format` without a trace file is an error, not ignored.
+    let o = run(&["replay", "--format", "rmm"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--format applies to the trace files given"),
+        "{}",
+        text(&o.stderr)
+    );
+    // `--format rmm` on emm's CSV names the header found and the one expected.
+    let csv = temp("emm.csv", b"op,id,size,stream\na,1,512,0\nf,1,0,0\n");
+    let o = emm()
+        .args(["replay", "--format", "rmm"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("the header is emm-csv's"),
+        "{}",
+        text(&o.stderr)
+    );
+    // `-` reads standard input.
+    let mut child = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"op,id,size,stream\na,1,512,0\na,1,1024,0\nf,1,0,0\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["trace"], "(standard input)");
+    assert_eq!(v["traces"][0]["peak_live_bytes"], 1024);
+    // An id allocated again while live is counted and said.
+    assert_eq!(v["traces"][0]["reused_live_ids"], 1);
+    assert!(
+        text(&o.stderr).contains("1 allocations of an id that was still live"),
+        "{}",
+        text(&o.stderr)
+    );
+    // An --html path that cannot be created fails before any replay.
+    let o = run(&["replay", "--html", "/nonexistent-dir/x.html"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("cannot create --html /nonexistent-dir/x.html"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(text(&o.stdout).is_empty(), "{}", text(&o.stdout));
+    // The backend lines fit 120 columns, and a legend explains the table.
+    let o = run(&["replay", "-m", "pool", "--passes", "1"]);
+    let out = text(&o.stdout);
+    let table_at = out.find("reserved/live").unwrap();
+    for l in out[..table_at].lines() {
+        assert!(l.chars().count() <= 120, "{l}");
+    }
+    assert!(
+        out.contains("driver calls: the manager's calls to the driver"),
+        "{out}"
+    );
+    assert!(out.contains("upstream (JSON upstream_allocs)"), "{out}");
+    let o = run(&["replay", "--help"]);
+    assert!(
+        text(&o.stdout).contains("upstream_allocs counts"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+/// `emm info` without a driver gives the version, the `EMM_*` settings in effect
+/// and a hint about `EMM_CUDA_DRIVER`, beside the error.
+#[test]
+fn info_without_a_driver_says_version_settings_and_a_hint() {
+    let o = emm()
+        .arg("info")
+        .env("EMM_POOL_LIMIT", "5G")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("no usable CUDA driver"), "{err}");
+    assert!(
+        err.contains(&format!("emm {}", env!("CARGO_PKG_VERSION"))),
+        "{err}"
+    );
+    assert!(err.contains("  EMM_POOL_LIMIT=5G"), "{err}");
+    assert!(err.contains("hint: set EMM_CUDA_DRIVER"), "{err}");
 }

@@ -275,3 +275,23 @@ fn a_free_completed_without_free_requested_frees_the_block() {
         3
     );
 }
+
+/// `--format rmm` on an emm CSV says what header it found and which it expected,
+/// instead of calling the header a malformed line 1.
+#[test]
+fn a_forced_format_on_another_formats_header_says_what_was_expected() {
+    let p = temp("emm_as_rmm.csv", b"op,id,size,stream\na,1,512,0\nf,1,0,0\n");
+    let e = Trace::open(&p, Some(Format::RmmLog)).unwrap_err();
+    assert!(
+        matches!(e, TraceError::HeaderMismatch { line: 1, .. }),
+        "{e}"
+    );
+    let m = e.to_string();
+    assert!(
+        m.contains("the header is emm-csv's (\"op,id,size,stream\")")
+            && m.contains("to be read as rmm-log (expected the header \"Thread,Time,Action,Pointer,Size,Stream\")"),
+        "{m}"
+    );
+    // The format the header names is read as before.
+    assert!(Trace::open(&p, Some(Format::EmmCsv)).is_ok());
+}
