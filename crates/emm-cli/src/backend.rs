@@ -36,7 +36,8 @@ impl Backend {
         match self {
             Backend::Gpu { name, .. } => format!("backend: GPU 0 ({name}), device memory"),
             Backend::Host { why } => format!(
-                "backend: host-memory stand-in (no CUDA GPU: {why}); sizes and counts are real, times are host bookkeeping only"
+                "backend: host-memory stand-in: sizes and counts are real, times are host bookkeeping only\n{}",
+                wrap(&format!("no CUDA GPU: {why}"), 116, "  ")
             ),
         }
     }
@@ -69,6 +70,30 @@ impl Backend {
             Backend::Host { .. } => Ok(()),
         }
     }
+}
+
+/// `text` in lines of at most `width` characters (a longer word stands alone),
+/// each begun with `indent`.
+fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in text.split_whitespace() {
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() {
+        lines.push(cur);
+    }
+    lines
+        .iter()
+        .map(|l| format!("{indent}{l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub struct Streams<'a> {

@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{last_label, passes_line, rows, unsettled, Report, TraceReport};
+use crate::report::{
+    failure_line, last_label, passes_line, rows, unsettled, Report, TraceReport, NO_SEGMENTS,
+};
 use crate::units;
 
 const W: f64 = 960.0;
@@ -50,7 +52,7 @@ pub fn page(r: &Report) -> String {
          body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}}\n\
          table{{border-collapse:collapse;margin:8px 0 16px}}td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}}\n\
          td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){{text-align:left}}\n\
-         .note{{color:#555;font-size:90%}}svg text{{font-size:12px;fill:#333}}\n\
+         .note{{color:#555;font-size:90%}}.failed{{color:#b00}}svg text{{font-size:12px;fill:#333}}\n\
          </style></head><body>\n<h1>emm replay</h1>\n<p class=\"note\">{}</p>\n",
         escape(&r.backend_detail)
     );
@@ -68,9 +70,14 @@ pub fn page(r: &Report) -> String {
             units::bytes(t.peak_live_bytes)
         );
         for row in all.iter().filter(|row| row[0] == t.trace) {
+            let status = if row[9].is_empty() {
+                String::new()
+            } else {
+                format!(" <strong class=\"failed\">{}</strong>", escape(&row[9]))
+            };
             let _ = writeln!(
                 h,
-                "<tr><td><span style=\"color:{}\">&#9632;</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td><span style=\"color:{}\">&#9632;</span> {}{status}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 color(&row[1]),
                 escape(&row[1]),
                 escape(&row[3]),
@@ -82,6 +89,11 @@ pub fn page(r: &Report) -> String {
             );
         }
         h.push_str("</table>\n");
+        for m in &t.managers {
+            if let Some(why) = failure_line(t, m) {
+                let _ = writeln!(h, "<p class=\"note failed\">{}</p>", escape(&why));
+            }
+        }
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(&passes_line(t, m)));
         }
@@ -94,6 +106,12 @@ pub fn page(r: &Report) -> String {
                     escape(&why)
                 );
             }
+        }
+        if t.pytorch
+            .as_ref()
+            .is_some_and(|p| p.peak_reserved_bytes.is_none())
+        {
+            let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(NO_SEGMENTS));
         }
         for s in &t.skipped {
             let _ = writeln!(
@@ -140,7 +158,8 @@ fn steps(points: impl Iterator<Item = (f64, f64)>) -> String {
 
 /// The chart of one trace.
 pub fn chart(t: &TraceReport) -> String {
-    let entries = t.managers.len() + 1 + usize::from(t.pytorch.is_some());
+    let torch_reserved = t.pytorch.as_ref().and_then(|p| p.peak_reserved_bytes);
+    let entries = t.managers.len() + 1 + usize::from(torch_reserved.is_some());
     let top = 12.0 + LEGEND_LINE * entries as f64 + 10.0;
     let h = H + top;
     // Every pass's events (`--passes`): the curves run to the last sample.
@@ -156,8 +175,8 @@ pub fn chart(t: &TraceReport) -> String {
     for m in &t.managers {
         y_max = y_max.max(m.reserved_curve.iter().map(|p| p.1).max().unwrap_or(0) as f64);
     }
-    if let Some(p) = &t.pytorch {
-        y_max = y_max.max(p.peak_reserved_bytes as f64);
+    if let Some(p) = torch_reserved {
+        y_max = y_max.max(p as f64);
     }
     let y_step = nice_step(y_max);
     let y_max = ((y_max / y_step).ceil() * y_step).max(y_step);
@@ -202,8 +221,8 @@ pub fn chart(t: &TraceReport) -> String {
         h - 8.0
     );
     let mut legend: Vec<(String, &str, bool)> = Vec::new();
-    if let Some(p) = &t.pytorch {
-        let yy = y(p.peak_reserved_bytes as f64);
+    if let Some(p) = torch_reserved {
+        let yy = y(p as f64);
         let _ = writeln!(
             s,
             "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>",
@@ -211,10 +230,7 @@ pub fn chart(t: &TraceReport) -> String {
             color("pytorch")
         );
         legend.push((
-            format!(
-                "PyTorch peak reserved ({})",
-                units::bytes(p.peak_reserved_bytes)
-            ),
+            format!("PyTorch peak reserved ({})", units::bytes(p)),
             color("pytorch"),
             true,
         ));

@@ -18,6 +18,25 @@ pub fn run() -> io::Result<ExitCode> {
         }
         Err(e) => {
             note(format_args!("emm: no usable CUDA driver: {e}"));
+            note(format_args!("emm {}", env!("CARGO_PKG_VERSION")));
+            let mut set: Vec<(String, String)> = std::env::vars_os()
+                .filter_map(|(k, v)| {
+                    let k = k.into_string().ok()?;
+                    k.starts_with("EMM_")
+                        .then(|| (k, v.to_string_lossy().into_owned()))
+                })
+                .collect();
+            set.sort();
+            if set.is_empty() {
+                note("settings: no EMM_* variable is set (defaults apply)");
+            } else {
+                note("settings in effect:");
+                for (k, v) in set {
+                    note(format_args!("  {k}={v}"));
+                }
+            }
+            note("hint: set EMM_CUDA_DRIVER to the path of libcuda.so.1 (or of libemm_standin.so, the stand-in");
+            note("  driver) when it is not on the loader's path; `emm replay` runs without one, over host memory");
             Ok(ExitCode::from(1))
         }
     }

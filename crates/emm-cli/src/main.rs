@@ -28,8 +28,17 @@ enum Command {
     /// Replay allocation traces through every manager (the main job). Reads PyTorch
     /// memory snapshots (`torch.cuda.memory._dump_snapshot()`), RMM replay logs and
     /// emm's CSV; without a GPU it replays over a host-memory stand-in.
+    #[command(
+        after_help = "The table: peak live (bytes the trace holds), peak reserved (bytes the manager \
+took), reserved/live after pass 1 and at the end, passes, driver calls (the manager's calls to the driver for \
+device memory over every pass: allocations, frees, pieces of an expandable segment mapped, moved and \
+unmapped) and time. A line per manager replayed over several passes splits the driver calls into pass 1 \
+(the manager growing) and each later pass. In --json, upstream_allocs counts the allocations the manager \
+took from what it sits on (the driver or the stand-in). A replay with failed requests is marked FAILED."
+    )]
     Replay {
-        /// Trace files; none replays the bundled GPT training trace.
+        /// Trace files (`-`: standard input); none replays the bundled GPT
+        /// training trace.
         traces: Vec<PathBuf>,
         /// Managers to replay through (repeatable).
         #[arg(short, long, value_enum, default_value = "all")]
@@ -150,6 +159,16 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info::run(),
         Command::Bench { json } => bench::run(json),
+        Command::Replay {
+            ref traces,
+            format: Some(_),
+            ..
+        } if traces.is_empty() => {
+            out::note(
+                "emm replay: --format applies to the trace files given, and none was given (the bundled trace is emm's CSV); give a TRACE or drop --format",
+            );
+            Ok(ExitCode::from(2))
+        }
         Command::Replay {
             traces,
             manager,

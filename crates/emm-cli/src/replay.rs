@@ -50,6 +50,21 @@ fn progress_bar(total: u64, label: String) -> ProgressBar {
 }
 
 pub fn run(args: &Args) -> io::Result<ExitCode> {
+    // The page's file is made before the work, so a path that cannot be written
+    // fails at once, not after minutes of replay.
+    let html_file = match &args.html {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                note(format_args!(
+                    "emm replay: cannot create --html {}: {e}",
+                    path.display()
+                ));
+                return Ok(ExitCode::from(1));
+            }
+        },
+        None => None,
+    };
     let backend = Backend::detect();
     let mut out = Out::stdout();
     if !args.json {
@@ -67,7 +82,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         }
     }
     for p in &args.traces {
-        match Trace::open(p, args.format) {
+        let opened = if p.as_os_str() == "-" {
+            Trace::from_reader("(standard input)", io::stdin().lock(), args.format)
+        } else {
+            Trace::open(p, args.format)
+        };
+        match opened {
             Ok(ts) => traces.extend(ts),
             Err(e) => {
                 note(format_args!("emm replay: {e}"));
@@ -101,9 +121,17 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         for m in &args.managers {
             let manager = match backend.build(m) {
                 Ok(x) => x,
-                Err(EmmError::Unsupported { .. }) if matches!(backend, Backend::Host { .. }) => {
-                    let why = "needs CUDA's stream-ordered allocator, and there is no GPU here"
-                        .to_owned();
+                // A manager this driver, device or the stand-in cannot run (e.g.
+                // `hostonly` without stream-ordered memory pools) is skipped, and
+                // the others run.
+                Err(EmmError::Unsupported { operation, .. }) => {
+                    let why = match backend {
+                        Backend::Host { .. } => {
+                            "needs CUDA's stream-ordered allocator, and there is no GPU here"
+                                .to_owned()
+                        }
+                        Backend::Gpu { .. } => format!("not supported here: {operation}"),
+                    };
                     if !skipped_said.contains(m) {
                         note(format_args!("emm replay: {m} skipped: {why}"));
                         skipped_said.push(m.clone());
@@ -182,13 +210,14 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     continue;
                 }
             };
+            let first_failure = r.first_failure.clone().map(|e| with_limit(m, e));
             if r.failures > 0 {
                 note(format_args!(
-                    "emm replay: {} through {m}: {} of {} requests failed; the first: {}",
+                    "emm replay: {} through {m}: FAILED: {} of {} requests failed; the first: {}",
                     t.name(),
                     r.failures,
                     r.requests,
-                    r.first_failure.as_deref().unwrap_or("?")
+                    first_failure.as_deref().unwrap_or("?")
                 ));
                 failed = true;
             }
@@ -221,8 +250,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 upstream_allocs: r.upstream_allocs,
                 driver: r.driver.into(),
                 seconds: r.elapsed.as_secs_f64(),
+                failed: r.failures > 0,
                 failures: r.failures,
-                first_failure: r.first_failure,
+                first_failure,
                 reserved_curve: r
                     .samples
                     .iter()
@@ -246,13 +276,38 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         }
         report.traces.push(tr);
     }
+    // Every manager asked for was skipped: nothing ran, and the run says so.
+    let replayed = report.traces.iter().any(|t| !t.managers.is_empty());
+    if !replayed && !report.traces.is_empty() {
+        let why: Vec<String> = report
+            .traces
+            .iter()
+            .flat_map(|t| &t.skipped)
+            .map(|s| format!("{} skipped: {}", s.manager, s.why))
+            .fold(Vec::new(), |mut v, s| {
+                if !v.contains(&s) {
+                    v.push(s);
+                }
+                v
+            });
+        note(format_args!(
+            "emm replay: nothing was replayed: {}",
+            if why.is_empty() {
+                "no manager was asked for".to_owned()
+            } else {
+                why.join("; ")
+            }
+        ));
+        failed = true;
+    }
     if args.json {
         report::json(&mut out, &report)?;
-    } else if !report.traces.is_empty() {
+    } else if replayed {
         report::table(&mut out, &report)?;
     }
-    if let Some(path) = &args.html {
-        if let Err(e) = std::fs::write(path, crate::html::page(&report)) {
+    if let (Some(path), Some(mut file)) = (&args.html, html_file) {
+        use std::io::Write as _;
+        if let Err(e) = file.write_all(crate::html::page(&report).as_bytes()) {
             note(format_args!(
                 "emm replay: cannot write {}: {e}",
                 path.display()
@@ -270,6 +325,29 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     })
 }
 
+/// The byte limit set through the environment for `manager`, as its variable
+/// and value (`EMM_POOL_LIMIT=1000000`).
+fn limit_setting(manager: &str) -> Option<String> {
+    let var = match manager {
+        "pool" => "EMM_POOL_LIMIT",
+        _ => return None,
+    };
+    let v = std::env::var(var).ok().filter(|v| !v.trim().is_empty())?;
+    Some(format!("{var}={}", v.trim()))
+}
+
+/// `message`, an allocation failure of `manager`, with the byte limit in effect
+/// when one was set: the pool reports the device's free and total bytes (on the
+/// host stand-in, its made-up 1 TiB), not the limit that was hit.
+fn with_limit(manager: &str, message: String) -> String {
+    match limit_setting(manager) {
+        Some(limit) if message.contains("out of") => format!(
+            "{message}; limit in effect: {limit} (the pool may reserve no more; the free and total above are the device's)"
+        ),
+        _ => message,
+    }
+}
+
 fn say_diagnostics(t: &Trace, s: &Summary) {
     for e in &s.diagnostics.first {
         note(format_args!("emm replay: {}: {e} (skipped)", t.name()));
@@ -279,6 +357,13 @@ fn say_diagnostics(t: &Trace, s: &Summary) {
         note(format_args!(
             "emm replay: {}: {more} more malformed lines skipped",
             t.name()
+        ));
+    }
+    if s.reused_live_ids > 0 {
+        note(format_args!(
+            "emm replay: {}: {} allocations of an id that was still live (the earlier allocation is taken as freed there)",
+            t.name(),
+            s.reused_live_ids
         ));
     }
     if s.unknown_frees > 0 {
@@ -299,13 +384,15 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         streams: s.streams,
         peak_live_bytes: s.peak_live_bytes,
         malformed_lines: s.diagnostics.bad,
+        reused_live_ids: s.reused_live_ids,
         pytorch: t.torch_figures().map(|f| TorchReport {
-            peak_reserved_bytes: f.peak_reserved_bytes,
+            peak_reserved_bytes: f.reserved_known().then_some(f.peak_reserved_bytes),
             reserved_at_dump_bytes: f.reserved_at_dump,
             allocated_at_dump_bytes: f.allocated_at_dump,
             reconstructed_allocations: f.reconstructed_allocs,
             cross_stream_frees: f.cross_stream_frees,
             ooms: f.ooms,
+            segment_events: f.segment_events,
         }),
         managers: Vec::new(),
         skipped: Vec::new(),

@@ -41,6 +41,8 @@ pub struct TraceReport {
     pub streams: u64,
     pub peak_live_bytes: u128,
     pub malformed_lines: u64,
+    /// Allocations of an id that was still live (the earlier one taken as freed).
+    pub reused_live_ids: u64,
     pub pytorch: Option<TorchReport>,
     pub managers: Vec<ManagerReport>,
     pub skipped: Vec<Skipped>,
@@ -52,12 +54,16 @@ pub struct TraceReport {
 /// PyTorch's own figures from a snapshot.
 #[derive(Serialize)]
 pub struct TorchReport {
-    pub peak_reserved_bytes: u128,
+    /// `null` when the snapshot has no segments and no segment events: it does
+    /// not tell what PyTorch reserved.
+    pub peak_reserved_bytes: Option<u128>,
     pub reserved_at_dump_bytes: u128,
     pub allocated_at_dump_bytes: u128,
     pub reconstructed_allocations: u64,
     pub cross_stream_frees: u64,
     pub ooms: u64,
+    /// Segment events in the trace (`segment_alloc`, `segment_free`, …).
+    pub segment_events: u64,
 }
 
 /// One manager's replay.
@@ -75,7 +81,13 @@ pub struct ManagerReport {
     /// Driver calls for memory over the whole replay.
     pub driver: DriverReport,
     pub seconds: f64,
+    /// Whether any request failed: the figures are then not the trace's (what
+    /// failed was never held).
+    pub failed: bool,
+    /// Requests that failed, over every pass.
     pub failures: u64,
+    /// The first failure's message (with the byte limit in effect, when one
+    /// was set through the environment).
     pub first_failure: Option<String>,
     /// Reserved bytes along the trace: `[event, bytes]` (for the page).
     #[serde(skip)]
@@ -190,26 +202,43 @@ pub fn last_label(r: &Report) -> String {
     }
 }
 
+/// `FAILED: n of m requests` for a replay in which requests failed, else `None`.
+pub fn failed_cell(m: &ManagerReport) -> Option<String> {
+    m.failed
+        .then(|| format!("FAILED: {} of {} requests", m.failures, m.requests))
+}
+
 /// The rows of the text table: `[trace, manager, peak live, peak reserved,
 /// reserved/live after pass 1, reserved/live over every pass (steady), passes,
-/// driver calls, time]`. Peak live and peak reserved are over every pass.
-pub fn rows(r: &Report) -> Vec<[String; 9]> {
+/// driver calls, time, status]`. Peak live and peak reserved are over every
+/// pass. A failed replay has `-` for its ratios and `FAILED: n of m requests`
+/// as its status; the status is empty otherwise.
+pub fn rows(r: &Report) -> Vec<[String; 10]> {
     let mut rows = Vec::new();
     for t in &r.traces {
         for m in &t.managers {
+            let failed = failed_cell(m);
+            let ratio = |reserved: u64, live: u128| {
+                if failed.is_some() {
+                    "-".to_owned()
+                } else {
+                    units::ratio(u128::from(reserved), live)
+                }
+            };
             rows.push([
                 t.trace.clone(),
                 m.manager.clone(),
                 units::bytes(m.peak_live_bytes),
                 units::bytes(u128::from(m.peak_reserved_bytes)),
-                units::ratio(
-                    u128::from(m.first_pass_peak_reserved_bytes),
+                ratio(
+                    m.first_pass_peak_reserved_bytes,
                     m.first_pass_peak_live_bytes,
                 ),
-                units::ratio(u128::from(m.peak_reserved_bytes), m.peak_live_bytes),
+                ratio(m.peak_reserved_bytes, m.peak_live_bytes),
                 passes_cell(m),
                 m.driver.total.to_string(),
                 units::duration(std::time::Duration::from_secs_f64(m.seconds)),
+                failed.unwrap_or_default(),
             ]);
         }
         if let Some(p) = &t.pytorch {
@@ -217,17 +246,31 @@ pub fn rows(r: &Report) -> Vec<[String; 9]> {
                 t.trace.clone(),
                 "pytorch".into(),
                 units::bytes(t.peak_live_bytes),
-                units::bytes(p.peak_reserved_bytes),
-                units::ratio(p.peak_reserved_bytes, t.peak_live_bytes),
+                p.peak_reserved_bytes
+                    .map_or_else(|| "-".into(), units::bytes),
+                p.peak_reserved_bytes
+                    .map_or_else(|| "-".into(), |b| units::ratio(b, t.peak_live_bytes)),
                 "-".into(),
                 "-".into(),
                 "-".into(),
                 "(recorded)".into(),
+                String::new(),
             ]);
         }
     }
     rows
 }
+
+/// What the table's terms mean, printed under it (lines of at most 120 columns).
+pub const LEGEND: [&str; 3] = [
+    "driver calls: the manager's calls to the driver for device memory over every pass (allocations, frees, pieces",
+    "  of an expandable segment mapped, moved, unmapped); \"N passes:\" lines split them into pass 1 and the later passes.",
+    "upstream (JSON upstream_allocs): allocations the manager took from what it sits on (driver, stand-in).",
+];
+
+/// Said of a snapshot whose PyTorch row has no reserved bytes.
+pub const NO_SEGMENTS: &str =
+    "PyTorch's reserved bytes are unknown (-): the snapshot has no segments and no segment events";
 
 /// Writes the table.
 pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
@@ -274,12 +317,34 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
     out.line(group)?;
     out.line(line(head))?;
     for c in &rows {
-        out.line(line(c.each_ref().map(String::as_str)))?;
+        let [cells @ .., status] = c;
+        let row = line(cells.each_ref().map(String::as_str));
+        if status.is_empty() {
+            out.line(row)?;
+        } else {
+            out.line(format_args!("{row}  {status}"))?;
+        }
+    }
+    for t in &r.traces {
+        for m in &t.managers {
+            if let Some(why) = failure_line(t, m) {
+                out.line(why)?;
+            }
+        }
     }
     for t in &r.traces {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             out.line(passes_line(t, m))?;
         }
+    }
+    for t in r.traces.iter().filter(|t| t.reused_live_ids > 0) {
+        out.line(format_args!(
+            "{}: {} allocations reused an id that was still live (the earlier allocation taken as freed)",
+            t.trace, t.reused_live_ids
+        ))?;
+    }
+    for l in LEGEND {
+        out.line(l)?;
     }
     if let Some(rule) = &r.steady_rule {
         out.line(format_args!(
@@ -304,9 +369,24 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
                 p.cross_stream_frees,
                 p.ooms
             ))?;
+            if p.peak_reserved_bytes.is_none() {
+                out.line(format_args!("{}: {NO_SEGMENTS}", t.trace))?;
+            }
         }
     }
     Ok(())
+}
+
+/// The line under the table on a failed replay: how many requests failed and
+/// the first failure.
+pub fn failure_line(t: &TraceReport, m: &ManagerReport) -> Option<String> {
+    let cell = failed_cell(m)?;
+    Some(format!(
+        "{} through {}: {cell} failed; the first: {}",
+        t.trace,
+        m.manager,
+        m.first_failure.as_deref().unwrap_or("(no message)")
+    ))
 }
 
 /// Why `m` did not reach a steady footprint under `rule`, when it did not.
@@ -380,6 +460,7 @@ mod tests {
             upstream_allocs: 3,
             driver: emm::trace::DriverCalls::default().into(),
             seconds: 1.0,
+            failed: false,
             failures: 0,
             first_failure: None,
             reserved_curve: Vec::new(),
@@ -411,6 +492,7 @@ mod tests {
                 streams: 1,
                 peak_live_bytes: 1000,
                 malformed_lines: 0,
+                reused_live_ids: 0,
                 pytorch: None,
                 managers: vec![m],
                 skipped: Vec::new(),

@@ -290,7 +290,8 @@ fn the_default_replays_until_the_footprint_holds() {
     let o = run(&["replay"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    let mut lines = out.lines().skip(1);
+    // The backend's lines (the host stand-in's reason wrapped), then the table.
+    let mut lines = out.lines().skip_while(|l| l.trim() != "reserved/live");
     assert!(lines.next().unwrap().trim() == "reserved/live", "{out}");
     assert_eq!(
         cells(&out, lines.next().unwrap()),
@@ -501,7 +502,11 @@ fn an_invalid_emm_log_is_replaced_by_warn_and_said_once() {
         .unwrap();
     no_panic(&o);
     let err = text(&o.stderr);
-    let said: Vec<&str> = err.lines().filter(|l| l.contains("EMM_LOG")).collect();
+    // (`emm info` without a driver also lists the settings in effect: `  EMM_LOG=…`.)
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("EMM_LOG") && !l.starts_with("  EMM_LOG="))
+        .collect();
     assert_eq!(said.len(), 1, "{err}");
     assert!(
         said[0].starts_with("emm: warning: ")
@@ -552,4 +557,293 @@ fn points_inside(page: &str, width: f64) {
             assert!((0.0..=width).contains(&x), "x = {x} outside 0..{width}");
         }
     }
+}
+
+/// A snapshot without segments or segment events does not tell what PyTorch
+/// reserved: its row shows `-`, not "0 B" and a ratio, a note says why, the
+/// JSON has `null`, and the page draws no PyTorch line.
+#[test]
+fn a_snapshot_without_segments_shows_no_pytorch_reserved_figure() {
+    let p = data("emm-trace/tests/fixtures/snapshot_completed_only.pickle");
+    let html = temp("nosegments.html", b"");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--html"])
+        .arg(&html)
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let row = out.lines().find(|l| l.contains(" pytorch ")).unwrap();
+    let c = cells(&out, row);
+    assert_eq!((c[3].as_str(), c[4].as_str()), ("-", "-"), "{out}");
+    assert!(!row.contains("0 B"), "{row}");
+    assert!(
+        out.contains("the snapshot has no segments and no segment events"),
+        "{out}"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains("PyTorch peak reserved"), "{page}");
+    assert!(page.contains("no segment events"), "{page}");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let torch = &v["traces"][0]["pytorch"];
+    assert!(torch["peak_reserved_bytes"].is_null(), "{torch}");
+    assert_eq!(torch["segment_events"], 0);
+    // A snapshot with segments keeps its figure.
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(snapshot())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["pytorch"]["peak_reserved_bytes"], 22 << 20);
+}
+
+/// `libemm_standin.so`, the stand-in driver, next to the test executable
+/// (`cargo build -p emm-standin` builds it; `cargo xtask ci` does). `None` in a
+/// GPU bundle (`EMM_BIN` set), which does not ship it.
+fn standin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps")
+        .join("libemm_standin.so");
+    if std::env::var_os("EMM_BIN").is_some() && !path.is_file() {
+        return None;
+    }
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p emm-standin` first (cargo xtask ci does)",
+        path.display()
+    );
+    Some(path)
+}
+
+/// On a driver whose device has no stream-ordered memory pools, `--manager all`
+/// skips `hostonly` with a note and replays the others (it once printed nothing
+/// and exited 1).
+#[test]
+fn a_device_without_memory_pools_skips_hostonly_and_replays_the_rest() {
+    let Some(driver) = standin() else {
+        return;
+    };
+    let p = temp("nopools.csv", b"op,id,size,stream\na,1,4096,0\nf,1,0,0\n");
+    for json in [false, true] {
+        let mut c = emm();
+        c.env("EMM_CUDA_DRIVER", &driver)
+            .env("EMM_STANDIN_MEMPOOLS", "0")
+            .args(["replay", "--passes", "1"]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.arg(&p).output().unwrap();
+        no_panic(&o);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert!(o.status.success(), "{out}\n{err}");
+        assert!(
+            err.contains("hostonly skipped: not supported here")
+                && err.contains("stream-ordered allocator"),
+            "{err}"
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["backend"], "gpu", "{v}");
+            let t = &v["traces"][0];
+            assert_eq!(t["managers"].as_array().unwrap().len(), 2, "{t}");
+            assert_eq!(t["skipped"][0]["manager"], "hostonly", "{t}");
+        } else {
+            assert!(out.contains(" default ") && out.contains(" pool "), "{out}");
+        }
+    }
+}
+
+/// `-m hostonly` where it cannot run replays nothing: it says why and exits 1
+/// (it once printed an empty table and exited 0).
+#[test]
+fn a_run_where_every_manager_is_skipped_says_why_and_fails() {
+    let o = run(&["replay", "-m", "hostonly"]);
+    no_panic(&o);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(
+        err.contains(
+            "nothing was replayed: hostonly skipped: needs CUDA's stream-ordered allocator"
+        ),
+        "{err}"
+    );
+    assert!(!out.contains("peak live"), "no empty table: {out}");
+    let o = run(&["replay", "-m", "hostonly", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["skipped"][0]["manager"], "hostonly");
+}
+
+/// A replay with failed requests is marked as failed wherever it shows: the
+/// table's row (`FAILED: n of m requests`, no ratio) and the first failure
+/// under it, `failed: true` in the JSON, the page's row; the out-of-memory
+/// message names the limit that was hit (`EMM_POOL_LIMIT`), not only the host
+/// stand-in's 1 TiB. The run exits 1.
+#[test]
+fn a_failed_replay_is_marked_and_names_the_limit() {
+    let p = temp(
+        "fails.csv",
+        b"op,id,size,stream\na,1,4096,0\na,2,8388608,0\nf,1,0,0\nf,2,0,0\n",
+    );
+    let html = temp("fails.html", b"");
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--html"])
+        .arg(&html)
+        .arg(&p)
+        .env("EMM_POOL_LIMIT", "3000000")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    let row = out.lines().find(|l| l.contains(" pool ")).unwrap();
+    assert!(row.ends_with("FAILED: 1 of 2 requests"), "{out}");
+    let c = cells(&out, row);
+    assert_eq!((c[4].as_str(), c[5].as_str()), ("-", "-"), "{out}");
+    let under = out
+        .lines()
+        .find(|l| l.contains("through pool: FAILED: 1 of 2 requests failed; the first: out of"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(under.contains("EMM_POOL_LIMIT=3000000"), "{under}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("FAILED: 1 of 2 requests</strong>"), "{page}");
+    assert!(page.contains("EMM_POOL_LIMIT=3000000"), "{page}");
+
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .env("EMM_POOL_LIMIT", "3000000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &v["traces"][0]["managers"][0];
+    assert_eq!(m["failed"], true, "{m}");
+    assert_eq!(m["failures"], 1, "{m}");
+    assert!(
+        m["first_failure"]
+            .as_str()
+            .is_some_and(|s| s.contains("EMM_POOL_LIMIT=3000000")),
+        "{m}"
+    );
+    // A replay without failures says so too.
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["managers"][0]["failed"], false);
+}
+
+/// Small defects of the command, each once accepted silently or said badly.
+#[test]
+fn arguments_and_inputs_are_checked_and_explained() {
+    // `--format` without a trace file is an error, not ignored.
+    let o = run(&["replay", "--format", "rmm"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--format applies to the trace files given"),
+        "{}",
+        text(&o.stderr)
+    );
+    // `--format rmm` on emm's CSV names the header found and the one expected.
+    let csv = temp("emm.csv", b"op,id,size,stream\na,1,512,0\nf,1,0,0\n");
+    let o = emm()
+        .args(["replay", "--format", "rmm"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("the header is emm-csv's"),
+        "{}",
+        text(&o.stderr)
+    );
+    // `-` reads standard input.
+    let mut child = emm()
+        .args(["replay", "-m", "pool", "--passes", "1", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"op,id,size,stream\na,1,512,0\na,1,1024,0\nf,1,0,0\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["traces"][0]["trace"], "(standard input)");
+    assert_eq!(v["traces"][0]["peak_live_bytes"], 1024);
+    // An id allocated again while live is counted and said.
+    assert_eq!(v["traces"][0]["reused_live_ids"], 1);
+    assert!(
+        text(&o.stderr).contains("1 allocations of an id that was still live"),
+        "{}",
+        text(&o.stderr)
+    );
+    // An --html path that cannot be created fails before any replay.
+    let o = run(&["replay", "--html", "/nonexistent-dir/x.html"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("cannot create --html /nonexistent-dir/x.html"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(text(&o.stdout).is_empty(), "{}", text(&o.stdout));
+    // The backend lines fit 120 columns, and a legend explains the table.
+    let o = run(&["replay", "-m", "pool", "--passes", "1"]);
+    let out = text(&o.stdout);
+    let table_at = out.find("reserved/live").unwrap();
+    for l in out[..table_at].lines() {
+        assert!(l.chars().count() <= 120, "{l}");
+    }
+    assert!(
+        out.contains("driver calls: the manager's calls to the driver"),
+        "{out}"
+    );
+    assert!(out.contains("upstream (JSON upstream_allocs)"), "{out}");
+    let o = run(&["replay", "--help"]);
+    assert!(
+        text(&o.stdout).contains("upstream_allocs counts"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+/// `emm info` without a driver gives the version, the `EMM_*` settings in effect
+/// and a hint about `EMM_CUDA_DRIVER`, beside the error.
+#[test]
+fn info_without_a_driver_says_version_settings_and_a_hint() {
+    let o = emm()
+        .arg("info")
+        .env("EMM_POOL_LIMIT", "5G")
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("no usable CUDA driver"), "{err}");
+    assert!(
+        err.contains(&format!("emm {}", env!("CARGO_PKG_VERSION"))),
+        "{err}"
+    );
+    assert!(err.contains("  EMM_POOL_LIMIT=5G"), "{err}");
+    assert!(err.contains("hint: set EMM_CUDA_DRIVER"), "{err}");
 }

@@ -32,6 +32,18 @@ pub enum TraceError {
         /// An excerpt of it.
         found: String,
     },
+    /// The header is another format's than the one asked for (`--format`).
+    #[error("{trace}:{line}: the header is {}'s ({}), but the trace was to be read as {} (expected the header {}); drop --format to detect the format", .found.name(), header_of(*.found), .expected.name(), header_of(*.expected))]
+    HeaderMismatch {
+        /// The trace.
+        trace: String,
+        /// The header's line (1-based).
+        line: u64,
+        /// The format whose header was found.
+        found: crate::op::Format,
+        /// The format asked for.
+        expected: crate::op::Format,
+    },
     /// A line is longer than any valid line could be.
     #[error("{trace}:{line}: line longer than {limit} bytes; this is not a trace")]
     LineTooLong {
@@ -82,6 +94,15 @@ pub enum TraceError {
         /// The format.
         what: &'static str,
     },
+}
+
+/// A format's header line, quoted, for messages.
+fn header_of(f: crate::op::Format) -> &'static str {
+    match f {
+        crate::op::Format::EmmCsv => "\"op,id,size,stream\"",
+        crate::op::Format::RmmLog => "\"Thread,Time,Action,Pointer,Size,Stream\"",
+        _ => "none: not a text format",
+    }
 }
 
 /// A malformed line or record: reported, then skipped.

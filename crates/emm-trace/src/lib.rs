@@ -24,6 +24,7 @@ mod diagnostics;
 mod error;
 mod nesting;
 mod op;
+mod pickle;
 pub mod record;
 mod replay;
 pub mod snapshot;

@@ -1,11 +1,12 @@
-//! How deeply a pickle's containers nest, found without recursion before
-//! `serde-pickle` (which recurses once per level, so a deep enough pickle would
-//! overflow the stack and abort the process) decodes it.
+//! How deeply a pickle's containers nest, found without recursion before the
+//! snapshot reader decodes it: no snapshot nests more than a few levels, so a
+//! deeper pickle is refused at once as not one. (It once guarded `serde-pickle`,
+//! which recursed once per level; emm's decoder, `pickle`, does not recurse.)
 //!
 //! The scan runs the pickle machine's stack effects over the opcodes, keeping for
 //! each container the containers put into it (memo references included, so a
 //! container filled after it was nested counts), then takes the longest chain with
-//! an explicit stack. Cycles (which `serde-pickle` replaces by `None`) end a chain.
+//! an explicit stack. Cycles end a chain.
 
 use std::collections::HashMap;
 

@@ -24,6 +24,10 @@ pub struct Summary {
     pub peak_live_bytes: u128,
     /// Frees of ids that were not live.
     pub unknown_frees: u64,
+    /// Allocations of an id that was still live: the earlier allocation is
+    /// taken as freed there (a trace that names two live blocks alike is
+    /// suspect, so this is counted and reported).
+    pub reused_live_ids: u64,
     /// Distinct streams.
     pub streams: u64,
     /// Malformed lines or records.
@@ -37,6 +41,7 @@ struct Books {
     cur: u128,
     peak: u128,
     unknown: u64,
+    reused: u64,
     requests: u64,
     streams: HashMap<u64, u64>,
     zero_seen: bool,
@@ -50,6 +55,7 @@ impl Books {
             Op::Alloc { id, size, stream } => {
                 if let Some(old) = self.live.insert(id, size) {
                     self.cur = self.cur.saturating_sub(u128::from(old));
+                    self.reused += 1;
                 }
                 self.cur += u128::from(size);
                 self.peak = self.peak.max(self.cur);
@@ -107,6 +113,7 @@ pub fn scan(trace: &Trace) -> Result<Summary, TraceError> {
         requests: books.requests,
         peak_live_bytes: books.peak,
         unknown_frees: books.unknown,
+        reused_live_ids: books.reused,
         streams: books.streams.len() as u64 + u64::from(books.zero_seen),
         diagnostics,
     })

@@ -7,18 +7,19 @@
 //! frees without an alloc, or as blocks still allocated in `segments`; both are
 //! reconstructed as allocations at the start of the trace, so peak live is right.
 //! A `free_completed` that does not follow its `free_requested` at once was held back
-//! by a use on another stream (`record_stream`): counted as cross-stream.
+//! by a use on another stream (`record_stream`): counted as cross-stream. A
+//! `free_completed` of a live block with no `free_requested` before it frees it.
 //! PyTorch's own reserved bytes come from `segment_alloc`/`segment_free`/
 //! `segment_map`/`segment_unmap`, anchored at the reserved bytes of the dump.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-
-use serde_pickle::{DeOptions, HashableValue, Value};
+use std::rc::Rc;
 
 use crate::diagnostics::Diagnostics;
 use crate::error::{excerpt, LineError, TraceError};
 use crate::op::Op;
+use crate::pickle::{decode, Pickle, Val};
 
 /// The largest snapshot read (the decoded value is held in memory).
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -41,6 +42,19 @@ pub struct TorchFigures {
     pub cross_stream_frees: u64,
     /// Out-of-memory events recorded.
     pub ooms: u64,
+    /// Segment events recorded (`segment_alloc`, `segment_free`, `segment_map`,
+    /// `segment_unmap`).
+    pub segment_events: u64,
+}
+
+impl TorchFigures {
+    /// Whether the snapshot tells PyTorch's reserved bytes at all: it has
+    /// segments at the dump or segment events. Without either,
+    /// [`peak_reserved_bytes`](TorchFigures::peak_reserved_bytes) is 0 because
+    /// nothing was said, not because PyTorch reserved nothing.
+    pub fn reserved_known(&self) -> bool {
+        self.reserved_at_dump > 0 || self.segment_events > 0
+    }
 }
 
 /// The events of one device of a snapshot.
@@ -56,59 +70,51 @@ pub struct DeviceTrace {
     pub diagnostics: Diagnostics,
 }
 
-fn key<'v>(d: &'v BTreeMap<HashableValue, Value>, k: &str) -> Option<&'v Value> {
-    d.get(&HashableValue::String(k.to_owned()))
-}
+type Dict = HashMap<Rc<str>, Val>;
 
-fn describe(v: &Value) -> String {
-    let s = match v {
-        Value::Dict(d) => format!("a dict with {} keys", d.len()),
-        Value::List(l) => format!("a list of {}", l.len()),
-        other => format!("{other:?}"),
-    };
-    excerpt(&s, 60)
+fn key<'v>(d: &'v Dict, k: &str) -> Option<&'v Val> {
+    d.get(k)
 }
 
 struct Ctx<'a> {
     trace: &'a str,
+    pickle: &'a Pickle,
 }
 
-impl Ctx<'_> {
-    fn bad(&self, at: impl Into<String>, expected: &'static str, found: &Value) -> TraceError {
+impl<'a> Ctx<'a> {
+    fn describe(&self, v: &Val) -> String {
+        excerpt(&self.pickle.describe(v), 60)
+    }
+
+    fn bad(&self, at: impl Into<String>, expected: &'static str, found: &Val) -> TraceError {
         TraceError::Snapshot {
             trace: self.trace.to_owned(),
             at: at.into(),
             expected,
-            found: describe(found),
+            found: self.describe(found),
         }
     }
+
+    fn dict(&self, v: &Val) -> Option<&'a Dict> {
+        self.pickle.dict(v)
+    }
+
+    fn list(&self, v: &Val) -> Option<&'a [Val]> {
+        self.pickle.list(v)
+    }
 }
 
-fn as_dict(v: &Value) -> Option<&BTreeMap<HashableValue, Value>> {
+fn as_int(v: Option<&Val>) -> Option<i64> {
     match v {
-        Value::Dict(d) => Some(d),
+        Some(Val::Int(i)) => Some(*i),
+        Some(Val::Bool(b)) => Some(i64::from(*b)),
         _ => None,
     }
 }
 
-fn as_list(v: &Value) -> Option<&[Value]> {
+fn as_str(v: Option<&Val>) -> Option<&str> {
     match v {
-        Value::List(l) | Value::Tuple(l) => Some(l),
-        _ => None,
-    }
-}
-
-fn as_int(v: Option<&Value>) -> Option<i64> {
-    match v {
-        Some(Value::I64(i)) => Some(*i),
-        Some(Value::Bool(b)) => Some(i64::from(*b)),
-        _ => None,
-    }
-}
-
-fn as_str(v: Option<&Value>) -> Option<&str> {
-    match v {
-        Some(Value::String(s)) => Some(s),
+        Some(Val::Str(s)) => Some(s),
         _ => None,
     }
 }
@@ -122,23 +128,17 @@ pub fn read_snapshot(mut reader: impl Read, trace: &str) -> Result<Vec<DeviceTra
             trace: trace.to_owned(),
             reason: format!("reading it failed: {e}"),
         })?;
-    // serde-pickle recurses once per level of nesting: a pickle nested deeper than
-    // any snapshot (they nest 6 levels) is refused before it can overflow the stack.
+    // A pickle nested deeper than any snapshot (they nest 6 levels) is not one.
     crate::nesting::depth(&data, MAX_NESTING).map_err(|reason| TraceError::Pickle {
         trace: trace.to_owned(),
         reason,
     })?;
-    let value = serde_pickle::value_from_slice(
-        &data,
-        DeOptions::new()
-            .replace_unresolved_globals()
-            .replace_recursive_structures(),
-    )
-    .map_err(|e| TraceError::Pickle {
+    // Objects the pickle shares (memo references) stay shared: see `pickle`.
+    let pickle = decode(&data).map_err(|e| TraceError::Pickle {
         trace: trace.to_owned(),
-        reason: excerpt(&e.to_string(), 200),
+        reason: excerpt(&e, 200),
     })?;
-    from_value(&value, trace)
+    from_value(&pickle, trace)
 }
 
 /// An allocation made before recording began, put at the start of the trace;
@@ -160,35 +160,42 @@ fn reconstruct(
     *next
 }
 
-fn from_value(value: &Value, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
-    let cx = Ctx { trace };
-    let top = as_dict(value).ok_or_else(|| cx.bad("the top", "a dict with `segments`", value))?;
+fn from_value(pickle: &Pickle, trace: &str) -> Result<Vec<DeviceTrace>, TraceError> {
+    let cx = Ctx { trace, pickle };
+    let value = &pickle.root;
+    let top = cx
+        .dict(value)
+        .ok_or_else(|| cx.bad("the top", "a dict with `segments`", value))?;
     let segments = match key(top, "segments") {
-        Some(v) => as_list(v).ok_or_else(|| cx.bad("segments", "a list", v))?,
+        Some(v) => cx.list(v).ok_or_else(|| cx.bad("segments", "a list", v))?,
         None => return Err(cx.bad("the top", "a dict with `segments`", value)),
     };
-    let traces: &[Value] = match key(top, "device_traces") {
-        Some(v) => as_list(v).ok_or_else(|| cx.bad("device_traces", "a list of lists", v))?,
+    let traces: &[Val] = match key(top, "device_traces") {
+        Some(v) => cx
+            .list(v)
+            .ok_or_else(|| cx.bad("device_traces", "a list of lists", v))?,
         None => &[],
     };
     // Segments per device.
-    let mut devices: BTreeMap<i64, Vec<&BTreeMap<HashableValue, Value>>> = BTreeMap::new();
+    let mut devices: BTreeMap<i64, Vec<&Dict>> = BTreeMap::new();
     for (i, s) in segments.iter().enumerate() {
-        let d = as_dict(s).ok_or_else(|| cx.bad(format!("segments[{i}]"), "a dict", s))?;
+        let d = cx
+            .dict(s)
+            .ok_or_else(|| cx.bad(format!("segments[{i}]"), "a dict", s))?;
         let dev = as_int(key(d, "device")).unwrap_or(0);
         devices.entry(dev).or_default().push(d);
     }
     for (i, t) in traces.iter().enumerate() {
-        if as_list(t).is_some_and(|l| !l.is_empty()) {
+        if cx.list(t).is_some_and(|l| !l.is_empty()) {
             devices.entry(i as i64).or_default();
         }
     }
     let mut out = Vec::new();
     for (dev, segs) in devices {
         let entries = match usize::try_from(dev).ok().and_then(|i| traces.get(i)) {
-            Some(v) => {
-                as_list(v).ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?
-            }
+            Some(v) => cx
+                .list(v)
+                .ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?,
             None => &[],
         };
         out.push(device_trace(&cx, dev, &segs, entries)?);
@@ -205,8 +212,8 @@ fn from_value(value: &Value, trace: &str) -> Result<Vec<DeviceTrace>, TraceError
 fn device_trace(
     cx: &Ctx<'_>,
     device: i64,
-    segs: &[&BTreeMap<HashableValue, Value>],
-    entries: &[Value],
+    segs: &[&Dict],
+    entries: &[Val],
 ) -> Result<DeviceTrace, TraceError> {
     let mut fig = TorchFigures::default();
     let mut diag = Diagnostics::default();
@@ -216,9 +223,10 @@ fn device_trace(
         let total = as_int(key(s, "total_size")).unwrap_or(0).max(0) as u128;
         fig.reserved_at_dump += total;
         let stream = as_int(key(s, "stream")).unwrap_or(0) as u64;
-        let blocks = key(s, "blocks").and_then(as_list).unwrap_or(&[]);
+        let blocks = key(s, "blocks").and_then(|b| cx.list(b)).unwrap_or(&[]);
         for (bi, b) in blocks.iter().enumerate() {
-            let b = as_dict(b)
+            let b = cx
+                .dict(b)
                 .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
             let state = as_str(key(b, "state")).unwrap_or("");
             if state.starts_with("active") {
@@ -240,12 +248,12 @@ fn device_trace(
     let mut requested: HashMap<i64, usize> = HashMap::new();
     let (mut delta, mut max_delta, mut min_delta) = (0i128, 0i128, 0i128);
     for (i, e) in entries.iter().enumerate() {
-        let Some(d) = as_dict(e) else {
+        let Some(d) = cx.dict(e) else {
             diag.push(LineError {
                 line: i as u64,
                 message: format!(
                     "record device_traces[{device}][{i}] is {}, not a dict",
-                    describe(e)
+                    cx.describe(e)
                 ),
             });
             continue;
@@ -298,17 +306,29 @@ fn device_trace(
                 let Some(a) = need_addr(&mut diag) else {
                     continue;
                 };
-                if let Some(j) = requested.remove(&a) {
-                    if j + 1 != i {
-                        fig.cross_stream_frees += 1;
+                match requested.remove(&a) {
+                    Some(j) => {
+                        if j + 1 != i {
+                            fig.cross_stream_frees += 1;
+                        }
+                    }
+                    // No `free_requested` freed it (a trace edited or written by
+                    // another tool): the block is free from here on.
+                    None => {
+                        if let Some(id) = live.remove(&a) {
+                            ops.push(Op::Free { id });
+                            diag.events += 1;
+                        }
                     }
                 }
             }
             "segment_alloc" | "segment_map" => {
+                fig.segment_events += 1;
                 delta += i128::from(size);
                 max_delta = max_delta.max(delta);
             }
             "segment_free" | "segment_unmap" => {
+                fig.segment_events += 1;
                 delta -= i128::from(size);
                 min_delta = min_delta.min(delta);
             }

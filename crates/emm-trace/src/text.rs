@@ -95,7 +95,15 @@ impl<R: BufRead> TextEvents<R> {
             match (header_format(line), forced) {
                 (Some(f), None) => t.format = f,
                 (Some(f), Some(g)) if f == g => {}
-                (_, Some(_)) => t.pending = Some(line.to_owned()),
+                (Some(f), Some(g)) => {
+                    return Err(TraceError::HeaderMismatch {
+                        trace: t.trace,
+                        line: t.line,
+                        found: f,
+                        expected: g,
+                    })
+                }
+                (None, Some(_)) => t.pending = Some(line.to_owned()),
                 (None, None) => {
                     return Err(TraceError::MissingHeader {
                         trace: t.trace,

@@ -2,7 +2,7 @@
 //! scan, once per manager), and [`Events`], one pass over it.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -85,23 +85,9 @@ impl Trace {
                     what: "a PyTorch snapshot",
                 });
             }
-            let limited = std::io::Read::take(reader, MAX_SNAPSHOT_BYTES);
+            let limited = reader.take(MAX_SNAPSHOT_BYTES);
             let devices = read_snapshot(limited, &name)?;
-            let many = devices.len() > 1;
-            return Ok(devices
-                .into_iter()
-                .map(|d| Trace {
-                    name: if many {
-                        format!("{name} (cuda:{})", d.device)
-                    } else {
-                        name.clone()
-                    },
-                    format: Format::TorchSnapshot,
-                    body: Body::Ops(Arc::new(d.ops)),
-                    torch: Some(d.figures),
-                    preread: Some(d.diagnostics),
-                })
-                .collect());
+            return Ok(snapshot_traces(&name, devices));
         }
         let events = TextEvents::new(reader, &name, format)?;
         Ok(vec![Trace {
@@ -111,6 +97,59 @@ impl Trace {
             torch: None,
             preread: None,
         }])
+    }
+
+    /// Reads a whole trace from `reader` (standard input, a pipe) into memory,
+    /// detecting its format as [`Trace::open`] does (or taking `format`); `name`
+    /// names it in reports. At most [`MAX_SNAPSHOT_BYTES`](crate::snapshot::MAX_SNAPSHOT_BYTES)
+    /// are read: more is [`TraceError::TooLarge`].
+    pub fn from_reader(
+        name: &str,
+        reader: impl std::io::Read,
+        format: FormatChoice,
+    ) -> Result<Vec<Trace>, TraceError> {
+        let mut data = Vec::new();
+        reader
+            .take(MAX_SNAPSHOT_BYTES + 1)
+            .read_to_end(&mut data)
+            .map_err(|source| TraceError::Io {
+                trace: name.to_owned(),
+                source,
+            })?;
+        if data.len() as u64 > MAX_SNAPSHOT_BYTES {
+            return Err(TraceError::TooLarge {
+                trace: name.to_owned(),
+                size: data.len() as u64,
+                limit: MAX_SNAPSHOT_BYTES,
+                what: "a trace read from a stream",
+            });
+        }
+        let head = &data[..data.len().min(READ_BUFFER)];
+        match (format, sniff(head)) {
+            (Some(Format::TorchSnapshot), _) | (None, Sniff::Pickle) => {
+                let devices = read_snapshot(&data[..], name)?;
+                Ok(snapshot_traces(name, devices))
+            }
+            (_, Sniff::Binary(found)) => Err(TraceError::Binary {
+                trace: name.to_owned(),
+                found,
+            }),
+            (Some(Format::Memory), _) => Err(TraceError::NoUsableEvent {
+                trace: name.to_owned(),
+                why: "the `memory` format cannot be read from a stream".into(),
+            }),
+            _ => {
+                let text: Arc<str> = String::from_utf8_lossy(&data).into();
+                let events = TextEvents::new(text.as_bytes(), name, format)?;
+                Ok(vec![Trace {
+                    name: name.to_owned(),
+                    format: events.format(),
+                    body: Body::Text(text),
+                    torch: None,
+                    preread: None,
+                }])
+            }
+        }
     }
 
     /// A text trace held in memory (e.g. one bundled into a program). Its header
@@ -176,6 +215,25 @@ impl Trace {
             fatal: None,
         })
     }
+}
+
+/// One trace per device of a snapshot named `name`.
+fn snapshot_traces(name: &str, devices: Vec<crate::snapshot::DeviceTrace>) -> Vec<Trace> {
+    let many = devices.len() > 1;
+    devices
+        .into_iter()
+        .map(|d| Trace {
+            name: if many {
+                format!("{name} (cuda:{})", d.device)
+            } else {
+                name.to_owned()
+            },
+            format: Format::TorchSnapshot,
+            body: Body::Ops(Arc::new(d.ops)),
+            torch: Some(d.figures),
+            preread: Some(d.diagnostics),
+        })
+        .collect()
 }
 
 enum Inner<'a> {

@@ -211,3 +211,87 @@ fn a_pickle_that_is_not_a_snapshot_is_a_typed_error() {
     let e = open_one(&temp("trunc.pickle", &[0x80, 4, 0x95, 1, 2])).unwrap_err();
     assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
 }
+
+/// Every event of `t`, and what reading it found.
+fn ops_of(t: &Trace) -> (Vec<Op>, emm_trace::Diagnostics) {
+    let mut ev = t.events().unwrap();
+    let ops: Vec<_> = (&mut ev).collect();
+    (ops, ev.finish().unwrap())
+}
+
+/// A snapshot whose entries share Python objects (pickle memo references: the
+/// same entry dict, frame list or string written once and referred to after) reads
+/// exactly as the same snapshot written without sharing. The shared dicts once
+/// decoded as empty after their first use: 1 request and "unknown action" records.
+#[test]
+fn a_snapshot_whose_entries_share_objects_reads_as_without_sharing() {
+    let plain = open_one(&fixture("snapshot_unshared.pickle")).unwrap();
+    let (plain_ops, plain_diag) = ops_of(&plain);
+    assert_eq!(plain_diag.bad, 0, "{:?}", plain_diag.first);
+    assert!(
+        plain_ops.len() > 3 * 6,
+        "small()'s client events, 3 times: {plain_ops:?}"
+    );
+    for name in ["snapshot_shared.pickle", "snapshot_shared_p2.pickle"] {
+        let t = open_one(&fixture(name)).unwrap();
+        let (ops, diag) = ops_of(&t);
+        assert_eq!(diag, plain_diag, "{name}");
+        assert_eq!(ops, plain_ops, "{name}");
+        assert_eq!(t.torch_figures(), plain.torch_figures(), "{name}");
+    }
+
+    // One alloc dict 1,000 times: 1,000 requests of 1 MiB, each replacing the last.
+    let t = open_one(&fixture("snapshot_repeated_alloc.pickle")).unwrap();
+    let s = scan(&t).unwrap();
+    assert_eq!(s.diagnostics.bad, 0, "{:?}", s.diagnostics.first);
+    assert_eq!(s.requests, 1000);
+    assert_eq!(s.peak_live_bytes, 1 << 20);
+}
+
+/// A `free_completed` of a live block that no `free_requested` freed frees it:
+/// 100 allocations of 1 MiB, each followed by its `free_completed` alone, hold
+/// 1 MiB at most, not 100 MiB.
+#[test]
+fn a_free_completed_without_free_requested_frees_the_block() {
+    let t = open_one(&fixture("snapshot_completed_only.pickle")).unwrap();
+    let s = scan(&t).unwrap();
+    assert_eq!(s.requests, 100);
+    assert_eq!(s.peak_live_bytes, 1 << 20);
+    assert_eq!(s.unknown_frees, 0);
+    assert_eq!(s.diagnostics.bad, 0, "{:?}", s.diagnostics.first);
+    let (ops, _) = ops_of(&t);
+    assert_eq!(
+        ops.iter().filter(|o| matches!(o, Op::Free { .. })).count(),
+        100
+    );
+    // Not a cross-stream free: nothing held it back.
+    assert_eq!(t.torch_figures().unwrap().cross_stream_frees, 0);
+    // A free_completed after its free_requested frees nothing more: small() has
+    // 3 free_requested, each followed by its free_completed.
+    let t = open_one(&fixture("snapshot_small.pickle")).unwrap();
+    let (ops, _) = ops_of(&t);
+    assert_eq!(
+        ops.iter().filter(|o| matches!(o, Op::Free { .. })).count(),
+        3
+    );
+}
+
+/// `--format rmm` on an emm CSV says what header it found and which it expected,
+/// instead of calling the header a malformed line 1.
+#[test]
+fn a_forced_format_on_another_formats_header_says_what_was_expected() {
+    let p = temp("emm_as_rmm.csv", b"op,id,size,stream\na,1,512,0\nf,1,0,0\n");
+    let e = Trace::open(&p, Some(Format::RmmLog)).unwrap_err();
+    assert!(
+        matches!(e, TraceError::HeaderMismatch { line: 1, .. }),
+        "{e}"
+    );
+    let m = e.to_string();
+    assert!(
+        m.contains("the header is emm-csv's (\"op,id,size,stream\")")
+            && m.contains("to be read as rmm-log (expected the header \"Thread,Time,Action,Pointer,Size,Stream\")"),
+        "{m}"
+    );
+    // The format the header names is read as before.
+    assert!(Trace::open(&p, Some(Format::EmmCsv)).is_ok());
+}
