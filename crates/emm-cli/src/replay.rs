@@ -210,7 +210,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     continue;
                 }
             };
-            let first_failure = r.first_failure.clone().map(|e| with_limit(m, e));
+            let first_failure = r.first_failure.clone();
             if r.failures > 0 {
                 note(format_args!(
                     "emm replay: {} through {m}: FAILED: {} of {} requests failed; the first: {}",
@@ -323,29 +323,6 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// The byte limit set through the environment for `manager`, as its variable
-/// and value (`EMM_POOL_LIMIT=1000000`).
-fn limit_setting(manager: &str) -> Option<String> {
-    let var = match manager {
-        "pool" => "EMM_POOL_LIMIT",
-        _ => return None,
-    };
-    let v = std::env::var(var).ok().filter(|v| !v.trim().is_empty())?;
-    Some(format!("{var}={}", v.trim()))
-}
-
-/// `message`, an allocation failure of `manager`, with the byte limit in effect
-/// when one was set: the pool reports the device's free and total bytes (on the
-/// host stand-in, its made-up 1 TiB), not the limit that was hit.
-fn with_limit(manager: &str, message: String) -> String {
-    match limit_setting(manager) {
-        Some(limit) if message.contains("out of") => format!(
-            "{message}; limit in effect: {limit} (the pool may reserve no more; the free and total above are the device's)"
-        ),
-        _ => message,
-    }
 }
 
 fn say_diagnostics(t: &Trace, s: &Summary) {

@@ -55,10 +55,16 @@ impl Arena {
                     free,
                     total,
                     detail: format!(
-                        "live {}, reserved {}, largest free block {}, after releasing cached segments",
+                        "live {}, reserved {}, largest free block {}, after releasing cached segments{}",
                         emm_core::fmt_bytes(self.stats.live),
                         emm_core::fmt_bytes(self.stats.reserved),
                         emm_core::fmt_bytes(self.largest_free()),
+                        // The limit, where one is set: the device's free and total
+                        // bytes do not say why a pool under its limit refused.
+                        self.limit.map_or(String::new(), |l| format!(
+                            "; the pool's byte limit (EMM_POOL_LIMIT) is {}",
+                            emm_core::fmt_bytes(l)
+                        )),
                     ),
                 })
             }
