@@ -28,6 +28,10 @@ seeded generator, so every variant sees the same sequence of shapes and data):
   resnet50     torchvision ResNet-50, channels-last, bf16, SGD; batch 8-96 and
                image size 128-256 per step
   gpt2-infer   GPT-2 under torch.no_grad(), batch 1-32, sequence 16-1024
+  llama-generate  the Llama-style model with grouped-query attention (4 key/value
+               heads) under torch.no_grad(): one `generate` of 48 new tokens a step
+               (greedy, transformers' dynamic KV cache, which grows by one token a
+               step in every layer), prompts of 16-768 tokens, batch 1-23
 
 Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.
@@ -44,7 +48,7 @@ import time
 VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
-WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer")
+WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer", "llama-generate")
 
 
 def parse():
@@ -122,11 +126,12 @@ def build(workload, dev):
 
         cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
         model = GPT2LMHeadModel(cfg)
-    elif workload == "llama":
+    elif workload in ("llama", "llama-generate"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        kv_heads = 4 if workload == "llama-generate" else 16
         cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                          num_attention_heads=16, num_key_value_heads=kv_heads, vocab_size=32000,
                           max_position_embeddings=1024)
         model = LlamaForCausalLM(cfg)
     else:
@@ -137,6 +142,8 @@ def build(workload, dev):
 
 
 BUCKETS = 8
+# New tokens per generation (llama-generate).
+GENERATED = 48
 
 
 def shapes(workload, n, seed, mode="fresh"):
@@ -150,6 +157,8 @@ def shapes(workload, n, seed, mode="fresh"):
             return (r.randint(2, 12), r.randint(32, 1024))
         if workload == "gpt2-infer":
             return (r.randint(1, 32), r.randint(16, 1024))
+        if workload == "llama-generate":
+            return (r.randint(1, 23), r.randint(16, 768))
         return (r.randint(8, 96), r.randint(128, 256))
 
     if mode == "fresh":
@@ -185,7 +194,7 @@ def main():
     device_peak = device_base
     torch.manual_seed(args.seed)
     model = build(args.workload, dev)
-    infer = args.workload.endswith("-infer")
+    infer = args.workload.endswith("-infer") or args.workload == "llama-generate"
     if args.ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     if infer:
@@ -215,6 +224,13 @@ def main():
         else:
             vocab = 50257 if args.workload.startswith("gpt2") else 32000
             ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
+            if args.workload == "llama-generate":
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                         max_new_tokens=GENERATED, min_new_tokens=GENERATED,
+                                         do_sample=False, pad_token_id=0)
+                # The generated tokens, as a number every variant must agree on.
+                return out[:, s:].float().mean()
             if infer:
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                     logits = model(input_ids=ids).logits

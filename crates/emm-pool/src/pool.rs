@@ -921,7 +921,9 @@ pub enum PoolUpstream {
 ///   first, so nothing stays fragmented or stuck in a cache; before the pool grows
 ///   for a stream, every other thread's cached blocks of that stream go back too.
 /// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
-///   large blocks use different segments; lookups are `O(log n)`.
+///   large blocks use different segments, except that a small request takes a free
+///   block of the expandable segment before a new small segment; lookups are
+///   `O(log n)`.
 /// - **Out of memory**: wait for pending cross-stream events, give back every
 ///   wholly free segment, retry, then [`EmmError::OutOfMemory`] with a report (live,
 ///   reserved, largest free block, the device's free and total).

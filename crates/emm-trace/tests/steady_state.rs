@@ -86,7 +86,7 @@ fn ratios(path: &str) -> [f64; 3] {
 
 #[test]
 fn every_recorded_trace_holds_its_footprint_at_1_10_and_100_passes() {
-    // Two at a time (the traces take seconds each in a debug build).
+    // Each trace on a thread of its own (they take seconds each in a debug build).
     let results: Vec<(&str, f64, Option<f64>, [f64; 3])> = std::thread::scope(|s| {
         let handles: Vec<_> = TRACES
             .iter()

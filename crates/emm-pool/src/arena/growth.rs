@@ -416,8 +416,9 @@ impl Arena {
             return released;
         };
         let end = base + seg.size as u64;
-        if seg.size != seg.retired {
-            // A piece stayed mapped (or lies in a block of a stream not settled).
+        if !self.retiring.is_empty() || seg.expandable.as_ref().is_none_or(|(_, p)| !p.is_empty()) {
+            // A mapping stayed (a piece that failed to unmap, one in a block of a
+            // stream not settled, or an old mapping of a moved piece waiting).
             return released;
         }
         // Nothing is mapped any more: only gaps (and free blocks without a whole
@@ -445,12 +446,17 @@ impl Arena {
     }
 
     /// Unmaps the mapped pieces at the end of the expandable segment that lie
-    /// wholly in a free block; returns bytes released.
+    /// wholly in a free block; returns bytes released. Nothing while old mappings
+    /// of moved pieces still wait: a piece's memory may then be mapped at two
+    /// addresses, and unmapping one would give nothing back.
     #[allow(clippy::while_let_loop)] // reason: the loop stops at any of several checks
     pub(super) fn shrink_expandable(&mut self, source: &dyn SegmentSource) -> usize {
         let Some(base) = self.grow_base.filter(|&b| b != 0) else {
             return 0;
         };
+        if !self.retiring.is_empty() {
+            return 0;
+        }
         let mut released = 0;
         loop {
             let Some(Segment {

@@ -69,7 +69,14 @@ impl Arena {
     /// with variable batch sizes, segments of past shapes then pile up (1.74x of
     /// live in GPT-2 inference on an H200; PyTorch's default allocator, which has
     /// a similar rule only when `max_split_size_mb` is set, reached 1.85x).
-    fn fit(&self, size: usize, kind: Kind, stream: StreamKey) -> Option<(usize, CUdeviceptr)> {
+    /// Among the blocks of segment `only` when given.
+    fn fit_in(
+        &self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+        only: Option<CUdeviceptr>,
+    ) -> Option<(usize, CUdeviceptr)> {
         let set = self.free.get(&(stream, kind))?;
         let shared = self.policy.large_segment;
         // A block that wastes at most a shared segment qualifies anywhere (every
@@ -77,6 +84,9 @@ impl Arena {
         // blocks that do not qualify are skipped: blocks of the expandable segment
         // or of shared segments may follow them.
         set.range((size, 0)..)
+            .filter(|&&(_, addr)| {
+                only.is_none_or(|seg| self.blocks.get(&addr).is_some_and(|b| b.segment == seg))
+            })
             .find(|&&(bsize, addr)| {
                 bsize - size <= shared
                     || self
@@ -101,7 +111,7 @@ impl Arena {
             .map(|s| s.size)
     }
 
-    /// Best fit among `stream`'s free blocks of `kind` (see [`Arena::fit`]);
+    /// Best fit among `stream`'s free blocks of `kind` (see [`Arena::fit_in`]);
     /// splits off the remainder. Returns the block's address and its segment's.
     pub(super) fn take_fit(
         &mut self,
@@ -109,7 +119,18 @@ impl Arena {
         kind: Kind,
         stream: StreamKey,
     ) -> Option<(CUdeviceptr, CUdeviceptr)> {
-        let (bsize, addr) = self.fit(size, kind, stream)?;
+        self.take_fit_in(size, kind, stream, None)
+    }
+
+    /// As [`Arena::take_fit`], among the blocks of segment `only` when given.
+    pub(super) fn take_fit_in(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+        only: Option<CUdeviceptr>,
+    ) -> Option<(CUdeviceptr, CUdeviceptr)> {
+        let (bsize, addr) = self.fit_in(size, kind, stream, only)?;
         self.free_set(stream, kind).remove(&(bsize, addr));
         // The free block's entry becomes the live block's, in place.
         let segment = match self.blocks.reshape(addr, size, State::Live) {

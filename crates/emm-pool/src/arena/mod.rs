@@ -232,7 +232,7 @@ pub struct SegmentPolicy {
     pub tight_percent: Option<u32>,
     /// Without the expandable segment: a large segment made for one request of at
     /// least this many bytes serves only requests of about its size, so that it
-    /// comes free whole and can be given back (see `Arena::fit`).
+    /// comes free whole and can be given back (see `Arena::fit_in`).
     pub exclusive: usize,
 }
 
@@ -465,9 +465,11 @@ impl Arena {
         // lower, with fewer pieces moved). Only with the expandable segment:
         // without it a small block would keep an exact-size segment from coming
         // free whole (the inference snapshot went from 1.60x to 1.90x).
-        if kind == Kind::Small && self.grow_base.is_some_and(|b| b != 0) {
+        if let Some(base) = self.grow_base.filter(|&b| b != 0 && kind == Kind::Small) {
             for s in [stream, SETTLED] {
-                if let Some(a) = self.take_fit(size, Kind::Large, s) {
+                // (Only there: a plain large segment, which the out-of-memory
+                // ladder may make, must be able to come free whole.)
+                if let Some(a) = self.take_fit_in(size, Kind::Large, s, Some(base)) {
                     self.stats.hits += 1;
                     return Ok(Some(self.finish(a, size)));
                 }

@@ -291,27 +291,41 @@ impl Arena {
             if let Done::After(id) = r.done {
                 events.recycle(id);
             }
-            self.unmap_retiring(base, r, source);
+            if let Some(again) = self.unmap_retiring(base, r, source) {
+                keep.push(again);
+            }
         }
         self.retiring = keep;
     }
 
     /// Unmaps `r`'s old mappings (their work is done) and makes its blocks gaps.
-    /// A mapping that fails to go keeps its block retired (its address space is
-    /// not used again; the error is logged).
-    fn unmap_retiring(&mut self, base: CUdeviceptr, r: Retiring, source: &dyn SegmentSource) {
-        let mut failed = false;
-        for &(addr, len) in &r.maps {
-            if !self.unmap_piece(base, addr, len, source) {
-                // (Its address range stays retired.)
-                failed = true;
-            }
-        }
-        if !failed {
+    /// A mapping that fails to go keeps its blocks retired and is returned, to be
+    /// tried again by the next growth or trim (the error is logged); until then
+    /// the segment is not reset over it and no piece is unmapped by `trim`.
+    fn unmap_retiring(
+        &mut self,
+        base: CUdeviceptr,
+        r: Retiring,
+        source: &dyn SegmentSource,
+    ) -> Option<Retiring> {
+        let failed: Vec<(CUdeviceptr, usize)> = r
+            .maps
+            .iter()
+            .copied()
+            .filter(|&(addr, len)| !self.unmap_piece(base, addr, len, source))
+            .collect();
+        if failed.is_empty() {
             for b in r.blocks {
                 self.make_gap(b);
             }
+            return None;
         }
+        Some(Retiring {
+            blocks: r.blocks,
+            maps: failed,
+            // Its work was done when the unmap was first tried.
+            done: Done::Now,
+        })
     }
 
     /// The retired block at `addr` (unmapped now) becomes a gap, joined with the
