@@ -54,6 +54,14 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
         1.063,
         None,
     ),
+    // LLM generation (`python/gpu/train_bench.py --workload llama-generate`: six
+    // `generate` calls of 48 new tokens with transformers' dynamic KV cache, on an
+    // H100, run 144), through `snapshot_to_csv.py`.
+    (
+        "emm-trace/tests/fixtures/llama_generate_h100.csv",
+        1.094,
+        None,
+    ),
 ];
 
 /// Peak reserved over peak live after pass 1, 10 and 100 of `path`.
