@@ -288,8 +288,11 @@ fn wait_for_other_streams(
 /// Notes that the live allocation at `ptr` of `device` is used on `stream` as
 /// well as on its own: its free then waits for the work queued on `stream`. The
 /// stream is checked first (`cuStreamIsCapturing`, a query that is allowed during
-/// a capture and changes nothing): a handle the driver does not know is
-/// `EMM_ERR_INVALID_ARGUMENT` and is not noted, so the free never waits on it.
+/// a capture and changes nothing; the default streams are not asked): a handle the
+/// driver does not know is `EMM_ERR_INVALID_ARGUMENT` and is not noted, so the free
+/// never waits on it. The driver answers for streams it knows and for destroyed
+/// ones; a pointer that was never a stream may crash a real driver before it
+/// answers, as any driver call given one may.
 fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
     let d = match live_device(device) {
         Ok(d) => d,
@@ -305,7 +308,16 @@ fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
         Some(_) => {}
         None => return not_live(),
     }
-    if let Some(ctx) = d.manager.context() {
+    // The default streams (null, legacy, per-thread) always exist, and asking
+    // about the legacy one during a capture in another stream is an error of its
+    // own (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): only created streams are asked.
+    let default_stream = [
+        emm_sys::CUstream(std::ptr::null_mut()),
+        emm_sys::CU_STREAM_LEGACY,
+        emm_sys::CU_STREAM_PER_THREAD,
+    ]
+    .contains(&stream);
+    if let Some(ctx) = d.manager.context().filter(|_| !default_stream) {
         if let Err(e) = emm_driver::stream_is_capturing(ctx, stream) {
             let unknown = matches!(
                 e.code(),

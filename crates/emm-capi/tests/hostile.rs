@@ -821,6 +821,33 @@ mod standin {
         );
         assert_eq!(allocated(), base, "the bytes are back");
         case("second release", emm_torch_release(q, 0), inv);
+
+        // The default streams are never asked about: during a capture in another
+        // stream the driver answers a question about the legacy stream with
+        // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906), which must not refuse them.
+        standin
+            .control("fail_always cuStreamIsCapturing 906")
+            .unwrap();
+        let (_ctx2, side2) = side_stream();
+        let r = emm_torch_alloc(4096, 0, side2.raw().0);
+        assert!(!r.is_null(), "{}", last_message());
+        let asked = calls("cuStreamIsCapturing");
+        for (what, s) in [
+            ("null stream", null_mut()),
+            ("legacy stream", 0x1 as *mut c_void),
+            ("per-thread stream", 0x2 as *mut c_void),
+        ] {
+            case(what, emm_torch_record_stream(r, 0, s), EMM_OK);
+        }
+        assert_eq!(
+            calls("cuStreamIsCapturing"),
+            asked,
+            "no default stream was asked about"
+        );
+        standin.reset().unwrap();
+        case("release", emm_torch_release(r, 0), EMM_OK);
+        assert_eq!(allocated(), base, "the bytes are back");
+        drop(side2);
         drop(ctx);
         standin.reset().unwrap();
         println!("{} garbage-stream stand-in cases", cases() - before);
