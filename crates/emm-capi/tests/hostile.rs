@@ -834,8 +834,8 @@ mod standin {
         let asked = calls("cuStreamIsCapturing");
         for (what, s) in [
             ("null stream", null_mut()),
-            ("legacy stream", 0x1 as *mut c_void),
-            ("per-thread stream", 0x2 as *mut c_void),
+            ("legacy stream", emm_sys::CU_STREAM_LEGACY.0),
+            ("per-thread stream", emm_sys::CU_STREAM_PER_THREAD.0),
         ] {
             case(what, emm_torch_record_stream(r, 0, s), EMM_OK);
         }
