@@ -24,4 +24,16 @@ impl Diagnostics {
             self.first.push(e);
         }
     }
+
+    /// Like [`push`](Diagnostics::push), but builds the message only when it is
+    /// kept: a file with millions of bad records formats only the first few.
+    pub fn push_with(&mut self, line: u64, message: impl FnOnce() -> String) {
+        self.bad += 1;
+        if self.first.len() < KEPT_LINE_ERRORS {
+            self.first.push(LineError {
+                line,
+                message: message(),
+            });
+        }
+    }
 }

@@ -24,6 +24,12 @@ struct Machine {
     memo: HashMap<u64, Item>,
     /// For each container, the containers put into it.
     children: Vec<Vec<u32>>,
+    /// `pickle::max_containers` of the input.
+    max_containers: usize,
+    /// `pickle::max_memo` of the input.
+    max_memo: usize,
+    /// The input's length.
+    len: usize,
 }
 
 impl Machine {
@@ -41,11 +47,18 @@ impl Machine {
         Ok(self.stack.split_off(at))
     }
 
-    fn new_container(&mut self, items: &[Item]) -> Item {
-        let id = self.children.len() as u32;
+    fn new_container(&mut self, items: &[Item]) -> Result<Item, String> {
+        if self.children.len() >= self.max_containers {
+            return Err(format!(
+                "more than {} containers in a file of {} bytes (at most one per 16 bytes, plus 4096)",
+                self.max_containers,
+                self.len
+            ));
+        }
+        let id = u32::try_from(self.children.len()).map_err(|_| "more than 2^32 containers")?;
         self.children.push(Vec::new());
         self.add_to(Item::Container(id), items);
-        Item::Container(id)
+        Ok(Item::Container(id))
     }
 
     fn add_to(&mut self, target: Item, items: &[Item]) {
@@ -107,9 +120,13 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
         marks: Vec::new(),
         memo: HashMap::new(),
         children: Vec::new(),
+        max_containers: crate::pickle::max_containers(data.len()),
+        max_memo: crate::pickle::max_memo(data.len()),
+        len: data.len(),
     };
     let mut at = 0usize;
     let mut root = None;
+    let mut stopped = false;
     while at < data.len() {
         let op = data[at];
         at += 1;
@@ -118,6 +135,7 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
             0x95 => drop(take(data, &mut at, 8)?), // FRAME
             b'.' => {
                 root = m.stack.last().copied();
+                stopped = true;
                 break;
             }
             b'(' => m.marks.push(m.stack.len()),
@@ -167,19 +185,19 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
                 m.stack.push(Item::Scalar);
             }
             b']' | b'}' | b')' | 0x8f => {
-                let c = m.new_container(&[]);
+                let c = m.new_container(&[])?;
                 m.stack.push(c);
             }
             b'l' | b't' | b'd' | 0x91 | b'o' => {
                 let items = m.pop_mark()?;
-                let c = m.new_container(&items);
+                let c = m.new_container(&items)?;
                 m.stack.push(c);
             }
             b'i' => {
                 line(data, &mut at)?;
                 line(data, &mut at)?;
                 let items = m.pop_mark()?;
-                let c = m.new_container(&items);
+                let c = m.new_container(&items)?;
                 m.stack.push(c);
             }
             0x85..=0x87 => {
@@ -188,7 +206,7 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
                     return Err("a tuple of missing items".into());
                 }
                 let items = m.stack.split_off(m.stack.len() - n);
-                let c = m.new_container(&items);
+                let c = m.new_container(&items)?;
                 m.stack.push(c);
             }
             b'a' => {
@@ -215,14 +233,14 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
             b'R' | 0x81 => {
                 let a = m.pop()?;
                 let f = m.pop()?;
-                let c = m.new_container(&[f, a]);
+                let c = m.new_container(&[f, a])?;
                 m.stack.push(c);
             }
             0x92 => {
                 let k = m.pop()?;
                 let a = m.pop()?;
                 let f = m.pop()?;
-                let c = m.new_container(&[f, a, k]);
+                let c = m.new_container(&[f, a, k])?;
                 m.stack.push(c);
             }
             0x93 => {
@@ -248,6 +266,13 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
                     _ => m.memo.len() as u64,
                 };
                 let t = m.top()?;
+                if m.memo.len() >= m.max_memo && !m.memo.contains_key(&id) {
+                    return Err(format!(
+                        "more than {} memo entries in a file of {} bytes (at most one per 8 bytes, plus 4096)",
+                        m.max_memo,
+                        m.len
+                    ));
+                }
                 m.memo.insert(id, t);
             }
             b'g' | b'h' | b'j' => {
@@ -267,6 +292,10 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
             }
             other => return Err(format!("unknown opcode {other:#04x}")),
         }
+    }
+    if !stopped {
+        // Truncated: the decoder refuses it too, so say so before it decodes.
+        return Err("ends without STOP".into());
     }
     let Some(Item::Container(root)) = root else {
         return Ok(0);
@@ -331,8 +360,11 @@ mod tests {
     #[test]
     fn deep_nesting_is_found_without_recursion() {
         assert_eq!(depth(&nested_lists(3), 100).unwrap(), 3);
+        let e = depth(&nested_lists(4_000), 1_000).unwrap_err();
+        assert!(e.contains("deeper than 1000"), "{e}");
+        // A million containers in 2 MB are more than such a file may make.
         let e = depth(&nested_lists(1_000_000), 10_000).unwrap_err();
-        assert!(e.contains("deeper than 10000"), "{e}");
+        assert!(e.contains("more than 129096 containers"), "{e}");
     }
 
     #[test]
@@ -350,5 +382,8 @@ mod tests {
         assert!(depth(&[0x80, 2, b'X', 255, 255], 10).is_err());
         assert!(depth(&[0xff], 10).is_err());
         assert!(depth(b"a", 10).is_err());
+        // No STOP: truncated, as the decoder says too.
+        let e = depth(&[0x80, 2, b']', b']'], 10).unwrap_err();
+        assert!(e.contains("without STOP"), "{e}");
     }
 }

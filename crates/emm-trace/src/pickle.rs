@@ -49,16 +49,58 @@ pub(crate) enum Node {
     List(Vec<Val>),
     /// A tuple.
     Tuple(Vec<Val>),
-    /// A dict: its string keys (the last value set wins, as in Python), and how
-    /// many entries had other keys.
-    Dict {
-        /// Entries with a `str` key.
-        by_name: HashMap<Rc<str>, Val>,
-        /// Entries with any other key (kept only as a count).
-        other_keys: usize,
-    },
+    /// A dict (boxed, so a container costs 32 bytes whatever its kind).
+    Dict(Box<Dict>),
     /// A set or frozenset.
     Set(Vec<Val>),
+}
+
+/// A dict: its string keys (the last value set wins, as in Python), and how
+/// many entries had other keys.
+#[derive(Debug, Default)]
+pub(crate) struct Dict {
+    /// Entries with a `str` key.
+    pub(crate) by_name: HashMap<Rc<str>, Val>,
+    /// Entries with any other key (kept only as a count).
+    pub(crate) other_keys: usize,
+}
+
+/// The most containers a pickle of `len` bytes may make: one per 16 bytes, plus
+/// 4096. A PyTorch snapshot makes one per 100 bytes or so; a file of bare
+/// `EMPTY_LIST` opcodes, one per byte, is refused here instead of taking ~100
+/// bytes of memory per byte of input.
+pub(crate) fn max_containers(len: usize) -> usize {
+    len / 16 + 4096
+}
+
+/// The most memo entries a pickle of `len` bytes may make: one per 8 bytes, plus
+/// 4096 (a snapshot memoizes each container and string: one per 30 bytes or so).
+pub(crate) fn max_memo(len: usize) -> usize {
+    len / 8 + 4096
+}
+
+/// `s` for a message: the Debug form of its first 60 characters, and "…" when
+/// cut. Only the prefix is escaped, so a huge string costs nothing here.
+pub(crate) fn short_str(s: &str) -> String {
+    let mut it = s.char_indices();
+    let cut = it.nth(60).map_or(s.len(), |(i, _)| i);
+    let more = if cut < s.len() { "…" } else { "" };
+    format!("{:?}{more}", &s[..cut])
+}
+
+/// A scalar for a message, bounded in length whatever the value.
+fn scalar(v: &Val) -> String {
+    match v {
+        Val::Str(s) => format!("String({})", short_str(s)),
+        Val::Bytes(n) => format!("{n} bytes"),
+        Val::Object => "a Python object".into(),
+        Val::BigInt => "an integer beyond 64 bits".into(),
+        Val::Float(f) => format!("Float({f})"),
+        Val::Node(i) => format!("container {i}"),
+        Val::None => "None".into(),
+        Val::Bool(b) => format!("Bool({b})"),
+        Val::Int(i) => format!("Int({i})"),
+    }
 }
 
 /// A decoded pickle: the arena of containers and the top value.
@@ -68,6 +110,8 @@ pub(crate) struct Pickle {
     pub(crate) nodes: Vec<Node>,
     /// What the pickle holds.
     pub(crate) root: Val,
+    /// The length of the pickle, in bytes.
+    pub(crate) len: usize,
 }
 
 impl Pickle {
@@ -82,7 +126,7 @@ impl Pickle {
     /// `v` as a dict's string-keyed entries.
     pub(crate) fn dict(&self, v: &Val) -> Option<&HashMap<Rc<str>, Val>> {
         match self.node(v) {
-            Some(Node::Dict { by_name, .. }) => Some(by_name),
+            Some(Node::Dict(d)) => Some(&d.by_name),
             _ => None,
         }
     }
@@ -99,23 +143,11 @@ impl Pickle {
     /// 2`, `Int(7)`, …
     pub(crate) fn describe(&self, v: &Val) -> String {
         match self.node(v) {
-            Some(Node::Dict {
-                by_name,
-                other_keys,
-            }) => {
-                format!("a dict with {} keys", by_name.len() + other_keys)
-            }
+            Some(Node::Dict(d)) => format!("a dict with {} keys", d.by_name.len() + d.other_keys),
             Some(Node::List(l)) => format!("a list of {}", l.len()),
             Some(Node::Tuple(l)) => format!("a tuple of {}", l.len()),
             Some(Node::Set(s)) => format!("a set of {}", s.len()),
-            None => match v {
-                Val::Str(s) => format!("String({s:?})"),
-                Val::Bytes(n) => format!("{n} bytes"),
-                Val::Object => "a Python object".into(),
-                Val::BigInt => "an integer beyond 64 bits".into(),
-                Val::Float(f) => format!("Float({f})"),
-                other => format!("{other:?}"),
-            },
+            None => scalar(v),
         }
     }
 }
@@ -126,6 +158,12 @@ struct Machine {
     stack: Vec<Val>,
     marks: Vec<usize>,
     memo: HashMap<u64, Val>,
+    /// [`max_containers`] of the input.
+    max_nodes: usize,
+    /// [`max_memo`] of the input.
+    max_memo: usize,
+    /// The input's length.
+    len: usize,
 }
 
 type R<T> = Result<T, String>;
@@ -150,16 +188,20 @@ impl Machine {
     }
 
     fn new_node(&mut self, n: Node) -> R<Val> {
+        if self.nodes.len() >= self.max_nodes {
+            return Err(format!(
+                "more than {} containers in a file of {} bytes (at most one per 16 bytes, plus 4096)",
+                self.max_nodes,
+                self.len
+            ));
+        }
         let i = u32::try_from(self.nodes.len()).map_err(|_| "more than 2^32 containers")?;
         self.nodes.push(n);
         Ok(Val::Node(i))
     }
 
     fn dict_from(&mut self, items: Vec<Val>) -> R<Val> {
-        let v = self.new_node(Node::Dict {
-            by_name: HashMap::new(),
-            other_keys: 0,
-        })?;
+        let v = self.new_node(Node::Dict(Box::default()))?;
         self.set_items(&v, items)?;
         Ok(v)
     }
@@ -170,7 +212,7 @@ impl Machine {
         match self.stack.last() {
             Some(Val::Node(i)) => Ok(Some(*i as usize)),
             Some(Val::Object) => Ok(None),
-            Some(other) => Err(format!("adds items to {other:?}, not a container")),
+            Some(other) => Err(format!("adds items to {}, not a container", scalar(other))),
             None => Err("adds items with nothing on the stack".into()),
         }
     }
@@ -195,20 +237,16 @@ impl Machine {
         let Val::Node(i) = target else {
             return Ok(());
         };
-        let Some(Node::Dict {
-            by_name,
-            other_keys,
-        }) = self.nodes.get_mut(*i as usize)
-        else {
+        let Some(Node::Dict(d)) = self.nodes.get_mut(*i as usize) else {
             return Err("SETITEM on something that is not a dict".into());
         };
         let mut it = items.into_iter();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {
             match k {
                 Val::Str(s) => {
-                    by_name.insert(s, v);
+                    d.by_name.insert(s, v);
                 }
-                _ => *other_keys += 1,
+                _ => d.other_keys += 1,
             }
         }
         Ok(())
@@ -305,7 +343,10 @@ fn text_int(l: &[u8]) -> R<Val> {
         {
             Ok(Val::BigInt)
         }
-        Err(_) => Err(format!("an INT or LONG {s:?} that is not a number")),
+        Err(_) => Err(format!(
+            "an INT or LONG {} that is not a number",
+            short_str(s)
+        )),
     }
 }
 
@@ -375,6 +416,9 @@ pub(crate) fn decode(data: &[u8]) -> R<Pickle> {
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
+        max_nodes: max_containers(data.len()),
+        max_memo: max_memo(data.len()),
+        len: data.len(),
     };
     let mut at = 0usize;
     loop {
@@ -627,6 +671,13 @@ pub(crate) fn decode(data: &[u8]) -> R<Pickle> {
                         _ => m.memo.len() as u64,
                     };
                     let t = m.stack.last().cloned().ok_or("PUT of an empty stack")?;
+                    if m.memo.len() >= m.max_memo && !m.memo.contains_key(&id) {
+                        return Err(format!(
+                            "more than {} memo entries in a file of {} bytes (at most one per 8 bytes, plus 4096)",
+                            m.max_memo,
+                            m.len
+                        ));
+                    }
                     m.memo.insert(id, t);
                 }
                 b'g' | b'h' | b'j' => {
@@ -655,6 +706,7 @@ pub(crate) fn decode(data: &[u8]) -> R<Pickle> {
     Ok(Pickle {
         nodes: m.nodes,
         root,
+        len: data.len(),
     })
 }
 
@@ -687,6 +739,31 @@ mod tests {
         assert!(matches!(long(&[0xff; 12]), Val::Int(-1)));
         assert!(matches!(text_int(b"01").unwrap(), Val::Bool(true)));
         assert!(matches!(text_int(b"-12L").unwrap(), Val::Int(-12)));
+    }
+
+    #[test]
+    fn messages_format_only_a_prefix_of_a_string() {
+        let big: Rc<str> = Rc::from("\u{1}".repeat(10_000_000));
+        let p = Pickle {
+            nodes: Vec::new(),
+            root: Val::Str(big),
+            len: 0,
+        };
+        let d = p.describe(&p.root);
+        assert!(d.starts_with("String(\"\\u{1}"), "{d}");
+        assert!(d.ends_with("…)"), "{d}");
+        assert!(d.len() < 60 * 8, "{}", d.len());
+        assert_eq!(short_str("ab"), "\"ab\"");
+    }
+
+    #[test]
+    fn memo_entries_are_bounded_by_the_input() {
+        let mut p = vec![0x80, 4, b'N'];
+        p.extend(std::iter::repeat_n(0x94, 100_000));
+        p.push(b'.');
+        let e = decode(&p).unwrap_err();
+        assert!(e.contains("more than 16596 memo entries"), "{e}");
+        assert!(crate::nesting::depth(&p, 10).is_err());
     }
 
     #[test]

@@ -12,12 +12,13 @@
 //! PyTorch's own reserved bytes come from `segment_alloc`/`segment_free`/
 //! `segment_map`/`segment_unmap`, anchored at the reserved bytes of the dump.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::rc::Rc;
 
 use crate::diagnostics::Diagnostics;
-use crate::error::{excerpt, LineError, TraceError};
+use crate::error::{excerpt, TraceError};
 use crate::op::Op;
 use crate::pickle::{decode, Pickle, Val};
 
@@ -191,6 +192,12 @@ fn from_value(pickle: &Pickle, trace: &str) -> Result<Vec<DeviceTrace>, TraceErr
         }
     }
     let mut out = Vec::new();
+    // Each blocks list is read once, however many segments (of any device) hold it.
+    let mut blocks = HashMap::new();
+    // Entries walked over all devices: an unshared snapshot has at most one per
+    // byte (each is pushed by an opcode), so more means devices share one list,
+    // which would cost time and memory quadratic in the file.
+    let mut walked = 0usize;
     for (dev, segs) in devices {
         let entries = match usize::try_from(dev).ok().and_then(|i| traces.get(i)) {
             Some(v) => cx
@@ -198,7 +205,16 @@ fn from_value(pickle: &Pickle, trace: &str) -> Result<Vec<DeviceTrace>, TraceErr
                 .ok_or_else(|| cx.bad(format!("device_traces[{dev}]"), "a list", v))?,
             None => &[],
         };
-        out.push(device_trace(&cx, dev, &segs, entries)?);
+        walked = walked.saturating_add(entries.len());
+        if walked > pickle.len {
+            return Err(TraceError::Snapshot {
+                trace: trace.to_owned(),
+                at: format!("device_traces[{dev}]"),
+                expected: "at most one trace entry per byte of the file over all devices (each device's own list)",
+                found: format!("{walked} entries so far in a file of {} bytes", pickle.len),
+            });
+        }
+        out.push(device_trace(&cx, dev, &segs, entries, &mut blocks)?);
     }
     if out.is_empty() {
         return Err(TraceError::NoUsableEvent {
@@ -209,36 +225,80 @@ fn from_value(pickle: &Pickle, trace: &str) -> Result<Vec<DeviceTrace>, TraceErr
     Ok(out)
 }
 
+/// What a segment's `blocks` list holds, read once per list (a list the pickle
+/// shares between segments is not walked again).
+struct Blocks {
+    /// Active blocks: address -> requested size (the last block of an address wins).
+    active: Vec<(i64, u64)>,
+    /// Bytes in active blocks with an address, each block counted.
+    allocated: u128,
+}
+
+fn read_blocks(cx: &Ctx<'_>, si: usize, blocks: &[Val]) -> Result<Blocks, TraceError> {
+    let mut active: HashMap<i64, u64> = HashMap::new();
+    let mut allocated = 0u128;
+    for (bi, b) in blocks.iter().enumerate() {
+        let b = cx
+            .dict(b)
+            .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
+        let state = as_str(key(b, "state")).unwrap_or("");
+        if state.starts_with("active") {
+            let size = as_int(key(b, "requested_size"))
+                .or_else(|| as_int(key(b, "size")))
+                .unwrap_or(0)
+                .max(0) as u64;
+            if let Some(addr) = as_int(key(b, "address")) {
+                active.insert(addr, size);
+                allocated += u128::from(size);
+            }
+        }
+    }
+    Ok(Blocks {
+        active: active.into_iter().collect(),
+        allocated,
+    })
+}
+
 fn device_trace(
     cx: &Ctx<'_>,
     device: i64,
     segs: &[&Dict],
     entries: &[Val],
+    cache: &mut HashMap<u32, Blocks>,
 ) -> Result<DeviceTrace, TraceError> {
     let mut fig = TorchFigures::default();
     let mut diag = Diagnostics::default();
-    // Blocks allocated at the dump: address -> (requested size, stream).
-    let mut at_dump: HashMap<i64, (u64, u64)> = HashMap::new();
+    // Each segment's blocks list (its node, if a list) and stream, in order.
+    let mut held: Vec<(Option<u32>, u64)> = Vec::with_capacity(segs.len());
     for (si, s) in segs.iter().enumerate() {
         let total = as_int(key(s, "total_size")).unwrap_or(0).max(0) as u128;
         fig.reserved_at_dump += total;
         let stream = as_int(key(s, "stream")).unwrap_or(0) as u64;
-        let blocks = key(s, "blocks").and_then(|b| cx.list(b)).unwrap_or(&[]);
-        for (bi, b) in blocks.iter().enumerate() {
-            let b = cx
-                .dict(b)
-                .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
-            let state = as_str(key(b, "state")).unwrap_or("");
-            if state.starts_with("active") {
-                let size = as_int(key(b, "requested_size"))
-                    .or_else(|| as_int(key(b, "size")))
-                    .unwrap_or(0)
-                    .max(0) as u64;
-                if let Some(addr) = as_int(key(b, "address")) {
-                    at_dump.insert(addr, (size, stream));
-                    fig.allocated_at_dump += u128::from(size);
-                }
-            }
+        let node = match key(s, "blocks") {
+            Some(v @ Val::Node(i)) => cx.list(v).map(|l| (*i, l)),
+            _ => None,
+        };
+        if let Some((i, list)) = node {
+            let b = match cache.entry(i) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(read_blocks(cx, si, list)?),
+            };
+            fig.allocated_at_dump += b.allocated;
+        }
+        held.push((node.map(|(i, _)| i), stream));
+    }
+    // Blocks allocated at the dump: address -> (requested size, stream). Read in
+    // order, the last segment holding an address would win; so, walking back,
+    // the first one does, and each list is applied once, at its last segment.
+    let mut at_dump: HashMap<i64, (u64, u64)> = HashMap::new();
+    let mut applied: HashSet<u32> = HashSet::new();
+    for &(node, stream) in held.iter().rev() {
+        let Some(i) = node else { continue };
+        if !applied.insert(i) {
+            continue;
+        }
+        for &(addr, size) in cache.get(&i).map_or(&[][..], |b| &b.active) {
+            at_dump.entry(addr).or_insert((size, stream));
         }
     }
     let mut next = 0u64;
@@ -249,12 +309,11 @@ fn device_trace(
     let (mut delta, mut max_delta, mut min_delta) = (0i128, 0i128, 0i128);
     for (i, e) in entries.iter().enumerate() {
         let Some(d) = cx.dict(e) else {
-            diag.push(LineError {
-                line: i as u64,
-                message: format!(
+            diag.push_with(i as u64, || {
+                format!(
                     "record device_traces[{device}][{i}] is {}, not a dict",
                     cx.describe(e)
-                ),
+                )
             });
             continue;
         };
@@ -264,11 +323,8 @@ fn device_trace(
         let stream = as_int(key(d, "stream")).unwrap_or(0) as u64;
         let need_addr = |diag: &mut Diagnostics| -> Option<i64> {
             if addr.is_none() {
-                diag.push(LineError {
-                    line: i as u64,
-                    message: format!(
-                        "record device_traces[{device}][{i}] ({action}) has no integer `addr`"
-                    ),
+                diag.push_with(i as u64, || {
+                    format!("record device_traces[{device}][{i}] ({action}) has no integer `addr`")
                 });
             }
             addr
@@ -334,12 +390,11 @@ fn device_trace(
             }
             "oom" => fig.ooms += 1,
             "snapshot" | "user_defined" => {}
-            other => diag.push(LineError {
-                line: i as u64,
-                message: format!(
-                    "record device_traces[{device}][{i}] has unknown action {:?}",
-                    excerpt(other, 30)
-                ),
+            other => diag.push_with(i as u64, || {
+                format!(
+                    "record device_traces[{device}][{i}] has unknown action {}",
+                    crate::pickle::short_str(&excerpt(other, 30))
+                )
             }),
         }
     }

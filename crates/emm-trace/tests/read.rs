@@ -201,6 +201,15 @@ fn a_deeply_nested_pickle_is_a_typed_error_not_an_abort() {
     p.push(b'.');
     let e = open_one(&temp("nested.pickle", &p)).unwrap_err();
     assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+    // 200,000 containers in 200 KB are more than the file may make, so that is
+    // said first; 1,000 levels (within that bound) are refused as too deep.
+    assert!(e.to_string().contains("more than 29096 containers"), "{e}");
+    let n = 1_000;
+    let mut p = vec![0x80, 2];
+    p.extend(std::iter::repeat_n(b']', n));
+    p.extend(std::iter::repeat_n(b'a', n - 1));
+    p.push(b'.');
+    let e = open_one(&temp("nested1k.pickle", &p)).unwrap_err();
     assert!(e.to_string().contains("nest deeper"), "{e}");
 }
 
@@ -294,4 +303,141 @@ fn a_forced_format_on_another_formats_header_says_what_was_expected() {
     );
     // The format the header names is read as before.
     assert!(Trace::open(&p, Some(Format::EmmCsv)).is_ok());
+}
+
+/// Protocol 2 `SHORT_BINUNICODE`-style string (`X`, 4-byte length).
+fn x(s: &str) -> Vec<u8> {
+    let mut v = vec![b'X'];
+    v.extend((s.len() as u32).to_le_bytes());
+    v.extend(s.as_bytes());
+    v
+}
+
+/// One segment dict of `k` active blocks (one block dict, memo 1, referred to
+/// `k` times), listed `n` times in `segments` (memo 2), and one alloc entry.
+fn shared_segments(k: usize, n: usize) -> Vec<u8> {
+    let mut blk = b"}q\x01(".to_vec();
+    for part in [
+        x("state"),
+        x("active_allocated"),
+        x("address"),
+        b"K\x01".to_vec(),
+    ] {
+        blk.extend(part);
+    }
+    blk.extend(x("size"));
+    blk.extend(b"K\x10u");
+    let mut seg = b"}q\x02(".to_vec();
+    seg.extend(x("total_size"));
+    seg.extend(b"K\x10");
+    seg.extend(x("blocks"));
+    seg.extend(b"](");
+    seg.extend(blk);
+    seg.extend(b"h\x01".repeat(k - 1));
+    seg.extend(b"eu");
+    let mut p = b"\x80\x02}(".to_vec();
+    p.extend(x("segments"));
+    p.extend(b"](");
+    p.extend(seg);
+    p.extend(b"h\x02".repeat(n - 1));
+    p.extend(b"e");
+    p.extend(x("device_traces"));
+    p.extend(b"](](}(");
+    for part in [
+        x("action"),
+        x("alloc"),
+        x("addr"),
+        b"K\x02".to_vec(),
+        x("size"),
+    ] {
+        p.extend(part);
+    }
+    p.extend(b"K\x10ueeu.");
+    p
+}
+
+/// A segment listed 3,000 times by memo reference, holding one block dict 3,000
+/// times (12 KB): each blocks list is read once, not once per segment that holds
+/// it (9 million block visits, seconds in a debug build, before), and the figures
+/// are those of the snapshot written out without sharing.
+#[test]
+fn segments_shared_many_times_are_read_in_linear_time() {
+    let (k, n) = (3_000u128, 3_000u128);
+    let p = shared_segments(k as usize, n as usize);
+    let t0 = std::time::Instant::now();
+    let t = open_one(&temp("shared_segments.pickle", &p)).unwrap();
+    let took = t0.elapsed();
+    let f = *t.torch_figures().unwrap();
+    assert_eq!(f.reserved_at_dump, 16 * n);
+    assert_eq!(f.allocated_at_dump, 16 * n * k);
+    // The one address held at the dump, never allocated in the trace.
+    assert_eq!(f.reconstructed_allocs, 1);
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}
+
+/// Devices that share one `device_traces` list would replay it once each: time
+/// and memory quadratic in the file. More entries over all devices than bytes in
+/// the file is a typed error saying so.
+#[test]
+fn a_trace_list_shared_by_many_devices_is_a_typed_error() {
+    let (k, n) = (1_000usize, 1_000usize);
+    let mut p = b"\x80\x02}(".to_vec();
+    p.extend(x("segments"));
+    p.extend(b"]");
+    p.extend(x("device_traces"));
+    p.extend(b"](](}q\x01(");
+    p.extend(x("action"));
+    p.extend(x("alloc"));
+    p.extend(x("addr"));
+    p.extend(b"K\x02uq\x02");
+    p.extend(b"h\x01".repeat(k - 1));
+    p.extend(b"eq\x03");
+    p.extend(b"h\x03".repeat(n - 1));
+    p.extend(b"eu.");
+    let e = open_one(&temp("shared_devices.pickle", &p)).unwrap_err();
+    assert!(matches!(e, TraceError::Snapshot { .. }), "{e}");
+    assert!(e.to_string().contains("entries so far in a file of"), "{e}");
+}
+
+/// A 1 MB string referred to as 2,000 trace entries that are not dicts: the
+/// message of each bad entry once formatted the whole string (2 GB of escaping,
+/// many seconds) before cutting it to 60 characters. Only a prefix is formatted
+/// now, and only for the entries kept.
+#[test]
+fn a_huge_shared_string_as_bad_entries_is_reported_promptly() {
+    let (len, m) = (1_000_000usize, 2_000usize);
+    let mut p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](](\x8d".to_vec();
+    p.extend((len as u64).to_le_bytes());
+    p.extend(std::iter::repeat_n(b'\x01', len));
+    p.push(0x94);
+    p.extend(b"h\x00".repeat(m - 1));
+    p.extend(b"eeu.");
+    let t0 = std::time::Instant::now();
+    let t = open_one(&temp("shared_string.pickle", &p)).unwrap();
+    let (_, diag) = ops_of(&t);
+    let took = t0.elapsed();
+    assert_eq!(diag.bad, m as u64);
+    let first = &diag.first[0].message;
+    assert!(first.contains("String(\"\\u{1}"), "{first}");
+    assert!(first.len() < 200, "{first}");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}
+
+/// 1 MB of `EMPTY_LIST`: a container per byte once took ~87 bytes of memory per
+/// byte of input (4.3 GB for 50 MB). A pickle may make one container per 16
+/// bytes (plus 4096); more is a typed error, and so is a pickle with no STOP.
+#[test]
+fn a_pickle_of_bare_containers_is_refused_before_it_takes_memory() {
+    let mut p = vec![0x80, 2];
+    p.extend(std::iter::repeat_n(b']', 1_000_000));
+    p.push(b'.');
+    let e = open_one(&temp("manylists.pickle", &p)).unwrap_err();
+    assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+    assert!(e.to_string().contains("more than 66596 containers"), "{e}");
+    p.pop();
+    let e = open_one(&temp("manylists_nostop.pickle", &p)).unwrap_err();
+    assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+    // A file with no STOP that stays within the bound is refused as truncated.
+    let e = open_one(&temp("nostop.pickle", b"\x80\x02]]]")).unwrap_err();
+    assert!(e.to_string().contains("ends without STOP"), "{e}");
 }
