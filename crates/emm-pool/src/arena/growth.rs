@@ -700,21 +700,22 @@ impl Arena {
 }
 
 /// New memory of `bytes` (a multiple of `page`) for a request of `request` bytes,
-/// in pieces of a 32nd of the request, at least a page and at most 8 pages (16 MiB
+/// in pieces of a 64th of the request, at least a page and at most 8 pages (16 MiB
 /// of 2 MiB pages), the remainder one smaller piece. A piece is the unit the pool
 /// moves and unmaps, and it moves only when wholly free: the piece where a block
 /// ends is shared with the free rest of its hole and stays put, so a piece in
-/// proportion to the block bounds what a hole strands to about a 32nd of the
-/// blocks around it. The driver's cost is per piece, not per byte (run 83, H200:
-/// creating a piece 12-14 us, granting access to it about 30 us, mapping it 1 us,
-/// the same for 2 and 16 MiB; moving one, a map and its access, 31 us), and the
-/// bytes a steady pass moves hardly depend on the pieces' size, so smaller pieces
-/// cost moves. Replaying the recorded traces 30 passes on the host stand-in
+/// proportion to the block bounds what a hole strands beside the blocks around
+/// it. The driver's cost is per piece, not per byte (run 83, H200: creating a
+/// piece 12-14 us, granting access to it about 30 us, mapping it 1 us, the same
+/// for 2 and 16 MiB; moving one, a map and its access, 31 us), and the bytes a
+/// steady pass moves hardly depend on the pieces' size, so smaller pieces cost
+/// moves. Replaying the recorded traces 100 passes on the host stand-in
 /// (`docs/benchmarks.md`, nineteenth session), pieces of up to 8 pages and at most
-/// a 32nd of the *segment* (before) held 1.015-1.212x of live at steady state
-/// with 13-405 pieces moved a pass; these hold 1.008-1.091x with 22-841: the
-/// training traces' moves double (0.1-0.4 ms a step at run 83's prices), the
-/// bucketed inference's go from 405 to 841 (about 0.8 ms a step).
+/// a 32nd of the *segment* (before) held 1.012-1.297x of live at steady state;
+/// these hold 1.008-1.091x (a 32nd of the request: 1.009-1.091x, `gpt_train.csv`
+/// and the Llama-style trace at 1.063 and 1.050), with about twice the moves a
+/// pass (bucketed inference about 1,200 instead of 400-500). On an H100 neither
+/// change showed in the step times (runs 138, 139, 146).
 fn fresh_pieces(bytes: usize, page: usize, request: usize) -> Vec<usize> {
     let pages = bytes / page;
     let cap = (request / page / PIECES_PER_REQUEST).clamp(1, PIECE_PAGES);
@@ -730,4 +731,4 @@ fn fresh_pieces(bytes: usize, page: usize, request: usize) -> Vec<usize> {
 const PIECE_PAGES: usize = 8;
 /// A piece of new memory is at most this fraction of the request it is made for
 /// (see `fresh_pieces`).
-const PIECES_PER_REQUEST: usize = 32;
+const PIECES_PER_REQUEST: usize = 64;
