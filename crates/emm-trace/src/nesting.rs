@@ -24,9 +24,9 @@ struct Machine {
     memo: HashMap<u64, Item>,
     /// For each container, the containers put into it.
     children: Vec<Vec<u32>>,
-    /// `pickle::max_containers` of the input.
+    /// [`max_containers`] of the input.
     max_containers: usize,
-    /// `pickle::max_memo` of the input.
+    /// [`max_memo`] of the input.
     max_memo: usize,
     /// The input's length.
     len: usize,
@@ -112,6 +112,20 @@ fn counted(data: &[u8], at: &mut usize, width: usize) -> Result<(), String> {
     take(data, at, n).map(|_| ())
 }
 
+/// The most containers a pickle of `len` bytes may make: one per 16 bytes, plus
+/// 4096. A PyTorch snapshot makes one per 100 bytes or so; a file of bare
+/// `EMPTY_LIST` opcodes, one per byte, is refused here instead of taking ~100
+/// bytes of memory per byte of input.
+pub(crate) fn max_containers(len: usize) -> usize {
+    len / 16 + 4096
+}
+
+/// The most memo entries a pickle of `len` bytes may make: one per 8 bytes, plus
+/// 4096 (a snapshot memoizes each container and string: one per 30 bytes or so).
+pub(crate) fn max_memo(len: usize) -> usize {
+    len / 8 + 4096
+}
+
 /// The deepest nesting of containers in `data`; `Err` says why the pickle cannot
 /// be read (the decoder would refuse it too) or that it nests deeper than `limit`.
 pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
@@ -120,8 +134,8 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
         marks: Vec::new(),
         memo: HashMap::new(),
         children: Vec::new(),
-        max_containers: crate::pickle::max_containers(data.len()),
-        max_memo: crate::pickle::max_memo(data.len()),
+        max_containers: max_containers(data.len()),
+        max_memo: max_memo(data.len()),
         len: data.len(),
     };
     let mut at = 0usize;

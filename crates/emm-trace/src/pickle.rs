@@ -16,6 +16,7 @@
 //! [`Val::Object`], which a snapshot reader reports as unexpected where it needs
 //! a value.
 
+use crate::nesting::{max_containers, max_memo};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -63,20 +64,6 @@ pub(crate) struct Dict {
     pub(crate) by_name: HashMap<Rc<str>, Val>,
     /// Entries with any other key (kept only as a count).
     pub(crate) other_keys: usize,
-}
-
-/// The most containers a pickle of `len` bytes may make: one per 16 bytes, plus
-/// 4096. A PyTorch snapshot makes one per 100 bytes or so; a file of bare
-/// `EMPTY_LIST` opcodes, one per byte, is refused here instead of taking ~100
-/// bytes of memory per byte of input.
-pub(crate) fn max_containers(len: usize) -> usize {
-    len / 16 + 4096
-}
-
-/// The most memo entries a pickle of `len` bytes may make: one per 8 bytes, plus
-/// 4096 (a snapshot memoizes each container and string: one per 30 bytes or so).
-pub(crate) fn max_memo(len: usize) -> usize {
-    len / 8 + 4096
 }
 
 /// `s` for a message: the Debug form of its first 60 characters, and "…" when
