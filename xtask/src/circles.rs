@@ -739,7 +739,7 @@ mod tests {
         write(
             &src,
             "b.rs",
-            "pub struct B;\nfn f() -> super::a::A { todo!() }\n",
+            "pub struct B;\nfn f() -> super::a::A { super::a::A(B) }\n",
         );
         let found = rust_circles(&src);
         assert_eq!(found.len(), 1, "{found:?}");

@@ -79,7 +79,14 @@ impl Machine {
     }
 }
 
-fn take<'a>(data: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], String> {
+fn counted(data: &[u8], at: &mut usize, width: usize) -> Result<(), String> {
+    let n = le(take(data, at, width)?);
+    let n = usize::try_from(n).map_err(|_| "a length past the address space")?;
+    take(data, at, n).map(|_| ())
+}
+
+/// The next `n` bytes from `at` (moved past them); "truncated" past the end.
+pub(crate) fn take<'a>(data: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], String> {
     let end = at
         .checked_add(n)
         .filter(|&e| e <= data.len())
@@ -89,27 +96,25 @@ fn take<'a>(data: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], String
     Ok(s)
 }
 
-fn le(bytes: &[u8]) -> u64 {
+/// A little-endian unsigned number.
+pub(crate) fn le(bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .rev()
         .fold(0u64, |v, &b| (v << 8) | u64::from(b))
 }
 
-fn line<'a>(data: &'a [u8], at: &mut usize) -> Result<&'a [u8], String> {
-    let rest = &data[*at..];
+/// The text up to the next newline from `at` (moved past it), without a
+/// trailing carriage return; "truncated line" when there is none.
+pub(crate) fn line<'a>(data: &'a [u8], at: &mut usize) -> Result<&'a [u8], String> {
+    let rest = data.get(*at..).unwrap_or(&[]);
     let n = rest
         .iter()
         .position(|&b| b == b'\n')
         .ok_or("truncated line")?;
     *at += n + 1;
-    Ok(&rest[..n])
-}
-
-fn counted(data: &[u8], at: &mut usize, width: usize) -> Result<(), String> {
-    let n = le(take(data, at, width)?);
-    let n = usize::try_from(n).map_err(|_| "a length past the address space")?;
-    take(data, at, n).map(|_| ())
+    let l = &rest[..n];
+    Ok(l.strip_suffix(b"\r").unwrap_or(l))
 }
 
 /// The most containers a pickle of `len` bytes may make: one per 16 bytes, plus

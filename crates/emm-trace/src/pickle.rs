@@ -16,7 +16,7 @@
 //! [`Val::Object`], which a snapshot reader reports as unexpected where it needs
 //! a value.
 
-use crate::nesting::{max_containers, max_memo};
+use crate::nesting::{le, line, max_containers, max_memo, take};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -253,34 +253,6 @@ impl Machine {
             .cloned()
             .ok_or_else(|| format!("a GET of memo entry {id}, which was never PUT"))
     }
-}
-
-fn take<'a>(data: &'a [u8], at: &mut usize, n: usize) -> R<&'a [u8]> {
-    let end = at
-        .checked_add(n)
-        .filter(|&e| e <= data.len())
-        .ok_or("truncated")?;
-    let s = &data[*at..end];
-    *at = end;
-    Ok(s)
-}
-
-fn le(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .rev()
-        .fold(0u64, |v, &b| (v << 8) | u64::from(b))
-}
-
-fn line<'a>(data: &'a [u8], at: &mut usize) -> R<&'a [u8]> {
-    let rest = data.get(*at..).unwrap_or(&[]);
-    let n = rest
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or("truncated line")?;
-    *at += n + 1;
-    let l = &rest[..n];
-    Ok(l.strip_suffix(b"\r").unwrap_or(l))
 }
 
 /// A length-prefixed payload: `width` bytes of length, then the bytes.
