@@ -59,3 +59,8 @@ def pytest_configure(config):
         "standin: needs a driver (a GPU, or emm-standin through EMM_CUDA_DRIVER); "
         "`cargo xtask ci` runs these on the stand-in",
     )
+    config.addinivalue_line(
+        "markers",
+        "numba_driver: numba-cuda's own driver layer on a driver (a GPU, or emm-standin "
+        "found as libcuda.so.1); `cargo xtask ci` runs these apart (xtask/src/numba.rs)",
+    )

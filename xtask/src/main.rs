@@ -25,6 +25,7 @@ mod cpp;
 mod elf;
 mod header;
 mod install;
+mod numba;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -298,6 +299,7 @@ fn python(root: &Path) -> Result<(), String> {
             .arg(&wheel)
             .arg("pytest"),
     )?;
+    numba::step(root, &venv)?;
     eprintln!("==> python: pytest (installed package, no EMM_LIBRARY)");
     let status = Command::new(venv.join("bin/python"))
         .args(["-m", "pytest", "-p", "no:cacheprovider", "python/tests"])

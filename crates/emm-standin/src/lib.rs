@@ -15,7 +15,7 @@
 //! | [`context`] | devices (1 by default), primary contexts with retain counts, the per-thread current-context stack, device attributes |
 //! | [`faults`] | failures of the N-th call of a named function, failing frees, a lost context, call counters |
 //! | [`control`] | the command language of `emmStandinControl` |
-//! | [`exports`] | the C entry points |
+//! | [`exports`] | the C entry points, and `cuGetProcAddress`/`cuGetProcAddress_v2` over them (base name and CUDA version → the newest variant implemented; `CUDA_ERROR_NOT_FOUND` otherwise), through which the NVIDIA bindings (numba-cuda) resolve every function when a `libcuda.so.1` link to this library is on `LD_LIBRARY_PATH` |
 //!
 //! Not modelled: kernels (`cuModuleLoadData` and `cuLaunchKernel` return
 //! `CUDA_ERROR_NOT_SUPPORTED`: there is no device to run code on) and anything
@@ -38,6 +38,7 @@
 //! | `EMM_STANDIN_NOT_READY` | queries after each record that report `CUDA_ERROR_NOT_READY` |
 //! | `EMM_STANDIN_FAIL` | `name:nth:code[,…]`: the nth call of `name` fails with `code` |
 //! | `EMM_STANDIN_FAIL_FREES` | every free fails with this code |
+//! | `EMM_STANDIN_TRACE_PROCS` | `1`: every `cuGetProcAddress` lookup is printed to stderr |
 //!
 //! Every entry point runs under `catch_unwind` (a panic would be
 //! `CUDA_ERROR_UNKNOWN`), and the whole model sits behind one lock.

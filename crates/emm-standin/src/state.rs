@@ -114,6 +114,8 @@ const BEFORE_INIT: &[&str] = &[
     "cuDriverGetVersion",
     "cuGetErrorName",
     "cuGetErrorString",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
 ];
 
 /// Runs entry point `name`: counts the call, injects a planned fault, checks

@@ -162,6 +162,20 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(d: CUdevice) -> CUresult {
     })
 }
 
+/// `cuDevicePrimaryCtxReset_v2` (what `numba.cuda.close()` calls last): the
+/// device is checked and nothing else changes. The model keeps the context's
+/// allocations and retain count: a real reset destroys the allocations, which the
+/// stand-in leaves alive so that a manager's later frees of them stay valid frees.
+///
+/// # Safety
+/// None beyond the C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(d: CUdevice) -> CUresult {
+    call("cuDevicePrimaryCtxReset_v2", |st| {
+        check_device(st, d).map(|_| ())
+    })
+}
+
 fn check_ctx(st: &State, c: CUcontext) -> Result<u64, CUresult> {
     let h = c.0 as u64;
     ctx_device(h, st.config.devices)

@@ -1,5 +1,7 @@
 //! The C entry points: every symbol `emm_sys::Driver` resolves, with the same
-//! names (`_v2` suffixes included) and C signatures, plus `emmStandinControl`.
+//! names (`_v2` suffixes included) and C signatures, plus `emmStandinControl`,
+//! `cuStreamCreate`, `cuDevicePrimaryCtxReset_v2` (numba-cuda calls them), and
+//! `cuGetProcAddress`/`_v2` over all of them ([`procaddress`]).
 //!
 //! Each one runs inside [`crate::state::call`], so it is counted, can be made to
 //! fail, never unwinds into C, and sees the model under one lock.
@@ -17,5 +19,6 @@ pub mod init;
 pub mod memory;
 pub mod mempool;
 pub mod module;
+pub mod procaddress;
 pub mod stream;
 pub mod vmm;

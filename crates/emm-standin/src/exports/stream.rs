@@ -32,6 +32,16 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     })
 }
 
+/// `cuStreamCreate`: `cuStreamCreateWithPriority` at the default priority (0).
+///
+/// # Safety
+/// See [the module docs](crate::exports).
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(s: *mut CUstream, flags: c_uint) -> CUresult {
+    // SAFETY: forwarded to the caller.
+    unsafe { cuStreamCreateWithPriority(s, flags, 0) }
+}
+
 /// `cuStreamDestroy_v2`.
 ///
 /// # Safety
