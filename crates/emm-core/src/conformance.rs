@@ -82,14 +82,36 @@ const CHECKS: &[(&str, Check)] = &[
 
 /// Runs every check against `manager`, which serves `ctx`.
 pub fn run(manager: &dyn MemoryManager, ctx: &Context) -> Report {
-    let mut report = Report::default();
-    for (name, check) in CHECKS {
-        let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(manager, ctx)))
-                .unwrap_or_else(|_| Err("the check panicked".to_owned()));
-        report.checks.push(CheckResult { name, outcome });
+    Report {
+        checks: CHECKS
+            .iter()
+            .map(|&(name, check)| run_one(name, check, manager, ctx))
+            .collect(),
     }
-    report
+}
+
+/// The names of the checks, in the order [`run`] runs them (for running each alone
+/// with [`run_check`], as a fault sweep does).
+pub fn check_names() -> impl Iterator<Item = &'static str> {
+    CHECKS.iter().map(|&(name, _)| name)
+}
+
+/// Runs the check `name` (one of [`check_names`]) alone against `manager`, which
+/// serves `ctx`; `None` when there is no such check.
+pub fn run_check(manager: &dyn MemoryManager, ctx: &Context, name: &str) -> Option<CheckResult> {
+    let &(name, check) = CHECKS.iter().find(|(n, _)| *n == name)?;
+    Some(run_one(name, check, manager, ctx))
+}
+
+fn run_one(
+    name: &'static str,
+    check: Check,
+    manager: &dyn MemoryManager,
+    ctx: &Context,
+) -> CheckResult {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(manager, ctx)))
+        .unwrap_or_else(|_| Err("the check panicked".to_owned()));
+    CheckResult { name, outcome }
 }
 
 fn e2s(e: impl fmt::Display) -> String {

@@ -34,6 +34,9 @@ struct Shared {
     capacity: usize,
     defer: Arc<DeferState>,
     queue: Mutex<Queue>,
+    /// `mempin` ranges whose unregistration the driver refused: still pinned, so
+    /// the next flush (or `mempin`, or the drop) tries again.
+    unpin_retry: Mutex<Vec<usize>>,
 }
 
 /// The last owner frees what is still queued (a process-wide manager is never
@@ -48,10 +51,36 @@ impl Drop for Shared {
                 .items,
         );
         self.free_all(drained);
+        self.retry_unpins();
     }
 }
 
 impl Shared {
+    /// Unregisters `ptr` (a `mempin` range whose owner is gone); a refusal is
+    /// recorded on the context (reported by its next fallible call) and the range
+    /// kept for [`Shared::retry_unpins`].
+    fn unpin(&self, ptr: usize) {
+        // SAFETY: registered by mempin; its owner is gone, and the range is
+        // unregistered at most once (a refusal unregisters nothing).
+        if let Err(e) = unsafe { memory::host_unregister(&self.ctx, ptr as *mut u8) } {
+            let gone = e.code() == Some(emm_sys::CUresult::ERROR_HOST_MEMORY_NOT_REGISTERED);
+            self.ctx.record_drop_error(e);
+            if !gone {
+                let mut r = self.unpin_retry.lock().unwrap_or_else(|p| p.into_inner());
+                r.push(ptr);
+            }
+        }
+    }
+
+    /// Tries again the unregistrations the driver refused.
+    fn retry_unpins(&self) {
+        let retry =
+            std::mem::take(&mut *self.unpin_retry.lock().unwrap_or_else(|p| p.into_inner()));
+        for ptr in retry {
+            self.unpin(ptr);
+        }
+    }
+
     fn over(&self, q: &Queue) -> bool {
         q.items.len() > self.config.max_count || q.bytes > self.config.max_bytes(self.capacity)
     }
@@ -72,6 +101,7 @@ impl Shared {
     }
 
     fn flush(&self) -> usize {
+        self.retry_unpins();
         let drained = {
             let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.bytes = 0;
@@ -80,16 +110,27 @@ impl Shared {
         self.free_all(drained)
     }
 
+    /// Frees `items`; a refused free is recorded on the context (reported by its
+    /// next fallible call) and the block queued again for the next flush (it is
+    /// still allocated). Returns the bytes freed.
     fn free_all(&self, items: Vec<(usize, usize)>) -> usize {
         let mut bytes = 0;
+        let mut failed = Vec::new();
         for (ptr, size) in items {
             // SAFETY: every queued pointer came from cuMemHostAlloc in this context
-            // and was queued once, by its owner's drop.
+            // and was queued once, by its owner's drop (or again after a refused
+            // free, which freed nothing).
             if let Err(e) = unsafe { memory::free_host(&self.ctx, ptr as *mut u8) } {
                 self.ctx.record_drop_error(e);
+                failed.push((ptr, size));
             } else {
                 bytes += size;
             }
+        }
+        if !failed.is_empty() {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.bytes += failed.iter().map(|&(_, size)| size).sum::<usize>();
+            q.items.extend(failed);
         }
         bytes
     }
@@ -114,6 +155,7 @@ impl HostOnly {
                 capacity,
                 defer,
                 queue: Mutex::new(Queue::default()),
+                unpin_retry: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -194,6 +236,8 @@ impl HostOnly {
                 reason: "cannot pin an empty range",
             });
         }
+        // A range whose unpinning was refused earlier may be this one again.
+        self.shared.retry_unpins();
         let ctx = self.shared.ctx.clone();
         let flags = host_register::PORTABLE | if mapped { host_register::DEVICEMAP } else { 0 };
         // SAFETY: forwarded to the caller.
@@ -202,21 +246,17 @@ impl HostOnly {
             match memory::host_device_pointer(&ctx, ptr) {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    // SAFETY: registered just above, unregistered once.
-                    let _ = unsafe { memory::host_unregister(&ctx, ptr) };
+                    // Registered just above: unregistered once, or (refused) kept
+                    // for the next flush to try again rather than left pinned.
+                    self.shared.unpin(ptr as usize);
                     return Err(e.into());
                 }
             }
         } else {
             None
         };
-        let unpin_ctx = ctx.clone();
-        let unpin = move |p: *mut u8, _: usize| {
-            // SAFETY: registered in mempin, unregistered once here.
-            if let Err(e) = unsafe { memory::host_unregister(&unpin_ctx, p) } {
-                unpin_ctx.record_drop_error(e);
-            }
-        };
+        let shared = self.shared.clone();
+        let unpin = move |p: *mut u8, _: usize| shared.unpin(p as usize);
         // SAFETY: the range stays pinned until `unpin` unregisters it.
         let pinned = unsafe { PinnedMemory::from_raw_parts(ptr, len, unpin) };
         Ok(match dptr {

@@ -38,16 +38,28 @@ impl Shared {
     }
 
     /// Frees `blocks`; a failure is recorded on the context (which logs it and
-    /// returns it from its next fallible call). Returns the bytes freed.
+    /// returns it from its next fallible call) and the block goes back to the
+    /// queued frees, for the next flush to try again (it is still allocated: a
+    /// refused free changes nothing). Returns the bytes freed.
     fn free_all(&self, blocks: Vec<(CUdeviceptr, usize)>) -> usize {
         let mut bytes = 0;
+        let mut failed = Vec::new();
         for (ptr, size) in blocks {
             // SAFETY: each block came from cuMemAllocManaged in this context, left
-            // the live set exactly once (release or reset) and is freed once here.
+            // the live set exactly once (release or reset) and is freed once here
+            // (or, refused, queued again: it was not freed).
             match unsafe { memory::free(&self.ctx, ptr) } {
                 Ok(()) => bytes += size,
-                Err(e) => self.ctx.record_drop_error(e),
+                Err(e) => {
+                    self.ctx.record_drop_error(e);
+                    failed.push((ptr, size));
+                }
             }
+        }
+        if !failed.is_empty() {
+            let mut s = self.lock();
+            s.deferred_bytes += failed.iter().map(|&(_, size)| size).sum::<usize>();
+            s.deferred.extend(failed);
         }
         bytes
     }

@@ -83,6 +83,7 @@ impl<U: Upstream> Inner<U> {
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         let mut bytes = 0;
+        let mut failed = Vec::new();
         for (ptr, size) in blocks {
             // SAFETY: each block came from `upstream.alloc(size)`, left the live set
             // exactly once (release or reset), and is freed once here.
@@ -92,13 +93,22 @@ impl<U: Upstream> Inner<U> {
                     self.frees.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    tracing::error!(ptr = format_args!("{ptr:#x}"), size, error = %e, "freeing a pending block failed");
+                    tracing::error!(ptr = format_args!("{ptr:#x}"), size, error = %e, "freeing a pending block failed; it stays queued for the next flush");
                     self.release_errors
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .push(e);
+                    failed.push((ptr, size));
                 }
             }
+        }
+        // A refused free leaves the block allocated: it goes back to the queue, so
+        // the next flush (a trim, the out-of-memory ladder, the manager's drop)
+        // tries again instead of leaking it.
+        if !failed.is_empty() {
+            let mut s = self.lock();
+            s.pending_bytes += failed.iter().map(|&(_, size)| size).sum::<usize>();
+            s.pending.extend(failed);
         }
         bytes
     }
@@ -407,6 +417,12 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
     }
 
     fn reset(&self) -> Result<()> {
+        // No kernel may still use what is freed. Waited for before anything is
+        // taken out of the manager: a failure then leaves every block where it
+        // was (taken first, they were lost: neither freed nor tracked).
+        if let Some(ctx) = &self.ctx {
+            ctx.synchronize()?;
+        }
         let blocks = {
             let mut s = self.inner.lock();
             s.generation = s.generation.wrapping_add(1);
@@ -415,9 +431,6 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
             s.live_bytes = 0;
             blocks
         };
-        if let Some(ctx) = &self.ctx {
-            ctx.synchronize()?; // no kernel may still use what is freed
-        }
         self.inner.free_blocks(blocks);
         if let Some(h) = &self.host {
             h.flush();

@@ -10,6 +10,8 @@
 //! | `not_ready N` | the first N queries after each record report `CUDA_ERROR_NOT_READY` |
 //! | `capturing HANDLE\|off` | `cuStreamIsCapturing` reports the stream HANDLE (a number; 0 is the null stream) as capturing |
 //! | `fail FUNCTION NTH CODE` | the NTH next call (1: the next) of FUNCTION fails with CODE |
+//! | `fail_at CLASS NTH CODE` | the NTH next call (1: the next) of CLASS (`any`, `frees`, `events`; see [`CallClass`]), whatever its name, fails with CODE |
+//! | `lose_context_at CLASS NTH` | the context is lost from the NTH next call of CLASS on, until `reset` |
 //! | `fail_always FUNCTION CODE` | every call of FUNCTION fails with CODE until `reset` |
 //! | `fail_frees CODE\|off` | every free (`cuMemFree_v2`, `cuMemFreeAsync`, `cuMemRelease`, …) fails |
 //! | `lose_context` | every call fails with `CUDA_ERROR_CONTEXT_IS_DESTROYED` until `reset` |
@@ -24,6 +26,7 @@
 //! | `context_refs` | primary-context retains outstanding |
 //! | `ipc_open` | legacy IPC handles opened and not closed |
 //! | `calls FUNCTION` | calls made to FUNCTION (failed ones included) |
+//! | `class_calls CLASS` | calls made of CLASS (failed ones included) |
 //! | `double_frees`, `invalid_frees` | frees of freed / never-allocated addresses |
 //! | `injected`, `pending_faults` | faults injected so far / planned and not yet hit |
 //!
@@ -31,7 +34,7 @@
 
 use emm_sys::CUresult;
 
-use crate::faults::parse_code;
+use crate::faults::{parse_code, CallClass};
 use crate::memory::RegionKind;
 use crate::state::{parse_bytes, State};
 
@@ -43,6 +46,7 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
     let num = |i: usize| arg(i).and_then(|w| w.parse::<u64>().map_err(|_| bad));
     let flag = |i: usize| arg(i).map(|w| w != "0" && w != "off");
     let code = |i: usize| arg(i).and_then(|w| parse_code(w).ok_or(bad));
+    let class = |i: usize| arg(i).and_then(|w| CallClass::parse(w).ok_or(bad));
     let device_live = |k: RegionKind| {
         matches!(
             k,
@@ -92,6 +96,14 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
             st.faults.fail_nth(arg(1)?, num(2)?, code(3)?);
             st.faults.pending()
         }
+        "fail_at" => {
+            st.faults.fail_at(class(1)?, num(2)?, code(3)?);
+            st.faults.pending()
+        }
+        "lose_context_at" => {
+            st.faults.lose_context_at(class(1)?, num(2)?);
+            st.faults.pending()
+        }
         "fail_always" => {
             st.faults.fail_always(arg(1)?, code(2)?);
             0
@@ -137,6 +149,7 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
         "context_refs" => st.contexts.total_refs(),
         "ipc_open" => st.ipc_open.values().sum(),
         "calls" => st.faults.calls(arg(1)?),
+        "class_calls" => st.faults.class_calls(class(1)?),
         "double_frees" => st.mem.double_frees,
         "invalid_frees" => st.mem.invalid_frees,
         "injected" => st.faults.injected,
@@ -165,6 +178,15 @@ mod tests {
         assert_eq!(run(&mut st, "live_allocs"), Ok(0));
         assert_eq!(run(&mut st, "bogus"), Err(CUresult::ERROR_INVALID_VALUE));
         assert_eq!(run(&mut st, "fail x"), Err(CUresult::ERROR_INVALID_VALUE));
+        assert_eq!(run(&mut st, "fail_at any 3 2"), Ok(1));
+        assert_eq!(run(&mut st, "lose_context_at frees 1"), Ok(2));
+        assert_eq!(run(&mut st, "class_calls any"), Ok(0));
+        assert_eq!(
+            run(&mut st, "fail_at bogus 1 2"),
+            Err(CUresult::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(run(&mut st, "reset"), Ok(0));
+        assert_eq!(run(&mut st, "pending_faults"), Ok(0));
     }
 
     #[test]

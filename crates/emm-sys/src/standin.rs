@@ -122,6 +122,26 @@ impl StandIn<'_> {
             .map(drop)
     }
 
+    /// Plans the `nth` next call (1: the next) of the class of calls `class`
+    /// (`any`, `frees` or `events`), whatever its name, to fail with `code`.
+    pub fn fail_at(&self, class: &str, nth: u64, code: CUresult) -> Result<(), StandInError> {
+        self.control(&format!("fail_at {class} {nth} {}", code.0))
+            .map(drop)
+    }
+
+    /// Plans the context to be lost from the `nth` next call (1: the next) of the
+    /// class of calls `class` (`any`, `frees` or `events`) on, until [`reset`](Self::reset).
+    pub fn lose_context_at(&self, class: &str, nth: u64) -> Result<(), StandInError> {
+        self.control(&format!("lose_context_at {class} {nth}"))
+            .map(drop)
+    }
+
+    /// Calls made so far of the class of calls `class` (`any`, `frees` or
+    /// `events`; failed ones included).
+    pub fn class_calls(&self, class: &str) -> Result<u64, StandInError> {
+        self.control(&format!("class_calls {class}"))
+    }
+
     /// Clears every planned fault, the lost context and the knobs (counters stay).
     pub fn reset(&self) -> Result<(), StandInError> {
         self.control("reset").map(drop)

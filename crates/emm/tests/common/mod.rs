@@ -1,8 +1,12 @@
 //! What the stand-in test binaries share: the stand-in library's path, a fixture
 //! that loads it once and serializes the tests, snapshots of its live resources,
-//! and the managers by name (`managers.rs`).
+//! the managers by name (`managers.rs`), and the fault
+//! sweep's engine (`sweep.rs`).
+
+#![allow(dead_code)] // each test file uses its own part
 
 pub mod managers;
+pub mod sweep;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, Once};
