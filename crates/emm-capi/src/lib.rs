@@ -279,6 +279,7 @@ fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_status> {
 /// "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
 /// "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
 /// "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
+/// "pool_legacy_merge"           EMM_POOL_LEGACY_MERGE n: merge free segments at live <= reserved/n (0: off; no VMM)
 /// "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
 /// "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
 /// "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory

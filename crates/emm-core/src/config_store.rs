@@ -66,6 +66,12 @@ pub const KEYS: &[Key] = &[
         doc: "large pool blocks in one expandable segment over CUDA virtual memory (0: legacy IPC for every block)",
     },
     Key {
+        name: "pool_legacy_merge",
+        env: "EMM_POOL_LEGACY_MERGE",
+        kind: ValueKind::Count,
+        doc: "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved after a new segment (0: off)",
+    },
+    Key {
         name: "pool_thread_cache",
         env: "EMM_POOL_THREAD_CACHE",
         kind: ValueKind::Bytes,

@@ -40,7 +40,10 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
-    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_THREAD_CACHE`
+    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_LEGACY_MERGE`
+    /// (without the expandable segment: merge wholly free large segments when live
+    /// bytes fall to 1/n of reserved; 0 off, see `SegmentPolicy::merge_quiet`),
+    /// `EMM_POOL_THREAD_CACHE`
     /// (bytes per thread and stream; 0 turns thread caches off) and `EMM_POOL_LIMIT`
     /// (bytes) applied. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
@@ -68,6 +71,16 @@ impl PoolConfig {
                 if c.thread_cache_bytes == 0 {
                     c.thread_cache_blocks = 0;
                 }
+            }
+        }
+        if let Ok(v) = emm_core::config::var("EMM_POOL_LEGACY_MERGE") {
+            if !v.trim().is_empty() {
+                let n: usize = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
+                    name: "EMM_POOL_LEGACY_MERGE".into(),
+                    value: v.clone(),
+                    reason: "expected a count (0: off)".into(),
+                })?;
+                c.segments.merge_quiet = (n > 0).then_some(n);
             }
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
@@ -171,6 +184,9 @@ pub struct PoolStats {
     /// Synchronizations made to give back wholly free large segments instead of
     /// growing (without the expandable segment; `SegmentPolicy::tight_percent`).
     pub tightenings: usize,
+    /// Wholly free large segments merged into one without the expandable segment
+    /// (`EMM_POOL_LEGACY_MERGE`).
+    pub merges: usize,
     /// Pieces of the expandable segment mapped with new memory (one driver call each).
     pub pieces_mapped: usize,
     /// Pieces of the expandable segment whose memory moved (mapped again where
@@ -232,6 +248,7 @@ impl PoolStats {
             ("emm.pieces_moved", u(self.pieces_moved)),
             ("emm.pieces_unmapped", u(self.pieces_unmapped)),
             ("emm.tightenings", u(self.tightenings)),
+            ("emm.merges", u(self.merges)),
         ]
     }
 }
@@ -1138,6 +1155,7 @@ impl PoolManager {
             misses: a.misses,
             scan_steps: a.scan_steps,
             tightenings: a.tightenings,
+            merges: a.merges,
             pieces_mapped: a.pieces_mapped,
             pieces_moved: a.pieces_moved,
             pieces_unmapped: a.pieces_unmapped,

@@ -41,6 +41,7 @@ impl Arena {
                 kind,
                 expandable: None,
                 retired: 0,
+                merged: false,
             },
         );
         self.stats.reserved += seg;
@@ -80,6 +81,7 @@ impl Arena {
                             kind: Kind::Large,
                             expandable: Some((self.policy.expandable_reserve, Vec::new())),
                             retired: 0,
+                            merged: false,
                         },
                     );
                     self.stats.segments += 1;
@@ -603,7 +605,11 @@ impl Arena {
 
     /// Gives back the wholly free segments (of `only` kind, when given), not the
     /// expandable one; returns the bytes released.
-    fn release_whole_segments(&mut self, source: &dyn SegmentSource, only: Option<Kind>) -> usize {
+    pub(super) fn release_whole_segments(
+        &mut self,
+        source: &dyn SegmentSource,
+        only: Option<Kind>,
+    ) -> usize {
         let whole: Vec<(CUdeviceptr, usize, StreamKey, Kind)> = self
             .segments
             .iter()

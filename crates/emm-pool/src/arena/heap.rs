@@ -97,13 +97,15 @@ impl Arena {
     }
 
     /// The size of the segment holding the block at `addr` when that segment
-    /// serves only requests of about its size (see [`SegmentPolicy::exclusive`]).
+    /// serves only requests of about its size (see [`SegmentPolicy::exclusive`]; a
+    /// merged segment never does).
     fn exclusive_segment(&self, addr: CUdeviceptr) -> Option<usize> {
         let b = self.blocks.get(&addr)?;
         self.segments
             .get(&b.segment)
             .filter(|s| {
                 s.expandable.is_none()
+                    && !s.merged
                     && s.kind == Kind::Large
                     && s.size > self.policy.large_segment
                     && s.size >= self.policy.exclusive

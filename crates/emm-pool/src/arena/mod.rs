@@ -19,6 +19,7 @@ mod blocks;
 mod growth;
 mod heap;
 mod inspect;
+mod merge;
 mod oom;
 mod retire;
 mod streams;
@@ -93,6 +94,9 @@ pub(crate) struct Segment {
     /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
     /// gaps): the memory behind the segment is `size - retired`.
     pub retired: usize,
+    /// Made by merging wholly free large segments (see `merge.rs`): it holds
+    /// blocks of every size, so the exclusive rule does not apply to it.
+    pub merged: bool,
 }
 
 /// Counters kept under the lock.
@@ -143,6 +147,9 @@ pub struct ArenaStats {
     /// Synchronizations made to give back wholly free large segments instead of
     /// growing (without the expandable segment).
     pub tightenings: usize,
+    /// Wholly free large segments merged into one (without the expandable segment;
+    /// see [`SegmentPolicy::merge_quiet`]).
+    pub merges: usize,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
@@ -234,6 +241,13 @@ pub struct SegmentPolicy {
     /// least this many bytes serves only requests of about its size, so that it
     /// comes free whole and can be given back (see `Arena::fit_in`).
     pub exclusive: usize,
+    /// Without the expandable segment: once a large segment has been made, the
+    /// first large request that finds the pool quiet (live bytes at most
+    /// 1/`merge_quiet` of reserved) synchronizes and merges every wholly free large
+    /// segment into one of their total size, so that the blocks of the next steps
+    /// share one range instead of pinning many (see `merge.rs`). `None`: never
+    /// (`EMM_POOL_LEGACY_MERGE`).
+    pub merge_quiet: Option<usize>,
 }
 
 impl Default for SegmentPolicy {
@@ -247,6 +261,7 @@ impl Default for SegmentPolicy {
             large_round: 2 << 20,
             tight_percent: Some(115),
             exclusive: 256 << 20,
+            merge_quiet: None,
         }
     }
 }
@@ -364,6 +379,8 @@ pub(crate) struct Arena {
     retiring: Vec<retire::Retiring>,
     /// The allocation history (off unless asked for).
     pub history: History,
+    /// A large segment was made since the last merge (see `merge.rs`).
+    merge_due: bool,
 }
 
 impl Arena {
@@ -408,6 +425,10 @@ impl Arena {
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
         let kind = Kind::of(size);
         self.stats.locked_allocs += 1;
+        // (Only ever set without the expandable segment, with merging on.)
+        if self.merge_due && kind == Kind::Large {
+            self.merge_if_quiet(events, source);
+        }
         if let Some(a) = self.take_fit(size, kind, stream) {
             self.stats.hits += 1;
             return Ok(Some(self.finish(a, size)));
@@ -491,6 +512,7 @@ impl Arena {
             Err(e) => return Err(e),
         };
         self.stats.misses += 1;
+        self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
         self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
         Ok(Some(self.finish(a, size)))
