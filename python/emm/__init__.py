@@ -1,8 +1,12 @@
 """emm from Python: the CUDA memory managers of emm over its C ABI (ctypes only).
 
-Install with ``pip install <path or URL of an emm checkout>`` (distribution name
-``emm-cuda``; it compiles ``libemm_capi`` with the Rust toolchain and ships it inside
-this package). ``EMM_LIBRARY`` points at another build.
+The distribution is ``emm-cuda`` (``emm`` on the package index is another project):
+``pip install emm_cuda-<version>-py3-none-manylinux_2_28_x86_64.whl`` (made by
+``cargo xtask wheel``; no Rust toolchain needed to install it) brings this package,
+its compiled library and the ``emm`` command (``python -m emm`` runs it too); extras
+``[torch]``, ``[cupy]``, ``[numba]``, ``[rmm]`` and ``[dask]`` bring the frameworks.
+``pip install <checkout>`` builds the same from source with the Rust toolchain.
+``EMM_LIBRARY`` points at another build of the library.
 
 Importing this package imports none of Numba, CuPy or PyTorch (NBEP 7, "Numba as a
 dependency"). The integrations are submodules that import their framework only
@@ -28,6 +32,7 @@ and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle), 
 logger.
 """
 
+from ._version import __version__
 from ._lib import (
     ClosedError,
     EmmError,
@@ -41,6 +46,7 @@ from ._lib import (
 )
 
 __all__ = [
+    "__version__",
     "ClosedError",
     "EmmError",
     "EmmWarning",

@@ -126,10 +126,13 @@ def _pointer(value: Any, name: str) -> Optional[int]:
 
 
 def _package_libraries(here: pathlib.Path) -> List[pathlib.Path]:
-    # Installed wheels carry libemm_capi.so, or the build backend's name for it
-    # (libemm_capi.<ext suffix>.so).
+    # Installed packages carry _native/libemm_capi.so (a folder without __init__.py,
+    # so pydoc and pkgutil do not list the library as a module); older installs and
+    # editable builds may carry libemm_capi.so or the build backend's name for it
+    # (libemm_capi.<ext suffix>.so) beside this file.
+    native = here / "_native" / "libemm_capi.so"
     exact = here / "libemm_capi.so"
-    found = [exact] if exact.is_file() else []
+    found = [p for p in (native, exact) if p.is_file()]
     found += sorted(p for p in here.glob("libemm_capi*.so") if p != exact)
     return found
 
@@ -144,7 +147,7 @@ def _candidates() -> Iterator[pathlib.Path]:
     if found:
         yield from found
         return
-    yield here / "libemm_capi.so"
+    yield here / "_native" / "libemm_capi.so"
     # A source checkout (python/emm next to target/): the newest build first, so a
     # stale release build does not win.
     root = here.parent.parent
@@ -164,7 +167,7 @@ def library_path() -> pathlib.Path:
     raise EmmError(
         EMM_ERR_DRIVER,
         "libemm_capi.so not found; tried " + ", ".join(tried)
-        + " (install the package with `pip install <emm checkout>`, or set EMM_LIBRARY)",
+        + " (install emm-cuda's wheel, or `pip install <emm checkout>`, or set EMM_LIBRARY)",
     )
 
 

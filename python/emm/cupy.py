@@ -29,6 +29,7 @@ import warnings
 from typing import Any, Callable, Dict, Optional
 
 from ._lib import EMM_ERR_OTHER, EMM_OK, EmmError, Manager, OutOfMemoryError, load
+from ._require import require
 
 __all__ = ["allocator", "free", "install", "malloc"]
 
@@ -102,7 +103,7 @@ def allocator(size: int) -> Any:
 
 def _bind() -> None:
     global _get_device, _current_stream, _Unowned, _Pointer
-    import cupy
+    cupy = require("cupy", "emm.cupy")
 
     _current_stream = cupy.cuda.get_current_stream
     _Unowned = cupy.cuda.UnownedMemory
@@ -227,7 +228,7 @@ def install(path: str = "auto") -> str:
     """
     if path not in ("auto", "c", "python"):
         raise ValueError(f"path must be 'auto', 'c' or 'python', not {path!r}")
-    import cupy
+    cupy = require("cupy", "emm.cupy.install()")
 
     _bind()
     cupy.cuda.Device().use()

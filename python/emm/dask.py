@@ -107,7 +107,8 @@ _STATE = _State()
 def _missing_distributed() -> ImportError:
     return ImportError(
         "emm.dask.EmmPlugin needs the `distributed` package (Dask's distributed "
-        f"scheduler: pip install distributed, or dask-cuda for GPU clusters): {_DISTRIBUTED_ERROR}"
+        "scheduler: pip install 'emm-cuda[dask]' or pip install distributed, and dask-cuda "
+        f"for GPU clusters): {_DISTRIBUTED_ERROR}"
     )
 
 

@@ -37,10 +37,15 @@ from typing import Any, Callable, Optional
 
 os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
 
-from numba import cuda  # noqa: E402
-from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer  # noqa: E402
-from numba.cuda.cudadrv import driver as _driver  # noqa: E402
-from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer  # noqa: E402
+from ._require import missing  # noqa: E402
+
+try:
+    from numba import cuda
+    from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+    from numba.cuda.cudadrv import driver as _driver
+    from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer
+except ImportError as _e:
+    raise missing("numba", "emm.numba_plugin", _e) from _e
 
 from ._lib import Manager, OutOfMemoryError  # noqa: E402
 

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 from ._lib import INT_MAX, Manager, check_uint
+from ._require import missing
 
 __all__ = [
     "callbacks",
@@ -88,12 +89,7 @@ def _import_rmm() -> Any:
     try:
         import rmm.mr
     except ImportError as e:
-        raise ModuleNotFoundError(
-            "emm.rmm needs RMM's Python package `rmm`, which did not import "
-            f"({type(e).__name__}: {e}); install it with `pip install rmm-cu13` "
-            "(or rmm-cu12 for CUDA 12)",
-            name="rmm",
-        ) from e
+        raise missing("rmm", "emm.rmm", e) from e
     return rmm
 
 

@@ -50,6 +50,7 @@ from typing import Any, Dict, Optional
 
 from . import _torch_native, _torch_routes, _torch_state
 from ._lib import EmmWarning, library_path, load
+from ._require import require
 from ._torch_state import to_torch_snapshot  # noqa: F401  (public here; defined beside the state it converts)
 
 __all__ = [
@@ -104,7 +105,7 @@ def install(native: Optional[bool] = None) -> Any:
     let memory still in use on another stream be handed out again, and raises for
     the second. Either way PyTorch's allocation-history tools are pointed at emm's."""
     global _INSTALLED
-    import torch
+    torch = require("torch", "emm.torch.install()")
 
     if _INSTALLED is not None:
         return torch.cuda.memory._get_current_allocator()

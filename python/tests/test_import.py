@@ -47,7 +47,7 @@ def test_the_library_ships_inside_the_package_and_needs_no_variable():
         # CI: the wheel is installed in a fresh venv; nothing points at the build.
         assert "EMM_LIBRARY" not in os.environ
         pkg = pathlib.Path(emm.__file__).resolve().parent
-        assert path.parent == pkg, (path, pkg)
+        assert path == pkg / "_native" / "libemm_capi.so", (path, pkg)
         assert "site-packages" in str(pkg)
         assert (pkg / "py.typed").is_file()
     assert path.name.startswith("libemm_capi")

@@ -61,7 +61,7 @@ def test_without_rmm_the_error_names_the_package(monkeypatch, call):
             getattr(er, call)(device=0)
     assert isinstance(e.value, ImportError)
     assert e.value.name == "rmm"
-    assert "`rmm`" in str(e.value) and "pip install rmm-cu13" in str(e.value)
+    assert "'rmm'" in str(e.value) and "emm-cuda[rmm]" in str(e.value) and "rmm-cu12" in str(e.value)
     assert er.installed() == {}
 
 

@@ -1,5 +1,5 @@
-//! Project automation for emm: `cargo xtask ci | gpu | tidy | python | header |
-//! install | cpp`.
+//! Project automation for emm: `cargo xtask ci | gpu | tidy | python | wheel |
+//! header | install | cpp`.
 //!
 //! - `ci`: formatting, the generated C header (`header::check`), clippy (`-D
 //!   warnings`, all targets), tests, doc tests, rustdoc (`-D warnings`), the C/C++
@@ -10,7 +10,13 @@
 //!   `gpu-bundle/` (git-ignored) with `run.sh`, which runs all of them with
 //!   `--include-ignored` on a GPU machine and prints one summary line per binary;
 //!   also the installed C/C++ tree (`gpu-bundle/prefix`) and `cpp.sh`.
-//! - `python`: the Python step of `ci` alone.
+//! - `python`: the Python step of `ci` alone (`python.rs`): the package built from
+//!   source, then the binary wheel installed outside the checkout and tested there.
+//! - `wheel`: the binary wheel (`wheel.rs`): `target/wheels/emm_cuda-<version>-py3-
+//!   none-manylinux_2_28_x86_64.whl` with libemm_capi, the Python package and the
+//!   `emm` program, built for glibc 2.28; installing it needs no Rust toolchain.
+//! - `doc`: rustdoc (`-D warnings`) and the check that no link text was left
+//!   literal in the rendered pages (`doc_links.rs`).
 //! - `header`: writes `crates/emm-capi/include/emm.h` with cbindgen (`header.rs`);
 //!   `header --check` only compares (as `ci` does).
 //! - `install --prefix DIR`: header, library (with its SONAME links), pkg-config
@@ -22,10 +28,13 @@
 
 mod circles;
 mod cpp;
+mod doc_links;
 mod elf;
 mod header;
 mod install;
 mod numba;
+mod python;
+mod wheel;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -38,14 +47,16 @@ fn main() -> ExitCode {
         Some("ci") => ci(&root),
         Some("gpu") => gpu(&root),
         Some("tidy") => tidy(&root),
-        Some("python") => python(&root),
+        Some("python") => python::ci(&root),
+        Some("wheel") => wheel::build(&root).map(|_| ()),
+        Some("doc") => docs(&root),
         Some("header") if args.get(1).is_some_and(|a| a == "--check") => header::check(&root),
         Some("header") => header::write(&root),
         Some("install") => install::command(&root, &args[1..]),
         Some("cpp") => cpp::ci(&root),
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|gpu|tidy|python|header [--check]|cpp>\n       {}",
+                "usage: cargo xtask <ci|gpu|tidy|python|wheel|doc|header [--check]|cpp>\n       {}",
                 install::Options::USAGE
             );
             return ExitCode::from(2);
@@ -65,7 +76,7 @@ fn workspace_root() -> PathBuf {
     here.parent().map(Path::to_path_buf).unwrap_or(here)
 }
 
-fn run(root: &Path, name: &str, hint: &str, cmd: &mut Command) -> Result<(), String> {
+pub(crate) fn run(root: &Path, name: &str, hint: &str, cmd: &mut Command) -> Result<(), String> {
     eprintln!("==> {name}: {cmd:?}");
     let status = cmd
         .current_dir(root)
@@ -80,7 +91,7 @@ fn run(root: &Path, name: &str, hint: &str, cmd: &mut Command) -> Result<(), Str
     }
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
@@ -134,21 +145,35 @@ fn ci(root: &Path) -> Result<(), String> {
     standin_gpu_tests(root)?;
     run(
         root,
+        "quickstart example on the stand-in",
+        "crates/emm/examples/quickstart.rs must run: EMM_CUDA_DRIVER=target/debug/libemm_standin.so cargo run -p emm --example quickstart",
+        cargo()
+            .args(["run", "--quiet", "-p", "emm", "--example", "quickstart"])
+            .env("EMM_CUDA_DRIVER", python::standin(root)?),
+    )?;
+    run(
+        root,
         "doctest",
         "doc examples must compile; mark GPU ones `no_run`",
         cargo().args(["test", "--workspace", "--doc"]),
     )?;
+    docs(root)?;
     run(
         root,
-        "rustdoc",
-        "fix broken intra-doc links and missing docs",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
+        "package every crate",
+        "`cargo publish --dry-run --workspace` packages the crates in dependency order; a crate that does not package is missing a file or metadata",
+        cargo().args([
+            "publish",
+            "--dry-run",
+            "--workspace",
+            "--no-verify",
+            "--allow-dirty",
+            "--quiet",
+        ]),
     )?;
     cpp::ci(root)?;
     if root.join("python/tests").is_dir() {
-        python(root)?;
+        python::ci(root)?;
     }
     tidy(root)?;
     eprintln!("==> ci: all steps passed");
@@ -237,127 +262,35 @@ fn standin_gpu_tests(root: &Path) -> Result<(), String> {
     )
 }
 
-/// The Python step: builds the wheel (`pip wheel`, which compiles libemm_capi
-/// through setuptools-rust into cargo's target dir, reusing the debug build), makes
-/// a fresh venv under `target/py/`, installs the wheel and pytest from PyPI there,
-/// and runs `python/tests` with pytest against the installed package. pytest's exit
-/// status 5 (no tests collected) fails like any other.
-fn python(root: &Path) -> Result<(), String> {
-    let py = root.join("target/py");
-    let target = target_dir(root);
-    let venv_hint = "python3 needs its venv module (Debian/Ubuntu: apt-get install python3-venv)";
-    // The build venv only holds pip (the build itself runs in pip's isolated
-    // environment with setuptools and setuptools-rust from PyPI); kept between runs.
-    let build_venv = py.join("build-venv");
-    if !build_venv.join("bin/python").is_file() {
-        run(
-            root,
-            "python: build venv",
-            venv_hint,
-            Command::new("python3")
-                .arg("-m")
-                .arg("venv")
-                .arg(&build_venv),
-        )?;
-    }
-    let dist = py.join("dist");
-    let _ = std::fs::remove_dir_all(&dist);
-    // setuptools' in-tree build directory: stale copies must not reach the wheel.
-    let _ = std::fs::remove_dir_all(root.join("build"));
+/// rustdoc with `-D warnings`, then no link text left literal in what it rendered.
+fn docs(root: &Path) -> Result<(), String> {
     run(
         root,
-        "python: wheel",
-        "`pip wheel .` builds libemm_capi with cargo through setuptools-rust (pyproject.toml, setup.py); it needs PyPI for setuptools-rust",
-        Command::new(build_venv.join("bin/python"))
-            .args(["-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir"])
-            .arg(&dist)
-            .arg(".")
-            .env("CARGO_TARGET_DIR", &target)
-            .env("SETUPTOOLS_RUST_CARGO_PROFILE", "dev"),
+        "rustdoc",
+        "fix broken intra-doc links and missing docs",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    let wheel = std::fs::read_dir(&dist)
-        .map_err(|e| format!("reading {}: {e}", dist.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("no wheel in {}", dist.display()))?;
-    eprintln!("    wheel: {}", wheel.display());
-    let venv = py.join("test-venv");
-    let _ = std::fs::remove_dir_all(&venv);
-    run(
-        root,
-        "python: fresh venv",
-        venv_hint,
-        Command::new("python3").arg("-m").arg("venv").arg(&venv),
-    )?;
-    run(
-        root,
-        "python: install the wheel and pytest",
-        "the wheel must install with pip alone; pytest comes from PyPI",
-        Command::new(venv.join("bin/python"))
-            .args(["-m", "pip", "install", "--quiet"])
-            .arg(&wheel)
-            .arg("pytest"),
-    )?;
-    numba::step(root, &venv)?;
-    eprintln!("==> python: pytest (installed package, no EMM_LIBRARY)");
-    let status = Command::new(venv.join("bin/python"))
-        .args(["-m", "pytest", "-p", "no:cacheprovider", "python/tests"])
-        .current_dir(root)
-        .env("EMM_TEST_INSTALLED", "1")
-        .env_remove("EMM_LIBRARY")
-        .env_remove("PYTHONPATH")
-        .status()
-        .map_err(|e| format!("python: pytest could not start: {e}"))?;
-    match status.code() {
-        Some(0) => {}
-        Some(5) => return Err("step `python: pytest` collected no tests (exit status 5).\n    hint: python/tests must hold test_*.py files pytest collects".into()),
-        _ => return Err(format!(
-            "step `python: pytest` failed ({status}).\n    hint: run `PYTHONPATH=python python3 -m pytest python/tests -x` after `cargo build -p emm-capi`; the package must import without Numba, CuPy or PyTorch"
-        )),
-    }
-    // The managers through the bindings, on the stand-in driver.
-    let lib = target_dir(root).join("debug/libemm_standin.so");
-    if !lib.is_file() {
-        return Err(format!(
-            "{} is missing; run `cargo build -p emm-standin`",
-            lib.display()
-        ));
-    }
-    eprintln!(
-        "==> python: pytest -m standin on the STAND-IN driver ({}), not on a GPU: host memory, no kernels",
-        lib.display()
-    );
-    let status = Command::new(venv.join("bin/python"))
-        .args([
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-m",
-            "standin",
-            "-rs",
-            "python/tests",
-        ])
-        .current_dir(root)
-        .env("EMM_TEST_INSTALLED", "1")
-        .env("EMM_CUDA_DRIVER", &lib)
-        .env_remove("EMM_LIBRARY")
-        .env_remove("PYTHONPATH")
-        .env_remove("EMM_MEMORY_MANAGER")
-        .status()
-        .map_err(|e| format!("python: pytest could not start: {e}"))?;
-    match status.code() {
-        Some(0) => Ok(()),
-        Some(5) => Err("step `python: pytest -m standin` collected no tests (exit status 5).\n    hint: python/tests/test_standin.py holds them (pytest.mark.standin)".into()),
-        _ => Err(format!(
-            "step `python: pytest -m standin` failed ({status}).\n    hint: run `EMM_CUDA_DRIVER=target/debug/libemm_standin.so EMM_LIBRARY=target/debug/libemm_capi.so PYTHONPATH=python python3 -m pytest -m standin python/tests -x` after `cargo build -p emm-capi -p emm-standin`"
-        )),
-    }
+    doc_links::check(root, &workspace_crates(root))
+}
+
+/// The folder names under `crates/` (each a workspace crate).
+fn workspace_crates(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("crates"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().join("Cargo.toml").is_file())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` in the checkout).
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map(|p| if p.is_absolute() { p } else { root.join(p) })

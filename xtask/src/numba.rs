@@ -20,7 +20,6 @@
 //! (`numba_driver`), which `-m standin` does not select.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 /// What the test venv gets from PyPI, pinned where the tests depend on details:
@@ -48,13 +47,14 @@ pub const PACKAGES: &[&str] = &[
 
 /// Installs [`PACKAGES`] into `venv`, then runs the `numba_driver` tests on the
 /// stand-in through a `libcuda.so.1` link (see the module docs).
-pub fn step(root: &Path, venv: &Path) -> Result<(), String> {
+pub fn step(root: &Path, installed: &crate::python::Installed) -> Result<(), String> {
     let started = Instant::now();
     crate::run(
         root,
         "python: numpy, numba-cuda, cuda-bindings, cudart, rmm, distributed from PyPI",
         "pip must reach PyPI; the pins are explained in xtask/src/numba.rs",
-        Command::new(venv.join("bin/python"))
+        installed
+            .python()
             .args([
                 "-m",
                 "pip",
@@ -64,38 +64,17 @@ pub fn step(root: &Path, venv: &Path) -> Result<(), String> {
             ])
             .args(PACKAGES),
     )?;
-    let lib = crate::target_dir(root).join("debug/libemm_standin.so");
-    if !lib.is_file() {
-        return Err(format!(
-            "{} is missing; run `cargo build -p emm-standin`",
-            lib.display()
-        ));
-    }
+    let lib = crate::python::standin(root)?;
     let dir = driver_dir(root, &lib)?;
     eprintln!(
         "==> python: pytest -m numba_driver: numba-cuda's driver layer and emm's plugin on the STAND-IN driver ({} as {}/libcuda.so.1), not on a GPU: host memory, no kernels",
         lib.display(),
         dir.display()
     );
-    let out = Command::new(venv.join("bin/python"))
-        .args([
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-m",
-            "numba_driver",
-            "-rs",
-            "python/tests",
-        ])
-        .current_dir(root)
-        .env("EMM_TEST_INSTALLED", "1")
+    let out = installed
+        .pytest(&["-m", "numba_driver", "-rs"])
         .env("EMM_CUDA_DRIVER", &lib)
         .env("LD_LIBRARY_PATH", search_path(&dir))
-        .env_remove("EMM_LIBRARY")
-        .env_remove("PYTHONPATH")
-        .env_remove("EMM_MEMORY_MANAGER")
-        .env_remove("NUMBA_CUDA_MEMORY_MANAGER")
         .output()
         .map_err(|e| format!("python: pytest could not start: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);

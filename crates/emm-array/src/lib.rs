@@ -12,6 +12,7 @@
 //! locks ([`MemArray::lock_id`]) work the same way. While any lock lives, a
 //! mutation (`set`, `move_to`, writing the host mirror) is
 //! [`ArrayError::Locked`], not corruption.
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod array;
 pub mod dlpack;

@@ -22,7 +22,7 @@
 //!   requested, free and total.
 //! - Log output: see the [`log`] module (`EMM_LOG`, default `warn`, on standard
 //!   error; or queued for [`emm_take_warning`]).
-
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 #![allow(non_camel_case_types)] // reason: C names in the ABI
 #![allow(clippy::missing_safety_doc)] // reason: the contract of each pointer argument is in its doc comment, which is include/emm.h's
 

@@ -21,6 +21,7 @@
 //! `emm_default::HostOnly` for host memory, register a factory with
 //! [`register_manager`], and run [`conformance::run`] in a GPU test.
 //! `emm-hostonly` is a complete example.
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 pub mod config;
 mod config_store;

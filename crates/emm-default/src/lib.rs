@@ -22,6 +22,7 @@
 //! assert_eq!(block.size(), 1 << 20);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod config;
 mod host;

@@ -35,9 +35,10 @@
 //! let ctx = emm_driver::Context::on_device(0)?;
 //! let manager = emm_hostonly::HostOnlyManager::new(&ctx)?;
 //! let stream = emm_driver::Stream::new(&ctx)?;
-//! let block = manager.memalloc_async(1 << 20, stream.raw())?; // freed on `stream` when dropped
+//! let _block = manager.memalloc_async(1 << 20, stream.raw())?; // freed on `stream` when dropped
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -14,6 +14,7 @@
 //! drop(block); // back in the pool; the next 1 MiB request on `stream` reuses it
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod arena;
 mod events;

@@ -37,7 +37,7 @@ pub enum CallClass {
 }
 
 impl CallClass {
-    /// Every class, in the order of [`CallClass::index`].
+    /// Every class, in the order of `CallClass::index`.
     pub const ALL: [CallClass; 3] = [CallClass::Any, CallClass::Frees, CallClass::Events];
 
     /// The class named `any`, `frees` or `events`.

@@ -42,6 +42,7 @@
 //!
 //! Every entry point runs under `catch_unwind` (a panic would be
 //! `CUDA_ERROR_UNKNOWN`), and the whole model sits behind one lock.
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod config;
 pub mod context;

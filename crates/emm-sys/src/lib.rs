@@ -17,7 +17,7 @@
 //! let drv = emm_sys::driver().expect("a CUDA driver");
 //! println!("driver {:?}, lacks {:?}", drv.version(), drv.missing_optional());
 //! ```
-
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 #![allow(non_camel_case_types)] // reason: the C names of the driver API are kept
 
 mod standin;

@@ -19,6 +19,7 @@
 //! assert_eq!((summary.requests, summary.peak_live_bytes), (1, 512));
 //! # Ok::<(), emm_trace::TraceError>(())
 //! ```
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod diagnostics;
 mod error;

@@ -18,9 +18,10 @@
 //! emm::set_memory_manager("pool")?;
 //! let ctx = emm::Context::on_device(0)?;
 //! let manager = emm::memory_manager(&ctx)?;
-//! let block = manager.memalloc(1 << 20)?;
+//! let _block = manager.memalloc(1 << 20)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
