@@ -551,7 +551,8 @@ mod tests {
             }
             other => panic!("expected InvalidIpcHandle, got {other:?}"),
         };
-        let with = |f: &dyn Fn(&mut Vec<(i32, usize)>, &mut usize, &mut usize)| {
+        type Edit<'a> = &'a dyn Fn(&mut Vec<(i32, usize)>, &mut usize, &mut usize);
+        let with = |f: Edit<'_>| {
             let IpcHandle::Vmm {
                 pid,
                 mut pieces,

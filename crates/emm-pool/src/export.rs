@@ -28,15 +28,15 @@
 //! requested); nothing is exported before `get_ipc_handle`. It is opt-in because
 //! the cost of exportable creation on every GPU and driver is not measured here
 //! (`exportable_pieces_cost` in `tests/gpu.rs` measures it on a GPU).
+//!
+//! This file holds the types; the driver's side (finding and exporting the
+//! pieces of a range) is `vmm_export.rs`.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
-use emm_core::{EmmError, Result};
-use emm_sys::CUdeviceptr;
-
-use crate::vmm::DriverVmm;
+use emm_core::Result;
 
 /// The pieces behind a range, exported: each piece's descriptor (valid in this
 /// process while the piece's memory lives) and size, in address order, and the
@@ -68,70 +68,27 @@ impl ExportedFds {
     pub(crate) fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
-}
 
-impl DriverVmm {
-    /// Requests exportable pieces (POSIX file descriptors) from now on, where the
-    /// device supports them; returns whether it does.
-    pub fn set_exportable(&mut self) -> bool {
-        self.exportable = emm_driver::vmm::supports_fd_export(self.ctx.device());
-        if !self.exportable {
-            tracing::warn!(
-                "the device or driver cannot export virtual memory as file descriptors: the pool's expandable segment stays unexportable"
-            );
-        }
-        self.exportable
-    }
-
-    /// Descriptors this pool exported and holds now (one per exported piece).
-    pub fn exported_descriptors(&self) -> usize {
-        self.exports.len()
-    }
-
-    /// Exports the pieces mapped behind `[addr, addr+len)` (see the module docs).
-    pub(crate) fn export_pieces(&self, addr: CUdeviceptr, len: usize) -> Result<ExportedRange> {
-        if !self.exportable {
-            return Err(EmmError::Unsupported {
-                manager: "pool (its pieces are not exportable: build it with exportable: true, EMM_POOL_EXPORTABLE=1, on a device that supports POSIX file descriptors)".into(),
-                operation: "export of virtual memory",
-            });
-        }
-        let end = addr.saturating_add(len.max(1) as u64);
-        let mut maps: Vec<(CUdeviceptr, u64, usize)> = {
-            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.1.iter()
-                .filter(|(&at, &(_, l))| at < end && at + l as u64 > addr)
-                .map(|(&at, &(h, l))| (at, h, l))
-                .collect()
-        };
-        maps.sort_unstable_by_key(|m| m.0);
-        let covered = maps.first().is_some_and(|m| m.0 <= addr)
-            && maps.windows(2).all(|w| w[0].0 + w[0].2 as u64 == w[1].0)
-            && maps.last().is_some_and(|m| m.0 + m.2 as u64 >= end);
-        if !covered {
-            return Err(EmmError::InvalidArgument {
-                what: "range to export",
-                found: format!("{addr:#x} ({len} bytes), over {} mapped pieces", maps.len()),
-                expected: "a range the pool's expandable segment has mapped".into(),
-            });
-        }
-        let mut fds = self.exports.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pieces = Vec::with_capacity(maps.len());
-        for &(_, h, l) in &maps {
-            let fd = match fds.get(&h) {
-                Some(fd) => fd.as_raw_fd(),
-                None => {
-                    let fd = emm_driver::vmm::export_fd(&self.ctx, h)?;
-                    let raw = fd.as_raw_fd();
-                    fds.insert(h, fd);
-                    raw
+    /// The descriptor of each of `handles`, exported by `export` the first time
+    /// and kept.
+    pub(crate) fn get_or_export(
+        &self,
+        handles: impl IntoIterator<Item = u64>,
+        export: impl Fn(u64) -> Result<OwnedFd>,
+    ) -> Result<Vec<i32>> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        handles
+            .into_iter()
+            .map(|h| {
+                if let Some(fd) = map.get(&h) {
+                    return Ok(fd.as_raw_fd());
                 }
-            };
-            pieces.push((fd, l));
-        }
-        Ok(ExportedRange {
-            pieces,
-            offset: (addr - maps[0].0) as usize,
-        })
+                let fd = export(h)?;
+                let raw = fd.as_raw_fd();
+                map.insert(h, fd);
+                Ok(raw)
+            })
+            .collect()
     }
 }
+

@@ -25,6 +25,7 @@ mod owner_lock;
 mod pool;
 mod thread_cache;
 mod vmm;
+mod vmm_export;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};

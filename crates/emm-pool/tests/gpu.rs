@@ -317,7 +317,7 @@ fn vmm_ipc_child_process() {
 /// What exportable pieces cost: the same growth-heavy loop (the expandable
 /// segment maps new pieces every round, `trim` gives them back) with and without
 /// `exportable`, timed; prints microseconds per mapped piece for each. Fails only
-/// if exportable creation is more than twice as slow.
+/// if exportable creation is more than twice as slow (on a GPU).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn exportable_pieces_cost() {
@@ -354,8 +354,10 @@ fn exportable_pieces_cost() {
         "exportable / plain: {:.2} ({exp:.1} us vs {plain:.1} us per piece)",
         exp / plain
     );
+    // On the stand-in both are the same memfd: only a GPU's figures mean anything.
+    let on_standin = emm_sys::driver().is_ok_and(|d| d.stand_in().is_some());
     assert!(
-        exp < 2.0 * plain,
+        on_standin || exp < 2.0 * plain,
         "exportable pieces cost {exp:.1} us vs {plain:.1} us"
     );
 }
