@@ -123,9 +123,10 @@ class EmmPlugin(_WorkerPlugin):  # type: ignore[misc,valid-type]
     - ``numba``: Numba allocates through emm's NBEP 7 plugin (``emm.numba_plugin``).
       Numba chooses its memory manager when it creates its CUDA context, so a
       worker where Numba already made one with another manager makes ``setup``
-      raise. That module sets ``EMM_POOL_EXPANDABLE=0`` unless the environment or
-      ``configure={"expandable": ...}`` says otherwise (Numba's IPC handles cannot
-      export the pool's virtual-memory segment).
+      raise. The pool keeps its expandable segment: that module sets
+      ``EMM_POOL_EXPORTABLE=1`` unless it is set, so Numba's IPC handles of its
+      blocks export by file descriptor (``configure={"expandable": False}`` gives
+      legacy CUDA IPC handles for every block instead).
     - ``cupy``: CuPy allocates through emm (:func:`emm.cupy.install`); blocks CuPy's
       own pool cached before are given back.
     - ``rmm``: emm becomes RMM's resource of ``device`` (``emm.rmm.install``).
@@ -221,12 +222,8 @@ def setup_worker(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if numba:
-            if "expandable" in config:
-                # emm.numba_plugin sets EMM_POOL_EXPANDABLE=0 unless it is set: the
-                # configured value is what the user asked for.
-                os.environ.setdefault("EMM_POOL_EXPANDABLE", "1" if config["expandable"] else "0")
             os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = NUMBA_PLUGIN_MODULE
-            _numba_plugin_module()  # before emm.configure: it may set EMM_POOL_EXPANDABLE
+            _numba_plugin_module()  # before emm.configure: it sets EMM_POOL_EXPORTABLE
         try:
             mgr = _configure(manager, devices=[device], **config)[0]
         except EmmError as e:

@@ -13,11 +13,25 @@ Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
   the same ownership as Numba's: the plugin's ``allocations`` holds it, the caller
   gets ``mem.own()``, and its free goes through Numba's pending-deallocation queue
   (so ``defer_cleanup`` holds it back) into ``Manager.free_managed``.
-- ``get_ipc_handle``: Numba's legacy handle with the allocation base and the offset
-  (``GetIpcHandleMixin``), so views into pooled blocks export correctly. For the
-  pool, set ``EMM_POOL_EXPANDABLE=0`` (this module does so unless it is set): legacy
-  IPC cannot export memory of the pool's expandable (virtual-memory) segment, nor
-  of ``hostonly``'s stream-ordered pool.
+- ``get_ipc_handle``: a block of the pool's expandable (virtual-memory) segment,
+  which legacy CUDA IPC cannot export, gives an :class:`EmmIpcHandle`: emm's
+  handle bytes (the exporting process's id and the file descriptors of the
+  block's physical pieces), which the receiving process opens through emm
+  (``pidfd_getfd``, then the pieces mapped at addresses of its own; Linux 5.6+
+  and ptrace permission over the exporter, as a process of the same user
+  normally has). It pickles, and ``IpcArrayHandle`` opens and closes it as
+  Numba's own. This module sets ``EMM_POOL_EXPORTABLE=1`` unless it is set, so
+  that the pool creates those pieces exportable, and keeps the expandable segment
+  (and its steady state near live memory) on. Every other block (the pool's small
+  segments, the ``default`` manager's allocations) gets Numba's legacy handle
+  with the allocation base and the offset (``GetIpcHandleMixin``), so views into
+  pooled blocks export correctly. Consumers that call ``cuIpcOpenMemHandle``
+  themselves need legacy handles for every block: set ``EMM_POOL_EXPANDABLE=0``
+  (or ``emm.configure(expandable=False)``) before the first allocation; the pool
+  then uses plain ``cuMemAlloc`` segments (more reserved memory at steady
+  state). As with legacy IPC, the exporter keeps the block alive while another
+  process uses it. ``hostonly``'s stream-ordered pool exports no legacy handle
+  either (its blocks raise).
 - ``get_memory_info``: the device's free and total memory.
 - ``reset``: Numba's host-memory reset, then the device manager gives its cache back.
 - ``defer_cleanup``: Numba's (host frees); emm's device frees never synchronize, so
@@ -35,7 +49,9 @@ import sys
 import weakref
 from typing import Any, Callable, Optional
 
-os.environ.setdefault("EMM_POOL_EXPANDABLE", "0")
+# Blocks of the pool's expandable segment export by file descriptor: its pieces
+# must be created exportable (see get_ipc_handle above).
+os.environ.setdefault("EMM_POOL_EXPORTABLE", "1")
 
 from ._require import missing  # noqa: E402
 
@@ -43,7 +59,7 @@ try:
     from numba import cuda
     from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
     from numba.cuda.cudadrv import driver as _driver
-    from numba.cuda.cudadrv.driver import ManagedMemory, ManagedOwnedPointer
+    from numba.cuda.cudadrv.driver import IpcHandle, ManagedMemory, ManagedOwnedPointer
 except ImportError as _e:
     raise missing("numba", "emm.numba_plugin", _e) from _e
 
@@ -109,6 +125,79 @@ def _managed_finalizer(allocations: Any, deallocations: Any, ptr: int, size: int
     return core
 
 
+# The kind byte of emm's handle bytes (after the "EMMIPC" magic and the format
+# version) that names virtual memory exported by file descriptor.
+_EMM_MAGIC = b"EMMIPC"
+_EMM_KIND_VMM = 3
+
+
+def _emm_manager_of(context: Any) -> Manager:
+    """emm's manager of ``context``'s device: the plugin's own where Numba uses it."""
+    mm = getattr(context, "memory_manager", None)
+    emm = getattr(mm, "_emm", None)
+    if isinstance(emm, Manager):
+        return emm
+    dev = context.device
+    return Manager(None, dev.id if hasattr(dev, "id") else int(dev))
+
+
+def _address(memory: Any) -> int:
+    """The device address of a Numba ``MemoryPointer`` as an int (its handle is
+    the binding's ``CUdeviceptr``, or a ``ctypes.c_void_p``)."""
+    handle = memory.handle
+    try:
+        return int(handle)
+    except TypeError:
+        return handle.value or 0
+
+
+class EmmIpcHandle(IpcHandle):
+    """Numba's ``IpcHandle`` for memory emm exports itself (a block of the pool's
+    expandable segment): it carries emm's handle bytes, and opening it maps the
+    exporter's memory through emm (``Manager.ipc_open``) instead of
+    ``cuIpcOpenMemHandle``; emm stages it through a buffer of its own when the
+    memory lives on another device. ``offset`` is the range's offset in its
+    block (informational: the opened pointer already points at the range)."""
+
+    def __init__(self, base: Any, emm_handle: bytes, size: int, source_info: Any = None,
+                 offset: int = 0) -> None:
+        super().__init__(base, None, size, source_info=source_info, offset=offset)
+        self.emm_handle = bytes(emm_handle)
+        self._emm_opened: Optional[tuple] = None
+
+    def open(self, context: Any) -> MemoryPointer:
+        """Maps the exporter's memory in ``context`` (another process than the
+        exporter's); returns a ``MemoryPointer`` of ``size`` bytes."""
+        if self.base is not None:
+            raise ValueError("opening IpcHandle from original process")
+        if self._emm_opened is not None:
+            raise ValueError("IpcHandle is already opened")
+        emm = _emm_manager_of(context)
+        ptr = emm.ipc_open(self.emm_handle)
+        self._emm_opened = (emm, ptr)
+        return MemoryPointer(weakref.proxy(context), _device_pointer(ptr), self.size)
+
+    # Numba's direct and staged openings are both emm's open here.
+    open_direct = open
+    open_staged = open
+
+    def close(self) -> None:
+        """Unmaps what :meth:`open` mapped."""
+        if self._emm_opened is None:
+            raise ValueError("IpcHandle not opened")
+        emm, ptr = self._emm_opened
+        self._emm_opened = None
+        emm.ipc_close(ptr)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_emm_ipc_handle, (self.emm_handle, self.size, self.source_info, self.offset))
+
+
+def _rebuild_emm_ipc_handle(emm_handle: bytes, size: int, source_info: Any, offset: int) -> EmmIpcHandle:
+    """Unpickles an :class:`EmmIpcHandle` (without the exporter's reference)."""
+    return EmmIpcHandle(None, emm_handle, size, source_info=source_info, offset=offset)
+
+
 class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     """Numba's memory manager interface (version 1) over emm."""
 
@@ -168,6 +257,22 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             raise
         self.allocations[ptr] = mem
         return mem.own()
+
+    def get_ipc_handle(self, memory: Any) -> IpcHandle:
+        """An IPC handle of ``memory`` (a block or a view into one): an
+        :class:`EmmIpcHandle` for a block of the pool's expandable segment, else
+        Numba's legacy handle (see the module docs)."""
+        owner = getattr(memory, "owner", None) or memory
+        base = getattr(owner, "_emm_ptr", None)
+        emm = self._emm
+        if base is not None and emm is not None:
+            ptr = _address(memory)
+            data = emm.ipc_export(base, ptr - base, memory.size)
+            if data[:6] == _EMM_MAGIC and len(data) > 7 and data[7] == _EMM_KIND_VMM:
+                source_info = self.context.device.get_device_identity()
+                return EmmIpcHandle(memory, data, memory.size, source_info=source_info,
+                                    offset=ptr - base)
+        return super().get_ipc_handle(memory)
 
     def get_memory_info(self) -> Any:
         """The device's free and total bytes (Numba's ``MemoryInfo``)."""

@@ -230,6 +230,50 @@ def test_ipc_handle_fields_and_opening_it(ctx, mgr):
         assert (arr.copy_to_host() == host[1000:]).all()
 
 
+def test_large_arrays_keep_the_expandable_segment_and_export_by_descriptor(ctx, mgr):
+    # The plugin keeps the pool's expandable segment (no EMM_POOL_EXPANDABLE=0)
+    # and makes its pieces exportable.
+    assert os.environ.get("EMM_POOL_EXPANDABLE") != "0"
+    assert os.environ.get("EMM_POOL_EXPORTABLE") == "1"
+    host = np.arange(3 * MiB, dtype=np.float32)  # 12 MiB: a large block
+    d = cuda.to_device(host)
+    snap = mgr.snapshot()
+    ptr = int(d.device_ctypes_pointer.value)
+    seg = [s for s in snap["segments"] if s["address"] <= ptr < s["address"] + s["total_size"]]
+    assert seg and seg[0]["expandable"], "the array lives in the expandable segment"
+    ipch = d.get_ipc_handle()
+    inner = ipch._ipc_handle
+    assert isinstance(inner, plugin.EmmIpcHandle)
+    assert inner.emm_handle[:6] == b"EMMIPC" and inner.emm_handle[7] == 3
+    assert inner.size == host.nbytes and inner.offset == 0
+    assert inner.source_info == ctx.device.get_device_identity()
+    with pytest.raises(ValueError, match="original process"):
+        inner.open(ctx)  # as Numba's: the exporter's own handle does not open
+    view_h = d[1000:].get_ipc_handle()._ipc_handle
+    assert isinstance(view_h, plugin.EmmIpcHandle)
+    assert view_h.offset == 4000 and view_h.size == host.nbytes - 4000
+    if not ON_STANDIN:
+        return  # the cross-process round trip is `vmm_ipc_round_trip_across_processes`
+    # What another process does, here: the pickled handle maps the same memory
+    # at addresses of its own.
+    remote = pickle.loads(pickle.dumps(ipch))
+    assert remote._ipc_handle.base is None
+    with remote as arr:
+        assert int(arr.device_ctypes_pointer.value) != ptr
+        assert (arr.copy_to_host() == host).all()
+        arr[:16].copy_to_device(np.full(16, 7.0, dtype=np.float32))
+    assert (d.copy_to_host()[:16] == 7.0).all(), "written through the import"
+    with pytest.raises(ValueError, match="not opened"):
+        remote._ipc_handle.close()
+    view_remote = pickle.loads(pickle.dumps(d[1000:].get_ipc_handle()))
+    with view_remote as arr:
+        assert (arr.copy_to_host() == host[1000:]).all()
+    # A handle whose exporter is gone is emm's typed error.
+    gone = plugin.EmmIpcHandle(None, bytes(inner.emm_handle[:8]) + b"\0" * 40, 16)
+    with pytest.raises(emm.EmmError):
+        gone.open(ctx)
+
+
 def test_out_of_memory_reaches_numba_as_emms_error(ctx, mgr):
     _, total = mgr.memory_info()
     with pytest.raises(emm.OutOfMemoryError):

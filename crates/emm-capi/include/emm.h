@@ -222,7 +222,9 @@ int emm_abi_version(void);
  * "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
  * "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
  * "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
+ * "pool_exportable"             EMM_POOL_EXPORTABLE "1"/"0": expandable-segment blocks export by fd
  * "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
+ * "pool_legacy_merge"           EMM_POOL_LEGACY_MERGE n: merge free segments at live <= reserved/n (0: off; no VMM)
  * "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
  * "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
  * "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory
@@ -233,7 +235,8 @@ int emm_abi_version(void);
  * Once a manager has been created, a different value fails with
  * `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted).
  */
-emm_status emm_configure(const char *key, const char *value);
+emm_status emm_configure(const char *key,
+                         const char *value);
 
 /**
  * After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes

@@ -130,7 +130,9 @@ pub(crate) fn code_of(e: &EmmError) -> emm_status {
         EmmError::Driver(_) | EmmError::FreeFailed { .. } => EMM_ERR_DRIVER,
         EmmError::Unsupported { .. } | EmmError::InterfaceVersion { .. } => EMM_ERR_UNSUPPORTED,
         EmmError::UnknownManager { .. } => EMM_ERR_UNKNOWN_MANAGER,
-        EmmError::InvalidIpcHandle { .. } => EMM_ERR_IPC,
+        EmmError::InvalidIpcHandle { .. }
+        | EmmError::IpcExporterGone { .. }
+        | EmmError::IpcDescriptorRefused { .. } => EMM_ERR_IPC,
         EmmError::AlreadyInUse { .. } | EmmError::ConfiguredTooLate { .. } => {
             EMM_ERR_ALREADY_IN_USE
         }
@@ -278,6 +280,7 @@ fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_status> {
 /// "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
 /// "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
 /// "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
+/// "pool_exportable"             EMM_POOL_EXPORTABLE "1"/"0": expandable-segment blocks export by fd
 /// "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
 /// "pool_legacy_merge"           EMM_POOL_LEGACY_MERGE n: merge free segments at live <= reserved/n (0: off; no VMM)
 /// "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"

@@ -66,6 +66,12 @@ pub const KEYS: &[Key] = &[
         doc: "large pool blocks in one expandable segment over CUDA virtual memory (0: legacy IPC for every block)",
     },
     Key {
+        name: "pool_exportable",
+        env: "EMM_POOL_EXPORTABLE",
+        kind: ValueKind::Bool,
+        doc: "pieces of the pool's expandable segment are created exportable, so its blocks export to other processes by file descriptor (`emm.numba_plugin` turns it on)",
+    },
+    Key {
         name: "pool_legacy_merge",
         env: "EMM_POOL_LEGACY_MERGE",
         kind: ValueKind::Count,

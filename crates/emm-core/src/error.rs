@@ -108,6 +108,33 @@ pub enum EmmError {
         /// What was wrong.
         reason: String,
     },
+    /// Opening an IPC handle needs a file descriptor of the exporting process
+    /// (mempool and virtual-memory handles), and no process has the handle's pid
+    /// any more: the exporter exited (or the handle names a foreign pid).
+    #[error("cannot open the IPC handle: it asks for file descriptor {fd} of process {pid}, and {detail}")]
+    #[non_exhaustive]
+    IpcExporterGone {
+        /// The exporting process the handle names.
+        pid: u32,
+        /// Its descriptor the handle names.
+        fd: i32,
+        /// What was found (the system's error).
+        detail: String,
+    },
+    /// The exporting process is there but would not give its descriptor:
+    /// `pidfd_getfd` needs ptrace permission over it (the same user with Yama's
+    /// `kernel.yama.ptrace_scope` at most 1 and the exporter a descendant or
+    /// not protected, or `CAP_SYS_PTRACE`), and Linux 5.6 or later.
+    #[error("cannot take file descriptor {fd} of process {pid}: {detail}")]
+    #[non_exhaustive]
+    IpcDescriptorRefused {
+        /// The exporting process.
+        pid: u32,
+        /// Its descriptor asked for.
+        fd: i32,
+        /// What was found: the system's error, and the ptrace setting where known.
+        detail: String,
+    },
     /// A configuration value (environment variable or builder) is invalid.
     #[error("invalid value {value:?} for {name}: {reason}")]
     InvalidConfig {

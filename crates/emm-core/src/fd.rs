@@ -19,44 +19,116 @@ impl TakenFd {
     }
 }
 
+/// Takes a duplicate of descriptor `fd` of process `pid`. Errors:
+/// [`EmmError::IpcExporterGone`] when no process has that pid,
+/// [`EmmError::IpcDescriptorRefused`] when the process will not give it (ptrace
+/// permission, or a kernel without `pidfd_getfd`), and
+/// [`EmmError::InvalidIpcHandle`] when the process has no such descriptor open
+/// (a stale or foreign handle).
 #[cfg(target_os = "linux")]
 pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
-    let fail = |step: &str| EmmError::InvalidIpcHandle {
-        reason: format!(
-            "cannot take file descriptor {fd} of process {pid}: {step} failed: {}",
-            std::io::Error::last_os_error()
-        ),
-    };
     if pid == std::process::id() {
         // Same process (tests, or a handle opened by its exporter): duplicate locally.
-        // SAFETY: dup has no memory preconditions; a bad fd gives -1.
-        let d = unsafe { libc::dup(fd) };
+        // SAFETY: fcntl with integer arguments; a bad fd gives -1.
+        let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
         if d < 0 {
-            return Err(fail("dup"));
+            return Err(EmmError::InvalidIpcHandle {
+                reason: format!(
+                    "file descriptor {fd} of this process (the exporter, {pid}) is not open: {} (a stale handle: the exporter freed what it shared)",
+                    std::io::Error::last_os_error()
+                ),
+            });
         }
         // SAFETY: `d` is a fresh descriptor we own.
         return Ok(TakenFd(unsafe { OwnedFd::from_raw_fd(d) }));
     }
+    let Ok(raw_pid) = libc::pid_t::try_from(pid) else {
+        return Err(EmmError::IpcExporterGone {
+            pid,
+            fd,
+            detail: format!("{pid} is not a process id on this system"),
+        });
+    };
     // SAFETY: raw syscall with integer arguments; failure is -1 with errno.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw_pid, 0) };
     if pidfd < 0 {
-        return Err(fail("pidfd_open"));
+        let err = std::io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ESRCH) => EmmError::IpcExporterGone {
+                pid,
+                fd,
+                detail: format!("no process has that id (pidfd_open: {err}): the exporter exited"),
+            },
+            _ => EmmError::IpcDescriptorRefused {
+                pid,
+                fd,
+                detail: format!(
+                    "pidfd_open failed: {err} (pidfd_open needs Linux 5.3, pidfd_getfd 5.6)"
+                ),
+            },
+        });
     }
     // SAFETY: `pidfd` is a fresh descriptor we own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
     // SAFETY: raw syscall with integer arguments; failure is -1 with errno.
     let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if got < 0 {
-        return Err(fail("pidfd_getfd"));
+        let err = std::io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ESRCH) => EmmError::IpcExporterGone {
+                pid,
+                fd,
+                detail: format!("the process exited (pidfd_getfd: {err})"),
+            },
+            Some(libc::EBADF) => EmmError::InvalidIpcHandle {
+                reason: format!(
+                    "process {pid} has no file descriptor {fd} open (pidfd_getfd: {err}): a stale handle (the exporter freed what it shared) or one of another process"
+                ),
+            },
+            Some(libc::EPERM) => EmmError::IpcDescriptorRefused {
+                pid,
+                fd,
+                detail: format!(
+                    "pidfd_getfd refused: {err}; it needs ptrace permission over the exporter ({}; or CAP_SYS_PTRACE, or run both as the same user)",
+                    ptrace_scope()
+                ),
+            },
+            _ => EmmError::IpcDescriptorRefused {
+                pid,
+                fd,
+                detail: format!("pidfd_getfd failed: {err} (it needs Linux 5.6)"),
+            },
+        });
     }
     // SAFETY: `got` is a fresh descriptor we own.
     Ok(TakenFd(unsafe { OwnedFd::from_raw_fd(got as i32) }))
 }
 
+/// Yama's ptrace setting as a phrase for error messages.
+#[cfg(target_os = "linux")]
+fn ptrace_scope() -> String {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(v) => {
+            let v = v.trim();
+            let what = match v {
+                "0" => "any process of the same user",
+                "1" => "only descendants, or processes that allowed it with prctl(PR_SET_PTRACER)",
+                "2" => "only with CAP_SYS_PTRACE",
+                "3" => "never",
+                _ => "unknown",
+            };
+            format!("kernel.yama.ptrace_scope is {v}: {what}")
+        }
+        Err(_) => "no Yama ptrace_scope on this system".into(),
+    }
+}
+
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
-    Err(EmmError::InvalidIpcHandle {
-        reason: format!("taking fd {fd} of process {pid} needs Linux's pidfd_getfd"),
+    Err(EmmError::IpcDescriptorRefused {
+        pid,
+        fd,
+        detail: "taking another process's descriptor needs Linux's pidfd_getfd".into(),
     })
 }
 
@@ -74,8 +146,57 @@ mod tests {
     #[test]
     fn a_bad_descriptor_is_a_typed_error() {
         let e = take_fd(std::process::id(), 987_654).unwrap_err();
-        assert!(e.to_string().contains("987654"), "{e}");
+        assert!(
+            matches!(&e, EmmError::InvalidIpcHandle { reason } if reason.contains("987654") && reason.contains("stale")),
+            "{e}"
+        );
         let e = take_fd(u32::MAX - 1, 3).unwrap_err();
-        assert!(e.to_string().contains("pidfd_open"), "{e}");
+        assert!(
+            matches!(e, EmmError::IpcExporterGone { pid, fd: 3, .. } if pid == u32::MAX - 1),
+            "{e}"
+        );
+        assert!(e.to_string().contains("process 4294967294"), "{e}");
+    }
+
+    #[test]
+    fn an_exited_process_is_exporter_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap(); // reaped: the pid names no process now
+        let e = take_fd(pid, 0).unwrap_err();
+        assert!(
+            matches!(&e, EmmError::IpcExporterGone { pid: p, .. } if *p == pid),
+            "{e}"
+        );
+        println!("{e}");
+    }
+
+    #[test]
+    fn a_descriptor_the_other_process_lacks_or_refuses_is_typed() {
+        // A child of ours: ptrace permission holds for the same user under Yama
+        // scopes 0 and 1 (a parent may trace its descendants).
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let e = take_fd(child.id(), 987_654).unwrap_err();
+        let _ = child.kill();
+        let _ = child.wait();
+        println!("{e}");
+        match e {
+            EmmError::InvalidIpcHandle { reason } => {
+                assert!(reason.contains("no file descriptor 987654"), "{reason}")
+            }
+            // Where ptrace is locked down (scope 2 or 3, seccomp), the refusal
+            // itself is what is typed.
+            EmmError::IpcDescriptorRefused {
+                fd: 987_654,
+                detail,
+                ..
+            } => {
+                assert!(detail.contains("pidfd"), "{detail}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -13,6 +13,15 @@
 //!   exporter, as a process of the same user normally has), imports the pool and
 //!   then the pointer.
 //!
+//! - [`IpcHandle::Vmm`]: memory of a virtual-memory range (`cuMemCreate` pieces
+//!   mapped one after another, as in the pool's expandable segment), which legacy
+//!   IPC cannot export either. It carries the exporting process's id and, per
+//!   piece behind the shared range, the file descriptor of the exported piece in
+//!   that process and its size, plus the range's offset in the first piece. The
+//!   importer takes each descriptor as for mempools, imports the pieces, maps them
+//!   contiguously at a fresh address range and grants access (see
+//!   [`emm_driver::vmm::ImportedRange`]).
+//!
 //! Handles serialise to bytes ([`IpcHandle::to_bytes`]) and back; foreign or garbled
 //! bytes give [`EmmError::InvalidIpcHandle`] saying what was wrong.
 //!
@@ -34,6 +43,14 @@ const MAGIC: &[u8; 6] = b"EMMIPC";
 const FORMAT_VERSION: u8 = 2;
 const KIND_LEGACY: u8 = 1;
 const KIND_MEMPOOL: u8 = 2;
+const KIND_VMM: u8 = 3;
+/// The fixed part of a virtual-memory handle's body; each piece adds
+/// [`VMM_PIECE`] bytes.
+const VMM_FIXED: usize = 4 + 8 + 8 + 16 + 4;
+const VMM_PIECE: usize = 4 + 8;
+/// The most pieces a virtual-memory handle may list (a garbled count cannot
+/// make a reader allocate much).
+pub const MAX_VMM_PIECES: usize = 1 << 16;
 const LEGACY_BODY: usize = 64 + 8 + 8 + 8 + 16 + 4;
 const MEMPOOL_BODY: usize = 64 + 4 + 4 + 8 + 8 + 8 + 16;
 const HEADER: usize = 8;
@@ -70,6 +87,20 @@ pub enum IpcHandle {
         /// it).
         base_size: usize,
         /// Offset of the shared range from the exported pointer.
+        offset: usize,
+        /// Length of the shared range.
+        size: usize,
+        /// UUID of the device that holds the memory.
+        device_uuid: [u8; 16],
+    },
+    /// Virtual memory: `cuMemCreate` pieces exported as POSIX file descriptors.
+    Vmm {
+        /// The exporting process.
+        pid: u32,
+        /// The pieces behind the shared range, in address order: each piece's
+        /// exported file descriptor (valid in the exporting process) and size.
+        pieces: Vec<(i32, usize)>,
+        /// Offset of the shared range in the first piece.
         offset: usize,
         /// Length of the shared range.
         size: usize,
@@ -144,29 +175,40 @@ impl IpcHandle {
                 size,
                 ..
             } => check_range(*base_size, *offset, *size),
+            IpcHandle::Vmm {
+                pieces,
+                offset,
+                size,
+                ..
+            } => check_vmm(pieces, *offset, *size),
         }
     }
 
     /// Length of the shared range.
     pub fn size(&self) -> usize {
         match self {
-            IpcHandle::Legacy { size, .. } | IpcHandle::MemPool { size, .. } => *size,
+            IpcHandle::Legacy { size, .. }
+            | IpcHandle::MemPool { size, .. }
+            | IpcHandle::Vmm { size, .. } => *size,
         }
     }
 
-    /// Offset of the shared range in its upstream allocation.
+    /// Offset of the shared range in its upstream allocation (for
+    /// [`IpcHandle::Vmm`]: in its first piece).
     pub fn offset(&self) -> usize {
         match self {
-            IpcHandle::Legacy { offset, .. } | IpcHandle::MemPool { offset, .. } => *offset,
+            IpcHandle::Legacy { offset, .. }
+            | IpcHandle::MemPool { offset, .. }
+            | IpcHandle::Vmm { offset, .. } => *offset,
         }
     }
 
     /// UUID of the device holding the memory.
     pub fn device_uuid(&self) -> [u8; 16] {
         match self {
-            IpcHandle::Legacy { device_uuid, .. } | IpcHandle::MemPool { device_uuid, .. } => {
-                *device_uuid
-            }
+            IpcHandle::Legacy { device_uuid, .. }
+            | IpcHandle::MemPool { device_uuid, .. }
+            | IpcHandle::Vmm { device_uuid, .. } => *device_uuid,
         }
     }
 
@@ -210,6 +252,24 @@ impl IpcHandle {
                 out.extend_from_slice(&(*size as u64).to_le_bytes());
                 out.extend_from_slice(device_uuid);
             }
+            IpcHandle::Vmm {
+                pid,
+                pieces,
+                offset,
+                size,
+                device_uuid,
+            } => {
+                out.push(KIND_VMM);
+                out.extend_from_slice(&pid.to_le_bytes());
+                out.extend_from_slice(&(*offset as u64).to_le_bytes());
+                out.extend_from_slice(&(*size as u64).to_le_bytes());
+                out.extend_from_slice(device_uuid);
+                out.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+                for (fd, len) in pieces {
+                    out.extend_from_slice(&fd.to_le_bytes());
+                    out.extend_from_slice(&(*len as u64).to_le_bytes());
+                }
+            }
         }
         let sum = fnv1a(&out);
         out.extend_from_slice(&sum.to_le_bytes());
@@ -241,9 +301,10 @@ impl IpcHandle {
         let body_len = match bytes[7] {
             KIND_LEGACY => LEGACY_BODY,
             KIND_MEMPOOL => MEMPOOL_BODY,
+            KIND_VMM => vmm_body_len(bytes)?,
             k => {
                 return Err(invalid(format!(
-                    "unknown handle kind {k} (known: 1 legacy, 2 mempool)"
+                    "unknown handle kind {k} (known: 1 legacy, 2 mempool, 3 virtual memory)"
                 )))
             }
         };
@@ -279,6 +340,26 @@ impl IpcHandle {
                     size,
                     device_uuid,
                     pid,
+                }
+            }
+            KIND_VMM => {
+                let pid = r.u32();
+                let offset = r.usize("offset")?;
+                let size = r.usize("size")?;
+                let device_uuid = r.take::<16>();
+                let n = r.u32() as usize;
+                let mut pieces = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let fd = r.u32() as i32;
+                    pieces.push((fd, r.usize("piece size")?));
+                }
+                check_vmm(&pieces, offset, size)?;
+                IpcHandle::Vmm {
+                    pid,
+                    pieces,
+                    offset,
+                    size,
+                    device_uuid,
                 }
             }
             _ => {
@@ -351,6 +432,56 @@ impl IpcHandle {
     }
 }
 
+/// The body length of a virtual-memory handle, from its piece count (which must
+/// be at most [`MAX_VMM_PIECES`]; the bytes must hold the fixed part).
+fn vmm_body_len(bytes: &[u8]) -> Result<usize> {
+    let at = HEADER + VMM_FIXED - 4;
+    let Some(count) = bytes.get(at..at + 4) else {
+        return Err(invalid(format!(
+            "a virtual-memory handle is at least {} bytes, found {}",
+            HEADER + VMM_FIXED + TRAILER,
+            bytes.len()
+        )));
+    };
+    let n = u32::from_le_bytes([count[0], count[1], count[2], count[3]]) as usize;
+    if n == 0 || n > MAX_VMM_PIECES {
+        return Err(invalid(format!(
+            "a virtual-memory handle lists {n} pieces (1 to {MAX_VMM_PIECES} allowed)"
+        )));
+    }
+    Ok(VMM_FIXED + n * VMM_PIECE)
+}
+
+/// Checks a virtual-memory handle's pieces and range: 1 to [`MAX_VMM_PIECES`]
+/// pieces of non-zero size whose total fits a `usize`, descriptors that are not
+/// negative, the range inside the pieces and starting in the first.
+fn check_vmm(pieces: &[(i32, usize)], offset: usize, size: usize) -> Result<()> {
+    if pieces.is_empty() || pieces.len() > MAX_VMM_PIECES {
+        return Err(invalid(format!(
+            "a virtual-memory handle lists {} pieces (1 to {MAX_VMM_PIECES} allowed)",
+            pieces.len()
+        )));
+    }
+    let mut total = 0usize;
+    for (i, &(fd, len)) in pieces.iter().enumerate() {
+        if fd < 0 || len == 0 {
+            return Err(invalid(format!(
+                "piece {i} has file descriptor {fd} and {len} bytes (a descriptor and a size are needed)"
+            )));
+        }
+        total = total
+            .checked_add(len)
+            .ok_or_else(|| invalid("the pieces' sizes add up to more than the address space"))?;
+    }
+    if offset >= pieces[0].1 {
+        return Err(invalid(format!(
+            "offset {offset} lies past the first piece of {} bytes",
+            pieces[0].1
+        )));
+    }
+    check_range(total, offset, size)
+}
+
 /// `base + offset`, or [`EmmError::InvalidIpcHandle`] where it would wrap.
 pub(crate) fn at_offset(base: CUdeviceptr, offset: usize) -> Result<CUdeviceptr> {
     u64::try_from(offset)
@@ -391,10 +522,91 @@ mod tests {
                 size: 1 << 30,
                 device_uuid: [3; 16],
             },
+            vmm(),
         ] {
             let b = h.to_bytes();
             assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
         }
+    }
+
+    fn vmm() -> IpcHandle {
+        IpcHandle::Vmm {
+            pid: 4321,
+            pieces: vec![(12, 4 << 20), (13, 2 << 20), (40, 8 << 20)],
+            offset: 3 << 20,
+            size: 9 << 20,
+            device_uuid: [4; 16],
+        }
+    }
+
+    #[test]
+    fn garbled_vmm_handles_are_typed_errors() {
+        let err = |h: IpcHandle| match IpcHandle::from_bytes(&h.to_bytes()) {
+            Err(EmmError::InvalidIpcHandle { reason }) => {
+                assert_eq!(
+                    h.validate().unwrap_err().to_string(),
+                    format!("invalid IPC handle: {reason}")
+                );
+                reason
+            }
+            other => panic!("expected InvalidIpcHandle, got {other:?}"),
+        };
+        type Edit<'a> = &'a dyn Fn(&mut Vec<(i32, usize)>, &mut usize, &mut usize);
+        let with = |f: Edit<'_>| {
+            let IpcHandle::Vmm {
+                pid,
+                mut pieces,
+                mut offset,
+                mut size,
+                device_uuid,
+            } = vmm()
+            else {
+                unreachable!()
+            };
+            f(&mut pieces, &mut offset, &mut size);
+            IpcHandle::Vmm {
+                pid,
+                pieces,
+                offset,
+                size,
+                device_uuid,
+            }
+        };
+        let r = err(with(&|p, _, _| p.clear()));
+        assert!(r.contains("lists 0 pieces"), "{r}");
+        let r = err(with(&|_, o, _| *o = 4 << 20));
+        assert!(r.contains("past the first piece of 4194304 bytes"), "{r}");
+        let r = err(with(&|_, _, s| *s = 12 << 20));
+        assert!(
+            r.contains("outside its allocation of 14680064 bytes"),
+            "{r}"
+        );
+        let r = err(with(&|p, _, _| p[1].0 = -1));
+        assert!(r.contains("piece 1 has file descriptor -1"), "{r}");
+        let r = err(with(&|p, _, _| p[2].1 = 0));
+        assert!(r.contains("piece 2"), "{r}");
+        let r = err(with(&|p, _, _| p[2].1 = usize::MAX));
+        assert!(r.contains("more than the address space"), "{r}");
+        // A count that disagrees with the length, or is absurd.
+        let mut b = vmm().to_bytes();
+        let at = HEADER + VMM_FIXED - 4;
+        b[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        resign(&mut b);
+        let r = match IpcHandle::from_bytes(&b) {
+            Err(EmmError::InvalidIpcHandle { reason }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(r.contains("4294967295 pieces"), "{r}");
+        b[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+        resign(&mut b);
+        let r = IpcHandle::from_bytes(&b).unwrap_err().to_string();
+        assert!(r.contains("bytes, found"), "{r}");
+        let r = IpcHandle::from_bytes(&b[..HEADER + 10])
+            .unwrap_err()
+            .to_string();
+        assert!(r.contains("at least"), "{r}");
+        assert_eq!(vmm().size(), 9 << 20);
+        assert_eq!(vmm().offset(), 3 << 20);
     }
 
     #[test]
@@ -524,7 +736,7 @@ mod tests {
 
         #[test]
         fn garbled_and_truncated_handles_are_typed_errors(
-            legacy_kind in proptest::bool::ANY,
+            kind in 0u8..3,
             base in proptest::num::usize::ANY,
             off in proptest::num::usize::ANY,
             len in proptest::num::usize::ANY,
@@ -532,13 +744,18 @@ mod tests {
             cut in proptest::num::usize::ANY,
             sign in proptest::bool::ANY,
         ) {
-            let h = if legacy_kind {
-                IpcHandle::Legacy { handle: [1; 64], base_size: base, offset: off, size: len, device_uuid: [0; 16], pid: 7 }
-            } else {
-                mempool(base, off, len)
+            let h = match kind {
+                0 => IpcHandle::Legacy { handle: [1; 64], base_size: base, offset: off, size: len, device_uuid: [0; 16], pid: 7 },
+                1 => mempool(base, off, len),
+                // Two pieces: `base` split so the first holds at most half.
+                _ => IpcHandle::Vmm { pid: 7, pieces: vec![(3, base / 2 + 1), (4, base - base / 2)], offset: off, size: len, device_uuid: [0; 16] },
             };
             let mut b = h.to_bytes();
-            let valid = off.checked_add(len).is_some_and(|e| e <= base);
+            let valid = match kind {
+                0 | 1 => off.checked_add(len).is_some_and(|e| e <= base),
+                _ => base - base / 2 > 0 && off <= base / 2
+                    && (base / 2 + 1).checked_add(base - base / 2).and_then(|t| off.checked_add(len).filter(|&e| e <= t)).is_some(),
+            };
             // Extreme offsets and lengths: parsed exactly when inside the allocation.
             proptest::prop_assert_eq!(IpcHandle::from_bytes(&b).is_ok(), valid);
             if valid {

@@ -9,6 +9,7 @@
 
 use emm_driver::memory;
 use emm_driver::mempool::MemPool;
+use emm_driver::vmm::ImportedRange;
 use emm_driver::{Context, Device};
 use emm_sys::CUdeviceptr;
 
@@ -93,6 +94,28 @@ impl IpcHandle {
                 check_imported(ctx, ptr, *offset, self.size())?;
                 Ok((at_offset(ptr, *offset)?, mapping))
             }
+            IpcHandle::Vmm {
+                pid,
+                pieces,
+                offset,
+                ..
+            } => {
+                // Every descriptor is taken first (each a duplicate in this
+                // process, closed once the pieces are imported).
+                let taken = pieces
+                    .iter()
+                    .map(|&(fd, _)| crate::fd::take_fd(*pid, fd))
+                    .collect::<Result<Vec<_>>>()?;
+                let local: Vec<(i32, usize)> = taken
+                    .iter()
+                    .zip(pieces)
+                    .map(|(t, &(_, len))| (t.raw(), len))
+                    .collect();
+                let range = ImportedRange::import(ctx, &local)?;
+                drop(taken);
+                let ptr = at_offset(range.base(), *offset)?;
+                Ok((ptr, Mapping::Vmm(range)))
+            }
         }
     }
 }
@@ -130,6 +153,8 @@ enum Mapping {
         ptr: CUdeviceptr,
         pool: MemPool,
     },
+    /// Imported virtual-memory pieces; unmapped and released by its own drop.
+    Vmm(#[allow(dead_code)] ImportedRange), // reason: held for its Drop
 }
 
 impl Drop for Mapping {
@@ -153,6 +178,7 @@ impl Drop for Mapping {
                 }
                 let _ = pool; // dropped after the free
             }
+            Mapping::Vmm(_) => {} // `ImportedRange`'s drop undoes the import
         }
     }
 }

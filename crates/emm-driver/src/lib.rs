@@ -35,6 +35,7 @@ pub mod memory;
 pub mod mempool;
 mod module;
 mod stream;
+pub mod vmm;
 
 pub use context::{Context, ContextGuard};
 pub use device::Device;

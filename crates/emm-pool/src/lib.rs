@@ -18,6 +18,7 @@
 
 mod arena;
 mod events;
+mod export;
 mod fasthash;
 mod graph;
 mod history;
@@ -25,9 +26,11 @@ mod owner_lock;
 mod pool;
 mod thread_cache;
 mod vmm;
+mod vmm_export;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
+pub use export::ExportedRange;
 pub use graph::{
     GraphPool, GraphPoolStats, GRAPH_MEDIUM_MAX, GRAPH_MEDIUM_SEGMENT, GRAPH_ROUND,
     GRAPH_SMALL_MAX, GRAPH_SMALL_SEGMENT,

@@ -36,11 +36,19 @@ pub struct PoolConfig {
     /// Reserved bytes above which `release_cached` and a free's trim check give
     /// wholly free segments back (`usize::MAX`: only on `trim()` or out of memory).
     pub release_threshold: usize,
+    /// The expandable segment's pieces are created exportable as POSIX file
+    /// descriptors, so that `get_ipc_handle` of a block there gives an
+    /// [`IpcHandle::Vmm`] another process opens (legacy CUDA IPC cannot export
+    /// virtual memory). Off by default (`EMM_POOL_EXPORTABLE`; `emm.numba_plugin`
+    /// turns it on); see `export.rs` for the contract.
+    pub exportable: bool,
 }
 
 impl PoolConfig {
     /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
-    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_LEGACY_MERGE`
+    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_EXPORTABLE`
+    /// (`1`/`true`: blocks of the expandable segment export by file descriptor),
+    /// `EMM_POOL_LEGACY_MERGE`
     /// (without the expandable segment: merge wholly free large segments when live
     /// bytes fall to 1/n of reserved; 0 off, see `SegmentPolicy::merge_quiet`),
     /// `EMM_POOL_THREAD_CACHE`
@@ -49,17 +57,10 @@ impl PoolConfig {
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
         if let Ok(v) = emm_core::config::var("EMM_POOL_EXPANDABLE") {
-            c.segments.expandable = match v.trim() {
-                "" | "1" | "true" | "yes" => true,
-                "0" | "false" | "no" => false,
-                _ => {
-                    return Err(EmmError::InvalidConfig {
-                        name: "EMM_POOL_EXPANDABLE".into(),
-                        value: v,
-                        reason: "expected 0 or 1".into(),
-                    })
-                }
-            };
+            c.segments.expandable = env_bool("EMM_POOL_EXPANDABLE", v, true)?;
+        }
+        if let Ok(v) = emm_core::config::var("EMM_POOL_EXPORTABLE") {
+            c.exportable = env_bool("EMM_POOL_EXPORTABLE", v, false)?;
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_THREAD_CACHE") {
             if !v.trim().is_empty() {
@@ -96,6 +97,20 @@ impl PoolConfig {
     }
 }
 
+/// A boolean variable's value (`empty`: what an empty value means).
+fn env_bool(name: &str, v: String, empty: bool) -> Result<bool> {
+    match v.trim() {
+        "" => Ok(empty),
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" => Ok(false),
+        _ => Err(EmmError::InvalidConfig {
+            name: name.into(),
+            value: v,
+            reason: "expected 0 or 1".into(),
+        }),
+    }
+}
+
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
@@ -104,6 +119,7 @@ impl Default for PoolConfig {
             thread_cache_blocks: 256,
             thread_cache_bytes: 512 << 20,
             release_threshold: usize::MAX,
+            exportable: false,
         }
     }
 }
@@ -1011,7 +1027,12 @@ impl PoolManager {
         let (up, events, vmm, ctx): Parts = match upstream {
             PoolUpstream::Driver(ctx) => {
                 let vmm = if config.segments.expandable {
-                    DriverVmm::new(&ctx)
+                    DriverVmm::new(&ctx).map(|mut v| {
+                        if config.exportable {
+                            v.set_exportable();
+                        }
+                        v
+                    })
                 } else {
                     None
                 };
@@ -1320,15 +1341,26 @@ impl MemoryManager for PoolManager {
             .ok_or_else(|| self.no_host("get_ipc_handle"))?;
         // Large blocks, and the small ones placed in the expandable segment when no
         // small segment had room (see `Arena::try_alloc`), are virtual memory,
-        // which legacy IPC cannot export.
+        // which legacy IPC cannot export: exported by file descriptor where the
+        // pool made its pieces exportable (see `export.rs`).
         let base = view.parent().base().0;
-        if self.core.vmm.is_some()
-            && (view.len() > crate::arena::SMALL_MAX || self.core.lock().is_expandable(base))
-        {
-            return Err(EmmError::Unsupported {
-                manager: "pool (blocks in its expandable segment: every large block, and a small one when no small segment had room; build it with expandable: false, EMM_POOL_EXPANDABLE=0, for legacy IPC of every block)".into(),
-                operation: "get_ipc_handle",
-            });
+        if let Some(vmm) = self.core.vmm.as_deref() {
+            if self.core.lock().is_expandable(base) {
+                if !self.core.config.exportable {
+                    return Err(EmmError::Unsupported {
+                        manager: "pool (a block of its expandable segment, which legacy IPC cannot export: build it with exportable: true, EMM_POOL_EXPORTABLE=1, to export it by file descriptor (emm.numba_plugin does), or with expandable: false, EMM_POOL_EXPANDABLE=0, for legacy IPC of every block)".into(),
+                        operation: "get_ipc_handle",
+                    });
+                }
+                let exported = vmm.export_range(view.ptr(), view.len())?;
+                return Ok(IpcHandle::Vmm {
+                    pid: std::process::id(),
+                    pieces: exported.pieces,
+                    offset: exported.offset,
+                    size: view.len(),
+                    device_uuid: ctx.device().uuid()?,
+                });
+            }
         }
         IpcHandle::export_legacy(ctx, view.parent().base().0, view.ptr(), view.len())
     }

@@ -61,6 +61,19 @@ pub trait VirtualMemory: Send + Sync {
         }
         (pieces.len(), Ok(()))
     }
+    /// Exports the pieces mapped behind `[addr, addr+len)` (a live block of the
+    /// expandable segment) for another process (see `export.rs`). The default:
+    /// unsupported.
+    fn export_range(
+        &self,
+        _addr: CUdeviceptr,
+        _len: usize,
+    ) -> Result<crate::export::ExportedRange> {
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "export of virtual memory",
+        })
+    }
 }
 
 /// Reservations; mappings (address → handle, length); how many mappings each
@@ -75,8 +88,12 @@ type VmmState = (
 /// The driver's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
 /// `cuMemMap`, `cuMemSetAccess`); reservations are freed on drop.
 pub struct DriverVmm {
-    ctx: Context,
-    state: Mutex<VmmState>,
+    pub(crate) ctx: Context,
+    pub(crate) state: Mutex<VmmState>,
+    /// Pieces are created exportable as POSIX file descriptors (see `export.rs`).
+    pub(crate) exportable: bool,
+    /// Descriptors of exported pieces (see `export.rs`).
+    pub(crate) exports: crate::export::ExportedFds,
     /// Some handle's release failed after its last mapping went (see
     /// [`VmmState`]): the next unmap retries it.
     orphans: std::sync::atomic::AtomicBool,
@@ -91,6 +108,8 @@ impl DriverVmm {
         Some(DriverVmm {
             ctx: ctx.clone(),
             state: Mutex::new((Vec::new(), HashMap::new(), HashMap::new())),
+            exportable: false,
+            exports: Default::default(),
             orphans: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -101,6 +120,11 @@ impl DriverVmm {
             location: CUmemLocation {
                 type_: CU_MEM_LOCATION_TYPE_DEVICE,
                 id: self.ctx.device().ordinal() as i32,
+            },
+            requested_handle_types: if self.exportable {
+                emm_sys::handle_type::POSIX_FILE_DESCRIPTOR
+            } else {
+                emm_sys::handle_type::NONE
             },
             ..CUmemAllocationProp::default()
         }
@@ -327,6 +351,10 @@ impl VirtualMemory for DriverVmm {
         Ok(())
     }
 
+    fn export_range(&self, addr: CUdeviceptr, len: usize) -> Result<crate::export::ExportedRange> {
+        self.export_pieces(addr, len)
+    }
+
     fn map_pieces(
         &self,
         dst: CUdeviceptr,
@@ -398,6 +426,8 @@ impl VirtualMemory for DriverVmm {
                 self.orphans
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(error = %e, addr, len, "releasing an unmapped piece's memory failed; retried by the next unmap and on drop");
+            } else {
+                self.exports.forget(h);
             }
         }
         self.release_orphans();
@@ -429,6 +459,7 @@ impl DriverVmm {
             match check(drv, "cuMemRelease", unsafe { release(h) }) {
                 Ok(()) => {
                     st.2.remove(&h);
+                    self.exports.forget(h);
                 }
                 Err(_) => self.orphans.store(true, Ordering::Relaxed),
             }

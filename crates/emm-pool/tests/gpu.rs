@@ -239,3 +239,125 @@ fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
     );
     assert!(pool.stats().cross_stream_reuses >= 1);
 }
+
+fn exportable_pool(ctx: &Context) -> PoolManager {
+    let cfg = PoolConfig {
+        exportable: true,
+        ..PoolConfig::default()
+    };
+    PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap()
+}
+
+fn vmm_pattern(i: usize) -> u8 {
+    (i * 11 % 239) as u8
+}
+
+/// Cross-process IPC of a view into a block of the expandable segment, exported
+/// by file descriptor (`IpcHandle::Vmm`): the child takes the pieces' descriptors
+/// with `pidfd_getfd`, maps them, checks the parent's bytes and writes its own.
+/// Needs Linux 5.6+ and ptrace permission over the parent (the child is its
+/// descendant: Yama scopes 0 and 1 allow it).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_ipc_round_trip_across_processes() {
+    let ctx = ctx();
+    let pool = exportable_pool(&ctx);
+    let n = 48 << 20;
+    let block = pool.memalloc(n).unwrap();
+    let data: Vec<u8> = (0..n).map(vmm_pattern).collect();
+    // SAFETY: `block` holds `n` bytes.
+    unsafe { memory::copy_htod(&ctx, block.ptr(), &data) }.unwrap();
+    let (off, len) = (3 << 20, 40 << 20);
+    let handle = pool.get_ipc_handle(block.view(off, len).unwrap()).unwrap();
+    let emm_core::IpcHandle::Vmm { pieces, .. } = &handle else {
+        panic!("expected a virtual-memory handle, got {handle:?}");
+    };
+    println!("{} pieces behind the view", pieces.len());
+    let text = conformance::run_child_test("vmm_ipc_child_process", &handle)
+        .unwrap_or_else(|t| panic!("child failed:\n{t}"));
+    assert!(text.contains("child: vmm view verified"), "{text}");
+    let mut back = vec![0u8; n];
+    // SAFETY: as above.
+    unsafe { memory::copy_dtoh(&ctx, &mut back, block.ptr()) }.unwrap();
+    assert!(
+        back[off..off + len].iter().all(|&b| b == 0x6B),
+        "the child's write is visible"
+    );
+    assert_eq!(back[..off], data[..off], "bytes before the view untouched");
+    assert_eq!(back[off + len..], data[off + len..], "bytes after it too");
+    pool.check().unwrap();
+}
+
+/// The child half of `vmm_ipc_round_trip_across_processes`; does nothing unless
+/// started by it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_ipc_child_process() {
+    let Some(handle) = conformance::child_handle() else {
+        return; // not started by the parent test: nothing to do
+    };
+    let handle = handle.unwrap();
+    let ctx = ctx();
+    let pool = PoolManager::new(&ctx).unwrap();
+    let mem = handle.open(&ctx, &pool).unwrap();
+    assert!(!mem.is_staged());
+    let (off, len) = (3 << 20, 40 << 20);
+    let mut got = vec![0u8; len];
+    // SAFETY: the mapping covers `len` bytes.
+    unsafe { memory::copy_dtoh(&ctx, &mut got, mem.ptr()) }.unwrap();
+    let want: Vec<u8> = (off..off + len).map(vmm_pattern).collect();
+    assert!(got == want, "the child sees the parent's bytes at the view");
+    // SAFETY: as above.
+    unsafe { memory::memset_d8(&ctx, mem.ptr(), 0x6B, len) }.unwrap();
+    ctx.synchronize().unwrap();
+    mem.close();
+    println!("child: vmm view verified");
+}
+
+/// What exportable pieces cost: the same growth-heavy loop (the expandable
+/// segment maps new pieces every round, `trim` gives them back) with and without
+/// `exportable`, timed; prints microseconds per mapped piece for each. Fails only
+/// if exportable creation is more than twice as slow (on a GPU).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn exportable_pieces_cost() {
+    let ctx = ctx();
+    let mut per_piece = Vec::new();
+    for exportable in [false, true, false, true] {
+        let cfg = PoolConfig {
+            exportable,
+            ..PoolConfig::default()
+        };
+        let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
+        let t = std::time::Instant::now();
+        for round in 0..20usize {
+            let held: Vec<_> = (0..8)
+                .map(|i| pool.memalloc((64 + 16 * i + round) << 20).unwrap())
+                .collect();
+            drop(held);
+            pool.trim();
+        }
+        let s = pool.stats();
+        let us = t.elapsed().as_secs_f64() * 1e6 / s.pieces_mapped.max(1) as f64;
+        println!(
+            "exportable {exportable}: {} pieces mapped, {us:.1} us per piece (map, unmap and trim included)",
+            s.pieces_mapped
+        );
+        per_piece.push((exportable, us));
+    }
+    let avg = |e: bool| {
+        let v: Vec<f64> = per_piece.iter().filter(|p| p.0 == e).map(|p| p.1).collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    let (plain, exp) = (avg(false), avg(true));
+    println!(
+        "exportable / plain: {:.2} ({exp:.1} us vs {plain:.1} us per piece)",
+        exp / plain
+    );
+    // On the stand-in both are the same memfd: only a GPU's figures mean anything.
+    let on_standin = emm_sys::driver().is_ok_and(|d| d.stand_in().is_some());
+    assert!(
+        on_standin || exp < 2.0 * plain,
+        "exportable pieces cost {exp:.1} us vs {plain:.1} us"
+    );
+}

@@ -9,7 +9,7 @@
 //! | module | models |
 //! |---|---|
 //! | [`memory`] | the address map: device memory is host memory (one lazily committed mapping per allocation), managed memory likewise (`cuMemAllocManaged`, charged like `cuMemAlloc`, freed by `cuMemFree`), a capacity per device, double and invalid frees counted |
-//! | [`vmm`] | `cuMemAddressReserve` (`PROT_NONE`), `cuMemCreate` (memfd), `cuMemMap` (`MAP_FIXED \| MAP_SHARED`), access, unmap, release; 2 MiB granularity |
+//! | [`vmm`] | `cuMemAddressReserve` (`PROT_NONE`), `cuMemCreate` (memfd), `cuMemMap` (`MAP_FIXED \| MAP_SHARED`), access, unmap, release; 2 MiB granularity; `cuMemExportToShareableHandle` (a new descriptor of the memfd) and `cuMemImportFromShareableHandle` (maps that memfd) |
 //! | [`mempool`] | the stream-ordered allocator: default and created pools, release threshold, trim, attributes, export and import within one process |
 //! | [`streams`] | streams and events, run at call time, with a knob that makes queries report `CUDA_ERROR_NOT_READY` |
 //! | [`context`] | devices (1 by default), primary contexts with retain counts, the per-thread current-context stack, device attributes |
@@ -21,7 +21,9 @@
 //! `CUDA_ERROR_NOT_SUPPORTED`: there is no device to run code on) and anything
 //! across processes (legacy IPC handles and mempool exports open only in the
 //! process that made them; another process gets `CUDA_ERROR_NOT_SUPPORTED`,
-//! because the model's memory is private to its process).
+//! because the model's memory is private to its process), except VMM memory
+//! exported as a file descriptor: a physical handle is a memfd, so a descriptor
+//! another process takes with `pidfd_getfd` maps the same memory there.
 //!
 //! # Knobs
 //!

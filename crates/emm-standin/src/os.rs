@@ -122,6 +122,33 @@ pub(crate) unsafe fn map_fd_fixed(addr: u64, len: usize, fd: i32, offset: usize)
     p != libc::MAP_FAILED
 }
 
+/// A new close-on-exec descriptor of what `fd` names.
+pub(crate) fn dup(fd: i32) -> Option<i32> {
+    // SAFETY: fcntl with integer arguments; a bad fd gives -1.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    (d >= 0).then_some(d)
+}
+
+/// The size and identity (device, inode) of the file behind `fd`.
+pub(crate) fn identity(fd: i32) -> Option<(usize, (u64, u64))> {
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer; a bad fd gives -1.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    let size = usize::try_from(st.st_size).ok()?;
+    Some((size, (st.st_dev, st.st_ino)))
+}
+
+/// Whether `fd` is a physical handle's memfd ([`memfd`]'s name).
+pub(crate) fn is_physical(fd: i32) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| {
+        l.to_string_lossy()
+            .starts_with("/memfd:emm-standin-physical")
+    })
+}
+
 /// Closes `fd`.
 pub(crate) fn close(fd: i32) {
     // SAFETY: the caller owns `fd` and closes it once.

@@ -24,6 +24,14 @@ pub struct Physical {
     pub device: i32,
     released: bool,
     maps: u32,
+    /// Made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` requested: it can be
+    /// exported (`cuMemExportToShareableHandle`).
+    pub exportable: bool,
+    /// Counted against the device's capacity (made here by `cuMemCreate`; an
+    /// imported handle is charged to its exporter).
+    charged: bool,
+    /// The memfd's (device, inode): imports of it find their exporter by it.
+    id: (u64, u64),
 }
 
 /// Reservations and physical handles.
@@ -77,7 +85,8 @@ impl Vmm {
         Ok(())
     }
 
-    /// `cuMemCreate`: charges `size` bytes and makes a memfd of that size.
+    /// `cuMemCreate`: charges `size` bytes and makes a memfd of that size;
+    /// `exportable`: the prop requested POSIX file descriptors.
     pub fn create(
         &mut self,
         mem: &mut Memory,
@@ -85,6 +94,7 @@ impl Vmm {
         size: usize,
         device: i32,
         capacity: usize,
+        exportable: bool,
     ) -> Result<(), CUresult> {
         if size == 0 || size % GRANULARITY != 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
@@ -94,6 +104,7 @@ impl Vmm {
             mem.uncharge(device, size);
             return Err(CUresult::ERROR_OUT_OF_MEMORY);
         };
+        let id = os::identity(fd).map_or((0, 0), |(_, id)| id);
         self.handles.insert(
             handle,
             Physical {
@@ -102,6 +113,61 @@ impl Vmm {
                 device,
                 released: false,
                 maps: 0,
+                exportable,
+                charged: true,
+                id,
+            },
+        );
+        Ok(())
+    }
+
+    /// `cuMemExportToShareableHandle` (POSIX file descriptor): a new descriptor of
+    /// the handle's memfd, which the caller owns. A handle made without the
+    /// exportable handle type is `CUDA_ERROR_NOT_PERMITTED`, as on a GPU.
+    pub fn export(&self, handle: u64) -> Result<i32, CUresult> {
+        let p = self
+            .handles
+            .get(&handle)
+            .filter(|p| !p.released)
+            .ok_or(CUresult::ERROR_INVALID_HANDLE)?;
+        if !p.exportable {
+            return Err(CUresult::ERROR_NOT_PERMITTED);
+        }
+        os::dup(p.fd).ok_or(CUresult::ERROR_OPERATING_SYSTEM)
+    }
+
+    /// `cuMemImportFromShareableHandle` (POSIX file descriptor): a new handle over
+    /// the memfd `fd` names (a duplicate is kept; the caller still owns `fd`). The
+    /// memory is shared for real, so a descriptor taken from another process with
+    /// `pidfd_getfd` maps that process's memory. Its device is the exporter's
+    /// when this process made it, else `device`; it is charged to no device (its
+    /// exporter was). A descriptor that is not a stand-in memfd is
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub fn import(&mut self, fd: i32, handle: u64, device: i32) -> Result<(), CUresult> {
+        if !os::is_physical(fd) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let (size, id) = os::identity(fd).ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        if size == 0 || size % GRANULARITY != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let device = self
+            .handles
+            .values()
+            .find(|p| p.id == id)
+            .map_or(device, |p| p.device);
+        let own = os::dup(fd).ok_or(CUresult::ERROR_OPERATING_SYSTEM)?;
+        self.handles.insert(
+            handle,
+            Physical {
+                fd: own,
+                size,
+                device,
+                released: false,
+                maps: 0,
+                exportable: true,
+                charged: false,
+                id,
             },
         );
         Ok(())
@@ -131,7 +197,9 @@ impl Vmm {
     fn drop_handle(&mut self, mem: &mut Memory, handle: u64) {
         if let Some(p) = self.handles.remove(&handle) {
             os::close(p.fd);
-            mem.uncharge(p.device, p.size);
+            if p.charged {
+                mem.uncharge(p.device, p.size);
+            }
             self.gone.insert(handle);
         }
     }
@@ -271,7 +339,8 @@ mod tests {
         let mut v = Vmm::default();
         let base = v.reserve(8 * GRANULARITY, 0).unwrap();
         assert_eq!(base % GRANULARITY as u64, 0);
-        v.create(&mut mem, 1, 2 * GRANULARITY, 0, 1 << 30).unwrap();
+        v.create(&mut mem, 1, 2 * GRANULARITY, 0, 1 << 30, false)
+            .unwrap();
         v.map(&mut mem, base, 2 * GRANULARITY, 0, 1).unwrap();
         assert!(!mem.covers(base, 16));
         v.set_access(&mut mem, base, 2 * GRANULARITY).unwrap();
@@ -290,5 +359,42 @@ mod tests {
         v.free_reservation(&mut mem, base, 8 * GRANULARITY).unwrap();
         assert_eq!(v.release(&mut mem, 1), Err(CUresult::ERROR_INVALID_VALUE));
         assert_eq!(mem.double_frees, 1);
+    }
+
+    #[test]
+    fn an_exported_handle_imports_to_the_same_memory() {
+        let mut mem = Memory::default();
+        let mut v = Vmm::default();
+        let g = GRANULARITY;
+        v.create(&mut mem, 1, 2 * g, 0, 1 << 30, false).unwrap();
+        assert_eq!(v.export(1), Err(CUresult::ERROR_NOT_PERMITTED));
+        v.create(&mut mem, 2, 2 * g, 0, 1 << 30, true).unwrap();
+        assert_eq!(v.export(9), Err(CUresult::ERROR_INVALID_HANDLE));
+        let fd = v.export(2).unwrap();
+        v.import(fd, 3, 5).unwrap();
+        os::close(fd); // the import keeps its own descriptor
+        assert_eq!(mem.used_on(0), 4 * g, "an import is charged to nobody");
+        let base = v.reserve(8 * g, 0).unwrap();
+        v.map(&mut mem, base, 2 * g, 0, 2).unwrap();
+        v.map(&mut mem, base + 2 * g as u64, 2 * g, 0, 3).unwrap();
+        v.set_access(&mut mem, base, 4 * g).unwrap();
+        // SAFETY: both ranges were just mapped read-write.
+        unsafe {
+            *((base + 100) as *mut u8) = 42;
+            assert_eq!(*((base + 2 * g as u64 + 100) as *const u8), 42);
+        }
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        use std::os::fd::AsRawFd;
+        assert_eq!(
+            v.import(f.as_raw_fd(), 4, 0),
+            Err(CUresult::ERROR_INVALID_VALUE)
+        );
+        v.unmap(&mut mem, base, 4 * g).unwrap();
+        for h in [1, 2, 3] {
+            v.release(&mut mem, h).unwrap();
+        }
+        assert_eq!(v.live_handles().0, 0);
+        assert_eq!(mem.used_on(0), 0);
+        v.free_reservation(&mut mem, base, 8 * g).unwrap();
     }
 }

@@ -168,6 +168,12 @@ driver_table! {
         mem_address_reserve = "cuMemAddressReserve"(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
         mem_address_free = "cuMemAddressFree"(CUdeviceptr, usize);
         mem_get_allocation_granularity = "cuMemGetAllocationGranularity"(*mut usize, *const CUmemAllocationProp, i32);
+        /// Exports a `cuMemCreate` handle (made with that handle type requested) as
+        /// an OS handle: for `POSIX_FILE_DESCRIPTOR`, an `int` the caller owns.
+        mem_export_to_shareable_handle = "cuMemExportToShareableHandle"(*mut c_void, CUmemGenericAllocationHandle, i32, u64);
+        /// Imports an exported OS handle as a new `cuMemCreate`-style handle (for
+        /// `POSIX_FILE_DESCRIPTOR` the `void *` is the fd value itself).
+        mem_import_from_shareable_handle = "cuMemImportFromShareableHandle"(*mut CUmemGenericAllocationHandle, *mut c_void, i32);
 
         /// Whether a stream is capturing a graph: 0 no, 1 active, 2 invalidated
         /// (`CUstreamCaptureStatus`).

@@ -130,6 +130,8 @@ entries! {
     "cuMemAddressReserve" => [10020: vmm::cuMemAddressReserve],
     "cuMemAddressFree" => [10020: vmm::cuMemAddressFree],
     "cuMemCreate" => [10020: vmm::cuMemCreate],
+    "cuMemExportToShareableHandle" => [10020: vmm::cuMemExportToShareableHandle],
+    "cuMemImportFromShareableHandle" => [10020: vmm::cuMemImportFromShareableHandle],
     "cuMemRelease" => [10020: vmm::cuMemRelease],
     "cuMemMap" => [10020: vmm::cuMemMap],
     "cuMemUnmap" => [10020: vmm::cuMemUnmap],

@@ -1,8 +1,11 @@
 //! Virtual memory management. With the `vmm` knob off, `cuMemCreate` and
 //! `cuMemAddressReserve` are `CUDA_ERROR_NOT_SUPPORTED`.
 
+use core::ffi::c_void;
+
 use emm_sys::{
-    CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,
+    handle_type, CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUresult,
 };
 
 use crate::state::{call, put, State};
@@ -73,9 +76,69 @@ pub unsafe extern "C" fn cuMemCreate(
         if !(0..st.config.devices).contains(&d) {
             return Err(CUresult::ERROR_INVALID_DEVICE);
         }
+        let exportable = prop.requested_handle_types & handle_type::POSIX_FILE_DESCRIPTOR != 0;
+        if prop.requested_handle_types & !handle_type::POSIX_FILE_DESCRIPTOR != 0 {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
         let handle = st.new_handle();
         let cap = st.config.capacity;
-        st.vmm.create(&mut st.mem, handle, size, d, cap)?;
+        st.vmm
+            .create(&mut st.mem, handle, size, d, cap, exportable)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { put(h, handle) }
+    })
+}
+
+/// `cuMemExportToShareableHandle`: POSIX file descriptors only, of a handle made
+/// with that type requested; `*h` (an `int`) gets a new descriptor of the
+/// handle's memfd, which the caller closes.
+///
+/// # Safety
+/// `h` must be valid for a write of an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    h: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: i32,
+    flags: u64,
+) -> CUresult {
+    call("cuMemExportToShareableHandle", |st| {
+        if kind != handle_type::POSIX_FILE_DESCRIPTOR {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
+        if h.is_null() || flags != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let fd = st.vmm.export(handle)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { put(h.cast::<i32>(), fd) }
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: the `void *` is the descriptor's value; a
+/// new handle over the same memory (shared for real: the descriptor may come from
+/// another process through `pidfd_getfd`). The caller keeps (and closes) its
+/// descriptor.
+///
+/// # Safety
+/// `h` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    h: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    kind: i32,
+) -> CUresult {
+    call("cuMemImportFromShareableHandle", |st| {
+        let d = enabled(st)?;
+        if kind != handle_type::POSIX_FILE_DESCRIPTOR {
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
+        }
+        if h.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let fd = i32::try_from(os_handle as usize).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+        let handle = st.new_handle();
+        st.vmm.import(fd, handle, d)?;
         // SAFETY: forwarded to the caller.
         unsafe { put(h, handle) }
     })

@@ -1,0 +1,307 @@
+//! Export of the pool's expandable segment by file descriptor
+//! ([`IpcHandle::Vmm`]), against `emm-standin` (host memory: a piece is a memfd,
+//! exported as a new descriptor of it, imported by mapping the same memfd at a
+//! fresh address range, so one process sees the round trip through two
+//! mappings). Cross-process round trips are the `vmm_ipc_*` tests of
+//! `emm-pool/tests/gpu.rs`.
+//!
+//! The library is found next to the test executable; build it first with
+//! `cargo build -p emm-standin`.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+
+use common::{fixture, snapshot, Snapshot};
+
+use emm::core::IpcHandle;
+use emm::{Context, EmmError, MemoryManager};
+use emm_driver::memory;
+use emm_pool::{PoolConfig, PoolManager, PoolUpstream};
+use emm_sys::StandIn;
+
+const MIB: usize = 1 << 20;
+
+fn pool(ctx: &Context, exportable: bool) -> PoolManager {
+    let config = PoolConfig {
+        exportable,
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), config).unwrap()
+}
+
+fn pattern(seed: u8, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+fn read(ctx: &Context, ptr: u64, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    // SAFETY: callers pass a range of `n` mapped bytes.
+    unsafe { memory::copy_dtoh(ctx, &mut out, ptr) }.unwrap();
+    out
+}
+
+fn write(ctx: &Context, ptr: u64, data: &[u8]) {
+    // SAFETY: callers pass a range of `data.len()` mapped bytes.
+    unsafe { memory::copy_htod(ctx, ptr, data) }.unwrap();
+}
+
+/// Descriptors open in this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn assert_clean(s: &StandIn<'_>, ctx: &Context, before: &Snapshot, fds: usize, what: &str) {
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        &snapshot(s),
+        before,
+        "{what}: the stand-in's live resources or bad-free counters changed"
+    );
+    assert_eq!(open_fds(), fds, "{what}: descriptors leaked");
+}
+
+fn vmm_parts(h: &IpcHandle) -> (u32, Vec<(i32, usize)>, usize, usize) {
+    match h {
+        IpcHandle::Vmm {
+            pid,
+            pieces,
+            offset,
+            size,
+            ..
+        } => (*pid, pieces.clone(), *offset, *size),
+        other => panic!("expected a virtual-memory handle, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_block_of_the_expandable_segment_round_trips_through_its_export() {
+    let f = fixture();
+    let (before, fds) = (snapshot(&f.s), open_fds());
+    {
+        let pool = pool(&f.ctx, true);
+        let block = pool.memalloc(24 * MIB).unwrap();
+        let data = pattern(3, 24 * MIB);
+        write(&f.ctx, block.ptr(), &data);
+        let (off, len) = (5 * MIB + 512, 17 * MIB);
+        let handle = pool.get_ipc_handle(block.view(off, len).unwrap()).unwrap();
+        let (pid, pieces, offset, size) = vmm_parts(&handle);
+        println!(
+            "handle: pid {pid}, {} pieces {:?}, offset {offset}, size {size}, {} bytes as text",
+            pieces.len(),
+            pieces.iter().map(|p| p.1).collect::<Vec<_>>(),
+            handle.to_hex().len()
+        );
+        assert_eq!(pid, std::process::id());
+        assert_eq!(size, len);
+        assert!(pieces.len() >= 2, "a 17 MiB range spans several pieces");
+        assert!(offset < pieces[0].1);
+        assert_eq!(IpcHandle::from_bytes(&handle.to_bytes()).unwrap(), handle);
+        // The same block exported again names the same descriptors (one per piece).
+        let again = pool.get_ipc_handle(block.view(off, len).unwrap()).unwrap();
+        assert_eq!(vmm_parts(&again).1, pieces);
+
+        let opened = handle.open(&f.ctx, &pool).unwrap();
+        assert!(!opened.is_staged());
+        assert_ne!(
+            opened.ptr(),
+            block.ptr() + off as u64,
+            "a mapping of its own"
+        );
+        assert_eq!(read(&f.ctx, opened.ptr(), len), data[off..off + len]);
+        // Written through the import, read through the exporter's block …
+        let mine = pattern(77, 3 * MIB);
+        write(&f.ctx, opened.ptr() + (len - 3 * MIB) as u64, &mine);
+        let back = read(&f.ctx, block.ptr(), 24 * MIB);
+        assert_eq!(back[off + len - 3 * MIB..off + len], mine[..]);
+        assert_eq!(back[..off], data[..off], "bytes before the range untouched");
+        assert_eq!(back[off + len..], data[off + len..], "bytes after it too");
+        // … and the other way round.
+        let theirs = pattern(200, MIB);
+        write(&f.ctx, block.ptr() + off as u64, &theirs);
+        assert_eq!(read(&f.ctx, opened.ptr(), MIB), theirs);
+        opened.close();
+        drop(block);
+        pool.check().unwrap();
+    }
+    assert_clean(&f.s, &f.ctx, &before, fds, "export, open, close, free");
+}
+
+#[test]
+fn pieces_the_pool_moves_while_an_export_is_open_keep_the_data() {
+    let f = fixture();
+    let (before, fds) = (snapshot(&f.s), open_fds());
+    {
+        let pool = pool(&f.ctx, true);
+        // A hole of 64 MiB below a live block, then a request that does not fit:
+        // the hole's pieces move to the end (as `emm-pool/tests/retire.rs`).
+        let a = pool.memalloc(64 * MIB).unwrap();
+        let b = pool.memalloc(64 * MIB).unwrap();
+        let data_b = pattern(9, 64 * MIB);
+        write(&f.ctx, b.ptr(), &data_b);
+        let hb = pool.get_ipc_handle(b.view(0, 64 * MIB).unwrap()).unwrap();
+        let ob = hb.open(&f.ctx, &pool).unwrap();
+        drop(a);
+        let moved_before = pool.stats().pieces_moved;
+        let c = pool.memalloc(200 * MIB).unwrap();
+        let moved = pool.stats().pieces_moved - moved_before;
+        println!("pieces moved while b's export was open: {moved}");
+        assert!(moved > 0, "the hole's pieces were not moved");
+        // c is made partly of moved pieces: its export maps them too.
+        let data_c = pattern(21, 200 * MIB);
+        write(&f.ctx, c.ptr(), &data_c);
+        let hc = pool
+            .get_ipc_handle(c.view(MIB, 190 * MIB).unwrap())
+            .unwrap();
+        let oc = hc.open(&f.ctx, &pool).unwrap();
+        assert_eq!(
+            read(&f.ctx, oc.ptr(), 190 * MIB),
+            data_c[MIB..191 * MIB],
+            "c through its import"
+        );
+        assert_eq!(
+            read(&f.ctx, ob.ptr(), 64 * MIB),
+            data_b,
+            "b through its import"
+        );
+        let mark = pattern(5, 2 * MIB);
+        write(&f.ctx, ob.ptr() + (10 * MIB) as u64, &mark);
+        assert_eq!(read(&f.ctx, b.ptr() + (10 * MIB) as u64, 2 * MIB), mark);
+        write(&f.ctx, oc.ptr() + (100 * MIB) as u64, &mark);
+        assert_eq!(read(&f.ctx, c.ptr() + (101 * MIB) as u64, 2 * MIB), mark);
+        // The exporter frees b and gives the idle memory back while b's import is
+        // still open: the import keeps its own reference to the memory.
+        drop(b);
+        pool.trim();
+        assert_eq!(read(&f.ctx, ob.ptr() + (10 * MIB) as u64, 2 * MIB), mark);
+        drop(ob);
+        drop(oc);
+        drop(c);
+        pool.check().unwrap();
+    }
+    assert_clean(&f.s, &f.ctx, &before, fds, "moves under open exports");
+}
+
+#[test]
+fn unexportable_pools_and_small_segments_keep_their_old_answers() {
+    let f = fixture();
+    let pool = pool(&f.ctx, false);
+    // A small block before any large one: a small segment (`cuMemAlloc`), so
+    // legacy IPC.
+    let small = pool.memalloc(4096).unwrap();
+    let h = pool.get_ipc_handle(small.view(0, 4096).unwrap()).unwrap();
+    assert!(matches!(h, IpcHandle::Legacy { .. }), "{h:?}");
+    let big = pool.memalloc(8 * MIB).unwrap();
+    let e = pool.get_ipc_handle(big.view(0, MIB).unwrap()).unwrap_err();
+    println!("{e}");
+    assert!(
+        matches!(&e, EmmError::Unsupported { manager, .. } if manager.contains("EMM_POOL_EXPORTABLE=1")),
+        "{e}"
+    );
+    // With exportable pieces: a small block placed in the expandable segment
+    // (the small segment is full) exports by descriptor too.
+    let exportable = self::pool(&f.ctx, true);
+    let big = exportable.memalloc(8 * MIB).unwrap();
+    let small = exportable.memalloc(4096).unwrap();
+    let h = exportable
+        .get_ipc_handle(small.view(512, 1024).unwrap())
+        .unwrap();
+    let (_, pieces, offset, size) = vmm_parts(&h);
+    assert_eq!((pieces.len(), size), (1, 1024));
+    let opened = h.open(&f.ctx, &exportable).unwrap();
+    write(&f.ctx, small.ptr() + 512, &pattern(1, 1024));
+    assert_eq!(read(&f.ctx, opened.ptr(), 1024), pattern(1, 1024));
+    assert!(offset < pieces[0].1);
+    drop((opened, small, big));
+}
+
+#[test]
+fn garbled_foreign_and_stale_handles_are_typed_errors() {
+    let f = fixture();
+    let (before, fds) = (snapshot(&f.s), open_fds());
+    {
+        let pool = pool(&f.ctx, true);
+        let block = pool.memalloc(8 * MIB).unwrap();
+        let good = pool
+            .get_ipc_handle(block.view(0, 8 * MIB).unwrap())
+            .unwrap();
+        let (pid, pieces, offset, size) = vmm_parts(&good);
+        let uuid = good.device_uuid();
+        let with = |pid: u32, pieces: Vec<(i32, usize)>| IpcHandle::Vmm {
+            pid,
+            pieces,
+            offset,
+            size,
+            device_uuid: uuid,
+        };
+        // Bytes: garbled, truncated, foreign.
+        let mut bytes = good.to_bytes();
+        bytes[20] ^= 1;
+        let e = IpcHandle::from_bytes(&bytes).unwrap_err();
+        assert!(matches!(e, EmmError::InvalidIpcHandle { .. }), "{e}");
+        println!("garbled: {e}");
+        let e = IpcHandle::from_bytes(&good.to_bytes()[..30]).unwrap_err();
+        println!("truncated: {e}");
+        assert!(matches!(e, EmmError::InvalidIpcHandle { .. }), "{e}");
+        let e = IpcHandle::from_bytes(b"EMMSTIPC and then something else").unwrap_err();
+        println!("foreign: {e}");
+        assert!(e.to_string().contains("not an emm IPC handle"), "{e}");
+        // A descriptor the exporter does not have open: stale.
+        let stale = IpcHandle::Vmm {
+            size: 4096,
+            offset: 0,
+            pid,
+            pieces: vec![(987_654, pieces[0].1)],
+            device_uuid: uuid,
+        };
+        let e = stale.open(&f.ctx, &pool).unwrap_err();
+        println!("stale: {e}");
+        assert!(
+            matches!(&e, EmmError::InvalidIpcHandle { reason } if reason.contains("987654")),
+            "{e}"
+        );
+        // An exporter that is gone.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let e = with(gone, pieces.clone()).open(&f.ctx, &pool).unwrap_err();
+        println!("gone: {e}");
+        assert!(
+            matches!(&e, EmmError::IpcExporterGone { pid: p, .. } if *p == gone),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&format!("process {gone}")), "{e}");
+        // A descriptor of this process that is no piece of memory: the driver
+        // refuses the import.
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        let e = IpcHandle::Vmm {
+            size: 4096,
+            offset: 0,
+            pid,
+            pieces: vec![(file.as_raw_fd(), pieces[0].1)],
+            device_uuid: uuid,
+        }
+        .open(&f.ctx, &pool)
+        .unwrap_err();
+        println!("not memory: {e}");
+        assert!(
+            matches!(&e, EmmError::Driver(_))
+                && e.to_string().contains("cuMemImportFromShareableHandle"),
+            "{e}"
+        );
+        drop(file);
+        // Real pieces claimed larger than they are: the map fails, and what was
+        // imported before is undone.
+        let mut wrong = pieces.clone();
+        wrong[0].1 *= 2;
+        let e = with(pid, wrong).open(&f.ctx, &pool).unwrap_err();
+        println!("wrong sizes: {e}");
+        assert!(e.to_string().contains("cuMemMap"), "{e}");
+        drop(block);
+        pool.check().unwrap();
+    }
+    assert_clean(&f.s, &f.ctx, &before, fds, "typed errors");
+}
