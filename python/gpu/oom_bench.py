@@ -31,13 +31,13 @@ def _percentiles(ns):
     return {"median_us": pick(0.5) / 1e3, "p10_us": pick(0.1) / 1e3, "p90_us": pick(0.9) / 1e3}
 
 
-def _time_failures(attempt, n):
+def _time_failures(attempt, n, refusal=MemoryError):
     times = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
         try:
             attempt()
-        except MemoryError:
+        except refusal:
             times.append(time.perf_counter_ns() - t0)
             continue
         raise SystemExit("the allocation succeeded: nothing was measured")
@@ -91,7 +91,8 @@ def run_torch(variant, case, n):
                 break
         ask = GIB
     torch.cuda.synchronize()
-    return _time_failures(lambda: torch.empty(ask, dtype=torch.uint8, device="cuda"), n), len(held)
+    attempt = lambda: torch.empty(ask, dtype=torch.uint8, device="cuda")  # noqa: E731
+    return _time_failures(attempt, n, torch.OutOfMemoryError), len(held)
 
 
 def one(variant, case, n):

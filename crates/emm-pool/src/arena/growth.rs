@@ -133,6 +133,25 @@ impl Arena {
             })
             .collect();
         let fresh = grow.saturating_sub(movable_bytes);
+        // Fail fast when the device cannot hold even the request's part of the new
+        // memory: made piece by piece, the growth would fail part-way and undo what
+        // it made (four driver calls a piece, milliseconds for a large request)
+        // before the same answer. Nothing has changed yet; the caller may release
+        // its cache and ask again.
+        let needed = fresh.min(size);
+        if needed > 0 && self.limit.is_none_or(|l| self.stats.reserved + fresh <= l) {
+            let (free, total) = source.device_info();
+            if total > 0 && free < needed {
+                return Err(EmmError::OutOfMemory {
+                    what: "device",
+                    manager: "pool".into(),
+                    requested: needed,
+                    free,
+                    total,
+                    detail: "the device has less free memory than the new memory the request needs; nothing was mapped".into(),
+                });
+            }
+        }
         let over_limit = self
             .limit
             .filter(|&limit| self.stats.reserved + fresh > limit);

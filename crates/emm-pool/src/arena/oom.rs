@@ -27,13 +27,33 @@ impl Arena {
             return Ok(self.finish(a, size));
         }
         // 2. Give back every wholly free segment.
-        self.release_free_segments(source, events);
-        // 3. Retry the upstream.
-        let seg = self.policy.segment_for(size, kind);
-        let retry = self.grow(seg, kind, stream, source).or_else(|_| {
-            // A smaller, exact segment may still fit.
-            self.grow(size.div_ceil(2 << 20) * (2 << 20), kind, stream, source)
-        });
+        let released = self.release_free_segments(source, events);
+        // 3. Retry the upstream, unless the device cannot hold even an exact
+        //    segment: then say no at once (a failing driver allocation costs more
+        //    than the question, and callers that fall back want the answer fast).
+        //    The first error's figures serve when nothing was given back since.
+        let (free, total) = match &first {
+            EmmError::OutOfMemory {
+                what: "device",
+                free,
+                total,
+                ..
+            } if released == 0 && *total > 0 => (*free, *total),
+            _ => source.device_info(),
+        };
+        let exact = size.div_ceil(2 << 20) * (2 << 20);
+        let hopeless = total > 0 && free < exact;
+        let retry = if hopeless {
+            Err(())
+        } else {
+            let seg = self.policy.segment_for(size, kind);
+            self.grow(seg, kind, stream, source)
+                .or_else(|_| {
+                    // A smaller, exact segment may still fit.
+                    self.grow(exact, kind, stream, source)
+                })
+                .map_err(|_| ())
+        };
         match retry {
             Ok(_) => {
                 self.stats.misses += 1;
@@ -43,8 +63,12 @@ impl Arena {
                     .ok_or_else(|| first.clone())?;
                 Ok(self.finish(a, size))
             }
-            Err(_) => {
-                let (free, total) = source.device_info();
+            Err(()) => {
+                let (free, total) = if hopeless {
+                    (free, total)
+                } else {
+                    source.device_info()
+                };
                 self.stats.ooms += 1;
                 self.history
                     .push_oom_aware(TraceAction::Oom, 0, size, stream_id(stream), free);
