@@ -130,6 +130,12 @@ impl Arena {
     /// Records an event on every stream holding free blocks, waits for all pending
     /// events, and makes those blocks settled (usable by any stream, coalesced).
     pub fn consolidate(&mut self, events: &dyn EventSource) -> Result<()> {
+        // Nothing waits on a stream (every free block settled, none pending): a
+        // synchronization would settle nothing, and on the out-of-memory path it
+        // is most of the time a refusal takes.
+        if self.pending.is_empty() && self.free.keys().all(|(s, _)| *s == SETTLED) {
+            return Ok(());
+        }
         // One device-wide synchronization covers every stream, destroyed ones too.
         self.stats.device_syncs += 1;
         events.synchronize_all()?;
