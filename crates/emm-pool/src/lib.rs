@@ -22,6 +22,7 @@ mod graph;
 mod history;
 mod owner_lock;
 mod pool;
+mod refused;
 mod thread_cache;
 mod vmm;
 
