@@ -85,7 +85,8 @@ fn a_trim_releases_a_piece_whose_release_failed() {
     let before = snapshot(&f.s);
     let m = pool(&f);
     drop(m.memalloc(8 * MIB).unwrap());
-    f.s.control("fail cuMemRelease 1 CUDA_ERROR_UNKNOWN").unwrap();
+    f.s.control("fail_always cuMemRelease CUDA_ERROR_UNKNOWN")
+        .unwrap();
     m.release_cached().unwrap();
     f.s.reset().unwrap();
     assert_eq!(m.stats().reserved_bytes, 0, "the pool counted it off");
@@ -123,7 +124,9 @@ fn a_teardown_after_a_lost_context_reports_once() {
         "one error for the virtual memory's teardown: {errors:?}"
     );
     assert!(
-        !errors.iter().any(|e| e.to_string().contains("INVALID_VALUE")),
+        !errors
+            .iter()
+            .any(|e| e.to_string().contains("INVALID_VALUE")),
         "no call with a stale handle: {errors:?}"
     );
     let after = snapshot(&f.s);
