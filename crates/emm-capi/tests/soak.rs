@@ -63,7 +63,7 @@ impl Target for Capi {
         let mut st = emm_stats::default();
         // SAFETY: a live handle and out-pointer.
         status("emm_get_stats", unsafe { emm_get_stats(self.0, &mut st) })?;
-        Ok((st.allocated_bytes as u64, st.reserved_bytes as u64))
+        Ok((st.allocated_bytes, st.reserved_bytes))
     }
 }
 

@@ -318,15 +318,19 @@ fn destroy(drv: &'static Driver, handles: Vec<Doomed>) -> Vec<(Doomed, Result<()
     handles
         .into_iter()
         .map(|d| {
-            // SAFETY: `d` was created in this context and its destruction failed,
-            // so it is still a live handle; it is destroyed at most once more here
-            // (a failure puts it back on the list, a success drops it).
+            // Each handle was created in this context and its destruction failed,
+            // so it is still live; it is destroyed at most once more here (a
+            // failure puts it back on the list, a success drops it).
             let r = match d {
-                Doomed::Stream(s) => check(drv, "cuStreamDestroy_v2", unsafe {
-                    (drv.stream_destroy)(s)
-                }),
+                Doomed::Stream(s) => {
+                    // SAFETY: a live stream of this context, destroyed once (above).
+                    let code = unsafe { (drv.stream_destroy)(s) };
+                    check(drv, "cuStreamDestroy_v2", code)
+                }
                 Doomed::Event(e) => {
-                    check(drv, "cuEventDestroy_v2", unsafe { (drv.event_destroy)(e) })
+                    // SAFETY: a live event of this context, destroyed once (above).
+                    let code = unsafe { (drv.event_destroy)(e) };
+                    check(drv, "cuEventDestroy_v2", code)
                 }
             };
             (d, r)

@@ -221,9 +221,8 @@ fn check_held(ctx: &emm::Context, a: &DeviceAllocation, seed: u64) -> Result<(),
     verify(ctx, a, seed).map_err(|e| format!("a block held across the fault: {e}"))
 }
 
-/// Defects the sweep found that are reported, not fixed (see issue 36): the
-/// failures they cause are printed as known and do not fail the test; any other
-/// failure does.
+/// Known defects excluded from the sweep: none (those it found, issue 36, are
+/// fixed); any failure fails the test.
 const KNOWN: &[(&str, Kind, &str, &str)] = &[];
 
 fn sweep_manager(name: &str) {
