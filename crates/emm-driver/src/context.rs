@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use emm_sys::{CUcontext, Driver};
+use emm_sys::{CUcontext, CUevent, CUstream, Driver};
 
 use crate::device::Device;
 use crate::error::{check, driver, DriverError, Result};
@@ -32,8 +32,51 @@ struct Inner {
     deferred: Mutex<Vec<DriverError>>,
 }
 
+/// Streams and events whose destruction failed in their drop (the error was
+/// recorded), with their raw context: destroyed again by the next
+/// [`Context::synchronize`], stream or event creation of any [`Context`] of
+/// that raw context (two retains of a primary context share it: a library's
+/// handle and its caller's), or the release of a retain. Process-wide for that
+/// reason.
+static DOOMED: Mutex<Vec<(usize, Doomed)>> = Mutex::new(Vec::new());
+/// `DOOMED` holds something: one atomic load on the paths that retry.
+static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
+
+/// Takes the doomed handles of raw context `ctx` out of [`DOOMED`].
+fn take_doomed(ctx: CUcontext) -> Vec<Doomed> {
+    if !HAS_DOOMED.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
+    let key = ctx.0 as usize;
+    let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
+        .into_iter()
+        .partition(|&(c, _)| c == key);
+    HAS_DOOMED.store(!rest.is_empty(), Ordering::Release);
+    *list = rest;
+    mine.into_iter().map(|(_, d)| d).collect()
+}
+
+/// Puts `handle` of raw context `ctx` on [`DOOMED`].
+fn put_doomed(ctx: CUcontext, handle: Doomed) {
+    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
+    list.push((ctx.0 as usize, handle));
+    HAS_DOOMED.store(true, Ordering::Release);
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        let doomed = take_doomed(self.raw);
+        if !doomed.is_empty() {
+            // The last chance: the context is still retained here. A failure is
+            // logged (nobody is left to report it to), the stream goes with the
+            // context's release.
+            for (d, r) in destroy(self.drv, doomed) {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, handle = ?d, "destroying a stream or event again failed as its context went");
+                }
+            }
+        }
         // SAFETY: this `Inner` holds exactly one retain of the device's primary context.
         let r = unsafe { (self.drv.device_primary_ctx_release)(self.device.raw()) };
         if let Err(e) = check(self.drv, "cuDevicePrimaryCtxRelease_v2", r) {
@@ -139,13 +182,64 @@ impl Context {
         })
     }
 
-    /// Waits for all work in the context.
+    /// Waits for all work in the context (then destroys again the streams and
+    /// events whose destruction failed in a drop, see [`Context::retry_destroys`]).
     pub fn synchronize(&self) -> Result<()> {
         self.check_deferred()?;
         let _g = self.push()?;
         let drv = self.inner.drv;
         // SAFETY: the context is current.
-        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
+        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })?;
+        self.retry_destroys()
+    }
+
+    /// Keeps a stream or event whose destruction just failed in a drop, for
+    /// [`Context::retry_destroys`] (the failure itself is recorded by the caller
+    /// with [`Context::record_drop_error`]).
+    pub(crate) fn keep_doomed(&self, handle: Doomed) {
+        put_doomed(self.inner.raw, handle);
+    }
+
+    /// Streams and events dropped whose destruction failed, waiting for a retry
+    /// (for tests and diagnostics).
+    pub fn doomed_handles(&self) -> usize {
+        let key = self.inner.raw.0 as usize;
+        DOOMED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|&&(c, _)| c == key)
+            .count()
+    }
+
+    /// Destroys again the streams and events whose destruction failed when they
+    /// were dropped (a lost context, say), instead of leaking them: those that
+    /// fail again stay for the next try and the first failure is returned (the
+    /// drop already recorded the original one). Called by
+    /// [`Context::synchronize`] and by stream and event creation; one atomic load
+    /// when there is nothing to retry.
+    pub fn retry_destroys(&self) -> Result<()> {
+        let doomed = take_doomed(self.inner.raw);
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let _g = match self.push() {
+            Ok(g) => g,
+            Err(e) => {
+                for d in doomed {
+                    self.keep_doomed(d);
+                }
+                return Err(e);
+            }
+        };
+        let mut first = None;
+        for (d, r) in destroy(self.inner.drv, doomed) {
+            if let Err(e) = r {
+                self.keep_doomed(d);
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Waits for all work in the context, as [`Context::synchronize`] does, but
@@ -207,6 +301,41 @@ impl Context {
         }
         Err(DriverError::Deferred(Box::new(first)))
     }
+}
+
+/// A stream or event whose destruction failed in its drop, kept for a retry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Doomed {
+    /// A stream the caller created.
+    Stream(CUstream),
+    /// An event.
+    Event(CUevent),
+}
+
+/// Destroys each of `handles` (of a context the caller keeps retained) once; the
+/// outcome of each.
+fn destroy(drv: &'static Driver, handles: Vec<Doomed>) -> Vec<(Doomed, Result<()>)> {
+    handles
+        .into_iter()
+        .map(|d| {
+            // Each handle was created in this context and its destruction failed,
+            // so it is still live; it is destroyed at most once more here (a
+            // failure puts it back on the list, a success drops it).
+            let r = match d {
+                Doomed::Stream(s) => {
+                    // SAFETY: a live stream of this context, destroyed once (above).
+                    let code = unsafe { (drv.stream_destroy)(s) };
+                    check(drv, "cuStreamDestroy_v2", code)
+                }
+                Doomed::Event(e) => {
+                    // SAFETY: a live event of this context, destroyed once (above).
+                    let code = unsafe { (drv.event_destroy)(e) };
+                    check(drv, "cuEventDestroy_v2", code)
+                }
+            };
+            (d, r)
+        })
+        .collect()
 }
 
 /// Keeps a context current on this thread; pops it on drop. Not `Send`.

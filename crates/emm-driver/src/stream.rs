@@ -4,7 +4,7 @@ use emm_sys::{
     event_flags, stream_flags, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };
 
-use crate::context::Context;
+use crate::context::{Context, Doomed};
 use crate::error::{check, Result};
 
 /// A stream of a context: one the caller created (destroyed on drop), or one of
@@ -27,6 +27,9 @@ impl Stream {
     pub fn with_flags(ctx: &Context, flags: u32, priority: i32) -> Result<Stream> {
         ctx.check_deferred()?;
         let _g = ctx.push()?;
+        // Streams whose destruction failed earlier go first (a failure again is
+        // not this call's: they stay for the next try).
+        let _ = ctx.retry_destroys();
         let drv = ctx.driver();
         let mut raw = CUstream::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.
@@ -129,7 +132,10 @@ impl Drop for Stream {
             Err(e) => Err(e),
         };
         if let Err(e) = r {
+            // Reported once, by the next fallible call; the stream is destroyed
+            // again later (see `Context::retry_stream_destroys`), not leaked.
             self.ctx.record_drop_error(e);
+            self.ctx.keep_doomed(Doomed::Stream(self.raw));
         }
     }
 }
@@ -151,6 +157,9 @@ impl Event {
     pub fn new(ctx: &Context, flags: u32) -> Result<Event> {
         ctx.check_deferred()?;
         let _g = ctx.push()?;
+        // Events and streams whose destruction failed earlier go first (a
+        // failure again is not this call's: they stay for the next try).
+        let _ = ctx.retry_destroys();
         let drv = ctx.driver();
         let mut raw = CUevent::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.
@@ -232,7 +241,10 @@ impl Drop for Event {
         // SAFETY: we created this event and destroy it once.
         let r = unsafe { (drv.event_destroy)(self.raw) };
         if let Err(e) = check(drv, "cuEventDestroy_v2", r) {
+            // Reported once, by the next fallible call; the event is destroyed
+            // again later (see `Context::retry_destroys`), not leaked.
             self.ctx.record_drop_error(e);
+            self.ctx.keep_doomed(Doomed::Event(self.raw));
         }
     }
 }

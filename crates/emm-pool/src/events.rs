@@ -20,6 +20,10 @@ pub trait EventSource: Send + Sync {
     fn recycle(&self, id: EventId);
     /// Waits for all work on every stream of the device (`cuCtxSynchronize`).
     fn synchronize_all(&self) -> Result<()>;
+    /// Destroys the markers kept for reuse that nothing uses now (the pool's trim
+    /// calls it: then only the markers still in use are held). The default keeps
+    /// them.
+    fn release_idle(&self) {}
 }
 
 /// A marker recorded by an [`EventSource`].
@@ -27,11 +31,19 @@ pub trait EventSource: Send + Sync {
 pub struct EventId(pub usize);
 
 /// Pooled driver events (timing disabled); created on demand, reused after
-/// recycling, destroyed with the source.
+/// recycling, destroyed with the source or, once idle, by
+/// [`EventSource::release_idle`] (the pool's trim).
+///
+/// So the source holds at most as many events as were in use at once since the
+/// last trim: one per pending cross-stream group, one per stream that the pool
+/// grew for (its latest growth, until the next trim, out-of-memory ladder or
+/// reset consolidates), one per batch of moved pieces waiting to be unmapped. A
+/// failed record keeps its event idle for the next one.
 #[derive(Debug)]
 pub struct DriverEvents {
     ctx: Context,
-    all: Mutex<Vec<Arc<Event>>>,
+    /// Events by id; `None`: a slot whose event was released, reused first.
+    all: Mutex<Vec<Option<Arc<Event>>>>,
     idle: Mutex<Vec<usize>>,
 }
 
@@ -51,6 +63,7 @@ impl DriverEvents {
             .unwrap_or_else(|p| p.into_inner())
             .get(id.0)
             .cloned()
+            .flatten()
     }
 }
 
@@ -62,8 +75,16 @@ impl EventSource for DriverEvents {
             None => {
                 let e = Arc::new(Event::sync_only(&self.ctx)?);
                 let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
-                all.push(e);
-                all.len() - 1
+                match all.iter().position(Option::is_none) {
+                    Some(i) => {
+                        all[i] = Some(e);
+                        i
+                    }
+                    None => {
+                        all.push(Some(e));
+                        all.len() - 1
+                    }
+                }
             }
         };
         let ev = self
@@ -72,8 +93,14 @@ impl EventSource for DriverEvents {
                 operation: "recording a pooled event",
                 detail: format!("event {id} is not in the pool of events"),
             })?;
-        let _g = self.ctx.push()?;
-        ev.record_raw(stream)?;
+        let recorded = self.ctx.push().and_then(|_g| ev.record_raw(stream));
+        if let Err(e) = recorded {
+            // The event stays the pool's, idle: a failed record neither loses it
+            // nor makes the next record create another (each failure used to
+            // leave one more event, never used again, until the pool went).
+            self.recycle(EventId(id));
+            return Err(e.into());
+        }
         Ok(EventId(id))
     }
 
@@ -99,7 +126,22 @@ impl EventSource for DriverEvents {
     }
 
     fn synchronize_all(&self) -> Result<()> {
-        Ok(self.ctx.synchronize()?)
+        // A wait of the pool's own: errors recorded by other drops stay for their
+        // callers' next call (taking one here failed the wait, and a trim then
+        // kept memory it could have given back).
+        Ok(self.ctx.synchronize_keeping_deferred()?)
+    }
+
+    fn release_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        for i in idle {
+            // Dropped here, or by whoever still holds a clone (a wait in flight);
+            // a failed destroy is kept on the context for a retry.
+            if let Some(slot) = all.get_mut(i) {
+                slot.take();
+            }
+        }
     }
 }
 
@@ -238,6 +280,9 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn synchronize_all(&self) -> Result<()> {
         (**self).synchronize_all()
+    }
+    fn release_idle(&self) {
+        (**self).release_idle()
     }
 }
 

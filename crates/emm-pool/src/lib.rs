@@ -24,6 +24,7 @@ mod graph;
 mod history;
 mod owner_lock;
 mod pool;
+mod refused;
 mod thread_cache;
 mod vmm;
 mod vmm_export;

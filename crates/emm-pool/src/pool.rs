@@ -390,6 +390,9 @@ pub(crate) struct Core {
     /// The history is being recorded (the arena's ring has room), for the
     /// lock-free path, which reads it relaxed.
     recording: AtomicBool,
+    /// Segments whose free the upstream refused on reset or drop, freed again by
+    /// the next trim, reset or drop.
+    refused: crate::refused::Refused,
 }
 
 /// A thread's caches for one pool. It holds the pool weakly: a dropped pool is
@@ -838,18 +841,45 @@ impl Core {
     /// Gives every segment back to the upstream and the events still held back to
     /// their source (drop and reset, after the generation bump and a device-wide
     /// synchronization); a failed free is logged with `during`.
+    ///
+    /// What the driver refuses is kept, not forgotten: a segment whose free fails
+    /// waits in `refused`, and a piece of the expandable segment that fails to
+    /// unmap stays with the virtual memory (`abandon_all`); the next trim, reset
+    /// or drop retries both.
     fn give_back_all(&self, during: &str) {
-        let segments = self
-            .lock()
-            .drain_segments(&self.source(), self.events.as_ref());
+        let segments = {
+            let mut arena = self.lock();
+            let segments = arena.drain_segments(&self.source(), self.events.as_ref());
+            // The pool knows no mapping now; under the arena's lock, before any
+            // growth maps again.
+            if let Some(v) = &self.vmm {
+                v.abandon_all();
+            }
+            segments
+        };
         for (base, size) in segments {
             // SAFETY: every segment came from this upstream; the device finished
             // its work on them, and after the generation bump no block of them is
             // handed out or taken back again (stale cache entries included).
             if let Err(e) = unsafe { self.upstream.free(base, size) } {
-                tracing::error!(error = %e, "freeing a segment failed ({during})");
+                self.refused.keep(base, size, &e, during);
             }
         }
+        self.retry_refused(during);
+    }
+
+    /// Retries what the driver refused earlier: segment frees kept by
+    /// `give_back_all`, and what the virtual memory kept (mappings of failed
+    /// growths or forgotten by a reset, unreleased pieces); returns the bytes of
+    /// segments freed (the virtual memory's are not counted: the pool had
+    /// already counted them off).
+    fn retry_refused(&self, during: &str) -> usize {
+        if let Some(v) = &self.vmm {
+            if let Err(e) = v.settle() {
+                tracing::warn!(error = %e, "giving back what the driver refused earlier failed again ({during}); kept for the next try");
+            }
+        }
+        self.refused.retry(self.upstream.as_ref(), during)
     }
 
     /// Bytes parked in thread caches, as last written by their threads.
@@ -1082,6 +1112,7 @@ impl PoolManager {
                 ctx,
                 defer,
                 recording: AtomicBool::new(false),
+                refused: Default::default(),
             }),
         })
     }
@@ -1228,12 +1259,27 @@ impl PoolManager {
         self.core.flush_thread(&mut arena);
         let gen = self.core.generation.load(Ordering::Acquire);
         self.core.reclaim_cached(&mut arena, None, gen);
-        if let Err(e) = arena.consolidate(self.core.events.as_ref()) {
+        let settled = arena.consolidate(self.core.events.as_ref());
+        if let Err(e) = &settled {
             tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
         }
         let source = self.core.source();
-        arena.release_free_segments(&source, self.core.events.as_ref())
+        let released = arena.release_free_segments(&source, self.core.events.as_ref())
             + arena.release_free_pieces(&source)
+            + self.core.retry_refused("trim");
+        if settled.is_ok() {
+            // The events idle now (every stream's, after the consolidation) are
+            // destroyed: the pool keeps only those still in use.
+            self.core.events.release_idle();
+        }
+        released
+    }
+
+    /// Bytes of segments the pool gave back whole (reset, drop) whose free the
+    /// driver refused: no longer in `reserved_bytes`, kept and freed again by the
+    /// next trim, reset or drop.
+    pub fn refused_bytes(&self) -> usize {
+        self.core.refused.bytes()
     }
 
     /// Checks the pool's internal consistency (for tests); returns what is wrong.
@@ -1366,10 +1412,13 @@ impl MemoryManager for PoolManager {
     }
 
     fn reset(&self) -> Result<()> {
-        self.core.generation.fetch_add(1, Ordering::AcqRel);
         // Every stream's work on the pool's memory is done before its segments and
         // events go back (any upstream: the event source synchronizes the device).
+        // First: a reset that fails here has changed nothing (its blocks are
+        // still the callers', and come back when freed), rather than invalidated
+        // blocks it never gave back.
         self.core.events.synchronize_all()?;
+        self.core.generation.fetch_add(1, Ordering::AcqRel);
         self.core.give_back_all("reset");
         if let Some(h) = &self.core.host {
             h.flush();

@@ -2,7 +2,8 @@
 //! back it with memory in pieces as the pool grows, give pieces back when free.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
@@ -74,19 +75,48 @@ pub trait VirtualMemory: Send + Sync {
             operation: "export of virtual memory",
         })
     }
+    /// Retries what the driver refused earlier and this virtual memory kept
+    /// rather than forgot: mappings the pool no longer knows (the rollback of a
+    /// failed growth whose unmap failed too, a piece a reset failed to unmap, see
+    /// [`VirtualMemory::abandon_all`]) are unmapped, and memory whose mappings are
+    /// gone but whose release failed is released. What fails again stays kept for
+    /// the next try; the first failure is returned. The pool calls it before it
+    /// maps and on trim. The default keeps nothing.
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The pool no longer knows any of its mappings (a reset gave its pieces back,
+    /// and those the driver refused to unmap were forgotten by the pool): every
+    /// mapping still held is kept for [`VirtualMemory::settle`] to unmap, so that
+    /// its memory is not lost and its range can be mapped again. The default
+    /// keeps nothing.
+    fn abandon_all(&self) {}
 }
 
-/// Reservations; mappings (address → handle, length); how many mappings each
-/// handle has (a handle is released with its last mapping; 0: every mapping is
-/// gone but releasing the handle failed, retried by the next unmap and on drop).
-type VmmState = (
-    Vec<(CUdeviceptr, usize)>,
-    HashMap<CUdeviceptr, (u64, usize)>,
-    HashMap<u64, usize>,
-);
+/// What [`DriverVmm`] knows of the driver's state.
+#[derive(Default)]
+pub(crate) struct VmmState {
+    /// Address reservations: base and size.
+    reservations: Vec<(CUdeviceptr, usize)>,
+    /// Mappings: address → (handle, length).
+    pub(crate) mapped: HashMap<CUdeviceptr, (u64, usize)>,
+    /// Mappings per handle: a handle is released with its last mapping; 0: every
+    /// mapping is gone but releasing the handle failed (an orphan, released by
+    /// [`VirtualMemory::settle`] or on drop).
+    handles: HashMap<u64, usize>,
+    /// Addresses of `mapped` the pool no longer knows (a rollback's unmap failed,
+    /// or the pool abandoned them, see [`VirtualMemory::abandon_all`]): unmapped
+    /// by [`VirtualMemory::settle`], before the next map and on trim.
+    abandoned: Vec<CUdeviceptr>,
+}
 
 /// The driver's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
 /// `cuMemMap`, `cuMemSetAccess`); reservations are freed on drop.
+///
+/// What the driver refuses to give back is kept, never forgotten: a mapping
+/// whose unmap failed while a failed growth was rolled back (a lost context),
+/// and a handle whose release failed, are retried by [`VirtualMemory::settle`]
+/// (before every map, and on the pool's trim) and on drop.
 pub struct DriverVmm {
     pub(crate) ctx: Context,
     pub(crate) state: Mutex<VmmState>,
@@ -94,9 +124,9 @@ pub struct DriverVmm {
     pub(crate) exportable: bool,
     /// Descriptors of exported pieces (see `export.rs`).
     pub(crate) exports: crate::export::ExportedFds,
-    /// Some handle's release failed after its last mapping went (see
-    /// [`VmmState`]): the next unmap retries it.
-    orphans: std::sync::atomic::AtomicBool,
+    /// Something is kept for a retry: an abandoned mapping or an orphan handle
+    /// (see [`VmmState`]).
+    pending: AtomicBool,
 }
 
 impl DriverVmm {
@@ -107,11 +137,111 @@ impl DriverVmm {
         }
         Some(DriverVmm {
             ctx: ctx.clone(),
-            state: Mutex::new((Vec::new(), HashMap::new(), HashMap::new())),
+            state: Mutex::new(VmmState::default()),
             exportable: false,
             exports: Default::default(),
-            orphans: std::sync::atomic::AtomicBool::new(false),
+            pending: AtomicBool::new(false),
         })
+    }
+
+    fn state(&self) -> MutexGuard<'_, VmmState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Mappings and orphan handles kept for a retry (see [`VirtualMemory::settle`]):
+    /// `(abandoned mappings, their bytes, orphan handles)`. For tests and reports.
+    pub fn kept(&self) -> (usize, usize, usize) {
+        let st = self.state();
+        let bytes = st
+            .abandoned
+            .iter()
+            .filter_map(|a| st.mapped.get(a))
+            .map(|&(_, l)| l)
+            .sum();
+        let orphans = st.handles.values().filter(|&&n| n == 0).count();
+        (st.abandoned.len(), bytes, orphans)
+    }
+
+    /// Undoes the mapping of handle `h` at `[at, at+page)` just made by a growth
+    /// that failed (`created`: the growth created `h`, which goes with it). What
+    /// the driver refuses is kept, not forgotten: a mapping that stays is
+    /// abandoned (its range unmapped by the next settle, before anything is mapped
+    /// there again), a handle whose release fails is an orphan.
+    fn roll_back(&self, at: CUdeviceptr, page: usize, h: u64, created: bool) {
+        let drv = self.ctx.driver();
+        let (Some(unmap), Some(_)) = (drv.mem_unmap, drv.mem_release) else {
+            return;
+        };
+        // SAFETY: `[at, at+page)` was mapped with `h` by the caller just now and
+        // is undone once (a failure keeps it, for `settle` to undo once).
+        if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(at, page) }) {
+            let mut st = self.state();
+            st.mapped.insert(at, (h, page));
+            *st.handles.entry(h).or_insert(0) += 1;
+            st.abandoned.push(at);
+            self.pending.store(true, Ordering::Release);
+            tracing::warn!(error = %e, addr = at, len = page, "undoing a mapping of a failed growth failed; it is kept and unmapped before the next map or on trim");
+            return;
+        }
+        if created {
+            self.release_or_keep(h);
+        }
+    }
+
+    /// Releases handle `h`, whose mappings are all gone; a failure keeps it as an
+    /// orphan for `settle`.
+    fn release_or_keep(&self, h: u64) {
+        let drv = self.ctx.driver();
+        let Some(release) = drv.mem_release else {
+            return;
+        };
+        // SAFETY: `h` is a live handle with no mapping left, released once (a
+        // failure keeps it, for `settle` to release once).
+        if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
+            self.state().handles.insert(h, 0);
+            self.pending.store(true, Ordering::Release);
+            tracing::warn!(error = %e, "releasing a piece's memory failed; it is kept and released on the next trim, map or unmap");
+        } else {
+            self.exports.forget(h);
+        }
+    }
+
+    /// Unmaps the mapping at `addr` (known in `mapped`; the device is done with
+    /// it), forgets it, and releases its handle with its last mapping (an orphan
+    /// if that fails). A failed unmap leaves it mapped and known.
+    fn unmap_known(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        let drv = self.ctx.driver();
+        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        let Some((h, l)) = self.state().mapped.get(&addr).copied() else {
+            return Err(EmmError::InvalidArgument {
+                what: "address to unmap",
+                found: format!("{addr:#x} ({len} bytes)"),
+                expected: "the start of a range this pool mapped".into(),
+            });
+        };
+        let _g = self.ctx.push()?;
+        // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle `h`;
+        // each mapping is undone once; the caller waited for the work queued on it.
+        check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
+        let last = {
+            // Forgotten once gone: a mapping the driver kept is still known.
+            let mut st = self.state();
+            st.mapped.remove(&addr);
+            match st.handles.get_mut(&h) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => {
+                    st.handles.remove(&h);
+                    true
+                }
+            }
+        };
+        if last {
+            self.release_or_keep(h);
+        }
+        Ok(())
     }
 
     fn prop(&self) -> CUmemAllocationProp {
@@ -167,8 +297,11 @@ impl DriverVmm {
                 optional(drv, drv.mem_unmap, "cuMemUnmap")?,
             ))
         })();
-        let (create, map, access, release, unmap) = fns.map_err(|e| (0, e))?;
+        let (create, map, access, _, _) = fns.map_err(|e| (0, e))?;
         let _g = self.ctx.push().map_err(|e| (0, EmmError::from(e)))?;
+        // What an earlier failure left mapped goes first (a failure again is not
+        // this call's: should it be in the way, the map below says so).
+        let _ = self.settle();
         let prop = self.prop();
         // (address, length, handle, whether this call created the handle)
         let mut done: Vec<(CUdeviceptr, usize, u64, bool)> = Vec::with_capacity(pieces.len());
@@ -189,8 +322,8 @@ impl DriverVmm {
                     (h, true)
                 }
                 Some(src) => {
-                    let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                    match st.1.get(&src) {
+                    let st = self.state();
+                    match st.mapped.get(&src) {
                         Some(&(h, l)) if l == page => (h, false),
                         _ => {
                             failure = Some(EmmError::InvalidArgument {
@@ -207,8 +340,8 @@ impl DriverVmm {
             // is a live handle of `page` bytes.
             if let Err(e) = check(drv, "cuMemMap", unsafe { map(at, page, 0, h, 0) }) {
                 if created {
-                    // SAFETY: the handle was created above, never mapped; released once.
-                    let _ = unsafe { release(h) };
+                    // Created above, never mapped: released (or kept) once.
+                    self.release_or_keep(h);
                 }
                 failure = Some(e.into());
                 break;
@@ -226,23 +359,18 @@ impl DriverVmm {
             // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
             // descriptor.
             if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
+                // Each mapping made above is undone once, and each handle created
+                // above released once (aliased handles stay mapped at their
+                // source); what the driver refuses is kept for `settle`.
                 for &(at, page, h, created) in &done {
-                    // SAFETY: each mapping made above is undone once, and each handle
-                    // created above released once (aliased handles stay mapped at
-                    // their source).
-                    unsafe {
-                        let _ = unmap(at, page);
-                        if created {
-                            let _ = release(h);
-                        }
-                    }
+                    self.roll_back(at, page, h, created);
                 }
                 return Err((0, e.into()));
             }
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = self.state();
             for &(at, page, h, _) in &done {
-                st.1.insert(at, (h, page));
-                *st.2.entry(h).or_insert(0) += 1;
+                st.mapped.insert(at, (h, page));
+                *st.handles.entry(h).or_insert(0) += 1;
             }
         }
         match failure {
@@ -262,11 +390,7 @@ impl VirtualMemory for DriverVmm {
         check(drv, "cuMemAddressReserve", unsafe {
             f(&mut p, size, 0, 0, 0)
         })?;
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .push((p, size));
+        self.state().reservations.push((p, size));
         Ok(p)
     }
 
@@ -275,17 +399,19 @@ impl VirtualMemory for DriverVmm {
         let create = optional(drv, drv.mem_create, "cuMemCreate")?;
         let map = optional(drv, drv.mem_map, "cuMemMap")?;
         let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
-        let release = optional(drv, drv.mem_release, "cuMemRelease")?;
-        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        optional(drv, drv.mem_release, "cuMemRelease")?;
+        optional(drv, drv.mem_unmap, "cuMemUnmap")?;
         let _g = self.ctx.push()?;
+        // What an earlier failure left mapped goes first (see `map_pieces_once`).
+        let _ = self.settle();
         let prop = self.prop();
         let mut h = 0u64;
         // SAFETY: valid out-pointer and prop; `len` is a multiple of the granularity.
         check(drv, "cuMemCreate", unsafe { create(&mut h, len, &prop, 0) })?;
         // SAFETY: `[addr, addr+len)` lies in our reservation and is not mapped.
         if let Err(e) = check(drv, "cuMemMap", unsafe { map(addr, len, 0, h, 0) }) {
-            // SAFETY: the handle was created above and is released once.
-            let _ = unsafe { release(h) };
+            // Created above, never mapped: released (or kept) once.
+            self.release_or_keep(h);
             return Err(e.into());
         }
         let desc = CUmemAccessDesc {
@@ -296,16 +422,14 @@ impl VirtualMemory for DriverVmm {
         if let Err(e) = check(drv, "cuMemSetAccess", unsafe {
             access(addr, len, &desc, 1)
         }) {
-            // SAFETY: undo the map and the handle made above, once each.
-            unsafe {
-                let _ = unmap(addr, len);
-                let _ = release(h);
-            }
+            // The map and the handle made above are undone once each (what the
+            // driver refuses is kept for `settle`).
+            self.roll_back(addr, len, h, true);
             return Err(e.into());
         }
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1.insert(addr, (h, len));
-        st.2.insert(h, 1);
+        let mut st = self.state();
+        st.mapped.insert(addr, (h, len));
+        st.handles.insert(h, 1);
         Ok(())
     }
 
@@ -313,14 +437,8 @@ impl VirtualMemory for DriverVmm {
         let drv = self.ctx.driver();
         let map = optional(drv, drv.mem_map, "cuMemMap")?;
         let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
-        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
-        let h = match self
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .get(&src)
-        {
+        optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        let h = match self.state().mapped.get(&src) {
             Some(&(h, l)) if l == len => h,
             _ => {
                 return Err(EmmError::InvalidArgument {
@@ -331,6 +449,8 @@ impl VirtualMemory for DriverVmm {
             }
         };
         let _g = self.ctx.push()?;
+        // What an earlier failure left mapped goes first (see `map_pieces_once`).
+        let _ = self.settle();
         // SAFETY: `[dst, dst+len)` lies in our reservation and is not mapped; `h` is
         // a live handle of exactly `len` bytes (mapped at `src`).
         check(drv, "cuMemMap", unsafe { map(dst, len, 0, h, 0) })?;
@@ -340,14 +460,14 @@ impl VirtualMemory for DriverVmm {
         };
         // SAFETY: the range was just mapped; one valid descriptor.
         if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
-            // SAFETY: undo the mapping made above, once; the handle stays mapped
-            // at `src`.
-            let _ = unsafe { unmap(dst, len) };
+            // The mapping made above is undone once (or kept for `settle`); the
+            // handle stays mapped at `src`.
+            self.roll_back(dst, len, h, false);
             return Err(e.into());
         }
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1.insert(dst, (h, len));
-        *st.2.entry(h).or_insert(0) += 1;
+        let mut st = self.state();
+        st.mapped.insert(dst, (h, len));
+        *st.handles.entry(h).or_insert(0) += 1;
         Ok(())
     }
 
@@ -371,130 +491,151 @@ impl VirtualMemory for DriverVmm {
         // order; make sure the device is done with them first.
         {
             let _g = self.ctx.push()?;
-            self.ctx.synchronize()?;
+            // Errors recorded by other drops stay for their callers.
+            self.ctx.synchronize_keeping_deferred()?;
         }
         self.unmap_done(addr, len)
     }
 
     fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
-        let drv = self.ctx.driver();
-        let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
-        let release = optional(drv, drv.mem_release, "cuMemRelease")?;
-        let Some((h, l)) = self
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .get(&addr)
-            .copied()
-        else {
-            return Err(EmmError::InvalidArgument {
-                what: "address to unmap",
-                found: format!("{addr:#x} ({len} bytes)"),
-                expected: "the start of a range this pool mapped".into(),
-            });
-        };
-        let _g = self.ctx.push()?;
-        // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle `h`;
-        // each mapping is undone once; the caller waited for the work queued on it.
-        check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
-        let last = {
-            // Forgotten once gone: a mapping the driver kept is still known.
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.1.remove(&addr);
-            match st.2.get_mut(&h) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                _ => {
-                    st.2.remove(&h);
-                    true
-                }
-            }
-        };
-        if last {
-            // SAFETY: the handle's last mapping is gone; it is released once.
-            if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
-                // The mapping is gone (its address range may be mapped again);
-                // the handle is kept for a retry, so its memory is not lost.
-                self.state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .2
-                    .insert(h, 0);
-                self.orphans
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(error = %e, addr, len, "releasing an unmapped piece's memory failed; retried by the next unmap and on drop");
-            } else {
-                self.exports.forget(h);
-            }
-        }
-        self.release_orphans();
+        self.unmap_known(addr, len)?;
+        // What an earlier failure kept goes too (its failure again is not this
+        // call's: it stays kept).
+        let _ = self.settle();
         Ok(())
     }
-}
 
-impl DriverVmm {
-    /// Retries releasing the handles whose mappings are all gone but whose release
-    /// failed (see [`VmmState`]); those that fail again stay for the next try.
-    fn release_orphans(&self) {
-        use std::sync::atomic::Ordering;
-        if !self.orphans.swap(false, Ordering::Relaxed) {
-            return;
+    fn settle(&self) -> Result<()> {
+        if !self.pending.swap(false, Ordering::AcqRel) {
+            return Ok(());
         }
         let drv = self.ctx.driver();
         let Some(release) = drv.mem_release else {
-            return;
+            return Ok(());
         };
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let orphans: Vec<u64> =
-            st.2.iter()
-                .filter(|(_, &n)| n == 0)
-                .map(|(&h, _)| h)
-                .collect();
+        let mut first: Option<EmmError> = None;
+        let abandoned = std::mem::take(&mut self.state().abandoned);
+        for addr in abandoned {
+            let len = self.state().mapped.get(&addr).map_or(0, |&(_, l)| l);
+            if len == 0 {
+                continue; // gone meanwhile
+            }
+            if let Err(e) = self.unmap_known(addr, len) {
+                self.state().abandoned.push(addr);
+                self.pending.store(true, Ordering::Release);
+                first.get_or_insert(e);
+            }
+        }
+        let mut st = self.state();
+        let orphans: Vec<u64> = st
+            .handles
+            .iter()
+            .filter(|(_, &n)| n == 0)
+            .map(|(&h, _)| h)
+            .collect();
         for h in orphans {
             // SAFETY: `h` has no mapping left and was not released (its release
             // failed); it is released once, here or on a later retry.
             match check(drv, "cuMemRelease", unsafe { release(h) }) {
                 Ok(()) => {
-                    st.2.remove(&h);
+                    st.handles.remove(&h);
                     self.exports.forget(h);
                 }
-                Err(_) => self.orphans.store(true, Ordering::Relaxed),
+                Err(e) => {
+                    self.pending.store(true, Ordering::Release);
+                    first.get_or_insert(e.into());
+                }
             }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn abandon_all(&self) {
+        let mut st = self.state();
+        let known: Vec<CUdeviceptr> = st.mapped.keys().copied().collect();
+        for addr in known {
+            if !st.abandoned.contains(&addr) {
+                st.abandoned.push(addr);
+            }
+        }
+        if !st.abandoned.is_empty() {
+            self.pending.store(true, Ordering::Release);
         }
     }
 }
 
 impl Drop for DriverVmm {
+    /// Unmaps what is still mapped, releases every handle and frees the
+    /// reservations. After a lost context the driver refuses all of it: the first
+    /// failure is recorded on the context (reported once, by its next call), the
+    /// others are logged; a reservation with a mapping the driver kept is not
+    /// freed at all (the driver would refuse that too, and report it as an
+    /// invalid reservation).
     fn drop(&mut self) {
         let drv = self.ctx.driver();
-        let (reservations, mapped, handles) =
-            std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let VmmState {
+            reservations,
+            mapped,
+            handles,
+            abandoned: _,
+        } = std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
         let (Some(unmap), Some(release), Some(free)) =
             (drv.mem_unmap, drv.mem_release, drv.mem_address_free)
         else {
             return;
         };
-        let _ = self.ctx.synchronize();
+        // Leaves the errors recorded by other drops for their callers.
+        let _ = self.ctx.synchronize_keeping_deferred();
+        let mut first = None;
+        let mut failed = 0usize;
+        let mut stuck = Vec::new();
+        let mut note = |e: emm_driver::DriverError| {
+            failed += 1;
+            if first.is_none() {
+                first = Some(e);
+            } else {
+                tracing::error!(error = %e, "releasing the pool's virtual memory failed");
+            }
+        };
         for (addr, (_, len)) in mapped {
             // SAFETY: each mapping is undone once.
             if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(addr, len) }) {
-                self.ctx.record_drop_error(e);
+                stuck.push(addr);
+                note(e);
             }
         }
         for h in handles.into_keys() {
-            // SAFETY: each handle is released once, after all its mappings.
+            // SAFETY: each handle is released once, after its mappings were undone
+            // (the memory of one the driver kept mapped goes with that mapping).
             if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
-                self.ctx.record_drop_error(e);
+                note(e);
             }
         }
         for (addr, size) in reservations {
+            if stuck
+                .iter()
+                .any(|&m| (addr..addr + size as u64).contains(&m))
+            {
+                tracing::error!(
+                    addr,
+                    size,
+                    "an address reservation keeps a mapping the driver refused to undo; it is not freed"
+                );
+                continue;
+            }
             // SAFETY: each reservation is freed once, after its mappings.
             if let Err(e) = check(drv, "cuMemAddressFree", unsafe { free(addr, size) }) {
-                self.ctx.record_drop_error(e);
+                note(e);
             }
+        }
+        if let Some(e) = first {
+            if failed > 1 {
+                tracing::error!(
+                    failed,
+                    "{failed} driver calls failed releasing the pool's virtual memory; the first is reported"
+                );
+            }
+            self.ctx.record_drop_error(e);
         }
     }
 }
@@ -600,6 +741,23 @@ impl VirtualMemory for HostVmm {
                 found: format!("{addr:#x}"),
                 expected: "the start of a range this pool mapped".into(),
             }),
+        }
+    }
+    fn abandon_all(&self) {
+        // Host memory never refuses to go: whatever is still mapped (the old
+        // mappings of moved pieces a reset forgot) is given back now.
+        let (mapped, _) =
+            std::mem::take(&mut *self.pieces.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut backing: HashMap<CUdeviceptr, usize> = HashMap::new();
+        for (b, l) in mapped.into_values() {
+            backing.insert(b, l);
+        }
+        for (b, l) in backing {
+            // SAFETY: each backing block came from `alloc(l)` of this upstream; all
+            // its mappings are forgotten just above, so it is freed once, here.
+            if let Err(e) = unsafe { self.upstream.free(b, l) } {
+                tracing::error!(error = %e, "freeing a piece forgotten by a reset failed");
+            }
         }
     }
 }

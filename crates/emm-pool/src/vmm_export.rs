@@ -37,7 +37,8 @@ impl DriverVmm {
         let end = addr.saturating_add(len.max(1) as u64);
         let mut maps: Vec<(CUdeviceptr, u64, usize)> = {
             let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.1.iter()
+            st.mapped
+                .iter()
                 .filter(|(&at, &(_, l))| at < end && at + l as u64 > addr)
                 .map(|(&at, &(h, l))| (at, h, l))
                 .collect()

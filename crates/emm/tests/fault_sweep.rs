@@ -221,47 +221,9 @@ fn check_held(ctx: &emm::Context, a: &DeviceAllocation, seed: u64) -> Result<(),
     verify(ctx, a, seed).map_err(|e| format!("a block held across the fault: {e}"))
 }
 
-/// Defects the sweep found that are reported, not fixed (see issue 36): the
-/// failures they cause are printed as known and do not fail the test; any other
-/// failure does.
-const KNOWN: &[(&str, Kind, &str, &str)] = &[
-    (
-        "",
-        Kind::LostContext,
-        "stream(s) leaked, nothing else",
-        "emm-driver: a Stream whose cuStreamDestroy fails in Drop is leaked (the error is reported, the handle never destroyed again)",
-    ),
-    (
-        "",
-        Kind::OutOfMemory,
-        "stream(s) leaked, nothing else",
-        "emm-driver: a Stream whose cuStreamDestroy fails in Drop is leaked (the error is reported, the handle never destroyed again)",
-    ),
-    (
-        "pool/",
-        Kind::LostContext,
-        "after cleanup the stand-in holds",
-        "emm-pool: a lost context while the expandable segment grows leaves mapped memory the pool no longer counts",
-    ),
-    (
-        "pool/",
-        Kind::LostContext,
-        "cuMemAddressFree failed: CUDA_ERROR_INVALID_VALUE",
-        "emm-pool: after a lost context the pool frees an address reservation that is no longer one",
-    ),
-    (
-        "pool/reset",
-        Kind::OutOfMemory,
-        "after cleanup the stand-in holds",
-        "emm-pool: a reset that fails part way (its synchronization or a segment's free) leaves memory the pool no longer counts",
-    ),
-    (
-        "pool/reset",
-        Kind::FailedFree,
-        "after cleanup the stand-in holds",
-        "emm-pool: reset forgets a segment whose free the driver refused",
-    ),
-];
+/// Known defects excluded from the sweep: none (those it found, issue 36, are
+/// fixed); any failure fails the test.
+const KNOWN: &[(&str, Kind, &str, &str)] = &[];
 
 fn sweep_manager(name: &str) {
     let f = fixture();
