@@ -46,6 +46,11 @@ def run_one(args, workload, variant, rnd, log):
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.ddp:
+        # NVLink multicast stays off on shared hosts (it can take their GPUs out
+        # of service), in every rank torchrun starts.
+        for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+            env.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
     sampler = Telemetry() if args.telemetry else None
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
