@@ -23,6 +23,7 @@
 mod circles;
 mod cpp;
 mod elf;
+mod fuzz;
 mod header;
 mod install;
 mod numba;
@@ -147,6 +148,7 @@ fn ci(root: &Path) -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     cpp::ci(root)?;
+    fuzz::ci(root)?;
     if root.join("python/tests").is_dir() {
         python(root)?;
     }
