@@ -41,15 +41,15 @@ fn read(data: &[u8], format: Option<Format>) {
 }
 
 /// Reads `t` twice and scans it; the passes agree, and the summary matches the
-/// events.
-fn check(t: &Trace) {
+/// events. Returns the pass.
+fn check(t: &Trace) -> Pass {
     let first = pass(t);
     let second = pass(t);
     assert_eq!(first, second, "two passes over one trace differ");
-    let Some((ops, _diag)) = first else {
+    let Some((ops, _diag)) = &first else {
         // A fatal error during the pass (too many bad lines): scan says so too.
         assert!(scan(t).is_err(), "scan passed a trace whose pass failed");
-        return;
+        return None;
     };
     let allocs: Vec<(u64, u64)> = ops
         .iter()
@@ -82,8 +82,9 @@ fn check(t: &Trace) {
         Err(_) => assert!(allocs.is_empty(), "scan failed on a trace with allocations"),
     }
     if t.format() == Format::TorchSnapshot {
-        snapshot_ids(&ops);
+        snapshot_ids(ops);
     }
+    first
 }
 
 type Pass = Option<(Vec<Op>, emm_trace::Diagnostics)>;

@@ -1,8 +1,9 @@
 //! The fuzzing step of `ci` (see `docs/fuzzing.md`): the crate `fuzz/` (its own
 //! workspace) holds coverage-guided targets for AFL++ through afl.rs.
 //!
-//! 1. Its corpus replay test, a plain `cargo test` (every file of
-//!    `fuzz/corpus/<target>/` through its target, on the stand-in driver).
+//! 1. `cargo fmt --check` and clippy (`-D warnings`) of `fuzz/`, which the root's
+//!    steps do not cover, and its corpus replay test, a plain `cargo test` (every
+//!    file of `fuzz/corpus/<target>/` through its target, on the stand-in driver).
 //! 2. What the fuzzer needs: `make` and a C compiler from Debian's packages
 //!    (`apt-get install -y`, only when missing), and `cargo-afl` ([`CARGO_AFL`],
 //!    `cargo install --locked`, which builds AFL++ from the sources it ships), only
@@ -58,6 +59,25 @@ pub fn ci(root: &Path) -> Result<(), String> {
             standin.display()
         ));
     }
+    crate::run(
+        root,
+        "fuzz: fmt",
+        "run `cargo fmt` in fuzz/ (its own workspace) and commit the result",
+        crate::cargo()
+            .args(["fmt", "--check", "--manifest-path"])
+            .arg(fuzz.join("Cargo.toml")),
+    )?;
+    crate::run(
+        root,
+        "fuzz: clippy",
+        "fix the lints above in fuzz/; an `allow` needs a `reason`",
+        crate::cargo()
+            .args(["clippy", "--all-targets", "--manifest-path"])
+            .arg(fuzz.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(fuzz.join("target"))
+            .args(["--", "-D", "warnings"]),
+    )?;
     crate::run(
         root,
         "fuzz: corpus replay",
