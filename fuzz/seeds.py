@@ -134,7 +134,7 @@ def capi():
     # Op codes as in src/capi.rs: 2 alloc, 3 free, 4 export, 5 open, 12 array
     # create, 13 get/set, 14 lock, 15 dlpack, 16 move, 18 history, 19 info.
     out("capi_args", "alloc_free", bytes([2, 7, 5, 0, 3, 0, 0, 0]))
-    out("capi_args", "alloc_export_open", bytes([2, 7, 5, 0, 4, 0, 0, 0, 0, 0, 200, 1, 5, 0, 0, 255, 0]))
+    out("capi_args", "alloc_export_open", bytes([2, 4, 12, 4, 0, 0, 0, 0, 4, 12, 200, 1, 5, 0, 0, 255, 0, 4, 0, 0, 0, 4, 8, 4, 8, 200, 1, 5, 0, 0, 3, 1, 6, 1] + [0] * 8))
     out("capi_args", "array", bytes([12, 2, 32, 2, 2, 3, 2, 4, 1, 1, 0, 13, 0, 2, 2, 1, 2, 0, 0, 0, 0, 0, 4, 0, 14, 0, 0, 15, 0, 1, 16, 0, 1, 17, 0]))
     out("capi_args", "strings", b"\x00\x0apool_limit\x02lo\x01\x08" + b"pool" + b"\x00" * 8 + b"\x01\x01\x08\x18num_ooms\x01\x07\x20\x01\x09\x10\x01")
     out("capi_args", "history", bytes([18, 16, 0, 18, 0, 1, 19, 1, 0, 0, 0, 0, 0, 0, 0]))

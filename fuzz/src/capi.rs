@@ -7,7 +7,7 @@
 //! Checked after every call: no `EMM_ERR_PANIC` or `EMM_ERR_INTERNAL`, and a
 //! failure leaves its code and a message for `emm_last_error`. At the end of an
 //! input everything it allocated is freed, and the manager's allocated bytes are
-//! back where they were.
+//! back where they were. `EMM_FUZZ_TRACE=1` prints each call's status.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::{null, null_mut};
@@ -91,6 +91,17 @@ fn message() -> String {
 /// A call's status is a typed one; a failure names itself.
 #[track_caller]
 fn status(what: &str, code: emm_status) {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    if *TRACE.get_or_init(|| std::env::var_os("EMM_FUZZ_TRACE").is_some()) {
+        eprintln!(
+            "{what}: {code} {}",
+            if code == EMM_OK {
+                String::new()
+            } else {
+                message()
+            }
+        );
+    }
     assert_ne!(code, EMM_ERR_PANIC, "{what}: {}", message());
     assert_ne!(code, EMM_ERR_INTERNAL, "{what}: {}", message());
     if code != EMM_OK {
