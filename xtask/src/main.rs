@@ -30,6 +30,7 @@ mod circles;
 mod cpp;
 mod doc_links;
 mod elf;
+mod fuzz;
 mod header;
 mod install;
 mod numba;
@@ -172,6 +173,7 @@ fn ci(root: &Path) -> Result<(), String> {
         ]),
     )?;
     cpp::ci(root)?;
+    fuzz::ci(root)?;
     if root.join("python/tests").is_dir() {
         python::ci(root)?;
     }
