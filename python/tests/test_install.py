@@ -76,15 +76,17 @@ def test_the_import_is_emm_cudas():
 
 def test_python_m_emm_runs_the_emm_program():
     if _install.binary() is None:
-        pytest.skip("no emm program: neither installed nor built in this checkout "
-                    "(cargo build -p emm-cli); CI installs the wheel, which has one")
+        # An installed wheel must carry its program; a checkout may not have built it.
+        assert not INSTALLED, "the installed emm-cuda has no `emm` program"
+        pytest.skip("no emm program: not built in this checkout (cargo build -p emm-cli)")
     out = subprocess.run([sys.executable, "-m", "emm", "--version"], capture_output=True,
                          text=True, check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
                          if INSTALLED else None)
     assert out.stdout.strip() == f"emm {emm.__version__}"
     if INSTALLED:
-        exe = _install.binary()
-        assert exe.parent == pathlib.Path(sys.executable).parent or exe.parent.name == "bin", exe
+        # pip puts a wheel's scripts in the environment's bin folder.
+        exe = _install.binary().resolve()
+        assert exe.parent == (pathlib.Path(sys.prefix) / "bin").resolve(), (exe, sys.prefix)
 
 
 def test_python_m_emm_refuses_another_distributions_emm(tmp_path):

@@ -62,3 +62,29 @@ fn a_request_the_device_cannot_hold_fails_before_any_driver_allocation() {
     drop(pool);
     f.s.control("capacity 8G").unwrap();
 }
+
+#[test]
+fn a_request_a_free_tail_nearly_covers_grows_the_tail_by_what_it_lacks() {
+    // The expandable segment ends in a 60 MiB free block and the device has 10 MiB
+    // free: a 64 MiB request lacks 4 MiB, less than the growth step (20 MiB). It
+    // must be served at the segment's end, not refused and not moved to a plain
+    // `cuMemAlloc` segment.
+    let f = fixture();
+    f.s.control("capacity 1G").unwrap();
+    let pool = PoolManager::new(&f.ctx).unwrap();
+    let fill = pool.memalloc(954 * MIB).unwrap();
+    let tail = pool.memalloc(60 * MIB).unwrap();
+    drop(tail);
+    let allocs = f.s.calls("cuMemAlloc_v2").unwrap();
+    let block = pool
+        .memalloc(64 * MIB)
+        .expect("60 MiB free at the end and 10 MiB on the device serve 64 MiB");
+    assert_eq!(
+        f.s.calls("cuMemAlloc_v2").unwrap(),
+        allocs,
+        "the request went to a plain segment instead of the expandable one's end"
+    );
+    drop((block, fill));
+    drop(pool);
+    f.s.control("capacity 8G").unwrap();
+}

@@ -133,12 +133,13 @@ impl Arena {
             })
             .collect();
         let fresh = grow.saturating_sub(movable_bytes);
-        // Fail fast when the device cannot hold even the request's part of the new
-        // memory: made piece by piece, the growth would fail part-way and undo what
-        // it made (four driver calls a piece, milliseconds for a large request)
-        // before the same answer. Nothing has changed yet; the caller may release
-        // its cache and ask again.
-        let needed = fresh.min(size);
+        // Fail fast when the device cannot hold even what the request lacks (the
+        // target's `need`, less the pieces that move; not the growth step's
+        // margin): made piece by piece, the growth would fail part-way and undo
+        // what it made (four driver calls a piece, milliseconds for a large
+        // request) before the same answer. Nothing has changed yet; the caller may
+        // release its cache and ask again.
+        let needed = target.need.saturating_sub(movable_bytes).min(fresh);
         if needed > 0 && self.limit.is_none_or(|l| self.stats.reserved + fresh <= l) {
             let (free, total) = source.device_info();
             if total > 0 && free < needed {
@@ -267,6 +268,7 @@ impl Arena {
         let end_target = end_fits.then(|| Target {
             dst: end,
             want: end_want,
+            need: tail_need.div_ceil(page) * page,
             room: reserve - mapped,
             exclude: [tail.map(|t| t.0), None],
             gap: None,

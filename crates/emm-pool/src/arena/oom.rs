@@ -27,20 +27,14 @@ impl Arena {
             return Ok(self.finish(a, size));
         }
         // 2. Give back every wholly free segment.
-        let released = self.release_free_segments(source, events);
+        self.release_free_segments(source, events);
         // 3. Retry the upstream, unless the device cannot hold even an exact
         //    segment: then say no at once (a failing driver allocation costs more
         //    than the question, and callers that fall back want the answer fast).
-        //    The first error's figures serve when nothing was given back since.
-        let (free, total) = match &first {
-            EmmError::OutOfMemory {
-                what: "device",
-                free,
-                total,
-                ..
-            } if released == 0 && *total > 0 => (*free, *total),
-            _ => source.device_info(),
-        };
+        //    Asked now (a few microseconds): the steps above, or another
+        //    allocator of the process, may have given memory back since the first
+        //    error.
+        let (free, total) = source.device_info();
         let exact = size.div_ceil(2 << 20) * (2 << 20);
         let hopeless = total > 0 && free < exact;
         let retry = if hopeless {

@@ -414,6 +414,7 @@ impl Arena {
                 best = Some(Target {
                     dst: ga,
                     want,
+                    need: want,
                     room: g.size,
                     exclude: [a.map(|a| a.0), b.map(|b| b.0)],
                     gap: Some(ga),
@@ -441,6 +442,9 @@ pub(super) struct Target {
     pub dst: CUdeviceptr,
     /// Bytes wanted (moved pieces may pass it, never `room`).
     pub want: usize,
+    /// The least of `want` that serves the request (`want` less the growth
+    /// step's margin at the segment's end): below it the growth cannot help.
+    pub need: usize,
     /// Bytes of address space there.
     pub room: usize,
     /// The free blocks the growth joins (their pieces do not move).

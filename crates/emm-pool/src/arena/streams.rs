@@ -132,8 +132,15 @@ impl Arena {
     pub fn consolidate(&mut self, events: &dyn EventSource) -> Result<()> {
         // Nothing waits on a stream (every free block settled, none pending): a
         // synchronization would settle nothing, and on the out-of-memory path it
-        // is most of the time a refusal takes.
+        // is most of the time a refusal takes. The streams' last events go back
+        // all the same (nothing refers to them once their streams' entries go; a
+        // later record reuses them), so a trim can destroy them.
         if self.pending.is_empty() && self.free.keys().all(|(s, _)| *s == SETTLED) {
+            for (_, st) in self.streams.drain() {
+                if let Some(id) = st.last_event {
+                    events.recycle(id);
+                }
+            }
             return Ok(());
         }
         // One device-wide synchronization covers every stream, destroyed ones too.
