@@ -49,10 +49,6 @@ import sys
 import weakref
 from typing import Any, Callable, Optional
 
-# Blocks of the pool's expandable segment export by file descriptor: its pieces
-# must be created exportable (see get_ipc_handle above).
-os.environ.setdefault("EMM_POOL_EXPORTABLE", "1")
-
 from ._require import missing  # noqa: E402
 
 try:
@@ -62,6 +58,11 @@ try:
     from numba.cuda.cudadrv.driver import IpcHandle, ManagedMemory, ManagedOwnedPointer
 except ImportError as _e:
     raise missing("numba", "emm.numba_plugin", _e) from _e
+
+# Blocks of the pool's expandable segment export by file descriptor: its pieces
+# must be created exportable (see get_ipc_handle above). Set once Numba imported,
+# so a failed import changes nothing.
+os.environ.setdefault("EMM_POOL_EXPORTABLE", "1")
 
 from ._lib import Manager, OutOfMemoryError  # noqa: E402
 

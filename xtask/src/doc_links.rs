@@ -12,11 +12,13 @@ use std::path::{Path, PathBuf};
 pub fn check(root: &Path, crates: &[String]) -> Result<(), String> {
     let doc = crate::target_dir(root).join("doc");
     let mut found = Vec::new();
+    let mut checked = 0;
     for name in crates {
         let dir = doc.join(name.replace('-', "_"));
         if !dir.is_dir() {
             continue; // a binary crate without library docs
         }
+        checked += 1;
         let mut files = Vec::new();
         html_files(&dir, &mut files);
         for file in files {
@@ -31,10 +33,16 @@ pub fn check(root: &Path, crates: &[String]) -> Result<(), String> {
             }
         }
     }
+    if checked == 0 {
+        return Err(format!(
+            "step `doc links`: no rendered crate docs under {}; run `cargo doc --workspace --no-deps` first",
+            doc.display()
+        ));
+    }
     found.sort();
     found.dedup();
     if found.is_empty() {
-        eprintln!("==> doc links: no literal link text in the rendered docs");
+        eprintln!("==> doc links: no literal link text in the rendered docs of {checked} crates");
         Ok(())
     } else {
         Err(format!(

@@ -101,7 +101,7 @@ pub fn step(root: &Path, installed: &crate::python::Installed) -> Result<(), Str
 
 /// `target/py/driver/` holding `libcuda.so.1` → `lib` (made afresh).
 fn driver_dir(root: &Path, lib: &Path) -> Result<PathBuf, String> {
-    let dir = root.join("target/py/driver");
+    let dir = crate::target_dir(root).join("py/driver");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let link = dir.join("libcuda.so.1");
