@@ -35,6 +35,7 @@ mod header;
 mod install;
 mod numba;
 mod python;
+mod venv;
 mod wheel;
 
 use std::fmt::Write as _;
@@ -150,7 +151,7 @@ fn ci(root: &Path) -> Result<(), String> {
         "crates/emm/examples/quickstart.rs must run: EMM_CUDA_DRIVER=target/debug/libemm_standin.so cargo run -p emm --example quickstart",
         cargo()
             .args(["run", "--quiet", "-p", "emm", "--example", "quickstart"])
-            .env("EMM_CUDA_DRIVER", python::standin(root)?),
+            .env("EMM_CUDA_DRIVER", venv::standin(root)?),
     )?;
     run(
         root,

@@ -47,7 +47,7 @@ pub const PACKAGES: &[&str] = &[
 
 /// Installs [`PACKAGES`] into `venv`, then runs the `numba_driver` tests on the
 /// stand-in through a `libcuda.so.1` link (see the module docs).
-pub fn step(root: &Path, installed: &crate::python::Installed) -> Result<(), String> {
+pub fn step(root: &Path, installed: &crate::venv::Installed) -> Result<(), String> {
     let started = Instant::now();
     crate::run(
         root,
@@ -64,7 +64,7 @@ pub fn step(root: &Path, installed: &crate::python::Installed) -> Result<(), Str
             ])
             .args(PACKAGES),
     )?;
-    let lib = crate::python::standin(root)?;
+    let lib = crate::venv::standin(root)?;
     let dir = driver_dir(root, &lib)?;
     eprintln!(
         "==> python: pytest -m numba_driver: numba-cuda's driver layer and emm's plugin on the STAND-IN driver ({} as {}/libcuda.so.1), not on a GPU: host memory, no kernels",

@@ -30,7 +30,7 @@ pub fn build(root: &Path) -> Result<PathBuf, String> {
         ));
     }
     let target = crate::target_dir(root);
-    let venv = crate::python::build_venv(root)?;
+    let venv = crate::venv::build_venv(root)?;
     crate::run(
         root,
         "wheel: zig and auditwheel",
