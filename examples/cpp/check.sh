@@ -13,7 +13,8 @@
 #
 # emm_hello always runs once with no driver (EMM_CUDA_DRIVER naming a missing file):
 # it must exit with status 3 and emm's typed error. Tools: $MAKE, $PKG_CONFIG,
-# $CMAKE, $CXX (defaults make, pkg-config, cmake, c++). Run by `cargo xtask ci`
+# $CMAKE, $CXX, $CC (defaults make, pkg-config, cmake, c++, cc). emm_fork (C) runs
+# wherever emm_hello does, but not with no driver. Run by `cargo xtask ci`
 # (strict, stand-in) and by gpu-bundle/cpp.sh (`cargo xtask gpu`). The last line
 # is a summary; the exit status is 0 when nothing failed and something was built.
 set -u
@@ -33,8 +34,8 @@ if [ -z "$PREFIX" ] || [ -z "$BUILD" ]; then
   echo "usage: check.sh --prefix DIR --build DIR [--standin LIB] [--gpu] [--strict]" >&2
   exit 2
 fi
-MAKE=${MAKE:-make} PKG_CONFIG=${PKG_CONFIG:-pkg-config} CMAKE=${CMAKE:-cmake} CXX=${CXX:-c++}
-export CXX
+MAKE=${MAKE:-make} PKG_CONFIG=${PKG_CONFIG:-pkg-config} CMAKE=${CMAKE:-cmake} CXX=${CXX:-c++} CC=${CC:-cc}
+export CXX CC
 mkdir -p "$BUILD"
 BUILD=$(cd "$BUILD" && pwd)
 # The library must come from the prefix (its rpath), not from the environment.
@@ -51,8 +52,8 @@ have() { command -v "$1" > /dev/null 2>&1; }
 indent() { sed 's/^/        /'; }
 
 # 1. pkg-config, through the Makefile.
-if ! have "$CXX"; then
-  skip "the pkg-config build: no C++ compiler ($CXX)"
+if ! have "$CXX" || ! have "$CC"; then
+  skip "the pkg-config build: no C/C++ compiler ($CXX, $CC)"
 elif ! have "$PKG_CONFIG"; then
   skip "the pkg-config build: $PKG_CONFIG is not installed"
 elif ! have "$MAKE"; then
@@ -61,9 +62,9 @@ else
   goals=all
   [ $GPU = 1 ] && have "${NVCC:-nvcc}" && goals="all cuda"
   echo "==      pkg-config: $PKG_CONFIG --cflags --libs emm = $(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" "$PKG_CONFIG" --cflags --libs emm 2>&1)"
-  if "$MAKE" -C "$SRC" BUILD="$BUILD/make" PKG_CONFIG="$PKG_CONFIG" PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" CXX="$CXX" $goals > "$BUILD/make.log" 2>&1; then
+  if "$MAKE" -C "$SRC" BUILD="$BUILD/make" PKG_CONFIG="$PKG_CONFIG" PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" CXX="$CXX" CC="$CC" $goals > "$BUILD/make.log" 2>&1; then
     ok "pkg-config build (make $goals)"
-    built="$built $BUILD/make/emm_hello"
+    built="$built $BUILD/make/emm_hello $BUILD/make/emm_fork"
     [ -x "$BUILD/make/emm_example" ] && built="$built $BUILD/make/emm_example"
   else
     bad "pkg-config build (make $goals):"; indent < "$BUILD/make.log"
@@ -73,15 +74,15 @@ fi
 # 2. CMake: find_package(emm CONFIG REQUIRED) and emm::emm.
 if ! have "$CMAKE"; then
   skip "the CMake build: $CMAKE is not installed"
-elif ! have "$CXX"; then
-  skip "the CMake build: no C++ compiler ($CXX)"
+elif ! have "$CXX" || ! have "$CC"; then
+  skip "the CMake build: no C/C++ compiler ($CXX, $CC)"
 else
   echo "==      $("$CMAKE" --version | head -n1)"
   if "$CMAKE" -S "$SRC" -B "$BUILD/cmake" -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release > "$BUILD/cmake.log" 2>&1 \
     && "$CMAKE" --build "$BUILD/cmake" >> "$BUILD/cmake.log" 2>&1; then
     ok "CMake build"
     grep -E -- '-- (emm |CUDA compiler|No CUDA compiler)' "$BUILD/cmake.log" | indent
-    built="$built $BUILD/cmake/emm_hello"
+    built="$built $BUILD/cmake/emm_hello $BUILD/cmake/emm_fork"
     [ -x "$BUILD/cmake/emm_example" ] && built="$built $BUILD/cmake/emm_example"
   else
     bad "CMake build:"; indent < "$BUILD/cmake.log"
@@ -109,6 +110,18 @@ for bin in $built; do
       if [ $GPU = 1 ]; then
         for m in pool default hostonly; do
           expect "$name $m on the GPU" 0 "emm_hello: done" -- env -u EMM_CUDA_DRIVER "$bin" "$m"
+        done
+      fi
+      ;;
+    */emm_fork)
+      if [ -n "$STANDIN" ]; then
+        for m in pool default hostonly; do
+          expect "$name $m on the stand-in driver: a forked child gets EMM_ERR_FORKED" 0 "emm_fork: done" -- env EMM_CUDA_DRIVER="$STANDIN" "$bin" "$m"
+        done
+      fi
+      if [ $GPU = 1 ]; then
+        for m in pool default hostonly; do
+          expect "$name $m on the GPU: a forked child gets EMM_ERR_FORKED" 0 "emm_fork: done" -- env -u EMM_CUDA_DRIVER "$bin" "$m"
         done
       fi
       ;;

@@ -25,7 +25,8 @@ The manager is ``pool`` unless :func:`configure` (``manager=``) or
 device is shared by every user in the process (Python, C, PyTorch, CuPy, Numba).
 
 Errors: :class:`OutOfMemoryError` (a ``MemoryError``, with ``requested``, ``free``
-and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle), and
+and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle),
+:class:`ForkedError` (a child forked after CUDA was initialised), and
 :class:`EmmError` (``code`` and message) for the rest. Warnings of the library
 (e.g. ``EMM_MEMORY_MANAGER`` overriding ``configure(manager=...)``) arrive as
 :class:`EmmWarning` through the ``warnings`` module; its errors on the ``emm``
@@ -37,6 +38,7 @@ from ._lib import (
     ClosedError,
     EmmError,
     EmmWarning,
+    ForkedError,
     Manager,
     OutOfMemoryError,
     configure,
@@ -50,6 +52,7 @@ __all__ = [
     "ClosedError",
     "EmmError",
     "EmmWarning",
+    "ForkedError",
     "Manager",
     "OutOfMemoryError",
     "configure",

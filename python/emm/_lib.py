@@ -41,6 +41,7 @@ EMM_ERR_ALREADY_IN_USE = 7
 EMM_ERR_PANIC = 8
 EMM_ERR_OTHER = 9
 EMM_ERR_INTERNAL = 10
+EMM_ERR_FORKED = 11
 
 _STATUS_NAMES = {
     EMM_OK: "EMM_OK",
@@ -54,6 +55,7 @@ _STATUS_NAMES = {
     EMM_ERR_PANIC: "EMM_ERR_PANIC",
     EMM_ERR_OTHER: "EMM_ERR_OTHER",
     EMM_ERR_INTERNAL: "EMM_ERR_INTERNAL",
+    EMM_ERR_FORKED: "EMM_ERR_FORKED",
 }
 
 # Limits of the C types the bindings pass integers as.
@@ -88,6 +90,16 @@ class OutOfMemoryError(MemoryError, EmmError):
     def __init__(self, message: str, requested: int = 0, free: int = 0, total: int = 0) -> None:
         EmmError.__init__(self, EMM_ERR_OUT_OF_MEMORY, message)
         self.requested, self.free, self.total = requested, free, total
+
+
+class ForkedError(EmmError):
+    """This process was forked after its parent initialised CUDA through emm
+    (``EMM_ERR_FORKED``): CUDA and the parent's pools cannot be used here, and
+    nothing was allocated or freed. Start workers with
+    ``multiprocessing.get_context("spawn")``, or fork before CUDA is first used."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EMM_ERR_FORKED, message)
 
 
 class ClosedError(EmmError, ValueError):
@@ -311,6 +323,8 @@ def _raise_last(lib: ctypes.CDLL, status: int) -> None:
     emit_warnings(lib, stacklevel=4)
     if status == EMM_ERR_OUT_OF_MEMORY:
         raise OutOfMemoryError(message, *oom) if oom else OutOfMemoryError(message)
+    if status == EMM_ERR_FORKED:
+        raise ForkedError(message)
     raise EmmError(status, message)
 
 

@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 308
+#define EMM_ABI_VERSION 309
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -189,6 +189,14 @@ typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
  */
 #define EMM_ERR_INTERNAL 10
 
+/**
+ * This process was forked after its parent initialised CUDA through emm: CUDA
+ * and the parent's pools cannot be used here, so every call that would touch
+ * them is refused (nothing is allocated, freed or destroyed). Start workers with
+ * spawn, or fork before CUDA is first used. Since ABI 309.
+ */
+#define EMM_ERR_FORKED 11
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -210,7 +218,9 @@ extern "C" {
  * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
  * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
  * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
- * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`).
+ * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
+ * `EMM_ERR_FORKED`, which every call returns in a child forked after CUDA was
+ * initialised.
  */
 int emm_abi_version(void);
 

@@ -90,11 +90,16 @@ pub const EMM_ERR_PANIC: emm_status = 8;
 pub const EMM_ERR_OTHER: emm_status = 9;
 /// emm reached a state its own code should never reach (a bug in emm). Since ABI 302.
 pub const EMM_ERR_INTERNAL: emm_status = 10;
+/// This process was forked after its parent initialised CUDA through emm: CUDA
+/// and the parent's pools cannot be used here, so every call that would touch
+/// them is refused (nothing is allocated, freed or destroyed). Start workers with
+/// spawn, or fork before CUDA is first used. Since ABI 309.
+pub const EMM_ERR_FORKED: emm_status = 11;
 
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 308;
+pub const ABI_VERSION: c_int = 309;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -122,6 +127,7 @@ fn set_oom(requested: usize, free: usize, total: usize) {
 
 pub(crate) fn code_of(e: &EmmError) -> emm_status {
     match e {
+        e if e.forked().is_some() => EMM_ERR_FORKED,
         e if e.is_out_of_memory() => EMM_ERR_OUT_OF_MEMORY,
         EmmError::InvalidSize { .. }
         | EmmError::InvalidArgument { .. }
@@ -175,8 +181,13 @@ pub(crate) fn invalid(msg: impl Into<String>) -> emm_status {
 }
 
 /// Runs `f`, turning a panic into `EMM_ERR_PANIC`; installs the log output on
-/// first use.
+/// first use. In a child forked after CUDA was initialised `f` does not run:
+/// `EMM_ERR_FORKED` (the managers, handles and tables are the parent's, copied by
+/// fork, their locks perhaps held by parent threads that do not exist here).
 pub(crate) fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
+    if let Err(e) = emm_core::check_not_forked() {
+        return fail(e);
+    }
     log::init();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(code) => {
@@ -257,7 +268,9 @@ pub(crate) fn manager_for(
 /// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
 /// 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
 /// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
-/// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`).
+/// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
+/// `EMM_ERR_FORKED`, which every call returns in a child forked after CUDA was
+/// initialised.
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

@@ -81,7 +81,8 @@ fn soak_the_c_abi() {
     let code = unsafe { emm_manager_create(c"pool".as_ptr(), 0, &mut m) };
     assert_eq!(code, EMM_OK, "{}", last_message());
     let target = Capi(m);
-    let r = soak::soak("capi/pool", &target, &ctx, &s, base, cfg);
+    let mut device = soak::StandInDevice { s: &s, base };
+    let r = soak::soak("capi/pool", &target, &ctx, &mut device, cfg);
     s.control("capacity 8G").unwrap();
     let r = r.unwrap_or_else(|e| panic!("{e}"));
     assert!(r.allocs > 0 && r.frees > 0, "nothing was churned");

@@ -175,6 +175,11 @@ pub enum EmmError {
         /// The manager that was reset.
         manager: String,
     },
+    /// This process was forked after its parent initialised CUDA: neither CUDA
+    /// nor the parent's pools (copied into this process by `fork`) can be used
+    /// here. Nothing was allocated or freed.
+    #[error(transparent)]
+    Forked(#[from] emm_sys::Forked),
 }
 
 /// The result type of emm's managers.
@@ -189,6 +194,24 @@ impl EmmError {
             _ => false,
         }
     }
+
+    /// The fork this process came from, when the error is that CUDA cannot be
+    /// used in a forked child ([`EmmError::Forked`], or the driver refusing to
+    /// load for that reason).
+    pub fn forked(&self) -> Option<emm_sys::Forked> {
+        match self {
+            EmmError::Forked(f) => Some(*f),
+            EmmError::Driver(DriverError::Load(emm_sys::LoadError::Forked(f))) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+/// [`EmmError::Forked`] in a child forked after CUDA was initialised, else `Ok`:
+/// the check every entry point that would touch a manager's state runs first.
+#[inline]
+pub fn check_not_forked() -> Result<()> {
+    Ok(emm_sys::check_not_forked()?)
 }
 
 /// Formats a byte count for people: `512 B`, `64.0 KiB`, `1.5 GiB`.

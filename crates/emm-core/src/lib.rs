@@ -38,7 +38,7 @@ mod snapshot;
 
 pub use config::configure;
 pub use config_store::MANAGER_ENV;
-pub use error::{fmt_bytes, EmmError, Result};
+pub use error::{check_not_forked, fmt_bytes, EmmError, Result};
 pub use ipc::IpcHandle;
 pub use ipc_open::IpcMemory;
 pub use managed::{ManagedAttach, ManagedMemory, ManagedStats};

@@ -147,6 +147,11 @@ impl core::fmt::Debug for ManagedMemory {
 impl Drop for ManagedMemory {
     fn drop(&mut self) {
         if let Some(f) = self.release.take() {
+            if emm_sys::forked() {
+                // The releasing manager is the parent's, copied by fork.
+                core::mem::forget(f);
+                return;
+            }
             let (p, s) = (self.ptr, self.size);
             if catch_unwind(AssertUnwindSafe(move || f(p, s))).is_err() {
                 tracing::error!(

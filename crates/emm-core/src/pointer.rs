@@ -246,7 +246,16 @@ impl DeviceAllocation {
     /// still owned by the caller, to be freed again (or dropped) once the fault
     /// clears. Managers that cannot tell (a finalizer from
     /// [`DeviceAllocation::from_raw_parts`]) release as on drop and succeed.
+    ///
+    /// In a child forked after CUDA was initialised the allocation comes back
+    /// with [`EmmError::Forked`]: the manager it names is the parent's.
     pub fn free(mut self) -> core::result::Result<(), Box<NotFreed>> {
+        if let Err(error) = crate::error::check_not_forked() {
+            return Err(Box::new(NotFreed {
+                allocation: self,
+                error,
+            }));
+        }
         if matches!(self.releaser, Releaser::Callback(_) | Releaser::Nothing) {
             drop(self); // the finalizer runs as on drop; it cannot report
             return Ok(());
@@ -312,6 +321,12 @@ impl DeviceAllocation {
 impl Drop for DeviceAllocation {
     fn drop(&mut self) {
         let releaser = core::mem::replace(&mut self.releaser, Releaser::Nothing);
+        if emm_sys::forked() {
+            // The manager is the parent's, copied by fork (its locks perhaps held
+            // by a parent thread that does not exist here): leave it alone.
+            core::mem::forget(releaser);
+            return;
+        }
         let (ptr, size, stream) = (self.ptr, self.size, self.stream);
         let (base, base_size) = (self.base, self.base_size);
         let block = move |token| Released {
@@ -479,6 +494,10 @@ impl core::fmt::Debug for PinnedMemory {
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
         if let Some(f) = self.release.take() {
+            if emm_sys::forked() {
+                core::mem::forget(f); // the parent's, as for `DeviceAllocation`
+                return;
+            }
             let (h, s) = (self.host, self.size);
             if catch_unwind(AssertUnwindSafe(move || f(h, s))).is_err() {
                 tracing::error!(size = s, "a pinned-memory release callback panicked");

@@ -180,7 +180,10 @@ impl Router {
 
     /// The manager serving `ctx`, created (version-checked and initialised) on first
     /// use.
+    ///
+    /// In a child forked after CUDA was initialised: [`EmmError::Forked`].
     pub fn manager(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+        crate::error::check_not_forked()?;
         self.manager_for_key(ctx.raw().0 as usize, env_choice().as_deref(), |f| {
             f.create(ctx)
         })
@@ -235,7 +238,11 @@ impl Router {
     }
 
     /// Asks every manager to release its cached memory; returns the bytes released.
+    /// Releases nothing in a forked child (the caches are the parent's).
     pub fn release_cached_everywhere(&self) -> usize {
+        if emm_sys::forked() {
+            return 0;
+        }
         let mut total = 0;
         for m in self.managers() {
             match m.release_cached() {
@@ -259,12 +266,16 @@ impl Router {
     /// memory does every manager of this router release its cache, and the
     /// allocation is retried once: the out-of-memory hook for callers that hold a
     /// manager already (the C ABI, `MemArray`, Python).
+    ///
+    /// In a child forked after CUDA was initialised: [`EmmError::Forked`], and the
+    /// manager (the parent's, copied by `fork`) is not touched.
     pub fn alloc_from(
         &self,
         manager: &dyn MemoryManager,
         size: usize,
         stream: CUstream,
     ) -> Result<DeviceAllocation> {
+        crate::error::check_not_forked()?;
         match manager.memalloc_async(size, stream) {
             Err(e) if e.is_out_of_memory() => self.retry_after_oom(manager, size, stream),
             other => other,
@@ -297,6 +308,7 @@ impl Router {
         size: usize,
         attach: ManagedAttach,
     ) -> Result<ManagedMemory> {
+        crate::error::check_not_forked()?;
         match manager.memallocmanaged(size, attach) {
             Err(e) if e.is_out_of_memory() => {
                 let freed = self.release_cached_everywhere();

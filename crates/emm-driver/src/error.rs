@@ -76,10 +76,14 @@ pub fn driver() -> Result<&'static Driver> {
     Ok(emm_sys::driver()?)
 }
 
-/// Turns `code` from the driver call `call` into a [`Result`].
+/// Turns `code` from the driver call `call` into a [`Result`]. In a child forked
+/// after the driver was initialised, where every call fails, the error is
+/// [`LoadError::Forked`], which says why and what to do.
 pub fn check(drv: &Driver, call: &'static str, code: CUresult) -> Result<()> {
     if code.is_success() {
         Ok(())
+    } else if let Err(forked) = emm_sys::check_not_forked() {
+        Err(DriverError::Load(LoadError::Forked(forked)))
     } else {
         Err(DriverError::Call {
             call,

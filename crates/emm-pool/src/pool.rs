@@ -1253,8 +1253,12 @@ impl PoolManager {
     /// Gives every wholly free segment back to the upstream, and every idle piece
     /// of the expandable segment, wherever it lies (after returning the blocks
     /// this thread and the other threads cached; a thread using its cache at that
-    /// moment keeps it); returns the bytes released.
+    /// moment keeps it); returns the bytes released. Releases nothing in a child
+    /// forked after CUDA was initialised (the memory is the parent's).
     pub fn trim(&self) -> usize {
+        if emm_sys::forked() {
+            return 0;
+        }
         let mut arena = self.core.lock();
         self.core.flush_thread(&mut arena);
         let gen = self.core.generation.load(Ordering::Acquire);
@@ -1342,10 +1346,12 @@ impl MemoryManager for PoolManager {
     }
 
     fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
-        self.core.alloc(size, SYNC_STREAM)
+        self.memalloc_async(size, SYNC_STREAM)
     }
 
     fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        // In a forked child the cached blocks are the parent's: hand none out.
+        emm_core::check_not_forked()?;
         self.core.alloc(size, stream)
     }
 
@@ -1412,6 +1418,7 @@ impl MemoryManager for PoolManager {
     }
 
     fn reset(&self) -> Result<()> {
+        emm_core::check_not_forked()?;
         // Every stream's work on the pool's memory is done before its segments and
         // events go back (any upstream: the event source synchronizes the device).
         // First: a reset that fails here has changed nothing (its blocks are
@@ -1443,6 +1450,7 @@ impl MemoryManager for PoolManager {
     }
 
     fn release_cached(&self) -> Result<usize> {
+        emm_core::check_not_forked()?;
         Ok(self.trim()
             + self.core.host.as_ref().map_or(0, HostOnly::flush)
             + self

@@ -14,6 +14,7 @@
 //! | [`streams`] | streams and events, run at call time, with a knob that makes queries report `CUDA_ERROR_NOT_READY` |
 //! | [`context`] | devices (1 by default), primary contexts with retain counts, the per-thread current-context stack, device attributes |
 //! | [`faults`] | failures of the N-th call of a named function or of the k-th call of a class of calls (any, frees, events), failing frees, a lost context (now or at the k-th call), call counters |
+//! | [`fork`] | a child forked after `cuInit`: every call but the version, error-text and `cuGetProcAddress` queries fails with `CUDA_ERROR_NOT_INITIALIZED`, as on the real driver |
 //! | [`control`] | the command language of `emmStandinControl` |
 //! | [`exports`] | the C entry points, and `cuGetProcAddress`/`cuGetProcAddress_v2` over them (base name and CUDA version → the newest variant implemented; `CUDA_ERROR_NOT_FOUND` otherwise), through which the NVIDIA bindings (numba-cuda) resolve every function when a `libcuda.so.1` link to this library is on `LD_LIBRARY_PATH` |
 //!
@@ -51,6 +52,7 @@ pub mod context;
 pub mod control;
 pub mod exports;
 pub mod faults;
+pub mod fork;
 pub mod memory;
 pub mod mempool;
 mod os;

@@ -118,10 +118,14 @@ const BEFORE_INIT: &[&str] = &[
     "cuGetProcAddress_v2",
 ];
 
-/// Runs entry point `name`: counts the call, injects a planned fault, checks
-/// `cuInit` was called, then runs `f` on the locked model. A panic becomes
-/// `CUDA_ERROR_UNKNOWN`.
+/// Runs entry point `name`: refuses it in a child forked after `cuInit` (as the
+/// real driver does, see [`crate::fork`]), counts the call, injects a planned
+/// fault, checks `cuInit` was called, then runs `f` on the locked model. A panic
+/// becomes `CUDA_ERROR_UNKNOWN`.
 pub fn call(name: &'static str, f: impl FnOnce(&mut State) -> Result<(), CUresult>) -> CUresult {
+    if crate::fork::in_forked_child() && !crate::fork::WORK_AFTER_FORK.contains(&name) {
+        return CUresult::ERROR_NOT_INITIALIZED;
+    }
     std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut st = lock();
         if let Some(code) = st.faults.on_call(name) {

@@ -8,6 +8,7 @@
 //! | [`Driver::load`], [`Driver::load_from`] | fallible, panic-free loading |
 //! | [`driver`] | the process-wide table, loaded and `cuInit`ed once |
 //! | [`Driver::stand_in`] | the control handle of `emm-standin`, the fault-injecting test driver, when it is loaded |
+//! | [`check_not_forked`], [`Forked`] | whether this is a child forked after the driver was initialised (CUDA does not survive fork) |
 //!
 //! Architecture invariant: this is the only crate of the workspace that touches
 //! `libloading`, and nothing here links libcuda at build time (`xtask tidy` checks
@@ -20,12 +21,14 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 #![allow(non_camel_case_types)] // reason: the C names of the driver API are kept
 
+mod fork;
 mod standin;
 mod table;
 mod types;
 
 use std::sync::OnceLock;
 
+pub use fork::{check_not_forked, forked, Forked};
 pub use standin::{Live, StandIn, StandInError};
 pub use table::Driver;
 pub use types::*;
@@ -66,6 +69,9 @@ pub enum LoadError {
         /// The driver's description.
         text: String,
     },
+    /// This process was forked after its parent initialised the driver.
+    #[error(transparent)]
+    Forked(#[from] Forked),
 }
 
 /// The loader's message with its cause (libloading puts the `dlerror` text there).
@@ -136,13 +142,16 @@ static DRIVER: OnceLock<Result<Driver, LoadError>> = OnceLock::new();
 /// `cuInit(0)` on first call, then the same table (or the same error) every time.
 ///
 /// Never panics; a machine without a driver or without a device gets a
-/// [`LoadError`] naming what was tried.
+/// [`LoadError`] naming what was tried, and a child forked after the driver was
+/// initialised gets [`LoadError::Forked`].
 pub fn driver() -> Result<&'static Driver, LoadError> {
+    check_not_forked()?;
     DRIVER
         .get_or_init(|| {
             // SAFETY: the default candidates are the CUDA driver's well-known names,
             // or a path the user named explicitly for that purpose.
             let drv = unsafe { Driver::load() }?;
+            fork::watch();
             // SAFETY: cuInit takes flags that must be 0.
             let r = unsafe { (drv.init)(0) };
             if !r.is_success() {

@@ -227,6 +227,7 @@ class rmm_resource {
       case EMM_ERR_PANIC: return "EMM_ERR_PANIC";
       case EMM_ERR_OTHER: return "EMM_ERR_OTHER";
       case EMM_ERR_INTERNAL: return "EMM_ERR_INTERNAL";
+      case EMM_ERR_FORKED: return "EMM_ERR_FORKED";
       default: return "EMM_ERR_?";
     }
   }

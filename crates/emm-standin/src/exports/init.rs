@@ -24,6 +24,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         st.initialized = true;
+        crate::fork::watch();
         Ok(())
     })
 }

@@ -1,10 +1,11 @@
 //! What the stand-in test binaries share: the stand-in library's path, a fixture
 //! that loads it once and serializes the tests, snapshots of its live resources,
-//! the managers by name (`managers.rs`), the fault sweep's engine (`sweep.rs`)
-//! and the soak test's (`soak.rs`).
+//! the managers by name (`managers.rs`), the fault sweep's engine (`sweep.rs`),
+//! the soak test's (`soak.rs`) and its façade target (`facade.rs`).
 
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod facade;
 pub mod managers;
 pub mod soak;
 pub mod sweep;
