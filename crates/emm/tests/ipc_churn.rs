@@ -1,22 +1,26 @@
 //! Several processes share one GPU's blocks through IPC while the exporter churns
-//! (issue 36, item 3): the parent's pool (exportable, so blocks of its expandable
-//! segment go out by file descriptor and small ones as legacy handles) allocates
-//! and frees blocks of random sizes, trims now and then, and hands a block to each
-//! of N child processes at once; each child opens its handle, checks every word
-//! the parent wrote, writes its own into the block, closes it and answers; the
-//! parent checks the child's words before freeing the block into the churn. At
-//! the end the pool's own consistency check passes and every child exited 0.
+//! (issue 36, item 3): two pools of the parent — one exportable, whose blocks
+//! of the expandable segment go out by file descriptor, and one without the
+//! expandable segment (the Numba plugin's legacy path), whose blocks go out as
+//! legacy handles — allocate and free blocks of random sizes, trim now and then,
+//! and hand a block to each of N child processes at once; each child opens its
+//! handle, checks every word the parent wrote, writes its own into the block,
+//! closes it and answers; the parent checks the child's words before freeing the
+//! block into the churn. At the end both pools' consistency checks pass and every
+//! child exited 0.
 //!
 //! Children are this test binary started again (`ipc_churn_child`), talking one
 //! line per request over their standard input and output. A GPU test: the
 //! stand-in's legacy handles do not open in another process.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
 
 use emm_core::{IpcHandle, MemoryManager};
 use emm_driver::{memory, Context, Stream};
-use emm_pool::{PoolConfig, PoolManager, PoolUpstream};
+use emm_pool::{PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
 
 /// Set in a child: its number.
 const CHILD_ENV: &str = "EMM_IPC_CHURN_CHILD";
@@ -50,10 +54,17 @@ fn all_words(ctx: &Context, ptr: u64, len: usize, w: u32) -> Result<(), String> 
     }
 }
 
+/// What begins a child's answer on its output.
+const ANSWER: &str = "@answer: ";
+/// How long a child may take over one block before the test gives up on it.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
 struct Worker {
+    n: usize,
     child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
+    to: Option<ChildStdin>,
+    /// The child's output lines, read by a thread of their own.
+    from: Receiver<String>,
 }
 
 impl Worker {
@@ -72,27 +83,58 @@ impl Worker {
             .stdout(Stdio::piped())
             .spawn()
             .expect("a child process starts");
-        let to = child.stdin.take().expect("its stdin");
-        let from = BufReader::new(child.stdout.take().expect("its stdout"));
-        Worker { child, to, from }
+        let to = child.stdin.take();
+        let out = BufReader::new(child.stdout.take().expect("its stdout"));
+        let (tx, from) = channel();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Worker { n, child, to, from }
     }
 
     fn send(&mut self, line: &str) {
-        writeln!(self.to, "{line}").expect("the child reads its requests");
-        self.to.flush().expect("the child reads its requests");
+        let to = self.to.as_mut().expect("the child's input is open");
+        writeln!(to, "{line}").expect("the child reads its requests");
+        to.flush().expect("the child reads its requests");
     }
 
-    /// The child's next answer (`OK ...` or `ERR ...`), skipping libtest's lines.
-    fn answer(&mut self) -> String {
-        let mut line = String::new();
+    /// The child's next answer (`OK` or `ERR ...`), skipping libtest's lines;
+    /// fails the test when none comes in [`ANSWER_WITHIN`].
+    fn answer(&mut self, what: &str) -> String {
         loop {
-            line.clear();
-            let n = self.from.read_line(&mut line).expect("the child's output");
-            assert!(n > 0, "the child closed its output without answering");
-            if line.starts_with("OK") || line.starts_with("ERR") {
-                return line.trim().to_owned();
+            match self.from.recv_timeout(ANSWER_WITHIN) {
+                // libtest may have begun the line ("test ipc_churn_child ... ").
+                Ok(line) if line.contains(ANSWER) => {
+                    let at = line.find(ANSWER).unwrap_or(0) + ANSWER.len();
+                    return line[at..].trim().to_owned();
+                }
+                Ok(other) => eprintln!("child {}: {other}", self.n),
+                Err(e) => panic!(
+                    "{what}: child {} gave no answer within {ANSWER_WITHIN:?} ({e})",
+                    self.n
+                ),
             }
         }
+    }
+}
+
+impl Drop for Worker {
+    /// A child still running when the test ends (it failed) is killed, so that
+    /// nothing waits for it.
+    fn drop(&mut self) {
+        drop(self.to.take());
+        if let Ok(None) = self.child.try_wait() {
+            std::thread::sleep(Duration::from_millis(200));
+            if let Ok(None) = self.child.try_wait() {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
     }
 }
 
@@ -100,7 +142,7 @@ impl Worker {
 #[ignore = "needs a CUDA GPU"]
 fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
     let ctx = ctx();
-    let pool = PoolManager::with_config(
+    let by_fd = PoolManager::with_config(
         PoolUpstream::Driver(ctx.clone()),
         PoolConfig {
             exportable: true,
@@ -108,6 +150,18 @@ fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
         },
     )
     .unwrap();
+    let legacy_pool = PoolManager::with_config(
+        PoolUpstream::Driver(ctx.clone()),
+        PoolConfig {
+            segments: SegmentPolicy {
+                expandable: false,
+                ..SegmentPolicy::default()
+            },
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let pools = [&by_fd, &legacy_pool];
     let stream = Stream::new(&ctx).unwrap();
     let mut workers: Vec<Worker> = (0..CHILDREN).map(Worker::start).collect();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -129,7 +183,7 @@ fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
                 1 => MIB + (rng() % (8 * MIB as u64)) as usize,
                 _ => 8 * MIB + (rng() % (56 * MIB as u64)) as usize,
             } & !3;
-            let a = pool.memalloc_async(size, stream.raw()).unwrap();
+            let a = pools[i % 2].memalloc_async(size, stream.raw()).unwrap();
             // SAFETY: `a` holds `size / 4` words.
             unsafe { memory::memset_d32_async(a.ptr(), word(round, i), size / 4, &stream) }
                 .unwrap();
@@ -137,7 +191,7 @@ fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
         }
         stream.synchronize().unwrap();
         for (i, a) in shared.iter().enumerate() {
-            let h = pool.get_ipc_handle(a.as_view()).unwrap();
+            let h = pools[i % 2].get_ipc_handle(a.as_view()).unwrap();
             match h {
                 IpcHandle::Vmm { .. } => vmm += 1,
                 _ => legacy += 1,
@@ -156,14 +210,16 @@ fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
                 drop(kept.swap_remove(at));
             } else {
                 let size = 512 + (rng() % (24 * MIB as u64)) as usize;
+                let pool = pools[(rng() % 2) as usize];
                 kept.push(pool.memalloc_async(size, stream.raw()).unwrap());
             }
         }
         if round % 10 == 9 {
-            pool.trim();
+            by_fd.trim();
+            legacy_pool.trim();
         }
         for (i, a) in shared.iter().enumerate() {
-            let answer = workers[i].answer();
+            let answer = workers[i].answer(&format!("round {round}"));
             assert_eq!(answer, "OK", "round {round}, child {i}");
             let size = a.size();
             let w = !word(round, i);
@@ -172,16 +228,24 @@ fn processes_share_blocks_through_ipc_while_the_exporter_churns() {
             }
         }
         drop(shared);
-        pool.check().unwrap();
+        for pool in pools {
+            pool.check().unwrap();
+        }
+        if round % 10 == 0 {
+            eprintln!("round {round} done ({vmm} by descriptor, {legacy} legacy so far)");
+        }
     }
     for (i, w) in workers.iter_mut().enumerate() {
         w.send("QUIT");
+        drop(w.to.take());
         let status = w.child.wait().unwrap();
         assert!(status.success(), "child {i} exited with {status}");
     }
     drop(kept);
-    pool.trim();
-    pool.check().unwrap();
+    for pool in pools {
+        pool.trim();
+        pool.check().unwrap();
+    }
     println!(
         "{ROUNDS} rounds x {CHILDREN} processes: {vmm} blocks shared by file descriptor, {legacy} by legacy handle"
     );
@@ -199,6 +263,8 @@ fn ipc_churn_child() {
     let pool = PoolManager::new(&ctx).unwrap();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
+    eprintln!("child {me}: ready");
+    let mut served = 0usize;
     for line in stdin.lock().lines() {
         let line = line.unwrap();
         let mut parts = line.split(' ');
@@ -211,8 +277,16 @@ fn ipc_churn_child() {
                         IpcHandle::from_hex(hex.ok_or("no handle")?).map_err(|e| e.to_string())?;
                     let size: usize = size.ok_or("no size")?.parse().map_err(|_| "bad size")?;
                     let w: u32 = w.ok_or("no word")?.parse().map_err(|_| "bad word")?;
+                    let trace = |stage: &str| {
+                        if served < 2 {
+                            eprintln!("child {me}, request {served}: {stage}");
+                        }
+                    };
+                    trace("opening");
                     let mem = h.open(&ctx, &pool).map_err(|e| format!("open: {e}"))?;
+                    trace("opened");
                     all_words(&ctx, mem.ptr(), size, w)?;
+                    trace("checked");
                     // SAFETY: the mapping covers `size` bytes.
                     unsafe {
                         memory::memset_d32_async(mem.ptr(), !w, size / 4, &Stream::legacy(&ctx))
@@ -222,9 +296,10 @@ fn ipc_churn_child() {
                     mem.close();
                     Ok(())
                 })();
+                served += 1;
                 match answer {
-                    Ok(()) => writeln!(out, "OK").unwrap(),
-                    Err(e) => writeln!(out, "ERR child {me}: {e}").unwrap(),
+                    Ok(()) => writeln!(out, "\n{ANSWER}OK").unwrap(),
+                    Err(e) => writeln!(out, "\n{ANSWER}ERR child {me}: {e}").unwrap(),
                 }
                 out.flush().unwrap();
             }
