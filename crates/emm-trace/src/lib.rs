@@ -1,5 +1,6 @@
 //! Allocation traces for emm: reading them, replaying them through any
-//! [`MemoryManager`](emm_core::MemoryManager), and recording them.
+//! [`MemoryManager`](emm_core::MemoryManager) or through a model of PyTorch's
+//! caching allocator ([`TorchModel`]), and recording them.
 //!
 //! Formats, detected from the content ([`Trace::open`]):
 //! - emm's CSV: header `op,id,size,stream`, `op` `a` (allocate) or `f` (free);
@@ -30,7 +31,9 @@ pub mod record;
 mod replay;
 pub mod snapshot;
 pub mod synth;
+mod target;
 mod text;
+pub mod torch_model;
 mod trace;
 
 pub use diagnostics::{Diagnostics, KEPT_LINE_ERRORS};
@@ -38,9 +41,11 @@ pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
 pub use record::{RecordingManager, RECORD_ENV};
 pub use replay::{
-    replay, scan, DriverCalls, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule,
-    SteadyStop, Summary,
+    replay, scan, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule, SteadyStop,
+    Summary,
 };
+pub use target::{DriverCalls, ReplayTarget};
+pub use torch_model::TorchModel;
 pub use snapshot::TorchFigures;
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};
 pub use trace::{Events, FormatChoice, Trace};

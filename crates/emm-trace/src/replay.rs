@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use emm_core::{DeviceAllocation, MemoryManager};
 use emm_sys::CUstream;
 
 use crate::diagnostics::Diagnostics;
 use crate::error::TraceError;
 use crate::op::Op;
+use crate::target::{DriverCalls, ReplayTarget};
 use crate::trace::Trace;
 
 /// What a pass over a trace alone (no manager) found.
@@ -207,68 +207,6 @@ impl SteadyStop {
     }
 }
 
-/// Calls a manager made to the driver for device memory, from the counters of its
-/// [`MemoryManager::memory_stats`] (a counter the manager does not keep is 0).
-///
-/// The counters are the manager's own, so the sum is near the calls made, not
-/// exact: emm's pool counts a growth of its expandable segment in `allocs` as
-/// well as its pieces in `pieces_mapped`, and giving that whole segment back
-/// (one unmap a piece) as one of `frees`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DriverCalls {
-    /// Memory taken from the driver (`num_device_alloc`: a `cuMemAlloc`, a
-    /// stream-ordered allocation, a segment or a growth of the pool).
-    pub allocs: u64,
-    /// Memory given back (`num_device_free`).
-    pub frees: u64,
-    /// Pieces of an expandable segment mapped with new memory
-    /// (`emm.pieces_mapped`).
-    pub pieces_mapped: u64,
-    /// Pieces of an expandable segment whose memory was mapped again elsewhere
-    /// (`emm.pieces_moved`).
-    pub pieces_moved: u64,
-    /// Old mappings unmapped (`emm.pieces_unmapped`).
-    pub pieces_unmapped: u64,
-}
-
-impl DriverCalls {
-    /// The counters `manager` keeps now.
-    pub fn of(manager: &dyn MemoryManager) -> Self {
-        let mut d = DriverCalls::default();
-        for (name, v) in manager.memory_stats() {
-            match name {
-                "num_device_alloc" => d.allocs = v,
-                "num_device_free" => d.frees = v,
-                "emm.pieces_mapped" => d.pieces_mapped = v,
-                "emm.pieces_moved" => d.pieces_moved = v,
-                "emm.pieces_unmapped" => d.pieces_unmapped = v,
-                _ => {}
-            }
-        }
-        d
-    }
-
-    /// The sum of the counters: about the calls made (see [`DriverCalls`]).
-    pub fn total(&self) -> u64 {
-        self.allocs
-            .saturating_add(self.frees)
-            .saturating_add(self.pieces_mapped)
-            .saturating_add(self.pieces_moved)
-            .saturating_add(self.pieces_unmapped)
-    }
-
-    /// The calls made since `earlier` was taken.
-    pub fn since(&self, earlier: &DriverCalls) -> DriverCalls {
-        DriverCalls {
-            allocs: self.allocs.saturating_sub(earlier.allocs),
-            frees: self.frees.saturating_sub(earlier.frees),
-            pieces_mapped: self.pieces_mapped.saturating_sub(earlier.pieces_mapped),
-            pieces_moved: self.pieces_moved.saturating_sub(earlier.pieces_moved),
-            pieces_unmapped: self.pieces_unmapped.saturating_sub(earlier.pieces_unmapped),
-        }
-    }
-}
-
 /// One pass of a replay (see [`ReplayOptions::passes`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassResult {
@@ -451,21 +389,22 @@ impl PassPlan {
 }
 
 /// Drops `held`'s allocations in trace order (see [`PassPlan::order`]).
-fn drop_in_trace_order(held: HashMap<u64, DeviceAllocation>, plan: &PassPlan) {
-    let mut left: Vec<(u64, DeviceAllocation)> = held.into_iter().collect();
+fn drop_in_trace_order<B>(held: HashMap<u64, B>, plan: &PassPlan) {
+    let mut left: Vec<(u64, B)> = held.into_iter().collect();
     left.sort_unstable_by_key(|&(id, _)| plan.order(id));
     drop(left);
 }
 
-/// Replays `trace` through `manager`, which should be fresh (its statistics are
-/// read as the replay's), for the passes `options` asks for: a fixed number, or
+/// Replays `trace` through `manager` (a [`MemoryManager`](emm_core::MemoryManager),
+/// or a model such as [`TorchModel`](crate::TorchModel)), which should be fresh
+/// (its statistics are read as the replay's), for the passes `options` asks for: a fixed number, or
 /// until the footprint holds ([`ReplayOptions::until_steady`]). The trace's
 /// streams are numbered densely (0: the default stream) and `streams(n)` gives the
 /// handle for number `n`. `progress` is called with the events done (over every
 /// pass), every few thousand events.
-pub fn replay(
+pub fn replay<T: ReplayTarget + ?Sized>(
     trace: &Trace,
-    manager: &dyn MemoryManager,
+    manager: &T,
     streams: &mut dyn FnMut(u64) -> CUstream,
     options: &ReplayOptions,
     progress: &mut dyn FnMut(u64),
@@ -482,10 +421,10 @@ pub fn replay(
     } else {
         PassPlan::default()
     };
-    let mut held: HashMap<u64, DeviceAllocation> = HashMap::with_capacity(1024);
+    let mut held: HashMap<u64, T::Block> = HashMap::with_capacity(1024);
     // The kept allocations after the first pass, apart from `held` and from the
     // books' ids (a later pass may use their ids again; their bytes stay live).
-    let mut kept_held: Vec<DeviceAllocation> = Vec::new();
+    let mut kept_held: Vec<T::Block> = Vec::new();
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
@@ -512,7 +451,7 @@ pub fn replay(
     let mut i = 0u64;
     let mut unknown_frees = 0;
     let mut pass_results = Vec::with_capacity(passes.min(1024) as usize);
-    let driver_start = DriverCalls::of(manager);
+    let driver_start = manager.driver_calls();
     let mut driver_before = driver_start;
     let start = Instant::now();
     for pass in 0..passes {
@@ -542,7 +481,7 @@ pub fn replay(
                 let s = *handles.entry(n).or_insert_with(|| streams(n));
                 let got = usize::try_from(size)
                     .map_err(|_| format!("{size} bytes does not fit this machine's address space"))
-                    .and_then(|size| manager.memalloc_async(size, s).map_err(|e| e.to_string()));
+                    .and_then(|size| manager.alloc(size, s));
                 match got {
                     Ok(a) => {
                         held.insert(id, a);
@@ -591,7 +530,7 @@ pub fn replay(
             }
         }
         let stats = manager.stats();
-        let driver = DriverCalls::of(manager);
+        let driver = manager.driver_calls();
         pass_results.push(PassResult {
             requests: books.requests - requests_before,
             failures: failures - failures_before,
@@ -630,7 +569,7 @@ pub fn replay(
     }
     progress(i);
     // The replay's driver calls, before what is still held goes back.
-    let driver = DriverCalls::of(manager).since(&driver_start);
+    let driver = manager.driver_calls().since(&driver_start);
     drop_in_trace_order(held, &plan);
     drop(kept_held);
     let stats = manager.stats();

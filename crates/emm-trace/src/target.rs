@@ -1,0 +1,96 @@
+//! What a replay drives ([`ReplayTarget`]): any memory manager, or a model of an
+//! allocator such as [`TorchModel`](crate::TorchModel); and the driver calls it
+//! reports ([`DriverCalls`]).
+
+use emm_core::{DeviceAllocation, ManagerStats, MemoryManager};
+use emm_sys::CUstream;
+
+/// An allocator a trace can be replayed through.
+pub trait ReplayTarget {
+    /// What an allocation holds; dropping it frees the allocation.
+    type Block;
+    /// Allocates `size` bytes ordered on `stream`; the error's text on failure.
+    fn alloc(&self, size: usize, stream: CUstream) -> Result<Self::Block, String>;
+    /// The allocator's counters now.
+    fn stats(&self) -> ManagerStats;
+    /// The driver calls it counted so far.
+    fn driver_calls(&self) -> DriverCalls;
+}
+
+impl<M: MemoryManager + ?Sized> ReplayTarget for M {
+    type Block = DeviceAllocation;
+
+    fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation, String> {
+        self.memalloc_async(size, stream).map_err(|e| e.to_string())
+    }
+
+    fn stats(&self) -> ManagerStats {
+        MemoryManager::stats(self)
+    }
+
+    fn driver_calls(&self) -> DriverCalls {
+        DriverCalls::of(self)
+    }
+}
+
+/// Calls a manager made to the driver for device memory, from the counters of its
+/// [`MemoryManager::memory_stats`] (a counter the manager does not keep is 0).
+///
+/// The counters are the manager's own, so the sum is near the calls made, not
+/// exact: emm's pool counts a growth of its expandable segment in `allocs` as
+/// well as its pieces in `pieces_mapped`, and giving that whole segment back
+/// (one unmap a piece) as one of `frees`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCalls {
+    /// Memory taken from the driver (`num_device_alloc`: a `cuMemAlloc`, a
+    /// stream-ordered allocation, a segment or a growth of the pool).
+    pub allocs: u64,
+    /// Memory given back (`num_device_free`).
+    pub frees: u64,
+    /// Pieces of an expandable segment mapped with new memory
+    /// (`emm.pieces_mapped`).
+    pub pieces_mapped: u64,
+    /// Pieces of an expandable segment whose memory was mapped again elsewhere
+    /// (`emm.pieces_moved`).
+    pub pieces_moved: u64,
+    /// Old mappings unmapped (`emm.pieces_unmapped`).
+    pub pieces_unmapped: u64,
+}
+
+impl DriverCalls {
+    /// The counters `manager` keeps now.
+    pub fn of<M: MemoryManager + ?Sized>(manager: &M) -> Self {
+        let mut d = DriverCalls::default();
+        for (name, v) in manager.memory_stats() {
+            match name {
+                "num_device_alloc" => d.allocs = v,
+                "num_device_free" => d.frees = v,
+                "emm.pieces_mapped" => d.pieces_mapped = v,
+                "emm.pieces_moved" => d.pieces_moved = v,
+                "emm.pieces_unmapped" => d.pieces_unmapped = v,
+                _ => {}
+            }
+        }
+        d
+    }
+
+    /// The sum of the counters: about the calls made (see [`DriverCalls`]).
+    pub fn total(&self) -> u64 {
+        self.allocs
+            .saturating_add(self.frees)
+            .saturating_add(self.pieces_mapped)
+            .saturating_add(self.pieces_moved)
+            .saturating_add(self.pieces_unmapped)
+    }
+
+    /// The calls made since `earlier` was taken.
+    pub fn since(&self, earlier: &DriverCalls) -> DriverCalls {
+        DriverCalls {
+            allocs: self.allocs.saturating_sub(earlier.allocs),
+            frees: self.frees.saturating_sub(earlier.frees),
+            pieces_mapped: self.pieces_mapped.saturating_sub(earlier.pieces_mapped),
+            pieces_moved: self.pieces_moved.saturating_sub(earlier.pieces_moved),
+            pieces_unmapped: self.pieces_unmapped.saturating_sub(earlier.pieces_unmapped),
+        }
+    }
+}

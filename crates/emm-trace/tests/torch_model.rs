@@ -1,0 +1,88 @@
+//! The models of PyTorch's caching allocator against the real one: every recorded
+//! trace and snapshot of a real program in the repository, replayed with its
+//! streams honoured through `pytorch-native` and `pytorch-expandable`, must give
+//! peak reserved over peak live within 1 % of what PyTorch 2.11's own allocator
+//! gave replaying the same trace on an H100 (`torch_replay TRACE 1 --passes N
+//! --streams`, `../shared/peers/torch_replay.cpp`; gpu-verification run 137,
+//! `docs/benchmarks.md`, nineteenth session), at 1 pass and at 100.
+
+use std::collections::HashMap;
+
+use emm_sys::CUstream;
+use emm_trace::torch_model::{TorchConf, TorchModel};
+use emm_trace::{replay, ReplayOptions, Trace};
+
+mod common;
+use common::data;
+
+/// Within 1 % of the real allocator.
+const WITHIN: f64 = 0.01;
+
+/// (trace under `crates/`, PyTorch native, PyTorch expandable segments): peak
+/// reserved over peak live, the same after 1 and after 100 passes on the GPU.
+const REAL: &[(&str, f64, f64)] = &[
+    ("emm-cli/traces/gpt2_h200.csv", 2.024, 1.123),
+    ("emm-cli/traces/gpt2_infer_bucketed_h200.csv", 1.851, 1.105),
+    ("emm-cli/traces/gpt2_infer_h200.csv", 2.007, 1.108),
+    ("emm-cli/traces/gpt_train.csv", 1.390, 1.086),
+    ("emm-cli/traces/llama_h200.csv", 1.674, 1.116),
+    ("emm-cli/traces/resnet50_bucketed_h200.csv", 1.301, 1.013),
+    ("emm-cli/traces/resnet50_h200.csv", 1.861, 1.019),
+    ("emm-trace/tests/fixtures/h200_infer.pickle", 2.315, 1.333),
+    ("emm-trace/tests/fixtures/h200_train_midway.pickle", 1.275, 1.063),
+    ("emm-trace/tests/fixtures/llama_generate_h100.csv", 1.372, 1.094),
+];
+
+/// Peak reserved over peak live after pass 1 and pass `passes`.
+fn ratios(path: &str, conf: &str, passes: u32) -> (f64, f64) {
+    let t = Trace::open(&data(path), None).unwrap().remove(0);
+    let model = TorchModel::new(TorchConf::parse(conf).unwrap());
+    let mut streams: HashMap<u64, CUstream> = HashMap::new();
+    let mut stream = |n: u64| {
+        *streams
+            .entry(n)
+            .or_insert_with(|| CUstream(n as usize as *mut _))
+    };
+    let options = ReplayOptions {
+        passes,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&t, &model, &mut stream, &options, &mut |_| {}).unwrap();
+    assert_eq!(r.failures, 0, "{path}: {:?}", r.first_failure);
+    let at = |n: usize| {
+        let p = &r.passes[n - 1];
+        p.peak_reserved_bytes as f64 / p.peak_live_bytes as f64
+    };
+    (at(1), at(passes as usize))
+}
+
+#[test]
+fn the_models_match_pytorchs_allocator_on_every_recorded_trace() {
+    let passes: u32 = std::env::var("EMM_TORCH_MODEL_PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = REAL
+            .iter()
+            .flat_map(|&(path, native, expandable)| {
+                [("", native), ("expandable_segments:True", expandable)]
+                    .map(|(conf, real)| s.spawn(move || (path, conf, real, ratios(path, conf, passes))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut failures = Vec::new();
+    for (path, conf, real, (first, last)) in results {
+        let name = if conf.is_empty() { "native" } else { "expandable" };
+        println!("{path} {name}: model {first:.3} (1 pass), {last:.3} ({passes}); PyTorch {real:.3}");
+        for (n, got) in [(1, first), (passes, last)] {
+            if (got / real - 1.0).abs() > WITHIN {
+                failures.push(format!(
+                    "{path} {name} after {n} passes: the model gives {got:.3}, PyTorch {real:.3}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
