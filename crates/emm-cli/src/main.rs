@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use emm::trace::torch_model::TorchConf;
 
 mod backend;
 mod bench;
@@ -65,6 +66,13 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         #[arg(long, value_name = "N",
               value_parser = clap::value_parser!(u32).range(1..=100_000))]
         passes: Option<u32>,
+        /// Settings for the models of PyTorch's allocator, as PyTorch spells
+        /// them (e.g. `max_split_size_mb:128,garbage_collection_threshold:0.8`);
+        /// default: `PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`.
+        /// `pytorch-native` and `pytorch-expandable` each set
+        /// `expandable_segments` their own way.
+        #[arg(long, value_name = "SETTINGS")]
+        pytorch_conf: Option<String>,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {
@@ -78,10 +86,15 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ManagerArg {
+    /// emm's managers and both models of PyTorch's allocator.
     All,
     Default,
     Pool,
     Hostonly,
+    /// A model of PyTorch's caching allocator, its defaults (no GPU needed).
+    PytorchNative,
+    /// The same model with `expandable_segments:True`.
+    PytorchExpandable,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -98,10 +111,16 @@ fn managers(chosen: &[ManagerArg]) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
     for m in chosen {
         let names: Vec<&str> = match m {
-            ManagerArg::All => emm::BUILTIN_MANAGERS.to_vec(),
+            ManagerArg::All => {
+                let mut all = emm::BUILTIN_MANAGERS.to_vec();
+                all.extend(replay::TORCH_MODELS);
+                all
+            }
             ManagerArg::Default => vec!["default"],
             ManagerArg::Pool => vec!["pool"],
             ManagerArg::Hostonly => vec!["hostonly"],
+            ManagerArg::PytorchNative => vec!["pytorch-native"],
+            ManagerArg::PytorchExpandable => vec!["pytorch-expandable"],
         };
         for n in names {
             if !v.iter().any(|x| x == n) {
@@ -176,18 +195,26 @@ fn main() -> ExitCode {
             json,
             html,
             passes,
-        } => replay::run(&replay::Args {
-            traces,
-            managers: managers(&manager),
-            format: format.map(|f| match f {
-                FormatArg::Emm => emm::trace::Format::EmmCsv,
-                FormatArg::Rmm => emm::trace::Format::RmmLog,
-                FormatArg::Pytorch => emm::trace::Format::TorchSnapshot,
+            pytorch_conf,
+        } => match pytorch_conf.map_or_else(TorchConf::from_env, |c| TorchConf::parse(&c)) {
+            Err(e) => {
+                out::note(format_args!("emm replay: {e}"));
+                Ok(ExitCode::from(2))
+            }
+            Ok(torch_conf) => replay::run(&replay::Args {
+                traces,
+                managers: managers(&manager),
+                format: format.map(|f| match f {
+                    FormatArg::Emm => emm::trace::Format::EmmCsv,
+                    FormatArg::Rmm => emm::trace::Format::RmmLog,
+                    FormatArg::Pytorch => emm::trace::Format::TorchSnapshot,
+                }),
+                json,
+                html,
+                passes,
+                torch_conf,
             }),
-            json,
-            html,
-            passes,
-        }),
+        },
     };
     out::finish(result)
 }

@@ -4,11 +4,17 @@ use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use emm::trace::{replay, scan, Format, ReplayOptions, SteadyRule, SteadyStop, Summary, Trace};
-use emm::EmmError;
+use std::sync::Arc;
+
+use emm::trace::torch_model::{TorchConf, TorchModel};
+use emm::trace::{
+    replay, scan, Format, ReplayOptions, ReplayResult, ReplayTarget, SteadyRule, SteadyStop,
+    Summary, Trace, TraceError,
+};
+use emm::{EmmError, MemoryManager};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Streams};
 use crate::out::{note, Out};
 use crate::report::{
     self, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport, TorchReport, TraceReport,
@@ -35,6 +41,60 @@ pub struct Args {
     /// Passes over each trace (at least 1); `None`: until the footprint holds
     /// ([`STEADY`]).
     pub passes: Option<u32>,
+    /// PyTorch's allocator settings for the `pytorch-native` and
+    /// `pytorch-expandable` models (each sets `expandable_segments` its own way).
+    pub torch_conf: TorchConf,
+}
+
+/// The models of PyTorch's caching allocator `emm replay` offers beside emm's
+/// managers.
+pub const TORCH_MODELS: [&str; 2] = ["pytorch-native", "pytorch-expandable"];
+
+/// What a manager name replays through.
+enum Target {
+    /// One of emm's managers, on the GPU or the host stand-in.
+    Emm(Arc<dyn MemoryManager>),
+    /// A model of PyTorch's allocator (no device needed).
+    Torch(TorchModel),
+}
+
+/// Replays `t` through `target` with a progress bar: `passes` passes, or until
+/// the footprint holds.
+fn drive<T: ReplayTarget + ?Sized>(
+    t: &Trace,
+    target: &T,
+    streams: &mut Streams<'_>,
+    opts: &ReplayOptions,
+    passes: Option<u32>,
+    events: u64,
+    label: String,
+) -> Result<ReplayResult, TraceError> {
+    match passes {
+        Some(n) => {
+            let bar = progress_bar(events.saturating_mul(u64::from(n)), label);
+            let r = replay(t, target, &mut |n| streams.get(n), opts, &mut |done| {
+                bar.set_position(done)
+            });
+            bar.finish_and_clear();
+            r
+        }
+        // The passes to come are unknown: the bar shows the pass under way.
+        None => {
+            let bar = progress_bar(events, label.clone());
+            let per = events.max(1);
+            let mut shown = 0;
+            let r = replay(t, target, &mut |n| streams.get(n), opts, &mut |done| {
+                let pass = done / per + 1;
+                if pass != shown {
+                    bar.set_message(format!("{label}, pass {pass}"));
+                    shown = pass;
+                }
+                bar.set_position(done % per);
+            });
+            bar.finish_and_clear();
+            r
+        }
+    }
 }
 
 fn progress_bar(total: u64, label: String) -> ProgressBar {
@@ -119,7 +179,16 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
-            let manager = match backend.build(m) {
+            let built = if TORCH_MODELS.contains(&m.as_str()) {
+                let conf = TorchConf {
+                    expandable_segments: m == "pytorch-expandable",
+                    ..args.torch_conf.clone()
+                };
+                Ok(Target::Torch(TorchModel::new(conf)))
+            } else {
+                backend.build(m).map(Target::Emm)
+            };
+            let manager = match built {
                 Ok(x) => x,
                 // A manager this driver, device or the stand-in cannot run (e.g.
                 // `hostonly` without stream-ordered memory pools) is skipped, and
@@ -156,42 +225,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             };
             let label = format!("{} through {m}", t.name());
             let mut streams = backend.streams();
-            let r = match args.passes {
-                Some(n) => {
-                    let total = summary.events.saturating_mul(u64::from(n));
-                    let bar = progress_bar(total, label);
-                    let r = replay(
-                        t,
-                        manager.as_ref(),
-                        &mut |n| streams.get(n),
-                        &opts,
-                        &mut |done| bar.set_position(done),
-                    );
-                    bar.finish_and_clear();
-                    r
+            let (passes, events) = (args.passes, summary.events);
+            let r = match &manager {
+                Target::Emm(mm) => {
+                    drive(t, mm.as_ref(), &mut streams, &opts, passes, events, label)
                 }
-                // The passes to come are unknown: the bar shows the pass under way.
-                None => {
-                    let bar = progress_bar(summary.events, label.clone());
-                    let events = summary.events.max(1);
-                    let mut shown = 0;
-                    let r = replay(
-                        t,
-                        manager.as_ref(),
-                        &mut |n| streams.get(n),
-                        &opts,
-                        &mut |done| {
-                            let pass = done / events + 1;
-                            if pass != shown {
-                                bar.set_message(format!("{label}, pass {pass}"));
-                                shown = pass;
-                            }
-                            bar.set_position(done % events);
-                        },
-                    );
-                    bar.finish_and_clear();
-                    r
-                }
+                Target::Torch(tm) => drive(t, tm, &mut streams, &opts, passes, events, label),
             };
             if let Err(e) = backend.synchronize() {
                 note(format_args!(

@@ -287,15 +287,22 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         "time",
     ];
     let rows = rows(r);
+    // `pytorch-expandable` is the longest manager name.
+    let man_w = rows
+        .iter()
+        .map(|r| r[1].chars().count())
+        .max()
+        .unwrap_or(7)
+        .clamp(7, 18);
     let name_w = rows
         .iter()
         .map(|r| r[0].chars().count())
         .max()
         .unwrap_or(5)
-        .clamp(5, 32); // rows of at most 120 columns
+        .clamp(5, 32 + 7 - man_w); // rows of at most 120 columns
     let line = |c: [&str; 9]| {
         format!(
-            "{:<name_w$}  {:<8} {:>11} {:>13} {:>8} {:>8} {:>9} {:>12} {:>10}",
+            "{:<name_w$}  {:<man_w$} {:>11} {:>13} {:>8} {:>8} {:>9} {:>12} {:>10}",
             fit(c[0], name_w),
             c[1],
             c[2],
@@ -312,7 +319,7 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         "{:w$}{:>17}",
         "",
         "reserved/live",
-        w = name_w + 2 + 8 + 12 + 14 + 1
+        w = name_w + 2 + man_w + 12 + 14 + 1
     );
     out.line(group)?;
     out.line(line(head))?;

@@ -186,13 +186,15 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
 fn cells(table: &str, row: &str) -> Vec<String> {
     let head = table.lines().find(|l| l.starts_with("trace ")).unwrap();
     let name_w = head.find("manager").unwrap();
+    // The manager column is as wide as its longest name (at least 7).
+    let man_w = head.find("peak live").unwrap() - name_w - 3;
     let row: Vec<char> = row.chars().collect();
     let mut at = 0;
     let mut out = Vec::new();
     // Each column: the spaces before it, and its width.
     let columns = [
         (0, name_w),
-        (0, 8),
+        (0, man_w),
         (1, 11),
         (1, 13),
         (1, 8),
@@ -656,7 +658,8 @@ fn a_device_without_memory_pools_skips_hostonly_and_replays_the_rest() {
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             assert_eq!(v["backend"], "gpu", "{v}");
             let t = &v["traces"][0];
-            assert_eq!(t["managers"].as_array().unwrap().len(), 2, "{t}");
+            // default, pool and the two models of PyTorch's allocator.
+            assert_eq!(t["managers"].as_array().unwrap().len(), 4, "{t}");
             assert_eq!(t["skipped"][0]["manager"], "hostonly", "{t}");
         } else {
             assert!(out.contains(" default ") && out.contains(" pool "), "{out}");
@@ -853,4 +856,52 @@ fn info_without_a_driver_says_version_settings_and_a_hint() {
     );
     assert!(err.contains("  EMM_POOL_LIMIT=5G"), "{err}");
     assert!(err.contains("hint: set EMM_CUDA_DRIVER"), "{err}");
+}
+
+#[test]
+fn the_models_of_pytorchs_allocator_replay_beside_emms_managers() {
+    // The bundled GPT training trace: PyTorch 2.11 reserved 1.390x of peak live
+    // natively and 1.086x with expandable segments on an H100 (run 137).
+    let o = run(&[
+        "replay",
+        "--passes",
+        "2",
+        "--json",
+        "-m",
+        "pytorch-native",
+        "-m",
+        "pytorch-expandable",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ms = v["traces"][0]["managers"].as_array().unwrap();
+    let ratio = |name: &str| {
+        ms.iter().find(|m| m["manager"] == name).unwrap()["reserved_over_live"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!((ratio("pytorch-native") - 1.390).abs() < 0.005, "{v}");
+    assert!((ratio("pytorch-expandable") - 1.086).abs() < 0.005, "{v}");
+
+    // Settings as PyTorch spells them: a split limit changes the native model's
+    // answer and leaves the run whole.
+    let o = run(&[
+        "replay",
+        "--passes",
+        "1",
+        "--json",
+        "-m",
+        "pytorch-native",
+        "--pytorch-conf",
+        "max_split_size_mb:64",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = v["traces"][0]["managers"][0]["reserved_over_live"].as_f64().unwrap();
+    assert!(r > 1.0 && (r - 1.390).abs() > 1e-6, "{v}");
+
+    // A setting PyTorch would refuse is refused, naming it.
+    let o = run(&["replay", "-m", "pytorch-native", "--pytorch-conf", "max_split_size_mb:5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("max_split_size_mb:5"), "{}", text(&o.stderr));
 }

@@ -41,13 +41,12 @@ pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
 pub use record::{RecordingManager, RECORD_ENV};
 pub use replay::{
-    replay, scan, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule, SteadyStop,
-    Summary,
+    replay, scan, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule, SteadyStop, Summary,
 };
-pub use target::{DriverCalls, ReplayTarget};
-pub use torch_model::TorchModel;
 pub use snapshot::TorchFigures;
+pub use target::{DriverCalls, ReplayTarget};
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};
+pub use torch_model::TorchModel;
 pub use trace::{Events, FormatChoice, Trace};
 
 // The README's examples are compiled and run as doctests, so they stay true.

@@ -4,7 +4,8 @@
 //! peak reserved over peak live within 1 % of what PyTorch 2.11's own allocator
 //! gave replaying the same trace on an H100 (`torch_replay TRACE 1 --passes N
 //! --streams`, `../shared/peers/torch_replay.cpp`; gpu-verification run 137,
-//! `docs/benchmarks.md`, nineteenth session), at 1 pass and at 100.
+//! `docs/benchmarks.md`, nineteenth session), at 1 pass and at 100 (10 in a debug
+//! build; `EMM_TORCH_MODEL_PASSES` sets it).
 
 use std::collections::HashMap;
 
@@ -29,8 +30,16 @@ const REAL: &[(&str, f64, f64)] = &[
     ("emm-cli/traces/resnet50_bucketed_h200.csv", 1.301, 1.013),
     ("emm-cli/traces/resnet50_h200.csv", 1.861, 1.019),
     ("emm-trace/tests/fixtures/h200_infer.pickle", 2.315, 1.333),
-    ("emm-trace/tests/fixtures/h200_train_midway.pickle", 1.275, 1.063),
-    ("emm-trace/tests/fixtures/llama_generate_h100.csv", 1.372, 1.094),
+    (
+        "emm-trace/tests/fixtures/h200_train_midway.pickle",
+        1.275,
+        1.063,
+    ),
+    (
+        "emm-trace/tests/fixtures/llama_generate_h100.csv",
+        1.372,
+        1.094,
+    ),
 ];
 
 /// Peak reserved over peak live after pass 1 and pass `passes`.
@@ -58,24 +67,33 @@ fn ratios(path: &str, conf: &str, passes: u32) -> (f64, f64) {
 
 #[test]
 fn the_models_match_pytorchs_allocator_on_every_recorded_trace() {
+    // 100 passes take minutes in a debug build: CI's debug run checks 10, the
+    // release build (the GPU bundle, `cargo test --release`) 100.
     let passes: u32 = std::env::var("EMM_TORCH_MODEL_PASSES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+        .unwrap_or(if cfg!(debug_assertions) { 10 } else { 100 });
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = REAL
             .iter()
             .flat_map(|&(path, native, expandable)| {
-                [("", native), ("expandable_segments:True", expandable)]
-                    .map(|(conf, real)| s.spawn(move || (path, conf, real, ratios(path, conf, passes))))
+                [("", native), ("expandable_segments:True", expandable)].map(|(conf, real)| {
+                    s.spawn(move || (path, conf, real, ratios(path, conf, passes)))
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut failures = Vec::new();
     for (path, conf, real, (first, last)) in results {
-        let name = if conf.is_empty() { "native" } else { "expandable" };
-        println!("{path} {name}: model {first:.3} (1 pass), {last:.3} ({passes}); PyTorch {real:.3}");
+        let name = if conf.is_empty() {
+            "native"
+        } else {
+            "expandable"
+        };
+        println!(
+            "{path} {name}: model {first:.3} (1 pass), {last:.3} ({passes}); PyTorch {real:.3}"
+        );
         for (n, got) in [(1, first), (passes, last)] {
             if (got / real - 1.0).abs() > WITHIN {
                 failures.push(format!(

@@ -85,7 +85,11 @@ impl TorchConf {
             }
         }
         settings.push(&conf[start..]);
-        for setting in settings.into_iter().map(str::trim).filter(|s| !s.is_empty()) {
+        for setting in settings
+            .into_iter()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
             let (key, value) = setting
                 .split_once(':')
                 .ok_or_else(|| err(setting, "expected key:value".into()))?;
@@ -109,8 +113,8 @@ impl TorchConf {
                     c.max_split_size = mb.saturating_mul(1 << 20);
                 }
                 "roundup_power2_divisions" => {
-                    c.roundup_power2_divisions = parse_divisions(value)
-                        .map_err(|reason| err(setting, reason))?;
+                    c.roundup_power2_divisions =
+                        parse_divisions(value).map_err(|reason| err(setting, reason))?;
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value
@@ -168,14 +172,21 @@ fn parse_divisions(value: &str) -> Result<Vec<u64>, String> {
             let (k, d) = pair
                 .split_once(':')
                 .ok_or_else(|| format!("expected size:divisions, found {pair:?}"))?;
-            let d = check(d.trim().parse().map_err(|_| format!("bad divisions in {pair:?}"))?)?;
+            let d = check(
+                d.trim()
+                    .parse()
+                    .map_err(|_| format!("bad divisions in {pair:?}"))?,
+            )?;
             if k.trim() == ">" {
                 for v in out.iter_mut().skip(last_set + 1) {
                     *v = d;
                 }
                 continue;
             }
-            let mb: u64 = k.trim().parse().map_err(|_| format!("bad size in {pair:?}"))?;
+            let mb: u64 = k
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad size in {pair:?}"))?;
             if !mb.is_power_of_two() {
                 return Err(format!("sizes must be powers of two (MiB), found {mb}"));
             }
@@ -186,7 +197,11 @@ fn parse_divisions(value: &str) -> Result<Vec<u64>, String> {
         }
         Ok(out)
     } else {
-        let d = check(value.parse().map_err(|_| "expected a number or a [..] list".to_owned())?)?;
+        let d = check(
+            value
+                .parse()
+                .map_err(|_| "expected a number or a [..] list".to_owned())?,
+        )?;
         Ok(vec![d; INTERVALS])
     }
 }
@@ -205,7 +220,12 @@ mod tests {
         assert_eq!(d.divisions_for(1 << 20), 1);
         assert_eq!(d.divisions_for(3 << 20), 4);
         assert_eq!(d.divisions_for(1 << 30), 8);
-        assert_eq!(TorchConf::parse("roundup_power2_divisions:4").unwrap().divisions_for(5 << 20), 4);
+        assert_eq!(
+            TorchConf::parse("roundup_power2_divisions:4")
+                .unwrap()
+                .divisions_for(5 << 20),
+            4
+        );
     }
 
     #[test]
@@ -219,7 +239,10 @@ mod tests {
             "expandable_segments",
         ] {
             let e = TorchConf::parse(bad).unwrap_err();
-            assert!(e.to_string().contains(bad.split(':').next().unwrap()), "{e}");
+            assert!(
+                e.to_string().contains(bad.split(':').next().unwrap()),
+                "{e}"
+            );
         }
     }
 }

@@ -272,15 +272,16 @@ impl State {
                 // Best fit counts what an expandable block could grow to.
                 let expandable_size = |s: &State, i: usize| {
                     let b = s.b(i);
-                    b.size + b.next.filter(|&n| !s.b(n).mapped).map_or(0, |n| s.b(n).size)
+                    b.size
+                        + b.next
+                            .filter(|&n| !s.b(n).mapped)
+                            .map_or(0, |n| s.b(n).size)
                 };
-                let later: Vec<_> = self.pools[p]
+                let later = self.pools[p]
                     .blocks
                     .range((it.0, it.1, it.2, it.3 + 1)..)
-                    .take_while(|k| k.0 == stream)
-                    .copied()
-                    .collect();
-                for n in later {
+                    .take_while(|k| k.0 == stream);
+                for &n in later {
                     if !(self.b(it.3).segment.is_some()
                         && expandable_size(self, n.3) < expandable_size(self, it.3))
                     {
@@ -461,13 +462,11 @@ impl State {
             }
             bytes >= size
         };
-        let unmapped: Vec<_> = self.pools[p]
+        let unmapped = self.pools[p]
             .unmapped
             .range((stream, 0, 0)..)
-            .take_while(|k| k.0 == stream)
-            .copied()
-            .collect();
-        for (_, _, i) in unmapped {
+            .take_while(|k| k.0 == stream);
+        for &(_, _, i) in unmapped {
             let mut c = i;
             if let Some(prev) = self.b(i).prev.filter(|&pv| allocatable(self, Some(pv))) {
                 c = prev;
@@ -717,7 +716,9 @@ impl State {
     /// cached segments not reused for longer than average until reserved memory is
     /// back under the threshold.
     fn garbage_collect_cached_blocks(&mut self) {
-        let Some(Limit::Fraction(allowed)) = self.limit else { return };
+        let Some(Limit::Fraction(allowed)) = self.limit else {
+            return;
+        };
         let threshold = (self.conf.garbage_collection_threshold * allowed as f64) as u64;
         if self.stats.reserved <= threshold {
             return;
@@ -730,7 +731,9 @@ impl State {
                 .blocks
                 .iter()
                 .map(|k| k.3)
-                .filter(|&i| s.b(i).prev.is_none() && s.b(i).next.is_none() && s.b(i).segment.is_none())
+                .filter(|&i| {
+                    s.b(i).prev.is_none() && s.b(i).next.is_none() && s.b(i).segment.is_none()
+                })
                 .collect()
         };
         let mut blocks = freeable(self);
@@ -834,10 +837,14 @@ mod tests {
 
     #[test]
     fn a_device_limit_refuses_after_freeing_the_cache() {
-        let mut s = State::new(TorchConf::default(), 80 << 30, Some(Limit::Device(64 << 20)));
+        let mut s = State::new(
+            TorchConf::default(),
+            80 << 30,
+            Some(Limit::Device(64 << 20)),
+        );
         let (a, _) = s.malloc(40 << 20, 0).unwrap();
         s.free(a); // cached
-        // 50 MiB does not fit beside the cached 40: the retry frees the cache.
+                   // 50 MiB does not fit beside the cached 40: the retry frees the cache.
         let (b, _) = s.malloc(50 << 20, 0).unwrap();
         assert_eq!(s.stats().alloc_retries, 1);
         assert!(s.malloc(20 << 20, 0).is_err());
