@@ -8,6 +8,7 @@ use emm::trace::torch_model::TorchConf;
 
 mod backend;
 mod bench;
+mod fit;
 mod html;
 mod info;
 mod out;
@@ -73,6 +74,20 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// `expandable_segments` their own way.
         #[arg(long, value_name = "SETTINGS")]
         pytorch_conf: Option<String>,
+        /// Replay every manager on a device of SIZE (e.g. `24G`, binary units)
+        /// and say which run and which fail; emm's managers then run over the
+        /// host stand-in with that capacity, on a GPU too.
+        #[arg(long, value_name = "SIZE", value_parser = fit::parse_size)]
+        device_memory: Option<u64>,
+        /// For each manager, search the smallest device it runs the trace on
+        /// (bisection, confirmed by a run at the answer; a larger size that
+        /// failed is reported).
+        #[arg(long)]
+        fit: bool,
+        /// What the process holds on the device besides the allocator (the CUDA
+        /// context, cuBLAS/cuDNN workspaces), added to `--fit`'s answers.
+        #[arg(long, value_name = "SIZE", value_parser = fit::parse_size, default_value = "0")]
+        overhead: u64,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {
@@ -196,6 +211,9 @@ fn main() -> ExitCode {
             html,
             passes,
             pytorch_conf,
+            device_memory,
+            fit,
+            overhead,
         } => match pytorch_conf.map_or_else(TorchConf::from_env, |c| TorchConf::parse(&c)) {
             Err(e) => {
                 out::note(format_args!("emm replay: {e}"));
@@ -213,6 +231,9 @@ fn main() -> ExitCode {
                 html,
                 passes,
                 torch_conf,
+                device_memory,
+                fit,
+                overhead,
             }),
         },
     };

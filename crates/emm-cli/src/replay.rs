@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use emm::trace::torch_model::{TorchConf, TorchModel};
+use emm::trace::torch_model::{Limit, TorchConf, TorchModel, DEFAULT_DEVICE_BYTES};
 use emm::trace::{
     replay, scan, Format, ReplayOptions, ReplayResult, ReplayTarget, SteadyRule, SteadyStop,
     Summary, Trace, TraceError,
@@ -15,9 +15,11 @@ use emm::{EmmError, MemoryManager};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::{Backend, Streams};
+use crate::fit;
 use crate::out::{note, Out};
 use crate::report::{
-    self, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport, TorchReport, TraceReport,
+    self, FitReport, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport, TorchReport,
+    TraceReport,
 };
 
 /// The trace replayed when none is given.
@@ -44,6 +46,94 @@ pub struct Args {
     /// PyTorch's allocator settings for the `pytorch-native` and
     /// `pytorch-expandable` models (each sets `expandable_segments` its own way).
     pub torch_conf: TorchConf,
+    /// `--device-memory`: replay on a device of this many bytes.
+    pub device_memory: Option<u64>,
+    /// `--fit`: search each manager's smallest device.
+    pub fit: bool,
+    /// `--overhead`: what the process holds on the device besides the allocator.
+    pub overhead: u64,
+}
+
+/// A fresh target for manager `m`: a model of PyTorch's allocator, or one of
+/// emm's managers (on a device of `cap` bytes, emm's managers run over the host
+/// stand-in with that capacity, on a GPU as on a machine without one).
+fn build_target(
+    backend: &Backend,
+    m: &str,
+    torch_conf: &TorchConf,
+    cap: Option<u64>,
+) -> Result<Target, EmmError> {
+    if TORCH_MODELS.contains(&m) {
+        let conf = TorchConf {
+            expandable_segments: m == "pytorch-expandable",
+            ..torch_conf.clone()
+        };
+        let device = cap.unwrap_or(DEFAULT_DEVICE_BYTES);
+        return Ok(Target::Torch(TorchModel::with_device(
+            conf,
+            device,
+            cap.map(Limit::Device),
+        )));
+    }
+    match cap {
+        Some(c) => {
+            emm::build_host_standin(m, usize::try_from(c).unwrap_or(usize::MAX)).map(Target::Emm)
+        }
+        None => backend.build(m).map(Target::Emm),
+    }
+}
+
+/// `--fit` for manager `m`: the smallest device (to 2 MiB or a thousandth of
+/// `high`) on which `t` replays without a failure, between its peak live bytes
+/// and `high` (what the uncapped replay reserved).
+fn fit_manager(
+    backend: &Backend,
+    args: &Args,
+    t: &Trace,
+    summary: &Summary,
+    m: &str,
+    high: u64,
+) -> Result<fit::Fit, String> {
+    let low = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
+    let step = (2 << 20).max(high / 1000);
+    fit::smallest(low, high.max(low), step, |cap| {
+        let target =
+            build_target(backend, m, &args.torch_conf, Some(cap)).map_err(|e| e.to_string())?;
+        let opts = ReplayOptions {
+            total_events: summary.events,
+            samples: 0,
+            passes: args.passes.unwrap_or(1),
+            until_steady: args.passes.is_none().then_some(STEADY),
+        };
+        let mut streams = backend.streams();
+        let label = format!(
+            "{} through {m}: --fit at {}",
+            t.name(),
+            crate::units::bytes(u128::from(cap))
+        );
+        let r = match &target {
+            Target::Emm(mm) => drive(
+                t,
+                mm.as_ref(),
+                &mut streams,
+                &opts,
+                args.passes,
+                summary.events,
+                label,
+            ),
+            Target::Torch(tm) => drive(
+                t,
+                tm,
+                &mut streams,
+                &opts,
+                args.passes,
+                summary.events,
+                label,
+            ),
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(r.failures == 0)
+    })
 }
 
 /// The models of PyTorch's caching allocator `emm replay` offers beside emm's
@@ -164,6 +254,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             max_passes: r.max_passes,
             max_seconds: r.max_time.as_secs_f64(),
         }),
+        device_memory_bytes: args.device_memory,
+        overhead_bytes: args.overhead,
         traces: Vec::new(),
     };
     let mut skipped_said: Vec<String> = Vec::new();
@@ -179,16 +271,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
-            let built = if TORCH_MODELS.contains(&m.as_str()) {
-                let conf = TorchConf {
-                    expandable_segments: m == "pytorch-expandable",
-                    ..args.torch_conf.clone()
-                };
-                Ok(Target::Torch(TorchModel::new(conf)))
-            } else {
-                backend.build(m).map(Target::Emm)
-            };
-            let manager = match built {
+            let manager = match build_target(&backend, m, &args.torch_conf, args.device_memory) {
                 Ok(x) => x,
                 // A manager this driver, device or the stand-in cannot run (e.g.
                 // `hostonly` without stream-ordered memory pools) is skipped, and
@@ -313,6 +396,34 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     .collect(),
             });
         }
+        if args.fit {
+            let ran: Vec<(String, u64, bool)> = tr
+                .managers
+                .iter()
+                .map(|m| (m.manager.clone(), m.peak_reserved_bytes, m.failed))
+                .collect();
+            for (m, high, replay_failed) in ran {
+                if replay_failed {
+                    continue; // it did not run uncapped: no size to search below
+                }
+                match fit_manager(&backend, args, t, &summary, &m, high) {
+                    Ok(f) => tr.fit.push(FitReport {
+                        manager: m,
+                        needs_bytes: f.needs,
+                        with_overhead_bytes: f.needs.map(|n| n.saturating_add(args.overhead)),
+                        larger_failed_bytes: f.larger_failed,
+                        runs: f.runs,
+                    }),
+                    Err(e) => {
+                        note(format_args!(
+                            "emm replay: {} through {m}: --fit: {e}",
+                            t.name()
+                        ));
+                        failed = true;
+                    }
+                }
+            }
+        }
         report.traces.push(tr);
     }
     // Every manager asked for was skipped: nothing ran, and the run says so.
@@ -412,6 +523,7 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         }),
         managers: Vec::new(),
         skipped: Vec::new(),
+        fit: Vec::new(),
         live_curve: Vec::new(),
     }
 }

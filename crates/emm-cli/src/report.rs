@@ -16,7 +16,28 @@ pub struct Report {
     /// When each replay stopped on its own (without `--passes`); `null` with
     /// `--passes N`.
     pub steady_rule: Option<SteadyRuleReport>,
+    /// `--device-memory`: the device size every manager replayed on; `null`:
+    /// unlimited.
+    pub device_memory_bytes: Option<u64>,
+    /// `--overhead`: what the process holds on the device besides the
+    /// allocator, added to `--fit`'s answers.
+    pub overhead_bytes: u64,
     pub traces: Vec<TraceReport>,
+}
+
+/// `--fit`: the smallest device on which a manager ran the trace.
+#[derive(Serialize)]
+pub struct FitReport {
+    pub manager: String,
+    /// Allocator memory needed (`null`: it did not run even at its own
+    /// uncapped peak).
+    pub needs_bytes: Option<u64>,
+    /// The same with `--overhead` added: the device memory to have.
+    pub with_overhead_bytes: Option<u64>,
+    /// A larger device on which it failed (caching allocators are not monotone).
+    pub larger_failed_bytes: Option<u64>,
+    /// Replays the search made.
+    pub runs: u32,
 }
 
 /// emm-trace's `SteadyRule`, as the report gives it.
@@ -46,6 +67,8 @@ pub struct TraceReport {
     pub pytorch: Option<TorchReport>,
     pub managers: Vec<ManagerReport>,
     pub skipped: Vec<Skipped>,
+    /// `--fit`'s answers, one per manager that ran.
+    pub fit: Vec<FitReport>,
     /// Live bytes along the trace: `[event, bytes]` (for the page).
     #[serde(skip)]
     pub live_curve: Vec<(u64, u128)>,
@@ -344,6 +367,62 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             out.line(passes_line(t, m))?;
         }
     }
+    if let Some(cap) = r.device_memory_bytes {
+        for t in &r.traces {
+            let (fits, not): (Vec<_>, Vec<_>) = t.managers.iter().partition(|m| !m.failed);
+            let names = |v: &[&ManagerReport]| {
+                v.iter()
+                    .map(|m| m.manager.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            out.line(format_args!(
+                "{} on a device of {}: fits: {}; does not fit: {}",
+                t.trace,
+                units::bytes(u128::from(cap)),
+                if fits.is_empty() {
+                    "none".into()
+                } else {
+                    names(&fits)
+                },
+                if not.is_empty() {
+                    "none".into()
+                } else {
+                    names(&not)
+                },
+            ))?;
+        }
+    }
+    for t in r.traces.iter().filter(|t| !t.fit.is_empty()) {
+        let mut answers: Vec<&FitReport> = t.fit.iter().collect();
+        answers.sort_by_key(|f| f.needs_bytes.unwrap_or(u64::MAX));
+        let parts: Vec<String> = answers
+            .iter()
+            .map(|f| match (f.with_overhead_bytes, f.larger_failed_bytes) {
+                (Some(n), None) => format!("{} {}", f.manager, units::bytes(u128::from(n))),
+                (Some(n), Some(l)) => format!(
+                    "{} {} (but not {}: not monotone)",
+                    f.manager,
+                    units::bytes(u128::from(n)),
+                    units::bytes(u128::from(l.saturating_add(r.overhead_bytes)))
+                ),
+                (None, _) => format!("{} does not run", f.manager),
+            })
+            .collect();
+        out.line(format_args!(
+            "{}: smallest device each needs ({}): {}",
+            t.trace,
+            if r.overhead_bytes > 0 {
+                format!(
+                    "allocator memory + {} --overhead",
+                    units::bytes(u128::from(r.overhead_bytes))
+                )
+            } else {
+                "allocator memory; --overhead adds the CUDA context and libraries".to_owned()
+            },
+            parts.join("; ")
+        ))?;
+    }
     for t in r.traces.iter().filter(|t| t.reused_live_ids > 0) {
         out.line(format_args!(
             "{}: {} allocations reused an id that was still live (the earlier allocation taken as freed)",
@@ -491,6 +570,8 @@ mod tests {
                 max_passes: 100,
                 max_seconds: 60.0,
             }),
+            device_memory_bytes: None,
+            overhead_bytes: 0,
             traces: vec![TraceReport {
                 trace: "t.csv".into(),
                 format: "emm-csv",
@@ -503,6 +584,7 @@ mod tests {
                 pytorch: None,
                 managers: vec![m],
                 skipped: Vec::new(),
+                fit: Vec::new(),
                 live_curve: Vec::new(),
             }],
         }

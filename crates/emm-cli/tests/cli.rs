@@ -897,11 +897,117 @@ fn the_models_of_pytorchs_allocator_replay_beside_emms_managers() {
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let r = v["traces"][0]["managers"][0]["reserved_over_live"].as_f64().unwrap();
+    let r = v["traces"][0]["managers"][0]["reserved_over_live"]
+        .as_f64()
+        .unwrap();
     assert!(r > 1.0 && (r - 1.390).abs() > 1e-6, "{v}");
 
     // A setting PyTorch would refuse is refused, naming it.
-    let o = run(&["replay", "-m", "pytorch-native", "--pytorch-conf", "max_split_size_mb:5"]);
+    let o = run(&[
+        "replay",
+        "-m",
+        "pytorch-native",
+        "--pytorch-conf",
+        "max_split_size_mb:5",
+    ]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("max_split_size_mb:5"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("max_split_size_mb:5"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn device_memory_says_which_managers_fit_and_fit_finds_the_smallest_device() {
+    // The bundled trace peaks at 3.31 GiB live; PyTorch's default allocator
+    // reserves 4.60 GiB uncapped.
+    let o = run(&[
+        "replay",
+        "--passes",
+        "2",
+        "--json",
+        "--device-memory",
+        "3.5G",
+        "-m",
+        "pool",
+        "-m",
+        "pytorch-native",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["device_memory_bytes"], 3.5 * (1u64 << 30) as f64, "{v}");
+    let ms = v["traces"][0]["managers"].as_array().unwrap();
+    let failed = |name: &str| ms.iter().find(|m| m["manager"] == name).unwrap()["failed"] == true;
+    assert!(!failed("pool") && failed("pytorch-native"), "{v}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a manager that does not fit fails the run"
+    );
+    let o = run(&[
+        "replay",
+        "--passes",
+        "2",
+        "--device-memory",
+        "3.5G",
+        "-m",
+        "pool",
+        "-m",
+        "pytorch-native",
+    ]);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("on a device of 3.50 GiB: fits: pool; does not fit: pytorch-native"),
+        "{out}"
+    );
+
+    let o = run(&[
+        "replay",
+        "--passes",
+        "2",
+        "--json",
+        "--fit",
+        "--overhead",
+        "512M",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let fits = v["traces"][0]["fit"].as_array().unwrap();
+    let live = v["traces"][0]["peak_live_bytes"].as_f64().unwrap();
+    for f in fits {
+        let needs = f["needs_bytes"].as_f64().unwrap();
+        assert!(needs >= live, "{f}");
+        assert_eq!(
+            f["with_overhead_bytes"].as_f64().unwrap(),
+            needs + 512.0 * 1048576.0
+        );
+        assert!(f["runs"].as_u64().unwrap() >= 2, "{f}");
+    }
+    let needs = |name: &str| {
+        fits.iter().find(|f| f["manager"] == name).unwrap()["needs_bytes"]
+            .as_f64()
+            .unwrap()
+    };
+    // emm's pool needs less than PyTorch's allocator with expandable segments,
+    // which needs less than its default.
+    assert!(needs("pool") < needs("pytorch-expandable"), "{fits:?}");
+    assert!(
+        needs("pytorch-expandable") < needs("pytorch-native"),
+        "{fits:?}"
+    );
+    // The answer runs; a little less does not (a device of the answer minus 1 %).
+    let answer = needs("pytorch-native") as u64;
+    for (cap, ok) in [(answer, true), (answer - answer / 100, false)] {
+        let o = run(&[
+            "replay",
+            "--passes",
+            "2",
+            "--json",
+            "-m",
+            "pytorch-native",
+            "--device-memory",
+            &cap.to_string(),
+        ]);
+        assert_eq!(o.status.success(), ok, "at {cap}: {}", text(&o.stderr));
+    }
 }

@@ -1,0 +1,134 @@
+//! "Will it fit": sizes with units for `--device-memory`, and the search behind
+//! `--fit` for the smallest device on which a manager runs a trace.
+
+/// Parses a size: bytes, or a number with a binary unit (`K`, `M`, `G`, `T`, with
+/// or without `iB`/`B`, any case): `24G`, `24GiB`, `512MiB`, `1.5g`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: expected bytes or a number with K, M, G or T (binary units: 24G is 24 GiB)"
+            ))
+        }
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: no number before the unit"))?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(format!("{text:?} is not a size this machine can address"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The answer of [`smallest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fit {
+    /// The smallest device size found on which the run succeeded, confirmed by a
+    /// run at it; `None` when even the largest tried failed.
+    pub needs: Option<u64>,
+    /// A larger size that failed (caching allocators are not monotone in the
+    /// size of the device: another order of frees and splits can strand more).
+    pub larger_failed: Option<u64>,
+    /// Runs made.
+    pub runs: u32,
+}
+
+/// How many sizes between the answer and `high` are tried afterwards, to find a
+/// larger size that fails.
+const PROBES_ABOVE: u64 = 4;
+
+/// The smallest size in `[low, high]`, to within `step`, on which `runs_at`
+/// succeeds: a bisection (`high` is expected to succeed; every size it settles on
+/// has run), then [`PROBES_ABOVE`] sizes evenly between the answer and `high`,
+/// any failure among them reported. `runs_at` returns `Err` for a run that could
+/// not be made at all, which ends the search.
+pub fn smallest(
+    low: u64,
+    high: u64,
+    step: u64,
+    mut runs_at: impl FnMut(u64) -> Result<bool, String>,
+) -> Result<Fit, String> {
+    let step = step.max(1);
+    let mut runs = 0;
+    let mut failed_at: Vec<u64> = Vec::new();
+    let mut try_at = |cap: u64, runs: &mut u32, failed_at: &mut Vec<u64>| -> Result<bool, String> {
+        *runs += 1;
+        let ok = runs_at(cap)?;
+        if !ok {
+            failed_at.push(cap);
+        }
+        Ok(ok)
+    };
+    if !try_at(high, &mut runs, &mut failed_at)? {
+        return Ok(Fit {
+            needs: None,
+            larger_failed: None,
+            runs,
+        });
+    }
+    let (mut lo, mut hi) = (low.min(high), high);
+    while hi - lo > step {
+        let mid = lo + (hi - lo) / 2;
+        if try_at(mid, &mut runs, &mut failed_at)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let gap = (high - hi) / (PROBES_ABOVE + 1);
+    if gap >= step {
+        for k in 1..=PROBES_ABOVE {
+            try_at(hi + k * gap, &mut runs, &mut failed_at)?;
+        }
+    }
+    Ok(Fit {
+        needs: Some(hi),
+        larger_failed: failed_at.into_iter().filter(|&c| c > hi).max(),
+        runs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("24G"), Ok(24 << 30));
+        assert_eq!(parse_size("24GiB"), Ok(24 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("0"), Ok(0));
+        for bad in ["", "G", "12X", "-1G", "1e400"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_search_finds_the_threshold_and_remembers_larger_failures() {
+        let f = smallest(0, 1000, 1, |c| Ok(c >= 700)).unwrap();
+        assert_eq!((f.needs, f.larger_failed), (Some(700), None));
+        assert!(f.runs <= 16, "{f:?}");
+        // Fits from 700 up, except around 820 (not monotone): said.
+        let fits = |c: u64| Ok(c >= 700 && !(810..=830).contains(&c));
+        let f = smallest(0, 1000, 1, fits).unwrap();
+        assert_eq!(f.needs, Some(700));
+        assert_eq!(f.larger_failed, Some(820), "{f:?}");
+        // Never fits.
+        assert_eq!(smallest(0, 1000, 1, |_| Ok(false)).unwrap().needs, None);
+        assert!(smallest(0, 10, 1, |_| Err("no".into())).is_err());
+    }
+}
