@@ -143,7 +143,6 @@ impl ReplayTarget for TorchModel {
             allocations: s.allocations,
             upstream_allocs: s.device_allocs,
             upstream_frees: s.device_frees,
-            ..ManagerStats::default()
         }
     }
 
