@@ -406,6 +406,20 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 if replay_failed {
                     continue; // it did not run uncapped: no size to search below
                 }
+                // Under a size, emm's managers run over the host stand-in, where
+                // `hostonly` (CUDA's own pool) cannot: said, not failed.
+                if !TORCH_MODELS.contains(&m.as_str())
+                    && matches!(
+                        emm::build_host_standin(&m, 1 << 30),
+                        Err(EmmError::Unsupported { .. })
+                    )
+                {
+                    note(format_args!(
+                        "emm replay: {} through {m}: --fit skipped: it sizes emm's managers over the host stand-in, where {m} cannot run",
+                        t.name()
+                    ));
+                    continue;
+                }
                 match fit_manager(&backend, args, t, &summary, &m, high) {
                     Ok(f) => tr.fit.push(FitReport {
                         manager: m,
