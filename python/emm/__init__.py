@@ -20,6 +20,10 @@ when used:
 - ``emm.dask``: ``EmmPlugin``, a Dask worker plugin that puts every worker of a
   cluster on emm (CuPy, Numba, RMM); ``worker_stats`` gathers their figures.
 
+:func:`replay` replays a PyTorch snapshot (or any trace ``emm replay`` reads)
+through emm's managers and the models of PyTorch's allocator and returns
+``emm replay --json``'s document: ``emm.replay("snapshot.pickle", fit=True)``.
+
 The manager is ``pool`` unless :func:`configure` (``manager=``) or
 ``EMM_MEMORY_MANAGER`` names another (``default``, ``hostonly``); one manager per
 device is shared by every user in the process (Python, C, PyTorch, CuPy, Numba).
@@ -46,6 +50,7 @@ from ._lib import (
     load,
     take_warnings,
 )
+from ._replay import replay
 
 __all__ = [
     "__version__",
@@ -58,5 +63,6 @@ __all__ = [
     "configure",
     "library_path",
     "load",
+    "replay",
     "take_warnings",
 ]
