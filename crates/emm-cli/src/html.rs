@@ -39,6 +39,8 @@ fn color(manager: &str) -> &'static str {
         "pool" => "#1f77b4",
         "hostonly" => "#2ca02c",
         "pytorch" => "#ff7f0e",
+        "pytorch-native" => "#e377c2",
+        "pytorch-expandable" => "#8c564b",
         _ => "#9467bd",
     }
 }
@@ -69,6 +71,9 @@ pub fn page(r: &Report) -> String {
             t.streams,
             units::bytes(t.peak_live_bytes)
         );
+        if let Some(v) = crate::verdict::headline(r, t) {
+            let _ = writeln!(h, "<p><strong>{}</strong></p>", escape(&v));
+        }
         for row in all.iter().filter(|row| row[0] == t.trace) {
             let status = if row[9].is_empty() {
                 String::new()
@@ -123,6 +128,12 @@ pub fn page(r: &Report) -> String {
         }
         h.push_str(&chart(t));
     }
+    let _ = writeln!(
+        h,
+        "<p class=\"note\">emm {} &mdash; <code>{}</code></p>",
+        escape(&r.emm_version),
+        escape(&r.command)
+    );
     h.push_str("</body></html>\n");
     h
 }

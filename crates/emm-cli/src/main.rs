@@ -15,6 +15,7 @@ mod out;
 mod replay;
 mod report;
 mod units;
+mod verdict;
 
 /// Choose and share CUDA memory managers; replay your program's allocations
 /// through each of them.

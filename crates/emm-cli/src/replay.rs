@@ -247,6 +247,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     }
     let until_steady = args.passes.is_none().then_some(STEADY);
     let mut report = Report {
+        schema_version: 1,
+        emm_version: env!("CARGO_PKG_VERSION").to_owned(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
         backend: backend.name(),
         backend_detail: backend.describe(),
         steady_rule: until_steady.map(|r| SteadyRuleReport {

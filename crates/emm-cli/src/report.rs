@@ -11,6 +11,12 @@ use crate::units;
 /// The whole run.
 #[derive(Serialize)]
 pub struct Report {
+    /// The version of this JSON document's layout (1: this one).
+    pub schema_version: u32,
+    /// The `emm` that wrote it.
+    pub emm_version: String,
+    /// The command line that made it.
+    pub command: String,
     pub backend: &'static str,
     pub backend_detail: String,
     /// When each replay stopped on its own (without `--passes`); `null` with
@@ -367,6 +373,11 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             out.line(passes_line(t, m))?;
         }
     }
+    for t in &r.traces {
+        if let Some(v) = crate::verdict::headline(r, t) {
+            out.line(format_args!("{}: {v}", t.trace))?;
+        }
+    }
     if let Some(cap) = r.device_memory_bytes {
         for t in &r.traces {
             let (fits, not): (Vec<_>, Vec<_>) = t.managers.iter().partition(|m| !m.failed);
@@ -563,6 +574,9 @@ mod tests {
 
     fn report(m: ManagerReport, steady: bool) -> Report {
         Report {
+            schema_version: 1,
+            emm_version: String::new(),
+            command: String::new(),
             backend: "host",
             backend_detail: String::new(),
             steady_rule: steady.then_some(SteadyRuleReport {

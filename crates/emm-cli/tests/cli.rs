@@ -1011,3 +1011,47 @@ fn device_memory_says_which_managers_fit_and_fit_finds_the_smallest_device() {
         assert_eq!(o.status.success(), ok, "at {cap}: {}", text(&o.stderr));
     }
 }
+
+#[test]
+fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
+    let page = std::env::temp_dir().join(format!("emm-verdict-{}.html", std::process::id()));
+    let page_arg = page.to_string_lossy().into_owned();
+    let o = run(&[
+        "replay",
+        "--passes",
+        "1",
+        "-m",
+        "pool",
+        "-m",
+        "pytorch-native",
+        "--html",
+        &page_arg,
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let verdict = out
+        .lines()
+        .find(|l| l.contains("emm pool") && l.contains("at peak"))
+        .unwrap_or_else(|| panic!("no verdict in\n{out}"));
+    assert!(
+        verdict.contains("pytorch-native 4.60 GiB: the pool saves"),
+        "{verdict}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<p><strong>emm pool"),
+        "the page leads with the verdict"
+    );
+    assert!(
+        html.contains(env!("CARGO_PKG_VERSION")) && html.contains("--html"),
+        "version and command"
+    );
+    let _ = std::fs::remove_file(&page);
+    let o = run(&["replay", "--passes", "1", "-m", "pool", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert!(
+        v["command"].as_str().unwrap().contains("replay --passes 1"),
+        "{v}"
+    );
+}
