@@ -99,7 +99,23 @@ pub struct State {
     segments: Vec<Segment>,
     next_address: u64,
     stats: Stats,
+    /// Where a write to a stale index lands (see [`State::bm`]).
+    scratch: Block,
 }
+
+/// What a stale index reads (see [`State::b`]): a free, unlinked, empty block.
+const PLACEHOLDER: Block = Block {
+    ptr: 0,
+    size: 0,
+    stream: 0,
+    small: false,
+    allocated: false,
+    mapped: true,
+    prev: None,
+    next: None,
+    segment: None,
+    gc_base: 0,
+};
 
 /// A request was refused: PyTorch's `OutOfMemoryError`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +139,7 @@ impl State {
             segments: Vec::new(),
             next_address: 1 << 40,
             stats: Stats::default(),
+            scratch: PLACEHOLDER,
         }
     }
 
@@ -131,19 +148,41 @@ impl State {
         self.stats
     }
 
+    /// Block `i`. Indices come from the pools and the blocks' links, which only
+    /// name live blocks; were one stale (a bug here), a debug build stops and a
+    /// release build reads a free placeholder rather than panic.
     fn b(&self, i: usize) -> &Block {
-        self.slab[i].as_ref().expect("a live block index")
+        match self.slab.get(i).and_then(Option::as_ref) {
+            Some(b) => b,
+            None => {
+                debug_assert!(false, "block {i} is not live");
+                &PLACEHOLDER
+            }
+        }
     }
 
+    /// Block `i`, to change (see [`State::b`]).
     fn bm(&mut self, i: usize) -> &mut Block {
-        self.slab[i].as_mut().expect("a live block index")
+        if !matches!(self.slab.get(i), Some(Some(_))) {
+            debug_assert!(false, "block {i} is not live");
+            self.scratch = PLACEHOLDER;
+            return &mut self.scratch;
+        }
+        match &mut self.slab[i] {
+            Some(b) => b,
+            None => &mut self.scratch,
+        }
     }
 
     fn new_block(&mut self, b: Block) -> usize {
         match self.free_slots.pop() {
-            Some(i) => {
+            Some(i) if i < self.slab.len() => {
                 self.slab[i] = Some(b);
                 i
+            }
+            Some(_) => {
+                self.slab.push(Some(b));
+                self.slab.len() - 1
             }
             None => {
                 self.slab.push(Some(b));
@@ -153,8 +192,10 @@ impl State {
     }
 
     fn delete(&mut self, i: usize) {
-        self.slab[i] = None;
-        self.free_slots.push(i);
+        if let Some(slot @ Some(_)) = self.slab.get_mut(i) {
+            *slot = None;
+            self.free_slots.push(i);
+        }
     }
 
     fn pool_of(&self, i: usize) -> usize {
@@ -364,7 +405,7 @@ impl State {
     /// `should_split`.
     fn should_split(&self, i: usize, size: u64) -> bool {
         let b = self.b(i);
-        let remaining = b.size - size;
+        let remaining = b.size.saturating_sub(size);
         if b.small || self.conf.expandable_segments {
             remaining >= MIN_BLOCK
         } else {
@@ -405,7 +446,7 @@ impl State {
     /// `free` (no other stream used the block) and `free_block`.
     pub fn free(&mut self, i: usize) {
         let s = self.b(i).size;
-        self.stats.allocated -= s;
+        self.stats.allocated = self.stats.allocated.saturating_sub(s);
         self.bm(i).allocated = false;
         let (prev, next) = (self.b(i).prev, self.b(i).next);
         self.try_merge(i, prev);
@@ -501,8 +542,10 @@ impl State {
     /// block `i` (all or nothing, as `ExpandableSegment::map`).
     fn map_block(&mut self, i: usize, size: u64) -> bool {
         let b = self.b(i).clone();
-        let Some(seg) = b.segment else { return false };
-        let (base, page) = (self.segments[seg].base, self.segments[seg].page);
+        let Some(seg) = b.segment.and_then(|g| self.segments.get(g)) else {
+            return false;
+        };
+        let (base, page) = (seg.base, seg.page);
         let begin = (b.ptr - base) / page;
         let end = (b.ptr + size - base).div_ceil(page);
         if begin == end {
@@ -604,7 +647,7 @@ impl State {
     fn release_block(&mut self, i: usize) {
         let s = self.b(i).size;
         self.remove_free(i);
-        self.stats.reserved -= s;
+        self.stats.reserved = self.stats.reserved.saturating_sub(s);
         self.stats.device_frees += 1;
         self.delete(i);
     }
@@ -612,8 +655,10 @@ impl State {
     /// `unmap_block`: unmaps the whole pages inside the free block `i`.
     fn unmap_block(&mut self, i: usize) {
         let b = self.b(i).clone();
-        let Some(seg) = b.segment else { return };
-        let (base, page) = (self.segments[seg].base, self.segments[seg].page);
+        let Some(seg) = b.segment.and_then(|g| self.segments.get(g)) else {
+            return;
+        };
+        let (base, page) = (seg.base, seg.page);
         let begin = (b.ptr - base).div_ceil(page);
         let end = (b.ptr + b.size - base) / page;
         if begin >= end {
@@ -664,7 +709,7 @@ impl State {
         let p = self.pool_of(i);
         let k = self.ukey(i);
         self.pools[p].unmapped.insert(k);
-        self.stats.reserved -= usize_;
+        self.stats.reserved = self.stats.reserved.saturating_sub(usize_);
         self.stats.device_frees += 1;
     }
 
