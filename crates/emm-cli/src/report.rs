@@ -368,6 +368,9 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             }
         }
     }
+    for l in skipped_lines(r) {
+        out.line(l)?;
+    }
     for t in &r.traces {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
             out.line(passes_line(t, m))?;
@@ -472,6 +475,20 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The lines under the table on managers that could not run here, each said
+/// once however many traces skipped it: `hostonly skipped: why`. Standard
+/// error says it too, but a table kept in a file would not.
+pub fn skipped_lines(r: &Report) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for s in r.traces.iter().flat_map(|t| &t.skipped) {
+        let l = format!("{} skipped: {}", s.manager, s.why);
+        if !lines.contains(&l) {
+            lines.push(l);
+        }
+    }
+    lines
 }
 
 /// The line under the table on a failed replay: how many requests failed and

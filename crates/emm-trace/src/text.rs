@@ -25,9 +25,16 @@ pub(crate) enum Sniff {
 }
 
 /// Tells a pickle, text and other binary data apart from the first bytes.
+///
+/// Protocols 2 to 5 begin with `PROTO`. Protocols 0 and 1 have no such mark, so a
+/// pickle of theirs is known by how a dict (a snapshot's top) begins: `}` then a
+/// memo `PUT`, a `MARK` or `STOP` at protocol 1; `(d` then `p` (`PUT`), a key
+/// (`S`, `V`) or `STOP` at protocol 0. Neither begins a line of a text trace.
 pub(crate) fn sniff(head: &[u8]) -> Sniff {
-    if head.len() >= 2 && head[0] == 0x80 && (2..=5).contains(&head[1]) {
-        return Sniff::Pickle;
+    match head {
+        [0x80, 2..=5, ..] | [b'}', b'q' | b'r' | b'(' | b'.', ..] => return Sniff::Pickle,
+        [b'(', b'd', b'p' | b'S' | b'V' | b'.', ..] => return Sniff::Pickle,
+        _ => {}
     }
     if let Some(at) = head.iter().position(|&b| b == 0) {
         return Sniff::Binary(format!("a NUL byte at offset {at}"));

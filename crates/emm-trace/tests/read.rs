@@ -168,6 +168,38 @@ fn snapshot_reconstructs_allocations_made_before_recording() {
     }
 }
 
+/// A snapshot pickled at protocol 0 or 1 (no `PROTO` opcode at its start; a
+/// protocol-1 file holds NUL bytes, a protocol-0 file is ASCII) is found to be a
+/// snapshot from its first bytes, as Python's `pickle` reads it, and reads as the
+/// same snapshot at protocol 4; from standard input too. They were once refused
+/// as binary data or as a text file with no usable header unless `--format
+/// pytorch` was given.
+#[test]
+fn snapshots_of_protocols_0_and_1_are_detected_without_format() {
+    let p4 = open_one(&fixture("snapshot_small.pickle")).unwrap();
+    let (p4_ops, p4_diag) = ops_of(&p4);
+    for name in ["snapshot_small_p0.pickle", "snapshot_small_p1.pickle"] {
+        let t = open_one(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.format(), Format::TorchSnapshot, "{name}");
+        assert_eq!(t.torch_figures(), p4.torch_figures(), "{name}");
+        assert_eq!(ops_of(&t), (p4_ops.clone(), p4_diag.clone()), "{name}");
+        let bytes = std::fs::read(fixture(name)).unwrap();
+        let t = Trace::from_reader("(standard input)", &bytes[..], None)
+            .unwrap_or_else(|e| panic!("{name} from a reader: {e}"));
+        assert_eq!(t[0].format(), Format::TorchSnapshot, "{name}");
+    }
+    // Text that merely begins with a brace or a parenthesis is still text.
+    for head in [&b"}\nop,id,size,stream\n"[..], b"(d)\nop,id,size,stream\n"] {
+        match open_one(&temp("brace.csv", head)) {
+            Ok(t) => assert_eq!(t.format(), Format::EmmCsv),
+            Err(e) => assert!(
+                !matches!(e, TraceError::Pickle { .. } | TraceError::Snapshot { .. }),
+                "{e:?}"
+            ),
+        }
+    }
+}
+
 /// Snapshots PyTorch 2.11 wrote on an H200 (`python/gpu/record_snapshot.py`): a
 /// training run whose recording starts at step 15, with a side stream and
 /// `record_stream`, and variable-batch inference. The expected figures come from
@@ -241,7 +273,12 @@ fn a_snapshot_whose_entries_share_objects_reads_as_without_sharing() {
         plain_ops.len() > 3 * 6,
         "small()'s client events, 3 times: {plain_ops:?}"
     );
-    for name in ["snapshot_shared.pickle", "snapshot_shared_p2.pickle"] {
+    for name in [
+        "snapshot_shared.pickle",
+        "snapshot_shared_p2.pickle",
+        "snapshot_shared_p1.pickle",
+        "snapshot_shared_p0.pickle",
+    ] {
         let t = open_one(&fixture(name)).unwrap();
         let (ops, diag) = ops_of(&t);
         assert_eq!(diag, plain_diag, "{name}");
