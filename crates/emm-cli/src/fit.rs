@@ -1,35 +1,10 @@
 //! "Will it fit": sizes with units for `--device-memory`, and the search behind
 //! `--fit` for the smallest device on which a manager runs a trace.
 
-/// Parses a size: bytes, or a number with a binary unit (`K`, `M`, `G`, `T`, with
-/// or without `iB`/`B`, any case): `24G`, `24GiB`, `512MiB`, `1.5g`.
+/// Parses a size with a binary unit (`24G`, `512MiB`), as every setting of emm
+/// that takes bytes does ([`emm::core::parse_bytes`]).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let shift = match unit.trim_end_matches("ib").trim_end_matches('b') {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        _ => {
-            return Err(format!(
-                "{text:?} is not a size: expected bytes or a number with K, M, G or T (binary units: 24G is 24 GiB)"
-            ))
-        }
-    };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size: no number before the unit"))?;
-    let bytes = value * (1u64 << shift) as f64;
-    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
-        return Err(format!("{text:?} is not a size this machine can address"));
-    }
-    Ok(bytes as u64)
+    emm::core::parse_bytes(text)
 }
 
 /// The answer of [`smallest`].

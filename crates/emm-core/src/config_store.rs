@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{EmmError, Result};
+use crate::units::parse_bytes;
 
 /// The environment variable that selects a manager by name.
 pub const MANAGER_ENV: &str = "EMM_MEMORY_MANAGER";
@@ -237,16 +238,17 @@ pub(crate) fn normalize(k: &Key, value: &str) -> Result<String> {
                 Ok(v.to_owned())
             }
         }
-        ValueKind::Bytes => v
-            .parse::<usize>()
+        ValueKind::Bytes => parse_bytes(v)
+            .and_then(|n| {
+                usize::try_from(n).map_err(|_| "larger than this machine can address".to_owned())
+            })
             .map(|n| n.to_string())
-            .map_err(|_| bad("expected a number of bytes")),
+            .map_err(|e| bad(&e)),
         ValueKind::BytesOrMax => match v {
             "max" => Ok("max".to_owned()),
-            _ => v
-                .parse::<u64>()
+            _ => parse_bytes(v)
                 .map(|n| n.to_string())
-                .map_err(|_| bad("expected a number of bytes or `max`")),
+                .map_err(|e| bad(&format!("{e}, or `max`"))),
         },
         ValueKind::Bool => match v.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" => Ok("1".to_owned()),
@@ -297,10 +299,14 @@ mod tests {
         c.set_with_env("max_pending_deallocs_ratio", "0.5", no_env)
             .unwrap();
         let e = c.set_with_env("pool_limit", "-1", no_env).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid value \"-1\" for pool_limit: expected a number of bytes"
+        assert!(
+            e.to_string()
+                .starts_with("invalid value \"-1\" for pool_limit: expected a number of bytes"),
+            "{e}"
         );
+        // Sizes take binary units, stored as bytes.
+        c.set_with_env("pool_limit", "1.5G", no_env).unwrap();
+        assert_eq!(c.get("EMM_POOL_LIMIT").as_deref(), Some("1610612736"));
         let e = c
             .set_with_env("max_pending_deallocs_ratio", "1.5", no_env)
             .unwrap_err();

@@ -35,6 +35,7 @@ mod manager;
 mod pointer;
 mod router;
 mod snapshot;
+mod units;
 
 pub use config::configure;
 pub use config_store::MANAGER_ENV;
@@ -57,6 +58,7 @@ pub use router::{
 pub use snapshot::{
     stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
 };
+pub use units::parse_bytes;
 
 pub use emm_driver;
 pub use emm_sys::{CUdeviceptr, CUstream};

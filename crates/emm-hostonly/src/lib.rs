@@ -82,10 +82,10 @@ impl HostOnlyConfig {
             c.release_threshold = match v.trim() {
                 "" => c.release_threshold,
                 "max" => u64::MAX,
-                n => n.parse().map_err(|_| EmmError::InvalidConfig {
+                n => emm_core::parse_bytes(n).map_err(|reason| EmmError::InvalidConfig {
                     name: RELEASE_THRESHOLD_ENV.into(),
                     value: v.clone(),
-                    reason: "expected a number of bytes or `max`".into(),
+                    reason: format!("{reason}, or `max`"),
                 })?,
             };
         }

@@ -64,11 +64,13 @@ impl PoolConfig {
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_THREAD_CACHE") {
             if !v.trim().is_empty() {
-                c.thread_cache_bytes = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
-                    name: "EMM_POOL_THREAD_CACHE".into(),
-                    value: v.clone(),
-                    reason: "expected a number of bytes".into(),
-                })?;
+                c.thread_cache_bytes = emm_core::parse_bytes(&v)
+                    .and_then(|n| usize::try_from(n).map_err(|_| "too large".to_owned()))
+                    .map_err(|reason| EmmError::InvalidConfig {
+                        name: "EMM_POOL_THREAD_CACHE".into(),
+                        value: v.clone(),
+                        reason,
+                    })?;
                 if c.thread_cache_bytes == 0 {
                     c.thread_cache_blocks = 0;
                 }
@@ -86,11 +88,15 @@ impl PoolConfig {
         }
         if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
             if !v.trim().is_empty() {
-                c.limit = Some(v.trim().parse().map_err(|_| EmmError::InvalidConfig {
-                    name: "EMM_POOL_LIMIT".into(),
-                    value: v.clone(),
-                    reason: "expected a number of bytes".into(),
-                })?);
+                c.limit = Some(
+                    emm_core::parse_bytes(&v)
+                        .and_then(|n| usize::try_from(n).map_err(|_| "too large".to_owned()))
+                        .map_err(|reason| EmmError::InvalidConfig {
+                            name: "EMM_POOL_LIMIT".into(),
+                            value: v.clone(),
+                            reason,
+                        })?,
+                );
             }
         }
         Ok(c)
