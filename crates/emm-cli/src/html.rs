@@ -6,7 +6,8 @@
 use std::fmt::Write as _;
 
 use crate::report::{
-    failure_line, last_label, passes_line, rows, unsettled, Report, TraceReport, NO_SEGMENTS,
+    failure_line, last_label, passes_line, rows, unsettled, verdict_of, Report, TraceReport,
+    NO_SEGMENTS,
 };
 use crate::units;
 
@@ -71,7 +72,7 @@ pub fn page(r: &Report) -> String {
             t.streams,
             units::bytes(t.peak_live_bytes)
         );
-        if let Some(v) = crate::verdict::headline(r, t) {
+        if let Some(v) = verdict_of(r, t) {
             let _ = writeln!(h, "<p><strong>{}</strong></p>", escape(&v));
         }
         for row in all.iter().filter(|row| row[0] == t.trace) {

@@ -6,7 +6,7 @@ use std::io;
 use serde::Serialize;
 
 use crate::out::Out;
-use crate::units;
+use crate::{units, verdict};
 
 /// The whole run.
 #[derive(Serialize)]
@@ -301,6 +301,32 @@ pub const LEGEND: [&str; 3] = [
 pub const NO_SEGMENTS: &str =
     "PyTorch's reserved bytes are unknown (-): the snapshot has no segments and no segment events";
 
+/// The verdict sentence for `t` (see `verdict.rs`), or `None` without a pool run.
+pub fn verdict_of(r: &Report, t: &TraceReport) -> Option<String> {
+    verdict::headline(&verdict::Facts {
+        ran: t
+            .managers
+            .iter()
+            .map(|m| verdict::Ran {
+                manager: &m.manager,
+                peak_reserved_bytes: m.peak_reserved_bytes,
+                failed: m.failed,
+            })
+            .collect(),
+        recorded: t
+            .pytorch
+            .as_ref()
+            .and_then(|p| p.peak_reserved_bytes)
+            .map(|b| u64::try_from(b).unwrap_or(u64::MAX)),
+        fit: t
+            .fit
+            .iter()
+            .map(|f| (f.manager.as_str(), f.with_overhead_bytes))
+            .collect(),
+        device_memory: r.device_memory_bytes,
+    })
+}
+
 /// Writes the table.
 pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
     let last = last_label(r);
@@ -377,7 +403,7 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     for t in &r.traces {
-        if let Some(v) = crate::verdict::headline(r, t) {
+        if let Some(v) = verdict_of(r, t) {
             out.line(format_args!("{}: {v}", t.trace))?;
         }
     }

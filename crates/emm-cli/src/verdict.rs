@@ -1,33 +1,36 @@
 //! The one sentence a user came for, per trace: how much emm's pool reserves at
-//! peak beside PyTorch's allocator (the models, else the snapshot's record), and,
-//! with `--fit` or `--device-memory`, on what device each runs. The table, the
-//! page and nothing else print it, so both say the same.
+//! peak beside PyTorch's allocator (the models, and the snapshot's record), and,
+//! with `--fit` or `--device-memory`, on what device each runs. The table and the
+//! page both lead with it (`report::verdict_of` gathers the facts).
 
-use crate::report::{Report, TraceReport};
 use crate::units;
 
-/// The verdict for `t`, or `None` when emm's pool did not run (or failed).
-pub fn headline(r: &Report, t: &TraceReport) -> Option<String> {
-    let pool = t
-        .managers
-        .iter()
-        .find(|m| m.manager == "pool" && !m.failed)?;
+/// One manager's replay of a trace, as the verdict needs it.
+pub struct Ran<'a> {
+    pub manager: &'a str,
+    pub peak_reserved_bytes: u64,
+    pub failed: bool,
+}
+
+/// What the verdict is drawn from: the replays, PyTorch's recorded peak, `--fit`'s
+/// answers (manager, device needed with the overhead) and `--device-memory`.
+pub struct Facts<'a> {
+    pub ran: Vec<Ran<'a>>,
+    pub recorded: Option<u64>,
+    pub fit: Vec<(&'a str, Option<u64>)>,
+    pub device_memory: Option<u64>,
+}
+
+/// The verdict, or `None` when emm's pool did not run (or failed).
+pub fn headline(f: &Facts<'_>) -> Option<String> {
+    let pool = f.ran.iter().find(|m| m.manager == "pool" && !m.failed)?;
     let peer = |name: &str| {
-        t.managers
+        f.ran
             .iter()
             .find(|m| m.manager == name && !m.failed)
             .map(|m| (name.to_owned(), m.peak_reserved_bytes))
     };
-    let recorded = t
-        .pytorch
-        .as_ref()
-        .and_then(|p| p.peak_reserved_bytes)
-        .map(|b| {
-            (
-                "PyTorch as recorded".to_owned(),
-                u64::try_from(b).unwrap_or(u64::MAX),
-            )
-        });
+    let recorded = f.recorded.map(|b| ("PyTorch as recorded".to_owned(), b));
     let peers: Vec<(String, u64)> = [peer("pytorch-native"), peer("pytorch-expandable")]
         .into_iter()
         .flatten()
@@ -38,7 +41,7 @@ pub fn headline(r: &Report, t: &TraceReport) -> Option<String> {
         units::bytes(u128::from(pool.peak_reserved_bytes))
     );
     for (name, bytes) in &peers {
-        let diff = *bytes as i128 - i128::from(pool.peak_reserved_bytes);
+        let diff = i128::from(*bytes) - i128::from(pool.peak_reserved_bytes);
         let verb = if diff >= 0 { "saves" } else { "costs" };
         s += &format!(
             "; {name} {}: the pool {verb} {} ({:.0} %)",
@@ -47,30 +50,21 @@ pub fn headline(r: &Report, t: &TraceReport) -> Option<String> {
             diff.unsigned_abs() as f64 * 100.0 / (*bytes).max(1) as f64
         );
     }
-    if let Some(f) = t
-        .fit
-        .iter()
-        .find(|f| f.manager == "pool")
-        .and_then(|f| f.with_overhead_bytes)
-    {
-        s += &format!("; the pool fits on {}", units::bytes(u128::from(f)));
+    let needs = |name: &str| f.fit.iter().find(|x| x.0 == name).and_then(|x| x.1);
+    if let Some(n) = needs("pool") {
+        s += &format!("; the pool fits on {}", units::bytes(u128::from(n)));
         for name in ["pytorch-expandable", "pytorch-native"] {
-            if let Some(n) = t
-                .fit
-                .iter()
-                .find(|f| f.manager == name)
-                .and_then(|f| f.with_overhead_bytes)
-            {
+            if let Some(n) = needs(name) {
                 s += &format!(", {name} needs {}", units::bytes(u128::from(n)));
             }
         }
     }
-    if let Some(cap) = r.device_memory_bytes {
-        let not: Vec<&str> = t
-            .managers
+    if let Some(cap) = f.device_memory {
+        let not: Vec<&str> = f
+            .ran
             .iter()
             .filter(|m| m.failed)
-            .map(|m| m.manager.as_str())
+            .map(|m| m.manager)
             .collect();
         s += &format!(
             "; on {}: {}",
