@@ -63,6 +63,9 @@ def parse():
                         "bucketed: 8 shapes, each seen in warmup, then drawn again (later epochs "
                         "of bucketed training)")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --ddp: FSDP2 (fully_shard on each transformer block and the model, "
+                        "bf16 parameters, fp32 gradient reduction) instead of DistributedDataParallel")
     p.add_argument("--profile", metavar="DIR",
                    help="profile 6 steps after the timed ones (every rank under DDP); tables and the "
                         "streams' idle time (profile_gaps.py) to DIR")
@@ -141,6 +144,27 @@ def build(workload, dev):
     return model.to(dev)
 
 
+def shard(model, workload):
+    """FSDP2: each transformer block sharded on its own, then the rest; bf16
+    parameters in compute and fp32 gradient reduction. Its all-gather and
+    reduce-scatter buffers are allocated on FSDP's own streams and freed across
+    them, through whatever allocator the variant installed."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if workload.startswith("gpt2"):
+        blocks = model.transformer.h
+    elif workload.startswith("llama"):
+        blocks = model.model.layers
+    else:
+        raise SystemExit(f"--fsdp shards transformer blocks: not {workload}")
+    for block in blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
 BUCKETS = 8
 # New tokens per generation (llama-generate).
 GENERATED = 48
@@ -195,7 +219,9 @@ def main():
     torch.manual_seed(args.seed)
     model = build(args.workload, dev)
     infer = args.workload.endswith("-infer") or args.workload == "llama-generate"
-    if args.ddp:
+    if args.ddp and args.fsdp:
+        model = shard(model, args.workload)
+    elif args.ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     if infer:
         model.eval()

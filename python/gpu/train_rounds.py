@@ -6,7 +6,8 @@ the order rotated each round, one process each; then one table per workload.
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
                             [--pin CPUS] [--log FILE] [--no-telemetry]
 
---ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama).
+--ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
+--fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
 Prints, per workload and variant: the time of all timed steps of a process (what
 the user waits for: an epoch of those steps), median over rounds and its spread;
 the median of each round's median step; the median and mean of every timed step of
@@ -42,7 +43,7 @@ def run_one(args, workload, variant, rnd, log):
         cmd += ["--profile", args.profile]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
-               *cmd[1:], "--ddp"]
+               *cmd[1:], "--ddp"] + (["--fsdp"] if args.fsdp else [])
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -147,6 +148,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--ddp", type=int, default=0)
+    p.add_argument("--fsdp", action="store_true", help="with --ddp G: FSDP2 instead of DDP")
     p.add_argument("--sdpa", choices=("auto", "flash"), default="auto")
     p.add_argument("--shapes", choices=("fresh", "bucketed"), default="fresh",
                    help="as train_bench.py: a new shape every step, or 8 shapes seen in warmup")
@@ -220,7 +222,7 @@ def from_log(args):
 
 
 def tables(args, results):
-    world = (f", {args.ddp} GPUs (DDP)" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
+    world = (f", {args.ddp} GPUs ({'FSDP2' if getattr(args, 'fsdp', False) else 'DDP'})" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
         print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
         print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "

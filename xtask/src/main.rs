@@ -226,6 +226,11 @@ const STANDIN_SKIPS: &[(&str, &str)] = &[
         "mempool_ipc_child_process",
         "the child half of cross-process mempool IPC",
     ),
+    (
+        "processes_share_blocks_through_ipc",
+        "cross-process IPC under churn: the stand-in's memory is private to its process",
+    ),
+    ("ipc_churn_child", "the child half of the IPC churn test"),
 ];
 
 /// Long tests that load the stand-in themselves, so the plain `test` step already

@@ -12,7 +12,8 @@
 //! the real one in a forked child (its calls fail with
 //! `CUDA_ERROR_NOT_INITIALIZED`), so the stand-in run proves the checks; the GPU
 //! run (`--ignored` or `--include-ignored`, as the GPU bundle passes) repeats
-//! them over the real driver.
+//! them over the driver the environment names (`EMM_CUDA_DRIVER`, else the real
+//! one).
 //!
 //! Build the stand-in first: `cargo build -p emm-standin` (`cargo xtask ci` does).
 
@@ -56,11 +57,19 @@ fn main() -> ExitCode {
             continue;
         }
         let mut cmd = Command::new(std::env::current_exe().expect("this test's executable"));
-        cmd.env(HELPER_ENV, driver);
-        match driver {
-            "gpu" => cmd.env_remove(emm_sys::DRIVER_PATH_ENV),
-            _ => cmd.env(emm_sys::DRIVER_PATH_ENV, common::standin_path()),
+        // Named for what it runs on: `gpu` on the real driver, `gpu-marked` when
+        // EMM_CUDA_DRIVER names another (CI's stand-in pass), never counted as a GPU.
+        let label = match driver {
+            "gpu" if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_some() => "gpu-marked",
+            d => d,
         };
+        cmd.env(HELPER_ENV, label);
+        // The GPU-marked run takes the driver the environment names, as every
+        // GPU test does: the real one on a GPU machine, the stand-in in CI's pass
+        // of the GPU-marked tests over it.
+        if driver != "gpu" {
+            cmd.env(emm_sys::DRIVER_PATH_ENV, common::standin_path());
+        }
         let out = cmd.output().expect("the helper process starts");
         let stdout = String::from_utf8_lossy(&out.stdout);
         print!("{stdout}");
