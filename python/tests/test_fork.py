@@ -62,7 +62,7 @@ HELPER = textwrap.dedent('''
         mgr = emm.Manager(None, 0)
         p = mgr.alloc(MIB)
         mgr.free(p)
-        out.put(("ok", os.getpid(), mgr.stats()["allocations"]))
+        out.put(("ok", os.getpid(), os.getppid(), mgr.stats()["allocations"]))
         mgr.close()
 
 
@@ -115,5 +115,7 @@ def test_a_child_forked_after_cuda_gets_forked_errors_and_the_parent_goes_on(tmp
 
 
 def test_a_spawned_child_has_a_working_manager_of_its_own(tmp_path):
-    status, pid, allocations = run_helper(tmp_path, "spawn")
-    assert status == "ok" and pid != os.getpid() and allocations >= 1
+    status, pid, parent, allocations = run_helper(tmp_path, "spawn")
+    # A process of its own (not the helper that spawned it), with a manager of
+    # its own that served its allocation.
+    assert status == "ok" and pid != parent and allocations >= 1

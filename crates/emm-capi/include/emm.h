@@ -192,7 +192,8 @@ typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
 /**
  * This process was forked after its parent initialised CUDA through emm: CUDA
  * and the parent's pools cannot be used here, so every call that would touch
- * them is refused (nothing is allocated, freed or destroyed). Start workers with
+ * them is refused (nothing is allocated, freed or destroyed; `emm_manager_name`
+ * answers NULL). Start workers with
  * spawn, or fork before CUDA is first used. Since ABI 309.
  */
 #define EMM_ERR_FORKED 11
@@ -219,8 +220,8 @@ extern "C" {
  * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
  * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
  * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
- * `EMM_ERR_FORKED`, which every call returns in a child forked after CUDA was
- * initialised.
+ * `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
+ * driver returns in a child forked after emm initialised CUDA.
  */
 int emm_abi_version(void);
 

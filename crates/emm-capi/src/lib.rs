@@ -92,7 +92,8 @@ pub const EMM_ERR_OTHER: emm_status = 9;
 pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// This process was forked after its parent initialised CUDA through emm: CUDA
 /// and the parent's pools cannot be used here, so every call that would touch
-/// them is refused (nothing is allocated, freed or destroyed). Start workers with
+/// them is refused (nothing is allocated, freed or destroyed; `emm_manager_name`
+/// answers NULL). Start workers with
 /// spawn, or fork before CUDA is first used. Since ABI 309.
 pub const EMM_ERR_FORKED: emm_status = 11;
 
@@ -269,8 +270,8 @@ pub(crate) fn manager_for(
 /// 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
 /// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
 /// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
-/// `EMM_ERR_FORKED`, which every call returns in a child forked after CUDA was
-/// initialised.
+/// `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
+/// driver returns in a child forked after emm initialised CUDA.
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION
@@ -468,6 +469,9 @@ pub(crate) fn with_manager(
 /// not live).
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_name(m: *const emm_manager) -> *const c_char {
+    if emm_sys::forked() {
+        return core::ptr::null(); // the handle table is the parent's
+    }
     match handle(m).map(|h| h.manager.name().to_owned()) {
         Ok(n) => match n.as_str() {
             "default" => c"default".as_ptr(),

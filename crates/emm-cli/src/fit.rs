@@ -46,13 +46,25 @@ pub fn smallest(
         }
         Ok(ok)
     };
-    if !try_at(high, &mut runs, &mut failed_at)? {
+    // `high` is what the run reserved without a cap, measured on another target
+    // (the GPU, or a device of another size): should it fail here, look higher.
+    let mut top = high;
+    let mut ok = try_at(top, &mut runs, &mut failed_at)?;
+    for _ in 0..3 {
+        if ok {
+            break;
+        }
+        top = top.saturating_mul(2);
+        ok = try_at(top, &mut runs, &mut failed_at)?;
+    }
+    if !ok {
         return Ok(Fit {
             needs: None,
             larger_failed: None,
             runs,
         });
     }
+    let high = top;
     let (mut lo, mut hi) = (low.min(high), high);
     while hi - lo > step {
         let mid = lo + (hi - lo) / 2;
@@ -104,6 +116,9 @@ mod tests {
         assert_eq!(f.larger_failed, Some(820), "{f:?}");
         // Never fits.
         assert_eq!(smallest(0, 1000, 1, |_| Ok(false)).unwrap().needs, None);
+        // Fits only above the given top: found by looking higher.
+        let f = smallest(0, 1000, 1, |c| Ok(c >= 1500)).unwrap();
+        assert_eq!(f.needs, Some(1500));
         assert!(smallest(0, 10, 1, |_| Err("no".into())).is_err());
     }
 }

@@ -69,7 +69,7 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
               value_parser = clap::value_parser!(u32).range(1..=100_000))]
         passes: Option<u32>,
         /// Settings for the models of PyTorch's allocator, as PyTorch spells
-        /// them (e.g. `max_split_size_mb:128,garbage_collection_threshold:0.8`);
+        /// them (e.g. `max_split_size_mb:128,roundup_power2_divisions:4`);
         /// default: `PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`.
         /// `pytorch-native` and `pytorch-expandable` each set
         /// `expandable_segments` their own way.
@@ -218,28 +218,49 @@ fn main() -> ExitCode {
             device_memory,
             fit,
             overhead,
-        } => match pytorch_conf.map_or_else(TorchConf::from_env, |c| TorchConf::parse(&c)) {
-            Err(e) => {
-                out::note(format_args!("emm replay: {e}"));
-                Ok(ExitCode::from(2))
-            }
-            Ok(torch_conf) => replay::run(&replay::Args {
-                traces,
-                managers: managers(&manager),
-                format: format.map(|f| match f {
-                    FormatArg::Emm => emm::trace::Format::EmmCsv,
-                    FormatArg::Rmm => emm::trace::Format::RmmLog,
-                    FormatArg::Pytorch => emm::trace::Format::TorchSnapshot,
+        } => {
+            let mut managers = managers(&manager);
+            let wants_models = managers
+                .iter()
+                .any(|m| replay::TORCH_MODELS.contains(&m.as_str()));
+            // PyTorch's settings matter only to its models: read (and refused) only
+            // when one is asked for. A value from the environment the models cannot
+            // follow (e.g. `backend:cudaMallocAsync`) skips them with a note instead
+            // of stopping the run.
+            let torch_conf = match (pytorch_conf, wants_models) {
+                (Some(c), _) => TorchConf::parse(&c).map_err(|e| e.to_string()),
+                (None, false) => Ok(TorchConf::default()),
+                (None, true) => Ok(TorchConf::from_env().unwrap_or_else(|e| {
+                    out::note(format_args!(
+                        "emm replay: the models of PyTorch's allocator are skipped: {e}"
+                    ));
+                    managers.retain(|m| !replay::TORCH_MODELS.contains(&m.as_str()));
+                    TorchConf::default()
+                })),
+            };
+            match torch_conf {
+                Err(e) => {
+                    out::note(format_args!("emm replay: {e}"));
+                    Ok(ExitCode::from(2))
+                }
+                Ok(torch_conf) => replay::run(&replay::Args {
+                    traces,
+                    managers,
+                    format: format.map(|f| match f {
+                        FormatArg::Emm => emm::trace::Format::EmmCsv,
+                        FormatArg::Rmm => emm::trace::Format::RmmLog,
+                        FormatArg::Pytorch => emm::trace::Format::TorchSnapshot,
+                    }),
+                    json,
+                    html,
+                    passes,
+                    torch_conf,
+                    device_memory,
+                    fit,
+                    overhead,
                 }),
-                json,
-                html,
-                passes,
-                torch_conf,
-                device_memory,
-                fit,
-                overhead,
-            }),
-        },
+            }
+        }
     };
     out::finish(result)
 }

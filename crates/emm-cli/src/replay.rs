@@ -93,17 +93,20 @@ fn fit_manager(
     summary: &Summary,
     m: &str,
     high: u64,
+    passes: u32,
 ) -> Result<fit::Fit, String> {
     let low = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
     let step = (2 << 20).max(high / 1000);
     fit::smallest(low, high.max(low), step, |cap| {
         let target =
             build_target(backend, m, &args.torch_conf, Some(cap)).map_err(|e| e.to_string())?;
+        // Exactly the passes the uncapped replay made, so that every size is
+        // judged on the same run (the steady rule's clock could stop one early).
         let opts = ReplayOptions {
             total_events: summary.events,
             samples: 0,
-            passes: args.passes.unwrap_or(1),
-            until_steady: args.passes.is_none().then_some(STEADY),
+            passes,
+            until_steady: None,
         };
         let mut streams = backend.streams();
         let label = format!(
@@ -117,7 +120,7 @@ fn fit_manager(
                 mm.as_ref(),
                 &mut streams,
                 &opts,
-                args.passes,
+                Some(passes),
                 summary.events,
                 label,
             ),
@@ -126,7 +129,7 @@ fn fit_manager(
                 tm,
                 &mut streams,
                 &opts,
-                args.passes,
+                Some(passes),
                 summary.events,
                 label,
             ),
@@ -249,7 +252,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     let mut report = Report {
         schema_version: 1,
         emm_version: env!("CARGO_PKG_VERSION").to_owned(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        command: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
         backend: backend.name(),
         backend_detail: backend.describe(),
         steady_rule: until_steady.map(|r| SteadyRuleReport {
@@ -400,12 +406,15 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             });
         }
         if args.fit {
-            let ran: Vec<(String, u64, bool)> = tr
+            let ran: Vec<(String, u64, bool, u32)> = tr
                 .managers
                 .iter()
-                .map(|m| (m.manager.clone(), m.peak_reserved_bytes, m.failed))
+                .map(|m| {
+                    let passes = u32::try_from(m.steady_passes.max(1)).unwrap_or(u32::MAX);
+                    (m.manager.clone(), m.peak_reserved_bytes, m.failed, passes)
+                })
                 .collect();
-            for (m, high, replay_failed) in ran {
+            for (m, high, replay_failed, passes) in ran {
                 if replay_failed {
                     continue; // it did not run uncapped: no size to search below
                 }
@@ -423,7 +432,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     ));
                     continue;
                 }
-                match fit_manager(&backend, args, t, &summary, &m, high) {
+                match fit_manager(&backend, args, t, &summary, &m, high, passes) {
                     Ok(f) => tr.fit.push(FitReport {
                         manager: m,
                         needs_bytes: f.needs,

@@ -13,6 +13,8 @@ fn emm() -> Command {
         "EMM_POOL_EXPANDABLE",
         "EMM_RECORD",
         "EMM_MEMORY_MANAGER",
+        "PYTORCH_ALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
     ] {
         c.env_remove(v);
     }
@@ -912,6 +914,45 @@ fn the_models_of_pytorchs_allocator_replay_beside_emms_managers() {
         .unwrap();
     assert!(r > 1.0 && (r - 1.390).abs() > 1e-6, "{v}");
 
+    // PyTorch's settings from the environment matter only to the models: one
+    // they cannot follow skips them with a note, and never stops emm's managers.
+    let o = emm()
+        .env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+        .args([
+            "replay",
+            "--passes",
+            "1",
+            "--json",
+            "-m",
+            "pool",
+            "-m",
+            "pytorch-native",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("models of PyTorch's allocator are skipped"),
+        "{}",
+        text(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["traces"][0]["managers"].as_array().unwrap().len(),
+        1,
+        "{v}"
+    );
+    let o = emm()
+        .env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+        .args(["replay", "--passes", "1", "-m", "pool"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && o.stderr.is_empty(),
+        "{}",
+        text(&o.stderr)
+    );
+
     // A setting PyTorch would refuse is refused, naming it.
     let o = run(&[
         "replay",
@@ -1057,6 +1098,37 @@ fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
         "version and command"
     );
     let _ = std::fs::remove_file(&page);
+    // With a device that PyTorch's default does not fit on, the verdict says so.
+    let o = run(&[
+        "replay",
+        "--passes",
+        "1",
+        "-m",
+        "pool",
+        "-m",
+        "pytorch-native",
+        "--device-memory",
+        "3.5G",
+    ]);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("; on 3.50 GiB: pytorch-native do not run"),
+        "{out}"
+    );
+    let o = run(&[
+        "replay",
+        "--passes",
+        "1",
+        "-m",
+        "pool",
+        "--device-memory",
+        "8G",
+    ]);
+    assert!(
+        text(&o.stdout).contains("; on 8.00 GiB: every manager runs"),
+        "{}",
+        text(&o.stdout)
+    );
     let o = run(&["replay", "--passes", "1", "-m", "pool", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["schema_version"], 1);

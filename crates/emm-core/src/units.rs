@@ -12,16 +12,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
-    let shift = match unit
-        .strip_suffix("ib")
-        .or_else(|| unit.strip_suffix('b'))
-        .unwrap_or(&unit)
-    {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
         _ => {
             return Err(format!(
                 "expected a number of bytes, or a number with K, M, G or T (binary: 24G is 24 GiB), found {text:?}"
@@ -31,10 +27,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if num.is_empty() {
         return Err(format!("expected a number before the unit, found {text:?}"));
     }
-    if shift == 0 && !num.contains('.') {
-        return num
-            .parse::<u64>()
-            .map_err(|_| format!("{text:?} is not a number of bytes this machine can count"));
+    if shift == 0 {
+        // Bytes are whole: `1.5` is a mistake, not one byte.
+        return num.parse::<u64>().map_err(|_| {
+            format!("{text:?} is not a whole number of bytes this machine can count")
+        });
     }
     let value: f64 = num
         .parse()
@@ -70,6 +67,8 @@ mod tests {
             "abc",
             "1..5G",
             "18446744073709551616",
+            "1.5",
+            "12ib",
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }

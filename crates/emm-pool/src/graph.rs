@@ -145,6 +145,8 @@ impl GraphPool {
     /// pool gives nothing back on its own: that would synchronize). A pool that was
     /// released takes no new allocations.
     pub fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        // In a forked child the graph pool's blocks are the parent's.
+        emm_core::check_not_forked()?;
         let invalid_size = |reason| EmmError::InvalidSize {
             requested: size,
             reason,

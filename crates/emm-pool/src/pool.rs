@@ -423,6 +423,12 @@ pub const NO_VMM_CACHE_BYTES: usize = 64 << 20;
 
 impl Drop for Local {
     fn drop(&mut self) {
+        if emm_sys::forked() {
+            // A child forked after CUDA was initialised: the pool (and its lock,
+            // perhaps held by a parent thread that does not exist here) is the
+            // parent's; a thread exiting here gives nothing back.
+            return;
+        }
         let Some(core) = self.core.upgrade() else {
             return; // the pool is gone, and its memory with it
         };
@@ -576,6 +582,8 @@ impl Core {
     }
 
     fn alloc(self: &Arc<Self>, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        // In a forked child the cached blocks are the parent's: hand none out.
+        emm_core::check_not_forked()?;
         if size == 0 {
             // SAFETY: a zero-length allocation owns nothing.
             return Ok(unsafe { DeviceAllocation::from_raw_parts(0, 0, stream, |_, _, _| {}) });
@@ -1317,6 +1325,11 @@ impl PoolManager {
 
 impl Drop for PoolManager {
     fn drop(&mut self) {
+        if emm_sys::forked() {
+            // In a forked child the core is the parent's: leave it untouched.
+            std::mem::forget(self.core.clone());
+            return;
+        }
         // Allocations point at the core without counting references; if any is
         // still live, the core must outlive it: leak it rather than free under it.
         let live = self.core.live_blocks();
@@ -1356,8 +1369,6 @@ impl MemoryManager for PoolManager {
     }
 
     fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
-        // In a forked child the cached blocks are the parent's: hand none out.
-        emm_core::check_not_forked()?;
         self.core.alloc(size, stream)
     }
 

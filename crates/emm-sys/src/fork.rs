@@ -4,10 +4,13 @@
 //! address space — emm's pools, their locks and cached blocks, the driver's own
 //! state — but not a usable CUDA context: the real driver answers every call there
 //! with `CUDA_ERROR_NOT_INITIALIZED`. [`driver`](crate::driver) registers a
-//! `pthread_atfork` child handler when it first loads the driver; from then on a
-//! forked child sees [`forked`] return the [`Forked`] error, and emm's layers above
-//! refuse to serve (or free into) the parent's pools there. A child forked before
-//! the driver was first loaded is an ordinary process and may use CUDA.
+//! `pthread_atfork` child handler before it first loads the driver, and records
+//! the process once `cuInit` has succeeded; a child forked after that sees
+//! [`forked`] return `true` and [`check_not_forked`] the [`Forked`] error, and
+//! emm's layers above refuse to serve (or free into) the parent's pools there. A
+//! child forked before emm initialised the driver (or after `cuInit` failed) is an
+//! ordinary process as far as emm knows; if another library initialised CUDA in
+//! the parent, the driver itself still refuses it (`CUDA_ERROR_NOT_INITIALIZED`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Once;
@@ -61,17 +64,16 @@ pub fn forked() -> bool {
     IN_FORKED_CHILD.load(Ordering::Relaxed)
 }
 
-/// Records this process as the one that initialised the driver and, once per
-/// process, registers the child handler. Called by [`driver`](crate::driver)
-/// before `cuInit`.
+/// Registers the child handler, once per process. Called by
+/// [`driver`](crate::driver) before it loads the library, so that no fork can
+/// fall between a successful `cuInit` and the handler.
 pub(crate) fn watch() {
-    INITIALISED_BY.store(std::process::id(), Ordering::Relaxed);
     WATCH.call_once(|| {
         #[cfg(unix)]
         {
             // SAFETY: `on_child` is an `extern "C"` function with no arguments that
-            // only stores to an atomic (async-signal-safe, as a handler run in a
-            // freshly forked child must be). A non-zero return (ENOMEM) leaves
+            // only loads and stores atomics (async-signal-safe, as a handler run in
+            // a freshly forked child must be). A non-zero return (ENOMEM) leaves
             // fork undetected: logged nowhere (this crate has no logger), and the
             // real driver still fails every call in such a child.
             let _ = unsafe { libc::pthread_atfork(None, None, Some(on_child)) };
@@ -79,9 +81,20 @@ pub(crate) fn watch() {
     });
 }
 
+/// Records this process as the one that initialised the driver (after a
+/// successful `cuInit`): from now on a forked child is refused.
+pub(crate) fn initialised() {
+    INITIALISED_BY.store(std::process::id(), Ordering::Relaxed);
+}
+
+/// In the child: only two atomic operations (async-signal-safe, as a handler run
+/// in a freshly forked child must be). Flags the child only when this process
+/// (or an ancestor) had initialised the driver.
 #[cfg(unix)]
 extern "C" fn on_child() {
-    IN_FORKED_CHILD.store(true, Ordering::Relaxed);
+    if INITIALISED_BY.load(Ordering::Relaxed) != 0 {
+        IN_FORKED_CHILD.store(true, Ordering::Relaxed);
+    }
 }
 
 #[cfg(all(test, unix))]
@@ -91,6 +104,7 @@ mod tests {
     #[test]
     fn a_process_that_never_forked_is_not_a_forked_child() {
         watch();
+        initialised();
         assert_eq!(check_not_forked(), Ok(()));
         assert!(!forked());
     }

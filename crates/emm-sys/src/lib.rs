@@ -148,10 +148,10 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     check_not_forked()?;
     DRIVER
         .get_or_init(|| {
+            fork::watch();
             // SAFETY: the default candidates are the CUDA driver's well-known names,
             // or a path the user named explicitly for that purpose.
             let drv = unsafe { Driver::load() }?;
-            fork::watch();
             // SAFETY: cuInit takes flags that must be 0.
             let r = unsafe { (drv.init)(0) };
             if !r.is_success() {
@@ -162,6 +162,7 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
                     text: drv.error_string(r),
                 });
             }
+            fork::initialised();
             Ok(drv)
         })
         .as_ref()

@@ -40,6 +40,12 @@ fn soak_every_manager_on_the_gpu() {
         device.ballast = None;
         let r = r.unwrap_or_else(|e| panic!("{e}"));
         assert!(r.allocs > 0 && r.frees > 0, "{name}: nothing was churned");
+        // The ballast really exhausted the device now and then.
+        assert!(
+            r.limits < 5 || r.refused > 0,
+            "{name}: {} limits and not one refusal: {r:?}",
+            r.limits
+        );
         drop(target);
         ctx.synchronize().unwrap();
         let held = device.held();

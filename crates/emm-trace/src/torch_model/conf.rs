@@ -32,6 +32,12 @@ pub struct TorchConf {
     pub roundup_power2_divisions: Vec<u64>,
     /// `garbage_collection_threshold` (0: off); acts only under a memory fraction.
     pub garbage_collection_threshold: f64,
+    /// `max_non_split_rounding_mb`, in bytes: how much larger than an oversize
+    /// request a cached oversize block may be and still serve it (20 MiB).
+    pub max_non_split_rounding: u64,
+    /// `per_process_memory_fraction`: a cap of this share of the device, as
+    /// `setMemoryFraction` (`None`: none).
+    pub memory_fraction: Option<f64>,
 }
 
 impl Default for TorchConf {
@@ -41,6 +47,8 @@ impl Default for TorchConf {
             max_split_size: NO_MAX_SPLIT,
             roundup_power2_divisions: vec![0; INTERVALS],
             garbage_collection_threshold: 0.0,
+            max_non_split_rounding: 20 << 20,
+            memory_fraction: None,
         }
     }
 }
@@ -125,6 +133,28 @@ impl TorchConf {
                     }
                     c.garbage_collection_threshold = t;
                 }
+                "max_non_split_rounding_mb" => {
+                    let mb: u64 = value
+                        .parse()
+                        .map_err(|_| err(setting, "expected a whole number of MiB".into()))?;
+                    // "max_non_split_rounding_mb too small, must be >= 20".
+                    if mb < 20 {
+                        return Err(err(setting, "PyTorch requires at least 20 (MiB)".into()));
+                    }
+                    c.max_non_split_rounding = mb.saturating_mul(1 << 20);
+                }
+                "per_process_memory_fraction" => {
+                    let f: f64 = value
+                        .parse()
+                        .map_err(|_| err(setting, "expected a number".into()))?;
+                    if !(f > 0.0 && f <= 1.0) {
+                        return Err(err(
+                            setting,
+                            "expected a share of the device in (0, 1]".into(),
+                        ));
+                    }
+                    c.memory_fraction = Some(f);
+                }
                 "backend" => {
                     if value != "native" {
                         return Err(err(
@@ -138,8 +168,7 @@ impl TorchConf {
                 | "pinned_num_register_threads"
                 | "pinned_use_background_threads"
                 | "pinned_reserve_segment_size_mb"
-                | "graph_capture_record_stream_reuse"
-                | "per_process_memory_fraction" => {}
+                | "graph_capture_record_stream_reuse" => {}
                 _ => return Err(err(setting, format!("unknown key `{key}`"))),
             }
         }
@@ -168,6 +197,7 @@ fn parse_divisions(value: &str) -> Result<Vec<u64>, String> {
     if let Some(list) = value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
         let mut out = vec![0; INTERVALS];
         let mut last_set = 0usize;
+        let mut first = true;
         for pair in list.split(',') {
             let (k, d) = pair
                 .split_once(':')
@@ -192,6 +222,13 @@ fn parse_divisions(value: &str) -> Result<Vec<u64>, String> {
             }
             let i = (63 - u64::from(mb.leading_zeros())) as usize;
             let i = i.min(INTERVALS - 1);
+            // The first size's divisions also apply below it.
+            if first {
+                for v in out.iter_mut().take(i) {
+                    *v = d;
+                }
+                first = false;
+            }
             out[i] = d;
             last_set = i;
         }
@@ -220,6 +257,17 @@ mod tests {
         assert_eq!(d.divisions_for(1 << 20), 1);
         assert_eq!(d.divisions_for(3 << 20), 4);
         assert_eq!(d.divisions_for(1 << 30), 8);
+        // The first size's divisions also apply below it, as PyTorch fills them.
+        let e = TorchConf::parse("roundup_power2_divisions:[256:2,>:4]").unwrap();
+        assert_eq!(e.divisions_for(1 << 20), 2);
+        assert_eq!(e.divisions_for(300 << 20), 2);
+        assert_eq!(e.divisions_for(600 << 20), 4);
+        let f = TorchConf::parse("max_non_split_rounding_mb:64,per_process_memory_fraction:0.5")
+            .unwrap();
+        assert_eq!(
+            (f.max_non_split_rounding, f.memory_fraction),
+            (64 << 20, Some(0.5))
+        );
         assert_eq!(
             TorchConf::parse("roundup_power2_divisions:4")
                 .unwrap()

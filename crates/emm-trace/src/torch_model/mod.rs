@@ -33,13 +33,14 @@ use emm_core::{fmt_bytes, ManagerStats};
 use emm_sys::CUstream;
 
 pub use conf::{ConfError, TorchConf};
-pub use state::Limit;
+pub use state::{Limit, Stats};
 
 use crate::target::{DriverCalls, ReplayTarget};
 use state::State;
 
-/// An H100 80GB's `totalGlobalMem`, the device size the model assumes unless told.
-pub const DEFAULT_DEVICE_BYTES: u64 = 85_031_714_816;
+/// An H100 80GB's total memory as `cudaMemGetInfo` reports it (gpu-verification
+/// run 162), the device size the model assumes unless told.
+pub const DEFAULT_DEVICE_BYTES: u64 = 85_017_493_504;
 
 /// PyTorch's caching allocator on one device, as a replay target.
 pub struct TorchModel {
@@ -60,6 +61,12 @@ impl TorchModel {
         } else {
             "pytorch-native"
         };
+        // `per_process_memory_fraction` caps as `setMemoryFraction` does, unless a
+        // limit is given.
+        let limit = limit.or_else(|| {
+            conf.memory_fraction
+                .map(|f| Limit::Fraction((f * device_bytes as f64) as u64))
+        });
         TorchModel {
             state: Arc::new(Mutex::new(State::new(conf, device_bytes, limit))),
             name: name.to_owned(),

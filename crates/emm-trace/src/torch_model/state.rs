@@ -267,6 +267,14 @@ impl State {
     /// `DeviceCachingAllocator::malloc`: the block handed out (its index and
     /// rounded size), or the refusal.
     pub fn malloc(&mut self, orig: u64, stream: u64) -> Result<(usize, u64), Refused> {
+        // Past any device (and past where rounding would overflow): refused.
+        if orig > 1 << 56 {
+            self.stats.ooms += 1;
+            return Err(Refused {
+                size: orig,
+                alloc_size: orig,
+            });
+        }
         let size = self.round_size(orig);
         let p = usize::from(size > SMALL_SIZE);
         let alloc_size = Self::allocation_size(size);
@@ -345,7 +353,7 @@ impl State {
             return None;
         }
         // Allow oversized block size to be rounded up but within a limit
-        if size >= max_split && found >= size.saturating_add(LARGE_BUFFER) {
+        if size >= max_split && found >= size.saturating_add(self.conf.max_non_split_rounding) {
             return None;
         }
         self.pools[p].blocks.remove(&it);
@@ -518,7 +526,12 @@ impl State {
         }
         let page = if p == 0 { SMALL_BUFFER } else { LARGE_BUFFER };
         // Address space for 1 1/8 of the device's memory.
-        let span = (self.device_total + self.device_total / 8).div_ceil(page) * page;
+        let span = self
+            .device_total
+            .min(1 << 56)
+            .saturating_add(self.device_total.min(1 << 56) / 8)
+            .div_ceil(page)
+            * page;
         let base = self.reserve_address(span);
         self.segments.push(Segment { base, page });
         let i = self.new_block(Block {
@@ -878,6 +891,16 @@ mod tests {
         let (d, _) = s.malloc(30 << 20, 0).unwrap();
         assert_eq!(s.stats().reserved, 40 << 20);
         s.free(d);
+    }
+
+    #[test]
+    fn a_request_past_any_device_is_refused_not_wrapped() {
+        let mut s = native();
+        assert!(s.malloc(u64::MAX, 0).is_err());
+        assert!(s.malloc(u64::MAX - 100, 3).is_err());
+        assert_eq!(s.stats().reserved, 0);
+        let mut big = State::new(TorchConf::default(), u64::MAX, None);
+        assert!(big.malloc(1 << 20, 0).is_ok());
     }
 
     #[test]

@@ -105,7 +105,13 @@ impl Device for GpuDevice {
         // The driver keeps some memory for itself: leave `room` plus a margin.
         let take = (free as u64).saturating_sub(room + (64 << 20)) & !((2 << 20) - 1);
         if take > 0 {
-            self.ballast = memory::DeviceBuffer::new(&self.ctx, take as usize).ok();
+            self.ballast = match memory::DeviceBuffer::new(&self.ctx, take as usize) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    println!("soak: no ballast of {take} bytes this phase: {e}");
+                    None
+                }
+            };
         }
     }
     fn unlimit(&mut self) {
