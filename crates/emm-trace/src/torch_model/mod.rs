@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use emm_core::{fmt_bytes, ManagerStats};
 use emm_sys::CUstream;
 
-pub use conf::{ConfError, TorchConf};
+pub use conf::{ConfError, TorchConf, NO_MAX_SPLIT};
 pub use state::{Limit, Stats};
 
 use crate::target::{DriverCalls, ReplayTarget};
