@@ -189,8 +189,8 @@ _LIB: Optional[ctypes.CDLL] = None
 # EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator; 304 managed
 # memory; 305 emm_torch_record_stream; 306 emm_torch_release; 307 PyTorch's memory
 # tools for the native object (emm_torch_memory_stats, ...); 308 its CUDA graph
-# pools (emm_torch_graph_pool_begin, ...).
-ABI_NEEDED = 308
+# pools (emm_torch_graph_pool_begin, ...); 309 EMM_ERR_FORKED (ForkedError).
+ABI_NEEDED = 309
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
