@@ -1,11 +1,5 @@
-//! "Will it fit": sizes with units for `--device-memory`, and the search behind
-//! `--fit` for the smallest device on which a manager runs a trace.
-
-/// Parses a size with a binary unit (`24G`, `512MiB`), as every setting of emm
-/// that takes bytes does ([`emm::core::parse_bytes`]).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    emm::core::parse_bytes(text)
-}
+//! `--fit`: the search for the smallest device on which a manager runs a trace
+//! (sizes with units come from `emm_core::parse_bytes`).
 
 /// The answer of [`smallest`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,19 +84,6 @@ pub fn smallest(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("24G"), Ok(24 << 30));
-        assert_eq!(parse_size("24GiB"), Ok(24 << 30));
-        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
-        assert_eq!(parse_size("0"), Ok(0));
-        for bad in ["", "G", "12X", "-1G", "1e400"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn the_search_finds_the_threshold_and_remembers_larger_failures() {

@@ -78,7 +78,7 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// Replay every manager on a device of SIZE (e.g. `24G`, binary units)
         /// and say which run and which fail; emm's managers then run over the
         /// host stand-in with that capacity, on a GPU too.
-        #[arg(long, value_name = "SIZE", value_parser = fit::parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes)]
         device_memory: Option<u64>,
         /// For each manager, search the smallest device it runs the trace on
         /// (bisection, confirmed by a run at the answer; a larger size that
@@ -90,7 +90,7 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// beyond its allocator's reserved memory after a matmul and a
         /// convolution (the CUDA context, cuBLAS and cuDNN): 693 MiB
         /// (`python/gpu/fit_check.sh`).
-        #[arg(long, value_name = "SIZE", value_parser = fit::parse_size, default_value = "693M")]
+        #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes, default_value = "693M")]
         overhead: u64,
     },
     /// Allocate+free pairs through every path, side by side.

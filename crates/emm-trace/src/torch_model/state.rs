@@ -390,12 +390,7 @@ impl State {
             size: alloc_size,
             stream,
             small: p == 0,
-            allocated: false,
-            mapped: true,
-            prev: None,
-            next: None,
-            segment: None,
-            gc_base: 0,
+            ..PLACEHOLDER
         });
         self.grow(alloc_size);
         self.stats.device_allocs += 1;
@@ -539,12 +534,9 @@ impl State {
             size: span,
             stream,
             small: p == 0,
-            allocated: false,
             mapped: false,
-            prev: None,
-            next: None,
             segment: Some(self.segments.len() - 1),
-            gc_base: 0,
+            ..PLACEHOLDER
         });
         let k = self.ukey(i);
         self.pools[p].unmapped.insert(k);
