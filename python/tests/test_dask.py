@@ -196,7 +196,15 @@ def test_a_local_cluster_with_the_plugin():
                 client.unregister_worker_plugin("emm")
                 down = client.run(emm.dask.worker_stats)
                 assert all(s["plugin"]["torn_down"] for s in down.values()), down
-                events = client.get_events("emm")
+                # A worker's events reach the scheduler on its batched stream, after
+                # the unregister call has returned: wait for them (up to 30 s).
+                import time
+                deadline = time.monotonic() + 30
+                while True:
+                    events = client.get_events("emm")
+                    if [e[1]["action"] for e in events].count("teardown") == 2 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
                 assert [e[1]["action"] for e in events].count("teardown") == 2, events
                 print("ok")
     """, timeout=180)

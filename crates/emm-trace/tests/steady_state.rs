@@ -40,12 +40,9 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     ("emm-cli/traces/llama_h200.csv", 1.116, None),
     ("emm-cli/traces/resnet50_bucketed_h200.csv", 1.013, None),
     ("emm-cli/traces/resnet50_h200.csv", 1.019, None),
-    // 165 MiB live: the 20 MiB growth step and the small segments are a tenth of it.
-    (
-        "emm-trace/tests/fixtures/h200_infer.pickle",
-        1.333,
-        Some(1.095),
-    ),
+    // 165 MiB live: growth by at most a 32nd of the reserve (it was 1.091 with a
+    // fixed 20 MiB step).
+    ("emm-trace/tests/fixtures/h200_infer.pickle", 1.333, None),
     (
         "emm-trace/tests/fixtures/h200_train_midway.pickle",
         1.063,

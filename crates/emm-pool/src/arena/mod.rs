@@ -224,7 +224,8 @@ pub struct SegmentPolicy {
     pub expandable: bool,
     /// Address space reserved for the expandable segment.
     pub expandable_reserve: usize,
-    /// The expandable segment grows by at least this much at a time.
+    /// The expandable segment grows by at least this much at a time, or by a
+    /// 32nd of what the pool reserves when that is less (`growth.rs`).
     pub expand_step: usize,
     /// Size of a small-block segment.
     pub small_segment: usize,
