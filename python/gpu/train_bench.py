@@ -270,6 +270,10 @@ def main():
         return loss
 
     times = []
+    # The current stream's time from the step's first call to its last (CUDA
+    # events): the step as the device saw it, without the host's wait at the end.
+    device_times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     probes = []  # host speed just before each timed step (host_probe)
     loss = None
     counters = step_counters(args.variant, dev)
@@ -283,10 +287,13 @@ def main():
         if i >= args.warmup:
             probes.append(host_probe())
         t0 = time.perf_counter()
+        start.record()
         loss = step(i)
+        end.record()
         torch.cuda.synchronize(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+            device_times.append(start.elapsed_time(end))
         free, _ = torch.cuda.mem_get_info(dev)
         device_peak = max(device_peak, total_mem - free)
         after = counters()
@@ -307,7 +314,7 @@ def main():
     mem = memory(args.variant, dev)
     result = {
         "variant": args.variant, "workload": args.workload, "world": world, "shapes": args.shapes,
-        "steps": args.steps, "step_ms": times,
+        "steps": args.steps, "step_ms": times, "device_ms": device_times,
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
         "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
         "torch_allocator": torch_allocator(),

@@ -4,10 +4,13 @@ the order rotated each round, one process each; then one table per workload.
     python3 train_rounds.py [--rounds 3] [--workloads gpt2 resnet50 gpt2-infer]
                             [--variants native expandable emm-pool emm-hostonly]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
-                            [--pin CPUS] [--log FILE] [--no-telemetry]
+                            [--pin CPUS] [--gpus G] [--log FILE] [--no-telemetry]
 
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
 --fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
+--gpus G runs a round's variants at once, one per GPU, each variant moving to the
+next GPU every round (G >= the variants; one GPU's speed then weighs on every
+variant alike over G rounds).
 Prints, per workload and variant: the time of all timed steps of a process (what
 the user waits for: an epoch of those steps), median over rounds and its spread;
 the median of each round's median step; the median and mean of every timed step of
@@ -31,11 +34,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def run_one(args, workload, variant, rnd, log):
+LOG_LOCK = threading.Lock()
+
+
+def run_one(args, workload, variant, rnd, log, gpu=None):
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
@@ -47,12 +55,14 @@ def run_one(args, workload, variant, rnd, log):
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     if args.ddp:
         # NVLink multicast stays off on shared hosts (it can take their GPUs out
         # of service), in every rank torchrun starts.
         for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
             env.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
-    sampler = Telemetry() if args.telemetry else None
+    sampler = Telemetry(gpu) if args.telemetry else None
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     finally:
@@ -61,15 +71,18 @@ def run_one(args, workload, variant, rnd, log):
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             window = json.loads(line[7:]).get("timed_window")
-    gpu = Telemetry.summary(samples, window)
-    log.write(f"== {workload} {variant} round={rnd} rc={p.returncode} gpu={json.dumps(gpu)}\n{p.stdout}\n{p.stderr[-4000:]}\n")
-    log.flush()
+    telemetry = Telemetry.summary(samples, window)
+    if gpu is not None:
+        telemetry["device"] = gpu
+    with LOG_LOCK:
+        log.write(f"== {workload} {variant} round={rnd} rc={p.returncode} gpu={json.dumps(telemetry)}\n{p.stdout}\n{p.stderr[-4000:]}\n")
+        log.flush()
     for line in p.stdout.splitlines():
         if line.startswith("PROFILE "):
             print(line, flush=True)
         if line.startswith("RESULT "):
             res = json.loads(line[7:])
-            res["gpu"] = gpu
+            res["gpu"] = telemetry
             res["total_ms"] = sum(res["step_ms"])
             res["round"] = rnd
             return res
@@ -91,11 +104,11 @@ class Telemetry:
 
     QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
 
-    def __init__(self):
+    def __init__(self, gpu=None):
         self.out = tempfile.TemporaryFile(mode="w+")
         try:
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "-i", first_visible_gpu(), f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+                ["nvidia-smi", "-i", gpu if gpu is not None else first_visible_gpu(), f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
                 stdout=self.out, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
@@ -153,6 +166,10 @@ def main():
     p.add_argument("--shapes", choices=("fresh", "bucketed"), default="fresh",
                    help="as train_bench.py: a new shape every step, or 8 shapes seen in warmup")
     p.add_argument("--pin", help="CPU list every process is pinned to (taskset -c)")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="run a round's variants at once, each on a GPU of its own (one process per GPU), "
+                        "the GPUs rotated between rounds so each variant meets each GPU; needs as many "
+                        "GPUs as variants (not with --ddp)")
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--profile", metavar="DIR",
                    help="each process also runs 6 steps under PyTorch's profiler after its timed ones "
@@ -172,15 +189,26 @@ def main():
     with open(args.log, "a") as log:
         # Marks where this run starts in a log that may hold earlier ones.
         log.write("=== train_rounds " + json.dumps({"sdpa": args.sdpa, "argv": sys.argv[1:]}) + "\n")
+        if args.gpus and (args.ddp or args.gpus < len(args.variants)):
+            p.error("--gpus needs at least one GPU per variant and no --ddp")
         for r in range(args.rounds):
             for w in args.workloads:
                 k = r % len(args.variants)
-                for v in args.variants[k:] + args.variants[:k]:
-                    res = run_one(args, w, v, r, log)
+                if args.gpus:
+                    # Variant j on GPU (j + r) mod G: each variant moves to the
+                    # next GPU every round.
+                    with ThreadPoolExecutor(len(args.variants)) as pool:
+                        done = list(pool.map(
+                            lambda jv: (jv[1], run_one(args, w, jv[1], r, log, gpu=str((jv[0] + r) % args.gpus))),
+                            enumerate(args.variants)))
+                else:
+                    done = ((v, run_one(args, w, v, r, log)) for v in args.variants[k:] + args.variants[:k])
+                for v, res in done:
                     if res:
                         results.setdefault((w, v), []).append(res)
                         g = res["gpu"]
-                        clock = f"  SM {g['sm_mhz_median']:.0f} MHz (min {g['sm_mhz_min']:.0f})" if g else ""
+                        clock = f"  SM {g['sm_mhz_median']:.0f} MHz (min {g['sm_mhz_min']:.0f})" if g.get("sm_mhz_median") else ""
+                        clock += f"  GPU {g['device']}" if "device" in g else ""
                         print(f"round {r + 1} {w:10} {v:16} total {res['total_ms']:8.1f} ms  median {res['median_ms']:7.2f}"
                               f" ms  reserved {gib(res['peak_reserved'])} GiB  device {gib(res.get('device_used_peak', 0))} GiB"
                               f"  loss {res['final_loss']:.5f}{clock}",
@@ -254,10 +282,31 @@ def tables(args, results):
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
                   f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {gib(device)} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
+        device_time(w, args, results)
         steady(w, args, results)
         fastest_of_rounds(w, args, results)
         hook_time(w, args, results)
         paired(w, args, results)
+
+
+def device_time(w, args, results):
+    """Per variant: the timed steps' device time (CUDA events around each step on
+    the current stream), mean of round medians and each round's median, beside the
+    faster PyTorch variant's."""
+    means = {}
+    for v in args.variants:
+        meds = [statistics.median(x["device_ms"]) for x in results.get((w, v), []) if x.get("device_ms")]
+        if meds:
+            means[v] = (statistics.mean(meds), meds)
+    if not means:
+        return
+    peers = [means[v][0] for v in ("native", "expandable") if v in means]
+    best = min(peers) if peers else None
+    print(f"\n{w}: device time per timed step (CUDA events), mean of round medians (each round's median)"
+          + (" and its ratio to the faster PyTorch variant's" if best else ""))
+    for v, (mean, meds) in means.items():
+        ratio = f"; {mean / best:.3f}" if best else ""
+        print(f"  {v}: {mean:.2f} ms ({', '.join(f'{m:.2f}' for m in meds)}){ratio}")
 
 
 STEADY = 1.15
@@ -377,7 +426,8 @@ def paired(w, args, results):
                 continue
             g = x.get("gpu") or {}
             c = x.get("calib") or {}
-            notes = ([f"{g['sm_mhz_median']:.0f} MHz"] if g else []) + (
+            notes = ([f"GPU {g['device']}"] if "device" in g else []) + (
+                [f"{g['sm_mhz_median']:.0f} MHz"] if g.get("sm_mhz_median") else []) + (
                 [f"host {c['cpu_ms']:.1f} ms", f"launch {c['launch_us']:.2f} us"] if c else [])
             cells.append(f"{x['total_ms']:.1f}" + (f" ({', '.join(notes)})" if notes else ""))
         best = min((got[v]["total_ms"] for v in peers if got[v]), default=None)
