@@ -107,6 +107,7 @@ fn fit_manager(
             samples: 0,
             passes,
             until_steady: None,
+            peak_map: false,
         };
         let mut streams = backend.streams();
         let label = format!(
@@ -314,6 +315,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 samples: SAMPLES,
                 passes: args.passes.unwrap_or(1),
                 until_steady,
+                peak_map: false,
             };
             let label = format!("{} through {m}", t.name());
             let mut streams = backend.streams();
