@@ -12,6 +12,7 @@ mod fit;
 mod html;
 mod info;
 mod out;
+mod peak;
 mod replay;
 mod report;
 mod units;
