@@ -490,7 +490,25 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             out.line(l)?;
         }
     }
+    if let Some(l) = failed_line(r) {
+        out.line(l)?;
+    }
     Ok(())
+}
+
+/// The table's last line on a failed run: that it failed, and what failed.
+pub fn failed_line(r: &Report) -> Option<String> {
+    r.failed.then(|| {
+        let what: Vec<&str> = r
+            .errors
+            .iter()
+            .map(|e| e.strip_prefix("emm replay: ").unwrap_or(e))
+            .collect();
+        format!(
+            "FAILED: this run exits with status 1; what failed: {}",
+            what.join("; ")
+        )
+    })
 }
 
 /// `trace on a device of N: fits: …; does not fit: …` (`--device-memory`).

@@ -7,7 +7,7 @@
 //! `EMM_REQUIRE_BROWSER=1`): then it fails.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 mod common;
 use common::{data, emm, out_dir, run};
@@ -40,35 +40,43 @@ fn required() -> bool {
     set("CI") || set("EMM_REQUIRE_BROWSER")
 }
 
-/// Chromium headless, sandbox and network off, a fresh profile in `dir`.
-fn chromium(b: &Path, dir: &Path) -> Command {
+/// Runs Chromium headless (sandbox and network off) with `args`, in a fresh
+/// profile under `dir` removed afterwards; checks it succeeded.
+fn chromium(b: &Path, dir: &Path, args: &[String]) -> Output {
     let profile = dir.join(format!("profile-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&profile);
-    let mut c = Command::new(b);
-    c.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    c
+    let o = Command::new(b)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
 }
 
 /// `page` opened with `#selftest`: the DOM after the script ran, and what the
 /// self-test saw (its JSON).
 fn selftest(b: &Path, dir: &Path, page: &Path) -> (String, serde_json::Value) {
-    let o = chromium(b, dir)
-        .arg("--dump-dom")
-        .arg(format!("file://{}#selftest", page.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = chromium(
+        b,
+        dir,
+        &[
+            "--dump-dom".into(),
+            format!("file://{}#selftest", page.display()),
+        ],
+    );
     let dom = String::from_utf8_lossy(&o.stdout).into_owned();
     let start = dom
         .find("<pre id=\"selftest\" hidden=\"\">")
@@ -86,13 +94,15 @@ fn selftest(b: &Path, dir: &Path, page: &Path) -> (String, serde_json::Value) {
 /// A screenshot of `page` (with `hash`) into `png`, `height` pixels tall.
 fn screenshot(b: &Path, dir: &Path, page: &Path, hash: &str, png: &Path, height: u32) {
     let _ = std::fs::remove_file(png);
-    let o = chromium(b, dir)
-        .arg(format!("--window-size=1100,{height}"))
-        .arg(format!("--screenshot={}", png.display()))
-        .arg(format!("file://{}{hash}", page.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    chromium(
+        b,
+        dir,
+        &[
+            format!("--window-size=1100,{height}"),
+            format!("--screenshot={}", png.display()),
+            format!("file://{}{hash}", page.display()),
+        ],
+    );
     let bytes = std::fs::read(png).unwrap();
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     let (w, h) = (

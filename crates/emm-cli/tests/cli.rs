@@ -736,6 +736,16 @@ fn a_failed_replay_is_marked_and_names_the_limit() {
         under.contains("the pool's byte limit (EMM_POOL_LIMIT) is 2.9 MiB"),
         "{under}"
     );
+    // The table ends saying the run failed, and what failed (the page's path
+    // follows it).
+    let lines: Vec<&str> = out.lines().collect();
+    let end = &lines[lines.len() - 2..];
+    assert!(
+        end[0].starts_with("FAILED: this run exits with status 1; what failed: ")
+            && end[0].contains("through pool: FAILED: 1 of 2 requests failed")
+            && end[1].starts_with("wrote "),
+        "{out}"
+    );
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("FAILED: 1 of 2 requests</strong>"), "{page}");
     assert!(

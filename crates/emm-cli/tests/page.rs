@@ -217,6 +217,7 @@ fn the_page_is_self_contained_and_bounded_in_size() {
         .arg(&html)
         .arg(&snap));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_file(&snap);
     let page = std::fs::read_to_string(&html).unwrap();
     eprintln!(
         "synthetic snapshot: {} bytes, {} events; page {} bytes",
@@ -320,4 +321,46 @@ fn the_json_has_the_peak_and_marks_a_failed_run() {
         .arg(&fixture));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["traces"][0]["managers"][0]["at_peak"].is_null());
+}
+
+/// The data the page draws (its `#emm-data`).
+fn page_data(page: &str) -> serde_json::Value {
+    let start = page.find("id=\"emm-data\">").unwrap() + "id=\"emm-data\">".len();
+    let end = start + page[start..].find("</script>").unwrap();
+    serde_json::from_str(&page[start..end]).unwrap()
+}
+
+/// Issue 34: with `--passes 20` the default manager's reserved curve was drawn
+/// below live. Every drawn point of every manager's curve is at or above live,
+/// with 20 passes, and without `--passes`, where the managers replay different
+/// numbers of passes and their curves are put on one grid.
+#[test]
+fn no_reserved_curve_is_drawn_below_live() {
+    for (name, args) in [
+        (
+            "passes20",
+            &["-m", "default", "-m", "pool", "--passes", "20"][..],
+        ),
+        ("steady", &["-m", "all"][..]),
+    ] {
+        let html = out_dir().join(format!("{name}.html"));
+        let o = run(emm().arg("replay").args(args).arg("--html").arg(&html));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let page = std::fs::read_to_string(&html).unwrap();
+        let chart = &page_data(&page)["charts"][0];
+        let series = chart["series"].as_array().unwrap();
+        let live = series[0]["y"].as_array().unwrap();
+        assert_eq!(series[0]["name"], "live");
+        assert!(live.len() > 900, "{name}: {} points", live.len());
+        let mut checked = 0;
+        for s in &series[1..] {
+            for (j, (y, l)) in s["y"].as_array().unwrap().iter().zip(live).enumerate() {
+                if let (Some(y), Some(l)) = (y.as_u64(), l.as_u64()) {
+                    assert!(y >= l, "{name}: {} at point {j}: {y} < live {l}", s["name"]);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1800, "{name}: {checked} points checked");
+    }
 }

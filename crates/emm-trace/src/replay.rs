@@ -560,11 +560,14 @@ pub fn replay<T: ReplayTarget + ?Sized>(
                 .rev()
                 .nth(1)
                 .map(|p| p.peak_reserved_bytes);
+            // The rule's clock leaves out the peak map's time too, so `--html`
+            // stops a replay where a run without it stops.
+            let spent = watch.as_ref().map_or(Duration::ZERO, |w| w.spent);
             stop = st.after(
                 pass + 1,
                 before,
                 stats.reserved_bytes_peak as u64,
-                start.elapsed(),
+                start.elapsed().saturating_sub(spent),
             );
             if stop.is_some() {
                 break;

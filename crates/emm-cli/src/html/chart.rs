@@ -235,15 +235,16 @@ pub fn chart(t: &TraceReport, axis: &Axis<'_>, id: usize) -> (String, Value) {
         s.push('\n');
     }
     let mut legend: Vec<(String, &str, bool)> = Vec::new();
+    let mut recorded_line = String::new();
     if let Some((rx, ry, end)) = &recorded {
         let pts = steps(
             rx.iter().map(|&x| vx(x)),
             ry.iter().map(|&b| y(b as f64)),
             vx(*end),
         );
-        let _ = writeln!(
-            s,
-            "<polyline class=\"series\" data-series=\"recorded\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\" vector-effect=\"non-scaling-stroke\" points=\"{pts}\"/>",
+        // Drawn over the managers' curves (a model that matches it would hide it).
+        recorded_line = format!(
+            "<polyline class=\"series\" data-series=\"recorded\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 4\" vector-effect=\"non-scaling-stroke\" points=\"{pts}\"/>\n",
             color("pytorch")
         );
         let peak = t
@@ -288,6 +289,7 @@ pub fn chart(t: &TraceReport, axis: &Axis<'_>, id: usize) -> (String, Value) {
             c.failed,
         ));
     }
+    s.push_str(&recorded_line);
     if let Some(c) = curves.first() {
         let pts = grid_steps(&xs, &c.values, &vx, &y);
         let _ = writeln!(

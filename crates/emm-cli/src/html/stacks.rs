@@ -111,10 +111,15 @@ fn shown<'a>(stack: impl Iterator<Item = &'a Frame> + Clone) -> Vec<String> {
     frames.into_iter().map(text).collect()
 }
 
-/// A frame as `name (file:line)`, `name` where the file is unknown; cut to
-/// [`FRAME_CHARS`] keeping its end.
+/// A frame as `name (file:line)`, `name` where the file is unknown; an
+/// installed package's file from its package on (`torch/nn/modules/module.py`);
+/// cut to [`FRAME_CHARS`] keeping its end.
 fn text(f: &Frame) -> String {
-    let s = match (&*f.filename, f.line) {
+    let file = ["site-packages/", "dist-packages/"]
+        .iter()
+        .find_map(|p| f.filename.rfind(p).map(|i| &f.filename[i + p.len()..]))
+        .unwrap_or(&f.filename);
+    let s = match (file, f.line) {
         ("" | "??", _) => f.name.to_string(),
         (file, 0) => format!("{} ({file})", f.name),
         (file, line) => format!("{} ({file}:{line})", f.name),
@@ -165,6 +170,14 @@ mod tests {
 
     #[test]
     fn python_frames_come_first_and_long_ones_keep_their_end() {
+        assert_eq!(
+            text(&frame(
+                "forward",
+                "/v/lib/python3.12/site-packages/torch/nn/linear.py",
+                7
+            )),
+            "forward (torch/nn/linear.py:7)"
+        );
         let stack = [
             frame("torch::unwind::unwind()", "??", 0),
             frame("c10::cuda::CUDACachingAllocator::malloc", "x.cpp", 0),
