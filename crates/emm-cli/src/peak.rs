@@ -25,8 +25,8 @@ pub enum Kind {
     Free,
     /// Free, but cannot go back while live blocks share its segment or page.
     Stranded,
-    /// Reserved by a manager that keeps no segments, and not live: its queue of
-    /// frees not yet given back, and rounding.
+    /// Reserved by a manager that shows no segments, and not live (the default
+    /// manager: frees waiting in its queue; and rounding).
     Held,
 }
 

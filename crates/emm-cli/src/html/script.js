@@ -141,7 +141,7 @@
     cached: "cached: free, held in a thread's cache of freed blocks",
     free: "free: could go back to the device",
     stranded: "stranded: free, but beside live blocks (its segment, or its 2 MiB page)",
-    held: "held by the manager besides its live allocations (frees in its queue, rounding)"
+    held: "held by the manager besides its live allocations (the default manager: frees waiting in its queue)"
   };
   function frames(id) {
     if (id === null || id === undefined) return "";

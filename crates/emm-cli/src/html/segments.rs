@@ -175,9 +175,21 @@ pub fn map_section(
             );
         }
         None => {
+            // What the manager's other bytes are, where emm knows it.
+            let (how, besides) = match m.manager.as_str() {
+                "default" => (
+                    " (each allocation is its own <code>cuMemAlloc</code>)",
+                    "frees waiting in its queue",
+                ),
+                "hostonly" => (
+                    " (CUDA's stream-ordered pool keeps them)",
+                    "memory CUDA's pool keeps",
+                ),
+                _ => ("", "memory it keeps that is not live"),
+            };
             let _ = write!(
                 h,
-                "{} keeps no segments of its own (each allocation is its own <code>cuMemAlloc</code>): only its totals are known. Live {} in {} allocations, shown by address; held besides {} (frees waiting in its queue, rounding). ",
+                "{} shows no segments{how}: only its totals are known. Live {} in {} allocations, shown by address; held besides {} ({besides}). ",
                 escape(&m.manager),
                 units::bytes(t.live_requested),
                 t.live_count,
