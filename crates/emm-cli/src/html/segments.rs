@@ -212,9 +212,8 @@ pub fn map_section(
         );
     }
     h.push_str("</p>\n");
-    let rows_used = ROWS;
-    let per_row = total as f64 / rows_used as f64;
-    let height = rows_used as f64 * (ROW_H + ROW_GAP) + 24.0;
+    let per_row = total as f64 / ROWS as f64;
+    let height = ROWS as f64 * (ROW_H + ROW_GAP) + 24.0;
     let _ = writeln!(
         h,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"map\" data-map=\"{id}\" width=\"{}\" height=\"{height}\" viewBox=\"0 0 {} {height}\" role=\"img\" aria-label=\"{} at its peak\">",
@@ -235,7 +234,7 @@ pub fn map_section(
         let (a, b) = (from as f64, (from + size) as f64);
         let mut row = (a / per_row).floor() as usize;
         let mut x = a;
-        while x < b && row < rows_used {
+        while x < b && row < ROWS {
             let row_end = (row + 1) as f64 * per_row;
             let end = b.min(row_end);
             let px = LEFT + (x - row as f64 * per_row) / per_row * WIDTH;
@@ -276,7 +275,7 @@ pub fn map_section(
         }
     }
     // The key.
-    let ky = rows_used as f64 * (ROW_H + ROW_GAP) + 12.0;
+    let ky = ROWS as f64 * (ROW_H + ROW_GAP) + 12.0;
     let mut kx = LEFT;
     for (k, name) in NAMES.iter().enumerate() {
         if list.iter().all(|e| e.bytes[k] == 0) {
