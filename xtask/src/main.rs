@@ -2,7 +2,8 @@
 //! header | install | cpp`.
 //!
 //! - `ci`: formatting, the generated C header (`header::check`), clippy (`-D
-//!   warnings`, all targets), tests, doc tests, rustdoc (`-D warnings`), the C/C++
+//!   warnings`, all targets), tests (the page test in a headless browser,
+//!   `browser.rs`; on CI a missing browser fails), doc tests, rustdoc (`-D warnings`), the C/C++
 //!   packaging (`cpp`), the Python package (wheel built with pip, installed in a
 //!   fresh venv, tested there with pytest), and `tidy`. Each failing step prints a
 //!   hint.
@@ -26,6 +27,7 @@
 //!   of a crate or of `python/emm` (`circles.rs`), only emm-sys touches libloading,
 //!   nothing links libcuda, every crate has a README and docs.rs metadata).
 
+mod browser;
 mod circles;
 mod cpp;
 mod doc_links;
@@ -125,11 +127,16 @@ fn ci(root: &Path) -> Result<(), String> {
         "crates/emm-standin must build: the stand-in tests load libemm_standin.so",
         cargo().args(["build", "-p", "emm-standin"]),
     )?;
+    let mut test = cargo();
+    test.args(["test", "--workspace", "--all-targets"]);
+    if let Some(b) = browser::find()? {
+        test.env("EMM_BROWSER", b);
+    }
     run(
         root,
         "test",
         "run the failing test alone with `cargo test -p <crate> <name>`; GPU tests are #[ignore]d and need a GPU",
-        cargo().args(["test", "--workspace", "--all-targets"]),
+        &mut test,
     )?;
     run(
         root,

@@ -12,6 +12,7 @@ mod fit;
 mod html;
 mod info;
 mod out;
+mod peak;
 mod replay;
 mod report;
 mod units;
@@ -52,7 +53,9 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
-        /// Also write a self-contained HTML page with charts to FILE.
+        /// Also write one self-contained HTML page to FILE (nothing fetched): the
+        /// verdict, live and reserved bytes over time, each manager's segment map
+        /// at its peak, hover details with the snapshot's stack frames, zoom.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
         /// Replay each trace exactly N times back to back through the same

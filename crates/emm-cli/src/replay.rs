@@ -17,17 +17,19 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::backend::{Backend, Streams};
 use crate::fit;
 use crate::out::{note, Out};
+use crate::peak;
 use crate::report::{
-    self, FitReport, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport, TorchReport,
-    TraceReport,
+    self, AtPeak, FitReport, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport,
+    TorchReport, TraceReport,
 };
 
 /// The trace replayed when none is given.
 const BUNDLED_NAME: &str = "gpt_train.csv (bundled)";
 const BUNDLED: &str = include_str!("../traces/gpt_train.csv");
 
-/// Points per curve on the page.
-const SAMPLES: u64 = 600;
+/// Points per curve on the page: between this and twice as many (the replay
+/// halves them when they reach twice).
+const SAMPLES: u64 = 1000;
 
 /// When a replay without `--passes` stops: peak reserved bytes unmoved for 10
 /// passes in a row, at most 100 passes, 60 s per trace and manager.
@@ -107,6 +109,7 @@ fn fit_manager(
             samples: 0,
             passes,
             until_steady: None,
+            peak_map: false,
         };
         let mut streams = backend.streams();
         let label = format!(
@@ -223,7 +226,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     if !args.json {
         out.line(backend.describe())?;
     }
-    let mut failed = false;
+    // What failed, said on standard error at once and kept for the report.
+    let mut errors: Vec<String> = Vec::new();
+    let mut fail = |line: String| {
+        note(&line);
+        errors.push(line);
+    };
     let mut traces: Vec<Trace> = Vec::new();
     if args.traces.is_empty() {
         match Trace::from_text(BUNDLED_NAME, BUNDLED) {
@@ -242,10 +250,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         };
         match opened {
             Ok(ts) => traces.extend(ts),
-            Err(e) => {
-                note(format_args!("emm replay: {e}"));
-                failed = true;
-            }
+            Err(e) => fail(format!("emm replay: {e}")),
         }
     }
     let until_steady = args.passes.is_none().then_some(STEADY);
@@ -265,6 +270,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         }),
         device_memory_bytes: args.device_memory,
         overhead_bytes: args.overhead,
+        failed: false,
+        errors: Vec::new(),
         traces: Vec::new(),
     };
     let mut skipped_said: Vec<String> = Vec::new();
@@ -272,8 +279,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         let summary = match scan(t) {
             Ok(s) => s,
             Err(e) => {
-                note(format_args!("emm replay: {e}"));
-                failed = true;
+                fail(format!("emm replay: {e}"));
                 continue;
             }
         };
@@ -314,6 +320,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 samples: SAMPLES,
                 passes: args.passes.unwrap_or(1),
                 until_steady,
+                // The page's segment maps.
+                peak_map: args.html.is_some(),
             };
             let label = format!("{} through {m}", t.name());
             let mut streams = backend.streams();
@@ -325,36 +333,36 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 Target::Torch(tm) => drive(t, tm, &mut streams, &opts, passes, events, label),
             };
             if let Err(e) = backend.synchronize() {
-                note(format_args!(
+                fail(format!(
                     "emm replay: {} through {m}: synchronizing: {e}",
                     t.name()
                 ));
-                failed = true;
             }
             drop(manager);
             drop(streams);
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {
-                    note(format_args!("emm replay: {e}"));
-                    failed = true;
+                    fail(format!("emm replay: {e}"));
                     continue;
                 }
             };
             let first_failure = r.first_failure.clone();
             if r.failures > 0 {
-                note(format_args!(
+                fail(format!(
                     "emm replay: {} through {m}: FAILED: {} of {} requests failed; the first: {}",
                     t.name(),
                     r.failures,
                     r.requests,
                     first_failure.as_deref().unwrap_or("?")
                 ));
-                failed = true;
             }
-            if tr.live_curve.is_empty() {
-                tr.live_curve = r.samples.iter().map(|s| (s.event, s.live_bytes)).collect();
-            }
+            let map = r.peak_map.as_ref().map(peak::read);
+            let at_peak = r
+                .peak_map
+                .as_ref()
+                .zip(map.as_ref())
+                .map(|(p, m)| at_peak(t, summary.events, p, m));
             let first = r.passes.first();
             let first_live = first.map_or(0, |p| p.peak_live_bytes);
             let first_reserved = first.map_or(0, |p| p.peak_reserved_bytes);
@@ -384,11 +392,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 failed: r.failures > 0,
                 failures: r.failures,
                 first_failure,
-                reserved_curve: r
-                    .samples
-                    .iter()
-                    .map(|s| (s.event, s.reserved_bytes))
-                    .collect(),
+                curve: r.samples.clone(),
+                at_peak,
+                map,
                 passes: r
                     .passes
                     .iter()
@@ -440,13 +446,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                         larger_failed_bytes: f.larger_failed,
                         runs: f.runs,
                     }),
-                    Err(e) => {
-                        note(format_args!(
-                            "emm replay: {} through {m}: --fit: {e}",
-                            t.name()
-                        ));
-                        failed = true;
-                    }
+                    Err(e) => fail(format!("emm replay: {} through {m}: --fit: {e}", t.name())),
                 }
             }
         }
@@ -466,7 +466,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 }
                 v
             });
-        note(format_args!(
+        fail(format!(
             "emm replay: nothing was replayed: {}",
             if why.is_empty() {
                 "no manager was asked for".to_owned()
@@ -474,8 +474,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 why.join("; ")
             }
         ));
-        failed = true;
     }
+    if report.traces.is_empty() && errors.is_empty() {
+        errors.push("emm replay: no trace was read".to_owned());
+    }
+    report.failed = !errors.is_empty();
+    report.errors = errors;
     if args.json {
         report::json(&mut out, &report)?;
     } else if replayed {
@@ -488,13 +492,13 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 "emm replay: cannot write {}: {e}",
                 path.display()
             ));
-            failed = true;
+            report.failed = true;
         } else if !args.json {
             out.line(format_args!("wrote {}", path.display()))?;
         }
     }
     out.flush()?;
-    Ok(if failed || report.traces.is_empty() {
+    Ok(if report.failed {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
@@ -550,6 +554,26 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         managers: Vec::new(),
         skipped: Vec::new(),
         fit: Vec::new(),
-        live_curve: Vec::new(),
+        source: Some(t.clone()),
+    }
+}
+
+/// The JSON's summary of a manager's memory at its peak: `p` taken from a replay
+/// of `t` (`events` a pass), `m` read from it.
+fn at_peak(t: &Trace, events: u64, p: &emm::trace::PeakMap, m: &peak::Map) -> AtPeak {
+    let last = p.event.saturating_sub(1);
+    let per = events.max(1);
+    AtPeak {
+        event: p.event,
+        pass: last / per + 1,
+        time_us: t.details().and_then(|d| d.time_us(last % per)),
+        reserved_bytes: p.reserved_bytes,
+        live_bytes: p.live_bytes,
+        segments: m.segments.as_ref().map(|s| s.len() as u64),
+        live_blocks: m.totals.live_count,
+        cached_bytes: m.totals.cached,
+        free_bytes: m.totals.free,
+        stranded_bytes: m.totals.stranded,
+        held_bytes: m.totals.held,
     }
 }

@@ -3,10 +3,11 @@
 
 use std::io;
 
+use emm::trace::{Sample, Trace};
 use serde::Serialize;
 
 use crate::out::Out;
-use crate::{units, verdict};
+use crate::{peak, units, verdict};
 
 /// The whole run.
 #[derive(Serialize)]
@@ -28,6 +29,11 @@ pub struct Report {
     /// `--overhead`: what the process holds on the device besides the
     /// allocator, added to `--fit`'s answers.
     pub overhead_bytes: u64,
+    /// Whether the run failed (it exits 1): a trace that could not be read, a
+    /// replay in which requests failed, nothing replayed, …
+    pub failed: bool,
+    /// What failed, a line each.
+    pub errors: Vec<String>,
     pub traces: Vec<TraceReport>,
 }
 
@@ -75,9 +81,10 @@ pub struct TraceReport {
     pub skipped: Vec<Skipped>,
     /// `--fit`'s answers, one per manager that ran.
     pub fit: Vec<FitReport>,
-    /// Live bytes along the trace: `[event, bytes]` (for the page).
+    /// The trace itself, for what the page shows of it (times, stacks,
+    /// PyTorch's reserved bytes along it).
     #[serde(skip)]
-    pub live_curve: Vec<(u64, u128)>,
+    pub source: Option<Trace>,
 }
 
 /// PyTorch's own figures from a snapshot.
@@ -118,9 +125,16 @@ pub struct ManagerReport {
     /// The first failure's message (with the byte limit in effect, when one
     /// was set through the environment).
     pub first_failure: Option<String>,
-    /// Reserved bytes along the trace: `[event, bytes]` (for the page).
+    /// Live and reserved bytes along the replay (for the page).
     #[serde(skip)]
-    pub reserved_curve: Vec<(u64, u64)>,
+    pub curve: Vec<Sample>,
+    /// The memory at the manager's peak: its most reserved bytes, and of those
+    /// moments the one with the most live bytes (`--html` only;
+    /// `null` without it).
+    pub at_peak: Option<AtPeak>,
+    /// The same, block by block (for the page).
+    #[serde(skip)]
+    pub map: Option<peak::Map>,
     /// Each pass over the trace (one entry for a single pass).
     pub passes: Vec<PassReport>,
     /// Peak live bytes of the first pass.
@@ -140,6 +154,37 @@ pub struct ManagerReport {
     pub stopped_by: &'static str,
     /// The pass (from 1) from which peak reserved bytes held their final value.
     pub steady_from_pass: u64,
+}
+
+/// A manager's memory at its peak: the first moment its reserved bytes were at
+/// their most with live bytes at their most then (see
+/// `peak.rs` for what is stranded).
+#[derive(Serialize)]
+pub struct AtPeak {
+    /// Events replayed (over every pass) then.
+    pub event: u64,
+    /// The pass then (from 1).
+    pub pass: u64,
+    /// When that event happened in the recording (`time_us`; snapshots only).
+    pub time_us: Option<u64>,
+    /// The manager's reserved bytes then.
+    pub reserved_bytes: u64,
+    /// Live requested bytes then.
+    pub live_bytes: u128,
+    /// Segments (`null`: the manager keeps none of its own, only totals are known).
+    pub segments: Option<u64>,
+    /// Live allocations.
+    pub live_blocks: u64,
+    /// Free bytes held in threads' caches.
+    pub cached_bytes: u64,
+    /// Free bytes that could go back to the device.
+    pub free_bytes: u64,
+    /// Free bytes that cannot go back while live blocks share their segment (or,
+    /// in an expandable segment, their 2 MiB page).
+    pub stranded_bytes: u64,
+    /// Reserved by a manager without segments besides its live bytes (frees it
+    /// has queued, rounding).
+    pub held_bytes: u64,
 }
 
 /// Driver calls for memory (emm-trace's `DriverCalls`, with their sum).
@@ -407,67 +452,22 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
             out.line(format_args!("{}: {v}", t.trace))?;
         }
     }
-    if let Some(cap) = r.device_memory_bytes {
+    if r.device_memory_bytes.is_some() {
         for t in &r.traces {
-            let (fits, not): (Vec<_>, Vec<_>) = t.managers.iter().partition(|m| !m.failed);
-            let names = |v: &[&ManagerReport]| {
-                v.iter()
-                    .map(|m| m.manager.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            out.line(format_args!(
-                "{} on a device of {}: fits: {}; does not fit: {}",
-                t.trace,
-                units::bytes(u128::from(cap)),
-                if fits.is_empty() {
-                    "none".into()
-                } else {
-                    names(&fits)
-                },
-                if not.is_empty() {
-                    "none".into()
-                } else {
-                    names(&not)
-                },
-            ))?;
+            if let Some(l) = device_memory_line(r, t) {
+                out.line(l)?;
+            }
         }
     }
-    for t in r.traces.iter().filter(|t| !t.fit.is_empty()) {
-        let mut answers: Vec<&FitReport> = t.fit.iter().collect();
-        answers.sort_by_key(|f| f.needs_bytes.unwrap_or(u64::MAX));
-        let parts: Vec<String> = answers
-            .iter()
-            .map(|f| match (f.with_overhead_bytes, f.larger_failed_bytes) {
-                (Some(n), None) => format!("{} {}", f.manager, units::bytes(u128::from(n))),
-                (Some(n), Some(l)) => format!(
-                    "{} {} (but not {}: not monotone)",
-                    f.manager,
-                    units::bytes(u128::from(n)),
-                    units::bytes(u128::from(l.saturating_add(r.overhead_bytes)))
-                ),
-                (None, _) => format!("{} does not run", f.manager),
-            })
-            .collect();
-        out.line(format_args!(
-            "{}: smallest device each needs ({}): {}",
-            t.trace,
-            if r.overhead_bytes > 0 {
-                format!(
-                    "allocator memory + {} --overhead",
-                    units::bytes(u128::from(r.overhead_bytes))
-                )
-            } else {
-                "allocator memory; --overhead adds the CUDA context and libraries".to_owned()
-            },
-            parts.join("; ")
-        ))?;
+    for t in &r.traces {
+        if let Some(l) = fit_line(r, t) {
+            out.line(l)?;
+        }
     }
-    for t in r.traces.iter().filter(|t| t.reused_live_ids > 0) {
-        out.line(format_args!(
-            "{}: {} allocations reused an id that was still live (the earlier allocation taken as freed)",
-            t.trace, t.reused_live_ids
-        ))?;
+    for t in &r.traces {
+        if let Some(l) = reused_line(t) {
+            out.line(l)?;
+        }
     }
     for l in LEGEND {
         out.line(l)?;
@@ -486,21 +486,117 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     for t in &r.traces {
-        if let Some(p) = &t.pytorch {
-            out.line(format_args!(
-                "{}: PyTorch: reserved {} at the dump; allocations from before the recording, reconstructed: {}; frees held back by another stream: {}; out-of-memory events: {}",
-                t.trace,
-                units::bytes(p.reserved_at_dump_bytes),
-                p.reconstructed_allocations,
-                p.cross_stream_frees,
-                p.ooms
-            ))?;
-            if p.peak_reserved_bytes.is_none() {
-                out.line(format_args!("{}: {NO_SEGMENTS}", t.trace))?;
-            }
+        for l in torch_lines(t) {
+            out.line(l)?;
         }
     }
+    if let Some(l) = failed_line(r) {
+        out.line(l)?;
+    }
     Ok(())
+}
+
+/// The table's last line on a failed run: that it failed, and what failed.
+pub fn failed_line(r: &Report) -> Option<String> {
+    r.failed.then(|| {
+        let what: Vec<&str> = r
+            .errors
+            .iter()
+            .map(|e| e.strip_prefix("emm replay: ").unwrap_or(e))
+            .collect();
+        format!(
+            "FAILED: this run exits with status 1; what failed: {}",
+            what.join("; ")
+        )
+    })
+}
+
+/// `trace on a device of N: fits: …; does not fit: …` (`--device-memory`).
+pub fn device_memory_line(r: &Report, t: &TraceReport) -> Option<String> {
+    let cap = r.device_memory_bytes?;
+    let (fits, not): (Vec<_>, Vec<_>) = t.managers.iter().partition(|m| !m.failed);
+    let names = |v: &[&ManagerReport]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.iter()
+                .map(|m| m.manager.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    Some(format!(
+        "{} on a device of {}: fits: {}; does not fit: {}",
+        t.trace,
+        units::bytes(u128::from(cap)),
+        names(&fits),
+        names(&not),
+    ))
+}
+
+/// `trace: smallest device each needs (…): …` (`--fit`).
+pub fn fit_line(r: &Report, t: &TraceReport) -> Option<String> {
+    if t.fit.is_empty() {
+        return None;
+    }
+    let mut answers: Vec<&FitReport> = t.fit.iter().collect();
+    answers.sort_by_key(|f| f.needs_bytes.unwrap_or(u64::MAX));
+    let parts: Vec<String> = answers
+        .iter()
+        .map(|f| match (f.with_overhead_bytes, f.larger_failed_bytes) {
+            (Some(n), None) => format!("{} {}", f.manager, units::bytes(u128::from(n))),
+            (Some(n), Some(l)) => format!(
+                "{} {} (but not {}: not monotone)",
+                f.manager,
+                units::bytes(u128::from(n)),
+                units::bytes(u128::from(l.saturating_add(r.overhead_bytes)))
+            ),
+            (None, _) => format!("{} does not run", f.manager),
+        })
+        .collect();
+    Some(format!(
+        "{}: smallest device each needs ({}): {}",
+        t.trace,
+        if r.overhead_bytes > 0 {
+            format!(
+                "allocator memory + {} --overhead",
+                units::bytes(u128::from(r.overhead_bytes))
+            )
+        } else {
+            "allocator memory; --overhead adds the CUDA context and libraries".to_owned()
+        },
+        parts.join("; ")
+    ))
+}
+
+/// The line on allocations of an id that was still live, when there were any.
+pub fn reused_line(t: &TraceReport) -> Option<String> {
+    (t.reused_live_ids > 0).then(|| {
+        format!(
+            "{}: {} allocations reused an id that was still live (the earlier allocation taken as freed)",
+            t.trace, t.reused_live_ids
+        )
+    })
+}
+
+/// The snapshot's notes: PyTorch's figures at the dump, and that its reserved
+/// bytes are unknown where they are.
+pub fn torch_lines(t: &TraceReport) -> Vec<String> {
+    let Some(p) = &t.pytorch else {
+        return Vec::new();
+    };
+    let mut v = vec![format!(
+        "{}: PyTorch: reserved {} at the dump; allocations from before the recording, reconstructed: {}; frees held back by another stream: {}; out-of-memory events: {}",
+        t.trace,
+        units::bytes(p.reserved_at_dump_bytes),
+        p.reconstructed_allocations,
+        p.cross_stream_frees,
+        p.ooms
+    )];
+    if p.peak_reserved_bytes.is_none() {
+        v.push(format!("{}: {NO_SEGMENTS}", t.trace));
+    }
+    v
 }
 
 /// The lines under the table on managers that could not run here, each said
@@ -603,7 +699,9 @@ mod tests {
             failed: false,
             failures: 0,
             first_failure: None,
-            reserved_curve: Vec::new(),
+            curve: Vec::new(),
+            at_peak: None,
+            map: None,
             passes: Vec::new(),
             first_pass_peak_live_bytes: 1000,
             first_pass_peak_reserved_bytes: 1050,
@@ -629,6 +727,8 @@ mod tests {
             }),
             device_memory_bytes: None,
             overhead_bytes: 0,
+            failed: false,
+            errors: Vec::new(),
             traces: vec![TraceReport {
                 trace: "t.csv".into(),
                 format: "emm-csv",
@@ -642,7 +742,7 @@ mod tests {
                 managers: vec![m],
                 skipped: Vec::new(),
                 fit: Vec::new(),
-                live_curve: Vec::new(),
+                source: None,
             }],
         }
     }

@@ -176,7 +176,9 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
     let page = std::fs::read_to_string(&html).unwrap();
-    points_inside(&page, 960.0);
+    // The curves' x coordinates run over 0..1,000,000 across the plot (the
+    // SVG scales them to its width, and the page's script to zoom).
+    points_inside(&page, 1_000_000.0);
     assert!(page.contains("through pool, 5 passes: driver calls in pass 1"));
     let o = run(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
@@ -538,7 +540,7 @@ fn snapshots_replay_beside_pytorchs_own_figure_and_draw_a_page() {
     );
     assert!(out.contains("reconstructed: 2"), "{out}");
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.contains("<svg") && page.contains("PyTorch peak reserved"));
+    assert!(page.contains("<svg") && page.contains("PyTorch reserved, as recorded"));
     assert!(page.matches("<polyline").count() >= 3);
     // Each row's cells under their own heads: PyTorch's time is "(recorded)".
     assert!(
@@ -588,7 +590,7 @@ fn a_snapshot_without_segments_shows_no_pytorch_reserved_figure() {
         "{out}"
     );
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(!page.contains("PyTorch peak reserved"), "{page}");
+    assert!(!page.contains("PyTorch reserved, as recorded"), "{page}");
     assert!(page.contains("no segment events"), "{page}");
     let o = emm()
         .args(["replay", "-m", "pool", "--passes", "1", "--json"])
@@ -733,6 +735,16 @@ fn a_failed_replay_is_marked_and_names_the_limit() {
     assert!(
         under.contains("the pool's byte limit (EMM_POOL_LIMIT) is 2.9 MiB"),
         "{under}"
+    );
+    // The table ends saying the run failed, and what failed (the page's path
+    // follows it).
+    let lines: Vec<&str> = out.lines().collect();
+    let end = &lines[lines.len() - 2..];
+    assert!(
+        end[0].starts_with("FAILED: this run exits with status 1; what failed: ")
+            && end[0].contains("through pool: FAILED: 1 of 2 requests failed")
+            && end[1].starts_with("wrote "),
+        "{out}"
     );
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("FAILED: 1 of 2 requests</strong>"), "{page}");
@@ -1090,7 +1102,7 @@ fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
     );
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(
-        html.contains("<p><strong>emm pool"),
+        html.contains("<p class=\"verdict\"><strong>emm pool"),
         "the page leads with the verdict"
     );
     assert!(

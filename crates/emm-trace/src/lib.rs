@@ -22,13 +22,16 @@
 //! ```
 #![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
+mod details;
 mod diagnostics;
 mod error;
 mod nesting;
 mod op;
+mod peak_map;
 mod pickle;
 pub mod record;
 mod replay;
+mod sampling;
 pub mod snapshot;
 pub mod synth;
 mod target;
@@ -36,13 +39,16 @@ mod text;
 pub mod torch_model;
 mod trace;
 
+pub use details::{Frame, ReservedPoint, StackId, TraceDetails, MAX_FRAMES};
 pub use diagnostics::{Diagnostics, KEPT_LINE_ERRORS};
 pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
+pub use peak_map::{LiveBlock, PeakMap};
 pub use record::{RecordingManager, RECORD_ENV};
 pub use replay::{
-    replay, scan, PassResult, ReplayOptions, ReplayResult, Sample, SteadyRule, SteadyStop, Summary,
+    replay, scan, PassResult, ReplayOptions, ReplayResult, SteadyRule, SteadyStop, Summary,
 };
+pub use sampling::Sample;
 pub use snapshot::TorchFigures;
 pub use target::{DriverCalls, ReplayTarget};
 pub use text::{GIVE_UP_AFTER_BAD, MAX_LINE};

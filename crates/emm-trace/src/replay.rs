@@ -10,6 +10,8 @@ use emm_sys::CUstream;
 use crate::diagnostics::Diagnostics;
 use crate::error::TraceError;
 use crate::op::Op;
+use crate::peak_map::{Held, PeakMap, PeakWatch};
+use crate::sampling::{Sample, Sampler};
 use crate::target::{DriverCalls, ReplayTarget};
 use crate::trace::Trace;
 
@@ -119,17 +121,6 @@ pub fn scan(trace: &Trace) -> Result<Summary, TraceError> {
     })
 }
 
-/// One point of the curves drawn: after `event` events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sample {
-    /// Events replayed so far.
-    pub event: u64,
-    /// The most live bytes since the previous sample.
-    pub live_bytes: u128,
-    /// The manager's reserved bytes at this point.
-    pub reserved_bytes: u64,
-}
-
 /// How to replay.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReplayOptions {
@@ -152,6 +143,11 @@ pub struct ReplayOptions {
     /// number of passes; [`ReplayResult::steady`] says why the replay stopped.
     /// `None`: exactly `passes` passes.
     pub until_steady: Option<SteadyRule>,
+    /// Take a [`PeakMap`] of the manager's memory at its peak
+    /// ([`ReplayResult::peak_map`]). This reads the manager's
+    /// counters after every allocation; the time that takes is left out of the
+    /// replay's times.
+    pub peak_map: bool,
 }
 
 /// When a replay under [`ReplayOptions::until_steady`] stops: once the manager's
@@ -262,6 +258,10 @@ pub struct ReplayResult {
     /// Why the replay stopped under [`ReplayOptions::until_steady`]; `None` for a
     /// fixed number of passes.
     pub steady: Option<SteadyStop>,
+    /// The manager's memory at its peak (see [`PeakMap`]), with
+    /// [`ReplayOptions::peak_map`] (`None` without it, or when its reserved bytes
+    /// never rose).
+    pub peak_map: Option<PeakMap>,
 }
 
 impl ReplayResult {
@@ -307,24 +307,6 @@ impl Steady {
             Some(SteadyStop::MaxTime)
         } else {
             None
-        }
-    }
-}
-
-/// Halves `samples` (all but the first, the start) by merging each pair into one
-/// at the later's event, with the larger live bytes and the later's reserved bytes.
-fn thin(samples: &mut Vec<Sample>) {
-    if samples.len() < 3 {
-        return;
-    }
-    let rest: Vec<Sample> = samples.split_off(1);
-    for pair in rest.chunks(2) {
-        if let Some(&last) = pair.last() {
-            let live = pair.iter().map(|s| s.live_bytes).max().unwrap_or(0);
-            samples.push(Sample {
-                live_bytes: live,
-                ..last
-            });
         }
     }
 }
@@ -421,10 +403,10 @@ pub fn replay<T: ReplayTarget + ?Sized>(
     } else {
         PassPlan::default()
     };
-    let mut held: HashMap<u64, T::Block> = HashMap::with_capacity(1024);
+    let mut held: HashMap<u64, Held<T::Block>> = HashMap::with_capacity(1024);
     // The kept allocations after the first pass, apart from `held` and from the
     // books' ids (a later pass may use their ids again; their bytes stay live).
-    let mut kept_held: Vec<T::Block> = Vec::new();
+    let mut kept_held: Vec<Held<T::Block>> = Vec::new();
     let mut handles: HashMap<u64, CUstream> = HashMap::new();
     let mut books = Books::default();
     let (mut failures, mut first) = (0u64, None);
@@ -433,21 +415,17 @@ pub fn replay<T: ReplayTarget + ?Sized>(
     // for one pass, and halved (the step doubled) whenever they reach twice as
     // many as asked for.
     let spaced_passes = if steady.is_some() { 1 } else { passes };
-    let mut step = options
+    let step = options
         .total_events
         .saturating_mul(u64::from(spaced_passes))
         .checked_div(options.samples)
         .filter(|&s| s > 0 || options.total_events > 0)
         .map_or(u64::MAX, |s| s.max(1));
-    let mut samples = Vec::new();
-    if options.samples > 0 {
-        samples.push(Sample {
-            event: 0,
-            live_bytes: 0,
-            reserved_bytes: manager.stats().reserved_bytes as u64,
-        });
-    }
-    let mut bucket_max = 0u128;
+    let start_stats = manager.stats();
+    let mut sampler = Sampler::new(options.samples, step, &start_stats);
+    let mut watch = options
+        .peak_map
+        .then(|| PeakWatch::new(start_stats.reserved_bytes as u64));
     let mut i = 0u64;
     let mut unknown_frees = 0;
     let mut pass_results = Vec::with_capacity(passes.min(1024) as usize);
@@ -456,9 +434,27 @@ pub fn replay<T: ReplayTarget + ?Sized>(
     let start = Instant::now();
     for pass in 0..passes {
         let pass_start = Instant::now();
+        let spent_before = watch.as_ref().map_or(Duration::ZERO, |w| w.spent);
         let (requests_before, failures_before) = (books.requests, failures);
         let mut events = trace.events()?;
         for (k, op) in (&mut events).enumerate() {
+            // Before memory goes back: the reserved bytes at the most live bytes
+            // of the bucket, and a map the watch is waiting for.
+            let frees = match op {
+                Op::Free { .. } => true,
+                Op::Alloc { id, .. } => books.live.contains_key(&id),
+            };
+            if frees {
+                before_free(
+                    manager,
+                    &mut sampler,
+                    watch.as_mut(),
+                    &held,
+                    &kept_held,
+                    i,
+                    books.cur,
+                );
+            }
             // A later pass keeps what the first kept (weights, optimizer state).
             let replayed = match op {
                 Op::Alloc { .. } => pass == 0 || !plan.keeps(k as u64),
@@ -476,15 +472,24 @@ pub fn replay<T: ReplayTarget + ?Sized>(
                 held.remove(&id);
             }
             let dense = if replayed { books.apply(op) } else { None };
-            if let (Some(n), Op::Alloc { id, size, .. }) = (dense, op) {
+            if let (Some(n), Op::Alloc { id, size, stream }) = (dense, op) {
                 held.remove(&id);
                 let s = *handles.entry(n).or_insert_with(|| streams(n));
                 let got = usize::try_from(size)
                     .map_err(|_| format!("{size} bytes does not fit this machine's address space"))
                     .and_then(|size| manager.alloc(size, s));
                 match got {
-                    Ok(a) => {
-                        held.insert(id, a);
+                    Ok(block) => {
+                        held.insert(
+                            id,
+                            Held {
+                                block,
+                                size,
+                                stream,
+                                event: k as u64,
+                                pass,
+                            },
+                        );
                     }
                     Err(e) => {
                         failures += 1;
@@ -493,18 +498,12 @@ pub fn replay<T: ReplayTarget + ?Sized>(
                 }
             }
             i += 1;
-            bucket_max = bucket_max.max(books.cur);
-            if i % step == 0 {
-                samples.push(Sample {
-                    event: i,
-                    live_bytes: bucket_max,
-                    reserved_bytes: manager.stats().reserved_bytes as u64,
-                });
-                bucket_max = books.cur;
-                if samples.len() as u64 > options.samples.saturating_mul(2) {
-                    thin(&mut samples);
-                    step = step.saturating_mul(2);
-                }
+            sampler.live(books.cur);
+            if let (Some(w), Some(_)) = (watch.as_mut(), dense) {
+                sampler.reserved(w.read(manager, books.cur));
+            }
+            if sampler.due(i) {
+                sampler.push(i, &manager.stats(), books.cur);
             }
             if i % 4096 == 0 {
                 progress(i);
@@ -515,6 +514,15 @@ pub fn replay<T: ReplayTarget + ?Sized>(
             unknown_frees = books.unknown;
         }
         if passes > 1 {
+            before_free(
+                manager,
+                &mut sampler,
+                watch.as_mut(),
+                &held,
+                &kept_held,
+                i,
+                books.cur,
+            );
             if pass == 0 {
                 for (_, id) in &plan.kept {
                     books.live.remove(id);
@@ -531,6 +539,10 @@ pub fn replay<T: ReplayTarget + ?Sized>(
         }
         let stats = manager.stats();
         let driver = manager.driver_calls();
+        let spent = watch
+            .as_ref()
+            .map_or(Duration::ZERO, |w| w.spent)
+            .saturating_sub(spent_before);
         pass_results.push(PassResult {
             requests: books.requests - requests_before,
             failures: failures - failures_before,
@@ -539,7 +551,7 @@ pub fn replay<T: ReplayTarget + ?Sized>(
             peak_reserved_bytes: stats.reserved_bytes_peak as u64,
             reserved_bytes: stats.reserved_bytes as u64,
             allocated_bytes: stats.allocated_bytes as u64,
-            elapsed: pass_start.elapsed(),
+            elapsed: pass_start.elapsed().saturating_sub(spent),
         });
         driver_before = driver;
         if let Some(st) = steady.as_mut() {
@@ -548,25 +560,26 @@ pub fn replay<T: ReplayTarget + ?Sized>(
                 .rev()
                 .nth(1)
                 .map(|p| p.peak_reserved_bytes);
+            // The rule's clock leaves out the peak map's time too, so `--html`
+            // stops a replay where a run without it stops.
+            let spent = watch.as_ref().map_or(Duration::ZERO, |w| w.spent);
             stop = st.after(
                 pass + 1,
                 before,
                 stats.reserved_bytes_peak as u64,
-                start.elapsed(),
+                start.elapsed().saturating_sub(spent),
             );
             if stop.is_some() {
                 break;
             }
         }
     }
-    let elapsed = start.elapsed();
-    if options.samples > 0 && samples.last().is_some_and(|s| s.event != i) {
-        samples.push(Sample {
-            event: i,
-            live_bytes: bucket_max,
-            reserved_bytes: manager.stats().reserved_bytes as u64,
-        });
+    let spent = watch.as_ref().map_or(Duration::ZERO, |w| w.spent);
+    let elapsed = start.elapsed().saturating_sub(spent);
+    if let Some(w) = watch.as_mut().filter(|w| w.pending()) {
+        w.take(manager, held.values().chain(&kept_held), i, books.cur);
     }
+    let samples = sampler.finish(i, &manager.stats(), books.cur);
     progress(i);
     // The replay's driver calls, before what is still held goes back.
     let driver = manager.driver_calls().since(&driver_start);
@@ -586,7 +599,28 @@ pub fn replay<T: ReplayTarget + ?Sized>(
         samples,
         passes: pass_results,
         steady: stop,
+        peak_map: watch.and_then(PeakWatch::finish),
     })
+}
+
+/// Before an event that frees memory: the sampler reads reserved bytes if live
+/// bytes just reached the bucket's most, and the watch takes the map it waits
+/// for.
+fn before_free<T: ReplayTarget + ?Sized>(
+    manager: &T,
+    sampler: &mut Sampler,
+    watch: Option<&mut PeakWatch>,
+    held: &HashMap<u64, Held<T::Block>>,
+    kept_held: &[Held<T::Block>],
+    event: u64,
+    live: u128,
+) {
+    if sampler.wants_reserved() {
+        sampler.reserved(manager.stats().reserved_bytes as u64);
+    }
+    if let Some(w) = watch.filter(|w| w.pending()) {
+        w.take(manager, held.values().chain(kept_held), event, live);
+    }
 }
 
 #[cfg(test)]

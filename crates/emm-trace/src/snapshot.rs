@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::rc::Rc;
 
+use crate::details::{DetailsBuilder, Frame, TraceDetails};
 use crate::diagnostics::Diagnostics;
 use crate::error::{excerpt, TraceError};
 use crate::op::Op;
@@ -69,6 +70,9 @@ pub struct DeviceTrace {
     pub figures: TorchFigures,
     /// Records that could not be used.
     pub diagnostics: Diagnostics,
+    /// When each event happened, each allocation's stack, PyTorch's reserved
+    /// bytes along the trace.
+    pub details: TraceDetails,
 }
 
 type Dict = HashMap<Rc<str>, Val>;
@@ -307,6 +311,9 @@ fn device_trace(
     let mut live: HashMap<i64, u64> = HashMap::new();
     let mut requested: HashMap<i64, usize> = HashMap::new();
     let (mut delta, mut max_delta, mut min_delta) = (0i128, 0i128, 0i128);
+    let mut details = DetailsBuilder::default();
+    // Each frames list read once (by its container), however many entries share it.
+    let mut stacks: HashMap<u32, Option<u32>> = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         let Some(d) = cx.dict(e) else {
             diag.push_with(i as u64, || {
@@ -321,6 +328,7 @@ fn device_trace(
         let addr = as_int(key(d, "addr"));
         let size = as_int(key(d, "size")).unwrap_or(0).max(0) as u64;
         let stream = as_int(key(d, "stream")).unwrap_or(0) as u64;
+        let time = as_int(key(d, "time_us")).and_then(|t| u64::try_from(t).ok());
         let need_addr = |diag: &mut Diagnostics| -> Option<i64> {
             if addr.is_none() {
                 diag.push_with(i as u64, || {
@@ -337,12 +345,15 @@ fn device_trace(
                 next += 1;
                 if let Some(old) = live.insert(a, next) {
                     ops.push(Op::Free { id: old });
+                    details.event(time, None);
                 }
                 ops.push(Op::Alloc {
                     id: next,
                     size,
                     stream,
                 });
+                let stack = stack_of(cx, d, &mut details, &mut stacks);
+                details.event(time, stack);
                 diag.events += 1;
             }
             "free_requested" => {
@@ -355,6 +366,7 @@ fn device_trace(
                     None => reconstruct(&mut next, &mut pre, &mut fig, size, stream),
                 };
                 ops.push(Op::Free { id });
+                details.event(time, None);
                 requested.insert(a, i);
                 diag.events += 1;
             }
@@ -373,6 +385,7 @@ fn device_trace(
                     None => {
                         if let Some(id) = live.remove(&a) {
                             ops.push(Op::Free { id });
+                            details.event(time, None);
                             diag.events += 1;
                         }
                     }
@@ -382,11 +395,13 @@ fn device_trace(
                 fig.segment_events += 1;
                 delta += i128::from(size);
                 max_delta = max_delta.max(delta);
+                details.reserved(delta);
             }
             "segment_free" | "segment_unmap" => {
                 fig.segment_events += 1;
                 delta -= i128::from(size);
                 min_delta = min_delta.min(delta);
+                details.reserved(delta);
             }
             "oom" => fig.ooms += 1,
             "snapshot" | "user_defined" => {}
@@ -413,11 +428,39 @@ fn device_trace(
     let dump = fig.reserved_at_dump as i128;
     let start = (dump - delta).max(-min_delta).max(0);
     fig.peak_reserved_bytes = (start + max_delta).max(dump).max(0) as u128;
+    let details = details.finish(pre.len(), if fig.reserved_known() { start } else { 0 });
     pre.extend(ops);
     Ok(DeviceTrace {
         device,
         ops: pre,
         figures: fig,
         diagnostics: diag,
+        details,
     })
+}
+
+/// The stack of the allocation entry `d` (its `frames`), kept once in `details`;
+/// `cache` holds what each frames list already gave.
+fn stack_of(
+    cx: &Ctx<'_>,
+    d: &Dict,
+    details: &mut DetailsBuilder,
+    cache: &mut HashMap<u32, Option<u32>>,
+) -> Option<u32> {
+    let v = key(d, "frames")?;
+    let Val::Node(node) = v else { return None };
+    if let Some(&s) = cache.get(node) {
+        return s;
+    }
+    let frames = cx.list(v)?.iter().filter_map(|f| {
+        let f = cx.dict(f)?;
+        Some(Frame {
+            name: as_str(key(f, "name")).unwrap_or("?").into(),
+            filename: as_str(key(f, "filename")).unwrap_or("??").into(),
+            line: as_int(key(f, "line")).unwrap_or(0),
+        })
+    });
+    let s = details.stack(frames);
+    cache.insert(*node, s);
+    s
 }

@@ -2,7 +2,7 @@
 //! allocator such as [`TorchModel`](crate::TorchModel); and the driver calls it
 //! reports ([`DriverCalls`]).
 
-use emm_core::{DeviceAllocation, ManagerStats, MemoryManager};
+use emm_core::{DeviceAllocation, ManagerStats, MemoryManager, SnapshotSegment};
 use emm_sys::CUstream;
 
 /// An allocator a trace can be replayed through.
@@ -15,6 +15,21 @@ pub trait ReplayTarget {
     fn stats(&self) -> ManagerStats;
     /// The driver calls it counted so far.
     fn driver_calls(&self) -> DriverCalls;
+
+    /// Where `block` starts, to find it among [`segments`](ReplayTarget::segments);
+    /// `None` where the target does not say (the default).
+    fn block_address(&self, block: &Self::Block) -> Option<u64> {
+        let _ = block;
+        None
+    }
+
+    /// The allocator's segments and their blocks now, in address order, for a map
+    /// of its memory ([`ReplayOptions::peak_map`](crate::ReplayOptions::peak_map));
+    /// `None` where it keeps no segments of its own (the default). Taking them
+    /// must not change what the allocator does next.
+    fn segments(&self) -> Option<Vec<SnapshotSegment>> {
+        None
+    }
 }
 
 impl<M: MemoryManager + ?Sized> ReplayTarget for M {
@@ -30,6 +45,28 @@ impl<M: MemoryManager + ?Sized> ReplayTarget for M {
 
     fn driver_calls(&self) -> DriverCalls {
         DriverCalls::of(self)
+    }
+
+    fn block_address(&self, block: &DeviceAllocation) -> Option<u64> {
+        Some(block.ptr())
+    }
+
+    /// The manager's [`snapshot`](MemoryManager::snapshot), taken from a thread of
+    /// its own: emm's pool first returns the calling thread's cache of freed blocks
+    /// to the pool, which would change the replay asking (it runs on one thread).
+    /// From another thread those cached blocks show as allocated; the replay knows
+    /// which blocks are live. `None` also where the thread cannot be started.
+    fn segments(&self) -> Option<Vec<SnapshotSegment>> {
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("emm-replay-snapshot".into())
+                .spawn_scoped(s, || self.snapshot())
+                .ok()?
+                .join()
+                .ok()
+                .flatten()
+        })
+        .map(|m| m.segments)
     }
 }
 

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::details::TraceDetails;
 use crate::diagnostics::Diagnostics;
 use crate::error::TraceError;
 use crate::op::{Format, Op};
@@ -33,6 +34,7 @@ pub struct Trace {
     body: Body,
     torch: Option<TorchFigures>,
     preread: Option<Diagnostics>,
+    details: Option<Arc<TraceDetails>>,
 }
 
 /// Which `--format` to read a file in; `None` detects it from the content.
@@ -96,6 +98,7 @@ impl Trace {
             body: Body::File(path.to_owned()),
             torch: None,
             preread: None,
+            details: None,
         }])
     }
 
@@ -147,6 +150,7 @@ impl Trace {
                     body: Body::Text(text),
                     torch: None,
                     preread: None,
+                    details: None,
                 }])
             }
         }
@@ -163,6 +167,7 @@ impl Trace {
             body: Body::Text(text),
             torch: None,
             preread: None,
+            details: None,
         })
     }
 
@@ -174,6 +179,7 @@ impl Trace {
             body: Body::Ops(Arc::new(ops)),
             torch: None,
             preread: None,
+            details: None,
         }
     }
 
@@ -190,6 +196,12 @@ impl Trace {
     /// PyTorch's own figures, when the trace is a snapshot.
     pub fn torch_figures(&self) -> Option<&TorchFigures> {
         self.torch.as_ref()
+    }
+
+    /// What a snapshot tells besides its events: times, stacks, PyTorch's
+    /// reserved bytes along the trace (`None` for other formats).
+    pub fn details(&self) -> Option<&TraceDetails> {
+        self.details.as_deref()
     }
 
     /// One pass over the events.
@@ -232,6 +244,7 @@ fn snapshot_traces(name: &str, devices: Vec<crate::snapshot::DeviceTrace>) -> Ve
             body: Body::Ops(Arc::new(d.ops)),
             torch: Some(d.figures),
             preread: Some(d.diagnostics),
+            details: Some(Arc::new(d.details)),
         })
         .collect()
 }

@@ -29,7 +29,7 @@ mod state;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use emm_core::{fmt_bytes, ManagerStats};
+use emm_core::{fmt_bytes, ManagerStats, SnapshotSegment};
 use emm_sys::CUstream;
 
 pub use conf::{ConfError, TorchConf, NO_MAX_SPLIT};
@@ -160,5 +160,13 @@ impl ReplayTarget for TorchModel {
             frees: s.device_frees,
             ..DriverCalls::default()
         }
+    }
+
+    fn block_address(&self, block: &TorchBlock) -> Option<u64> {
+        block.index.map(|i| lock(&self.state).ptr(i))
+    }
+
+    fn segments(&self) -> Option<Vec<SnapshotSegment>> {
+        Some(lock(&self.state).segments())
     }
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 
 use super::conf::{TorchConf, NO_MAX_SPLIT};
 
+mod inspect;
+
 /// `kMinBlockSize`: every size is rounded to at least 512 bytes.
 const MIN_BLOCK: u64 = 512;
 /// `kSmallSize`: the largest request of the small pool, 1 MiB.
