@@ -659,14 +659,18 @@ fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Copies the files of `from` (one level) into `to`.
+/// Copies `from` into `to`, its folders included.
 fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
     std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
     for e in std::fs::read_dir(from).map_err(|e| format!("reading {}: {e}", from.display()))? {
         let e = e.map_err(|e| e.to_string())?;
-        if e.path().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name()))
-                .map_err(|err| format!("copying {}: {err}", e.path().display()))?;
+        let path = e.path();
+        if path.is_dir() {
+            // Fixtures keep their folders (`fixtures/random/`).
+            copy_dir(&path, &to.join(e.file_name()))?;
+        } else if path.is_file() {
+            std::fs::copy(&path, to.join(e.file_name()))
+                .map_err(|err| format!("copying {}: {err}", path.display()))?;
         }
     }
     Ok(())

@@ -202,9 +202,9 @@ fn unexportable_pools_and_small_segments_keep_their_old_answers() {
         "{e}"
     );
     // With exportable pieces: a small block placed in the expandable segment
-    // (the small segment is full) exports by descriptor too.
+    // (its free tail: 7 MiB take four 2 MiB pages) exports by descriptor too.
     let exportable = self::pool(&f.ctx, true);
-    let big = exportable.memalloc(8 * MIB).unwrap();
+    let big = exportable.memalloc(7 * MIB).unwrap();
     let small = exportable.memalloc(4096).unwrap();
     let h = exportable
         .get_ipc_handle(small.view(512, 1024).unwrap())

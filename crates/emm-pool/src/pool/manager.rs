@@ -1,0 +1,589 @@
+//! [`PoolManager`]: the caching pool as an emm plugin, built over an upstream
+//! ([`PoolUpstream`]) with its statistics, snapshot, trim and the
+//! [`MemoryManager`] interface.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_core::{
+    DeferGuard, DeferState, DeviceAllocation, DeviceView, EmmError, HostAllocFlags, HostMemory,
+    IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, ManagerStats, MemoryInfo, MemoryManager,
+    MemorySnapshot, Result, StatList, SYNC_STREAM,
+};
+use emm_default::{DriverUpstream, HostOnly, HostUpstream, Managed, PendingConfig, Upstream};
+use emm_driver::Context;
+use emm_sys::CUstream;
+
+use super::config::PoolConfig;
+use super::shared::Core;
+use super::stats::PoolStats;
+use super::threads::{ThreadCounters, NEXT_ID};
+use crate::arena::Arena;
+use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
+
+/// Where a pool's segments come from.
+pub enum PoolUpstream {
+    /// `cuMemAlloc` in a context.
+    Driver(Context),
+    /// The host stand-in (no GPU): `capacity` bytes, `touch` to back blocks with
+    /// real host memory.
+    Host {
+        /// Bytes of the stand-in device.
+        capacity: usize,
+        /// Back blocks with real memory.
+        touch: bool,
+    },
+    /// Any other upstream, with its event source and optional virtual memory.
+    Custom(
+        Box<dyn Upstream>,
+        Box<dyn EventSource>,
+        Option<Box<dyn VirtualMemory>>,
+        Option<Context>,
+    ),
+}
+
+/// The caching pool: a stream-aware best-fit allocator over segments, with
+/// per-thread caches so that a same-stream allocate+free pair takes no lock and
+/// makes no driver call.
+///
+/// - **Stream-aware.** A block freed on stream S goes back to S's free blocks and is
+///   reused on S at once (stream order makes that safe). Another stream T takes it
+///   only after an event recorded on S has completed (events are pooled).
+/// - **Thread caches.** Each thread keeps up to [`PoolConfig::thread_cache_blocks`]
+///   freed blocks per stream; an allocation of the same rounded size on the same
+///   stream takes one back without a lock. A miss that needs new memory, or a free
+///   into a full cache, gives that stream's cached blocks back to the shared arena
+///   first, so nothing stays fragmented or stuck in a cache; before the pool grows
+///   for a stream, every other thread's cached blocks of that stream go back too.
+/// - **Best fit with splitting and coalescing** inside segments; small (≤ 1 MiB) and
+///   large blocks use different segments, except that a small request takes a free
+///   block of the expandable segment before a new small segment; lookups are
+///   `O(log n)`.
+/// - **Out of memory**: wait for pending cross-stream events, give back every
+///   wholly free segment, retry, then [`EmmError::OutOfMemory`] with a report (live,
+///   reserved, largest free block, the device's free and total).
+/// - **`defer_cleanup`**: the pool never synchronizes on a free, so there is nothing
+///   to defer for device memory; the guard defers the pinned-host queue of the
+///   composed [`HostOnly`].
+/// - **The synchronous path** (`memalloc`) orders memory on the legacy default
+///   stream: safe there and on every blocking stream; a non-blocking stream must
+///   first wait for the legacy stream (as with RMM's pool).
+/// - **Managed memory** (`memallocmanaged`) is passed through to the driver by a
+///   composed [`Managed`]: one `cuMemAllocManaged` per request and one `cuMemFree`
+///   per free, never in segments or thread caches, and counted apart from the
+///   pool's statistics (`emm.managed_*` in `memory_stats`). Managed blocks are
+///   rare and large, their pages migrate between host and device, and a cached
+///   one would keep memory from both and carry its last user's page residency and
+///   advice to the next; on out of memory the pool's cache is given back first.
+pub struct PoolManager {
+    core: Arc<Core>,
+}
+
+impl core::fmt::Debug for PoolManager {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PoolManager")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl PoolManager {
+    /// A pool of device memory in `ctx` (`cuMemAlloc` segments, and an expandable
+    /// segment where the device has virtual memory management) with host memory from
+    /// a composed [`HostOnly`], configured by [`PoolConfig::from_env`].
+    pub fn new(ctx: &Context) -> Result<PoolManager> {
+        Self::with_config(PoolUpstream::Driver(ctx.clone()), PoolConfig::from_env()?)
+    }
+
+    /// A pool over `upstream` with `config`.
+    pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
+        let seg = &config.segments;
+        for (name, value) in [
+            ("segments.large_round", seg.large_round),
+            ("segments.small_segment", seg.small_segment),
+            ("segments.large_segment", seg.large_segment),
+            ("segments.expand_step", seg.expand_step),
+        ] {
+            if value == 0 || (name == "segments.large_round" && !value.is_power_of_two()) {
+                return Err(EmmError::InvalidConfig {
+                    name: name.into(),
+                    value: value.to_string(),
+                    reason: "a positive size (the rounding a power of two)".into(),
+                });
+            }
+        }
+        if let Some(p) = seg.tight_percent.filter(|&p| p < 100) {
+            return Err(EmmError::InvalidConfig {
+                name: "segments.tight_percent".into(),
+                value: p.to_string(),
+                reason: "a percentage of live bytes of at least 100 (or None: never)".into(),
+            });
+        }
+        let defer = DeferState::new();
+        type Parts = (
+            Box<dyn Upstream>,
+            Box<dyn EventSource>,
+            Option<Box<dyn VirtualMemory>>,
+            Option<Context>,
+        );
+        let (up, events, vmm, ctx): Parts = match upstream {
+            PoolUpstream::Driver(ctx) => {
+                let vmm = if config.segments.expandable {
+                    DriverVmm::new(&ctx).map(|mut v| {
+                        if config.exportable {
+                            v.set_exportable();
+                        }
+                        v
+                    })
+                } else {
+                    None
+                };
+                let vmm = vmm.filter(|v| {
+                    v.granularity()
+                        .is_ok_and(|g| config.segments.large_round % g == 0)
+                });
+                (
+                    Box::new(DriverUpstream::new(&ctx)),
+                    Box::new(DriverEvents::new(&ctx)),
+                    vmm.map(|v| Box::new(v) as Box<dyn VirtualMemory>),
+                    Some(ctx),
+                )
+            }
+            PoolUpstream::Host { capacity, touch } => {
+                let host = Arc::new(HostUpstream::new(capacity, touch));
+                let vmm: Option<Box<dyn VirtualMemory>> = if config.segments.expandable && !touch {
+                    Some(Box::new(HostVmm::new(host.clone())))
+                } else {
+                    None
+                };
+                (Box::new(host), Box::new(HostEvents::immediate()), vmm, None)
+            }
+            PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
+        };
+        let name = "pool";
+        let host = match &ctx {
+            Some(c) => Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?),
+            None => None,
+        };
+        let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
+        let limit = config.limit;
+        Ok(PoolManager {
+            core: Arc::new(Core {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                name,
+                arena: Mutex::new(Arena::new(config.segments, limit)),
+                upstream: up,
+                vmm,
+                events,
+                config,
+                generation: AtomicUsize::new(0),
+                threads: Mutex::new(Vec::new()),
+                orphan: ThreadCounters::default(),
+                host,
+                managed,
+                ctx,
+                defer,
+                recording: AtomicBool::new(false),
+                refused: Default::default(),
+            }),
+        })
+    }
+
+    /// A pool over the host stand-in of `capacity` bytes (no GPU needed).
+    pub fn host(capacity: usize, config: PoolConfig) -> Result<PoolManager> {
+        Self::with_config(
+            PoolUpstream::Host {
+                capacity,
+                touch: false,
+            },
+            config,
+        )
+    }
+
+    /// Allocates on `stream` (the stream-ordered path; same as
+    /// [`MemoryManager::memalloc_async`]).
+    pub fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        self.core.alloc(size, stream)
+    }
+
+    /// How many threads' counters the pool keeps: the threads that have a cache for
+    /// it now, plus those that exited since the last new thread registered (their
+    /// counters are folded away then).
+    pub fn tracked_threads(&self) -> usize {
+        self.core
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> PoolStats {
+        let mut arena = self.core.lock();
+        self.stats_locked(&mut arena)
+    }
+
+    fn stats_locked(&self, arena: &mut Arena) -> PoolStats {
+        self.core.sample_peaks(arena);
+        let a = arena.stats;
+        let inactive_split_bytes = arena.inactive_split_bytes();
+        let allocated_blocks = self.core.live_blocks().max(0) as usize;
+        let threads = self.core.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let allocated_bytes_total = threads
+            .iter()
+            .map(|c| c.allocated_total.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.core.orphan.allocated_total.load(Ordering::Relaxed);
+        let allocations = threads
+            .iter()
+            .map(|c| c.allocations.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.core.orphan.allocations.load(Ordering::Relaxed);
+        let thread_cache_hits = threads
+            .iter()
+            .map(|c| c.hits.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.core.orphan.hits.load(Ordering::Relaxed);
+        let cached = threads
+            .iter()
+            .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
+            .sum::<usize>();
+        let allocated_bytes = a.live.saturating_sub(cached);
+        PoolStats {
+            allocated_bytes,
+            allocated_bytes_peak: a.peak_allocated.max(allocated_bytes),
+            allocated_bytes_total,
+            allocated_blocks,
+            allocated_blocks_peak: a.peak_allocated_blocks.max(allocated_blocks),
+            active_bytes: a.live,
+            active_bytes_peak: a.peak_live,
+            thread_cached_bytes: a.live - allocated_bytes,
+            inactive_split_bytes,
+            segments_peak: a.peak_segments,
+            num_ooms: a.ooms,
+            reserved_bytes: a.reserved,
+            reserved_bytes_peak: a.peak_reserved,
+            num_alloc_retries: a.oom_ladders,
+            num_device_alloc: a.upstream_allocs,
+            num_device_free: a.upstream_frees,
+            segments: a.segments,
+            allocations,
+            thread_cache_hits,
+            shared_hits: a.hits,
+            cross_stream_reuses: a.cross_stream_reuses,
+            locked_allocs: a.locked_allocs,
+            locked_frees: a.locked_frees,
+            events_recorded: a.events_recorded,
+            event_queries: a.event_queries,
+            device_syncs: a.device_syncs,
+            misses: a.misses,
+            scan_steps: a.scan_steps,
+            tightenings: a.tightenings,
+            merges: a.merges,
+            pieces_mapped: a.pieces_mapped,
+            pieces_moved: a.pieces_moved,
+            pieces_unmapped: a.pieces_unmapped,
+        }
+    }
+
+    /// Sets every peak (allocated, active, reserved, segments) to its current value.
+    pub fn reset_peak_stats(&self) {
+        let mut arena = self.core.lock();
+        let (bytes, blocks) = self.core.allocated_now(&arena);
+        arena.stats.reset_peaks(bytes, blocks);
+    }
+
+    /// Records the allocation history in a ring of the latest `max_entries`
+    /// entries (0: off, the history dropped). While on, every allocation and free
+    /// takes the pool's lock to record itself; off, the lock-free path reads one
+    /// relaxed flag.
+    pub fn record_history(&self, max_entries: usize) {
+        let mut arena = self.core.lock();
+        arena.history.set_capacity(max_entries);
+        self.core
+            .recording
+            .store(max_entries > 0, Ordering::Relaxed);
+    }
+
+    /// Segments, blocks, the recorded history and the statistics, taken under the
+    /// pool's lock at one time. This thread's cached blocks go back to the pool
+    /// first (as with [`trim`](Self::trim)); blocks other threads keep cached are
+    /// live to the pool and show as allocated, so the allocated blocks sum to
+    /// `active_bytes`, and to `allocated_bytes` when no other thread caches any
+    /// (`thread_cached_bytes` is 0). Segments sum to `reserved_bytes`.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let mut arena = self.core.lock();
+        self.core.flush_thread(&mut arena);
+        let stats = self.stats_locked(&mut arena).to_list();
+        MemorySnapshot {
+            segments: arena.snapshot_segments(),
+            trace: arena.history.entries(),
+            stats,
+        }
+    }
+
+    /// Gives every wholly free segment back to the upstream, and every idle piece
+    /// of the expandable segment, wherever it lies (after returning the blocks
+    /// this thread and the other threads cached; a thread using its cache at that
+    /// moment keeps it); returns the bytes released. Releases nothing in a child
+    /// forked after CUDA was initialised (the memory is the parent's).
+    pub fn trim(&self) -> usize {
+        if emm_sys::forked() {
+            return 0;
+        }
+        let mut arena = self.core.lock();
+        self.core.flush_thread(&mut arena);
+        let gen = self.core.generation.load(Ordering::Acquire);
+        self.core.reclaim_cached(&mut arena, None, gen);
+        let settled = arena.consolidate(self.core.events.as_ref());
+        if let Err(e) = &settled {
+            tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
+        }
+        let source = self.core.source();
+        let released = arena.release_free_segments(&source, self.core.events.as_ref())
+            + arena.release_free_pieces(&source)
+            + self.core.retry_refused("trim");
+        if settled.is_ok() {
+            // The events idle now (every stream's, after the consolidation) are
+            // destroyed: the pool keeps only those still in use.
+            self.core.events.release_idle();
+        }
+        released
+    }
+
+    /// Bytes of segments the pool gave back whole (reset, drop) whose free the
+    /// driver refused: no longer in `reserved_bytes`, kept and freed again by the
+    /// next trim, reset or drop.
+    pub fn refused_bytes(&self) -> usize {
+        self.core.refused.bytes()
+    }
+
+    /// Checks the pool's internal consistency (for tests); returns what is wrong.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.core.lock().check()
+    }
+
+    /// Pending cross-stream event groups (for tests).
+    pub fn pending_event_groups(&self) -> usize {
+        self.core.lock().pending_groups()
+    }
+
+    /// The composed host-memory half, when serving a real context.
+    pub fn host_only(&self) -> Option<&HostOnly> {
+        self.core.host.as_ref()
+    }
+
+    fn no_host(&self, operation: &'static str) -> EmmError {
+        EmmError::Unsupported {
+            manager: "pool over the host stand-in".into(),
+            operation,
+        }
+    }
+}
+
+impl Drop for PoolManager {
+    fn drop(&mut self) {
+        if emm_sys::forked() {
+            // In a forked child the core is the parent's: leave it untouched.
+            std::mem::forget(self.core.clone());
+            return;
+        }
+        // Allocations point at the core without counting references; if any is
+        // still live, the core must outlive it: leak it rather than free under it.
+        let live = self.core.live_blocks();
+        if live > 0 {
+            tracing::warn!(
+                live,
+                "pool dropped while {live} allocations are live; its memory is kept until exit"
+            );
+            std::mem::forget(self.core.clone());
+            return;
+        }
+        // Pairs with the Release of the last free's count: that free is done with
+        // the core before the core is taken apart below.
+        std::sync::atomic::fence(Ordering::Acquire);
+        // Every block is free now, in the arena or in some thread's cache (those
+        // entries go stale with the generation): wait for the device's work on
+        // them, then give every segment back.
+        self.core.generation.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = self.core.events.synchronize_all() {
+            tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
+        }
+        self.core.give_back_all("dropping a pool");
+    }
+}
+
+impl MemoryManager for PoolManager {
+    fn name(&self) -> &str {
+        self.core.name
+    }
+
+    fn initialize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
+        self.memalloc_async(size, SYNC_STREAM)
+    }
+
+    fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        self.core.alloc(size, stream)
+    }
+
+    fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
+        self.core
+            .host
+            .as_ref()
+            .ok_or_else(|| self.no_host("memhostalloc"))?
+            .memhostalloc(size, flags)
+    }
+
+    fn memallocmanaged(&self, size: usize, attach: ManagedAttach) -> Result<ManagedMemory> {
+        self.core
+            .managed
+            .as_ref()
+            .ok_or_else(|| self.no_host("memallocmanaged"))?
+            .memallocmanaged(size, attach, &|| self.release_cached().unwrap_or(0))
+    }
+
+    unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
+        let host = self
+            .core
+            .host
+            .as_ref()
+            .ok_or_else(|| self.no_host("mempin"))?;
+        // SAFETY: forwarded to the caller.
+        unsafe { host.mempin(ptr, len, mapped) }
+    }
+
+    fn get_memory_info(&self) -> Result<MemoryInfo> {
+        self.core.upstream.mem_info()
+    }
+
+    fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
+        let ctx = self
+            .core
+            .ctx
+            .as_ref()
+            .ok_or_else(|| self.no_host("get_ipc_handle"))?;
+        // Large blocks, and the small ones placed in the expandable segment when no
+        // small segment had room (see `Arena::try_alloc`), are virtual memory,
+        // which legacy IPC cannot export: exported by file descriptor where the
+        // pool made its pieces exportable (see `export.rs`).
+        let base = view.parent().base().0;
+        if let Some(vmm) = self.core.vmm.as_deref() {
+            if self.core.lock().is_expandable(base) {
+                if !self.core.config.exportable {
+                    return Err(EmmError::Unsupported {
+                        manager: "pool (a block of its expandable segment, which legacy IPC cannot export: build it with exportable: true, EMM_POOL_EXPORTABLE=1, to export it by file descriptor (emm.numba_plugin does), or with expandable: false, EMM_POOL_EXPANDABLE=0, for legacy IPC of every block)".into(),
+                        operation: "get_ipc_handle",
+                    });
+                }
+                let exported = vmm.export_range(view.ptr(), view.len())?;
+                return Ok(IpcHandle::Vmm {
+                    pid: std::process::id(),
+                    pieces: exported.pieces,
+                    offset: exported.offset,
+                    size: view.len(),
+                    device_uuid: ctx.device().uuid()?,
+                });
+            }
+        }
+        IpcHandle::export_legacy(ctx, view.parent().base().0, view.ptr(), view.len())
+    }
+
+    fn reset(&self) -> Result<()> {
+        emm_core::check_not_forked()?;
+        // Every stream's work on the pool's memory is done before its segments and
+        // events go back (any upstream: the event source synchronizes the device).
+        // First: a reset that fails here has changed nothing (its blocks are
+        // still the callers', and come back when freed), rather than invalidated
+        // blocks it never gave back.
+        self.core.events.synchronize_all()?;
+        self.core.generation.fetch_add(1, Ordering::AcqRel);
+        self.core.give_back_all("reset");
+        if let Some(h) = &self.core.host {
+            h.flush();
+        }
+        if let Some(m) = &self.core.managed {
+            m.reset();
+        }
+        Ok(())
+    }
+
+    fn defer_cleanup(&self) -> DeferGuard {
+        let host = self.core.host.clone();
+        let managed = self.core.managed.clone();
+        self.core.defer.guard(move || {
+            if let Some(h) = host {
+                h.flush_if_needed();
+            }
+            if let Some(m) = managed {
+                m.flush();
+            }
+        })
+    }
+
+    fn release_cached(&self) -> Result<usize> {
+        emm_core::check_not_forked()?;
+        Ok(self.trim()
+            + self.core.host.as_ref().map_or(0, HostOnly::flush)
+            + self
+                .core
+                .managed
+                .as_ref()
+                .map_or(0, Managed::release_cached))
+    }
+
+    fn context(&self) -> Option<&Context> {
+        self.core.ctx.as_ref()
+    }
+
+    fn report(&self) -> String {
+        format!("{:?}", PoolManager::stats(self))
+    }
+
+    fn memory_stats(&self) -> StatList {
+        let mut list = PoolManager::stats(self).to_list();
+        list.extend(MemoryManager::managed_stats(self).to_list());
+        list
+    }
+
+    fn reset_peak_stats(&self) {
+        PoolManager::reset_peak_stats(self);
+        if let Some(m) = &self.core.managed {
+            m.reset_peak();
+        }
+    }
+
+    fn managed_stats(&self) -> ManagedStats {
+        self.core
+            .managed
+            .as_ref()
+            .map(Managed::stats)
+            .unwrap_or_default()
+    }
+
+    fn record_history(&self, max_entries: usize) -> Result<()> {
+        PoolManager::record_history(self, max_entries);
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(PoolManager::snapshot(self))
+    }
+
+    fn stats(&self) -> ManagerStats {
+        let s = PoolManager::stats(self);
+        ManagerStats {
+            allocated_bytes: s.allocated_bytes,
+            allocated_bytes_peak: s.allocated_bytes_peak,
+            reserved_bytes: s.reserved_bytes,
+            reserved_bytes_peak: s.reserved_bytes_peak,
+            allocations: s.allocations,
+            upstream_allocs: s.num_device_alloc as u64,
+            upstream_frees: s.num_device_free as u64,
+        }
+    }
+}

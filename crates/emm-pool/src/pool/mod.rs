@@ -1,0 +1,24 @@
+//! [`PoolManager`]: the caching pool as an emm plugin.
+//!
+//! - `config.rs`: [`PoolConfig`] and its environment variables.
+//! - `stats.rs`: [`PoolStats`], under PyTorch's names where they fit.
+//! - `source.rs`: what the arena takes memory from (upstream, virtual memory).
+//! - `threads.rs`: each thread's counters and caches, and the thread-local
+//!   registry; knows the pool only as a [`CacheOwner`](threads::CacheOwner).
+//! - `shared.rs`: the pool's shared state (`Core`) and its allocation and free
+//!   paths.
+//! - `manager.rs`: [`PoolManager`] over it.
+//!
+//! Files point one way: `manager` -> `shared` -> `threads`, `source`, `config`;
+//! `stats` and `config` import no other file of the pool.
+
+mod config;
+mod manager;
+mod shared;
+mod source;
+mod stats;
+mod threads;
+
+pub use config::{PoolConfig, MAX_STREAM_CACHES};
+pub use manager::{PoolManager, PoolUpstream};
+pub use stats::PoolStats;

@@ -1,0 +1,63 @@
+//! What the arena takes memory from: the pool's upstream and virtual memory.
+
+use emm_core::{EmmError, Result};
+use emm_default::Upstream;
+use emm_sys::CUdeviceptr;
+
+use crate::arena::SegmentSource;
+use crate::vmm::VirtualMemory;
+
+/// The arena's [`SegmentSource`]: segments from the pool's upstream, the
+/// expandable segment from its virtual memory (when it has any).
+pub(super) struct SourceAdapter<'a>(
+    pub(super) &'a dyn Upstream,
+    pub(super) Option<&'a dyn VirtualMemory>,
+);
+
+impl<'a> SourceAdapter<'a> {
+    fn vmm(&self, operation: &'static str) -> Result<&'a dyn VirtualMemory> {
+        self.1.ok_or(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation,
+        })
+    }
+}
+
+impl SegmentSource for SourceAdapter<'_> {
+    fn reserve(&self, size: usize) -> Result<Option<CUdeviceptr>> {
+        match self.1 {
+            Some(v) => v.reserve(size).map(Some),
+            None => Ok(None),
+        }
+    }
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.vmm("unmap")?.unmap(addr, len)
+    }
+    fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.vmm("unmap")?.unmap_done(addr, len)
+    }
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        match self.vmm("map_pieces") {
+            Ok(v) => v.map_pieces(dst, pieces),
+            Err(e) => (0, Err(e)),
+        }
+    }
+    fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
+        self.0.alloc(size)
+    }
+    fn free_segment(&self, base: CUdeviceptr, size: usize) -> Result<()> {
+        // SAFETY: the arena gives back only segments it took from this upstream,
+        // once, and only when every block in them is free.
+        unsafe { self.0.free(base, size) }
+    }
+    fn device_info(&self) -> (usize, usize) {
+        self.0
+            .mem_info()
+            .map(|i| (i.free, i.total))
+            .unwrap_or((0, 0))
+    }
+}

@@ -1,0 +1,149 @@
+//! [`PoolStats`]: a pool's counters, under PyTorch's `memory_stats` names where
+//! they mean the same.
+
+use emm_core::StatList;
+
+/// Statistics of a pool, with PyTorch's `memory_stats` names where they fit
+/// ([`PoolStats::to_list`] gives them under those names).
+///
+/// Blocks a thread keeps in its cache for reuse are free to callers but not to
+/// the rest of the pool: they count in `active_bytes` (PyTorch's "active": held, or
+/// freed but not yet reusable by everyone), not in `allocated_bytes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// `allocated_bytes.all.current`: bytes in blocks held by callers (rounded;
+    /// blocks waiting in thread caches are not counted).
+    pub allocated_bytes: usize,
+    /// `allocated_bytes.all.peak`: the peak of `allocated_bytes`, sampled (with no
+    /// cost on the lock-free path) at every allocation that takes the pool's lock
+    /// and at every statistics query or snapshot. Exact when every allocation takes
+    /// the lock (`thread_cache_blocks` 0); otherwise a peak reached by thread-cache
+    /// hits alone and undone before the next sample is missed. Never above
+    /// `active_bytes_peak`, never below `allocated_bytes`.
+    pub allocated_bytes_peak: usize,
+    /// `allocated_bytes.all.allocated`: bytes handed to callers so far (rounded).
+    pub allocated_bytes_total: u64,
+    /// `allocation.all.current`: blocks held by callers.
+    pub allocated_blocks: usize,
+    /// `allocation.all.peak`, sampled as `allocated_bytes_peak`.
+    pub allocated_blocks_peak: usize,
+    /// `active_bytes.all.current`: bytes of live blocks, callers' and those parked
+    /// in thread caches.
+    pub active_bytes: usize,
+    /// `active_bytes.all.peak` (exact).
+    pub active_bytes_peak: usize,
+    /// Bytes parked in thread caches (`active_bytes - allocated_bytes`).
+    pub thread_cached_bytes: usize,
+    /// `inactive_split_bytes.all.current`: free bytes in blocks that are not a
+    /// whole segment.
+    pub inactive_split_bytes: usize,
+    /// `segment.all.peak`.
+    pub segments_peak: usize,
+    /// `num_ooms`: allocations that failed for lack of memory.
+    pub num_ooms: usize,
+    /// `reserved_bytes.all.current`: bytes held from the upstream.
+    pub reserved_bytes: usize,
+    /// `reserved_bytes.all.peak`.
+    pub reserved_bytes_peak: usize,
+    /// `num_alloc_retries`-like: out-of-memory ladders run.
+    pub num_alloc_retries: usize,
+    /// `num_device_alloc`: segments taken from the upstream.
+    pub num_device_alloc: usize,
+    /// `num_device_free`: segments given back.
+    pub num_device_free: usize,
+    /// `segment.all.current`.
+    pub segments: usize,
+    /// Allocations served (all paths).
+    pub allocations: u64,
+    /// Allocations served by a thread's cache (no lock, no driver call).
+    pub thread_cache_hits: u64,
+    /// Allocations served from the shared free blocks.
+    pub shared_hits: usize,
+    /// Blocks reused by another stream after their event completed.
+    pub cross_stream_reuses: usize,
+    /// Requests that took the locked path (a thread-cache miss or a large block).
+    pub locked_allocs: usize,
+    /// Blocks given back to the shared arena (cache flushes, large blocks).
+    pub locked_frees: usize,
+    /// Events recorded for cross-stream ordering.
+    pub events_recorded: usize,
+    /// Event completion queries.
+    pub event_queries: usize,
+    /// Device-wide synchronizations (out-of-memory ladder, trim).
+    pub device_syncs: usize,
+    /// Allocations that needed new memory from the upstream.
+    pub misses: usize,
+    /// Per-stream entries visited by scans over streams: grows linearly with the
+    /// number of streams a program uses (a test asserts it).
+    pub scan_steps: usize,
+    /// Synchronizations made to give back wholly free large segments instead of
+    /// growing (without the expandable segment; `SegmentPolicy::tight_percent`).
+    pub tightenings: usize,
+    /// Wholly free large segments merged into one without the expandable segment
+    /// (`EMM_POOL_LEGACY_MERGE`).
+    pub merges: usize,
+    /// Pieces of the expandable segment mapped with new memory (one driver call each).
+    pub pieces_mapped: usize,
+    /// Pieces of the expandable segment whose memory moved (mapped again where
+    /// growth needed memory, instead of new memory; one driver call each).
+    pub pieces_moved: usize,
+    /// Mappings of the expandable segment unmapped without a synchronization of
+    /// their own (one driver call each), their address space used again: old
+    /// mappings of moved pieces once their work was done, and idle pieces `trim`
+    /// gave back.
+    pub pieces_unmapped: usize,
+}
+
+impl PoolStats {
+    /// The counters under PyTorch's `memory_stats` names where they mean the same,
+    /// emm's own under `emm.`.
+    pub fn to_list(&self) -> StatList {
+        let u = |v: usize| v as u64;
+        let freed_bytes = self
+            .allocated_bytes_total
+            .saturating_sub(u(self.allocated_bytes));
+        vec![
+            ("allocated_bytes.all.current", u(self.allocated_bytes)),
+            ("allocated_bytes.all.peak", u(self.allocated_bytes_peak)),
+            ("allocated_bytes.all.allocated", self.allocated_bytes_total),
+            ("allocated_bytes.all.freed", freed_bytes),
+            ("reserved_bytes.all.current", u(self.reserved_bytes)),
+            ("reserved_bytes.all.peak", u(self.reserved_bytes_peak)),
+            ("active_bytes.all.current", u(self.active_bytes)),
+            ("active_bytes.all.peak", u(self.active_bytes_peak)),
+            (
+                "inactive_split_bytes.all.current",
+                u(self.inactive_split_bytes),
+            ),
+            ("segment.all.current", u(self.segments)),
+            ("segment.all.peak", u(self.segments_peak)),
+            ("allocation.all.current", u(self.allocated_blocks)),
+            ("allocation.all.peak", u(self.allocated_blocks_peak)),
+            ("allocation.all.allocated", self.allocations),
+            (
+                "allocation.all.freed",
+                self.allocations.saturating_sub(u(self.allocated_blocks)),
+            ),
+            ("num_alloc_retries", u(self.num_alloc_retries)),
+            ("num_ooms", u(self.num_ooms)),
+            ("num_device_alloc", u(self.num_device_alloc)),
+            ("num_device_free", u(self.num_device_free)),
+            ("emm.thread_cached_bytes", u(self.thread_cached_bytes)),
+            ("emm.thread_cache_hits", self.thread_cache_hits),
+            ("emm.shared_hits", u(self.shared_hits)),
+            ("emm.cross_stream_reuses", u(self.cross_stream_reuses)),
+            ("emm.locked_allocs", u(self.locked_allocs)),
+            ("emm.locked_frees", u(self.locked_frees)),
+            ("emm.events_recorded", u(self.events_recorded)),
+            ("emm.event_queries", u(self.event_queries)),
+            ("emm.device_syncs", u(self.device_syncs)),
+            ("emm.misses", u(self.misses)),
+            ("emm.scan_steps", u(self.scan_steps)),
+            ("emm.pieces_mapped", u(self.pieces_mapped)),
+            ("emm.pieces_moved", u(self.pieces_moved)),
+            ("emm.pieces_unmapped", u(self.pieces_unmapped)),
+            ("emm.tightenings", u(self.tightenings)),
+            ("emm.merges", u(self.merges)),
+        ]
+    }
+}
