@@ -75,17 +75,20 @@ impl Arena {
         source: &dyn SegmentSource,
     ) -> Result<bool> {
         let base = match self.grow_base {
-            Some(0) => return Ok(false),
-            Some(b) => b,
-            None => match source.reserve(self.policy.expandable_reserve)? {
+            Reservation::Unavailable => return Ok(false),
+            Reservation::At(b) => b,
+            Reservation::NotYet => match source.reserve(self.policy.expandable_reserve)? {
                 Some(b) => {
-                    self.grow_base = Some(b);
+                    self.grow_base = Reservation::At(b);
                     self.segments.insert(
                         b,
                         Segment {
                             size: 0,
                             kind: Kind::Large,
-                            expandable: Some((self.policy.expandable_reserve, Vec::new())),
+                            expandable: Some(Expandable {
+                                reserve: self.policy.expandable_reserve,
+                                pieces: Vec::new(),
+                            }),
                             retired: 0,
                             merged: false,
                         },
@@ -95,7 +98,7 @@ impl Arena {
                     b
                 }
                 None => {
-                    self.grow_base = Some(0);
+                    self.grow_base = Reservation::Unavailable;
                     return Ok(false);
                 }
             },
@@ -244,7 +247,7 @@ impl Arena {
     fn growth_targets(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Vec<Target> {
         let Some(Segment {
             size: mapped,
-            expandable: Some((reserve, _)),
+            expandable: Some(Expandable { reserve, .. }),
             ..
         }) = self.segments.get(&base)
         else {
@@ -314,7 +317,7 @@ impl Arena {
         if let Some(Segment {
             size,
             retired,
-            expandable: Some((_, pieces)),
+            expandable: Some(Expandable { pieces, .. }),
             ..
         }) = self.segments.get_mut(&base)
         {
@@ -370,7 +373,7 @@ impl Arena {
         let mut plan = Vec::new();
         let Some(Segment {
             size: mapped,
-            expandable: Some((_, pieces)),
+            expandable: Some(Expandable { pieces, .. }),
             ..
         }) = self.segments.get(&base)
         else {
@@ -430,7 +433,7 @@ impl Arena {
     /// segment been reset over it, growth would map there again and the driver
     /// answer `CUDA_ERROR_ALREADY_MAPPED` for good).
     fn reset_expandable(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+        let Some(base) = self.grow_base.base() else {
             return 0;
         };
         let Some(seg) = self.segments.get(&base) else {
@@ -451,7 +454,8 @@ impl Arena {
             return released;
         };
         let end = base + seg.size as u64;
-        if !self.retiring.is_empty() || seg.expandable.as_ref().is_none_or(|(_, p)| !p.is_empty()) {
+        if !self.retiring.is_empty() || seg.expandable.as_ref().is_none_or(|e| !e.pieces.is_empty())
+        {
             // A mapping stayed (a piece that failed to unmap, one in a block of a
             // stream not settled, or an old mapping of a moved piece waiting).
             return released;
@@ -469,7 +473,7 @@ impl Arena {
         if let Some(Segment {
             size,
             retired,
-            expandable: Some((_, pieces)),
+            expandable: Some(Expandable { pieces, .. }),
             ..
         }) = self.segments.get_mut(&base)
         {
@@ -486,7 +490,7 @@ impl Arena {
     /// addresses, and unmapping one would give nothing back.
     #[allow(clippy::while_let_loop)] // reason: the loop stops at any of several checks
     pub(super) fn shrink_expandable(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+        let Some(base) = self.grow_base.base() else {
             return 0;
         };
         if !self.retiring.is_empty() {
@@ -496,7 +500,7 @@ impl Arena {
         loop {
             let Some(Segment {
                 size: mapped,
-                expandable: Some((_, pieces)),
+                expandable: Some(Expandable { pieces, .. }),
                 ..
             }) = self.segments.get(&base)
             else {
@@ -535,7 +539,7 @@ impl Arena {
             }
             if let Some(Segment {
                 size,
-                expandable: Some((_, pieces)),
+                expandable: Some(Expandable { pieces, .. }),
                 ..
             }) = self.segments.get_mut(&base)
             {
@@ -562,7 +566,7 @@ impl Arena {
         source: &dyn SegmentSource,
         events: &dyn EventSource,
     ) -> usize {
-        if let Some(base) = self.grow_base.filter(|&b| b != 0) {
+        if let Some(base) = self.grow_base.base() {
             self.unmap_retired(base, events, source, true);
         }
         let released = self.release_whole_segments(source, None);
@@ -690,7 +694,7 @@ impl Arena {
                     self.history.push(TraceAction::SegmentFree, b, s.size, 0);
                     segs.push((b, s.size));
                 }
-                Some((_, pieces)) => {
+                Some(Expandable { pieces, .. }) => {
                     for &(off, len) in pieces.iter().rev() {
                         self.history
                             .push(TraceAction::SegmentUnmap, b + off as u64, len, 0);
@@ -706,16 +710,16 @@ impl Arena {
             // A mapping the driver kept: its address space is not used again (growth
             // there would fail with `CUDA_ERROR_ALREADY_MAPPED`); the virtual memory
             // keeps it and retries on drop, and the next growth reserves anew.
-            if let Some(b) = self.grow_base.take().filter(|&b| b != 0) {
+            if let Some(b) = std::mem::take(&mut self.grow_base).base() {
                 self.segments.remove(&b);
             }
         }
-        if let Some(b) = self.grow_base.filter(|&b| b != 0) {
+        if let Some(b) = self.grow_base.base() {
             if let Some(seg) = self.segments.get_mut(&b) {
                 seg.size = 0;
                 seg.retired = 0;
-                if let Some((_, p)) = &mut seg.expandable {
-                    p.clear();
+                if let Some(e) = &mut seg.expandable {
+                    e.pieces.clear();
                 }
             }
         }

@@ -109,7 +109,7 @@ impl Arena {
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
                 ));
             }
-            if let Some((reserve, pieces)) = &seg.expandable {
+            if let Some(Expandable { reserve, pieces }) = &seg.expandable {
                 // Past its end, the segment's address space holds no block.
                 let past = base + *reserve as u64;
                 if let Some((&a, _)) = self.blocks.iter().find(|(&a, _)| a >= end && a < past) {

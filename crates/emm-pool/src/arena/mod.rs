@@ -83,14 +83,23 @@ struct Block {
     state: State,
 }
 
+/// The expandable segment's own part of its [`Segment`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Expandable {
+    /// Bytes of address space reserved.
+    pub reserve: usize,
+    /// The pieces of memory mapped, `(offset, len)` in address order; each is
+    /// one physical allocation, which growth may move whole (see `retire.rs`).
+    pub pieces: Vec<(usize, usize)>,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Segment {
     /// Bytes backed by memory (for an expandable segment: mapped so far).
     pub size: usize,
     pub kind: Kind,
-    /// For an expandable segment: the address space reserved, and the mapped
-    /// pieces `(offset, len)` in order.
-    pub expandable: Option<(usize, Vec<(usize, usize)>)>,
+    /// For the expandable segment: its address space and pieces.
+    pub expandable: Option<Expandable>,
     /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
     /// gaps): the memory behind the segment is `size - retired`.
     pub retired: usize,
@@ -372,9 +381,8 @@ pub(crate) struct Arena {
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
     pub limit: Option<usize>,
-    /// The expandable segment's base, once reserved; `Some(0)` after a reservation
-    /// failed (do not try again).
-    grow_base: Option<CUdeviceptr>,
+    /// The expandable segment's address space.
+    grow_base: Reservation,
     /// Old mappings of moved pieces, waiting for the work queued on them (see
     /// `retire.rs`).
     retiring: Vec<retire::Retiring>,
@@ -382,6 +390,29 @@ pub(crate) struct Arena {
     pub history: History,
     /// A large segment was made since the last merge (see `merge.rs`).
     merge_due: bool,
+}
+
+/// Where the expandable segment's address space stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Reservation {
+    /// Not asked for yet: the first growth reserves it.
+    #[default]
+    NotYet,
+    /// None to be had (no virtual memory, or the driver refused the
+    /// reservation): not asked for again.
+    Unavailable,
+    /// Reserved at this base.
+    At(CUdeviceptr),
+}
+
+impl Reservation {
+    /// The base, when reserved.
+    fn base(self) -> Option<CUdeviceptr> {
+        match self {
+            Reservation::At(b) => Some(b),
+            Reservation::NotYet | Reservation::Unavailable => None,
+        }
+    }
 }
 
 impl Arena {
@@ -396,7 +427,7 @@ impl Arena {
     /// Whether `base` is the expandable segment's base (a block there is virtual
     /// memory).
     pub fn is_expandable(&self, base: CUdeviceptr) -> bool {
-        self.grow_base.is_some_and(|b| b != 0 && b == base)
+        self.grow_base.base() == Some(base)
     }
 
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
@@ -487,7 +518,7 @@ impl Arena {
         // lower, with fewer pieces moved). Only with the expandable segment:
         // without it a small block would keep an exact-size segment from coming
         // free whole (the inference snapshot went from 1.60x to 1.90x).
-        if let Some(base) = self.grow_base.filter(|&b| b != 0 && kind == Kind::Small) {
+        if let Some(base) = self.grow_base.base().filter(|_| kind == Kind::Small) {
             for s in [stream, SETTLED] {
                 // (Only there: a plain large segment, which the out-of-memory
                 // ladder may make, must be able to come free whole.)

@@ -119,7 +119,7 @@ impl Arena {
     /// mapped in its free block, for the next trim (the error is logged). Returns
     /// the bytes released.
     pub fn release_free_pieces(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.grow_base.filter(|&b| b != 0) else {
+        let Some(base) = self.grow_base.base() else {
             return 0;
         };
         if !self.retiring.is_empty() {
@@ -196,7 +196,7 @@ impl Arena {
         }
         self.stats.pieces_unmapped += 1;
         if let Some(Segment {
-            expandable: Some((_, pieces)),
+            expandable: Some(Expandable { pieces, .. }),
             ..
         }) = self.segments.get_mut(&base)
         {
