@@ -203,25 +203,14 @@ class _Stats(ctypes.Structure):
         "allocations", "upstream_allocs")]
 
 
-def load() -> ctypes.CDLL:
-    """Loads libemm_capi once, checks its ABI version, declares its functions and
-    routes its warnings to Python (see :class:`EmmWarning`)."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
-    path = library_path()
-    lib = ctypes.CDLL(str(path))
-    version = lib.emm_abi_version()
-    if version < ABI_NEEDED or version // 10000 != ABI_NEEDED // 10000:
-        raise EmmError(EMM_ERR_UNSUPPORTED,
-                       f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
-                       f"minor version of the same major (reinstall the package, or rebuild with "
-                       f"`cargo build --release -p emm-capi`)")
+def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
+    """The ctypes argument and result types of every C function the bindings call
+    (``python/tests/test_abi_table.py`` checks them against ``emm.h``)."""
     u64p = ctypes.POINTER(ctypes.c_uint64)
     szp = ctypes.POINTER(ctypes.c_size_t)
     intp = ctypes.POINTER(ctypes.c_int)
     vp = ctypes.c_void_p
-    sigs: Dict[str, Tuple[List[Any], Any]] = {
+    return {
         "emm_abi_version": ([], ctypes.c_int),
         "emm_last_error": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
         "emm_last_error_code": ([], ctypes.c_int),
@@ -271,6 +260,23 @@ def load() -> ctypes.CDLL:
         "emm_torch_reset_peak_stats": ([ctypes.c_int], ctypes.c_int),
         "emm_torch_empty_cache": ([ctypes.c_int, szp], ctypes.c_int),
     }
+
+
+def load() -> ctypes.CDLL:
+    """Loads libemm_capi once, checks its ABI version, declares its functions and
+    routes its warnings to Python (see :class:`EmmWarning`)."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    path = library_path()
+    lib = ctypes.CDLL(str(path))
+    version = lib.emm_abi_version()
+    if version < ABI_NEEDED or version // 10000 != ABI_NEEDED // 10000:
+        raise EmmError(EMM_ERR_UNSUPPORTED,
+                       f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
+                       f"minor version of the same major (reinstall the package, or rebuild with "
+                       f"`cargo build --release -p emm-capi`)")
+    sigs = _signatures()
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
         f.argtypes = args
