@@ -808,7 +808,7 @@ mod tests {
 
     #[test]
     fn this_workspace_has_no_import_circle() {
-        let found = check(&crate::workspace_root());
+        let found = check(&crate::cmd::workspace_root());
         assert!(found.is_empty(), "{}", found.join(""));
     }
 }

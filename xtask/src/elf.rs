@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn a_file_that_is_not_elf_is_an_error() {
-        let path = crate::workspace_root().join("Cargo.toml");
+        let path = crate::cmd::workspace_root().join("Cargo.toml");
         let err = SharedLibrary::read(&path).unwrap_err();
         assert!(err.contains("not a readable ELF file"), "{err}");
     }

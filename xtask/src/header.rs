@@ -271,7 +271,7 @@ void emm_register(void (*callback)(int code), int x); // emm_not_this(void)
     #[test]
     fn the_committed_header_declares_what_the_sources_export() {
         // Without cbindgen: every `extern "C" fn emm_*` in the sources is declared.
-        let root = crate::workspace_root();
+        let root = crate::cmd::workspace_root();
         let header = std::fs::read_to_string(root.join(HEADER)).unwrap();
         let declared = declared_functions(&header);
         let mut found = 0;
