@@ -20,6 +20,7 @@ def replay(
     passes: Optional[int] = None,
     device_memory: Union[int, str, None] = None,
     fit: bool = False,
+    as_fraction: bool = False,
     overhead: Union[int, str, None] = None,
     pytorch_conf: Optional[str] = None,
     timeout: Optional[float] = None,
@@ -35,7 +36,9 @@ def replay(
     ``managers``: names among ``default``, ``pool``, ``hostonly``,
     ``pytorch-native``, ``pytorch-expandable`` (default: all). ``passes``: exactly
     that many (default: until the footprint holds). ``device_memory``: bytes, or a
-    size such as ``"24G"``. Raises ``ValueError`` for arguments the command refuses
+    size such as ``"24G"``. ``as_fraction``: with ``device_memory`` or ``fit``, cap
+    the PyTorch models as ``torch.cuda.set_per_process_memory_fraction`` does
+    rather than as a device of that size. Raises ``ValueError`` for arguments the command refuses
     and ``FileNotFoundError`` when this installation has no ``emm`` program."""
     exe = _install.binary()
     if exe is None:
@@ -58,6 +61,8 @@ def replay(
         args += ["--device-memory", str(device_memory)]
     if fit:
         args.append("--fit")
+    if as_fraction:
+        args.append("--as-fraction")
     if overhead is not None:
         args += ["--overhead", str(overhead)]
     if pytorch_conf is not None:

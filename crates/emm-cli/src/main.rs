@@ -88,6 +88,13 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// failed is reported).
         #[arg(long)]
         fit: bool,
+        /// With `--device-memory` or `--fit`: cap the PyTorch models as
+        /// `torch.cuda.set_per_process_memory_fraction` does (that many bytes of
+        /// an 80 GB H100, checked against each new segment's rounded size before
+        /// it is made), not as a device of that size. emm's managers are capped
+        /// as a device either way.
+        #[arg(long)]
+        as_fraction: bool,
         /// What the process holds on the device besides the allocator, added to
         /// `--fit`'s answers. The default is what PyTorch 2.11 held on an H100
         /// beyond its allocator's reserved memory after a matmul and a
@@ -220,6 +227,7 @@ fn main() -> ExitCode {
             pytorch_conf,
             device_memory,
             fit,
+            as_fraction,
             overhead,
         } => {
             let mut managers = managers(&manager);
@@ -260,6 +268,7 @@ fn main() -> ExitCode {
                     torch_conf,
                     device_memory,
                     fit,
+                    as_fraction,
                     overhead,
                 }),
             }

@@ -52,6 +52,9 @@ pub struct Args {
     pub device_memory: Option<u64>,
     /// `--fit`: search each manager's smallest device.
     pub fit: bool,
+    /// `--as-fraction`: the PyTorch models are capped as
+    /// `set_per_process_memory_fraction` caps, not as a device of that size.
+    pub as_fraction: bool,
     /// `--overhead`: what the process holds on the device besides the allocator.
     pub overhead: u64,
 }
@@ -64,18 +67,21 @@ fn build_target(
     m: &str,
     torch_conf: &TorchConf,
     cap: Option<u64>,
+    as_fraction: bool,
 ) -> Result<Target, EmmError> {
     if TORCH_MODELS.contains(&m) {
         let conf = TorchConf {
             expandable_segments: m == "pytorch-expandable",
             ..torch_conf.clone()
         };
-        let device = cap.unwrap_or(DEFAULT_DEVICE_BYTES);
-        return Ok(Target::Torch(TorchModel::with_device(
-            conf,
-            device,
-            cap.map(Limit::Device),
-        )));
+        // A device of `cap` bytes, or `cap` bytes of the default device as
+        // `setMemoryFraction` allows them (on a larger device if `cap` passes it).
+        let (device, limit) = match cap {
+            Some(c) if as_fraction => (DEFAULT_DEVICE_BYTES.max(c), Some(Limit::Fraction(c))),
+            Some(c) => (c, Some(Limit::Device(c))),
+            None => (DEFAULT_DEVICE_BYTES, None),
+        };
+        return Ok(Target::Torch(TorchModel::with_device(conf, device, limit)));
     }
     match cap {
         Some(c) => {
@@ -100,8 +106,8 @@ fn fit_manager(
     let low = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
     let step = (2 << 20).max(high / 1000);
     fit::smallest(low, high.max(low), step, |cap| {
-        let target =
-            build_target(backend, m, &args.torch_conf, Some(cap)).map_err(|e| e.to_string())?;
+        let target = build_target(backend, m, &args.torch_conf, Some(cap), args.as_fraction)
+            .map_err(|e| e.to_string())?;
         // Exactly the passes the uncapped replay made, so that every size is
         // judged on the same run (the steady rule's clock could stop one early).
         let opts = ReplayOptions {
@@ -269,6 +275,11 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             max_seconds: r.max_time.as_secs_f64(),
         }),
         device_memory_bytes: args.device_memory,
+        pytorch_cap: if args.as_fraction {
+            "fraction"
+        } else {
+            "device"
+        },
         overhead_bytes: args.overhead,
         failed: false,
         errors: Vec::new(),
@@ -286,7 +297,13 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
-            let manager = match build_target(&backend, m, &args.torch_conf, args.device_memory) {
+            let manager = match build_target(
+                &backend,
+                m,
+                &args.torch_conf,
+                args.device_memory,
+                args.as_fraction,
+            ) {
                 Ok(x) => x,
                 // A manager this driver, device or the stand-in cannot run (e.g.
                 // `hostonly` without stream-ordered memory pools) is skipped, and

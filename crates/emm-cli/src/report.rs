@@ -26,6 +26,10 @@ pub struct Report {
     /// `--device-memory`: the device size every manager replayed on; `null`:
     /// unlimited.
     pub device_memory_bytes: Option<u64>,
+    /// How `--device-memory` and `--fit` capped the PyTorch models: `"device"`
+    /// (a device of that size) or `"fraction"` (`--as-fraction`: as
+    /// `set_per_process_memory_fraction` caps).
+    pub pytorch_cap: &'static str,
     /// `--overhead`: what the process holds on the device besides the
     /// allocator, added to `--fit`'s answers.
     pub overhead_bytes: u64,
@@ -526,12 +530,22 @@ pub fn device_memory_line(r: &Report, t: &TraceReport) -> Option<String> {
         }
     };
     Some(format!(
-        "{} on a device of {}: fits: {}; does not fit: {}",
+        "{} on a device of {}{}: fits: {}; does not fit: {}",
         t.trace,
         units::bytes(u128::from(cap)),
+        fraction_note(r),
         names(&fits),
         names(&not),
     ))
+}
+
+/// What `--as-fraction` changes, said where a cap is reported.
+fn fraction_note(r: &Report) -> &'static str {
+    if r.pytorch_cap == "fraction" {
+        " (PyTorch's models capped as set_per_process_memory_fraction)"
+    } else {
+        ""
+    }
 }
 
 /// `trace: smallest device each needs (…): …` (`--fit`).
@@ -555,7 +569,7 @@ pub fn fit_line(r: &Report, t: &TraceReport) -> Option<String> {
         })
         .collect();
     Some(format!(
-        "{}: smallest device each needs ({}): {}",
+        "{}: smallest device each needs ({}){}: {}",
         t.trace,
         if r.overhead_bytes > 0 {
             format!(
@@ -565,6 +579,7 @@ pub fn fit_line(r: &Report, t: &TraceReport) -> Option<String> {
         } else {
             "allocator memory; --overhead adds the CUDA context and libraries".to_owned()
         },
+        fraction_note(r),
         parts.join("; ")
     ))
 }
@@ -726,6 +741,7 @@ mod tests {
                 max_seconds: 60.0,
             }),
             device_memory_bytes: None,
+            pytorch_cap: "device",
             overhead_bytes: 0,
             failed: false,
             errors: Vec::new(),

@@ -139,8 +139,15 @@ fn a_person_sees_the_verdict_the_curves_and_the_maps_and_can_hover_and_zoom() {
     assert_eq!(seen["ok"], true, "{seen:#}");
     assert_eq!(seen["failed_banner"], false);
     let verdict = seen["verdicts"][0].as_str().unwrap();
+    // The pool's peak: above the snapshot's 811 MiB live, within the
+    // steady-state bound (its exact figure moves with the pool's policy);
+    // PyTorch's as recorded is the snapshot's own.
+    let pool_mib: Option<f64> = verdict
+        .strip_prefix("emm pool ")
+        .and_then(|r| r.split(" MiB at peak").next())
+        .and_then(|n| n.parse().ok());
     assert!(
-        verdict.starts_with("emm pool 840 MiB at peak")
+        pool_mib.is_some_and(|m| (811.0..=811.0 * 1.05).contains(&m))
             && verdict.contains("PyTorch as recorded 1.02 GiB: the pool saves"),
         "{verdict}"
     );

@@ -982,6 +982,57 @@ fn the_models_of_pytorchs_allocator_replay_beside_emms_managers() {
 }
 
 #[test]
+fn as_fraction_caps_pytorchs_models_as_set_per_process_memory_fraction() {
+    // `setMemoryFraction` refuses a new segment by its rounded size before any
+    // page is mapped, so with expandable segments it refuses earlier than a
+    // device of the same bytes would (run 162 on an H100: the device answer
+    // ran out of memory under the fraction on two of three traces).
+    let fit = |fraction: bool| {
+        let mut a = vec![
+            "replay",
+            "--passes",
+            "1",
+            "--json",
+            "--fit",
+            "-m",
+            "pytorch-expandable",
+        ];
+        if fraction {
+            a.push("--as-fraction");
+        }
+        let o = run(&a);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            v["pytorch_cap"],
+            if fraction { "fraction" } else { "device" },
+            "{v}"
+        );
+        v["traces"][0]["fit"][0]["needs_bytes"].as_u64().unwrap()
+    };
+    let (device, fraction) = (fit(false), fit(true));
+    assert!(fraction >= device, "fraction {fraction} < device {device}");
+    // At the device answer, the fraction refuses or runs as the model says, and
+    // the text says how the models were capped.
+    let o = run(&[
+        "replay",
+        "--passes",
+        "1",
+        "-m",
+        "pytorch-expandable",
+        "--as-fraction",
+        "--device-memory",
+        &fraction.to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("(PyTorch's models capped as set_per_process_memory_fraction)"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+#[test]
 fn device_memory_says_which_managers_fit_and_fit_finds_the_smallest_device() {
     // The bundled trace peaks at 3.31 GiB live; PyTorch's default allocator
     // reserves 4.60 GiB uncapped.
