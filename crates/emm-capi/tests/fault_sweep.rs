@@ -190,11 +190,25 @@ fn capi_run(
         if managed != 0 && emm_free_managed(m, managed) != EMM_OK {
             return Err(format!("freeing managed memory again: {}", last_message()));
         }
-        // Works again.
+        // Works again. A release that failed inside a drop during the fault is
+        // reported once, by the manager's next fallible call (emm-driver's
+        // deferred errors live on the manager's own `Context`, which the drain
+        // above, on this test's, cannot reach): one such status is allowed,
+        // and the call after it must succeed. Which drop meets the fault
+        // depends on the order blocks are freed in, so some runs see it.
+        let mut deferred_reported = false;
         let mut fresh = Vec::new();
         for &n in &[1usize, 4097, 5 << 20] {
             let mut ptr = 0u64;
-            if emm_alloc(m, n, raw, &mut ptr) != EMM_OK {
+            let mut code = emm_alloc(m, n, raw, &mut ptr);
+            if code != EMM_OK
+                && !deferred_reported
+                && last_message().contains("an earlier release during drop failed")
+            {
+                deferred_reported = true;
+                code = emm_alloc(m, n, raw, &mut ptr);
+            }
+            if code != EMM_OK {
                 return Err(format!("alloc after the fault: {}", last_message()));
             }
             fresh.push((ptr, n));
