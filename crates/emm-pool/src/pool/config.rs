@@ -4,7 +4,7 @@ use emm_core::{EmmError, Result};
 
 use crate::arena::SegmentPolicy;
 
-/// Configuration of a [`PoolManager`].
+/// Configuration of a [`PoolManager`](crate::PoolManager).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PoolConfig {
     /// Segment sizes.
@@ -20,7 +20,7 @@ pub struct PoolConfig {
     pub release_threshold: usize,
     /// The expandable segment's pieces are created exportable as POSIX file
     /// descriptors, so that `get_ipc_handle` of a block there gives an
-    /// [`IpcHandle::Vmm`] another process opens (legacy CUDA IPC cannot export
+    /// [`IpcHandle::Vmm`](emm_core::IpcHandle::Vmm) another process opens (legacy CUDA IPC cannot export
     /// virtual memory). Off by default (`EMM_POOL_EXPORTABLE`; `emm.numba_plugin`
     /// turns it on); see `export.rs` for the contract.
     pub exportable: bool,
