@@ -2,27 +2,13 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
-fn emm() -> Command {
-    // EMM_BIN: the GPU bundle's `emm` (set by its run.sh); else the one cargo built.
-    let bin = std::env::var_os("EMM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_emm").into());
-    let mut c = Command::new(bin);
-    for v in [
-        "EMM_POOL_LIMIT",
-        "EMM_POOL_EXPANDABLE",
-        "EMM_RECORD",
-        "EMM_MEMORY_MANAGER",
-        "PYTORCH_ALLOC_CONF",
-        "PYTORCH_CUDA_ALLOC_CONF",
-    ] {
-        c.env_remove(v);
-    }
-    // These tests check the host stand-in path, also where a driver is present
-    // (a GPU, or the stand-in driver CI runs the GPU-marked tests on).
-    c.env("EMM_CUDA_DRIVER", "/nonexistent/libcuda.so.1");
-    c
-}
+// The `emm` command on the host stand-in, as the page tests run it (the rest of
+// what they share is theirs).
+#[allow(dead_code)]
+mod common;
+use common::emm;
 
 fn run(args: &[&str]) -> Output {
     emm().args(args).output().unwrap()
