@@ -175,6 +175,18 @@ pub enum EmmError {
         /// The manager that was reset.
         manager: String,
     },
+    /// An operation a tag's state does not allow: allocating under a paused tag,
+    /// pausing a paused tag or `"default"`, resuming an active one, or pausing
+    /// memory that cannot be paused (see [`Region`](crate::Region)).
+    #[error("cannot {operation} under tag `{tag}`: {found}")]
+    TagState {
+        /// The tag's name.
+        tag: String,
+        /// What was asked: `allocate`, `pause` or `resume`.
+        operation: &'static str,
+        /// What was found.
+        found: String,
+    },
     /// This process was forked after its parent initialised CUDA: neither CUDA
     /// nor the parent's pools (copied into this process by `fork`) can be used
     /// here. Nothing was allocated or freed.

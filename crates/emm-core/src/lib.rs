@@ -11,6 +11,7 @@
 //! | [`DeferGuard`] | `defer_cleanup()` | a guard value; guards nest and are released during unwinding |
 //! | [`Router`], [`set_memory_manager`] | `set_memory_manager`, `NUMBA_CUDA_MEMORY_MANAGER` | one manager per context; `EMM_MEMORY_MANAGER` selects by name and wins, with a warning |
 //! | [`conformance`] | numba-cuda's tests | a suite any manager runs against itself |
+//! | [`Region`], [`Tag`], [`Router::pause`] | (beyond NBEP 7; vLLM's sleep mode) | allocations tagged by region; a tag's memory given back and mapped again at the same addresses |
 //! | [`config`], [`configure`] | (RMM's `reinitialize`) | every `EMM_*` variable as a key settable in code before first use; the environment wins |
 //!
 //! Architecture invariant: this crate allocates no device memory itself; managers do.
@@ -35,6 +36,7 @@ mod manager;
 mod pointer;
 mod router;
 mod snapshot;
+pub mod tags;
 mod units;
 
 pub use config::configure;
@@ -52,12 +54,13 @@ pub use pointer::{
     NotFreed, PinnedMemory, Released, SYNC_STREAM,
 };
 pub use router::{
-    alloc_from, alloc_managed_from, memory_manager, register_manager, set_memory_manager,
-    ManagerFactory, Router, DEFAULT_MANAGER,
+    alloc_from, alloc_managed_from, memory_manager, pause, register_manager, resume,
+    set_memory_manager, tag_stats, ManagerFactory, Router, DEFAULT_MANAGER,
 };
 pub use snapshot::{
     stats_json, MemorySnapshot, SnapshotBlock, SnapshotSegment, StatList, TraceAction, TraceEntry,
 };
+pub use tags::{Keep, PauseReport, Region, Tag, TagStats};
 pub use units::parse_bytes;
 
 pub use emm_driver;

@@ -11,6 +11,7 @@ use crate::ipc::IpcHandle;
 use crate::managed::{ManagedAttach, ManagedMemory, ManagedStats};
 use crate::pointer::{DeviceAllocation, DeviceView, HostAllocFlags, HostMemory};
 use crate::snapshot::{MemorySnapshot, StatList};
+use crate::tags::{Keep, PauseReport, Tag, TagStats};
 
 /// The interface version managers of this crate implement (NBEP 7's version 1).
 pub const INTERFACE_VERSION: u32 = 1;
@@ -238,6 +239,36 @@ pub trait MemoryManager: Send + Sync {
     /// where it keeps no segments of its own (the default).
     fn snapshot(&self) -> Option<MemorySnapshot> {
         None
+    }
+
+    /// Gives back the device memory of the blocks allocated under `tag` while
+    /// keeping their addresses (see [`Router::pause`](crate::Router::pause), which
+    /// calls this on every manager after marking the tag paused); with
+    /// [`Keep::Host`] their contents are copied to host memory first. The default:
+    /// [`EmmError::Unsupported`].
+    fn pause_tag(&self, tag: Tag, keep: Keep) -> Result<PauseReport> {
+        let _ = (tag, keep);
+        Err(EmmError::Unsupported {
+            manager: self.name().into(),
+            operation: "pause",
+        })
+    }
+
+    /// Maps fresh memory under the blocks [`pause_tag`](Self::pause_tag) unmapped,
+    /// at the same addresses, and copies back what it kept. The default:
+    /// [`EmmError::Unsupported`].
+    fn resume_tag(&self, tag: Tag) -> Result<PauseReport> {
+        let _ = tag;
+        Err(EmmError::Unsupported {
+            manager: self.name().into(),
+            operation: "resume",
+        })
+    }
+
+    /// The manager's memory per tag that allocated from it (the default: none,
+    /// a manager that keeps no tags).
+    fn tag_stats(&self) -> Vec<TagStats> {
+        Vec::new()
     }
 }
 

@@ -26,6 +26,7 @@ use crate::error::{EmmError, Result};
 use crate::managed::{ManagedAttach, ManagedMemory};
 use crate::manager::{check_interface_version, MemoryManager};
 use crate::pointer::DeviceAllocation;
+use crate::tags::{Keep, PauseReport, Tag, TagStats};
 
 /// The manager used when nothing else is chosen: `pool`, emm's caching pool, in
 /// every language (Rust, the C ABI, Python, PyTorch's allocator pair).
@@ -253,6 +254,109 @@ impl Router {
         total
     }
 
+    /// Pauses `tags` process-wide: each is marked paused (allocating under it is
+    /// then [`EmmError::TagState`]), and every manager of the process gives back
+    /// the device memory of its blocks under the tag, keeping their addresses
+    /// ([`MemoryManager::pause_tag`]; with [`Keep::Host`] their contents go to
+    /// host memory first). Returns what was given back, summed.
+    ///
+    /// All or nothing: a tag that is `"default"` or already paused fails the call
+    /// before anything changes; a manager that fails (one without virtual memory,
+    /// a block exported to another process, a synchronization refused during a
+    /// graph capture) has every manager that already paused resumed again and
+    /// the tags marked active, and its error is returned. Managers that hold no
+    /// block of a tag have nothing to do; a manager that cannot pause at all
+    /// (`default`, `hostonly`) is an error only when it has served allocations.
+    pub fn pause(&self, tags: &[Tag], keep: Keep) -> Result<PauseReport> {
+        crate::check_not_forked()?;
+        let mut marked = Vec::new();
+        let undo_marks = |marked: &[Tag]| {
+            for t in marked {
+                let _ = t.set_paused(false);
+            }
+        };
+        for &t in tags {
+            if marked.contains(&t) {
+                continue;
+            }
+            if let Err(e) = t.set_paused(true) {
+                undo_marks(&marked);
+                return Err(e);
+            }
+            marked.push(t);
+        }
+        let mut total = PauseReport::default();
+        let mut done: Vec<(Arc<dyn MemoryManager>, Tag)> = Vec::new();
+        for m in self.managers() {
+            for &t in &marked {
+                match m.pause_tag(t, keep) {
+                    Ok(r) => {
+                        total.add(r);
+                        done.push((m.clone(), t));
+                    }
+                    Err(EmmError::Unsupported { .. }) if m.stats().allocations == 0 => {}
+                    Err(e) => {
+                        for (m, t) in done.iter().rev() {
+                            if let Err(again) = m.resume_tag(*t) {
+                                tracing::error!(manager = m.name(), tag = %t.name(), error = %again, "resuming after a failed pause failed");
+                            }
+                        }
+                        undo_marks(&marked);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Resumes `tags`: every manager maps fresh memory under the blocks it paused,
+    /// at the same addresses, and copies back what the pause kept; then the tags
+    /// are active again. A tag that is not paused fails the call before anything
+    /// changes. A manager that fails (out of memory while mapping) leaves that
+    /// manager's blocks paused and the tags paused; the managers already resumed
+    /// stay resumed, and calling `resume` again after freeing memory finishes the
+    /// job (each manager resumes only what it still holds paused).
+    pub fn resume(&self, tags: &[Tag]) -> Result<PauseReport> {
+        crate::check_not_forked()?;
+        let mut unique: Vec<Tag> = Vec::new();
+        for &t in tags {
+            if !unique.contains(&t) {
+                unique.push(t);
+            }
+        }
+        for &t in &unique {
+            if !t.is_paused() {
+                return Err(t.state_error("resume", "it is not paused"));
+            }
+        }
+        let mut total = PauseReport::default();
+        for m in self.managers() {
+            for &t in &unique {
+                match m.resume_tag(t) {
+                    Ok(r) => total.add(r),
+                    Err(EmmError::Unsupported { .. }) if m.stats().allocations == 0 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for &t in &unique {
+            t.set_paused(false)?;
+        }
+        Ok(total)
+    }
+
+    /// Every manager's memory per tag, with the manager's name.
+    pub fn tag_stats(&self) -> Vec<(String, TagStats)> {
+        self.managers()
+            .iter()
+            .flat_map(|m| {
+                let name = m.name().to_owned();
+                m.tag_stats().into_iter().map(move |s| (name.clone(), s))
+            })
+            .collect()
+    }
+
     /// Allocates `size` bytes on `stream` from `ctx`'s manager. On out-of-memory
     /// every manager of the process releases its cache and the allocation is retried
     /// once (the out-of-memory hook that lets two pools share a card).
@@ -356,6 +460,21 @@ pub fn alloc_managed_from(
     attach: ManagedAttach,
 ) -> Result<ManagedMemory> {
     Router::global().alloc_managed_from(manager, size, attach)
+}
+
+/// [`Router::pause`] on the process-wide router.
+pub fn pause(tags: &[Tag], keep: Keep) -> Result<PauseReport> {
+    Router::global().pause(tags, keep)
+}
+
+/// [`Router::resume`] on the process-wide router.
+pub fn resume(tags: &[Tag]) -> Result<PauseReport> {
+    Router::global().resume(tags)
+}
+
+/// [`Router::tag_stats`] on the process-wide router.
+pub fn tag_stats() -> Vec<(String, TagStats)> {
+    Router::global().tag_stats()
 }
 
 /// The process-wide manager of `ctx` (see [`Router::manager`]).

@@ -22,6 +22,7 @@ mod export;
 mod fasthash;
 mod graph;
 mod history;
+mod host_copy;
 mod owner_lock;
 mod pool;
 mod refused;

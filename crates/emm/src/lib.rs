@@ -27,8 +27,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
 pub use emm_core::{
-    self as core, memory_manager, register_manager, set_memory_manager, DeviceAllocation, EmmError,
-    MemoryManager, Result, Router,
+    self as core, memory_manager, pause, register_manager, resume, set_memory_manager, tag_stats,
+    DeviceAllocation, EmmError, Keep, MemoryManager, PauseReport, Region, Result, Router, Tag,
+    TagStats,
 };
 pub use emm_driver::{self as driver, Context, Device, Stream};
 pub use emm_sys as sys;

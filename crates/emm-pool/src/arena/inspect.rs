@@ -156,7 +156,13 @@ impl Arena {
                 live, self.stats.live
             ));
         }
-        let reserved: usize = self.segments.values().map(|s| s.size - s.retired).sum();
+        // (A pause holds its pieces' memory away; see `pause.rs`.)
+        let reserved: usize = self
+            .segments
+            .values()
+            .map(|s| s.size - s.retired)
+            .sum::<usize>()
+            - self.paused_bytes();
         if reserved != self.stats.reserved {
             return Err(format!(
                 "reserved {} by segments, {} by counter",

@@ -21,6 +21,7 @@ mod heap;
 mod inspect;
 mod merge;
 mod oom;
+mod pause;
 mod retire;
 mod streams;
 
@@ -200,6 +201,14 @@ pub(crate) trait SegmentSource {
     fn reserve(&self, _size: usize) -> Result<Option<CUdeviceptr>> {
         Ok(None)
     }
+    /// Copies `len` bytes of device memory at `addr` (the device is done with
+    /// them) to host memory, for a pause that keeps contents.
+    fn save(&self, _addr: CUdeviceptr, _len: usize) -> Result<crate::host_copy::HostCopy> {
+        Err(EmmError::Unsupported {
+            manager: "pool".into(),
+            operation: "a pause that keeps contents",
+        })
+    }
     /// Releases the memory behind `[addr, addr+len)` (a piece given to `map_pieces`
     /// whole), after waiting for the device.
     fn unmap(&self, _addr: CUdeviceptr, _len: usize) -> Result<()> {
@@ -258,6 +267,10 @@ pub struct SegmentPolicy {
     /// share one range instead of pinning many (see `merge.rs`). `None`: never
     /// (`EMM_POOL_LEGACY_MERGE`).
     pub merge_quiet: Option<usize>,
+    /// Every request, small ones too, is served from the expandable segment (where
+    /// there is one): every block is then virtual memory, which a pause can unmap
+    /// (the pools of tagged allocations; see `pause.rs`).
+    pub one_range: bool,
 }
 
 impl Default for SegmentPolicy {
@@ -272,6 +285,7 @@ impl Default for SegmentPolicy {
             tight_percent: Some(115),
             exclusive: 256 << 20,
             merge_quiet: None,
+            one_range: false,
         }
     }
 }
@@ -390,6 +404,8 @@ pub(crate) struct Arena {
     pub history: History,
     /// A large segment was made since the last merge (see `merge.rs`).
     merge_due: bool,
+    /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
+    paused: Option<pause::Paused>,
 }
 
 /// Where the expandable segment's address space stands.
@@ -455,7 +471,11 @@ impl Arena {
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
-        let kind = Kind::of(size);
+        let kind = if self.policy.one_range && self.grow_base != Reservation::Unavailable {
+            Kind::Large
+        } else {
+            Kind::of(size)
+        };
         self.stats.locked_allocs += 1;
         // (Only ever set without the expandable segment, with merging on.)
         if self.merge_due && kind == Kind::Large {

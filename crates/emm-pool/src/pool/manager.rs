@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceView, EmmError, HostAllocFlags, HostMemory,
-    IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, ManagerStats, MemoryInfo, MemoryManager,
-    MemorySnapshot, Result, StatList, SYNC_STREAM,
+    IpcHandle, Keep, ManagedAttach, ManagedMemory, ManagedStats, ManagerStats, MemoryInfo,
+    MemoryManager, MemorySnapshot, PauseReport, Result, StatList, Tag, TagStats, SYNC_STREAM,
 };
 use emm_default::{DriverUpstream, HostOnly, HostUpstream, Managed, PendingConfig, Upstream};
 use emm_driver::Context;
@@ -17,6 +17,7 @@ use emm_sys::CUstream;
 use super::config::PoolConfig;
 use super::shared::Core;
 use super::stats::PoolStats;
+use super::tagged::{Recipe, TagPools};
 use super::threads::{ThreadCounters, NEXT_ID};
 use crate::arena::Arena;
 use crate::events::{DriverEvents, EventSource, HostEvents};
@@ -78,6 +79,8 @@ pub enum PoolUpstream {
 ///   advice to the next; on out of memory the pool's cache is given back first.
 pub struct PoolManager {
     core: Arc<Core>,
+    /// The pools of tagged allocations (see `tagged.rs`).
+    tags: TagPools,
 }
 
 impl core::fmt::Debug for PoolManager {
@@ -98,6 +101,20 @@ impl PoolManager {
 
     /// A pool over `upstream` with `config`.
     pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
+        let recipe = match &upstream {
+            PoolUpstream::Driver(ctx) => Recipe::Driver(ctx.clone()),
+            &PoolUpstream::Host { capacity, touch } => Recipe::Host { capacity, touch },
+            PoolUpstream::Custom(..) => Recipe::None,
+        };
+        Ok(PoolManager {
+            core: Self::make_core(upstream, config)?,
+            tags: TagPools::new(recipe),
+        })
+    }
+
+    /// The shared state of a pool over `upstream` with `config` (a pool's own, or
+    /// a tag pool's).
+    pub(super) fn make_core(upstream: PoolUpstream, config: PoolConfig) -> Result<Arc<Core>> {
         let seg = &config.segments;
         for (name, value) in [
             ("segments.large_round", seg.large_round),
@@ -168,26 +185,24 @@ impl PoolManager {
         };
         let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
         let limit = config.limit;
-        Ok(PoolManager {
-            core: Arc::new(Core {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-                name,
-                arena: Mutex::new(Arena::new(config.segments, limit)),
-                upstream: up,
-                vmm,
-                events,
-                config,
-                generation: AtomicUsize::new(0),
-                threads: Mutex::new(Vec::new()),
-                orphan: ThreadCounters::default(),
-                host,
-                managed,
-                ctx,
-                defer,
-                recording: AtomicBool::new(false),
-                refused: Default::default(),
-            }),
-        })
+        Ok(Arc::new(Core {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            name,
+            arena: Mutex::new(Arena::new(config.segments, limit)),
+            upstream: up,
+            vmm,
+            events,
+            config,
+            generation: AtomicUsize::new(0),
+            threads: Mutex::new(Vec::new()),
+            orphan: ThreadCounters::default(),
+            host,
+            managed,
+            ctx,
+            defer,
+            recording: AtomicBool::new(false),
+            refused: Default::default(),
+        }))
     }
 
     /// A pool over the host stand-in of `capacity` bytes (no GPU needed).
@@ -204,6 +219,10 @@ impl PoolManager {
     /// Allocates on `stream` (the stream-ordered path; same as
     /// [`MemoryManager::memalloc_async`]).
     pub fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
+        let tag = Tag::current();
+        if tag != Tag::DEFAULT && self.tags.enabled() {
+            return self.tags.alloc(tag, &self.core.config, size, stream);
+        }
         self.core.alloc(size, stream)
     }
 
@@ -218,75 +237,28 @@ impl PoolManager {
             .len()
     }
 
-    /// Statistics.
+    /// Statistics: the pool's own and its tag pools' summed (peaks too: with
+    /// tagged allocations a peak is the sum of each pool's peak, an upper bound of
+    /// the peak of the sum).
     pub fn stats(&self) -> PoolStats {
-        let mut arena = self.core.lock();
-        self.stats_locked(&mut arena)
-    }
-
-    fn stats_locked(&self, arena: &mut Arena) -> PoolStats {
-        self.core.sample_peaks(arena);
-        let a = arena.stats;
-        let inactive_split_bytes = arena.inactive_split_bytes();
-        let allocated_blocks = self.core.live_blocks().max(0) as usize;
-        let threads = self.core.threads.lock().unwrap_or_else(|p| p.into_inner());
-        let allocated_bytes_total = threads
-            .iter()
-            .map(|c| c.allocated_total.load(Ordering::Relaxed))
-            .sum::<u64>()
-            + self.core.orphan.allocated_total.load(Ordering::Relaxed);
-        let allocations = threads
-            .iter()
-            .map(|c| c.allocations.load(Ordering::Relaxed))
-            .sum::<u64>()
-            + self.core.orphan.allocations.load(Ordering::Relaxed);
-        let thread_cache_hits = threads
-            .iter()
-            .map(|c| c.hits.load(Ordering::Relaxed))
-            .sum::<u64>()
-            + self.core.orphan.hits.load(Ordering::Relaxed);
-        let cached = threads
-            .iter()
-            .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
-            .sum::<usize>();
-        let allocated_bytes = a.live.saturating_sub(cached);
-        PoolStats {
-            allocated_bytes,
-            allocated_bytes_peak: a.peak_allocated.max(allocated_bytes),
-            allocated_bytes_total,
-            allocated_blocks,
-            allocated_blocks_peak: a.peak_allocated_blocks.max(allocated_blocks),
-            active_bytes: a.live,
-            active_bytes_peak: a.peak_live,
-            thread_cached_bytes: a.live - allocated_bytes,
-            inactive_split_bytes,
-            segments_peak: a.peak_segments,
-            num_ooms: a.ooms,
-            reserved_bytes: a.reserved,
-            reserved_bytes_peak: a.peak_reserved,
-            num_alloc_retries: a.oom_ladders,
-            num_device_alloc: a.upstream_allocs,
-            num_device_free: a.upstream_frees,
-            segments: a.segments,
-            allocations,
-            thread_cache_hits,
-            shared_hits: a.hits,
-            cross_stream_reuses: a.cross_stream_reuses,
-            locked_allocs: a.locked_allocs,
-            locked_frees: a.locked_frees,
-            events_recorded: a.events_recorded,
-            event_queries: a.event_queries,
-            device_syncs: a.device_syncs,
-            misses: a.misses,
-            scan_steps: a.scan_steps,
-            tightenings: a.tightenings,
-            merges: a.merges,
-            pieces_mapped: a.pieces_mapped,
-            pieces_moved: a.pieces_moved,
-            pieces_unmapped: a.pieces_unmapped,
+        let mut s = {
+            let mut arena = self.core.lock();
+            self.stats_locked(&mut arena)
+        };
+        for t in self.tags.all() {
+            let mut arena = t.core.lock();
+            s.absorb(&core_stats(&t.core, &mut arena));
         }
+        s
     }
 
+    /// The pool's own statistics (its tag pools' apart), under its lock.
+    fn stats_locked(&self, arena: &mut Arena) -> PoolStats {
+        core_stats(&self.core, arena)
+    }
+}
+
+impl PoolManager {
     /// Sets every peak (allocated, active, reserved, segments) to its current value.
     pub fn reset_peak_stats(&self) {
         let mut arena = self.core.lock();
@@ -311,15 +283,28 @@ impl PoolManager {
     /// first (as with [`trim`](Self::trim)); blocks other threads keep cached are
     /// live to the pool and show as allocated, so the allocated blocks sum to
     /// `active_bytes`, and to `allocated_bytes` when no other thread caches any
-    /// (`thread_cached_bytes` is 0). Segments sum to `reserved_bytes`.
+    /// (`thread_cached_bytes` is 0). Segments sum to `reserved_bytes` (plus
+    /// `paused_bytes`: a paused tag's segment keeps its size). Tag pools are read
+    /// after the pool, each under its own lock.
     pub fn snapshot(&self) -> MemorySnapshot {
         let mut arena = self.core.lock();
         self.core.flush_thread(&mut arena);
-        let stats = self.stats_locked(&mut arena).to_list();
+        let mut stats = self.stats_locked(&mut arena);
+        let mut segments = arena.snapshot_segments();
+        let trace = arena.history.entries();
+        drop(arena);
+        // Tag pools, each under its own lock after the pool's.
+        for t in self.tags.all() {
+            let mut a = t.core.lock();
+            t.core.flush_thread(&mut a);
+            stats.absorb(&core_stats(&t.core, &mut a));
+            segments.extend(a.snapshot_segments());
+        }
+        segments.sort_by_key(|s| s.address);
         MemorySnapshot {
-            segments: arena.snapshot_segments(),
-            trace: arena.history.entries(),
-            stats,
+            segments,
+            trace,
+            stats: stats.to_list(),
         }
     }
 
@@ -332,26 +317,38 @@ impl PoolManager {
         if emm_sys::forked() {
             return 0;
         }
-        let mut arena = self.core.lock();
-        self.core.flush_thread(&mut arena);
-        let gen = self.core.generation.load(Ordering::Acquire);
-        self.core.reclaim_cached(&mut arena, None, gen);
-        let settled = arena.consolidate(self.core.events.as_ref());
-        if let Err(e) = &settled {
-            tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
-        }
-        let source = self.core.source();
-        let released = arena.release_free_segments(&source, self.core.events.as_ref())
-            + arena.release_free_pieces(&source)
-            + self.core.retry_refused("trim");
-        if settled.is_ok() {
-            // The events idle now (every stream's, after the consolidation) are
-            // destroyed: the pool keeps only those still in use.
-            self.core.events.release_idle();
-        }
-        released
+        let tagged: usize = self.tags.all().iter().map(|t| trim_core(&t.core)).sum();
+        tagged + trim_core(&self.core)
     }
+}
 
+/// Trims `core` (see [`PoolManager::trim`]); a paused arena holds no memory to
+/// give back and is left alone.
+fn trim_core(core: &Arc<Core>) -> usize {
+    let mut arena = core.lock();
+    if arena.is_paused() {
+        return 0;
+    }
+    core.flush_thread(&mut arena);
+    let gen = core.generation.load(Ordering::Acquire);
+    core.reclaim_cached(&mut arena, None, gen);
+    let settled = arena.consolidate(core.events.as_ref());
+    if let Err(e) = &settled {
+        tracing::warn!(error = %e, "waiting for streams during trim failed; trimming what is settled");
+    }
+    let source = core.source();
+    let released = arena.release_free_segments(&source, core.events.as_ref())
+        + arena.release_free_pieces(&source)
+        + core.retry_refused("trim");
+    if settled.is_ok() {
+        // The events idle now (every stream's, after the consolidation) are
+        // destroyed: the pool keeps only those still in use.
+        core.events.release_idle();
+    }
+    released
+}
+
+impl PoolManager {
     /// Bytes of segments the pool gave back whole (reset, drop) whose free the
     /// driver refused: no longer in `reserved_bytes`, kept and freed again by the
     /// next trim, reset or drop.
@@ -361,7 +358,14 @@ impl PoolManager {
 
     /// Checks the pool's internal consistency (for tests); returns what is wrong.
     pub fn check(&self) -> std::result::Result<(), String> {
-        self.core.lock().check()
+        self.core.lock().check()?;
+        for t in self.tags.all() {
+            t.core
+                .lock()
+                .check()
+                .map_err(|e| format!("tag `{}`: {e}", t.tag.name()))?;
+        }
+        Ok(())
     }
 
     /// Pending cross-stream event groups (for tests).
@@ -384,34 +388,43 @@ impl PoolManager {
 
 impl Drop for PoolManager {
     fn drop(&mut self) {
-        if emm_sys::forked() {
-            // In a forked child the core is the parent's: leave it untouched.
-            std::mem::forget(self.core.clone());
-            return;
+        retire_core(&self.core, "pool");
+        for t in self.tags.all() {
+            retire_core(&t.core, "tag pool");
         }
-        // Allocations point at the core without counting references; if any is
-        // still live, the core must outlive it: leak it rather than free under it.
-        let live = self.core.live_blocks();
-        if live > 0 {
-            tracing::warn!(
-                live,
-                "pool dropped while {live} allocations are live; its memory is kept until exit"
-            );
-            std::mem::forget(self.core.clone());
-            return;
-        }
-        // Pairs with the Release of the last free's count: that free is done with
-        // the core before the core is taken apart below.
-        std::sync::atomic::fence(Ordering::Acquire);
-        // Every block is free now, in the arena or in some thread's cache (those
-        // entries go stale with the generation): wait for the device's work on
-        // them, then give every segment back.
-        self.core.generation.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = self.core.events.synchronize_all() {
-            tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
-        }
-        self.core.give_back_all("dropping a pool");
     }
+}
+
+/// Gives `core`'s memory back as its pool goes (unless a block is still live,
+/// or in a forked child: then the core is kept until exit).
+fn retire_core(core: &Arc<Core>, what: &str) {
+    if emm_sys::forked() {
+        // In a forked child the core is the parent's: leave it untouched.
+        std::mem::forget(core.clone());
+        return;
+    }
+    // Allocations point at the core without counting references; if any is
+    // still live, the core must outlive it: leak it rather than free under it.
+    let live = core.live_blocks();
+    if live > 0 {
+        tracing::warn!(
+            live,
+            "{what} dropped while {live} allocations are live; its memory is kept until exit"
+        );
+        std::mem::forget(core.clone());
+        return;
+    }
+    // Pairs with the Release of the last free's count: that free is done with
+    // the core before the core is taken apart below.
+    std::sync::atomic::fence(Ordering::Acquire);
+    // Every block is free now, in the arena or in some thread's cache (those
+    // entries go stale with the generation): wait for the device's work on
+    // them, then give every segment back.
+    core.generation.fetch_add(1, Ordering::AcqRel);
+    if let Err(e) = core.events.synchronize_all() {
+        tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
+    }
+    core.give_back_all("dropping a pool");
 }
 
 impl MemoryManager for PoolManager {
@@ -428,7 +441,7 @@ impl MemoryManager for PoolManager {
     }
 
     fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
-        self.core.alloc(size, stream)
+        self.alloc(size, stream)
     }
 
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
@@ -472,6 +485,17 @@ impl MemoryManager for PoolManager {
         // which legacy IPC cannot export: exported by file descriptor where the
         // pool made its pieces exportable (see `export.rs`).
         let base = view.parent().base().0;
+        if let Some(t) = self
+            .tags
+            .all()
+            .iter()
+            .find(|t| t.core.lock().is_expandable(base))
+        {
+            return Err(t.tag.state_error(
+                "export",
+                "blocks allocated under a tag other than `default` cannot be exported to another process: a pause would take their memory from under the importer",
+            ));
+        }
         if let Some(vmm) = self.core.vmm.as_deref() {
             if self.core.lock().is_expandable(base) {
                 if !self.core.config.exportable {
@@ -503,6 +527,10 @@ impl MemoryManager for PoolManager {
         self.core.events.synchronize_all()?;
         self.core.generation.fetch_add(1, Ordering::AcqRel);
         self.core.give_back_all("reset");
+        for t in self.tags.all() {
+            t.core.generation.fetch_add(1, Ordering::AcqRel);
+            t.core.give_back_all("reset");
+        }
         if let Some(h) = &self.core.host {
             h.flush();
         }
@@ -574,6 +602,18 @@ impl MemoryManager for PoolManager {
         Some(PoolManager::snapshot(self))
     }
 
+    fn pause_tag(&self, tag: Tag, keep: Keep) -> Result<PauseReport> {
+        self.tags.pause(tag, &self.core.config, keep == Keep::Host)
+    }
+
+    fn resume_tag(&self, tag: Tag) -> Result<PauseReport> {
+        self.tags.resume(tag)
+    }
+
+    fn tag_stats(&self) -> Vec<TagStats> {
+        self.tags.stats()
+    }
+
     fn stats(&self) -> ManagerStats {
         let s = PoolManager::stats(self);
         ManagerStats {
@@ -585,5 +625,70 @@ impl MemoryManager for PoolManager {
             upstream_allocs: s.num_device_alloc as u64,
             upstream_frees: s.num_device_free as u64,
         }
+    }
+}
+
+/// `core`'s statistics, under its lock.
+fn core_stats(core: &Core, arena: &mut Arena) -> PoolStats {
+    core.sample_peaks(arena);
+    let a = arena.stats;
+    let inactive_split_bytes = arena.inactive_split_bytes();
+    let allocated_blocks = core.live_blocks().max(0) as usize;
+    let threads = core.threads.lock().unwrap_or_else(|p| p.into_inner());
+    let allocated_bytes_total = threads
+        .iter()
+        .map(|c| c.allocated_total.load(Ordering::Relaxed))
+        .sum::<u64>()
+        + core.orphan.allocated_total.load(Ordering::Relaxed);
+    let allocations = threads
+        .iter()
+        .map(|c| c.allocations.load(Ordering::Relaxed))
+        .sum::<u64>()
+        + core.orphan.allocations.load(Ordering::Relaxed);
+    let thread_cache_hits = threads
+        .iter()
+        .map(|c| c.hits.load(Ordering::Relaxed))
+        .sum::<u64>()
+        + core.orphan.hits.load(Ordering::Relaxed);
+    let cached = threads
+        .iter()
+        .map(|c| c.cached_bytes.load(Ordering::Relaxed) as usize)
+        .sum::<usize>();
+    let allocated_bytes = a.live.saturating_sub(cached);
+    PoolStats {
+        allocated_bytes,
+        allocated_bytes_peak: a.peak_allocated.max(allocated_bytes),
+        allocated_bytes_total,
+        allocated_blocks,
+        allocated_blocks_peak: a.peak_allocated_blocks.max(allocated_blocks),
+        active_bytes: a.live,
+        active_bytes_peak: a.peak_live,
+        thread_cached_bytes: a.live - allocated_bytes,
+        inactive_split_bytes,
+        segments_peak: a.peak_segments,
+        num_ooms: a.ooms,
+        reserved_bytes: a.reserved,
+        reserved_bytes_peak: a.peak_reserved,
+        num_alloc_retries: a.oom_ladders,
+        num_device_alloc: a.upstream_allocs,
+        num_device_free: a.upstream_frees,
+        segments: a.segments,
+        allocations,
+        thread_cache_hits,
+        shared_hits: a.hits,
+        cross_stream_reuses: a.cross_stream_reuses,
+        locked_allocs: a.locked_allocs,
+        locked_frees: a.locked_frees,
+        events_recorded: a.events_recorded,
+        event_queries: a.event_queries,
+        device_syncs: a.device_syncs,
+        misses: a.misses,
+        scan_steps: a.scan_steps,
+        tightenings: a.tightenings,
+        merges: a.merges,
+        pieces_mapped: a.pieces_mapped,
+        pieces_moved: a.pieces_moved,
+        pieces_unmapped: a.pieces_unmapped,
+        paused_bytes: arena.paused_bytes(),
     }
 }

@@ -7,9 +7,11 @@
 //!   registry; knows the pool only as a [`CacheOwner`](threads::CacheOwner).
 //! - `shared.rs`: the pool's shared state (`Core`) and its allocation and free
 //!   paths.
+//! - `tagged.rs`: the pools of tagged allocations, one per tag, and their
+//!   pause and resume.
 //! - `manager.rs`: [`PoolManager`] over it.
 //!
-//! Files point one way: `manager` -> `shared` -> `threads`, `source`, `config`;
+//! Files point one way: `manager` -> `tagged` -> `shared` -> `threads`, `source`, `config`;
 //! `stats` and `config` import no other file of the pool.
 
 mod config;
@@ -17,6 +19,7 @@ mod manager;
 mod shared;
 mod source;
 mod stats;
+mod tagged;
 mod threads;
 
 pub use config::{PoolConfig, MAX_STREAM_CACHES};

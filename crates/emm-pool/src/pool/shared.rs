@@ -52,7 +52,11 @@ pub(super) struct Core {
 
 impl Core {
     pub(super) fn source(&self) -> SourceAdapter<'_> {
-        SourceAdapter(self.upstream.as_ref(), self.vmm.as_deref())
+        SourceAdapter(
+            self.upstream.as_ref(),
+            self.vmm.as_deref(),
+            self.ctx.as_ref(),
+        )
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Arena> {

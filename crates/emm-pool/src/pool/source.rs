@@ -2,16 +2,20 @@
 
 use emm_core::{EmmError, Result};
 use emm_default::Upstream;
+use emm_driver::Context;
 use emm_sys::CUdeviceptr;
 
 use crate::arena::SegmentSource;
+use crate::host_copy::HostCopy;
 use crate::vmm::VirtualMemory;
 
 /// The arena's [`SegmentSource`]: segments from the pool's upstream, the
-/// expandable segment from its virtual memory (when it has any).
+/// expandable segment from its virtual memory (when it has any), copies to host
+/// memory through its context (when it serves a real one).
 pub(super) struct SourceAdapter<'a>(
     pub(super) &'a dyn Upstream,
     pub(super) Option<&'a dyn VirtualMemory>,
+    pub(super) Option<&'a Context>,
 );
 
 impl<'a> SourceAdapter<'a> {
@@ -45,6 +49,13 @@ impl SegmentSource for SourceAdapter<'_> {
             Ok(v) => v.map_pieces(dst, pieces),
             Err(e) => (0, Err(e)),
         }
+    }
+    fn save(&self, addr: CUdeviceptr, len: usize) -> Result<HostCopy> {
+        let ctx = self.2.ok_or(EmmError::Unsupported {
+            manager: "pool over the host stand-in (its memory holds no bytes)".into(),
+            operation: "a pause that keeps contents",
+        })?;
+        HostCopy::save(ctx, addr, len)
     }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)

@@ -92,9 +92,52 @@ pub struct PoolStats {
     /// mappings of moved pieces once their work was done, and idle pieces `trim`
     /// gave back.
     pub pieces_unmapped: usize,
+    /// Bytes of tagged allocations whose memory a pause gave back (address space
+    /// kept; not in `reserved_bytes`).
+    pub paused_bytes: usize,
 }
 
 impl PoolStats {
+    /// Adds `other`'s figures to these (a tag pool's to its parent's): counters
+    /// and current figures sum; peaks sum too, an upper bound of the peak of the
+    /// sum.
+    pub fn absorb(&mut self, other: &PoolStats) {
+        self.allocated_bytes += other.allocated_bytes;
+        self.allocated_bytes_peak += other.allocated_bytes_peak;
+        self.allocated_bytes_total += other.allocated_bytes_total;
+        self.allocated_blocks += other.allocated_blocks;
+        self.allocated_blocks_peak += other.allocated_blocks_peak;
+        self.active_bytes += other.active_bytes;
+        self.active_bytes_peak += other.active_bytes_peak;
+        self.thread_cached_bytes += other.thread_cached_bytes;
+        self.inactive_split_bytes += other.inactive_split_bytes;
+        self.segments_peak += other.segments_peak;
+        self.num_ooms += other.num_ooms;
+        self.reserved_bytes += other.reserved_bytes;
+        self.reserved_bytes_peak += other.reserved_bytes_peak;
+        self.num_alloc_retries += other.num_alloc_retries;
+        self.num_device_alloc += other.num_device_alloc;
+        self.num_device_free += other.num_device_free;
+        self.segments += other.segments;
+        self.allocations += other.allocations;
+        self.thread_cache_hits += other.thread_cache_hits;
+        self.shared_hits += other.shared_hits;
+        self.cross_stream_reuses += other.cross_stream_reuses;
+        self.locked_allocs += other.locked_allocs;
+        self.locked_frees += other.locked_frees;
+        self.events_recorded += other.events_recorded;
+        self.event_queries += other.event_queries;
+        self.device_syncs += other.device_syncs;
+        self.misses += other.misses;
+        self.scan_steps += other.scan_steps;
+        self.tightenings += other.tightenings;
+        self.merges += other.merges;
+        self.pieces_mapped += other.pieces_mapped;
+        self.pieces_moved += other.pieces_moved;
+        self.pieces_unmapped += other.pieces_unmapped;
+        self.paused_bytes += other.paused_bytes;
+    }
+
     /// The counters under PyTorch's `memory_stats` names where they mean the same,
     /// emm's own under `emm.`.
     pub fn to_list(&self) -> StatList {
@@ -144,6 +187,7 @@ impl PoolStats {
             ("emm.pieces_unmapped", u(self.pieces_unmapped)),
             ("emm.tightenings", u(self.tightenings)),
             ("emm.merges", u(self.merges)),
+            ("emm.paused_bytes", u(self.paused_bytes)),
         ]
     }
 }

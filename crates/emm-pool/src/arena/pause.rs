@@ -1,0 +1,214 @@
+//! Pausing an arena: its memory goes back to the device and its addresses stay
+//! (the pools of tagged allocations; see `emm_core::tags`).
+//!
+//! Every block of a tag's pool lies in the expandable segment (`one_range`), so
+//! a pause unmaps the segment's pieces, whose physical memory goes back to the
+//! device, while the address space stays reserved and every block keeps its
+//! place in the arena. A resume maps fresh memory under the same pieces, at the
+//! same addresses, and copies back the live blocks' bytes where the pause kept
+//! them. Pointers held by the program (tensors' `data_ptr`, addresses baked
+//! into captured CUDA graphs) stay valid across the two.
+//!
+//! Before unmapping, a pause waits for the device (the work queued on the
+//! blocks is done), unmaps the old mappings of moved pieces and gives back the
+//! idle pieces (as `trim` does), so only pieces under live blocks are recorded
+//! and mapped again. While paused the arena serves no allocation (its pool
+//! refuses them first); frees are bookkeeping and are allowed.
+
+use emm_core::{PauseReport, Result};
+use emm_sys::CUdeviceptr;
+
+use super::*;
+use crate::events::EventSource;
+use crate::host_copy::HostCopy;
+
+/// What a pause took away, for the resume to put back.
+pub(crate) struct Paused {
+    /// The pieces unmapped: `(offset, len)` in address order.
+    pieces: Vec<(usize, usize)>,
+    /// The live blocks' bytes, when the pause kept them: address and copy.
+    kept: Vec<(CUdeviceptr, HostCopy)>,
+}
+
+impl Arena {
+    /// Whether a pause holds the arena's memory away.
+    pub fn is_paused(&self) -> bool {
+        self.paused.is_some()
+    }
+
+    /// Bytes a pause holds away (0 when not paused).
+    pub fn paused_bytes(&self) -> usize {
+        self.paused
+            .as_ref()
+            .map_or(0, |p| p.pieces.iter().map(|&(_, l)| l).sum())
+    }
+
+    /// Unmaps every piece of the expandable segment under a live block, keeping
+    /// the address space (see the module's documentation); with `keep`, copies
+    /// the live blocks to host memory first. `refuse` builds the error for memory
+    /// that cannot be paused. A failure leaves the arena as it was (pieces
+    /// unmapped before the failure are mapped again, and their blocks' bytes
+    /// copied back where they were kept).
+    pub fn pause(
+        &mut self,
+        keep: bool,
+        events: &dyn EventSource,
+        source: &dyn SegmentSource,
+        refuse: &dyn Fn(&str) -> EmmError,
+    ) -> Result<PauseReport> {
+        if self.paused.is_some() {
+            return Err(refuse("its memory is already paused"));
+        }
+        // Waits for every stream: the work queued on the blocks is done, and
+        // blocks freed on streams are free everywhere.
+        self.consolidate(events)?;
+        // Wholly free segments outside the expandable one (none but after an
+        // out-of-memory ladder, or without virtual memory) go back; a live block
+        // left outside it cannot be paused.
+        self.release_whole_segments(source, None);
+        if let Some((&base, _)) = self.segments.iter().find(|(_, s)| s.expandable.is_none()) {
+            return Err(refuse(&format!(
+                "it holds live blocks outside virtual memory (a segment at {base:#x} from cuMemAlloc: the pool has no virtual memory management here, or made the segment on an out-of-memory path)"
+            )));
+        }
+        let Some(base) = self.grow_base.base() else {
+            return Ok(PauseReport::default());
+        };
+        self.unmap_retired(base, events, source, true);
+        if !self.retiring.is_empty() {
+            return Err(refuse(
+                "old mappings of moved pieces could not be unmapped (the driver refused; see the log)",
+            ));
+        }
+        self.release_free_pieces(source);
+        let pieces = self.expandable_pieces(base).to_vec();
+        let mut kept = Vec::new();
+        let mut report = PauseReport::default();
+        if keep {
+            let live: Vec<(CUdeviceptr, usize)> = self
+                .blocks
+                .iter()
+                .filter(|(_, b)| b.state == State::Live && b.segment == base)
+                .map(|(&a, b)| (a, b.size))
+                .collect();
+            for (addr, size) in live {
+                let copy = source.save(addr, size)?;
+                report.copied_bytes += copy.len();
+                report.blocks_copied += 1;
+                kept.push((addr, copy));
+            }
+        }
+        for (i, &(off, len)) in pieces.iter().enumerate() {
+            if let Err(e) = source.unmap_done(base + off as u64, len) {
+                // Put back what went: fresh memory, then the kept bytes (the
+                // rest of those pieces' contents is lost when nothing was kept).
+                let undone = self.map_runs(base, &pieces[..i], source);
+                for (addr, copy) in &kept {
+                    if let Err(e) = copy.restore(*addr) {
+                        tracing::error!(error = %e, addr, "restoring a block after a failed pause failed");
+                    }
+                }
+                if let Err(again) = undone {
+                    tracing::error!(error = %again, "mapping memory again after a failed pause failed; those pieces stay unmapped");
+                }
+                return Err(e);
+            }
+            self.stats.pieces_unmapped += 1;
+            report.bytes += len;
+        }
+        self.stats.reserved -= report.bytes;
+        // The segment lists only mapped pieces: reset and drop unmap nothing of a
+        // paused arena (its address space still goes back).
+        if let Some(e) = self
+            .segments
+            .get_mut(&base)
+            .and_then(|s| s.expandable.as_mut())
+        {
+            e.pieces.clear();
+        }
+        self.paused = Some(Paused { pieces, kept });
+        Ok(report)
+    }
+
+    /// Maps fresh memory under the pieces the pause unmapped, at the same
+    /// addresses, and copies back the kept bytes (the host copies are freed). A
+    /// failure (out of memory) unmaps what it mapped and leaves the arena paused.
+    pub fn resume(&mut self, source: &dyn SegmentSource) -> Result<PauseReport> {
+        let Some(paused) = self.paused.take() else {
+            return Ok(PauseReport::default());
+        };
+        let Some(base) = self.grow_base.base() else {
+            return Ok(PauseReport::default());
+        };
+        if let Err(e) = self.map_runs(base, &paused.pieces, source) {
+            self.paused = Some(paused);
+            return Err(e);
+        }
+        let bytes: usize = paused.pieces.iter().map(|&(_, l)| l).sum();
+        if let Some(e) = self
+            .segments
+            .get_mut(&base)
+            .and_then(|s| s.expandable.as_mut())
+        {
+            // (Nothing was mapped while paused: no growth serves a paused arena.)
+            e.pieces.extend_from_slice(&paused.pieces);
+            e.pieces.sort_unstable();
+        }
+        self.stats.reserved += bytes;
+        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        self.stats.pieces_mapped += paused.pieces.len();
+        let mut report = PauseReport::new(bytes, 0, 0);
+        for (addr, copy) in &paused.kept {
+            copy.restore(*addr)?;
+            report.copied_bytes += copy.len();
+            report.blocks_copied += 1;
+        }
+        Ok(report)
+    }
+
+    /// The pieces mapped in the expandable segment at `base`.
+    fn expandable_pieces(&self, base: CUdeviceptr) -> &[(usize, usize)] {
+        match self.segments.get(&base).and_then(|s| s.expandable.as_ref()) {
+            Some(e) => &e.pieces,
+            None => &[],
+        }
+    }
+
+    /// Maps fresh memory under `pieces` (`(offset, len)` of the segment at `base`,
+    /// in address order), one `map_pieces` call per run of adjacent pieces. On a
+    /// failure, unmaps what this call mapped and returns the error.
+    fn map_runs(
+        &mut self,
+        base: CUdeviceptr,
+        pieces: &[(usize, usize)],
+        source: &dyn SegmentSource,
+    ) -> Result<()> {
+        let mut mapped: Vec<(usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < pieces.len() {
+            let start = pieces[i].0;
+            let mut end = start;
+            let mut run = Vec::new();
+            while i < pieces.len() && pieces[i].0 == end {
+                run.push((None, pieces[i].1));
+                end += pieces[i].1;
+                i += 1;
+            }
+            let (n, r) = source.map_pieces(base + start as u64, &run);
+            let mut at = start;
+            for &(_, len) in &run[..n] {
+                mapped.push((at, len));
+                at += len;
+            }
+            if let Err(e) = r {
+                for &(off, len) in &mapped {
+                    if let Err(again) = source.unmap_done(base + off as u64, len) {
+                        tracing::error!(error = %again, off, len, "unmapping after a failed resume failed");
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
