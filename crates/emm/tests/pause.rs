@@ -1,0 +1,214 @@
+//! Pause and resume through the router over `emm-standin`, the stand-in driver
+//! (its virtual memory is host memory that holds bytes): contents kept in host
+//! memory come back at the same addresses, the device's free memory rises by what
+//! a pause gives back, the tag states are enforced, a resume that finds the
+//! device full fails and can be retried, and nothing leaks.
+//!
+//! The current tag is process-wide, and the stand-in's counters too: the tests
+//! take the fixture's lock (`common::fixture`).
+
+mod common;
+
+use common::{fixture, snapshot};
+
+use emm::core::{ManagerFactory, SYNC_STREAM};
+use emm::{Context, EmmError, Keep, MemoryManager, Region, Router, Tag};
+use emm_driver::memory;
+use emm_pool::PoolManager;
+use emm_sys::CUresult;
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+fn router() -> Router {
+    let r = Router::new();
+    let factory = |ctx: &Context| -> emm::Result<Arc<dyn MemoryManager>> {
+        Ok(Arc::new(PoolManager::new(ctx)?))
+    };
+    r.register("pool", factory);
+    let _: &dyn ManagerFactory = &factory;
+    r
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i % 251) as u8))
+        .collect()
+}
+
+fn write(ctx: &Context, ptr: u64, data: &[u8]) {
+    // SAFETY: `ptr` is a live allocation of at least `data.len()` bytes.
+    unsafe { memory::copy_htod(ctx, ptr, data).unwrap() };
+}
+
+fn read(ctx: &Context, ptr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: `ptr` is a live allocation of at least `len` bytes, mapped.
+    unsafe { memory::copy_dtoh(ctx, &mut out, ptr).unwrap() };
+    out
+}
+
+fn free_bytes(ctx: &Context) -> usize {
+    ctx.mem_info().unwrap().0
+}
+
+#[test]
+fn paused_contents_come_back_at_the_same_addresses() {
+    let f = fixture();
+    let before_all = snapshot(&f.s);
+    {
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let w = Tag::named("standin-weights").unwrap();
+        let kv = Tag::named("standin-kv").unwrap();
+        let sizes = [4096, 3 * MIB + 512, 40 * MIB];
+        let blocks: Vec<_> = {
+            let _r = Region::of(w);
+            sizes
+                .iter()
+                .map(|&n| m.memalloc_async(n, SYNC_STREAM).unwrap())
+                .collect()
+        };
+        for (i, b) in blocks.iter().enumerate() {
+            write(&f.ctx, b.ptr(), &pattern(i as u8 * 7 + 1, b.size()));
+        }
+        let cache = {
+            let _r = Region::of(kv);
+            m.memalloc_async(64 * MIB, SYNC_STREAM).unwrap()
+        };
+        let untagged = m.memalloc_async(8 * MIB, SYNC_STREAM).unwrap();
+        write(&f.ctx, untagged.ptr(), &pattern(99, 8 * MIB));
+
+        let free0 = free_bytes(&f.ctx);
+        let r = router.pause(&[w, kv], Keep::Host).unwrap();
+        let kept: usize = sizes
+            .iter()
+            .map(|&n| emm_pool::round_size(n))
+            .sum::<usize>()
+            + 64 * MIB;
+        assert_eq!(r.copied_bytes, kept, "{r:?}");
+        assert_eq!(r.blocks_copied, 4);
+        assert!(r.bytes >= kept, "{r:?}");
+        let free1 = free_bytes(&f.ctx);
+        assert!(
+            free1 >= free0 + r.bytes,
+            "the device's free memory rose by {} for a pause of {}",
+            free1 - free0,
+            r.bytes
+        );
+        for s in router.tag_stats() {
+            if s.1.tag.starts_with("standin-") {
+                assert!(s.1.paused, "{s:?}");
+                assert_eq!(s.1.reserved_bytes, 0, "{s:?}");
+            }
+        }
+
+        // States: no allocation under a paused tag, no second pause, no resume
+        // of an active tag, no pause of "default"; other allocations go on.
+        {
+            let _r = Region::of(w);
+            let e = m.memalloc_async(MIB, SYNC_STREAM).unwrap_err();
+            assert!(matches!(e, EmmError::TagState { .. }), "{e}");
+        }
+        assert!(matches!(
+            router.pause(&[w], Keep::Nothing),
+            Err(EmmError::TagState { .. })
+        ));
+        assert!(matches!(
+            router.pause(&[Tag::DEFAULT], Keep::Nothing),
+            Err(EmmError::TagState { .. })
+        ));
+        let other = Tag::named("standin-other").unwrap();
+        assert!(matches!(
+            router.resume(&[other]),
+            Err(EmmError::TagState { .. })
+        ));
+        let more = m.memalloc_async(2 * MIB, SYNC_STREAM).unwrap();
+        assert_eq!(read(&f.ctx, untagged.ptr(), 8 * MIB), pattern(99, 8 * MIB));
+
+        // A resume that finds the device full fails, stays paused, and can be
+        // tried again.
+        f.s.fail_nth("cuMemCreate", 1, CUresult::ERROR_OUT_OF_MEMORY)
+            .unwrap();
+        let e = router.resume(&[w, kv]).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(w.is_paused() || kv.is_paused());
+        let r2 = router.resume(&[w, kv]);
+        // A tag that the failed call finished is active again: resume the rest.
+        let r2 = match r2 {
+            Ok(r) => r,
+            Err(EmmError::TagState { .. }) => {
+                let left: Vec<Tag> = [w, kv].into_iter().filter(|t| t.is_paused()).collect();
+                router.resume(&left).unwrap()
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert!(r2.bytes > 0);
+        assert!(!w.is_paused() && !kv.is_paused());
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(
+                read(&f.ctx, b.ptr(), b.size()),
+                pattern(i as u8 * 7 + 1, b.size()),
+                "block {i} after the resume"
+            );
+        }
+        // Memory under a tag paused without keeping works again after a resume.
+        router.pause(&[kv], Keep::Nothing).unwrap();
+        router.resume(&[kv]).unwrap();
+        write(&f.ctx, cache.ptr(), &pattern(5, 64 * MIB));
+        assert_eq!(read(&f.ctx, cache.ptr(), 64 * MIB), pattern(5, 64 * MIB));
+        let again = {
+            let _r = Region::of(w);
+            m.memalloc_async(MIB, SYNC_STREAM).unwrap()
+        };
+        drop((blocks, cache, untagged, more, again));
+        m.release_cached().unwrap();
+    }
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        snapshot(&f.s),
+        before_all,
+        "the stand-in's live resources changed"
+    );
+}
+
+#[test]
+fn a_failed_pause_changes_nothing() {
+    let f = fixture();
+    let before_all = snapshot(&f.s);
+    {
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let t = Tag::named("standin-fail").unwrap();
+        let b = {
+            let _r = Region::of(t);
+            m.memalloc_async(30 * MIB, SYNC_STREAM).unwrap()
+        };
+        write(&f.ctx, b.ptr(), &pattern(3, 30 * MIB));
+        // The second unmap fails: the first piece is mapped again and its bytes
+        // restored, the tag stays active.
+        f.s.fail_nth("cuMemUnmap", 2, CUresult::ERROR_UNKNOWN)
+            .unwrap();
+        let e = router.pause(&[t], Keep::Host).unwrap_err();
+        assert!(!matches!(e, EmmError::TagState { .. }), "{e}");
+        assert!(!t.is_paused());
+        assert_eq!(read(&f.ctx, b.ptr(), 30 * MIB), pattern(3, 30 * MIB));
+        let c = {
+            let _r = Region::of(t);
+            m.memalloc_async(MIB, SYNC_STREAM).unwrap()
+        };
+        // The fault cleared: the pause works.
+        let r = router.pause(&[t], Keep::Host).unwrap();
+        assert!(r.bytes >= 30 * MIB);
+        router.resume(&[t]).unwrap();
+        assert_eq!(read(&f.ctx, b.ptr(), 30 * MIB), pattern(3, 30 * MIB));
+        drop((b, c));
+        m.release_cached().unwrap();
+    }
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        snapshot(&f.s),
+        before_all,
+        "the stand-in's live resources changed"
+    );
+}
