@@ -20,6 +20,10 @@ when used:
 - ``emm.dask``: ``EmmPlugin``, a Dask worker plugin that puts every worker of a
   cluster on emm (CuPy, Numba, RMM); ``worker_stats`` gathers their figures.
 
+:func:`region`, :func:`pause` and :func:`resume` give a tagged part of the
+program's GPU memory back to the device and take it again at the same addresses
+(sleep mode for RL and serving; see ``emm._tags``).
+
 :func:`replay` replays a PyTorch snapshot (or any trace ``emm replay`` reads)
 through emm's managers and the models of PyTorch's allocator and returns
 ``emm replay --json``'s document: ``emm.replay("snapshot.pickle", fit=True)``.
@@ -30,7 +34,8 @@ device is shared by every user in the process (Python, C, PyTorch, CuPy, Numba).
 
 Errors: :class:`OutOfMemoryError` (a ``MemoryError``, with ``requested``, ``free``
 and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle),
-:class:`ForkedError` (a child forked after CUDA was initialised), and
+:class:`ForkedError` (a child forked after CUDA was initialised),
+:class:`TagStateError` (a paused tag, see :func:`pause`), and
 :class:`EmmError` (``code`` and message) for the rest. Warnings of the library
 (e.g. ``EMM_MEMORY_MANAGER`` overriding ``configure(manager=...)``) arrive as
 :class:`EmmWarning` through the ``warnings`` module; its errors on the ``emm``
@@ -45,12 +50,14 @@ from ._lib import (
     ForkedError,
     Manager,
     OutOfMemoryError,
+    TagStateError,
     configure,
     library_path,
     load,
     take_warnings,
 )
 from ._replay import replay
+from ._tags import pause, region, resume, tag_stats
 
 __all__ = [
     "__version__",
@@ -60,9 +67,14 @@ __all__ = [
     "ForkedError",
     "Manager",
     "OutOfMemoryError",
+    "TagStateError",
     "configure",
     "library_path",
     "load",
+    "pause",
+    "region",
     "replay",
+    "resume",
+    "tag_stats",
     "take_warnings",
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "EmmWarning",
     "Manager",
     "OutOfMemoryError",
+    "TagStateError",
     "configure",
     "library_path",
     "load",
@@ -42,6 +43,7 @@ EMM_ERR_PANIC = 8
 EMM_ERR_OTHER = 9
 EMM_ERR_INTERNAL = 10
 EMM_ERR_FORKED = 11
+EMM_ERR_TAG_STATE = 12
 
 _STATUS_NAMES = {
     EMM_OK: "EMM_OK",
@@ -56,6 +58,7 @@ _STATUS_NAMES = {
     EMM_ERR_OTHER: "EMM_ERR_OTHER",
     EMM_ERR_INTERNAL: "EMM_ERR_INTERNAL",
     EMM_ERR_FORKED: "EMM_ERR_FORKED",
+    EMM_ERR_TAG_STATE: "EMM_ERR_TAG_STATE",
 }
 
 # Limits of the C types the bindings pass integers as.
@@ -100,6 +103,16 @@ class ForkedError(EmmError):
 
     def __init__(self, message: str) -> None:
         super().__init__(EMM_ERR_FORKED, message)
+
+
+class TagStateError(EmmError):
+    """An operation a tag's state does not allow (``EMM_ERR_TAG_STATE``):
+    allocating under a paused tag, pausing a paused tag or ``"default"``, resuming
+    a tag that is not paused, pausing memory that cannot be paused, exporting a
+    tagged block (see :func:`emm.pause`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EMM_ERR_TAG_STATE, message)
 
 
 class ClosedError(EmmError, ValueError):
@@ -189,8 +202,9 @@ _LIB: Optional[ctypes.CDLL] = None
 # EMM_ERR_INTERNAL and checked handles; 303 CuPy's C-function allocator; 304 managed
 # memory; 305 emm_torch_record_stream; 306 emm_torch_release; 307 PyTorch's memory
 # tools for the native object (emm_torch_memory_stats, ...); 308 its CUDA graph
-# pools (emm_torch_graph_pool_begin, ...); 309 EMM_ERR_FORKED (ForkedError).
-ABI_NEEDED = 309
+# pools (emm_torch_graph_pool_begin, ...); 309 EMM_ERR_FORKED (ForkedError); 310
+# tags, pause and resume (emm_region_enter, emm_pause, ...; TagStateError).
+ABI_NEEDED = 310
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -259,6 +273,12 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
                                    ctypes.c_int),
         "emm_torch_reset_peak_stats": ([ctypes.c_int], ctypes.c_int),
         "emm_torch_empty_cache": ([ctypes.c_int, szp], ctypes.c_int),
+        "emm_region_enter": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32)], ctypes.c_int),
+        "emm_region_exit": ([ctypes.c_uint32], ctypes.c_int),
+        "emm_pause": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.c_int, szp, szp],
+                      ctypes.c_int),
+        "emm_resume": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, szp, szp], ctypes.c_int),
+        "emm_tag_stats": ([ctypes.c_char_p, szp, szp, szp, intp], ctypes.c_int),
     }
 
 
@@ -331,6 +351,8 @@ def _raise_last(lib: ctypes.CDLL, status: int) -> None:
         raise OutOfMemoryError(message, *oom) if oom else OutOfMemoryError(message)
     if status == EMM_ERR_FORKED:
         raise ForkedError(message)
+    if status == EMM_ERR_TAG_STATE:
+        raise TagStateError(message)
     raise EmmError(status, message)
 
 

@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 309
+#define EMM_ABI_VERSION 310
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -74,6 +74,18 @@
  * Since ABI 304.
  */
 #define EMM_MEM_ATTACH_HOST 2
+
+/**
+ * `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
+ * resume they hold whatever fresh memory holds). Since ABI 310.
+ */
+#define EMM_KEEP_NOTHING 0
+
+/**
+ * `keep` of `emm_pause`: the live tagged blocks' bytes are copied to pinned host
+ * memory first and back by `emm_resume`. Since ABI 310.
+ */
+#define EMM_KEEP_HOST 1
 
 /**
  * An array handle (opaque; from `emm_array_create`).
@@ -198,6 +210,13 @@ typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
  */
 #define EMM_ERR_FORKED 11
 
+/**
+ * An operation a tag's state does not allow: allocating under a paused tag,
+ * pausing a paused tag or `"default"`, resuming a tag that is not paused,
+ * pausing memory that cannot be paused, exporting a tagged block. Since ABI 310.
+ */
+#define EMM_ERR_TAG_STATE 12
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -221,7 +240,10 @@ extern "C" {
  * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
  * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
  * `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
- * driver returns in a child forked after emm initialised CUDA.
+ * driver returns in a child forked after emm initialised CUDA; 310 added tags,
+ * pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
+ * `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
+ * `EMM_ERR_TAG_STATE`).
  */
 int emm_abi_version(void);
 
@@ -647,6 +669,72 @@ emm_status emm_alloc_managed(struct emm_manager *m, size_t size, unsigned int fl
  * Since ABI 304.
  */
 emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
+
+/**
+ * Opens a region: allocations made from now on, by every thread of the
+ * process on every device, carry the tag named `tag` (interned on first use)
+ * until the region is closed by `emm_region_exit(*previous)`. `*previous`
+ * receives the tag that was current (regions nest: close them in the reverse
+ * order). An empty name, or one longer than 255 bytes, is
+ * `EMM_ERR_INVALID_ARGUMENT`; so is a null `previous`. Since ABI 310.
+ *
+ * # Safety
+ * `tag` is a NUL-terminated string; `previous` points to writable memory.
+ */
+emm_status emm_region_enter(const char *tag, uint32_t *previous);
+
+/**
+ * Closes a region: makes current again the tag `emm_region_enter` returned in
+ * `*previous`. A number that names no tag is `EMM_ERR_INVALID_ARGUMENT`.
+ * Since ABI 310.
+ */
+emm_status emm_region_exit(uint32_t previous);
+
+/**
+ * Pauses the `n` tags named by `tags` on every device and manager of the
+ * process: allocating under them fails with `EMM_ERR_TAG_STATE` until
+ * `emm_resume`, and the device memory of their blocks goes back to the device
+ * while their addresses stay reserved. `keep` is `EMM_KEEP_NOTHING` or
+ * `EMM_KEEP_HOST` (the live blocks' bytes copied to pinned host memory first).
+ * `*bytes` (may be NULL) receives the bytes given back, `*copied` (may be NULL)
+ * those copied. All or nothing: on failure no tag is paused. `"default"`, a tag
+ * already paused, or memory that cannot be paused (no virtual memory management)
+ * is `EMM_ERR_TAG_STATE`; a synchronization refused during a CUDA graph capture
+ * is `EMM_ERR_DRIVER`. Since ABI 310.
+ *
+ * # Safety
+ * `tags` points to `n` NUL-terminated strings; `bytes` and `copied` are null or
+ * writable.
+ */
+emm_status emm_pause(const char *const *tags, size_t n, int keep, size_t *bytes, size_t *copied);
+
+/**
+ * Resumes the `n` tags named by `tags`: fresh device memory under their blocks,
+ * at the same addresses, and the bytes a pause kept copied back; then they
+ * allocate again. `*bytes` and `*copied` (each may be NULL) receive the bytes
+ * mapped and copied back. A tag that is not paused is `EMM_ERR_TAG_STATE`; a
+ * device too full is `EMM_ERR_OUT_OF_MEMORY`, after which the tags stay paused and
+ * a later call resumes what is left. Since ABI 310.
+ *
+ * # Safety
+ * As `emm_pause`.
+ */
+emm_status emm_resume(const char *const *tags, size_t n, size_t *bytes, size_t *copied);
+
+/**
+ * The memory under the tag named `tag`, summed over every manager of the
+ * process: bytes handed out, bytes of device memory held (paused memory
+ * excluded), bytes paused, and whether the tag is paused (1) or not (0). Any
+ * output may be NULL. Since ABI 310.
+ *
+ * # Safety
+ * `tag` is a NUL-terminated string; each output is null or writable.
+ */
+emm_status emm_tag_stats(const char *tag,
+                         size_t *allocated,
+                         size_t *reserved,
+                         size_t *paused_bytes,
+                         int *paused);
 
 /**
  * Frees a string the library returned (`emm_memory_stats_json`,

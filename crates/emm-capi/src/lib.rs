@@ -35,6 +35,7 @@ mod live_table;
 pub mod log;
 mod managed;
 mod stream_uses;
+mod tags;
 mod timing;
 mod tools;
 mod torch_tools;
@@ -45,6 +46,7 @@ pub use log::{emm_capture_warnings, emm_take_warning};
 pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
 };
+pub use tags::*;
 pub use tools::*;
 pub use torch_tools::*;
 
@@ -96,11 +98,15 @@ pub const EMM_ERR_INTERNAL: emm_status = 10;
 /// answers NULL). Start workers with
 /// spawn, or fork before CUDA is first used. Since ABI 309.
 pub const EMM_ERR_FORKED: emm_status = 11;
+/// An operation a tag's state does not allow: allocating under a paused tag,
+/// pausing a paused tag or `"default"`, resuming a tag that is not paused,
+/// pausing memory that cannot be paused, exporting a tagged block. Since ABI 310.
+pub const EMM_ERR_TAG_STATE: emm_status = 12;
 
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 309;
+pub const ABI_VERSION: c_int = 310;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -144,6 +150,7 @@ pub(crate) fn code_of(e: &EmmError) -> emm_status {
             EMM_ERR_ALREADY_IN_USE
         }
         EmmError::Internal { .. } => EMM_ERR_INTERNAL,
+        EmmError::TagState { .. } => EMM_ERR_TAG_STATE,
         _ => EMM_ERR_OTHER,
     }
 }
@@ -271,7 +278,10 @@ pub(crate) fn manager_for(
 /// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
 /// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
 /// `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
-/// driver returns in a child forked after emm initialised CUDA.
+/// driver returns in a child forked after emm initialised CUDA; 310 added tags,
+/// pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
+/// `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
+/// `EMM_ERR_TAG_STATE`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

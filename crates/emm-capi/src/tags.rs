@@ -1,0 +1,223 @@
+//! Tags, pause and resume over the C ABI (since ABI 310): regions that tag the
+//! allocations made while they are open, and a tag's memory given back to the
+//! device and mapped again at the same addresses (sleep mode for RL and
+//! serving). See `emm_core::tags` for the semantics.
+
+use std::ffi::{c_char, c_int};
+
+use emm_core::{Keep, PauseReport, Tag};
+
+use crate::{c_str, emm_status, fail, guard, invalid, EMM_OK};
+
+/// `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
+/// resume they hold whatever fresh memory holds). Since ABI 310.
+pub const EMM_KEEP_NOTHING: c_int = 0;
+/// `keep` of `emm_pause`: the live tagged blocks' bytes are copied to pinned host
+/// memory first and back by `emm_resume`. Since ABI 310.
+pub const EMM_KEEP_HOST: c_int = 1;
+
+/// Opens a region: allocations made from now on, by every thread of the
+/// process on every device, carry the tag named `tag` (interned on first use)
+/// until the region is closed by `emm_region_exit(*previous)`. `*previous`
+/// receives the tag that was current (regions nest: close them in the reverse
+/// order). An empty name, or one longer than 255 bytes, is
+/// `EMM_ERR_INVALID_ARGUMENT`; so is a null `previous`. Since ABI 310.
+///
+/// # Safety
+/// `tag` is a NUL-terminated string; `previous` points to writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn emm_region_enter(tag: *const c_char, previous: *mut u32) -> emm_status {
+    guard(|| {
+        let name = match c_str(tag, "emm_region_enter: `tag`") {
+            Ok(n) => n,
+            Err(c) => return c,
+        };
+        if previous.is_null() {
+            return invalid("emm_region_enter: `previous` is null");
+        }
+        match Tag::named(name) {
+            Ok(t) => {
+                let prev = emm_core::tags::swap_current(t);
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *previous = prev.index() as u32 };
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Closes a region: makes current again the tag `emm_region_enter` returned in
+/// `*previous`. A number that names no tag is `EMM_ERR_INVALID_ARGUMENT`.
+/// Since ABI 310.
+#[no_mangle]
+pub extern "C" fn emm_region_exit(previous: u32) -> emm_status {
+    guard(|| match emm_core::tags::tag_at(previous as usize) {
+        Some(t) => {
+            emm_core::tags::swap_current(t);
+            EMM_OK
+        }
+        None => invalid(format!(
+            "emm_region_exit: {previous} is not a tag number emm_region_enter returned"
+        )),
+    })
+}
+
+/// The `n` tags named by `tags`, or the status of the first bad name.
+///
+/// # Safety
+/// `tags` points to `n` NUL-terminated strings (or is null with `n` 0).
+unsafe fn tag_list(
+    tags: *const *const c_char,
+    n: usize,
+    what: &str,
+) -> Result<Vec<Tag>, emm_status> {
+    if n == 0 {
+        return Err(invalid(format!("{what}: no tag given (`n` is 0)")));
+    }
+    if tags.is_null() {
+        return Err(invalid(format!("{what}: `tags` is null")));
+    }
+    (0..n)
+        .map(|i| {
+            // SAFETY: `tags` holds `n` pointers per the contract.
+            let p = unsafe { *tags.add(i) };
+            let name = c_str(p, what)?;
+            Tag::named(name).map_err(fail)
+        })
+        .collect()
+}
+
+fn report(r: PauseReport, bytes: *mut usize, copied: *mut usize) {
+    for (p, v) in [(bytes, r.bytes), (copied, r.copied_bytes)] {
+        if !p.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { *p = v };
+        }
+    }
+}
+
+/// Pauses the `n` tags named by `tags` on every device and manager of the
+/// process: allocating under them fails with `EMM_ERR_TAG_STATE` until
+/// `emm_resume`, and the device memory of their blocks goes back to the device
+/// while their addresses stay reserved. `keep` is `EMM_KEEP_NOTHING` or
+/// `EMM_KEEP_HOST` (the live blocks' bytes copied to pinned host memory first).
+/// `*bytes` (may be NULL) receives the bytes given back, `*copied` (may be NULL)
+/// those copied. All or nothing: on failure no tag is paused. `"default"`, a tag
+/// already paused, or memory that cannot be paused (no virtual memory management)
+/// is `EMM_ERR_TAG_STATE`; a synchronization refused during a CUDA graph capture
+/// is `EMM_ERR_DRIVER`. Since ABI 310.
+///
+/// # Safety
+/// `tags` points to `n` NUL-terminated strings; `bytes` and `copied` are null or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn emm_pause(
+    tags: *const *const c_char,
+    n: usize,
+    keep: c_int,
+    bytes: *mut usize,
+    copied: *mut usize,
+) -> emm_status {
+    guard(|| {
+        let keep = match keep {
+            EMM_KEEP_NOTHING => Keep::Nothing,
+            EMM_KEEP_HOST => Keep::Host,
+            k => {
+                return invalid(format!(
+                    "emm_pause: `keep` is {k}, expected EMM_KEEP_NOTHING (0) or EMM_KEEP_HOST (1)"
+                ))
+            }
+        };
+        // SAFETY: forwarded to the caller.
+        let tags = match unsafe { tag_list(tags, n, "emm_pause") } {
+            Ok(t) => t,
+            Err(c) => return c,
+        };
+        match emm::pause(&tags, keep) {
+            Ok(r) => {
+                report(r, bytes, copied);
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Resumes the `n` tags named by `tags`: fresh device memory under their blocks,
+/// at the same addresses, and the bytes a pause kept copied back; then they
+/// allocate again. `*bytes` and `*copied` (each may be NULL) receive the bytes
+/// mapped and copied back. A tag that is not paused is `EMM_ERR_TAG_STATE`; a
+/// device too full is `EMM_ERR_OUT_OF_MEMORY`, after which the tags stay paused and
+/// a later call resumes what is left. Since ABI 310.
+///
+/// # Safety
+/// As `emm_pause`.
+#[no_mangle]
+pub unsafe extern "C" fn emm_resume(
+    tags: *const *const c_char,
+    n: usize,
+    bytes: *mut usize,
+    copied: *mut usize,
+) -> emm_status {
+    guard(|| {
+        // SAFETY: forwarded to the caller.
+        let tags = match unsafe { tag_list(tags, n, "emm_resume") } {
+            Ok(t) => t,
+            Err(c) => return c,
+        };
+        match emm::resume(&tags) {
+            Ok(r) => {
+                report(r, bytes, copied);
+                EMM_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// The memory under the tag named `tag`, summed over every manager of the
+/// process: bytes handed out, bytes of device memory held (paused memory
+/// excluded), bytes paused, and whether the tag is paused (1) or not (0). Any
+/// output may be NULL. Since ABI 310.
+///
+/// # Safety
+/// `tag` is a NUL-terminated string; each output is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emm_tag_stats(
+    tag: *const c_char,
+    allocated: *mut usize,
+    reserved: *mut usize,
+    paused_bytes: *mut usize,
+    paused: *mut c_int,
+) -> emm_status {
+    guard(|| {
+        let name = match c_str(tag, "emm_tag_stats: `tag`") {
+            Ok(n) => n,
+            Err(c) => return c,
+        };
+        let t = match Tag::named(name) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let (mut a, mut r, mut p) = (0, 0, 0);
+        for (_, s) in emm::tag_stats() {
+            if s.tag == name {
+                a += s.allocated_bytes;
+                r += s.reserved_bytes;
+                p += s.paused_bytes;
+            }
+        }
+        for (out, v) in [(allocated, a), (reserved, r), (paused_bytes, p)] {
+            if !out.is_null() {
+                // SAFETY: non-null and writable per the contract.
+                unsafe { *out = v };
+            }
+        }
+        if !paused.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { *paused = c_int::from(t.is_paused()) };
+        }
+        EMM_OK
+    })
+}

@@ -1,0 +1,115 @@
+"""Tags, pause and resume: a part of a program's GPU memory given back to the
+device and taken again at the same addresses (sleep mode for RL and serving).
+
+::
+
+    with emm.region("weights"):
+        model = build_model().cuda()
+    with emm.region("kv_cache"):
+        cache = allocate_kv_cache()
+
+    emm.pause("kv_cache")                      # memory back to the device, contents dropped
+    emm.pause("weights", keep="host")          # contents copied to pinned host memory first
+    ...                                        # another phase uses the GPU
+    emm.resume(["weights", "kv_cache"])        # same addresses; weights' bytes restored
+
+- A region tags every allocation made while it is open: process-wide, from every
+  thread and stream (autograd's backward threads included), on every device.
+  Regions nest; outside every region allocations carry ``"default"``.
+- Tags share no physical page, so a pause gives back whole pages and touches no
+  other tag's blocks. Tensors and CUDA graphs keep their addresses across a pause
+  and a resume. Freeing a block while its tag is paused is allowed.
+- Allocating under a paused tag, pausing ``"default"`` or a paused tag, resuming
+  an active tag, pausing memory that cannot be paused (the pool without virtual
+  memory management) and exporting a tagged block to another process raise
+  :class:`TagStateError`.
+- Only emm's ``pool`` manager keeps tags (``default`` and ``hostonly`` refuse a
+  pause once they have allocated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Dict, Iterable, Iterator, List, Union
+
+from ._lib import _check, load
+
+__all__ = ["pause", "region", "resume", "tag_stats"]
+
+_KEEP = {"none": 0, "host": 1}
+
+
+def _names(tags: Union[str, Iterable[str]]) -> List[bytes]:
+    if isinstance(tags, str):
+        tags = [tags]
+    out = []
+    for t in tags:
+        if not isinstance(t, str):
+            raise TypeError(f"a tag is a str, not {type(t).__name__}")
+        out.append(t.encode("utf-8"))
+    if not out:
+        raise ValueError("no tag given")
+    return out
+
+
+def _array(names: List[bytes]) -> "ctypes.Array[ctypes.c_char_p]":
+    return (ctypes.c_char_p * len(names))(*names)
+
+
+@contextlib.contextmanager
+def region(tag: str) -> Iterator[None]:
+    """Tags the allocations made while the ``with`` block runs (see the module's
+    documentation); the tag that was current before is current again after it."""
+    if not isinstance(tag, str):
+        raise TypeError(f"a tag is a str, not {type(tag).__name__}")
+    lib = load()
+    previous = ctypes.c_uint32()
+    _check(lib, lib.emm_region_enter(tag.encode("utf-8"), ctypes.byref(previous)))
+    try:
+        yield
+    finally:
+        _check(lib, lib.emm_region_exit(previous.value))
+
+
+def pause(tags: Union[str, Iterable[str]], keep: str = "none") -> Dict[str, int]:
+    """Gives back to the device the memory of the blocks allocated under ``tags``
+    (a name or several), on every device, keeping their addresses; with
+    ``keep="host"`` their bytes are copied to pinned host memory first and come
+    back with :func:`resume`. All or nothing: on failure no tag is paused.
+    Returns ``{"bytes": given back, "copied_bytes": copied}``."""
+    if keep not in _KEEP:
+        raise ValueError(f"keep must be 'none' or 'host', not {keep!r}")
+    names = _names(tags)
+    lib = load()
+    n, c = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(lib, lib.emm_pause(_array(names), len(names), _KEEP[keep], ctypes.byref(n), ctypes.byref(c)))
+    return {"bytes": n.value, "copied_bytes": c.value}
+
+
+def resume(tags: Union[str, Iterable[str]]) -> Dict[str, int]:
+    """Maps fresh device memory under the paused blocks of ``tags``, at the same
+    addresses, and copies back what :func:`pause` kept; then they allocate again.
+    Out of device memory raises :class:`OutOfMemoryError` and leaves them paused
+    (call again once memory is free). Returns ``{"bytes": mapped, "copied_bytes":
+    copied back}``."""
+    names = _names(tags)
+    lib = load()
+    n, c = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(lib, lib.emm_resume(_array(names), len(names), ctypes.byref(n), ctypes.byref(c)))
+    return {"bytes": n.value, "copied_bytes": c.value}
+
+
+def tag_stats(tag: str) -> Dict[str, int]:
+    """The memory under ``tag`` over every device: ``allocated_bytes``,
+    ``reserved_bytes`` (paused memory excluded), ``paused_bytes`` and ``paused``
+    (0 or 1)."""
+    if not isinstance(tag, str):
+        raise TypeError(f"a tag is a str, not {type(tag).__name__}")
+    lib = load()
+    a, r, p = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+    paused = ctypes.c_int()
+    _check(lib, lib.emm_tag_stats(tag.encode("utf-8"), ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
+                                  ctypes.byref(paused)))
+    return {"allocated_bytes": a.value, "reserved_bytes": r.value, "paused_bytes": p.value,
+            "paused": paused.value}
