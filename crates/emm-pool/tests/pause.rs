@@ -248,3 +248,30 @@ proptest! {
         p.check().unwrap();
     }
 }
+
+#[test]
+fn a_reset_while_paused_drops_the_pause_and_the_tag_allocates_again_after_resume() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = pool();
+    let t = Tag::named("pause-reset").unwrap();
+    let b = {
+        let _r = Region::of(t);
+        p.memalloc_async(40 * MIB, SYNC_STREAM).unwrap()
+    };
+    let r = p.pause_tag(t, Keep::Nothing).unwrap();
+    assert!(r.bytes >= 40 * MIB);
+    p.reset().unwrap();
+    // The block was invalidated by the reset; its free is a no-op.
+    drop(b);
+    assert_eq!(p.stats().paused_bytes, 0);
+    assert_eq!(p.stats().reserved_bytes, 0);
+    // Nothing left to map again; the tag allocates afterwards.
+    assert_eq!(p.resume_tag(t).unwrap().bytes, 0);
+    let c = {
+        let _r = Region::of(t);
+        p.memalloc_async(MIB, SYNC_STREAM).unwrap()
+    };
+    p.check().unwrap();
+    drop(c);
+    p.check().unwrap();
+}

@@ -735,6 +735,8 @@ impl Arena {
             }
         }
         self.drop_retiring(events);
+        // A pause's unmapped pieces and kept bytes go with the blocks they held.
+        self.paused = None;
         self.stats.reserved = 0;
         self.stats.live = 0;
         self.stats.segments = self.segments.len();
