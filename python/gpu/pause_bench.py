@@ -153,6 +153,21 @@ def main():
             graph_out = model(input_ids=static_in).logits
         graph.replay()
         graph_ref = graph_out.clone()
+        if impl.name == "emm":
+            # A pause during a capture is refused (it would synchronize the
+            # device and invalidate the capture); the capture goes on.
+            g2 = torch.cuda.CUDAGraph()
+            refused = False
+            with torch.cuda.graph(g2):
+                try:
+                    impl.pause("kv", False)
+                except impl.emm.TagStateError:
+                    refused = True
+                y = static_in * 2
+            g2.replay()
+            if not refused or not torch.equal(y, static_in * 2):
+                failures.append("a pause during a CUDA graph capture was not refused cleanly")
+            del g2, y
     model.train()
     params = sum(p.numel() for p in model.parameters())
     train_phase = used() - base

@@ -52,6 +52,16 @@ fn out_of_range(device: c_int) -> emm_status {
     invalid(format!("device {device} is outside 0..{LIVE_DEVICES}"))
 }
 
+/// Whether a CUDA graph capture routes allocations on any device set up (a
+/// pause must wait for it: it synchronizes the device, which would invalidate
+/// the capture).
+pub(crate) fn any_capture_routing() -> bool {
+    DEVICES
+        .iter()
+        .filter_map(set_up)
+        .any(|d| d.graphs.routing())
+}
+
 /// The state in `slot` if the device was set up, without setting it up.
 fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
     slot.get()?.as_ref().ok()

@@ -104,9 +104,10 @@ fn report(r: PauseReport, bytes: *mut usize, copied: *mut usize) {
 /// `EMM_KEEP_HOST` (the live blocks' bytes copied to pinned host memory first).
 /// `*bytes` (may be NULL) receives the bytes given back, `*copied` (may be NULL)
 /// those copied. All or nothing: on failure no tag is paused. `"default"`, a tag
-/// already paused, or memory that cannot be paused (no virtual memory management)
-/// is `EMM_ERR_TAG_STATE`; a synchronization refused during a CUDA graph capture
-/// is `EMM_ERR_DRIVER`. Since ABI 310.
+/// already paused, memory that cannot be paused (no virtual memory management),
+/// or a CUDA graph capture in progress through PyTorch's allocator object is
+/// `EMM_ERR_TAG_STATE`; a synchronization the driver refuses (a capture begun
+/// elsewhere) is `EMM_ERR_DRIVER`. Since ABI 310.
 ///
 /// # Safety
 /// `tags` points to `n` NUL-terminated strings; `bytes` and `copied` are null or
@@ -134,6 +135,12 @@ pub unsafe extern "C" fn emm_pause(
             Ok(t) => t,
             Err(c) => return c,
         };
+        if crate::framework::any_capture_routing() {
+            return fail(tags[0].state_error(
+                "pause",
+                "a CUDA graph capture is in progress (a pause synchronizes the device, which would invalidate it): pause after the capture ends",
+            ));
+        }
         match emm::pause(&tags, keep) {
             Ok(r) => {
                 report(r, bytes, copied);
