@@ -222,7 +222,12 @@ def main():
         loss1 = train_step(2)
     used()
 
-    # Pause/resume times per GiB, repeated.
+    # Pause/resume times per GiB, repeated (the reference made again: the
+    # training step changed the weights).
+    model.eval()
+    with torch.no_grad():
+        ref = model(input_ids=static_in).logits.clone()
+    model.train()
     reps = {"pause_host": [], "resume_host": []}
     for _ in range(args.reps):
         torch.cuda.synchronize()

@@ -89,3 +89,48 @@ fn pause_gives_memory_to_the_device_and_resume_restores_contents() {
     m.release_cached().unwrap();
     assert_eq!(m.stats().reserved_bytes, 0);
 }
+
+/// What keeping 1 GiB in host memory costs each way, pinned (a new
+/// `cuMemHostAlloc` buffer, as a pause makes) against pageable (`Vec<u8>`, the
+/// driver staging the copy): printed, for the choice in `host_copy.rs`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn host_copy_costs() {
+    let ctx = Context::on_device(0).unwrap();
+    let n = 1024 * MIB;
+    let d = emm_driver::memory::alloc(&ctx, n).unwrap();
+    // SAFETY: `d` holds `n` bytes.
+    unsafe { memory::memset_d8(&ctx, d, 0x5a, n) }.unwrap();
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        let p = emm_driver::memory::host_alloc(&ctx, n, 0).unwrap();
+        let pinned_alloc = t.elapsed();
+        // SAFETY: `p` holds `n` bytes until freed below.
+        let pinned = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        let t = std::time::Instant::now();
+        // SAFETY: `d` holds `n` bytes.
+        unsafe { memory::copy_dtoh(&ctx, pinned, d) }.unwrap();
+        let pinned_out = t.elapsed();
+        let t = std::time::Instant::now();
+        // SAFETY: as above.
+        unsafe { memory::copy_htod(&ctx, d, pinned) }.unwrap();
+        let pinned_in = t.elapsed();
+        // SAFETY: allocated above, freed once.
+        unsafe { emm_driver::memory::free_host(&ctx, p) }.unwrap();
+        let t = std::time::Instant::now();
+        let mut v = vec![0u8; n];
+        // SAFETY: `d` holds `n` bytes.
+        unsafe { memory::copy_dtoh(&ctx, &mut v, d) }.unwrap();
+        let pageable_out = t.elapsed();
+        let t = std::time::Instant::now();
+        // SAFETY: as above.
+        unsafe { memory::copy_htod(&ctx, d, &v) }.unwrap();
+        let pageable_in = t.elapsed();
+        assert!(v.iter().step_by(4096).all(|&x| x == 0x5a));
+        println!(
+            "round {round}, 1 GiB: pinned alloc {pinned_alloc:?} + out {pinned_out:?}, in {pinned_in:?}; pageable (alloc included) out {pageable_out:?}, in {pageable_in:?}"
+        );
+    }
+    // SAFETY: allocated above, freed once.
+    unsafe { emm_driver::memory::free(&ctx, d) }.unwrap();
+}

@@ -22,6 +22,18 @@ use super::*;
 use crate::events::EventSource;
 use crate::host_copy::HostCopy;
 
+/// The largest piece a resume maps: adjacent paused pieces are mapped again as
+/// pieces of up to this size. The driver's cost is per piece, not per byte (on an
+/// H100, `cuMemCreate` about 13 us and `cuMemRelease` 17 us a piece whatever its
+/// size up to 64 MiB, `cuMemUnmap` 24 us; access is granted once per run), and
+/// growth's pieces are at most 16 MiB: an H200 paused and resumed a 12 GiB KV
+/// cache at 2.3 ms per GiB each way in those (run 175), where 64 MiB pieces cost a
+/// quarter of the calls. Growth still moves only wholly free pieces, so larger
+/// pieces are less movable; a tag's memory is mostly long-lived (weights,
+/// optimizer state, a KV cache), and 64 MiB is where the driver's per-piece cost
+/// stops falling much (growing 1 GiB: 3.3 ms in 20 MiB handles, 1.3 ms in 64 MiB).
+pub(crate) const RESUME_PIECE: usize = 64 << 20;
+
 /// What a pause took away, for the resume to put back.
 pub(crate) struct Paused {
     /// The pieces unmapped: `(offset, len)` in address order.
@@ -140,23 +152,24 @@ impl Arena {
         let Some(base) = self.grow_base.base() else {
             return Ok(PauseReport::default());
         };
-        if let Err(e) = self.map_runs(base, &paused.pieces, source) {
+        let fresh = coalesce(&paused.pieces, RESUME_PIECE);
+        if let Err(e) = self.map_runs(base, &fresh, source) {
             self.paused = Some(paused);
             return Err(e);
         }
-        let bytes: usize = paused.pieces.iter().map(|&(_, l)| l).sum();
+        let bytes: usize = fresh.iter().map(|&(_, l)| l).sum();
         if let Some(e) = self
             .segments
             .get_mut(&base)
             .and_then(|s| s.expandable.as_mut())
         {
             // (Nothing was mapped while paused: no growth serves a paused arena.)
-            e.pieces.extend_from_slice(&paused.pieces);
+            e.pieces.extend_from_slice(&fresh);
             e.pieces.sort_unstable();
         }
         self.stats.reserved += bytes;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
-        self.stats.pieces_mapped += paused.pieces.len();
+        self.stats.pieces_mapped += fresh.len();
         let mut report = PauseReport::new(bytes, 0, 0);
         for (addr, copy) in &paused.kept {
             copy.restore(*addr)?;
@@ -210,5 +223,45 @@ impl Arena {
             }
         }
         Ok(())
+    }
+}
+
+/// `pieces` (`(offset, len)`, address order) with adjacent ones joined while the
+/// joined piece stays within `max` bytes (a piece already larger stays whole).
+fn coalesce(pieces: &[(usize, usize)], max: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(pieces.len());
+    for &(off, len) in pieces {
+        match out.last_mut() {
+            Some((o, l)) if *o + *l == off && *l + len <= max => *l += len,
+            _ => out.push((off, len)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalesce;
+
+    #[test]
+    fn adjacent_pieces_join_up_to_the_limit() {
+        let m = 1 << 20;
+        let pieces = [
+            (0, 16 * m),
+            (16 * m, 16 * m),
+            (32 * m, 40 * m),
+            (80 * m, 2 * m),
+            (82 * m, 100 * m),
+        ];
+        assert_eq!(
+            coalesce(&pieces, 64 * m),
+            vec![
+                (0, 32 * m),
+                (32 * m, 40 * m),
+                (80 * m, 2 * m),
+                (82 * m, 100 * m)
+            ]
+        );
+        assert_eq!(coalesce(&[], 64 * m), vec![]);
     }
 }
