@@ -9,9 +9,11 @@
 //!   paths.
 //! - `tagged.rs`: the pools of tagged allocations, one per tag, and their
 //!   pause and resume.
+//! - `upstream.rs`: [`PoolUpstream`], and the shared state made over it.
 //! - `manager.rs`: [`PoolManager`] over it.
 //!
-//! Files point one way: `manager` -> `tagged` -> `shared` -> `threads`, `source`, `config`;
+//! Files point one way: `manager` -> `tagged` -> `upstream` -> `shared` -> `threads`,
+//! `source`, `config`;
 //! `stats` and `config` import no other file of the pool.
 
 mod config;
@@ -21,7 +23,9 @@ mod source;
 mod stats;
 mod tagged;
 mod threads;
+mod upstream;
 
 pub use config::{PoolConfig, MAX_STREAM_CACHES};
-pub use manager::{PoolManager, PoolUpstream};
+pub use manager::PoolManager;
 pub use stats::PoolStats;
+pub use upstream::PoolUpstream;

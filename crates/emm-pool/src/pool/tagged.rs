@@ -19,6 +19,7 @@ use emm_sys::CUstream;
 
 use super::config::PoolConfig;
 use super::shared::Core;
+use super::upstream::{make_core, PoolUpstream};
 
 /// How to make a tag's pool: the parent's upstream, again.
 #[derive(Clone)]
@@ -96,8 +97,8 @@ impl TagPools {
         let mut config = *config;
         config.segments.one_range = true;
         let upstream = match &self.recipe {
-            Recipe::Driver(ctx) => super::PoolUpstream::Driver(ctx.clone()),
-            &Recipe::Host { capacity, touch } => super::PoolUpstream::Host { capacity, touch },
+            Recipe::Driver(ctx) => PoolUpstream::Driver(ctx.clone()),
+            &Recipe::Host { capacity, touch } => PoolUpstream::Host { capacity, touch },
             Recipe::None => {
                 return Err(emm_core::EmmError::Internal {
                     operation: "tagged allocation",
@@ -105,7 +106,7 @@ impl TagPools {
                 })
             }
         };
-        let core = super::PoolManager::make_core(upstream, config)?;
+        let core = make_core(upstream, config)?;
         let pool = Arc::new(TagPool {
             tag,
             core,

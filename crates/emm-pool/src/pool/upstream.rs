@@ -1,0 +1,130 @@
+//! [`PoolUpstream`]: what a pool is built over, and how its shared state
+//! ([`Core`]) is made from it (a pool's own, or a tag pool's: `tagged.rs`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_core::{DeferState, EmmError, Result};
+use emm_default::{DriverUpstream, HostOnly, HostUpstream, Managed, PendingConfig, Upstream};
+use emm_driver::Context;
+
+use super::config::PoolConfig;
+use super::shared::Core;
+use super::threads::{ThreadCounters, NEXT_ID};
+use crate::arena::Arena;
+use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
+
+/// Where a pool's segments come from.
+pub enum PoolUpstream {
+    /// `cuMemAlloc` in a context.
+    Driver(Context),
+    /// The host stand-in (no GPU): `capacity` bytes, `touch` to back blocks with
+    /// real host memory.
+    Host {
+        /// Bytes of the stand-in device.
+        capacity: usize,
+        /// Back blocks with real memory.
+        touch: bool,
+    },
+    /// Any other upstream, with its event source and optional virtual memory.
+    Custom(
+        Box<dyn Upstream>,
+        Box<dyn EventSource>,
+        Option<Box<dyn VirtualMemory>>,
+        Option<Context>,
+    ),
+}
+
+/// The shared state of a pool over `upstream` with `config` (a pool's own, or
+/// a tag pool's).
+pub(super) fn make_core(upstream: PoolUpstream, config: PoolConfig) -> Result<Arc<Core>> {
+    let seg = &config.segments;
+    for (name, value) in [
+        ("segments.large_round", seg.large_round),
+        ("segments.small_segment", seg.small_segment),
+        ("segments.large_segment", seg.large_segment),
+        ("segments.expand_step", seg.expand_step),
+    ] {
+        if value == 0 || (name == "segments.large_round" && !value.is_power_of_two()) {
+            return Err(EmmError::InvalidConfig {
+                name: name.into(),
+                value: value.to_string(),
+                reason: "a positive size (the rounding a power of two)".into(),
+            });
+        }
+    }
+    if let Some(p) = seg.tight_percent.filter(|&p| p < 100) {
+        return Err(EmmError::InvalidConfig {
+            name: "segments.tight_percent".into(),
+            value: p.to_string(),
+            reason: "a percentage of live bytes of at least 100 (or None: never)".into(),
+        });
+    }
+    let defer = DeferState::new();
+    type Parts = (
+        Box<dyn Upstream>,
+        Box<dyn EventSource>,
+        Option<Box<dyn VirtualMemory>>,
+        Option<Context>,
+    );
+    let (up, events, vmm, ctx): Parts = match upstream {
+        PoolUpstream::Driver(ctx) => {
+            let vmm = if config.segments.expandable {
+                DriverVmm::new(&ctx).map(|mut v| {
+                    if config.exportable {
+                        v.set_exportable();
+                    }
+                    v
+                })
+            } else {
+                None
+            };
+            let vmm = vmm.filter(|v| {
+                v.granularity()
+                    .is_ok_and(|g| config.segments.large_round % g == 0)
+            });
+            (
+                Box::new(DriverUpstream::new(&ctx)),
+                Box::new(DriverEvents::new(&ctx)),
+                vmm.map(|v| Box::new(v) as Box<dyn VirtualMemory>),
+                Some(ctx),
+            )
+        }
+        PoolUpstream::Host { capacity, touch } => {
+            let host = Arc::new(HostUpstream::new(capacity, touch));
+            let vmm: Option<Box<dyn VirtualMemory>> = if config.segments.expandable && !touch {
+                Some(Box::new(HostVmm::new(host.clone())))
+            } else {
+                None
+            };
+            (Box::new(host), Box::new(HostEvents::immediate()), vmm, None)
+        }
+        PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
+    };
+    let name = "pool";
+    let host = match &ctx {
+        Some(c) => Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?),
+        None => None,
+    };
+    let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
+    let limit = config.limit;
+    Ok(Arc::new(Core {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        name,
+        arena: Mutex::new(Arena::new(config.segments, limit)),
+        upstream: up,
+        vmm,
+        events,
+        config,
+        generation: AtomicUsize::new(0),
+        threads: Mutex::new(Vec::new()),
+        orphan: ThreadCounters::default(),
+        host,
+        managed,
+        ctx,
+        defer,
+        recording: AtomicBool::new(false),
+        refused: Default::default(),
+    }))
+}
