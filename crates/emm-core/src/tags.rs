@@ -250,6 +250,10 @@ pub struct TagStats {
     pub paused_bytes: usize,
     /// Whether the tag is paused.
     pub paused: bool,
+    /// Pinned host memory held for the tag's copies: what a pause that kept
+    /// contents holds, and the buffers kept after a resume for the next pause
+    /// (a trim, PyTorch's `empty_cache`, gives those back).
+    pub host_copy_bytes: usize,
 }
 
 /// What a pause or a resume did in one manager, or summed over several.

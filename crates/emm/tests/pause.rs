@@ -212,3 +212,67 @@ fn a_failed_pause_changes_nothing() {
         "the stand-in's live resources changed"
     );
 }
+
+#[test]
+fn a_second_pause_reuses_the_pinned_buffers_and_a_trim_frees_them() {
+    let f = fixture();
+    let before_all = snapshot(&f.s);
+    {
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let t = Tag::named("standin-reuse").unwrap();
+        let blocks: Vec<_> = {
+            let _r = Region::of(t);
+            [5 * MIB, 3 * MIB, 64 * 1024]
+                .iter()
+                .map(|&n| m.memalloc_async(n, SYNC_STREAM).unwrap())
+                .collect()
+        };
+        let host = |router: &Router| {
+            router
+                .tag_stats()
+                .into_iter()
+                .find(|(_, s)| s.tag == "standin-reuse")
+                .map_or(0, |(_, s)| s.host_copy_bytes)
+        };
+        router.pause(&[t], Keep::Host).unwrap();
+        let held = host(&router);
+        assert!(held >= 8 * MIB, "{held}");
+        router.resume(&[t]).unwrap();
+        assert_eq!(
+            host(&router),
+            held,
+            "the buffers are kept for the next pause"
+        );
+        let live = f.s.live().unwrap();
+        for seed in 0..3u8 {
+            for (i, b) in blocks.iter().enumerate() {
+                write(&f.ctx, b.ptr(), &pattern(seed + i as u8, b.size()));
+            }
+            router.pause(&[t], Keep::Host).unwrap();
+            router.resume(&[t]).unwrap();
+            for (i, b) in blocks.iter().enumerate() {
+                assert_eq!(
+                    read(&f.ctx, b.ptr(), b.size()),
+                    pattern(seed + i as u8, b.size())
+                );
+            }
+            assert_eq!(host(&router), held, "no new pinned buffer");
+        }
+        assert_eq!(
+            f.s.live().unwrap(),
+            live,
+            "the stand-in's live resources changed across reused pauses"
+        );
+        m.release_cached().unwrap();
+        assert_eq!(host(&router), 0, "a trim frees the spare buffers");
+        drop(blocks);
+        m.release_cached().unwrap();
+    }
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        snapshot(&f.s),
+        before_all,
+        "the stand-in's live resources changed"
+    );
+}

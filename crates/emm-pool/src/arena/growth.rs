@@ -737,6 +737,7 @@ impl Arena {
         self.drop_retiring(events);
         // A pause's unmapped pieces and kept bytes go with the blocks they held.
         self.paused = None;
+        self.spare_copies.clear();
         self.stats.reserved = 0;
         self.stats.live = 0;
         self.stats.segments = self.segments.len();

@@ -202,8 +202,14 @@ pub(crate) trait SegmentSource {
         Ok(None)
     }
     /// Copies `len` bytes of device memory at `addr` (the device is done with
-    /// them) to host memory, for a pause that keeps contents.
-    fn save(&self, _addr: CUdeviceptr, _len: usize) -> Result<crate::host_copy::HostCopy> {
+    /// them) to host memory, for a pause that keeps contents: into `into` when it
+    /// has room (a buffer an earlier pause used), else into a new buffer.
+    fn save(
+        &self,
+        _addr: CUdeviceptr,
+        _len: usize,
+        _into: Option<crate::host_copy::HostCopy>,
+    ) -> Result<crate::host_copy::HostCopy> {
         Err(EmmError::Unsupported {
             manager: "pool".into(),
             operation: "a pause that keeps contents",
@@ -406,6 +412,8 @@ pub(crate) struct Arena {
     merge_due: bool,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
     paused: Option<pause::Paused>,
+    /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
+    spare_copies: Vec<crate::host_copy::HostCopy>,
 }
 
 /// Where the expandable segment's address space stands.

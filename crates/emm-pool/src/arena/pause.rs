@@ -104,10 +104,18 @@ impl Arena {
                 .map(|(&a, b)| (a, b.size))
                 .collect();
             for (addr, size) in live {
-                let copy = source.save(addr, size)?;
-                report.copied_bytes += copy.len();
-                report.blocks_copied += 1;
-                kept.push((addr, copy));
+                let spare = self.take_spare(size);
+                match source.save(addr, size, spare) {
+                    Ok(copy) => {
+                        report.copied_bytes += copy.len();
+                        report.blocks_copied += 1;
+                        kept.push((addr, copy));
+                    }
+                    Err(e) => {
+                        self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
+                        return Err(e);
+                    }
+                }
             }
         }
         for (i, &(off, len)) in pieces.iter().enumerate() {
@@ -171,12 +179,57 @@ impl Arena {
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.pieces_mapped += fresh.len();
         let mut report = PauseReport::new(bytes, 0, 0);
-        for (addr, copy) in &paused.kept {
-            copy.restore(*addr)?;
-            report.copied_bytes += copy.len();
-            report.blocks_copied += 1;
+        let mut failed = None;
+        for (addr, copy) in paused.kept {
+            if failed.is_none() {
+                match copy.restore(addr) {
+                    Ok(()) => {
+                        report.copied_bytes += copy.len();
+                        report.blocks_copied += 1;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            // Kept for the next pause (see `host_copy.rs`).
+            self.spare_copies.push(copy);
         }
-        Ok(report)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// The smallest spare pinned buffer with room for `size` bytes, taken.
+    fn take_spare(&mut self, size: usize) -> Option<HostCopy> {
+        let i = self
+            .spare_copies
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.capacity() >= size)
+            .min_by_key(|(_, c)| c.capacity())
+            .map(|(i, _)| i)?;
+        Some(self.spare_copies.swap_remove(i))
+    }
+
+    /// Pinned host memory held for copies: the buffers a pause fills and the
+    /// spare ones kept for the next.
+    pub fn host_copy_bytes(&self) -> usize {
+        let kept = self
+            .paused
+            .as_ref()
+            .map_or(0, |p| p.kept.iter().map(|(_, c)| c.capacity()).sum());
+        kept + self
+            .spare_copies
+            .iter()
+            .map(HostCopy::capacity)
+            .sum::<usize>()
+    }
+
+    /// Frees the spare pinned buffers (a trim); returns their bytes.
+    pub fn release_spare_copies(&mut self) -> usize {
+        let n = self.spare_copies.iter().map(HostCopy::capacity).sum();
+        self.spare_copies.clear();
+        n
     }
 
     /// The pieces mapped in the expandable segment at `base`.

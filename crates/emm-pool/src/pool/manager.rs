@@ -213,6 +213,9 @@ fn trim_core(core: &Arc<Core>) -> usize {
     if arena.is_paused() {
         return 0;
     }
+    // Pinned host buffers kept for the next pause go too (host memory: not in
+    // the bytes returned).
+    arena.release_spare_copies();
     core.flush_thread(&mut arena);
     let gen = core.generation.load(Ordering::Acquire);
     core.reclaim_cached(&mut arena, None, gen);

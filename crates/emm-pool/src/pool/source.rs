@@ -50,12 +50,17 @@ impl SegmentSource for SourceAdapter<'_> {
             Err(e) => (0, Err(e)),
         }
     }
-    fn save(&self, addr: CUdeviceptr, len: usize) -> Result<HostCopy> {
+    fn save(&self, addr: CUdeviceptr, len: usize, into: Option<HostCopy>) -> Result<HostCopy> {
         let ctx = self.2.ok_or(EmmError::Unsupported {
             manager: "pool over the host stand-in (its memory holds no bytes)".into(),
             operation: "a pause that keeps contents",
         })?;
-        HostCopy::save(ctx, addr, len)
+        let mut copy = match into {
+            Some(c) if c.capacity() >= len => c,
+            _ => HostCopy::new(ctx, len)?,
+        };
+        copy.save(addr, len)?;
+        Ok(copy)
     }
     fn alloc_segment(&self, size: usize) -> Result<CUdeviceptr> {
         self.0.alloc(size)

@@ -189,6 +189,7 @@ impl TagPools {
                 s.reserved_bytes = arena.stats.reserved;
                 s.paused_bytes = arena.paused_bytes();
                 s.paused = arena.is_paused();
+                s.host_copy_bytes = arena.host_copy_bytes();
                 s
             })
             .collect()
