@@ -25,14 +25,16 @@ use crate::host_copy::HostCopy;
 /// The largest piece a resume maps: adjacent paused pieces are mapped again as
 /// pieces of up to this size. The driver's cost is per piece, not per byte (on an
 /// H100, `cuMemCreate` about 13 us and `cuMemRelease` 17 us a piece whatever its
-/// size up to 64 MiB, `cuMemUnmap` 24 us; access is granted once per run), and
-/// growth's pieces are at most 16 MiB: an H200 paused and resumed a 12 GiB KV
-/// cache at 2.3 ms per GiB each way in those (run 175), where 64 MiB pieces cost a
-/// quarter of the calls. Growth still moves only wholly free pieces, so larger
-/// pieces are less movable; a tag's memory is mostly long-lived (weights,
-/// optimizer state, a KV cache), and 64 MiB is where the driver's per-piece cost
-/// stops falling much (growing 1 GiB: 3.3 ms in 20 MiB handles, 1.3 ms in 64 MiB).
-pub(crate) const RESUME_PIECE: usize = 64 << 20;
+/// size, `cuMemUnmap` 24 us; access is granted once per run), and growth's pieces
+/// are at most 16 MiB: a 12 GiB KV cache paused and resumed at 2.3 ms per GiB
+/// each way in those (run 175, H200), at 1.2-1.5 and 2.0 ms per GiB in pieces of
+/// up to 64 MiB (run 176, H100), where torch_memory_saver, one handle per tensor
+/// (1.5 GiB each there), took 0.35-0.49 and 0.87. Growth moves and trim unmaps
+/// only wholly free pieces, so a large piece under a few live blocks stays
+/// mapped; a tag's memory is mostly long-lived and allocated in large tensors
+/// (weights, optimizer state, a KV cache), and a trim still gives back every
+/// wholly free one.
+pub(crate) const RESUME_PIECE: usize = 256 << 20;
 
 /// What a pause took away, for the resume to put back.
 pub(crate) struct Paused {
