@@ -23,6 +23,17 @@ device and taken again at the same addresses (sleep mode for RL and serving).
   an active tag, pausing memory that cannot be paused (the pool without virtual
   memory management) and exporting a tagged block to another process raise
   :class:`TagStateError`.
+- CUDA graphs: the memory of a graph's private pool (``torch.cuda.graph`` under
+  emm's allocator object) is not tagged and is never paused; a graph captured
+  before a pause replays correctly after the resume when what it reads was kept
+  (``keep="host"``). A pause while a capture is in progress raises
+  :class:`TagStateError` (it would synchronize the device and invalidate the
+  capture).
+- A pause of a tag that keeps its contents keeps its pinned host buffers after
+  the resume, for the next pause (an RL loop pauses the same tensors every step:
+  copies then run at the link's speed instead of pinning memory each time);
+  ``torch.cuda.empty_cache()`` or a trim gives them back; ``tag_stats`` counts
+  them.
 - Only emm's ``pool`` manager keeps tags (``default`` and ``hostonly`` refuse a
   pause once they have allocated).
 """

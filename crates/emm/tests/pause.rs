@@ -276,3 +276,84 @@ fn a_second_pause_reuses_the_pinned_buffers_and_a_trim_frees_them() {
         "the stand-in's live resources changed"
     );
 }
+
+#[test]
+fn memory_that_cannot_be_paused_is_refused_and_nothing_changes() {
+    let f = fixture();
+    {
+        // A tagged block cannot be exported: a pause would take its memory from
+        // under the importer.
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let t = Tag::named("standin-export").unwrap();
+        let b = {
+            let _r = Region::of(t);
+            m.memalloc_async(4 * MIB, SYNC_STREAM).unwrap()
+        };
+        let e = m.get_ipc_handle(b.as_view()).unwrap_err();
+        assert!(matches!(e, EmmError::TagState { .. }), "{e}");
+        assert!(e.to_string().contains("exported"), "{e}");
+        drop(b);
+        m.release_cached().unwrap();
+    }
+    // Without virtual memory management the pool's blocks are cuMemAlloc
+    // segments: a pause is refused, the tag stays active and allocates.
+    f.s.control("vmm 0").unwrap();
+    {
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let t = Tag::named("standin-novmm").unwrap();
+        let b = {
+            let _r = Region::of(t);
+            m.memalloc_async(6 * MIB, SYNC_STREAM).unwrap()
+        };
+        write(&f.ctx, b.ptr(), &pattern(9, 6 * MIB));
+        let e = router.pause(&[t], Keep::Host).unwrap_err();
+        assert!(matches!(e, EmmError::TagState { .. }), "{e}");
+        assert!(e.to_string().contains("outside virtual memory"), "{e}");
+        assert!(!t.is_paused());
+        assert_eq!(read(&f.ctx, b.ptr(), 6 * MIB), pattern(9, 6 * MIB));
+        let c = {
+            let _r = Region::of(t);
+            m.memalloc_async(MIB, SYNC_STREAM).unwrap()
+        };
+        drop((b, c));
+        m.release_cached().unwrap();
+    }
+    f.s.reset().unwrap();
+}
+
+#[test]
+fn allocations_from_other_threads_carry_the_open_region() {
+    let f = fixture();
+    let router = router();
+    let m = router.manager(&f.ctx).unwrap();
+    let t = Tag::named("standin-threads").unwrap();
+    let blocks: Vec<_> = {
+        let _r = Region::of(t);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let (m, ctx) = (&m, &f.ctx);
+                    s.spawn(move || {
+                        ctx.set_current().unwrap();
+                        m.memalloc_async(3 * MIB, SYNC_STREAM).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let s = router
+        .tag_stats()
+        .into_iter()
+        .find(|(_, s)| s.tag == "standin-threads")
+        .unwrap()
+        .1;
+    assert!(s.allocated_bytes >= 12 * MIB, "{s:?}");
+    let r = router.pause(&[t], Keep::Nothing).unwrap();
+    assert!(r.bytes >= 12 * MIB, "{r:?}");
+    router.resume(&[t]).unwrap();
+    drop(blocks);
+    m.release_cached().unwrap();
+}
