@@ -278,7 +278,7 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_pause": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.c_int, szp, szp],
                       ctypes.c_int),
         "emm_resume": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, szp, szp], ctypes.c_int),
-        "emm_tag_stats": ([ctypes.c_char_p, szp, szp, szp, intp], ctypes.c_int),
+        "emm_tag_stats": ([ctypes.c_char_p, szp, szp, szp, szp, intp], ctypes.c_int),
     }
 
 

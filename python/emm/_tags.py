@@ -113,14 +113,15 @@ def resume(tags: Union[str, Iterable[str]]) -> Dict[str, int]:
 
 def tag_stats(tag: str) -> Dict[str, int]:
     """The memory under ``tag`` over every device: ``allocated_bytes``,
-    ``reserved_bytes`` (paused memory excluded), ``paused_bytes`` and ``paused``
+    ``reserved_bytes`` (paused memory excluded), ``paused_bytes``,
+    ``host_copy_bytes`` (pinned host memory held for its copies) and ``paused``
     (0 or 1)."""
     if not isinstance(tag, str):
         raise TypeError(f"a tag is a str, not {type(tag).__name__}")
     lib = load()
-    a, r, p = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+    a, r, p, h = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     paused = ctypes.c_int()
     _check(lib, lib.emm_tag_stats(tag.encode("utf-8"), ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
-                                  ctypes.byref(paused)))
+                                  ctypes.byref(h), ctypes.byref(paused)))
     return {"allocated_bytes": a.value, "reserved_bytes": r.value, "paused_bytes": p.value,
-            "paused": paused.value}
+            "host_copy_bytes": h.value, "paused": paused.value}

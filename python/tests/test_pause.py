@@ -66,8 +66,12 @@ def test_pause_keeps_addresses_and_contents(mgr):
         emm.resume("py-never-paused")
     other = mgr.alloc(2 * MIB)  # untagged allocations go on
 
+    held = emm.tag_stats("py-weights")["host_copy_bytes"]
+    assert held >= 16 * MIB
     r2 = emm.resume(["py-weights", "py-kv"])
     assert r2["bytes"] == r["bytes"] and r2["copied_bytes"] == r["copied_bytes"]
+    # The pinned buffers stay for the next pause.
+    assert emm.tag_stats("py-weights")["host_copy_bytes"] == held
     if ON_STANDIN:
         for p, data in zip(w, kept):
             assert ctypes.string_at(p, len(data)) == data
@@ -75,6 +79,8 @@ def test_pause_keeps_addresses_and_contents(mgr):
         again = mgr.alloc(MIB)
     for p in w + [kv, plain, other, again]:
         mgr.free(p)
+    mgr.trim()
+    assert emm.tag_stats("py-weights")["host_copy_bytes"] == 0
 
 
 def test_regions_nest_and_check_their_arguments(mgr):

@@ -698,9 +698,10 @@ emm_status emm_region_exit(uint32_t previous);
  * `EMM_KEEP_HOST` (the live blocks' bytes copied to pinned host memory first).
  * `*bytes` (may be NULL) receives the bytes given back, `*copied` (may be NULL)
  * those copied. All or nothing: on failure no tag is paused. `"default"`, a tag
- * already paused, or memory that cannot be paused (no virtual memory management)
- * is `EMM_ERR_TAG_STATE`; a synchronization refused during a CUDA graph capture
- * is `EMM_ERR_DRIVER`. Since ABI 310.
+ * already paused, memory that cannot be paused (no virtual memory management),
+ * or a CUDA graph capture in progress through PyTorch's allocator object is
+ * `EMM_ERR_TAG_STATE`; a synchronization the driver refuses (a capture begun
+ * elsewhere) is `EMM_ERR_DRIVER`. Since ABI 310.
  *
  * # Safety
  * `tags` points to `n` NUL-terminated strings; `bytes` and `copied` are null or
@@ -724,8 +725,10 @@ emm_status emm_resume(const char *const *tags, size_t n, size_t *bytes, size_t *
 /**
  * The memory under the tag named `tag`, summed over every manager of the
  * process: bytes handed out, bytes of device memory held (paused memory
- * excluded), bytes paused, and whether the tag is paused (1) or not (0). Any
- * output may be NULL. Since ABI 310.
+ * excluded), bytes paused, bytes of pinned host memory held for its copies (a
+ * pause's, and the buffers kept after a resume for the next pause until a trim),
+ * and whether the tag is paused (1) or not (0). Any output may be NULL. Since
+ * ABI 310.
  *
  * # Safety
  * `tag` is a NUL-terminated string; each output is null or writable.
@@ -734,6 +737,7 @@ emm_status emm_tag_stats(const char *tag,
                          size_t *allocated,
                          size_t *reserved,
                          size_t *paused_bytes,
+                         size_t *host_copy_bytes,
                          int *paused);
 
 /**

@@ -185,8 +185,10 @@ pub unsafe extern "C" fn emm_resume(
 
 /// The memory under the tag named `tag`, summed over every manager of the
 /// process: bytes handed out, bytes of device memory held (paused memory
-/// excluded), bytes paused, and whether the tag is paused (1) or not (0). Any
-/// output may be NULL. Since ABI 310.
+/// excluded), bytes paused, bytes of pinned host memory held for its copies (a
+/// pause's, and the buffers kept after a resume for the next pause until a trim),
+/// and whether the tag is paused (1) or not (0). Any output may be NULL. Since
+/// ABI 310.
 ///
 /// # Safety
 /// `tag` is a NUL-terminated string; each output is null or writable.
@@ -196,6 +198,7 @@ pub unsafe extern "C" fn emm_tag_stats(
     allocated: *mut usize,
     reserved: *mut usize,
     paused_bytes: *mut usize,
+    host_copy_bytes: *mut usize,
     paused: *mut c_int,
 ) -> emm_status {
     guard(|| {
@@ -207,15 +210,21 @@ pub unsafe extern "C" fn emm_tag_stats(
             Ok(t) => t,
             Err(e) => return fail(e),
         };
-        let (mut a, mut r, mut p) = (0, 0, 0);
+        let (mut a, mut r, mut p, mut h) = (0, 0, 0, 0);
         for (_, s) in emm::tag_stats() {
             if s.tag == name {
                 a += s.allocated_bytes;
                 r += s.reserved_bytes;
                 p += s.paused_bytes;
+                h += s.host_copy_bytes;
             }
         }
-        for (out, v) in [(allocated, a), (reserved, r), (paused_bytes, p)] {
+        for (out, v) in [
+            (allocated, a),
+            (reserved, r),
+            (paused_bytes, p),
+            (host_copy_bytes, h),
+        ] {
             if !out.is_null() {
                 // SAFETY: non-null and writable per the contract.
                 unsafe { *out = v };
