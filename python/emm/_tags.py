@@ -15,7 +15,9 @@ device and taken again at the same addresses (sleep mode for RL and serving).
 
 - A region tags every allocation made while it is open: process-wide, from every
   thread and stream (autograd's backward threads included), on every device.
-  Regions nest; outside every region allocations carry ``"default"``.
+  Regions nest (the most recently opened one still open is current; threads may
+  close theirs in any order); outside every region allocations carry
+  ``"default"``.
 - Tags share no physical page, so a pause gives back whole pages and touches no
   other tag's blocks. Tensors and CUDA graphs keep their addresses across a pause
   and a resume. Freeing a block while its tag is paused is allowed.
@@ -71,16 +73,18 @@ def _array(names: List[bytes]) -> "ctypes.Array[ctypes.c_char_p]":
 @contextlib.contextmanager
 def region(tag: str) -> Iterator[None]:
     """Tags the allocations made while the ``with`` block runs (see the module's
-    documentation); the tag that was current before is current again after it."""
+    documentation). Open regions form one process-wide stack: the most recently
+    opened one still open is current, and a region closed out of order (another
+    thread's) is taken out wherever it is."""
     if not isinstance(tag, str):
         raise TypeError(f"a tag is a str, not {type(tag).__name__}")
     lib = load()
-    previous = ctypes.c_uint32()
-    _check(lib, lib.emm_region_enter(tag.encode("utf-8"), ctypes.byref(previous)))
+    region_id = ctypes.c_uint64()
+    _check(lib, lib.emm_region_enter(tag.encode("utf-8"), ctypes.byref(region_id)))
     try:
         yield
     finally:
-        _check(lib, lib.emm_region_exit(previous.value))
+        _check(lib, lib.emm_region_exit(region_id.value))
 
 
 def pause(tags: Union[str, Iterable[str]], keep: str = "none") -> Dict[str, int]:

@@ -673,22 +673,23 @@ emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
 /**
  * Opens a region: allocations made from now on, by every thread of the
  * process on every device, carry the tag named `tag` (interned on first use)
- * until the region is closed by `emm_region_exit(*previous)`. `*previous`
- * receives the tag that was current (regions nest: close them in the reverse
- * order). An empty name, or one longer than 255 bytes, is
- * `EMM_ERR_INVALID_ARGUMENT`; so is a null `previous`. Since ABI 310.
+ * until the region is closed by `emm_region_exit(*region)`. The open regions
+ * form one process-wide stack: the tag of the most recently opened region still
+ * open is current; closing one takes it out wherever it is. An empty name, one
+ * longer than 255 bytes, or a null `region` is `EMM_ERR_INVALID_ARGUMENT`.
+ * Since ABI 310.
  *
  * # Safety
- * `tag` is a NUL-terminated string; `previous` points to writable memory.
+ * `tag` is a NUL-terminated string; `region` points to writable memory.
  */
-emm_status emm_region_enter(const char *tag, uint32_t *previous);
+emm_status emm_region_enter(const char *tag, uint64_t *region);
 
 /**
- * Closes a region: makes current again the tag `emm_region_enter` returned in
- * `*previous`. A number that names no tag is `EMM_ERR_INVALID_ARGUMENT`.
+ * Closes the region `emm_region_enter` returned in `*region`. A region that is
+ * not open (closed already, or never opened) is `EMM_ERR_INVALID_ARGUMENT`.
  * Since ABI 310.
  */
-emm_status emm_region_exit(uint32_t previous);
+emm_status emm_region_exit(uint64_t region);
 
 /**
  * Pauses the `n` tags named by `tags` on every device and manager of the

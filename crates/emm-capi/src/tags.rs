@@ -18,28 +18,29 @@ pub const EMM_KEEP_HOST: c_int = 1;
 
 /// Opens a region: allocations made from now on, by every thread of the
 /// process on every device, carry the tag named `tag` (interned on first use)
-/// until the region is closed by `emm_region_exit(*previous)`. `*previous`
-/// receives the tag that was current (regions nest: close them in the reverse
-/// order). An empty name, or one longer than 255 bytes, is
-/// `EMM_ERR_INVALID_ARGUMENT`; so is a null `previous`. Since ABI 310.
+/// until the region is closed by `emm_region_exit(*region)`. The open regions
+/// form one process-wide stack: the tag of the most recently opened region still
+/// open is current; closing one takes it out wherever it is. An empty name, one
+/// longer than 255 bytes, or a null `region` is `EMM_ERR_INVALID_ARGUMENT`.
+/// Since ABI 310.
 ///
 /// # Safety
-/// `tag` is a NUL-terminated string; `previous` points to writable memory.
+/// `tag` is a NUL-terminated string; `region` points to writable memory.
 #[no_mangle]
-pub unsafe extern "C" fn emm_region_enter(tag: *const c_char, previous: *mut u32) -> emm_status {
+pub unsafe extern "C" fn emm_region_enter(tag: *const c_char, region: *mut u64) -> emm_status {
     guard(|| {
         let name = match c_str(tag, "emm_region_enter: `tag`") {
             Ok(n) => n,
             Err(c) => return c,
         };
-        if previous.is_null() {
-            return invalid("emm_region_enter: `previous` is null");
+        if region.is_null() {
+            return invalid("emm_region_enter: `region` is null");
         }
         match Tag::named(name) {
             Ok(t) => {
-                let prev = emm_core::tags::swap_current(t);
+                let id = emm_core::tags::enter_region(t);
                 // SAFETY: non-null and writable per the contract.
-                unsafe { *previous = prev.index() as u32 };
+                unsafe { *region = id };
                 EMM_OK
             }
             Err(e) => fail(e),
@@ -47,19 +48,19 @@ pub unsafe extern "C" fn emm_region_enter(tag: *const c_char, previous: *mut u32
     })
 }
 
-/// Closes a region: makes current again the tag `emm_region_enter` returned in
-/// `*previous`. A number that names no tag is `EMM_ERR_INVALID_ARGUMENT`.
+/// Closes the region `emm_region_enter` returned in `*region`. A region that is
+/// not open (closed already, or never opened) is `EMM_ERR_INVALID_ARGUMENT`.
 /// Since ABI 310.
 #[no_mangle]
-pub extern "C" fn emm_region_exit(previous: u32) -> emm_status {
-    guard(|| match emm_core::tags::tag_at(previous as usize) {
-        Some(t) => {
-            emm_core::tags::swap_current(t);
+pub extern "C" fn emm_region_exit(region: u64) -> emm_status {
+    guard(|| {
+        if emm_core::tags::exit_region(region) {
             EMM_OK
+        } else {
+            invalid(format!(
+                "emm_region_exit: region {region} is not open (closed already, or not from emm_region_enter)"
+            ))
         }
-        None => invalid(format!(
-            "emm_region_exit: {previous} is not a tag number emm_region_enter returned"
-        )),
     })
 }
 
@@ -206,10 +207,8 @@ pub unsafe extern "C" fn emm_tag_stats(
             Ok(n) => n,
             Err(c) => return c,
         };
-        let t = match Tag::named(name) {
-            Ok(t) => t,
-            Err(e) => return fail(e),
-        };
+        // (Looked up, not interned: asking about a name uses up no tag.)
+        let t = emm_core::tags::find(name);
         let (mut a, mut r, mut p, mut h) = (0, 0, 0, 0);
         for (_, s) in emm::tag_stats() {
             if s.tag == name {
@@ -232,7 +231,7 @@ pub unsafe extern "C" fn emm_tag_stats(
         }
         if !paused.is_null() {
             // SAFETY: non-null and writable per the contract.
-            unsafe { *paused = c_int::from(t.is_paused()) };
+            unsafe { *paused = c_int::from(t.is_some_and(Tag::is_paused)) };
         }
         EMM_OK
     })

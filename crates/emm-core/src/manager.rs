@@ -254,6 +254,18 @@ pub trait MemoryManager: Send + Sync {
         })
     }
 
+    /// Whether [`pause_tag`](Self::pause_tag) would be refused now (memory that
+    /// cannot be paused, a tag already paused here), without changing anything:
+    /// the router asks every manager before any pauses. The default:
+    /// [`EmmError::Unsupported`].
+    fn check_pause_tag(&self, tag: Tag) -> Result<()> {
+        let _ = tag;
+        Err(EmmError::Unsupported {
+            manager: self.name().into(),
+            operation: "pause",
+        })
+    }
+
     /// Maps fresh memory under the blocks [`pause_tag`](Self::pause_tag) unmapped,
     /// at the same addresses, and copies back what it kept. The default:
     /// [`EmmError::Unsupported`].

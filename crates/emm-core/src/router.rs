@@ -60,6 +60,8 @@ struct State {
 #[derive(Default)]
 pub struct Router {
     state: RwLock<State>,
+    /// Held across a pause or a resume: they run one at a time.
+    pausing: std::sync::Mutex<()>,
     /// The configuration this router closes when it creates its first manager
     /// (the process-wide one for [`Router::global`]).
     config: Option<&'static Config>,
@@ -87,8 +89,8 @@ impl Router {
     pub fn global() -> &'static Router {
         static GLOBAL: OnceLock<Router> = OnceLock::new();
         GLOBAL.get_or_init(|| Router {
-            state: RwLock::default(),
             config: Some(Config::global()),
+            ..Router::default()
         })
     }
 
@@ -258,37 +260,56 @@ impl Router {
     /// then [`EmmError::TagState`]), and every manager of the process gives back
     /// the device memory of its blocks under the tag, keeping their addresses
     /// ([`MemoryManager::pause_tag`]; with [`Keep::Host`] their contents go to
-    /// host memory first). Returns what was given back, summed.
+    /// host memory first). Returns what was given back, summed. Pauses and
+    /// resumes of the process run one at a time.
     ///
-    /// All or nothing: a tag that is `"default"` or already paused fails the call
-    /// before anything changes; a manager that fails (one without virtual memory,
-    /// a block exported to another process, a synchronization refused during a
-    /// graph capture) has every manager that already paused resumed again and
-    /// the tags marked active, and its error is returned. Managers that hold no
-    /// block of a tag have nothing to do; a manager that cannot pause at all
-    /// (`default`, `hostonly`) is an error only when it has served allocations.
+    /// Refusals change nothing: a tag that is `"default"` or already paused, and
+    /// a manager that cannot pause (memory without virtual memory management, a
+    /// tag it holds paused; [`MemoryManager::check_pause_tag`], asked of every
+    /// manager before any pauses) fail the call first. A manager that cannot
+    /// pause at all (`default`, `hostonly`) is an error only when it has served
+    /// allocations. A driver failure during the pause has every manager that
+    /// already paused resumed again and the tags marked active (with
+    /// [`Keep::Nothing`] the contents of what was unmapped are lost: fresh memory
+    /// comes back); a tag a manager could not resume again stays marked paused,
+    /// so that a later [`resume`](Router::resume) finishes the job.
     pub fn pause(&self, tags: &[Tag], keep: Keep) -> Result<PauseReport> {
         crate::check_not_forked()?;
-        let mut marked = Vec::new();
-        let undo_marks = |marked: &[Tag]| {
-            for t in marked {
-                let _ = t.set_paused(false);
-            }
-        };
+        let _one = self.pausing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut unique: Vec<Tag> = Vec::new();
         for &t in tags {
-            if marked.contains(&t) {
-                continue;
+            if !unique.contains(&t) {
+                unique.push(t);
             }
-            if let Err(e) = t.set_paused(true) {
-                undo_marks(&marked);
-                return Err(e);
+        }
+        for &t in &unique {
+            if t == Tag::DEFAULT {
+                return Err(t.state_error(
+                    "pause",
+                    "the default tag cannot be paused: allocate what is to be paused inside a region of its own",
+                ));
             }
-            marked.push(t);
+            if t.is_paused() {
+                return Err(t.state_error("pause", "it is already paused"));
+            }
+        }
+        let managers = self.managers();
+        for m in &managers {
+            for &t in &unique {
+                match m.check_pause_tag(t) {
+                    Ok(()) => {}
+                    Err(EmmError::Unsupported { .. }) if m.stats().allocations == 0 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for &t in &unique {
+            t.set_paused(true)?;
         }
         let mut total = PauseReport::default();
         let mut done: Vec<(Arc<dyn MemoryManager>, Tag)> = Vec::new();
-        for m in self.managers() {
-            for &t in &marked {
+        for m in &managers {
+            for &t in &unique {
                 match m.pause_tag(t, keep) {
                     Ok(r) => {
                         total.add(r);
@@ -296,12 +317,25 @@ impl Router {
                     }
                     Err(EmmError::Unsupported { .. }) if m.stats().allocations == 0 => {}
                     Err(e) => {
+                        // Undo; a tag some manager still holds paused (one
+                        // that could not put its memory back, or whose resume
+                        // fails now) stays marked paused, for a later resume.
                         for (m, t) in done.iter().rev() {
                             if let Err(again) = m.resume_tag(*t) {
-                                tracing::error!(manager = m.name(), tag = %t.name(), error = %again, "resuming after a failed pause failed");
+                                tracing::error!(manager = m.name(), tag = %t.name(), error = %again, "resuming after a failed pause failed; the tag stays paused");
                             }
                         }
-                        undo_marks(&marked);
+                        let held = |t: Tag| {
+                            let name = t.name();
+                            managers
+                                .iter()
+                                .any(|m| m.tag_stats().iter().any(|s| s.paused && *s.tag == *name))
+                        };
+                        for &t in &unique {
+                            if !held(t) {
+                                let _ = t.set_paused(false);
+                            }
+                        }
                         return Err(e);
                     }
                 }
@@ -313,12 +347,14 @@ impl Router {
     /// Resumes `tags`: every manager maps fresh memory under the blocks it paused,
     /// at the same addresses, and copies back what the pause kept; then the tags
     /// are active again. A tag that is not paused fails the call before anything
-    /// changes. A manager that fails (out of memory while mapping) leaves that
-    /// manager's blocks paused and the tags paused; the managers already resumed
-    /// stay resumed, and calling `resume` again after freeing memory finishes the
-    /// job (each manager resumes only what it still holds paused).
+    /// changes. A manager that fails (out of memory while mapping, the pool's
+    /// byte limit) leaves its blocks paused and the tags paused; the managers
+    /// already resumed stay resumed, and calling `resume` again after freeing
+    /// memory finishes the job (each manager resumes only what it still holds
+    /// paused).
     pub fn resume(&self, tags: &[Tag]) -> Result<PauseReport> {
         crate::check_not_forked()?;
+        let _one = self.pausing.lock().unwrap_or_else(|p| p.into_inner());
         let mut unique: Vec<Tag> = Vec::new();
         for &t in tags {
             if !unique.contains(&t) {
@@ -341,7 +377,8 @@ impl Router {
             }
         }
         for &t in &unique {
-            t.set_paused(false)?;
+            // (Marked paused above, under the same lock: cannot fail.)
+            let _ = t.set_paused(false);
         }
         Ok(total)
     }

@@ -5,9 +5,10 @@
 //! - **Regions.** Allocations made while a [`Region`] is open carry its tag:
 //!   process-wide, from every thread and stream (autograd's backward threads and
 //!   side streams allocate on threads of their own, as PyTorch's do), on every
-//!   device. Regions nest: opening one makes its tag current, closing it makes
-//!   current again the tag that was current when it opened. Allocations outside
-//!   every region carry [`Tag::DEFAULT`] (`"default"`).
+//!   device. The open regions form one process-wide stack: the tag of the most
+//!   recently opened region still open is current, and closing a region takes it
+//!   out wherever it is (threads may close theirs in any order). Allocations
+//!   outside every region carry [`Tag::DEFAULT`] (`"default"`).
 //! - **States.** A tag is active or paused, process-wide. Allocating under a
 //!   paused tag is [`EmmError::TagState`]; so are pausing a paused tag, resuming
 //!   an active one and pausing `"default"`. Freeing a block of a paused tag is
@@ -183,6 +184,40 @@ impl Tag {
     }
 }
 
+/// The open regions, oldest first: `(id, tag)`. The last one's tag is current.
+static OPEN: std::sync::Mutex<Vec<(u64, Tag)>> = std::sync::Mutex::new(Vec::new());
+
+/// The next region's id.
+static NEXT_REGION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn open_regions() -> std::sync::MutexGuard<'static, Vec<(u64, Tag)>> {
+    OPEN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Opens a region of `tag`; returns its id, for [`exit_region`]. Prefer
+/// [`Region`] in Rust.
+pub fn enter_region(tag: Tag) -> u64 {
+    let id = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
+    let mut open = open_regions();
+    open.push((id, tag));
+    CURRENT.store(tag.0, Ordering::Relaxed);
+    id
+}
+
+/// Closes the region `id` wherever it is in the stack; the tag of the last
+/// region still open (else `"default"`) becomes current. Returns whether a
+/// region of that id was open.
+pub fn exit_region(id: u64) -> bool {
+    let mut open = open_regions();
+    let Some(i) = open.iter().position(|&(r, _)| r == id) else {
+        return false;
+    };
+    open.remove(i);
+    let top = open.last().map_or(Tag::DEFAULT, |&(_, t)| t);
+    CURRENT.store(top.0, Ordering::Relaxed);
+    true
+}
+
 /// An open region: allocations carry its tag until it is dropped (see the
 /// module's documentation).
 ///
@@ -196,7 +231,7 @@ impl Tag {
 #[derive(Debug)]
 #[must_use = "the region closes when this value is dropped"]
 pub struct Region {
-    previous: Tag,
+    id: u64,
 }
 
 impl Region {
@@ -208,32 +243,27 @@ impl Region {
     /// Opens a region of `tag`.
     pub fn of(tag: Tag) -> Region {
         Region {
-            previous: Tag(CURRENT.swap(tag.0, Ordering::Relaxed)),
+            id: enter_region(tag),
         }
-    }
-
-    /// The tag that was current when this region opened (current again once it
-    /// closes).
-    pub fn previous(&self) -> Tag {
-        self.previous
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        CURRENT.store(self.previous.0, Ordering::Relaxed);
+        exit_region(self.id);
     }
 }
 
-/// Makes `tag` current and returns the tag that was (for the C ABI, whose
-/// callers close regions by restoring it). Prefer [`Region`] in Rust.
-pub fn swap_current(tag: Tag) -> Tag {
-    Tag(CURRENT.swap(tag.0, Ordering::Relaxed))
-}
-
-/// The tag numbered `index` ([`Tag::index`]), if one was interned with it.
-pub fn tag_at(index: usize) -> Option<Tag> {
-    (index == 0 || index <= read().names.len()).then_some(Tag(index as u32))
+/// The tag named `name` if one was interned (nothing is interned here).
+pub fn find(name: &str) -> Option<Tag> {
+    if name == DEFAULT_TAG {
+        return Some(Tag::DEFAULT);
+    }
+    read()
+        .names
+        .iter()
+        .position(|n| &**n == name)
+        .map(|i| Tag(i as u32 + 1))
 }
 
 /// A manager's memory under one tag, read at one moment.
@@ -290,8 +320,12 @@ impl PauseReport {
 mod tests {
     use super::*;
 
+    /// The regions are process-wide: these tests take turns.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn names_intern_and_regions_nest() {
+        let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let a = Tag::named("tags-test-a").unwrap();
         assert_eq!(Tag::named("tags-test-a").unwrap(), a);
         assert_eq!(&*a.name(), "tags-test-a");
@@ -309,6 +343,22 @@ mod tests {
             assert_eq!(Tag::current(), a);
         }
         assert_eq!(Tag::current(), before);
+    }
+
+    #[test]
+    fn regions_closed_out_of_order_leave_the_last_open_one_current() {
+        let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let w = Tag::named("tags-test-w").unwrap();
+        let kv = Tag::named("tags-test-kv").unwrap();
+        let a = Region::of(w);
+        let b = Region::of(kv);
+        drop(a); // another thread's region closes first
+        assert_eq!(Tag::current(), kv);
+        drop(b);
+        assert_eq!(Tag::current(), Tag::DEFAULT);
+        assert!(!exit_region(u64::MAX));
+        assert_eq!(find("tags-test-w"), Some(w));
+        assert_eq!(find("tags-test-never-made"), None);
     }
 
     #[test]

@@ -192,6 +192,26 @@ pub unsafe fn copy_dtoh(ctx: &Context, dst: &mut [u8], src: CUdeviceptr) -> Resu
     })
 }
 
+/// Copies `len` bytes of device memory at `src` to host memory at `dst`, which
+/// need not be initialised (a fresh pinned buffer).
+///
+/// # Safety
+/// `src` must be valid device memory and `dst` valid, writable host memory, each
+/// of at least `len` bytes.
+pub unsafe fn copy_dtoh_raw(
+    ctx: &Context,
+    dst: *mut u8,
+    src: CUdeviceptr,
+    len: usize,
+) -> Result<()> {
+    let _g = ctx.push()?;
+    let drv = ctx.driver();
+    // SAFETY: forwarded to the caller.
+    check(drv, "cuMemcpyDtoH_v2", unsafe {
+        (drv.memcpy_dtoh)(dst.cast(), src, len)
+    })
+}
+
 /// Copies `len` bytes between device addresses.
 ///
 /// # Safety

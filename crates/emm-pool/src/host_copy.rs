@@ -46,20 +46,19 @@ impl HostCopy {
                 detail: format!("{len} bytes into a buffer of {}", self.capacity),
             });
         }
-        // SAFETY: `ptr` holds `capacity` >= `len` bytes, owned by `self`; the
-        // caller passes device memory of `len` bytes at `src`.
-        unsafe {
-            let dst = std::slice::from_raw_parts_mut(self.ptr, len);
-            emm_driver::memory::copy_dtoh(&self.ctx, dst, src)?;
-        }
+        // SAFETY: `ptr` holds `capacity` >= `len` writable bytes, owned by
+        // `self` (perhaps not initialised yet: the raw copy writes them without
+        // reading); the caller passes device memory of `len` bytes at `src`.
+        unsafe { emm_driver::memory::copy_dtoh_raw(&self.ctx, self.ptr, src, len)? };
         self.len = len;
         Ok(())
     }
 
     /// Copies the kept bytes to `dst` (device memory of at least `len` bytes).
     pub(crate) fn restore(&self, dst: CUdeviceptr) -> Result<()> {
-        // SAFETY: `ptr` holds `len` initialised bytes (written by `save`); the
-        // caller passes device memory of that size at `dst`.
+        // SAFETY: `ptr` holds `len` initialised bytes (written by `save`, which
+        // set `len`; 0 before, an empty slice); the caller passes device memory
+        // of that size at `dst`.
         unsafe {
             let src = std::slice::from_raw_parts(self.ptr, self.len);
             emm_driver::memory::copy_htod(&self.ctx, dst, src)?;

@@ -275,3 +275,44 @@ fn a_reset_while_paused_drops_the_pause_and_the_tag_allocates_again_after_resume
     drop(c);
     p.check().unwrap();
 }
+
+#[test]
+fn a_pool_and_its_tags_share_one_byte_limit_and_a_resume_past_it_waits() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = PoolManager::host(
+        64 << 30,
+        PoolConfig {
+            limit: Some(64 * MIB),
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let t = Tag::named("pause-limit").unwrap();
+    let plain = p.memalloc_async(40 * MIB, SYNC_STREAM).unwrap();
+    {
+        let _r = Region::of(t);
+        let e = p.memalloc_async(40 * MIB, SYNC_STREAM).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+    }
+    let tagged = {
+        let _r = Region::of(t);
+        p.memalloc_async(16 * MIB, SYNC_STREAM).unwrap()
+    };
+    assert!(p.stats().reserved_bytes <= 64 * MIB, "{:?}", p.stats());
+    // Paused memory leaves the budget; a resume that would pass the limit is
+    // refused and leaves the tag paused until there is room.
+    p.pause_tag(t, Keep::Nothing).unwrap();
+    let more = p.memalloc_async(20 * MIB, SYNC_STREAM).unwrap();
+    let e = p.resume_tag(t).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(p
+        .tag_stats()
+        .iter()
+        .any(|s| s.tag == "pause-limit" && s.paused));
+    drop(more);
+    p.trim();
+    p.resume_tag(t).unwrap();
+    assert!(p.stats().reserved_bytes <= 64 * MIB, "{:?}", p.stats());
+    drop((plain, tagged));
+    p.check().unwrap();
+}

@@ -200,7 +200,21 @@ fn a_failed_pause_changes_nothing() {
         // The fault cleared: the pause works.
         let r = router.pause(&[t], Keep::Host).unwrap();
         assert!(r.bytes >= 30 * MIB);
+        // A copy back that fails leaves the tag paused with its bytes kept; the
+        // next resume finishes.
+        f.s.fail_nth("cuMemcpyHtoD_v2", 1, CUresult::ERROR_UNKNOWN)
+            .unwrap();
+        assert!(router.resume(&[t]).is_err());
+        assert!(t.is_paused());
+        {
+            let _r = Region::of(t);
+            assert!(matches!(
+                m.memalloc_async(MIB, SYNC_STREAM),
+                Err(EmmError::TagState { .. })
+            ));
+        }
         router.resume(&[t]).unwrap();
+        assert!(!t.is_paused());
         assert_eq!(read(&f.ctx, b.ptr(), 30 * MIB), pattern(3, 30 * MIB));
         drop((b, c));
         m.release_cached().unwrap();

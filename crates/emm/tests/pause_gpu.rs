@@ -36,6 +36,13 @@ fn pause_gives_memory_to_the_device_and_resume_restores_contents() {
         m.memalloc_async(2048 * MIB, SYNC_STREAM).unwrap()
     };
     ctx.synchronize().unwrap();
+    // Work still queued on a side stream when the pause comes: the pause waits
+    // for it (the copy it keeps holds the stream's last writes).
+    let side = emm_driver::Stream::new(&ctx).unwrap();
+    for v in 0..8u8 {
+        // SAFETY: the block holds 1 GiB; the pause below waits for the stream.
+        unsafe { memory::memset_d8_async(blocks[3].ptr(), 0x20 + v, 1024 * MIB, &side) }.unwrap();
+    }
     let (free0, _) = ctx.mem_info().unwrap();
     let t = std::time::Instant::now();
     let r = emm::pause(&[w, kv], Keep::Host).unwrap();
@@ -68,8 +75,9 @@ fn pause_gives_memory_to_the_device_and_resume_restores_contents() {
         let mut out = vec![0u8; b.size()];
         // SAFETY: the block holds b.size() bytes.
         unsafe { memory::copy_dtoh(&ctx, &mut out, b.ptr()) }.unwrap();
+        let want = if i == 3 { 0x27 } else { 0x10 + i as u8 };
         assert!(
-            out.iter().all(|&x| x == 0x10 + i as u8),
+            out.iter().all(|&x| x == want),
             "block {i} ({} bytes) lost its contents",
             b.size()
         );

@@ -24,7 +24,7 @@ impl Arena {
         source: &dyn SegmentSource,
     ) -> Result<CUdeviceptr> {
         if let Some(limit) = self.limit {
-            if self.stats.reserved + seg > limit {
+            if self.family_reserved() + seg > limit {
                 let (free, total) = source.device_info();
                 return Err(EmmError::OutOfMemory {
                     what: "device",
@@ -50,8 +50,7 @@ impl Arena {
                 merged: false,
             },
         );
-        self.stats.reserved += seg;
-        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        self.add_reserved(seg);
         self.stats.upstream_allocs += 1;
         self.stats.segments += 1;
         self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
@@ -149,7 +148,11 @@ impl Arena {
         // request) before the same answer. Nothing has changed yet; the caller may
         // release its cache and ask again.
         let needed = target.need.saturating_sub(movable_bytes).min(fresh);
-        if needed > 0 && self.limit.is_none_or(|l| self.stats.reserved + fresh <= l) {
+        if needed > 0
+            && self
+                .limit
+                .is_none_or(|l| self.family_reserved() + fresh <= l)
+        {
             let (free, total) = source.device_info();
             if total > 0 && free < needed {
                 return Err(EmmError::OutOfMemory {
@@ -164,7 +167,7 @@ impl Arena {
         }
         let over_limit = self
             .limit
-            .filter(|&limit| self.stats.reserved + fresh > limit);
+            .filter(|&limit| self.family_reserved() + fresh > limit);
         let mut pieces = movable.clone();
         if over_limit.is_none() {
             pieces.extend(
@@ -185,7 +188,7 @@ impl Arena {
             }
             let have: usize = pieces[..mapped].iter().map(|p| p.1).sum();
             let want = grow.saturating_sub(have).min(room - have);
-            let limit = self.limit.filter(|&l| self.stats.reserved + want > l);
+            let limit = self.limit.filter(|&l| self.family_reserved() + want > l);
             if limit.is_some() {
                 // Out of memory under the byte limit, not the move's error.
                 over_limit = limit;
@@ -343,8 +346,7 @@ impl Arena {
                 );
             }
         }
-        self.stats.reserved += fresh;
-        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        self.add_reserved(fresh);
         if fresh > 0 {
             self.stats.upstream_allocs += 1;
             self.history.push(
@@ -546,7 +548,7 @@ impl Arena {
                 pieces.pop();
                 *size -= len;
             }
-            self.stats.reserved -= len;
+            self.sub_reserved(len);
             self.stats.upstream_frees += 1;
             self.history.push(
                 TraceAction::SegmentUnmap,
@@ -668,7 +670,7 @@ impl Arena {
             self.free_set(stream, kind).remove(&(size, base));
             self.blocks.remove(&base);
             self.segments.remove(&base);
-            self.stats.reserved -= size;
+            self.sub_reserved(size);
             self.stats.upstream_frees += 1;
             self.stats.segments -= 1;
             self.history
@@ -738,7 +740,8 @@ impl Arena {
         // A pause's unmapped pieces and kept bytes go with the blocks they held.
         self.paused = None;
         self.spare_copies.clear();
-        self.stats.reserved = 0;
+        let held = self.stats.reserved;
+        self.sub_reserved(held);
         self.stats.live = 0;
         self.stats.segments = self.segments.len();
         segs

@@ -157,12 +157,13 @@ impl Arena {
             ));
         }
         // (A pause holds its pieces' memory away; see `pause.rs`.)
-        let reserved: usize = self
+        let reserved = self
             .segments
             .values()
-            .map(|s| s.size - s.retired)
-            .sum::<usize>()
-            - self.paused_bytes();
+            .map(|s| s.size.checked_sub(s.retired))
+            .sum::<Option<usize>>()
+            .and_then(|r| r.checked_sub(self.paused_bytes()))
+            .ok_or_else(|| "retired or paused bytes above a segment's size".to_owned())?;
         if reserved != self.stats.reserved {
             return Err(format!(
                 "reserved {} by segments, {} by counter",

@@ -414,6 +414,9 @@ pub(crate) struct Arena {
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
     spare_copies: Vec<crate::host_copy::HostCopy>,
+    /// Reserved bytes of the pool's family (a pool and its tag pools), which
+    /// share its byte limit; `None`: this arena's alone.
+    budget: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 /// Where the expandable segment's address space stands.
@@ -445,6 +448,51 @@ impl Arena {
             policy,
             limit,
             ..Arena::default()
+        }
+    }
+
+    /// As [`Arena::new`], with the byte limit shared by every arena that counts
+    /// its reserved bytes in `budget` (a pool and its tag pools). Arenas check
+    /// it under their own locks: two growing at once can pass it by one growth.
+    pub fn with_budget(
+        policy: SegmentPolicy,
+        limit: Option<usize>,
+        budget: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Self {
+        Arena {
+            budget: Some(budget),
+            ..Arena::new(policy, limit)
+        }
+    }
+
+    /// Reserved bytes the byte limit is checked against: the family's (see
+    /// [`Arena::with_budget`]), else this arena's.
+    pub(crate) fn family_reserved(&self) -> usize {
+        match &self.budget {
+            Some(b) => b.load(std::sync::atomic::Ordering::Relaxed),
+            None => self.stats.reserved,
+        }
+    }
+
+    /// Counts `n` more bytes reserved (here and in the family's budget).
+    fn add_reserved(&mut self, n: usize) {
+        self.stats.reserved += n;
+        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        if let Some(b) = &self.budget {
+            b.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` bytes fewer reserved.
+    fn sub_reserved(&mut self, n: usize) {
+        self.stats.reserved = self.stats.reserved.saturating_sub(n);
+        if let Some(b) = &self.budget {
+            // (Never below zero: every byte subtracted was added by this arena.)
+            let _ = b.fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |v| Some(v.saturating_sub(n)),
+            );
         }
     }
 

@@ -57,12 +57,38 @@ impl Arena {
             .map_or(0, |p| p.pieces.iter().map(|&(_, l)| l).sum())
     }
 
+    /// Whether a pause could take the arena's memory now: `Err` (built by
+    /// `refuse`) when it holds live blocks outside its expandable segment (no
+    /// virtual memory management, or a segment an out-of-memory path made) or is
+    /// paused already. Nothing changes; [`Arena::pause`] checks the same again.
+    pub fn check_pausable(&self, refuse: &dyn Fn(&str) -> EmmError) -> Result<()> {
+        if self.paused.is_some() {
+            return Err(refuse("its memory is already paused"));
+        }
+        let outside = self.segments.iter().find(|(&base, s)| {
+            s.expandable.is_none()
+                && !matches!(self.blocks.get(&base), Some(b) if b.size == s.size && !matches!(b.state, State::Live))
+        });
+        if let Some((&base, _)) = outside {
+            return Err(refuse(&format!(
+                "it holds live blocks outside virtual memory (a segment at {base:#x} from cuMemAlloc: the pool has no virtual memory management here, or made the segment on an out-of-memory path)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Unmaps every piece of the expandable segment under a live block, keeping
     /// the address space (see the module's documentation); with `keep`, copies
     /// the live blocks to host memory first. `refuse` builds the error for memory
-    /// that cannot be paused. A failure leaves the arena as it was (pieces
-    /// unmapped before the failure are mapped again, and their blocks' bytes
-    /// copied back where they were kept).
+    /// that cannot be paused.
+    ///
+    /// The device is synchronized first: the work queued on the blocks, on any
+    /// stream, is done before their memory goes. A refusal changes nothing. A
+    /// driver failure while unmapping maps fresh memory again under the pieces
+    /// already unmapped and copies back the kept bytes (without `keep`, those
+    /// pieces' contents are lost); when even that fails, the arena is left paused
+    /// over what stays unmapped, so that no allocation lands there and a resume
+    /// can finish the job.
     pub fn pause(
         &mut self,
         keep: bool,
@@ -70,22 +96,23 @@ impl Arena {
         source: &dyn SegmentSource,
         refuse: &dyn Fn(&str) -> EmmError,
     ) -> Result<PauseReport> {
-        if self.paused.is_some() {
-            return Err(refuse("its memory is already paused"));
-        }
-        // Waits for every stream: the work queued on the blocks is done, and
-        // blocks freed on streams are free everywhere.
+        self.check_pausable(refuse)?;
+        // Every stream's work is done (consolidate alone does not synchronize
+        // when no free block waits on a stream: the usual case when a tag's
+        // blocks are all live), and blocks freed on streams are free everywhere.
+        self.stats.device_syncs += 1;
+        events.synchronize_all()?;
         self.consolidate(events)?;
-        // Wholly free segments outside the expandable one (none but after an
-        // out-of-memory ladder, or without virtual memory) go back; a live block
-        // left outside it cannot be paused.
+        // Wholly free segments outside the expandable one go back.
         self.release_whole_segments(source, None);
-        if let Some((&base, _)) = self.segments.iter().find(|(_, s)| s.expandable.is_none()) {
-            return Err(refuse(&format!(
-                "it holds live blocks outside virtual memory (a segment at {base:#x} from cuMemAlloc: the pool has no virtual memory management here, or made the segment on an out-of-memory path)"
-            )));
-        }
+        self.check_pausable(refuse)?;
         let Some(base) = self.grow_base.base() else {
+            // No memory to give back; paused all the same (no allocation here
+            // until the resume).
+            self.paused = Some(Paused {
+                pieces: Vec::new(),
+                kept: Vec::new(),
+            });
             return Ok(PauseReport::default());
         };
         self.unmap_retired(base, events, source, true);
@@ -120,41 +147,61 @@ impl Arena {
                 }
             }
         }
+        // Spare buffers no block of this pause needed go back: pinned memory
+        // does not pile up when the blocks' sizes change from pause to pause.
+        self.spare_copies.clear();
         for (i, &(off, len)) in pieces.iter().enumerate() {
             if let Err(e) = source.unmap_done(base + off as u64, len) {
-                // Put back what went: fresh memory, then the kept bytes (the
-                // rest of those pieces' contents is lost when nothing was kept).
-                let undone = self.map_runs(base, &pieces[..i], source);
-                for (addr, copy) in &kept {
-                    if let Err(e) = copy.restore(*addr) {
-                        tracing::error!(error = %e, addr, "restoring a block after a failed pause failed");
+                let gone = &pieces[..i];
+                match self.map_runs(base, gone, source) {
+                    Ok(()) => {
+                        for (addr, copy) in &kept {
+                            if let Err(e) = copy.restore(*addr) {
+                                tracing::error!(error = %e, addr, "restoring a block after a failed pause failed");
+                            }
+                        }
+                        self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
                     }
-                }
-                if let Err(again) = undone {
-                    tracing::error!(error = %again, "mapping memory again after a failed pause failed; those pieces stay unmapped");
+                    Err(again) => {
+                        tracing::error!(error = %again, "mapping memory again after a failed pause failed; the pool stays paused over what is unmapped, for a resume");
+                        self.hold_paused(base, gone.to_vec(), kept);
+                    }
                 }
                 return Err(e);
             }
             self.stats.pieces_unmapped += 1;
             report.bytes += len;
         }
-        self.stats.reserved -= report.bytes;
-        // The segment lists only mapped pieces: reset and drop unmap nothing of a
-        // paused arena (its address space still goes back).
+        self.hold_paused(base, pieces, kept);
+        Ok(report)
+    }
+
+    /// Records `pieces` (unmapped now) as paused with the `kept` copies: they
+    /// leave the segment's piece list (so reset and drop unmap nothing of them)
+    /// and the reserved bytes.
+    fn hold_paused(
+        &mut self,
+        base: CUdeviceptr,
+        pieces: Vec<(usize, usize)>,
+        kept: Vec<(CUdeviceptr, HostCopy)>,
+    ) {
+        let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
+        self.sub_reserved(bytes);
         if let Some(e) = self
             .segments
             .get_mut(&base)
             .and_then(|s| s.expandable.as_mut())
         {
-            e.pieces.clear();
+            e.pieces.retain(|p| pieces.binary_search(p).is_err());
         }
         self.paused = Some(Paused { pieces, kept });
-        Ok(report)
     }
 
     /// Maps fresh memory under the pieces the pause unmapped, at the same
-    /// addresses, and copies back the kept bytes (the host copies are freed). A
-    /// failure (out of memory) unmaps what it mapped and leaves the arena paused.
+    /// addresses, as pieces of up to [`RESUME_PIECE`], and copies back the kept
+    /// bytes (the buffers stay for the next pause). Resuming past the pool's byte
+    /// limit, out of memory, or a failed copy back leaves the arena paused as it
+    /// was (what this call mapped is unmapped again), to be tried again.
     pub fn resume(&mut self, source: &dyn SegmentSource) -> Result<PauseReport> {
         let Some(paused) = self.paused.take() else {
             return Ok(PauseReport::default());
@@ -163,11 +210,46 @@ impl Arena {
             return Ok(PauseReport::default());
         };
         let fresh = coalesce(&paused.pieces, RESUME_PIECE);
+        let bytes: usize = fresh.iter().map(|&(_, l)| l).sum();
+        if let Some(limit) = self.limit {
+            if self.family_reserved() + bytes > limit {
+                let free = limit.saturating_sub(self.family_reserved());
+                self.paused = Some(paused);
+                return Err(EmmError::OutOfMemory {
+                    what: "device",
+                    manager: "pool".into(),
+                    requested: bytes,
+                    free,
+                    total: limit,
+                    detail: format!(
+                        "resuming would pass the pool's byte limit of {}",
+                        emm_core::fmt_bytes(limit)
+                    ),
+                });
+            }
+        }
         if let Err(e) = self.map_runs(base, &fresh, source) {
             self.paused = Some(paused);
             return Err(e);
         }
-        let bytes: usize = fresh.iter().map(|&(_, l)| l).sum();
+        let mut report = PauseReport::new(bytes, 0, 0);
+        for (addr, copy) in &paused.kept {
+            if let Err(e) = copy.restore(*addr) {
+                // Back to paused: unmap what was mapped (the kept bytes stay).
+                for &(off, len) in &fresh {
+                    if let Err(again) = source.unmap_done(base + off as u64, len) {
+                        tracing::error!(error = %again, off, len, "unmapping after a failed copy back failed");
+                    }
+                }
+                self.paused = Some(Paused {
+                    pieces: fresh,
+                    kept: paused.kept,
+                });
+                return Err(e);
+            }
+            report.copied_bytes += copy.len();
+            report.blocks_copied += 1;
+        }
         if let Some(e) = self
             .segments
             .get_mut(&base)
@@ -177,28 +259,12 @@ impl Arena {
             e.pieces.extend_from_slice(&fresh);
             e.pieces.sort_unstable();
         }
-        self.stats.reserved += bytes;
-        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        self.add_reserved(bytes);
         self.stats.pieces_mapped += fresh.len();
-        let mut report = PauseReport::new(bytes, 0, 0);
-        let mut failed = None;
-        for (addr, copy) in paused.kept {
-            if failed.is_none() {
-                match copy.restore(addr) {
-                    Ok(()) => {
-                        report.copied_bytes += copy.len();
-                        report.blocks_copied += 1;
-                    }
-                    Err(e) => failed = Some(e),
-                }
-            }
-            // Kept for the next pause (see `host_copy.rs`).
-            self.spare_copies.push(copy);
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(report),
-        }
+        // Kept for the next pause (see `host_copy.rs`).
+        self.spare_copies
+            .extend(paused.kept.into_iter().map(|(_, c)| c));
+        Ok(report)
     }
 
     /// The smallest spare pinned buffer with room for `size` bytes, taken.

@@ -174,7 +174,7 @@ impl Arena {
         self.retire(base, &run, to);
         self.make_gap(first);
         *block = (to, (block.0 + block.1 as u64 - to) as usize);
-        self.stats.reserved -= len;
+        self.sub_reserved(len);
         self.stats.upstream_frees += 1;
         self.history.push(TraceAction::SegmentUnmap, first, len, 0);
         len

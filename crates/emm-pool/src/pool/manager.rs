@@ -83,9 +83,10 @@ impl PoolManager {
             &PoolUpstream::Host { capacity, touch } => Recipe::Host { capacity, touch },
             PoolUpstream::Custom(..) => Recipe::None,
         };
+        let budget = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         Ok(PoolManager {
-            core: make_core(upstream, config)?,
-            tags: TagPools::new(recipe),
+            core: make_core(upstream, config, budget.clone())?,
+            tags: TagPools::new(recipe, budget),
         })
     }
 
@@ -143,11 +144,18 @@ impl PoolManager {
 }
 
 impl PoolManager {
-    /// Sets every peak (allocated, active, reserved, segments) to its current value.
+    /// Sets every peak (allocated, active, reserved, segments) to its current
+    /// value, the tag pools' too.
     pub fn reset_peak_stats(&self) {
         let mut arena = self.core.lock();
         let (bytes, blocks) = self.core.allocated_now(&arena);
         arena.stats.reset_peaks(bytes, blocks);
+        drop(arena);
+        for t in self.tags.all() {
+            let mut a = t.core.lock();
+            let (bytes, blocks) = t.core.allocated_now(&a);
+            a.stats.reset_peaks(bytes, blocks);
+        }
     }
 
     /// Records the allocation history in a ring of the latest `max_entries`
@@ -155,11 +163,15 @@ impl PoolManager {
     /// takes the pool's lock to record itself; off, the lock-free path reads one
     /// relaxed flag.
     pub fn record_history(&self, max_entries: usize) {
-        let mut arena = self.core.lock();
-        arena.history.set_capacity(max_entries);
-        self.core
-            .recording
-            .store(max_entries > 0, Ordering::Relaxed);
+        for core in std::iter::once(self.core.clone())
+            .chain(self.tags.all().into_iter().map(|t| t.core.clone()))
+        {
+            let mut arena = core.lock();
+            arena.history.set_capacity(max_entries);
+            core.recording.store(max_entries > 0, Ordering::Relaxed);
+        }
+        // Tag pools made later record too.
+        self.tags.set_history(max_entries);
     }
 
     /// Segments, blocks, the recorded history and the statistics, taken under the
@@ -175,7 +187,7 @@ impl PoolManager {
         self.core.flush_thread(&mut arena);
         let mut stats = self.stats_locked(&mut arena);
         let mut segments = arena.snapshot_segments();
-        let trace = arena.history.entries();
+        let mut trace = arena.history.entries();
         drop(arena);
         // Tag pools, each under its own lock after the pool's.
         for t in self.tags.all() {
@@ -183,8 +195,11 @@ impl PoolManager {
             t.core.flush_thread(&mut a);
             stats.absorb(&core_stats(&t.core, &mut a));
             segments.extend(a.snapshot_segments());
+            trace.extend(a.history.entries());
         }
         segments.sort_by_key(|s| s.address);
+        // (Stable: each pool's entries keep their order at equal times.)
+        trace.sort_by_key(|e| e.time_us);
         MemorySnapshot {
             segments,
             trace,
@@ -241,6 +256,12 @@ impl PoolManager {
     /// next trim, reset or drop.
     pub fn refused_bytes(&self) -> usize {
         self.core.refused.bytes()
+            + self
+                .tags
+                .all()
+                .iter()
+                .map(|t| t.core.refused.bytes())
+                .sum::<usize>()
     }
 
     /// Checks the pool's internal consistency (for tests); returns what is wrong.
@@ -491,6 +512,10 @@ impl MemoryManager for PoolManager {
 
     fn pause_tag(&self, tag: Tag, keep: Keep) -> Result<PauseReport> {
         self.tags.pause(tag, &self.core.config, keep == Keep::Host)
+    }
+
+    fn check_pause_tag(&self, tag: Tag) -> Result<()> {
+        self.tags.check_pause(tag)
     }
 
     fn resume_tag(&self, tag: Tag) -> Result<PauseReport> {

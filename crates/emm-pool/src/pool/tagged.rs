@@ -11,6 +11,7 @@
 //! exclusively, so once the tag is marked paused no allocation under it is in
 //! flight when its memory goes.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 
 use emm_core::{DeviceAllocation, PauseReport, Result, Tag, TagStats};
@@ -48,15 +49,27 @@ pub(super) struct TagPool {
 /// A pool's tag pools, indexed by [`Tag::index`].
 pub(super) struct TagPools {
     recipe: Recipe,
+    /// The family's reserved bytes, against the parent's byte limit.
+    budget: Arc<AtomicUsize>,
+    /// History entries each tag pool records (the parent's `record_history`).
+    history: AtomicUsize,
     pools: RwLock<Vec<Option<Arc<TagPool>>>>,
 }
 
 impl TagPools {
-    pub(super) fn new(recipe: Recipe) -> TagPools {
+    pub(super) fn new(recipe: Recipe, budget: Arc<AtomicUsize>) -> TagPools {
         TagPools {
             recipe,
+            budget,
+            history: AtomicUsize::new(0),
             pools: RwLock::new(Vec::new()),
         }
+    }
+
+    /// Tag pools made from now on record `max_entries` history entries.
+    pub(super) fn set_history(&self, max_entries: usize) {
+        self.history
+            .store(max_entries, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether tags are kept (the parent's upstream can be made again).
@@ -106,7 +119,13 @@ impl TagPools {
                 })
             }
         };
-        let core = make_core(upstream, config)?;
+        let core = make_core(upstream, config, self.budget.clone())?;
+        let history = self.history.load(std::sync::atomic::Ordering::Relaxed);
+        if history > 0 {
+            core.lock().history.set_capacity(history);
+            core.recording
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let pool = Arc::new(TagPool {
             tag,
             core,
@@ -151,9 +170,28 @@ impl TagPools {
         if *paused {
             return Err(tag.state_error("pause", "its memory here is already paused"));
         }
-        let r = pool.core.pause(tag, keep)?;
-        *paused = true;
-        Ok(r)
+        let r = pool.core.pause(tag, keep);
+        // (A failure that could not put the memory back leaves it paused.)
+        *paused = pool.core.lock().is_paused();
+        r
+    }
+
+    /// Whether `tag`'s pool could be paused now (see `Arena::check_pausable`);
+    /// a tag that never allocated here can.
+    pub(super) fn check_pause(&self, tag: Tag) -> Result<()> {
+        if !self.enabled() {
+            return Err(emm_core::EmmError::Unsupported {
+                manager: "pool over a custom upstream (it keeps no tags)".into(),
+                operation: "pause",
+            });
+        }
+        match self.get(tag) {
+            Some(pool) => {
+                let refuse = |found: &str| tag.state_error("pause", found);
+                pool.core.lock().check_pausable(&refuse)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Resumes `tag`'s pool.
@@ -171,9 +209,9 @@ impl TagPools {
         if !*paused {
             return Ok(PauseReport::default());
         }
-        let r = pool.core.resume()?;
-        *paused = false;
-        Ok(r)
+        let r = pool.core.resume();
+        *paused = pool.core.lock().is_paused();
+        r
     }
 
     /// Each tag pool's figures.

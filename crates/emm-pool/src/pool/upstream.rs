@@ -38,7 +38,14 @@ pub enum PoolUpstream {
 
 /// The shared state of a pool over `upstream` with `config` (a pool's own, or
 /// a tag pool's).
-pub(super) fn make_core(upstream: PoolUpstream, config: PoolConfig) -> Result<Arc<Core>> {
+/// The shared state of a pool over `upstream` with `config`, counting its
+/// reserved bytes in `budget` (shared by a pool and its tag pools, which share
+/// its byte limit).
+pub(super) fn make_core(
+    upstream: PoolUpstream,
+    config: PoolConfig,
+    budget: Arc<AtomicUsize>,
+) -> Result<Arc<Core>> {
     let seg = &config.segments;
     for (name, value) in [
         ("segments.large_round", seg.large_round),
@@ -112,7 +119,7 @@ pub(super) fn make_core(upstream: PoolUpstream, config: PoolConfig) -> Result<Ar
     Ok(Arc::new(Core {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         name,
-        arena: Mutex::new(Arena::new(config.segments, limit)),
+        arena: Mutex::new(Arena::with_budget(config.segments, limit, budget)),
         upstream: up,
         vmm,
         events,
