@@ -91,7 +91,9 @@ def pause(tags: Union[str, Iterable[str]], keep: str = "none") -> Dict[str, int]
     """Gives back to the device the memory of the blocks allocated under ``tags``
     (a name or several), on every device, keeping their addresses; with
     ``keep="host"`` their bytes are copied to pinned host memory first and come
-    back with :func:`resume`. All or nothing: on failure no tag is paused.
+    back with :func:`resume`. Refusals change nothing; after a driver failure in
+    the middle, a tag some manager could not give its memory back to stays
+    paused (``tag_stats(tag)["paused"]``) and :func:`resume` finishes the job.
     Returns ``{"bytes": given back, "copied_bytes": copied}``."""
     if keep not in _KEEP:
         raise ValueError(f"keep must be 'none' or 'host', not {keep!r}")

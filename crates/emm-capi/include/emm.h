@@ -698,7 +698,9 @@ emm_status emm_region_exit(uint64_t region);
  * while their addresses stay reserved. `keep` is `EMM_KEEP_NOTHING` or
  * `EMM_KEEP_HOST` (the live blocks' bytes copied to pinned host memory first).
  * `*bytes` (may be NULL) receives the bytes given back, `*copied` (may be NULL)
- * those copied. All or nothing: on failure no tag is paused. `"default"`, a tag
+ * those copied. Refusals change nothing; after a driver failure in the middle,
+ * a tag some manager could not give its memory back to stays paused (see
+ * `emm_tag_stats`), and `emm_resume` finishes the job. `"default"`, a tag
  * already paused, memory that cannot be paused (no virtual memory management),
  * or a CUDA graph capture in progress through PyTorch's allocator object is
  * `EMM_ERR_TAG_STATE`; a synchronization the driver refuses (a capture begun

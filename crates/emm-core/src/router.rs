@@ -60,8 +60,6 @@ struct State {
 #[derive(Default)]
 pub struct Router {
     state: RwLock<State>,
-    /// Held across a pause or a resume: they run one at a time.
-    pausing: std::sync::Mutex<()>,
     /// The configuration this router closes when it creates its first manager
     /// (the process-wide one for [`Router::global`]).
     config: Option<&'static Config>,
@@ -261,7 +259,7 @@ impl Router {
     /// the device memory of its blocks under the tag, keeping their addresses
     /// ([`MemoryManager::pause_tag`]; with [`Keep::Host`] their contents go to
     /// host memory first). Returns what was given back, summed. Pauses and
-    /// resumes of the process run one at a time.
+    /// resumes of the process run one at a time (every router's).
     ///
     /// Refusals change nothing: a tag that is `"default"` or already paused, and
     /// a manager that cannot pause (memory without virtual memory management, a
@@ -275,7 +273,9 @@ impl Router {
     /// so that a later [`resume`](Router::resume) finishes the job.
     pub fn pause(&self, tags: &[Tag], keep: Keep) -> Result<PauseReport> {
         crate::check_not_forked()?;
-        let _one = self.pausing.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = crate::tags::PAUSING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut unique: Vec<Tag> = Vec::new();
         for &t in tags {
             if !unique.contains(&t) {
@@ -303,8 +303,13 @@ impl Router {
                 }
             }
         }
-        for &t in &unique {
-            t.set_paused(true)?;
+        for (i, &t) in unique.iter().enumerate() {
+            if let Err(e) = t.set_paused(true) {
+                for &done in &unique[..i] {
+                    let _ = done.set_paused(false);
+                }
+                return Err(e);
+            }
         }
         let mut total = PauseReport::default();
         let mut done: Vec<(Arc<dyn MemoryManager>, Tag)> = Vec::new();
@@ -354,7 +359,9 @@ impl Router {
     /// paused).
     pub fn resume(&self, tags: &[Tag]) -> Result<PauseReport> {
         crate::check_not_forked()?;
-        let _one = self.pausing.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = crate::tags::PAUSING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut unique: Vec<Tag> = Vec::new();
         for &t in tags {
             if !unique.contains(&t) {

@@ -53,6 +53,10 @@ static REGISTRY: RwLock<Registry> = RwLock::new(Registry {
     paused: Vec::new(),
 });
 
+/// Held across a pause or a resume by every router of the process: the tags'
+/// states are process-wide, so pauses and resumes run one at a time.
+pub(crate) static PAUSING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The tag of allocations made now (0: `"default"`).
 static CURRENT: AtomicU32 = AtomicU32::new(0);
 

@@ -371,3 +371,52 @@ fn allocations_from_other_threads_carry_the_open_region() {
     drop(blocks);
     m.release_cached().unwrap();
 }
+
+#[test]
+fn a_pause_that_cannot_put_its_memory_back_stays_paused_until_a_resume() {
+    let f = fixture();
+    let before_all = snapshot(&f.s);
+    {
+        let router = router();
+        let m = router.manager(&f.ctx).unwrap();
+        let t = Tag::named("standin-stuck").unwrap();
+        let b = {
+            let _r = Region::of(t);
+            m.memalloc_async(30 * MIB, SYNC_STREAM).unwrap()
+        };
+        write(&f.ctx, b.ptr(), &pattern(4, 30 * MIB));
+        // The second unmap fails, and so does mapping the first piece again.
+        f.s.fail_nth("cuMemUnmap", 2, CUresult::ERROR_UNKNOWN)
+            .unwrap();
+        f.s.fail_nth("cuMemCreate", 1, CUresult::ERROR_OUT_OF_MEMORY)
+            .unwrap();
+        assert!(router.pause(&[t], Keep::Host).is_err());
+        // Some of its memory is gone: the tag stays paused and refuses
+        // allocations, and says so.
+        assert!(t.is_paused());
+        let s = router
+            .tag_stats()
+            .into_iter()
+            .find(|(_, s)| s.tag == "standin-stuck")
+            .unwrap()
+            .1;
+        assert!(s.paused && s.paused_bytes > 0, "{s:?}");
+        {
+            let _r = Region::of(t);
+            assert!(matches!(
+                m.memalloc_async(MIB, SYNC_STREAM),
+                Err(EmmError::TagState { .. })
+            ));
+        }
+        router.resume(&[t]).unwrap();
+        assert_eq!(read(&f.ctx, b.ptr(), 30 * MIB), pattern(4, 30 * MIB));
+        drop(b);
+        m.release_cached().unwrap();
+    }
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        snapshot(&f.s),
+        before_all,
+        "the stand-in's live resources changed"
+    );
+}

@@ -162,9 +162,11 @@ impl Arena {
                         }
                         self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
                     }
-                    Err(again) => {
+                    Err((again, left)) => {
+                        // (Pieces the failed remap mapped and could not unmap
+                        // again stay the segment's, as those not reached.)
                         tracing::error!(error = %again, "mapping memory again after a failed pause failed; the pool stays paused over what is unmapped, for a resume");
-                        self.hold_paused(base, gone.to_vec(), kept);
+                        self.settle_paused(base, gone.to_vec(), left, kept, true);
                     }
                 }
                 return Err(e);
@@ -172,27 +174,31 @@ impl Arena {
             self.stats.pieces_unmapped += 1;
             report.bytes += len;
         }
-        self.hold_paused(base, pieces, kept);
+        self.hold_paused(base, pieces, kept, true);
         Ok(report)
     }
 
-    /// Records `pieces` (unmapped now) as paused with the `kept` copies: they
-    /// leave the segment's piece list (so reset and drop unmap nothing of them)
-    /// and the reserved bytes.
+    /// Records `pieces` (unmapped now) as paused with the `kept` copies. With
+    /// `counted` (pieces a pause unmapped, still in the segment's list and in the
+    /// reserved bytes) they leave both (so reset and drop unmap nothing of them);
+    /// without (fresh pieces of a failed resume) they were never in either.
     fn hold_paused(
         &mut self,
         base: CUdeviceptr,
         pieces: Vec<(usize, usize)>,
         kept: Vec<(CUdeviceptr, HostCopy)>,
+        counted: bool,
     ) {
-        let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
-        self.sub_reserved(bytes);
-        if let Some(e) = self
-            .segments
-            .get_mut(&base)
-            .and_then(|s| s.expandable.as_mut())
-        {
-            e.pieces.retain(|p| pieces.binary_search(p).is_err());
+        if counted {
+            let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
+            self.sub_reserved(bytes);
+            if let Some(e) = self
+                .segments
+                .get_mut(&base)
+                .and_then(|s| s.expandable.as_mut())
+            {
+                e.pieces.retain(|p| pieces.binary_search(p).is_err());
+            }
         }
         self.paused = Some(Paused { pieces, kept });
     }
@@ -228,23 +234,20 @@ impl Arena {
                 });
             }
         }
-        if let Err(e) = self.map_runs(base, &fresh, source) {
-            self.paused = Some(paused);
+        if let Err((e, left)) = self.map_runs(base, &fresh, source) {
+            if left.is_empty() {
+                self.paused = Some(paused);
+            } else {
+                self.settle_paused(base, fresh, left, paused.kept, false);
+            }
             return Err(e);
         }
         let mut report = PauseReport::new(bytes, 0, 0);
         for (addr, copy) in &paused.kept {
             if let Err(e) = copy.restore(*addr) {
                 // Back to paused: unmap what was mapped (the kept bytes stay).
-                for &(off, len) in &fresh {
-                    if let Err(again) = source.unmap_done(base + off as u64, len) {
-                        tracing::error!(error = %again, off, len, "unmapping after a failed copy back failed");
-                    }
-                }
-                self.paused = Some(Paused {
-                    pieces: fresh,
-                    kept: paused.kept,
-                });
+                let left = unmap_pieces(base, &fresh, source);
+                self.settle_paused(base, fresh, left, paused.kept, false);
                 return Err(e);
             }
             report.copied_bytes += copy.len();
@@ -310,13 +313,14 @@ impl Arena {
 
     /// Maps fresh memory under `pieces` (`(offset, len)` of the segment at `base`,
     /// in address order), one `map_pieces` call per run of adjacent pieces. On a
-    /// failure, unmaps what this call mapped and returns the error.
+    /// failure, unmaps what this call mapped and returns the error with the
+    /// pieces that would not unmap (still mapped).
     fn map_runs(
         &mut self,
         base: CUdeviceptr,
         pieces: &[(usize, usize)],
         source: &dyn SegmentSource,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), (EmmError, Vec<(usize, usize)>)> {
         let mut mapped: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
         while i < pieces.len() {
@@ -330,21 +334,70 @@ impl Arena {
             }
             let (n, r) = source.map_pieces(base + start as u64, &run);
             let mut at = start;
-            for &(_, len) in &run[..n] {
+            for &(_, len) in run.iter().take(n) {
                 mapped.push((at, len));
                 at += len;
             }
             if let Err(e) = r {
-                for &(off, len) in &mapped {
-                    if let Err(again) = source.unmap_done(base + off as u64, len) {
-                        tracing::error!(error = %again, off, len, "unmapping after a failed resume failed");
-                    }
-                }
-                return Err(e);
+                let left = unmap_pieces(base, &mapped, source);
+                return Err((e, left));
             }
         }
         Ok(())
     }
+
+    /// After a failure that left `left` mapped out of pieces meant to be
+    /// unmapped: those stay the segment's (mapped, counted reserved); the rest of
+    /// `unmapped` (a layout covering what is unmapped) is held paused with `kept`
+    /// (`counted`: as [`Arena::hold_paused`]).
+    fn settle_paused(
+        &mut self,
+        base: CUdeviceptr,
+        unmapped: Vec<(usize, usize)>,
+        left: Vec<(usize, usize)>,
+        kept: Vec<(CUdeviceptr, HostCopy)>,
+        counted: bool,
+    ) {
+        let still: Vec<(usize, usize)> = unmapped
+            .into_iter()
+            .filter(|p| left.binary_search(p).is_err())
+            .collect();
+        // `left` pieces may not be in the segment's list (fresh pieces of a
+        // resume): they are mapped memory, so they join it and count.
+        let mut joined = 0;
+        if let Some(e) = self
+            .segments
+            .get_mut(&base)
+            .and_then(|s| s.expandable.as_mut())
+        {
+            for p in &left {
+                if e.pieces.binary_search(p).is_err() {
+                    e.pieces.push(*p);
+                    joined += p.1;
+                }
+            }
+            e.pieces.sort_unstable();
+        }
+        self.add_reserved(joined);
+        self.hold_paused(base, still, kept, counted);
+    }
+}
+
+/// Unmaps `pieces` of the segment at `base` (the device is done with them);
+/// returns those the driver would not unmap (still mapped), in address order.
+fn unmap_pieces(
+    base: CUdeviceptr,
+    pieces: &[(usize, usize)],
+    source: &dyn SegmentSource,
+) -> Vec<(usize, usize)> {
+    let mut left = Vec::new();
+    for &(off, len) in pieces {
+        if let Err(e) = source.unmap_done(base + off as u64, len) {
+            tracing::error!(error = %e, off, len, "unmapping a piece after a failed pause or resume failed; it stays mapped");
+            left.push((off, len));
+        }
+    }
+    left
 }
 
 /// `pieces` (`(offset, len)`, address order) with adjacent ones joined while the

@@ -188,7 +188,16 @@ impl TagPools {
         match self.get(tag) {
             Some(pool) => {
                 let refuse = |found: &str| tag.state_error("pause", found);
-                pool.core.lock().check_pausable(&refuse)
+                // Blocks parked in threads' caches are free: back first, as the
+                // pause itself does.
+                let mut arena = pool.core.lock();
+                pool.core.flush_thread(&mut arena);
+                let gen = pool
+                    .core
+                    .generation
+                    .load(std::sync::atomic::Ordering::Acquire);
+                pool.core.reclaim_cached(&mut arena, None, gen);
+                arena.check_pausable(&refuse)
             }
             None => Ok(()),
         }
