@@ -246,8 +246,7 @@ pub trait MemoryManager: Send + Sync {
     /// calls this on every manager after marking the tag paused); with
     /// [`Keep::Host`] their contents are copied to host memory first. The default:
     /// [`EmmError::Unsupported`].
-    fn pause_tag(&self, tag: Tag, keep: Keep) -> Result<PauseReport> {
-        let _ = (tag, keep);
+    fn pause_tag(&self, _tag: Tag, _keep: Keep) -> Result<PauseReport> {
         Err(EmmError::Unsupported {
             manager: self.name().into(),
             operation: "pause",
@@ -258,8 +257,7 @@ pub trait MemoryManager: Send + Sync {
     /// cannot be paused, a tag already paused here), without changing anything:
     /// the router asks every manager before any pauses. The default:
     /// [`EmmError::Unsupported`].
-    fn check_pause_tag(&self, tag: Tag) -> Result<()> {
-        let _ = tag;
+    fn check_pause_tag(&self, _tag: Tag) -> Result<()> {
         Err(EmmError::Unsupported {
             manager: self.name().into(),
             operation: "pause",
@@ -269,8 +267,7 @@ pub trait MemoryManager: Send + Sync {
     /// Maps fresh memory under the blocks [`pause_tag`](Self::pause_tag) unmapped,
     /// at the same addresses, and copies back what it kept. The default:
     /// [`EmmError::Unsupported`].
-    fn resume_tag(&self, tag: Tag) -> Result<PauseReport> {
-        let _ = tag;
+    fn resume_tag(&self, _tag: Tag) -> Result<PauseReport> {
         Err(EmmError::Unsupported {
             manager: self.name().into(),
             operation: "resume",

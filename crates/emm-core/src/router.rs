@@ -276,12 +276,7 @@ impl Router {
         let _one = crate::tags::PAUSING
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut unique: Vec<Tag> = Vec::new();
-        for &t in tags {
-            if !unique.contains(&t) {
-                unique.push(t);
-            }
-        }
+        let unique = distinct(tags);
         for &t in &unique {
             if t == Tag::DEFAULT {
                 return Err(t.state_error(
@@ -362,12 +357,7 @@ impl Router {
         let _one = crate::tags::PAUSING
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut unique: Vec<Tag> = Vec::new();
-        for &t in tags {
-            if !unique.contains(&t) {
-                unique.push(t);
-            }
-        }
+        let unique = distinct(tags);
         for &t in &unique {
             if !t.is_paused() {
                 return Err(t.state_error("resume", "it is not paused"));
@@ -504,6 +494,17 @@ pub fn alloc_managed_from(
     attach: ManagedAttach,
 ) -> Result<ManagedMemory> {
     Router::global().alloc_managed_from(manager, size, attach)
+}
+
+/// `tags` without repeats, in their first order.
+fn distinct(tags: &[Tag]) -> Vec<Tag> {
+    let mut out: Vec<Tag> = Vec::with_capacity(tags.len());
+    for &t in tags {
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
 }
 
 /// [`Router::pause`] on the process-wide router.

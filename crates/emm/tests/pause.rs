@@ -30,6 +30,17 @@ fn router() -> Router {
     r
 }
 
+/// The router's statistics of the tag named `name` (the default's when no
+/// manager has that tag).
+fn stats_of(router: &Router, name: &str) -> emm::TagStats {
+    router
+        .tag_stats()
+        .into_iter()
+        .find(|(_, s)| s.tag == name)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| seed.wrapping_add((i % 251) as u8))
@@ -242,13 +253,7 @@ fn a_second_pause_reuses_the_pinned_buffers_and_a_trim_frees_them() {
                 .map(|&n| m.memalloc_async(n, SYNC_STREAM).unwrap())
                 .collect()
         };
-        let host = |router: &Router| {
-            router
-                .tag_stats()
-                .into_iter()
-                .find(|(_, s)| s.tag == "standin-reuse")
-                .map_or(0, |(_, s)| s.host_copy_bytes)
-        };
+        let host = |router: &Router| stats_of(router, "standin-reuse").host_copy_bytes;
         router.pause(&[t], Keep::Host).unwrap();
         let held = host(&router);
         assert!(held >= 8 * MIB, "{held}");
@@ -358,12 +363,7 @@ fn allocations_from_other_threads_carry_the_open_region() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         })
     };
-    let s = router
-        .tag_stats()
-        .into_iter()
-        .find(|(_, s)| s.tag == "standin-threads")
-        .unwrap()
-        .1;
+    let s = stats_of(&router, "standin-threads");
     assert!(s.allocated_bytes >= 12 * MIB, "{s:?}");
     let r = router.pause(&[t], Keep::Nothing).unwrap();
     assert!(r.bytes >= 12 * MIB, "{r:?}");
@@ -394,12 +394,7 @@ fn a_pause_that_cannot_put_its_memory_back_stays_paused_until_a_resume() {
         // Some of its memory is gone: the tag stays paused and refuses
         // allocations, and says so.
         assert!(t.is_paused());
-        let s = router
-            .tag_stats()
-            .into_iter()
-            .find(|(_, s)| s.tag == "standin-stuck")
-            .unwrap()
-            .1;
+        let s = stats_of(&router, "standin-stuck");
         assert!(s.paused && s.paused_bytes > 0, "{s:?}");
         {
             let _r = Region::of(t);

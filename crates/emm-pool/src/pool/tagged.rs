@@ -146,7 +146,6 @@ impl TagPools {
         size: usize,
         stream: CUstream,
     ) -> Result<DeviceAllocation> {
-        tag.check_active("allocate")?;
         let pool = self.get_or_make(tag, config)?;
         let paused = pool.gate.read().unwrap_or_else(|p| p.into_inner());
         if *paused {
