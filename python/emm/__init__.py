@@ -50,10 +50,12 @@ from ._lib import (
     ForkedError,
     Manager,
     OutOfMemoryError,
+    Setting,
     TagStateError,
     configure,
     library_path,
     load,
+    settings,
     take_warnings,
 )
 from ._replay import replay
@@ -67,6 +69,7 @@ __all__ = [
     "ForkedError",
     "Manager",
     "OutOfMemoryError",
+    "Setting",
     "TagStateError",
     "configure",
     "library_path",
@@ -75,6 +78,7 @@ __all__ = [
     "region",
     "replay",
     "resume",
+    "settings",
     "tag_stats",
     "take_warnings",
 ]

@@ -16,7 +16,7 @@ import os
 import pathlib
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "ABI_NEEDED",
@@ -203,8 +203,10 @@ _LIB: Optional[ctypes.CDLL] = None
 # memory; 305 emm_torch_record_stream; 306 emm_torch_release; 307 PyTorch's memory
 # tools for the native object (emm_torch_memory_stats, ...); 308 its CUDA graph
 # pools (emm_torch_graph_pool_begin, ...); 309 EMM_ERR_FORKED (ForkedError); 310
-# tags, pause and resume (emm_region_enter, emm_pause, ...; TagStateError).
-ABI_NEEDED = 310
+# tags, pause and resume (emm_region_enter, emm_pause, ...; TagStateError); 311
+# emm_settings (the list of settings, which configure() and settings() read) and
+# run-time settings.
+ABI_NEEDED = 311
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -215,6 +217,12 @@ class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
         "allocations", "upstream_allocs")]
+
+
+class _Setting(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("env", ctypes.c_char_p), ("kind", ctypes.c_char_p),
+                ("default_value", ctypes.c_char_p), ("doc", ctypes.c_char_p),
+                ("runtime", ctypes.c_int)]
 
 
 def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
@@ -230,6 +238,7 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_last_error_code": ([], ctypes.c_int),
         "emm_last_oom": ([szp, szp, szp], ctypes.c_int),
         "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
+        "emm_settings": ([ctypes.POINTER(_Setting), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_capture_warnings": ([ctypes.c_int], ctypes.c_int),
         "emm_take_warning": ([ctypes.c_char_p, ctypes.c_size_t, szp, intp], ctypes.c_int),
         "emm_manager_create": ([ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),
@@ -362,7 +371,34 @@ def _check(lib: ctypes.CDLL, status: int) -> None:
         _raise_last(lib, status)
 
 
-# configure(): Python keyword -> C key, and how the value is checked and spelled.
+class Setting(NamedTuple):
+    """One setting :func:`configure` knows, as the library declares it: ``name``
+    (the keyword), ``env`` (the environment variable that wins over it), ``kind``
+    (``"bytes"``, ``"bytes_or_max"``, ``"bool"``, ``"count"``, ``"ratio"`` or
+    ``"manager"``), ``default`` (as users write it), ``runtime`` (``True``: it may
+    change while managers serve) and ``doc``."""
+    name: str
+    env: str
+    kind: str
+    default: str
+    runtime: bool
+    doc: str
+
+
+def settings() -> List[Setting]:
+    """Every setting :func:`configure` takes, read from the library (each is declared
+    once, by the Rust crate that reads it), in the order of the documentation."""
+    lib = load()
+    count = ctypes.c_size_t()
+    _check(lib, lib.emm_settings(None, 0, ctypes.byref(count)))
+    table = (_Setting * count.value)()
+    _check(lib, lib.emm_settings(table, count.value, ctypes.byref(count)))
+    text = lambda b: b.decode("utf-8", "replace") if b else ""
+    return [Setting(text(e.name), text(e.env), text(e.kind), text(e.default_value), bool(e.runtime),
+                    text(e.doc)) for e in table[:count.value]]
+
+
+# configure(): how a Python value of each kind is checked and spelled for the library.
 def _bool_value(v: Any, name: str) -> str:
     if not isinstance(v, (bool, int)) or v not in (0, 1):
         raise TypeError(f"{name} must be a bool, not {v!r}")
@@ -373,10 +409,14 @@ def _bytes_value(v: Any, name: str) -> str:
     return str(check_uint(v, name, SIZE_MAX))
 
 
-def _threshold_value(v: Any, name: str) -> str:
-    if v == "max":
+def _bytes_or_max_value(v: Any, name: str) -> str:
+    if v is None or v == "max":
         return "max"
-    return str(check_uint(v, name, U64_MAX))
+    return _bytes_value(v, name)
+
+
+def _count_value(v: Any, name: str) -> str:
+    return str(check_uint(v, name, SIZE_MAX))
 
 
 def _ratio_value(v: Any, name: str) -> str:
@@ -393,62 +433,61 @@ def _manager_value(v: Any, name: str) -> str:
     return v
 
 
-_CONFIG_KEYS = {
-    "manager": ("manager", _manager_value),
-    "limit": ("pool_limit", _bytes_value),
-    "thread_cache": ("pool_thread_cache", _bytes_value),
-    "expandable": ("pool_expandable", _bool_value),
-    "release_threshold": ("hostonly_release_threshold", _threshold_value),
-    "max_pending_count": ("max_pending_deallocs_count", _bytes_value),
-    "max_pending_ratio": ("max_pending_deallocs_ratio", _ratio_value),
+_CONVERT = {"bool": _bool_value, "bytes": _bytes_value, "bytes_or_max": _bytes_or_max_value,
+            "count": _count_value, "ratio": _ratio_value, "manager": _manager_value}
+
+# Short keywords of configure() kept for the programs that use them.
+_ALIASES = {
+    "limit": "pool_limit",
+    "thread_cache": "pool_thread_cache",
+    "expandable": "pool_expandable",
+    "release_threshold": "hostonly_release_threshold",
+    "max_pending_count": "max_pending_deallocs_count",
+    "max_pending_ratio": "max_pending_deallocs_ratio",
 }
 
 
-def configure(
-    manager: Optional[str] = None,
-    *,
-    devices: Union[int, Sequence[int], None] = None,
-    limit: Optional[int] = None,
-    expandable: Optional[bool] = None,
-    thread_cache: Optional[int] = None,
-    release_threshold: Union[int, str, None] = None,
-    max_pending_count: Optional[int] = None,
-    max_pending_ratio: Optional[float] = None,
-) -> List["Manager"]:
-    """Configures emm in code, before the first allocation of the process (as
-    ``rmm.reinitialize`` or ``cupy.cuda.set_allocator`` are called first).
+def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int], None] = None,
+              **values: Any) -> List["Manager"]:
+    """Configures emm in code (as ``rmm.reinitialize`` or ``cupy.cuda.set_allocator``
+    are called first).
 
-    Each argument mirrors an environment variable; ``None`` leaves it alone. A set
-    environment variable still wins, with an :class:`EmmWarning` (NBEP 7's rule for
-    ``EMM_MEMORY_MANAGER``):
+    Every keyword is a setting of :func:`settings` (``emm.settings()`` lists them
+    with their documentation), e.g. ``pool_limit``, ``pool_release_threshold``,
+    ``pool_expandable``, ``pool_thread_cache``, ``hostonly_release_threshold``,
+    ``max_pending_deallocs_count``; ``None`` leaves one alone. Sizes are ints
+    (``bytes_or_max`` settings take ``"max"`` too), so that every argument is
+    checked before any is applied. The short
+    keywords ``limit``, ``thread_cache``, ``expandable``, ``release_threshold`` (the
+    ``hostonly`` manager's), ``max_pending_count`` and ``max_pending_ratio`` are
+    kept. A set environment variable still wins, with an :class:`EmmWarning`
+    (NBEP 7's rule for ``EMM_MEMORY_MANAGER``).
 
     - ``manager``: ``"pool"`` (the default), ``"default"`` or ``"hostonly"``
       (``EMM_MEMORY_MANAGER``).
-    - ``limit``: bytes the pool may reserve per device (``EMM_POOL_LIMIT``).
-    - ``expandable``: large pool blocks in one expandable segment over CUDA virtual
-      memory; ``False`` for legacy IPC of every block (``EMM_POOL_EXPANDABLE``).
-    - ``thread_cache``: bytes each thread keeps per stream for immediate reuse; 0
-      turns the pool's thread caches off (``EMM_POOL_THREAD_CACHE``).
-    - ``release_threshold``: bytes (or ``"max"``) the ``hostonly`` manager's pool
-      keeps reserved (``EMM_HOSTONLY_RELEASE_THRESHOLD``).
-    - ``max_pending_count`` / ``max_pending_ratio``: when queued frees are flushed
-      (``EMM_MAX_PENDING_DEALLOCS_COUNT`` / ``_RATIO``).
     - ``devices``: device ordinals whose managers are created now, with this
       configuration (so a mistake shows here, not at the first allocation); they are
       returned. Without ``devices`` nothing touches the driver and ``[]`` is returned.
 
     Every argument is checked before any is applied (``TypeError``, ``ValueError``,
-    ``OverflowError``). After a manager has been created, changing a value raises
-    :class:`EmmError` with code ``EMM_ERR_ALREADY_IN_USE``; repeating the value in
-    effect is accepted.
+    ``OverflowError``). Settings are read when a manager is created: after that,
+    changing one raises :class:`EmmError` with code ``EMM_ERR_ALREADY_IN_USE``
+    (repeating the value in effect is accepted), except for the run-time ones
+    (``Setting.runtime``: ``pool_limit``, ``pool_release_threshold``), which every
+    manager applies at once.
     """
-    given = {"manager": manager, "limit": limit, "expandable": expandable, "thread_cache": thread_cache,
-             "release_threshold": release_threshold, "max_pending_count": max_pending_count,
-             "max_pending_ratio": max_pending_ratio}
+    known = {s.name: s for s in settings()}
     pairs = []
-    for arg, value in given.items():
+    if manager is not None:
+        pairs.append(("manager", _manager_value(manager, "manager")))
+    for arg, value in values.items():
+        key = _ALIASES.get(arg, arg)
+        setting = known.get(key)
+        if setting is None:
+            raise TypeError(f"configure() got an unexpected keyword argument {arg!r}; the settings "
+                            f"are {', '.join(sorted(known))}")
         if value is not None:
-            key, convert = _CONFIG_KEYS[arg]
+            convert = _CONVERT.get(setting.kind, _manager_value)
             pairs.append((key, convert(value, arg)))
     if devices is None:
         ordinals: List[int] = []

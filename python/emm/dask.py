@@ -123,9 +123,9 @@ class EmmPlugin(_WorkerPlugin):  # type: ignore[misc,valid-type]
     - ``numba``: Numba allocates through emm's NBEP 7 plugin (``emm.numba_plugin``).
       Numba chooses its memory manager when it creates its CUDA context, so a
       worker where Numba already made one with another manager makes ``setup``
-      raise. The pool keeps its expandable segment: that module sets
-      ``EMM_POOL_EXPORTABLE=1`` unless it is set, so Numba's IPC handles of its
-      blocks export by file descriptor (``configure={"expandable": False}`` gives
+      raise. The pool keeps its expandable segment: that module configures
+      ``pool_exportable`` unless ``EMM_POOL_EXPORTABLE`` is set, so Numba's IPC
+      handles of its blocks export by file descriptor (``configure={"expandable": False}`` gives
       legacy CUDA IPC handles for every block instead).
     - ``cupy``: CuPy allocates through emm (:func:`emm.cupy.install`); blocks CuPy's
       own pool cached before are given back.
@@ -223,7 +223,8 @@ def setup_worker(
         warnings.simplefilter("always")
         if numba:
             os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = NUMBA_PLUGIN_MODULE
-            _numba_plugin_module()  # before emm.configure: it sets EMM_POOL_EXPORTABLE
+            # Before the manager is made below: the pool's pieces become exportable.
+            _numba_plugin_module().ask_exportable()
         try:
             mgr = _configure(manager, devices=[device], **config)[0]
         except EmmError as e:

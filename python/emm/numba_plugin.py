@@ -20,8 +20,9 @@ Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
   (``pidfd_getfd``, then the pieces mapped at addresses of its own; Linux 5.6+
   and ptrace permission over the exporter, as a process of the same user
   normally has). It pickles, and ``IpcArrayHandle`` opens and closes it as
-  Numba's own. This module sets ``EMM_POOL_EXPORTABLE=1`` unless it is set, so
-  that the pool creates those pieces exportable, and keeps the expandable segment
+  Numba's own. The plugin configures ``pool_exportable`` before its first manager
+  (:func:`ask_exportable`; ``EMM_POOL_EXPORTABLE`` wins when set), so that the
+  pool creates those pieces exportable, and keeps the expandable segment
   (and its steady state near live memory) on. Every other block (the pool's small
   segments, the ``default`` manager's allocations) gets Numba's legacy handle
   with the allocation base and the offset (``GetIpcHandleMixin``), so views into
@@ -46,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -59,12 +61,24 @@ try:
 except ImportError as _e:
     raise missing("numba", "emm.numba_plugin", _e) from _e
 
-# Blocks of the pool's expandable segment export by file descriptor: its pieces
-# must be created exportable (see get_ipc_handle above). Set once Numba imported,
-# so a failed import changes nothing.
-os.environ.setdefault("EMM_POOL_EXPORTABLE", "1")
+from ._lib import EmmError, EmmWarning, Manager, OutOfMemoryError, configure  # noqa: E402
 
-from ._lib import Manager, OutOfMemoryError  # noqa: E402
+
+def ask_exportable() -> None:
+    """Blocks of the pool's expandable segment export by file descriptor only when
+    its pieces are created exportable (see ``get_ipc_handle`` below): asks for that
+    in code before the plugin's first manager, unless ``EMM_POOL_EXPORTABLE`` says
+    otherwise (the environment wins). When the pool already serves without it
+    (another framework made it first), IPC of its expandable blocks will be refused
+    with an error that says so; a warning says it now."""
+    if os.environ.get("EMM_POOL_EXPORTABLE", "").strip():
+        return
+    try:
+        configure(pool_exportable=True)
+    except EmmError as e:
+        warnings.warn(f"emm.numba_plugin: the pool was created before the plugin, without exportable "
+                      f"pieces; IPC handles of its expandable blocks will be refused ({e})", EmmWarning,
+                      stacklevel=3)
 
 
 # The pointer type MemoryPointer keeps: the NVIDIA binding's CUdeviceptr where this
@@ -212,6 +226,7 @@ class EmmNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         every context push)."""
         # Called on every context push: cheap after the first time.
         if self._emm is None and self.context is not None:
+            ask_exportable()
             dev = self.context.device
             # Numba's Device has .id; a third-party (attached) context may carry the
             # driver binding's CUdevice, which converts to its ordinal.

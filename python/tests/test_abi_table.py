@@ -30,7 +30,7 @@ SCALARS = {
 }
 # Opaque or byte pointees a pointer to which is passed as c_void_p or c_char_p.
 BYTES = {"char", "uint8_t"}
-STRUCTS = {"emm_stats": _lib._Stats}
+STRUCTS = {"emm_stats": _lib._Stats, "emm_setting": _lib._Setting}
 
 
 def header_text():

@@ -26,6 +26,7 @@ def child(code, **env):
 
 @pytest.mark.parametrize("kwargs, error", [
     ({"limit": -1}, ValueError), ({"limit": 2**64}, OverflowError), ({"limit": "8G"}, TypeError),
+    ({"pool_release_threshold": 1.5}, TypeError), ({"no_such_setting": 1}, TypeError),
     ({"expandable": "yes"}, TypeError), ({"max_pending_ratio": 1.5}, ValueError),
     ({"max_pending_ratio": True}, TypeError), ({"max_pending_count": -1}, ValueError),
     ({"release_threshold": -1}, ValueError), ({"release_threshold": "min"}, TypeError),
@@ -36,6 +37,22 @@ def child(code, **env):
 def test_arguments_are_checked_before_anything_is_applied(kwargs, error):
     with pytest.raises(error):
         emm.configure(**kwargs)
+
+
+def test_settings_are_read_from_the_library():
+    by_name = {s.name: s for s in emm.settings()}
+    assert list(by_name)[:3] == ["manager", "pool_limit", "pool_release_threshold"]
+    limit = by_name["pool_limit"]
+    assert (limit.env, limit.kind, limit.default, limit.runtime) == ("EMM_POOL_LIMIT", "bytes_or_max", "max", True)
+    assert by_name["pool_expandable"].runtime is False and by_name["pool_expandable"].kind == "bool"
+    for s in by_name.values():
+        assert s.env.startswith("EMM_") and s.doc, s
+    assert {"max_pending_deallocs_ratio", "hostonly_release_threshold", "pool_thread_cache"} <= set(by_name)
+
+
+def test_an_unknown_keyword_names_the_settings():
+    with pytest.raises(TypeError, match="pool_limit, pool_release_threshold|the settings are"):
+        emm.configure(pool_limt=1)
 
 
 def test_an_unknown_manager_is_an_emm_error():
@@ -52,8 +69,12 @@ def test_every_setting_is_accepted_before_first_use_without_a_driver():
                             max_pending_count=10, max_pending_ratio=0.25)
         print(got)
         print(emm.configure(limit=1 << 30, release_threshold=123))
+        # Every setting the library declares, by its own name.
+        print(emm.configure(pool_limit="max", pool_release_threshold=1 << 30, pool_exportable=True,
+                            pool_legacy_merge=2, pool_thread_cache=0, hostonly_release_threshold=0,
+                            max_pending_deallocs_count=3, max_pending_deallocs_ratio=0.5))
     """)
-    assert out.split() == ["[]", "[]"]
+    assert out.split() == ["[]", "[]", "[]"]
 
 
 def test_the_environment_overriding_a_manager_chosen_in_code_warns(monkeypatch):
@@ -102,13 +123,19 @@ def test_pool_is_the_default_and_configure_after_first_use_raises():  # pragma: 
         p = m.alloc(1 << 20); m.free(p)
         emm.configure(manager="pool", limit=None)  # the value in effect: accepted
         try:
-            emm.configure(limit=1 << 20)
+            emm.configure(expandable=False)  # read when the pool was made
         except emm.EmmError as e:
             print(e.code)
+        emm.configure(limit=1 << 20)  # a run-time setting: the pool applies it now
+        try:
+            m.alloc(8 << 20)
+        except emm.OutOfMemoryError as e:
+            print("limited" if "byte limit" in str(e) else str(e))
+        emm.configure(limit="max")
         m.close()
         try:
             m.alloc(16)
         except emm.ClosedError:
             print("closed")
     """)
-    assert out.split() == ["pool", "7", "closed"]
+    assert out.split() == ["pool", "7", "limited", "closed"]

@@ -44,7 +44,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 310
+#define EMM_ABI_VERSION 311
 
 /**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
@@ -147,6 +147,39 @@ typedef ptrdiff_t (*emm_stream_fn)(void);
 typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
 
 /**
+ * One setting, as [`emm_settings`] describes it. The strings are the library's,
+ * NUL-terminated, valid until the process ends; do not free them.
+ */
+typedef struct emm_setting {
+  /**
+   * The key of `emm_configure` (e.g. "pool_limit").
+   */
+  const char *name;
+  /**
+   * The environment variable that overrides it (e.g. "EMM_POOL_LIMIT").
+   */
+  const char *env;
+  /**
+   * What the value is: "manager", "bytes", "bytes_or_max", "bool", "count"
+   * or "ratio".
+   */
+  const char *kind;
+  /**
+   * The default, as users write it ("" where it depends on the device).
+   */
+  const char *default_value;
+  /**
+   * What it does.
+   */
+  const char *doc;
+  /**
+   * 1: `emm_configure` may change it while managers serve; 0: before the
+   * first manager only.
+   */
+  int runtime;
+} emm_setting;
+
+/**
  * Success.
  */
 #define EMM_OK 0
@@ -243,33 +276,27 @@ extern "C" {
  * driver returns in a child forked after emm initialised CUDA; 310 added tags,
  * pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
  * `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
- * `EMM_ERR_TAG_STATE`).
+ * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings) and
+ * run-time settings in `emm_configure` (`pool_limit`,
+ * `pool_release_threshold`).
  */
 int emm_abi_version(void);
 
 /**
- * Configuration in code, before the first allocation of the process. Keys (each
- * mirrors an environment variable, whose name is accepted as the key too):
- *
- * ```text
- * "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
- * "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
- * "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
- * "pool_exportable"             EMM_POOL_EXPORTABLE "1"/"0": expandable-segment blocks export by fd
- * "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
- * "pool_legacy_merge"           EMM_POOL_LEGACY_MERGE n: merge free segments at live <= reserved/n (0: off; no VMM)
- * "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
- * "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
- * "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory
- * ```
+ * Configuration in code. Every key mirrors an environment variable, whose name
+ * is accepted as the key too; `emm_settings` lists them with their kinds,
+ * defaults and documentation (e.g. "manager", "pool_limit",
+ * "pool_release_threshold", "pool_expandable", "pool_thread_cache").
  *
  * A set environment variable wins (with a warning). Values are validated at once
  * (`EMM_ERR_INVALID_ARGUMENT`; an unknown manager is `EMM_ERR_UNKNOWN_MANAGER`).
  * Once a manager has been created, a different value fails with
- * `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted).
+ * `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted), except for the
+ * run-time settings (`emm_setting.runtime`, e.g. "pool_limit"), which change at
+ * once in every manager: lowering the pool's limit below what it reserves gives
+ * its cached memory back, then refuses what would pass the limit.
  */
-emm_status emm_configure(const char *key,
-                         const char *value);
+emm_status emm_configure(const char *key, const char *value);
 
 /**
  * After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes
@@ -669,6 +696,16 @@ emm_status emm_alloc_managed(struct emm_manager *m, size_t size, unsigned int fl
  * Since ABI 304.
  */
 emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
+
+/**
+ * Describes every setting `emm_configure` knows: the router's `manager`, then
+ * those of the registered managers (the built-in ones are registered first),
+ * in the order of the documentation. Writes up to `capacity` entries to `out`
+ * and the number of settings to `*count`; call with `capacity` 0 (and `out`
+ * NULL) to learn the count. `EMM_ERR_INVALID_ARGUMENT` when `count` is NULL, or
+ * `out` is NULL with `capacity` above 0.
+ */
+emm_status emm_settings(struct emm_setting *out, size_t capacity, size_t *count);
 
 /**
  * Opens a region: allocations made from now on, by every thread of the

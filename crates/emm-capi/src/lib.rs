@@ -34,6 +34,7 @@ mod handles;
 mod live_table;
 pub mod log;
 mod managed;
+mod settings;
 mod stream_uses;
 mod tags;
 mod timing;
@@ -46,6 +47,7 @@ pub use log::{emm_capture_warnings, emm_take_warning};
 pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
 };
+pub use settings::*;
 pub use tags::*;
 pub use tools::*;
 pub use torch_tools::*;
@@ -106,7 +108,7 @@ pub const EMM_ERR_TAG_STATE: emm_status = 12;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 310;
+pub const ABI_VERSION: c_int = 311;
 
 thread_local! {
     static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };
@@ -281,7 +283,9 @@ pub(crate) fn manager_for(
 /// driver returns in a child forked after emm initialised CUDA; 310 added tags,
 /// pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
 /// `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
-/// `EMM_ERR_TAG_STATE`).
+/// `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings) and
+/// run-time settings in `emm_configure` (`pool_limit`,
+/// `pool_release_threshold`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION
@@ -297,25 +301,18 @@ fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_status> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-/// Configuration in code, before the first allocation of the process. Keys (each
-/// mirrors an environment variable, whose name is accepted as the key too):
-///
-/// ```text
-/// "manager"                     EMM_MEMORY_MANAGER  "pool" (default), "default", "hostonly"
-/// "pool_limit"                  EMM_POOL_LIMIT      bytes the pool reserves per device
-/// "pool_expandable"             EMM_POOL_EXPANDABLE "1"/"0": large blocks in one VMM segment
-/// "pool_exportable"             EMM_POOL_EXPORTABLE "1"/"0": expandable-segment blocks export by fd
-/// "pool_thread_cache"           EMM_POOL_THREAD_CACHE bytes a thread keeps per stream (0: none)
-/// "pool_legacy_merge"           EMM_POOL_LEGACY_MERGE n: merge free segments at live <= reserved/n (0: off; no VMM)
-/// "hostonly_release_threshold"  EMM_HOSTONLY_RELEASE_THRESHOLD  bytes, or "max"
-/// "max_pending_deallocs_count"  EMM_MAX_PENDING_DEALLOCS_COUNT  queued frees before a flush
-/// "max_pending_deallocs_ratio"  EMM_MAX_PENDING_DEALLOCS_RATIO  0..1 of device memory
-/// ```
+/// Configuration in code. Every key mirrors an environment variable, whose name
+/// is accepted as the key too; `emm_settings` lists them with their kinds,
+/// defaults and documentation (e.g. "manager", "pool_limit",
+/// "pool_release_threshold", "pool_expandable", "pool_thread_cache").
 ///
 /// A set environment variable wins (with a warning). Values are validated at once
 /// (`EMM_ERR_INVALID_ARGUMENT`; an unknown manager is `EMM_ERR_UNKNOWN_MANAGER`).
 /// Once a manager has been created, a different value fails with
-/// `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted).
+/// `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted), except for the
+/// run-time settings (`emm_setting.runtime`, e.g. "pool_limit"), which change at
+/// once in every manager: lowering the pool's limit below what it reserves gives
+/// its cached memory back, then refuses what would pass the limit.
 #[no_mangle]
 pub unsafe extern "C" fn emm_configure(key: *const c_char, value: *const c_char) -> emm_status {
     guard(|| {

@@ -1,132 +1,96 @@
-//! The configuration keys ([`KEYS`]) and the store of values configured in code
-//! ([`Config`]), read through [`var`]. Its public face is [`crate::config`], which
-//! re-exports all of it beside [`configure`](crate::config::configure).
+//! The store of settings ([`Config`]): the settings declared by the registered
+//! managers' crates (see [`crate::setting`]), the values configured in code, and
+//! the freeze at the first manager. Its public face is [`crate::config`], which
+//! re-exports it beside [`configure`](crate::config::configure).
 //!
 //! This file is apart from `config.rs` so that the router, which closes the store
 //! when it creates its first manager, depends on the store alone, and `configure`,
-//! which hands the `manager` key to the router, sits above both.
+//! which hands the `manager` key to the router and tells managers of run-time
+//! changes, sits above both.
 
+use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{EmmError, Result};
-use crate::units::parse_bytes;
+use crate::setting::{parse, AnySetting, Key, Setting, ValueKind};
 
 /// The environment variable that selects a manager by name.
 pub const MANAGER_ENV: &str = "EMM_MEMORY_MANAGER";
 
-/// What a key's value is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ValueKind {
-    /// The name of a registered manager.
-    Manager,
-    /// A number of bytes.
-    Bytes,
-    /// A number of bytes, or `max`.
-    BytesOrMax,
-    /// `1`/`true`/`yes` or `0`/`false`/`no`.
-    Bool,
-    /// A non-negative integer.
-    Count,
-    /// A number between 0 and 1.
-    Ratio,
-}
+/// `manager`: the router's own setting, declared in every store.
+pub static MANAGER: Setting<String> = Setting::new(
+    Key::new(
+        "manager",
+        MANAGER_ENV,
+        ValueKind::Manager,
+        "pool",
+        "the manager of every device: `pool` (the default), `default` or `hostonly`",
+    ),
+    parse::name,
+);
 
-/// One configuration key and the environment variable it mirrors.
-#[derive(Clone, Copy, Debug)]
-pub struct Key {
-    /// The key of [`configure`](crate::config::configure) (and `emm_configure`).
-    pub name: &'static str,
-    /// The environment variable that overrides it.
-    pub env: &'static str,
-    /// What the value is.
-    pub kind: ValueKind,
-    /// What it does.
-    pub doc: &'static str,
-}
-
-/// Every key, in the order the documentation lists them.
-pub const KEYS: &[Key] = &[
-    Key {
-        name: "manager",
-        env: MANAGER_ENV,
-        kind: ValueKind::Manager,
-        doc: "the manager of every device: `pool` (the default), `default` or `hostonly`",
-    },
-    Key {
-        name: "pool_limit",
-        env: "EMM_POOL_LIMIT",
-        kind: ValueKind::Bytes,
-        doc: "largest number of bytes the pool reserves per device",
-    },
-    Key {
-        name: "pool_expandable",
-        env: "EMM_POOL_EXPANDABLE",
-        kind: ValueKind::Bool,
-        doc: "large pool blocks in one expandable segment over CUDA virtual memory (0: legacy IPC for every block)",
-    },
-    Key {
-        name: "pool_exportable",
-        env: "EMM_POOL_EXPORTABLE",
-        kind: ValueKind::Bool,
-        doc: "pieces of the pool's expandable segment are created exportable, so its blocks export to other processes by file descriptor (`emm.numba_plugin` turns it on)",
-    },
-    Key {
-        name: "pool_legacy_merge",
-        env: "EMM_POOL_LEGACY_MERGE",
-        kind: ValueKind::Count,
-        doc: "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved after a new segment (0: off)",
-    },
-    Key {
-        name: "pool_thread_cache",
-        env: "EMM_POOL_THREAD_CACHE",
-        kind: ValueKind::Bytes,
-        doc: "bytes each thread keeps per stream for immediate reuse (0: no thread caches)",
-    },
-    Key {
-        name: "hostonly_release_threshold",
-        env: "EMM_HOSTONLY_RELEASE_THRESHOLD",
-        kind: ValueKind::BytesOrMax,
-        doc: "bytes the `hostonly` manager's pool keeps reserved at synchronization points (`max`: all)",
-    },
-    Key {
-        name: "max_pending_deallocs_count",
-        env: "EMM_MAX_PENDING_DEALLOCS_COUNT",
-        kind: ValueKind::Count,
-        doc: "queued frees (of the `default` manager and of pinned host memory) flushed past this count",
-    },
-    Key {
-        name: "max_pending_deallocs_ratio",
-        env: "EMM_MAX_PENDING_DEALLOCS_RATIO",
-        kind: ValueKind::Ratio,
-        doc: "queued frees flushed past this fraction of device memory",
-    },
-];
-
-/// The key named `name` (its key or its environment variable).
-pub fn key(name: &str) -> Option<&'static Key> {
-    KEYS.iter().find(|k| k.name == name || k.env == name)
-}
-
-/// A store of configured values; most programs use the process-wide one
-/// ([`Config::global`]) through [`configure`](crate::config::configure) and [`var`].
-#[derive(Debug, Default)]
+/// A store of declared settings and of the values configured in code; most
+/// programs use the process-wide one ([`Config::global`]) through
+/// [`configure`](crate::config::configure) and [`Setting::value`].
+#[derive(Default)]
 pub struct Config {
     state: Mutex<State>,
 }
 
-#[derive(Debug, Default)]
+impl core::fmt::Debug for Config {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Config")
+            .field(
+                "keys",
+                &s.declared.iter().map(|d| d.key().name).collect::<Vec<_>>(),
+            )
+            .field(
+                "values",
+                &s.values
+                    .iter()
+                    .map(|(k, v)| (*k, &v.text))
+                    .collect::<Vec<_>>(),
+            )
+            .field("frozen_by", &s.frozen_by)
+            .finish()
+    }
+}
+
+#[derive(Default)]
 struct State {
-    values: BTreeMap<&'static str, String>,
+    /// Every declared setting, in declaration order (`manager` first).
+    declared: Vec<&'static dyn AnySetting>,
+    values: BTreeMap<&'static str, Stored>,
     /// The manager whose creation closed configuration, if any.
     frozen_by: Option<String>,
 }
 
+/// A value configured in code: its canonical text and its parsed value.
+struct Stored {
+    text: String,
+    value: Arc<dyn Any + Send + Sync>,
+}
+
+/// What [`Config::set`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Applied {
+    /// Stored before any manager: managers read it when they are created.
+    BeforeUse,
+    /// The value already in effect: nothing changed.
+    Unchanged,
+    /// A run-time setting changed while managers serve: they must be told.
+    AtRunTime,
+}
+
 impl Config {
-    /// An empty store.
+    /// A store that knows only `manager`.
     pub fn new() -> Config {
-        Config::default()
+        let c = Config::default();
+        c.declare(&[&MANAGER]);
+        c
     }
 
     /// The process-wide store, read by the built-in managers and closed by the
@@ -140,14 +104,41 @@ impl Config {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Declares `settings` (a setting declared already, by key, is kept once).
+    pub fn declare(&self, settings: &[&'static dyn AnySetting]) {
+        let mut s = self.lock();
+        for &d in settings {
+            if !s.declared.iter().any(|k| k.key().name == d.key().name) {
+                s.declared.push(d);
+            }
+        }
+    }
+
+    /// Every declared key, in declaration order.
+    pub fn keys(&self) -> Vec<Key> {
+        self.lock().declared.iter().map(|d| *d.key()).collect()
+    }
+
+    /// The declared key named `name` (its key or its environment variable).
+    pub fn key(&self, name: &str) -> Option<Key> {
+        Self::find(&self.lock(), name).map(|d| *d.key())
+    }
+
+    fn find(s: &State, name: &str) -> Option<&'static dyn AnySetting> {
+        s.declared
+            .iter()
+            .copied()
+            .find(|d| d.key().name == name || d.key().env == name)
+    }
+
     /// Sets `key` (a key name or its variable) to `value` after validating it.
     /// `manager` is not stored here: [`configure`](crate::config::configure) hands
     /// it to the router.
     ///
     /// Errors: [`EmmError::InvalidConfig`] for an unknown key or a bad value;
     /// [`EmmError::ConfiguredTooLate`] after [`Config::freeze`], unless the value is
-    /// the one already in effect.
-    pub fn set(&self, key_name: &str, value: &str) -> Result<()> {
+    /// the one already in effect or the key is a run-time one.
+    pub fn set(&self, key_name: &str, value: &str) -> Result<Applied> {
         self.set_with_env(key_name, value, |k| std::env::var(k).ok())
     }
 
@@ -156,48 +147,83 @@ impl Config {
         key_name: &str,
         value: &str,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<()> {
-        let k = key(key_name).ok_or_else(|| EmmError::InvalidConfig {
+    ) -> Result<Applied> {
+        let mut s = self.lock();
+        let d = Self::find(&s, key_name).ok_or_else(|| EmmError::InvalidConfig {
             name: key_name.to_owned(),
             value: value.to_owned(),
             reason: format!(
                 "unknown configuration key; known keys: {}",
-                KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                s.declared
+                    .iter()
+                    .map(|d| d.key().name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         })?;
-        let value = normalize(k, value)?;
-        let mut s = self.lock();
-        if let Some(manager) = &s.frozen_by {
-            let current = env(k.env).or_else(|| s.values.get(k.name).cloned());
-            let same = current.is_some_and(|c| normalize(k, &c).is_ok_and(|c| c == value));
-            if same {
-                return Ok(());
+        let k = *d.key();
+        let bad = |reason: String| EmmError::InvalidConfig {
+            name: k.name.to_owned(),
+            value: value.to_owned(),
+            reason,
+        };
+        let text = k.kind.canonical(value).map_err(bad)?;
+        let parsed = d.parse_any(value).map_err(bad)?;
+        let from_env = env(k.env).filter(|e| !e.trim().is_empty());
+        let env_text = from_env.as_ref().map(|e| k.kind.canonical(e));
+        if let Some(manager) = s.frozen_by.clone() {
+            let current = match &env_text {
+                Some(e) => e.clone().ok(),
+                None => s.values.get(k.name).map(|v| v.text.clone()),
+            };
+            if current.as_deref() == Some(text.as_str()) {
+                return Ok(Applied::Unchanged);
             }
-            return Err(EmmError::ConfiguredTooLate {
-                key: k.name.to_owned(),
-                manager: manager.clone(),
-            });
+            if !k.runtime {
+                return Err(EmmError::ConfiguredTooLate {
+                    key: k.name.to_owned(),
+                    manager,
+                });
+            }
         }
-        if let Some(e) = env(k.env) {
-            if normalize(k, &e).ok().as_deref() != Some(value.as_str()) {
+        if let (Some(e), Some(e_text)) = (&from_env, &env_text) {
+            if e_text.as_deref().ok() != Some(text.as_str()) {
                 tracing::warn!(
                     key = k.name,
-                    configured = %value,
+                    configured = %text,
                     environment = %e,
-                    "{}={e} overrides configure({}={value})",
+                    "{}={e} overrides configure({}={text})",
                     k.env,
                     k.name
                 );
             }
         }
-        s.values.insert(k.name, value);
-        Ok(())
+        let applied = if s.frozen_by.is_some() {
+            Applied::AtRunTime
+        } else {
+            Applied::BeforeUse
+        };
+        s.values.insert(
+            k.name,
+            Stored {
+                text,
+                value: parsed,
+            },
+        );
+        Ok(applied)
     }
 
-    /// The configured value of the key whose variable is `env` (no environment).
-    pub fn get(&self, env: &str) -> Option<String> {
-        let k = key(env)?;
-        self.lock().values.get(k.name).cloned()
+    /// The configured text of the key named `name` (its key or its variable; the
+    /// environment is not read).
+    pub fn get(&self, name: &str) -> Option<String> {
+        let s = self.lock();
+        let d = Self::find(&s, name)?;
+        s.values.get(d.key().name).map(|v| v.text.clone())
+    }
+
+    /// The configured value of the key named `name`, as parsed when it was set.
+    pub(crate) fn typed(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.lock().values.get(name).map(|v| v.value.clone())
     }
 
     /// Closes configuration: `manager` now serves. Returns `true` when this call
@@ -222,61 +248,37 @@ impl Config {
     }
 }
 
-/// Validates `value` for `k` and returns its canonical form.
-pub(crate) fn normalize(k: &Key, value: &str) -> Result<String> {
-    let v = value.trim();
-    let bad = |reason: &str| EmmError::InvalidConfig {
-        name: k.name.to_owned(),
-        value: value.to_owned(),
-        reason: reason.to_owned(),
-    };
-    match k.kind {
-        ValueKind::Manager => {
-            if v.is_empty() {
-                Err(bad("expected a manager name"))
-            } else {
-                Ok(v.to_owned())
+/// Reading a setting's value: here, beside the store it falls back to.
+impl<T: Clone + Send + Sync + 'static> Setting<T> {
+    /// The value in effect: the environment variable's when it is set and not
+    /// empty (parsed here), else the one configured in code (parsed when it was
+    /// configured), else `None`.
+    ///
+    /// Errors: [`EmmError::InvalidConfig`] naming the variable, when its value
+    /// does not parse.
+    pub fn value(&self) -> Result<Option<T>> {
+        if let Ok(v) = std::env::var(self.key().env) {
+            if !v.trim().is_empty() {
+                return (self.parse)(v.trim()).map(Some).map_err(|reason| {
+                    EmmError::InvalidConfig {
+                        name: self.key().env.to_owned(),
+                        value: v,
+                        reason,
+                    }
+                });
             }
         }
-        ValueKind::Bytes => parse_bytes(v)
-            .and_then(|n| {
-                usize::try_from(n).map_err(|_| "larger than this machine can address".to_owned())
-            })
-            .map(|n| n.to_string())
-            .map_err(|e| bad(&e)),
-        ValueKind::BytesOrMax => match v {
-            "max" => Ok("max".to_owned()),
-            _ => parse_bytes(v)
-                .map(|n| n.to_string())
-                .map_err(|e| bad(&format!("{e}, or `max`"))),
-        },
-        ValueKind::Bool => match v.to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" => Ok("1".to_owned()),
-            "0" | "false" | "no" => Ok("0".to_owned()),
-            _ => Err(bad("expected 0 or 1")),
-        },
-        ValueKind::Count => v
-            .parse::<usize>()
-            .map(|n| n.to_string())
-            .map_err(|_| bad("expected a non-negative integer")),
-        ValueKind::Ratio => match v.parse::<f64>() {
-            Ok(r) if (0.0..=1.0).contains(&r) => Ok(v.to_owned()),
-            _ => Err(bad("expected a number between 0 and 1")),
-        },
+        Ok(Config::global()
+            .typed(self.key().name)
+            .and_then(|v| v.downcast_ref::<T>().cloned()))
+    }
+
+    /// [`Setting::value`], or `default` when the setting is not set.
+    pub fn get(&self, default: T) -> Result<T> {
+        Ok(self.value()?.unwrap_or(default))
     }
 }
 
-/// The value of configuration variable `env` (e.g. `EMM_POOL_LIMIT`): the
-/// environment's when set, else the one configured in code (on
-/// [`Config::global`]). A drop-in for `std::env::var` in a manager's `from_env`.
-pub fn var(env: &str) -> core::result::Result<String, std::env::VarError> {
-    match std::env::var(env) {
-        Err(std::env::VarError::NotPresent) => Config::global()
-            .get(env)
-            .ok_or(std::env::VarError::NotPresent),
-        other => other,
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -286,34 +288,68 @@ mod tests {
         None
     }
 
+    static LIMIT: Setting<usize> = Setting::new(
+        Key::new("t_limit", "EMM_T_LIMIT", ValueKind::Bytes, "", "a limit"),
+        parse::bytes,
+    );
+    static FLAG: Setting<bool> = Setting::new(
+        Key::new("t_flag", "EMM_T_FLAG", ValueKind::Bool, "1", "a flag"),
+        parse::flag,
+    );
+    static LIVE: Setting<usize> = Setting::new(
+        Key::new(
+            "t_live",
+            "EMM_T_LIVE",
+            ValueKind::BytesOrMax,
+            "max",
+            "a run-time one",
+        )
+        .at_run_time(),
+        parse::bytes_or_max,
+    );
+
+    fn store() -> Config {
+        let c = Config::new();
+        c.declare(&[&LIMIT, &FLAG, &LIVE, &LIMIT]);
+        c
+    }
+
     #[test]
     fn values_are_validated_and_canonical() {
-        let c = Config::new();
-        c.set_with_env("pool_limit", " 1024 ", no_env).unwrap();
-        assert_eq!(c.get("EMM_POOL_LIMIT").as_deref(), Some("1024"));
-        c.set_with_env("EMM_POOL_EXPANDABLE", "False", no_env)
-            .unwrap();
-        assert_eq!(c.get("EMM_POOL_EXPANDABLE").as_deref(), Some("0"));
-        c.set_with_env("hostonly_release_threshold", "max", no_env)
-            .unwrap();
-        c.set_with_env("max_pending_deallocs_ratio", "0.5", no_env)
-            .unwrap();
-        let e = c.set_with_env("pool_limit", "-1", no_env).unwrap_err();
+        let c = store();
+        assert_eq!(
+            c.keys().iter().map(|k| k.name).collect::<Vec<_>>(),
+            ["manager", "t_limit", "t_flag", "t_live"],
+            "declared once each, in order"
+        );
+        c.set_with_env("t_limit", " 1024 ", no_env).unwrap();
+        assert_eq!(c.get("EMM_T_LIMIT").as_deref(), Some("1024"));
+        let typed = c.typed("t_limit").unwrap();
+        assert_eq!(typed.downcast_ref::<usize>(), Some(&1024));
+        c.set_with_env("EMM_T_FLAG", "False", no_env).unwrap();
+        assert_eq!(c.get("t_flag").as_deref(), Some("0"));
+        assert_eq!(
+            c.typed("t_flag").unwrap().downcast_ref::<bool>(),
+            Some(&false)
+        );
+        c.set_with_env("t_live", "max", no_env).unwrap();
+        assert_eq!(
+            c.typed("t_live").unwrap().downcast_ref::<usize>(),
+            Some(&usize::MAX)
+        );
+        let e = c.set_with_env("t_limit", "-1", no_env).unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("invalid value \"-1\" for pool_limit: expected a number of bytes"),
+                .starts_with("invalid value \"-1\" for t_limit: expected a number of bytes"),
             "{e}"
         );
         // Sizes take binary units, stored as bytes.
-        c.set_with_env("pool_limit", "1.5G", no_env).unwrap();
-        assert_eq!(c.get("EMM_POOL_LIMIT").as_deref(), Some("1610612736"));
-        let e = c
-            .set_with_env("max_pending_deallocs_ratio", "1.5", no_env)
-            .unwrap_err();
-        assert!(e.to_string().contains("between 0 and 1"), "{e}");
-        let e = c.set_with_env("pool_limti", "1", no_env).unwrap_err();
+        c.set_with_env("t_limit", "1.5G", no_env).unwrap();
+        assert_eq!(c.get("t_limit").as_deref(), Some("1610612736"));
+        let e = c.set_with_env("t_limti", "1", no_env).unwrap_err();
         assert!(
-            e.to_string().contains("known keys: manager, pool_limit"),
+            e.to_string()
+                .contains("known keys: manager, t_limit, t_flag, t_live"),
             "{e}"
         );
         assert!(matches!(e, EmmError::InvalidConfig { .. }));
@@ -321,30 +357,67 @@ mod tests {
 
     #[test]
     fn configuration_closes_at_first_use_except_for_the_value_in_effect() {
-        let c = Config::new();
-        c.set_with_env("pool_limit", "4096", no_env).unwrap();
+        let c = store();
+        assert_eq!(
+            c.set_with_env("t_limit", "4096", no_env).unwrap(),
+            Applied::BeforeUse
+        );
         assert!(c.freeze("pool"));
         assert!(!c.freeze("pool"));
-        let e = c.set_with_env("pool_limit", "8192", no_env).unwrap_err();
+        let e = c.set_with_env("t_limit", "8192", no_env).unwrap_err();
         assert!(matches!(e, EmmError::ConfiguredTooLate { .. }), "{e}");
         assert_eq!(
             e.to_string(),
-            "cannot configure `pool_limit`: manager `pool` has already been created in this process; configure before the first allocation"
+            "cannot configure `t_limit`: manager `pool` has already been created in this process; configure before the first allocation"
         );
         // The value in effect (in code or from the environment) is accepted.
-        c.set_with_env("pool_limit", "4096", no_env).unwrap();
-        c.set_with_env("pool_expandable", "1", |_| Some("yes".into()))
-            .unwrap();
+        assert_eq!(
+            c.set_with_env("t_limit", "4K", no_env).unwrap(),
+            Applied::Unchanged
+        );
+        assert_eq!(
+            c.set_with_env("t_flag", "1", |_| Some("yes".into()))
+                .unwrap(),
+            Applied::Unchanged
+        );
         c.thaw();
-        c.set_with_env("pool_limit", "8192", no_env).unwrap();
+        c.set_with_env("t_limit", "8192", no_env).unwrap();
         assert_eq!(c.frozen_by(), None);
     }
 
     #[test]
+    fn a_run_time_setting_changes_after_the_freeze() {
+        let c = store();
+        c.freeze("pool");
+        assert_eq!(
+            c.set_with_env("t_live", "1M", no_env).unwrap(),
+            Applied::AtRunTime
+        );
+        assert_eq!(
+            c.typed("t_live").unwrap().downcast_ref::<usize>(),
+            Some(&(1 << 20))
+        );
+        assert_eq!(
+            c.set_with_env("t_live", "1024K", no_env).unwrap(),
+            Applied::Unchanged
+        );
+        // The environment still wins: the value is stored, and the manager reads
+        // the environment's.
+        assert_eq!(
+            c.set_with_env("t_live", "2M", |_| Some("3M".into()))
+                .unwrap(),
+            Applied::AtRunTime
+        );
+        let e = c.set_with_env("t_live", "lots", no_env).unwrap_err();
+        assert!(matches!(e, EmmError::InvalidConfig { .. }), "{e}");
+    }
+
+    #[test]
     fn every_key_names_an_emm_variable() {
-        for k in KEYS {
+        let c = store();
+        for k in c.keys() {
             assert!(k.env.starts_with("EMM_"), "{k:?}");
-            assert_eq!(key(k.env).map(|f| f.name), Some(k.name));
+            assert_eq!(c.key(k.env).map(|f| f.name), Some(k.name));
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod managed;
 mod manager;
 mod pointer;
 mod router;
+pub mod setting;
 mod snapshot;
 pub mod tags;
 mod units;

@@ -279,6 +279,17 @@ pub trait MemoryManager: Send + Sync {
     fn tag_stats(&self) -> Vec<TagStats> {
         Vec::new()
     }
+
+    /// Run-time setting `name` (one declared [`Key::at_run_time`]) changed while
+    /// this manager serves; the manager reads the new value through the
+    /// setting's [`Setting::value`]. The default does nothing: a manager acts only
+    /// on the settings it declares.
+    ///
+    /// [`Key::at_run_time`]: crate::setting::Key::at_run_time
+    /// [`Setting::value`]: crate::setting::Setting::value
+    fn setting_changed(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Checks a manager's interface version against [`SUPPORTED_INTERFACE_VERSIONS`].

@@ -26,6 +26,7 @@ use crate::error::{EmmError, Result};
 use crate::managed::{ManagedAttach, ManagedMemory};
 use crate::manager::{check_interface_version, MemoryManager};
 use crate::pointer::DeviceAllocation;
+use crate::setting::AnySetting;
 use crate::tags::{Keep, PauseReport, Tag, TagStats};
 
 /// The manager used when nothing else is chosen: `pool`, emm's caching pool, in
@@ -36,6 +37,13 @@ pub const DEFAULT_MANAGER: &str = "pool";
 pub trait ManagerFactory: Send + Sync {
     /// A new manager serving `ctx`.
     fn create(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>>;
+
+    /// The settings the manager reads, declared in its crate
+    /// ([`crate::setting`]): registering the factory in a router declares them in
+    /// the router's store, so `configure` knows their keys. None by default.
+    fn settings(&self) -> Vec<&'static dyn AnySetting> {
+        Vec::new()
+    }
 }
 
 impl<F> ManagerFactory for F
@@ -100,8 +108,12 @@ impl Router {
         self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers (or replaces) the factory of manager `name`.
+    /// Registers (or replaces) the factory of manager `name`, and declares its
+    /// settings in the process-wide store when this is the process-wide router.
     pub fn register(&self, name: &str, factory: impl ManagerFactory + 'static) {
+        if let Some(c) = self.config {
+            c.declare(&factory.settings());
+        }
         self.write()
             .factories
             .insert(name.to_owned(), Arc::new(factory));
@@ -236,6 +248,23 @@ impl Router {
             .iter()
             .map(|(_, m)| m.clone())
             .collect()
+    }
+
+    /// Tells every manager that run-time setting `name` changed (see
+    /// [`configure`](crate::config::configure)); each reads the new value through
+    /// its [`Setting`](crate::setting::Setting). Every manager is told even when
+    /// one fails; the first error is returned.
+    pub fn setting_changed(&self, name: &str) -> Result<()> {
+        let mut first = Ok(());
+        for m in self.managers() {
+            if let Err(e) = m.setting_changed(name) {
+                tracing::warn!(manager = m.name(), setting = name, error = %e, "applying a changed setting failed");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
     }
 
     /// Asks every manager to release its cached memory; returns the bytes released.
@@ -539,6 +568,7 @@ mod tests {
         name: &'static str,
         version: u32,
         inits: AtomicUsize,
+        told: AtomicUsize,
     }
 
     impl MemoryManager for Fake {
@@ -588,6 +618,17 @@ mod tests {
         fn defer_cleanup(&self) -> DeferGuard {
             DeferGuard::noop()
         }
+        fn setting_changed(&self, name: &str) -> Result<()> {
+            self.told.fetch_add(1, Ordering::SeqCst);
+            match name {
+                "refused" => Err(EmmError::InvalidConfig {
+                    name: name.into(),
+                    value: String::new(),
+                    reason: "refused by the fake".into(),
+                }),
+                _ => Ok(()),
+            }
+        }
     }
 
     fn fake(name: &'static str, version: u32) -> Arc<dyn MemoryManager> {
@@ -595,6 +636,7 @@ mod tests {
             name,
             version,
             inits: AtomicUsize::new(0),
+            told: AtomicUsize::new(0),
         })
     }
 
@@ -706,6 +748,7 @@ mod tests {
             name: "default",
             version: 1,
             inits: AtomicUsize::new(0),
+            told: AtomicUsize::new(0),
         });
         let m2 = m.clone();
         r.manager_for_key(5, None, move |_| Ok(m2 as Arc<dyn MemoryManager>))
@@ -739,7 +782,61 @@ mod tests {
         assert_eq!(config.frozen_by(), None, "a failed start reopens");
         r.manager_for_key(3, None, |_| Ok(fake("pool", 1))).unwrap();
         assert_eq!(config.frozen_by().as_deref(), Some("pool"));
-        let e = config.set("pool_limit", "1").unwrap_err();
+        let e = config.set("manager", "default").unwrap_err();
         assert!(matches!(e, EmmError::ConfiguredTooLate { .. }), "{e}");
+    }
+
+    #[test]
+    fn registering_a_factory_declares_its_settings_and_changes_reach_every_manager() {
+        use crate::setting::{parse, Key, Setting, ValueKind};
+        static KNOB: Setting<usize> = Setting::new(
+            Key::new(
+                "router_test_knob",
+                "EMM_ROUTER_TEST_KNOB",
+                ValueKind::Count,
+                "0",
+                "a knob",
+            )
+            .at_run_time(),
+            parse::count,
+        );
+        struct WithKnob;
+        impl ManagerFactory for WithKnob {
+            fn create(&self, _: &Context) -> Result<Arc<dyn MemoryManager>> {
+                Ok(fake("knobbed", 1))
+            }
+            fn settings(&self) -> Vec<&'static dyn AnySetting> {
+                vec![&KNOB]
+            }
+        }
+        let config: &'static Config = Box::leak(Box::new(Config::new()));
+        let mut r = router();
+        r.config = Some(config);
+        r.register("knobbed", WithKnob);
+        assert!(config.key("router_test_knob").is_some_and(|k| k.runtime));
+        assert!(config.key("EMM_ROUTER_TEST_KNOB").is_some());
+        let a = Arc::new(Fake {
+            name: "knobbed",
+            version: 1,
+            inits: AtomicUsize::new(0),
+            told: AtomicUsize::new(0),
+        });
+        let b = Arc::new(Fake {
+            name: "knobbed",
+            version: 1,
+            inits: AtomicUsize::new(0),
+            told: AtomicUsize::new(0),
+        });
+        let (a2, b2) = (a.clone(), b.clone());
+        r.manager_for_key(4, None, move |_| Ok(a2 as Arc<dyn MemoryManager>))
+            .unwrap();
+        r.manager_for_key(5, None, move |_| Ok(b2 as Arc<dyn MemoryManager>))
+            .unwrap();
+        r.setting_changed("router_test_knob").unwrap();
+        // Every manager is told even when one refuses; the error comes back.
+        let e = r.setting_changed("refused").unwrap_err();
+        assert!(e.to_string().contains("refused by the fake"), "{e}");
+        assert_eq!(a.told.load(Ordering::SeqCst), 2);
+        assert_eq!(b.told.load(Ordering::SeqCst), 2);
     }
 }

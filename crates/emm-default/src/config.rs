@@ -1,13 +1,42 @@
 //! Configuration of the pending-deallocation queue, from a builder or the
 //! environment.
 
-use emm_core::{EmmError, Result};
+use emm_core::setting::{parse, AnySetting, Key, Setting, ValueKind};
+use emm_core::Result;
 
 /// `EMM_MAX_PENDING_DEALLOCS_COUNT`: flush when more frees than this are pending.
 pub const COUNT_ENV: &str = "EMM_MAX_PENDING_DEALLOCS_COUNT";
 /// `EMM_MAX_PENDING_DEALLOCS_RATIO`: flush when pending bytes exceed this fraction
 /// of device memory.
 pub const RATIO_ENV: &str = "EMM_MAX_PENDING_DEALLOCS_RATIO";
+
+/// `max_pending_deallocs_count` ([`COUNT_ENV`]).
+pub static MAX_COUNT: Setting<usize> = Setting::new(
+    Key::new(
+        "max_pending_deallocs_count",
+        COUNT_ENV,
+        ValueKind::Count,
+        "10",
+        "queued frees (of the `default` manager and of pinned host memory) flushed past this count",
+    ),
+    parse::count,
+);
+
+/// `max_pending_deallocs_ratio` ([`RATIO_ENV`]).
+pub static MAX_RATIO: Setting<f64> = Setting::new(
+    Key::new(
+        "max_pending_deallocs_ratio",
+        RATIO_ENV,
+        ValueKind::Ratio,
+        "0.2",
+        "queued frees flushed past this fraction of device memory",
+    ),
+    parse::ratio,
+);
+
+/// The settings of the pending-deallocation queue: every manager that composes
+/// [`HostOnly`](crate::HostOnly) or queues frees declares them.
+pub static SETTINGS: &[&dyn AnySetting] = &[&MAX_COUNT, &MAX_RATIO];
 
 /// When queued frees are flushed (NBEP 7 / Numba's `_PendingDeallocs` rules): when
 /// the count *exceeds* `max_count`, or the bytes *exceed* `max_ratio` × capacity.
@@ -29,40 +58,15 @@ impl Default for PendingConfig {
 }
 
 impl PendingConfig {
-    /// The defaults, overridden by [`COUNT_ENV`] and [`RATIO_ENV`] when set, or by
-    /// the values configured in code (`max_pending_deallocs_count` / `_ratio`, see
-    /// [`emm_core::config`]) when not. An unparsable or out-of-range value is an
-    /// error naming the variable.
+    /// The defaults, overridden by [`MAX_COUNT`] and [`MAX_RATIO`] (the
+    /// environment's values when set, else the ones configured in code). An
+    /// unparsable or out-of-range value is an error naming the variable.
     pub fn from_env() -> Result<PendingConfig> {
-        Self::from_lookup(|k| emm_core::config::var(k).ok())
-    }
-
-    /// As [`PendingConfig::from_env`], with an explicit variable lookup.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<PendingConfig> {
-        let mut c = PendingConfig::default();
-        if let Some(v) = get(COUNT_ENV).filter(|v| !v.trim().is_empty()) {
-            c.max_count = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
-                name: COUNT_ENV.into(),
-                value: v.clone(),
-                reason: "expected a non-negative integer".into(),
-            })?;
-        }
-        if let Some(v) = get(RATIO_ENV).filter(|v| !v.trim().is_empty()) {
-            let r: f64 = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
-                name: RATIO_ENV.into(),
-                value: v.clone(),
-                reason: "expected a number between 0 and 1".into(),
-            })?;
-            if !(0.0..=1.0).contains(&r) {
-                return Err(EmmError::InvalidConfig {
-                    name: RATIO_ENV.into(),
-                    value: v,
-                    reason: "expected a number between 0 and 1".into(),
-                });
-            }
-            c.max_ratio = r;
-        }
-        Ok(c)
+        let d = PendingConfig::default();
+        Ok(PendingConfig {
+            max_count: MAX_COUNT.get(d.max_count)?,
+            max_ratio: MAX_RATIO.get(d.max_ratio)?,
+        })
     }
 
     /// The byte threshold for a device of `capacity` bytes.
@@ -75,22 +79,15 @@ impl PendingConfig {
 mod tests {
     use super::*;
 
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
+    // One test touches the variables, so no other sees them half set.
     #[test]
-    fn defaults_and_overrides() {
-        assert_eq!(
-            PendingConfig::from_lookup(env(&[])).unwrap(),
-            PendingConfig::default()
-        );
-        let c = PendingConfig::from_lookup(env(&[(COUNT_ENV, "3"), (RATIO_ENV, "0.5")])).unwrap();
+    fn defaults_overrides_and_invalid_values() {
+        std::env::remove_var(COUNT_ENV);
+        std::env::remove_var(RATIO_ENV);
+        assert_eq!(PendingConfig::from_env().unwrap(), PendingConfig::default());
+        std::env::set_var(COUNT_ENV, "3");
+        std::env::set_var(RATIO_ENV, "0.5");
+        let c = PendingConfig::from_env().unwrap();
         assert_eq!(
             c,
             PendingConfig {
@@ -99,19 +96,21 @@ mod tests {
             }
         );
         assert_eq!(c.max_bytes(1000), 500);
-    }
-
-    #[test]
-    fn invalid_values_name_the_variable() {
-        let e = PendingConfig::from_lookup(env(&[(COUNT_ENV, "ten")])).unwrap_err();
+        std::env::set_var(COUNT_ENV, "ten");
+        let e = PendingConfig::from_env().unwrap_err();
         assert_eq!(e.to_string(), "invalid value \"ten\" for EMM_MAX_PENDING_DEALLOCS_COUNT: expected a non-negative integer");
-        let e = PendingConfig::from_lookup(env(&[(RATIO_ENV, "1.5")])).unwrap_err();
-        assert!(
-            e.to_string().contains("EMM_MAX_PENDING_DEALLOCS_RATIO"),
-            "{e}"
-        );
-        let e = PendingConfig::from_lookup(env(&[(RATIO_ENV, "NaN")])).unwrap_err();
-        assert!(e.to_string().contains("between 0 and 1"), "{e}");
-        assert!(PendingConfig::from_lookup(env(&[(COUNT_ENV, "-1")])).is_err());
+        std::env::set_var(COUNT_ENV, "-1");
+        assert!(PendingConfig::from_env().is_err());
+        std::env::remove_var(COUNT_ENV);
+        for bad in ["1.5", "NaN"] {
+            std::env::set_var(RATIO_ENV, bad);
+            let e = PendingConfig::from_env().unwrap_err();
+            assert!(
+                e.to_string().contains("EMM_MAX_PENDING_DEALLOCS_RATIO"),
+                "{e}"
+            );
+            assert!(e.to_string().contains("between 0 and 1"), "{e}");
+        }
+        std::env::remove_var(RATIO_ENV);
     }
 }

@@ -30,7 +30,7 @@ mod managed;
 mod manager;
 mod upstream;
 
-pub use config::{PendingConfig, COUNT_ENV, RATIO_ENV};
+pub use config::{PendingConfig, COUNT_ENV, MAX_COUNT, MAX_RATIO, RATIO_ENV, SETTINGS};
 pub use host::HostOnly;
 pub use managed::Managed;
 pub use manager::{DefaultManager, DefaultStats};

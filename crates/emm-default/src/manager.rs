@@ -206,6 +206,11 @@ impl<U: Upstream + 'static> core::fmt::Debug for DefaultManager<U> {
 }
 
 impl DefaultManager<DriverUpstream> {
+    /// The settings it reads ([`crate::SETTINGS`]), for its factory to declare.
+    pub fn settings() -> Vec<&'static dyn emm_core::setting::AnySetting> {
+        crate::SETTINGS.to_vec()
+    }
+
     /// The default manager of `ctx`, configured from the environment
     /// ([`PendingConfig::from_env`]).
     pub fn new(ctx: &Context) -> Result<Self> {

@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use emm_core::setting::{parse, AnySetting, Key, Setting, ValueKind};
 use emm_core::{
     DeferGuard, DeferState, DeviceAllocation, DeviceRelease, DeviceView, EmmError, HostAllocFlags,
     HostMemory, IpcHandle, ManagedAttach, ManagedMemory, ManagedStats, MemoryInfo, MemoryManager,
@@ -74,24 +75,30 @@ impl Default for HostOnlyConfig {
 }
 
 impl HostOnlyConfig {
-    /// The defaults, with [`RELEASE_THRESHOLD_ENV`] applied when set, else the
-    /// `hostonly_release_threshold` configured in code (see [`emm_core::config`]).
+    /// The defaults, with [`RELEASE_THRESHOLD`] applied (the environment's
+    /// value when set, else the one configured in code).
     pub fn from_env() -> Result<Self> {
-        let mut c = HostOnlyConfig::default();
-        if let Ok(v) = emm_core::config::var(RELEASE_THRESHOLD_ENV) {
-            c.release_threshold = match v.trim() {
-                "" => c.release_threshold,
-                "max" => u64::MAX,
-                n => emm_core::parse_bytes(n).map_err(|reason| EmmError::InvalidConfig {
-                    name: RELEASE_THRESHOLD_ENV.into(),
-                    value: v.clone(),
-                    reason: format!("{reason}, or `max`"),
-                })?,
-            };
-        }
-        Ok(c)
+        let d = HostOnlyConfig::default();
+        Ok(HostOnlyConfig {
+            release_threshold: RELEASE_THRESHOLD.get(d.release_threshold)?,
+        })
     }
 }
+
+/// `hostonly_release_threshold` ([`RELEASE_THRESHOLD_ENV`]).
+pub static RELEASE_THRESHOLD: Setting<u64> = Setting::new(
+    Key::new(
+        "hostonly_release_threshold",
+        RELEASE_THRESHOLD_ENV,
+        ValueKind::BytesOrMax,
+        "max",
+        "bytes the `hostonly` manager's pool keeps reserved at synchronization points (`max`: all)",
+    ),
+    |v| parse::bytes_or_max(v).map(|n| u64::try_from(n).unwrap_or(u64::MAX)),
+);
+
+/// The settings of the `hostonly` manager (see [`HostOnlyManager::settings`]).
+pub static SETTINGS: &[&dyn AnySetting] = &[&RELEASE_THRESHOLD];
 
 /// Bytes of the pool, from its attributes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -278,6 +285,16 @@ impl core::fmt::Debug for HostOnlyManager {
 }
 
 impl HostOnlyManager {
+    /// The settings it reads: its own ([`SETTINGS`]) and its pinned-host
+    /// queue's ([`emm_default::SETTINGS`]), for its factory to declare.
+    pub fn settings() -> Vec<&'static dyn AnySetting> {
+        SETTINGS
+            .iter()
+            .chain(emm_default::SETTINGS)
+            .copied()
+            .collect()
+    }
+
     /// A manager for `ctx`, configured from the environment.
     pub fn new(ctx: &Context) -> Result<Self> {
         Self::with_config(ctx, HostOnlyConfig::from_env()?)

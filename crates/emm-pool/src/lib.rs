@@ -19,6 +19,7 @@
 mod arena;
 mod events;
 mod export;
+mod family;
 mod fasthash;
 mod graph;
 mod history;
@@ -26,6 +27,7 @@ mod host_copy;
 mod owner_lock;
 mod pool;
 mod refused;
+pub mod settings;
 mod thread_cache;
 mod vmm;
 mod vmm_export;

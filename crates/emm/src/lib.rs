@@ -7,7 +7,9 @@
 //! PyTorch). `EMM_MEMORY_MANAGER=default|pool|hostonly` picks one;
 //! [`set_memory_manager`] picks one in code (the variable wins, with a warning).
 //! [`configure`] sets any `EMM_*` setting in code before the first allocation
-//! (keys in [`emm_core::config::KEYS`]; the environment wins here too).
+//! (or, for run-time settings such as `pool_limit`, later too); [`settings`]
+//! lists the keys, each declared by the crate that reads it (see
+//! [`emm_core::setting`]; the environment wins here too).
 //!
 //! `EMM_RECORD=path` records every device allocation and free of the managers the
 //! router builds into `path` (emm's CSV, what `emm replay` reads); later contexts
@@ -28,8 +30,8 @@ use std::sync::{Arc, Once};
 
 pub use emm_core::{
     self as core, memory_manager, pause, register_manager, resume, set_memory_manager, tag_stats,
-    DeviceAllocation, EmmError, Keep, MemoryManager, PauseReport, Region, Result, Router, Tag,
-    TagStats,
+    DeviceAllocation, EmmError, Keep, ManagerFactory, MemoryManager, PauseReport, Region, Result,
+    Router, Tag, TagStats,
 };
 pub use emm_driver::{self as driver, Context, Device, Stream};
 pub use emm_sys as sys;
@@ -39,8 +41,10 @@ pub use {emm_default, emm_hostonly, emm_pool};
 /// The names of the built-in managers.
 pub const BUILTIN_MANAGERS: &[&str] = &["default", "pool", "hostonly"];
 
-/// Sets configuration key `key` to `value` before the first allocation (see
-/// [`emm_core::config`]): registers the built-in managers first, so
+/// Sets configuration key `key` (see [`settings`]) to `value`: before the first
+/// allocation, or at any time for a run-time setting (`pool_limit`,
+/// `pool_release_threshold`), which every manager applies at once (see
+/// [`emm_core::config`]). Registers the built-in managers first, so
 /// `configure("manager", "hostonly")` works without another call.
 ///
 /// Errors: [`EmmError::InvalidConfig`], [`EmmError::UnknownManager`],
@@ -50,6 +54,14 @@ pub fn configure(key: &str, value: &str) -> Result<()> {
     emm_core::config::configure(key, value)
 }
 
+/// Every setting `configure` knows, in the order of the documentation: the
+/// router's `manager`, then those of the registered managers (the built-in ones
+/// are registered first).
+pub fn settings() -> Vec<core::setting::Key> {
+    register_builtin_managers();
+    core::config::Config::global().keys()
+}
+
 /// Registers `default`, `pool` and `hostonly` in the process-wide router (once;
 /// later calls do nothing). Never touches the driver.
 pub fn register_builtin_managers() {
@@ -57,16 +69,31 @@ pub fn register_builtin_managers() {
     ONCE.call_once(|| register_builtins_in(Router::global()));
 }
 
-/// Registers the built-in managers in `router`; each is wrapped in a
-/// [`trace::RecordingManager`] when `EMM_RECORD` is set.
+/// Registers the built-in managers in `router`, with the settings each reads;
+/// each is wrapped in a [`trace::RecordingManager`] when `EMM_RECORD` is set.
 pub fn register_builtins_in(router: &Router) {
-    for &name in BUILTIN_MANAGERS {
-        router.register(
-            name,
-            move |ctx: &Context| -> Result<Arc<dyn MemoryManager>> {
-                record_if_asked(build_manager(name, ctx)?)
-            },
-        );
+    // The pool first: its settings lead the list of keys (it is the default).
+    for name in ["pool", "default", "hostonly"] {
+        debug_assert!(BUILTIN_MANAGERS.contains(&name));
+        router.register(name, Builtin(name));
+    }
+}
+
+/// The factory of built-in manager `.0`.
+struct Builtin(&'static str);
+
+impl ManagerFactory for Builtin {
+    fn create(&self, ctx: &Context) -> Result<Arc<dyn MemoryManager>> {
+        record_if_asked(build_manager(self.0, ctx)?)
+    }
+
+    fn settings(&self) -> Vec<&'static dyn core::setting::AnySetting> {
+        match self.0 {
+            "pool" => emm_pool::PoolManager::settings(),
+            "default" => emm_default::DefaultManager::settings(),
+            "hostonly" => emm_hostonly::HostOnlyManager::settings(),
+            _ => Vec::new(),
+        }
     }
 }
 

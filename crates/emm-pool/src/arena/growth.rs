@@ -23,7 +23,7 @@ impl Arena {
         stream: StreamKey,
         source: &dyn SegmentSource,
     ) -> Result<CUdeviceptr> {
-        if let Some(limit) = self.limit {
+        if let Some(limit) = self.limit() {
             if self.family_reserved() + seg > limit {
                 let (free, total) = source.device_info();
                 return Err(EmmError::OutOfMemory {
@@ -150,7 +150,7 @@ impl Arena {
         let needed = target.need.saturating_sub(movable_bytes).min(fresh);
         if needed > 0
             && self
-                .limit
+                .limit()
                 .is_none_or(|l| self.family_reserved() + fresh <= l)
         {
             let (free, total) = source.device_info();
@@ -166,7 +166,7 @@ impl Arena {
             }
         }
         let over_limit = self
-            .limit
+            .limit()
             .filter(|&limit| self.family_reserved() + fresh > limit);
         let mut pieces = movable.clone();
         if over_limit.is_none() {
@@ -188,7 +188,7 @@ impl Arena {
             }
             let have: usize = pieces[..mapped].iter().map(|p| p.1).sum();
             let want = grow.saturating_sub(have).min(room - have);
-            let limit = self.limit.filter(|&l| self.family_reserved() + want > l);
+            let limit = self.limit().filter(|&l| self.family_reserved() + want > l);
             if limit.is_some() {
                 // Out of memory under the byte limit, not the move's error.
                 over_limit = limit;
@@ -649,13 +649,28 @@ impl Arena {
         source: &dyn SegmentSource,
         only: Option<Kind>,
     ) -> usize {
+        self.release_whole_segments_until(source, only, None, 0)
+    }
+
+    /// As [`Arena::release_whole_segments`], only the segments free on `stream`
+    /// when one is given, stopping once the family reserves no more than `until`
+    /// bytes.
+    pub(super) fn release_whole_segments_until(
+        &mut self,
+        source: &dyn SegmentSource,
+        only: Option<Kind>,
+        stream: Option<StreamKey>,
+        until: usize,
+    ) -> usize {
         let whole: Vec<(CUdeviceptr, usize, StreamKey, Kind)> = self
             .segments
             .iter()
             .filter(|(_, seg)| seg.expandable.is_none() && only.is_none_or(|k| seg.kind == k))
             .filter_map(|(&base, seg)| match self.blocks.get(&base) {
                 Some(b) if b.size == seg.size => match b.state {
-                    State::Free(s) => Some((base, seg.size, s, seg.kind)),
+                    State::Free(s) if stream.is_none_or(|t| t == s) => {
+                        Some((base, seg.size, s, seg.kind))
+                    }
                     _ => None,
                 },
                 _ => None,
@@ -663,6 +678,9 @@ impl Arena {
             .collect();
         let mut released = 0;
         for (base, size, stream, kind) in whole {
+            if self.family_reserved() <= until {
+                break;
+            }
             if let Err(e) = source.free_segment(base, size) {
                 tracing::error!(error = %e, base, size, "returning a segment to the upstream failed; keeping it");
                 continue;

@@ -12,6 +12,7 @@ use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
 use crate::events::{EventId, EventSource};
+use crate::family::Family;
 use crate::fasthash::FastMap;
 use crate::history::History;
 
@@ -22,6 +23,7 @@ mod inspect;
 mod merge;
 mod oom;
 mod pause;
+mod release;
 mod retire;
 mod streams;
 
@@ -160,6 +162,9 @@ pub struct ArenaStats {
     /// Wholly free large segments merged into one (without the expandable segment;
     /// see [`SegmentPolicy::merge_quiet`]).
     pub merges: usize,
+    /// Frees after which memory above the release threshold went back (see
+    /// `release.rs`).
+    pub threshold_releases: usize,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
@@ -400,7 +405,6 @@ pub(crate) struct Arena {
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
-    pub limit: Option<usize>,
     /// The expandable segment's address space.
     grow_base: Reservation,
     /// Old mappings of moved pieces, waiting for the work queued on them (see
@@ -414,9 +418,9 @@ pub(crate) struct Arena {
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
     spare_copies: Vec<crate::host_copy::HostCopy>,
-    /// Reserved bytes of the pool's family (a pool and its tag pools), which
-    /// share its byte limit; `None`: this arena's alone.
-    budget: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    /// What the pool's family (a pool and its tag pools) shares: reserved
+    /// bytes, the byte limit and the release threshold.
+    family: std::sync::Arc<Family>,
 }
 
 /// Where the expandable segment's address space stands.
@@ -443,57 +447,39 @@ impl Reservation {
 }
 
 impl Arena {
-    pub fn new(policy: SegmentPolicy, limit: Option<usize>) -> Self {
+    /// An arena of `family`, whose byte limit and release threshold it shares
+    /// with the family's other arenas (a pool and its tag pools). Arenas check
+    /// the limit under their own locks: two growing at once can pass it by one
+    /// growth.
+    pub(crate) fn in_family(policy: SegmentPolicy, family: std::sync::Arc<Family>) -> Self {
         Arena {
             policy,
-            limit,
+            family,
             ..Arena::default()
         }
     }
 
-    /// As [`Arena::new`], with the byte limit shared by every arena that counts
-    /// its reserved bytes in `budget` (a pool and its tag pools). Arenas check
-    /// it under their own locks: two growing at once can pass it by one growth.
-    pub fn with_budget(
-        policy: SegmentPolicy,
-        limit: Option<usize>,
-        budget: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    ) -> Self {
-        Arena {
-            budget: Some(budget),
-            ..Arena::new(policy, limit)
-        }
+    /// The byte limit of the family, if any (it may change while the pool serves).
+    pub(crate) fn limit(&self) -> Option<usize> {
+        self.family.limit()
     }
 
-    /// Reserved bytes the byte limit is checked against: the family's (see
-    /// [`Arena::with_budget`]), else this arena's.
+    /// Reserved bytes the byte limit is checked against: the family's.
     pub(crate) fn family_reserved(&self) -> usize {
-        match &self.budget {
-            Some(b) => b.load(std::sync::atomic::Ordering::Relaxed),
-            None => self.stats.reserved,
-        }
+        self.family.reserved()
     }
 
-    /// Counts `n` more bytes reserved (here and in the family's budget).
+    /// Counts `n` more bytes reserved (here and in the family).
     fn add_reserved(&mut self, n: usize) {
         self.stats.reserved += n;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
-        if let Some(b) = &self.budget {
-            b.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.family.add(n);
     }
 
     /// Counts `n` bytes fewer reserved.
     fn sub_reserved(&mut self, n: usize) {
         self.stats.reserved = self.stats.reserved.saturating_sub(n);
-        if let Some(b) = &self.budget {
-            // (Never below zero: every byte subtracted was added by this arena.)
-            let _ = b.fetch_update(
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-                |v| Some(v.saturating_sub(n)),
-            );
-        }
+        self.family.sub(n);
     }
 
     /// Whether `base` is the expandable segment's base (a block there is virtual
@@ -656,7 +642,9 @@ impl Arena {
                 self.stats.live -= b.size;
                 // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
-                if !is_default_stream(stream) && stream != SETTLED {
+                // With a release threshold, frees on the default streams record
+                // events too, so that their blocks settle without waiting.
+                if (!is_default_stream(stream) || self.threshold_set()) && stream != SETTLED {
                     self.stats.events_recorded += usize::from(events.is_some());
                     let recorded = events.map(|ev| ev.record(stream_of_key(stream)));
                     let st = self.streams.entry(stream).or_default();

@@ -79,7 +79,7 @@ impl Arena {
                         emm_core::fmt_bytes(self.largest_free()),
                         // The limit, where one is set: the device's free and total
                         // bytes do not say why a pool under its limit refused.
-                        self.limit.map_or(String::new(), |l| format!(
+                        self.limit().map_or(String::new(), |l| format!(
                             "; the pool's byte limit (EMM_POOL_LIMIT) is {}",
                             emm_core::fmt_bytes(l)
                         )),

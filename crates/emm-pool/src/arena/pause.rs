@@ -217,7 +217,7 @@ impl Arena {
         };
         let fresh = coalesce(&paused.pieces, RESUME_PIECE);
         let bytes: usize = fresh.iter().map(|&(_, l)| l).sum();
-        if let Some(limit) = self.limit {
+        if let Some(limit) = self.limit() {
             if self.family_reserved() + bytes > limit {
                 let free = limit.saturating_sub(self.family_reserved());
                 self.paused = Some(paused);

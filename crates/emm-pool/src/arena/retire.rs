@@ -119,6 +119,16 @@ impl Arena {
     /// mapped in its free block, for the next trim (the error is logged). Returns
     /// the bytes released.
     pub fn release_free_pieces(&mut self, source: &dyn SegmentSource) -> usize {
+        self.release_free_pieces_until(source, 0)
+    }
+
+    /// As [`Arena::release_free_pieces`], stopping once the family reserves no
+    /// more than `until` bytes.
+    pub(super) fn release_free_pieces_until(
+        &mut self,
+        source: &dyn SegmentSource,
+        until: usize,
+    ) -> usize {
         let Some(base) = self.grow_base.base() else {
             return 0;
         };
@@ -134,6 +144,9 @@ impl Arena {
             let (mut run_start, mut run) = (h.first, Vec::new());
             let mut at = h.first;
             for &len in &h.pieces {
+                if self.family_reserved() <= until {
+                    break;
+                }
                 if self.unmap_piece(base, at, len, source) {
                     if run.is_empty() {
                         run_start = at;

@@ -1,8 +1,10 @@
-//! [`PoolConfig`]: what a pool is built with, and its environment variables.
+//! [`PoolConfig`]: what a pool is built with, read from its settings
+//! (`settings.rs`).
 
-use emm_core::{EmmError, Result};
+use emm_core::Result;
 
 use crate::arena::SegmentPolicy;
+use crate::settings;
 
 /// Configuration of a [`PoolManager`](crate::PoolManager).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -15,8 +17,17 @@ pub struct PoolConfig {
     pub thread_cache_blocks: usize,
     /// Bytes a thread keeps per stream for immediate reuse.
     pub thread_cache_bytes: usize,
-    /// Reserved bytes above which `release_cached` and a free's trim check give
-    /// wholly free segments back (`usize::MAX`: only on `trim()` or out of memory).
+    /// Reserved bytes above which the pool gives free memory back to the device
+    /// once the streams that freed it are idle (`usize::MAX`, the default: only
+    /// on `trim()`, `release_cached` or out of memory). Checked at each free that
+    /// reaches the shared arena: the free blocks of a stream whose last free's
+    /// event has completed are settled (queried, never waited for), and wholly
+    /// free segments and pieces of the expandable segment go back until the pool
+    /// reserves no more than the threshold. Blocks kept in thread caches (at most
+    /// `thread_cache_bytes` per thread and stream) are not given back by it.
+    /// CUDA's mempool attribute of the same name releases at synchronizations,
+    /// which a pool cannot see. `pool_release_threshold`; may change while the
+    /// pool serves.
     pub release_threshold: usize,
     /// The expandable segment's pieces are created exportable as POSIX file
     /// descriptors, so that `get_ipc_handle` of a block there gives an
@@ -27,75 +38,31 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// The defaults, with `EMM_POOL_EXPANDABLE` (`0`/`false` turns the expandable
-    /// segment off, e.g. for legacy IPC of every block), `EMM_POOL_EXPORTABLE`
-    /// (`1`/`true`: blocks of the expandable segment export by file descriptor),
-    /// `EMM_POOL_LEGACY_MERGE`
-    /// (without the expandable segment: merge wholly free large segments when live
-    /// bytes fall to 1/n of reserved; 0 off, see `SegmentPolicy::merge_quiet`),
-    /// `EMM_POOL_THREAD_CACHE`
-    /// (bytes per thread and stream; 0 turns thread caches off) and `EMM_POOL_LIMIT`
-    /// (bytes) applied. An invalid value is an error naming the variable.
+    /// The defaults, with the pool's settings applied (each the environment's
+    /// value when its variable is set, else the one configured in code; see
+    /// [`crate::settings`]): `pool_expandable` (`0` turns the expandable segment
+    /// off, e.g. for legacy IPC of every block), `pool_exportable`,
+    /// `pool_legacy_merge` (without the expandable segment: merge wholly free
+    /// large segments when live bytes fall to 1/n of reserved; 0 off, see
+    /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
+    /// stream; 0 turns thread caches off), `pool_limit` and
+    /// `pool_release_threshold`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
-        if let Ok(v) = emm_core::config::var("EMM_POOL_EXPANDABLE") {
-            c.segments.expandable = env_bool("EMM_POOL_EXPANDABLE", v, true)?;
-        }
-        if let Ok(v) = emm_core::config::var("EMM_POOL_EXPORTABLE") {
-            c.exportable = env_bool("EMM_POOL_EXPORTABLE", v, false)?;
-        }
-        if let Ok(v) = emm_core::config::var("EMM_POOL_THREAD_CACHE") {
-            if !v.trim().is_empty() {
-                c.thread_cache_bytes = emm_core::parse_bytes(&v)
-                    .and_then(|n| usize::try_from(n).map_err(|_| "too large".to_owned()))
-                    .map_err(|reason| EmmError::InvalidConfig {
-                        name: "EMM_POOL_THREAD_CACHE".into(),
-                        value: v.clone(),
-                        reason,
-                    })?;
-                if c.thread_cache_bytes == 0 {
-                    c.thread_cache_blocks = 0;
-                }
+        c.segments.expandable = settings::EXPANDABLE.get(c.segments.expandable)?;
+        c.exportable = settings::EXPORTABLE.get(c.exportable)?;
+        if let Some(bytes) = settings::THREAD_CACHE.value()? {
+            c.thread_cache_bytes = bytes;
+            if bytes == 0 {
+                c.thread_cache_blocks = 0;
             }
         }
-        if let Ok(v) = emm_core::config::var("EMM_POOL_LEGACY_MERGE") {
-            if !v.trim().is_empty() {
-                let n: usize = v.trim().parse().map_err(|_| EmmError::InvalidConfig {
-                    name: "EMM_POOL_LEGACY_MERGE".into(),
-                    value: v.clone(),
-                    reason: "expected a count (0: off)".into(),
-                })?;
-                c.segments.merge_quiet = (n > 0).then_some(n);
-            }
+        if let Some(n) = settings::LEGACY_MERGE.value()? {
+            c.segments.merge_quiet = (n > 0).then_some(n);
         }
-        if let Ok(v) = emm_core::config::var("EMM_POOL_LIMIT") {
-            if !v.trim().is_empty() {
-                c.limit = Some(
-                    emm_core::parse_bytes(&v)
-                        .and_then(|n| usize::try_from(n).map_err(|_| "too large".to_owned()))
-                        .map_err(|reason| EmmError::InvalidConfig {
-                            name: "EMM_POOL_LIMIT".into(),
-                            value: v.clone(),
-                            reason,
-                        })?,
-                );
-            }
-        }
+        c.limit = settings::LIMIT.get(c.limit)?;
+        c.release_threshold = settings::RELEASE_THRESHOLD.get(c.release_threshold)?;
         Ok(c)
-    }
-}
-
-/// A boolean variable's value (`empty`: what an empty value means).
-fn env_bool(name: &str, v: String, empty: bool) -> Result<bool> {
-    match v.trim() {
-        "" => Ok(empty),
-        "1" | "true" | "yes" => Ok(true),
-        "0" | "false" | "no" => Ok(false),
-        _ => Err(EmmError::InvalidConfig {
-            name: name.into(),
-            value: v,
-            reason: "expected 0 or 1".into(),
-        }),
     }
 }
 

@@ -20,6 +20,8 @@ use super::stats::PoolStats;
 use super::tagged::{Recipe, TagPools};
 use super::upstream::{make_core, PoolUpstream};
 use crate::arena::Arena;
+use crate::family::Family;
+use crate::settings;
 
 /// The caching pool: a stream-aware best-fit allocator over segments, with
 /// per-thread caches so that a same-stream allocate+free pair takes no lock and
@@ -58,6 +60,9 @@ pub struct PoolManager {
     core: Arc<Core>,
     /// The pools of tagged allocations (see `tagged.rs`).
     tags: TagPools,
+    /// Reserved bytes, byte limit and release threshold, shared with the tag
+    /// pools.
+    family: Arc<Family>,
 }
 
 impl core::fmt::Debug for PoolManager {
@@ -69,6 +74,17 @@ impl core::fmt::Debug for PoolManager {
 }
 
 impl PoolManager {
+    /// The settings it reads: its own ([`crate::settings::SETTINGS`]) and its
+    /// pinned-host queue's ([`emm_default::SETTINGS`]), for its factory to
+    /// declare.
+    pub fn settings() -> Vec<&'static dyn emm_core::setting::AnySetting> {
+        crate::settings::SETTINGS
+            .iter()
+            .chain(emm_default::SETTINGS)
+            .copied()
+            .collect()
+    }
+
     /// A pool of device memory in `ctx` (`cuMemAlloc` segments, and an expandable
     /// segment where the device has virtual memory management) with host memory from
     /// a composed [`HostOnly`], configured by [`PoolConfig::from_env`].
@@ -83,10 +99,11 @@ impl PoolManager {
             &PoolUpstream::Host { capacity, touch } => Recipe::Host { capacity, touch },
             PoolUpstream::Custom(..) => Recipe::None,
         };
-        let budget = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let family = Arc::new(Family::new(config.limit, config.release_threshold));
         Ok(PoolManager {
-            core: make_core(upstream, config, budget.clone())?,
-            tags: TagPools::new(recipe, budget),
+            core: make_core(upstream, config, family.clone())?,
+            tags: TagPools::new(recipe, family.clone()),
+            family,
         })
     }
 
@@ -218,6 +235,51 @@ impl PoolManager {
         }
         let tagged: usize = self.tags.all().iter().map(|t| trim_core(&t.core)).sum();
         tagged + trim_core(&self.core)
+    }
+
+    /// The byte limit of the pool and its tag pools (`None`: the device's memory).
+    pub fn limit(&self) -> Option<usize> {
+        self.family.limit()
+    }
+
+    /// Sets the byte limit of the pool and its tag pools while it serves
+    /// (`pool_limit` at run time). Below what the pool reserves, the pool trims at
+    /// once ([`PoolManager::trim`]); what is still above it stays until it is
+    /// freed, and growth that would pass the limit is refused
+    /// ([`EmmError::OutOfMemory`] naming the limit). Returns the bytes the trim
+    /// gave back.
+    pub fn set_limit(&self, limit: Option<usize>) -> usize {
+        self.family.set_limit(limit);
+        match limit {
+            Some(l) if self.family.reserved() > l => self.trim(),
+            _ => 0,
+        }
+    }
+
+    /// The release threshold (`usize::MAX`: none; see
+    /// [`PoolConfig::release_threshold`]).
+    pub fn release_threshold(&self) -> usize {
+        self.family.release_threshold()
+    }
+
+    /// Sets the release threshold while the pool serves
+    /// (`pool_release_threshold` at run time). When the pool reserves more, it
+    /// waits for its streams once (as [`PoolManager::trim`] does) and gives back
+    /// free memory down to the threshold. Returns the bytes given back.
+    pub fn set_release_threshold(&self, bytes: usize) -> usize {
+        self.family.set_release_threshold(bytes);
+        let mut released = 0;
+        for core in self.tags.all().iter().map(|t| &t.core).chain([&self.core]) {
+            if !self.family.above_threshold() {
+                break;
+            }
+            let mut arena = core.lock();
+            if let Err(e) = arena.consolidate(core.events.as_ref()) {
+                tracing::warn!(error = %e, "waiting for streams failed; releasing what is settled");
+            }
+            released += arena.release_above_threshold(core.events.as_ref(), &core.source());
+        }
+        released
     }
 }
 
@@ -526,6 +588,15 @@ impl MemoryManager for PoolManager {
         self.tags.stats()
     }
 
+    fn setting_changed(&self, name: &str) -> Result<()> {
+        if name == settings::LIMIT.key().name {
+            self.set_limit(settings::LIMIT.get(None)?);
+        } else if name == settings::RELEASE_THRESHOLD.key().name {
+            self.set_release_threshold(settings::RELEASE_THRESHOLD.get(usize::MAX)?);
+        }
+        Ok(())
+    }
+
     fn stats(&self) -> ManagerStats {
         let s = PoolManager::stats(self);
         ManagerStats {
@@ -598,6 +669,7 @@ fn core_stats(core: &Core, arena: &mut Arena) -> PoolStats {
         scan_steps: a.scan_steps,
         tightenings: a.tightenings,
         merges: a.merges,
+        threshold_releases: a.threshold_releases,
         pieces_mapped: a.pieces_mapped,
         pieces_moved: a.pieces_moved,
         pieces_unmapped: a.pieces_unmapped,

@@ -323,6 +323,15 @@ impl Core {
         })
     }
 
+    /// After frees reached the arena: memory above the release threshold goes
+    /// back to the device (see `PoolConfig::release_threshold`; one relaxed load
+    /// and a comparison when the pool is under it).
+    fn after_free(&self, arena: &mut Arena) {
+        if arena.above_release_threshold() {
+            arena.release_above_threshold(self.events.as_ref(), &self.source());
+        }
+    }
+
     pub(super) fn give_back(
         &self,
         ptr: CUdeviceptr,
@@ -408,6 +417,7 @@ impl Core {
                 {
                     let mut arena = self.lock();
                     self.flush_stream(&mut arena, sc, &local.counters, gen, true);
+                    self.after_free(&mut arena);
                 }
                 sc.put(Entry {
                     ptr,
@@ -425,13 +435,18 @@ impl Core {
         match cached {
             Some(Freed::Cached) => {}
             Some(Freed::ToArena(counters)) => {
-                self.lock().free(ptr, key, Some(self.events.as_ref()));
+                let mut arena = self.lock();
+                arena.free(ptr, key, Some(self.events.as_ref()));
+                self.after_free(&mut arena);
+                drop(arena);
                 done(&counters.live_blocks);
             }
             None => {
                 // No cache on this thread (or it is being torn down).
                 if token_gen == current {
-                    self.lock().free(ptr, key, Some(self.events.as_ref()));
+                    let mut arena = self.lock();
+                    arena.free(ptr, key, Some(self.events.as_ref()));
+                    self.after_free(&mut arena);
                 }
                 self.orphan.freed_blocks.fetch_add(1, Ordering::Release);
             }

@@ -82,6 +82,9 @@ pub struct PoolStats {
     /// Wholly free large segments merged into one without the expandable segment
     /// (`EMM_POOL_LEGACY_MERGE`).
     pub merges: usize,
+    /// Frees after which memory above the release threshold went back to the
+    /// device (`pool_release_threshold`).
+    pub threshold_releases: usize,
     /// Pieces of the expandable segment mapped with new memory (one driver call each).
     pub pieces_mapped: usize,
     /// Pieces of the expandable segment whose memory moved (mapped again where
@@ -132,6 +135,7 @@ impl PoolStats {
         self.scan_steps += other.scan_steps;
         self.tightenings += other.tightenings;
         self.merges += other.merges;
+        self.threshold_releases += other.threshold_releases;
         self.pieces_mapped += other.pieces_mapped;
         self.pieces_moved += other.pieces_moved;
         self.pieces_unmapped += other.pieces_unmapped;
@@ -187,6 +191,7 @@ impl PoolStats {
             ("emm.pieces_unmapped", u(self.pieces_unmapped)),
             ("emm.tightenings", u(self.tightenings)),
             ("emm.merges", u(self.merges)),
+            ("emm.threshold_releases", u(self.threshold_releases)),
             ("emm.paused_bytes", u(self.paused_bytes)),
         ]
     }

@@ -12,6 +12,7 @@
 //! flight when its memory goes.
 
 use std::sync::atomic::AtomicUsize;
+
 use std::sync::{Arc, RwLock};
 
 use emm_core::{DeviceAllocation, PauseReport, Result, Tag, TagStats};
@@ -21,6 +22,7 @@ use emm_sys::CUstream;
 use super::config::PoolConfig;
 use super::shared::Core;
 use super::upstream::{make_core, PoolUpstream};
+use crate::family::Family;
 
 /// How to make a tag's pool: the parent's upstream, again.
 #[derive(Clone)]
@@ -49,18 +51,18 @@ pub(super) struct TagPool {
 /// A pool's tag pools, indexed by [`Tag::index`].
 pub(super) struct TagPools {
     recipe: Recipe,
-    /// The family's reserved bytes, against the parent's byte limit.
-    budget: Arc<AtomicUsize>,
+    /// The parent's family: reserved bytes, byte limit, release threshold.
+    family: Arc<Family>,
     /// History entries each tag pool records (the parent's `record_history`).
     history: AtomicUsize,
     pools: RwLock<Vec<Option<Arc<TagPool>>>>,
 }
 
 impl TagPools {
-    pub(super) fn new(recipe: Recipe, budget: Arc<AtomicUsize>) -> TagPools {
+    pub(super) fn new(recipe: Recipe, family: Arc<Family>) -> TagPools {
         TagPools {
             recipe,
-            budget,
+            family,
             history: AtomicUsize::new(0),
             pools: RwLock::new(Vec::new()),
         }
@@ -119,7 +121,7 @@ impl TagPools {
                 })
             }
         };
-        let core = make_core(upstream, config, self.budget.clone())?;
+        let core = make_core(upstream, config, self.family.clone())?;
         let history = self.history.load(std::sync::atomic::Ordering::Relaxed);
         if history > 0 {
             core.lock().history.set_capacity(history);

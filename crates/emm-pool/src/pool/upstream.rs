@@ -13,6 +13,7 @@ use super::shared::Core;
 use super::threads::{ThreadCounters, NEXT_ID};
 use crate::arena::Arena;
 use crate::events::{DriverEvents, EventSource, HostEvents};
+use crate::family::Family;
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
 /// Where a pool's segments come from.
@@ -37,14 +38,12 @@ pub enum PoolUpstream {
 }
 
 /// The shared state of a pool over `upstream` with `config` (a pool's own, or
-/// a tag pool's).
-/// The shared state of a pool over `upstream` with `config`, counting its
-/// reserved bytes in `budget` (shared by a pool and its tag pools, which share
-/// its byte limit).
+/// a tag pool's), in `family` (shared by a pool and its tag pools: reserved
+/// bytes, the byte limit and the release threshold).
 pub(super) fn make_core(
     upstream: PoolUpstream,
     config: PoolConfig,
-    budget: Arc<AtomicUsize>,
+    family: Arc<Family>,
 ) -> Result<Arc<Core>> {
     let seg = &config.segments;
     for (name, value) in [
@@ -115,11 +114,10 @@ pub(super) fn make_core(
         None => None,
     };
     let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
-    let limit = config.limit;
     Ok(Arc::new(Core {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         name,
-        arena: Mutex::new(Arena::with_budget(config.segments, limit, budget)),
+        arena: Mutex::new(Arena::in_family(config.segments, family)),
         upstream: up,
         vmm,
         events,

@@ -1,0 +1,94 @@
+//! The pool's settings, declared here, where they are read ([`SETTINGS`] is what
+//! its factory declares to the router; see `emm_core::setting`). Adding one is one
+//! `static` here and one entry in [`SETTINGS`]; `configure`, `emm_configure`,
+//! Python's `emm.configure` and `emm.settings()` know it from that.
+
+use emm_core::setting::{parse, AnySetting, Key, Setting, ValueKind};
+
+/// `pool_limit` (`EMM_POOL_LIMIT`): the most bytes the pool (with its tag pools)
+/// reserves per device. A run-time setting: lowering it below what is reserved
+/// gives cached memory back at once, then refuses what would pass it.
+pub static LIMIT: Setting<Option<usize>> = Setting::new(
+    Key::new(
+        "pool_limit",
+        "EMM_POOL_LIMIT",
+        ValueKind::BytesOrMax,
+        "max",
+        "largest number of bytes the pool reserves per device (`max`: the device's memory); may change while the pool serves",
+    )
+    .at_run_time(),
+    parse::bound,
+);
+
+/// `pool_release_threshold` (`EMM_POOL_RELEASE_THRESHOLD`): reserved bytes above
+/// which the pool gives back free memory once the streams that freed it are idle
+/// (see `PoolConfig::release_threshold`). A run-time setting.
+pub static RELEASE_THRESHOLD: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_release_threshold",
+        "EMM_POOL_RELEASE_THRESHOLD",
+        ValueKind::BytesOrMax,
+        "max",
+        "reserved bytes above which the pool gives free memory back to the device once the streams that freed it are idle (`max`: never; as CUDA's mempool release threshold); may change while the pool serves",
+    )
+    .at_run_time(),
+    parse::bytes_or_max,
+);
+
+/// `pool_expandable` (`EMM_POOL_EXPANDABLE`).
+pub static EXPANDABLE: Setting<bool> = Setting::new(
+    Key::new(
+        "pool_expandable",
+        "EMM_POOL_EXPANDABLE",
+        ValueKind::Bool,
+        "1",
+        "large pool blocks in one expandable segment over CUDA virtual memory (0: legacy IPC for every block)",
+    ),
+    parse::flag,
+);
+
+/// `pool_exportable` (`EMM_POOL_EXPORTABLE`).
+pub static EXPORTABLE: Setting<bool> = Setting::new(
+    Key::new(
+        "pool_exportable",
+        "EMM_POOL_EXPORTABLE",
+        ValueKind::Bool,
+        "0",
+        "pieces of the pool's expandable segment are created exportable, so its blocks export to other processes by file descriptor (`emm.numba_plugin` turns it on)",
+    ),
+    parse::flag,
+);
+
+/// `pool_legacy_merge` (`EMM_POOL_LEGACY_MERGE`).
+pub static LEGACY_MERGE: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_legacy_merge",
+        "EMM_POOL_LEGACY_MERGE",
+        ValueKind::Count,
+        "0",
+        "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved after a new segment (0: off)",
+    ),
+    parse::count,
+);
+
+/// `pool_thread_cache` (`EMM_POOL_THREAD_CACHE`).
+pub static THREAD_CACHE: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_thread_cache",
+        "EMM_POOL_THREAD_CACHE",
+        ValueKind::Bytes,
+        "512M",
+        "bytes each thread keeps per stream for immediate reuse (0: no thread caches)",
+    ),
+    parse::bytes,
+);
+
+/// Every setting of the pool, in the order the documentation lists them.
+pub static SETTINGS: &[&dyn AnySetting] = &[
+    &LIMIT,
+    &RELEASE_THRESHOLD,
+    &EXPANDABLE,
+    &EXPORTABLE,
+    &LEGACY_MERGE,
+    &THREAD_CACHE,
+];
