@@ -48,7 +48,7 @@ import pickle
 import warnings
 from typing import Any, Dict, Optional
 
-from . import _torch_native, _torch_routes, _torch_state
+from . import _torch_native, _torch_routes, _torch_settings, _torch_state
 from ._lib import EmmWarning, library_path, load
 from ._require import require
 from ._torch_state import to_torch_snapshot  # noqa: F401  (public here; defined beside the state it converts)
@@ -103,7 +103,10 @@ def install(native: Optional[bool] = None) -> Any:
     ``torch.Tensor.record_stream`` and PyTorch's memory statistics are routed to
     emm in Python (``emm._torch_routes``): that object drops the first, which would
     let memory still in use on another stream be handed out again, and raises for
-    the second. Either way PyTorch's allocation-history tools are pointed at emm's."""
+    the second. Either way PyTorch's allocation-history tools are pointed at emm's,
+    and ``torch.cuda.memory._set_allocator_settings`` at emm's settings
+    (``emm._torch_settings``: the keys that mean one of emm's are applied, the
+    others refused with a message)."""
     global _INSTALLED
     torch = require("torch", "emm.torch.install()")
 
@@ -136,6 +139,7 @@ def install(native: Optional[bool] = None) -> Any:
         _torch_routes.route_memory_stats(torch)
         _torch_routes.refuse_graph_capture(torch)
     _torch_routes.route_memory_history(torch)
+    _torch_settings.route_allocator_settings(torch)
     return torch.cuda.memory._get_current_allocator()
 
 

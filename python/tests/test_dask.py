@@ -120,11 +120,13 @@ def test_setup_stats_trim_teardown_and_a_conflict_on_a_driver():
         assert d["allocated_bytes"] == 0 and d["allocated_bytes_peak"] >= 12 << 20, d
         released = emm.dask.trim()
         assert set(released) == {0}
-        # The same settings again: accepted. Others: refused, saying why.
+        # The same settings again: accepted; a run-time one (the limit) changed:
+        # applied. Others: refused, saying why.
         emm.dask.setup_worker("pool", numba=False, cupy=False, configure={"limit": 1 << 30})
+        emm.dask.setup_worker("pool", numba=False, cupy=False, configure={"limit": 1 << 31})
         try:
-            emm.dask.setup_worker("pool", numba=False, cupy=False, configure={"limit": 1 << 31})
-            raise AssertionError("a different limit was accepted after first use")
+            emm.dask.setup_worker("pool", numba=False, cupy=False, configure={"expandable": False})
+            raise AssertionError("a different expandable was accepted after first use")
         except RuntimeError as e:
             assert "fixed at first use" in str(e) and "client.restart()" in str(e), e
         assert emm.dask.verify_routes() == {"cupy": None, "numba": None, "rmm": None}

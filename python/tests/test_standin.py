@@ -241,3 +241,52 @@ def test_record_stream_reaches_emm_and_orders_the_free():
     lib.emm_torch_free(p, 4096, 0, None)
     if waits is not None:
         assert calls("cuStreamWaitEvent") == waits + 1
+
+
+def test_pytorch_allocator_settings_reach_emm_or_are_refused(mgr):
+    """``torch.cuda.memory._set_allocator_settings`` under ``emm.torch`` goes to
+    emm's settings (``emm._torch_settings``): run-time ones apply at once, the one
+    read when the pool was made accepts only its value in effect, and PyTorch's
+    keys without a meaning for emm are refused before anything is applied. A
+    stand-in for ``torch`` here."""
+    import os
+    import types
+
+    from emm import _torch_settings
+
+    if mgr.name != "pool":
+        pytest.skip(f"the process's manager is {mgr.name}; the settings are the pool's")
+    calls = []
+    memory = types.SimpleNamespace(_set_allocator_settings=calls.append)
+    props = types.SimpleNamespace(total_memory=8 << 30)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        memory=memory, current_device=lambda: 0, get_device_properties=lambda d: props))
+    _torch_settings.route_allocator_settings(fake_torch)
+    routed = memory._set_allocator_settings
+    _torch_settings.route_allocator_settings(fake_torch)  # routed once
+    assert memory._set_allocator_settings is routed
+    setting = memory._set_allocator_settings
+    try:
+        with pytest.raises(ValueError, match=r"max_split_size_mb \(emm's pool splits") as e:
+            setting("per_process_memory_fraction:0.01,max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2]")
+        assert "roundup_power2_divisions" in str(e.value) and "nothing was applied" in str(e.value)
+        p = mgr.alloc(256 << 20)  # the fraction above was not applied
+        mgr.free(p)
+        if not os.environ.get("EMM_POOL_EXPANDABLE"):
+            setting("expandable_segments:True")  # the value in effect
+            with pytest.raises(emm.EmmError, match="pool_expandable"):
+                setting("expandable_segments:False")
+        setting("per_process_memory_fraction:0.01")  # 82 MiB of the stand-in's 8 GiB
+        assert mgr.stats()["reserved_bytes"] <= 82 << 20, "lowering the limit trims"
+        with pytest.raises(emm.OutOfMemoryError, match="byte limit"):
+            mgr.alloc(256 << 20)
+        setting("pool_limit:max")
+        p = mgr.alloc(256 << 20)
+        mgr.free(p)
+        setting("garbage_collection_threshold:0.002")  # 16 MiB: the cache above it goes back
+        assert mgr.stats()["reserved_bytes"] <= 17 << 20
+        with pytest.raises(ValueError, match="expandable_segments must be True or False"):
+            setting("expandable_segments:yes")
+    finally:
+        setting("pool_limit:max,pool_release_threshold:max")
+    assert calls == [], "PyTorch's own function never ran"

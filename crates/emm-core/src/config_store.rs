@@ -172,9 +172,14 @@ impl Config {
         let from_env = env(k.env).filter(|e| !e.trim().is_empty());
         let env_text = from_env.as_ref().map(|e| k.kind.canonical(e));
         if let Some(manager) = s.frozen_by.clone() {
+            // In effect: the environment's, else the configured, else the default.
             let current = match &env_text {
                 Some(e) => e.clone().ok(),
-                None => s.values.get(k.name).map(|v| v.text.clone()),
+                None => s
+                    .values
+                    .get(k.name)
+                    .map(|v| v.text.clone())
+                    .or_else(|| k.kind.canonical(k.default).ok()),
             };
             if current.as_deref() == Some(text.as_str()) {
                 return Ok(Applied::Unchanged);
@@ -380,6 +385,13 @@ mod tests {
                 .unwrap(),
             Applied::Unchanged
         );
+        // The default, when nothing else was set, is the value in effect too.
+        assert_eq!(
+            c.set_with_env("t_flag", "yes", no_env).unwrap(),
+            Applied::Unchanged
+        );
+        let e = c.set_with_env("t_flag", "0", no_env).unwrap_err();
+        assert!(matches!(e, EmmError::ConfiguredTooLate { .. }), "{e}");
         c.thaw();
         c.set_with_env("t_limit", "8192", no_env).unwrap();
         assert_eq!(c.frozen_by(), None);

@@ -264,8 +264,9 @@ impl PoolManager {
 
     /// Sets the release threshold while the pool serves
     /// (`pool_release_threshold` at run time). When the pool reserves more, it
-    /// waits for its streams once (as [`PoolManager::trim`] does) and gives back
-    /// free memory down to the threshold. Returns the bytes given back.
+    /// takes the threads' cached blocks back and waits for its streams once (as
+    /// [`PoolManager::trim`] does), and gives back free memory down to the
+    /// threshold. Returns the bytes given back.
     pub fn set_release_threshold(&self, bytes: usize) -> usize {
         self.family.set_release_threshold(bytes);
         let mut released = 0;
@@ -274,6 +275,10 @@ impl PoolManager {
                 break;
             }
             let mut arena = core.lock();
+            // Cached blocks go back to the arena first, as in a trim.
+            core.flush_thread(&mut arena);
+            let gen = core.generation.load(Ordering::Acquire);
+            core.reclaim_cached(&mut arena, None, gen);
             if let Err(e) = arena.consolidate(core.events.as_ref()) {
                 tracing::warn!(error = %e, "waiting for streams failed; releasing what is settled");
             }
