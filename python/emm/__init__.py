@@ -56,6 +56,7 @@ from ._lib import (
     library_path,
     load,
     settings,
+    stat_names,
     take_warnings,
 )
 from ._replay import replay
@@ -79,6 +80,7 @@ __all__ = [
     "replay",
     "resume",
     "settings",
+    "stat_names",
     "tag_stats",
     "take_warnings",
 ]

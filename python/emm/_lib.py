@@ -225,6 +225,10 @@ class _Setting(ctypes.Structure):
                 ("runtime", ctypes.c_int)]
 
 
+class _StatName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("doc", ctypes.c_char_p), ("torch", ctypes.c_int)]
+
+
 def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
     """The ctypes argument and result types of every C function the bindings call
     (``python/tests/test_abi_table.py`` checks them against ``emm.h``)."""
@@ -239,6 +243,7 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_last_oom": ([szp, szp, szp], ctypes.c_int),
         "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
         "emm_settings": ([ctypes.POINTER(_Setting), ctypes.c_size_t, szp], ctypes.c_int),
+        "emm_stat_names": ([ctypes.POINTER(_StatName), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_capture_warnings": ([ctypes.c_int], ctypes.c_int),
         "emm_take_warning": ([ctypes.c_char_p, ctypes.c_size_t, szp, intp], ctypes.c_int),
         "emm_manager_create": ([ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),
@@ -396,6 +401,19 @@ def settings() -> List[Setting]:
     text = lambda b: b.decode("utf-8", "replace") if b else ""
     return [Setting(text(e.name), text(e.env), text(e.kind), text(e.default_value), bool(e.runtime),
                     text(e.doc)) for e in table[:count.value]]
+
+
+def stat_names() -> List[Tuple[str, str, bool]]:
+    """Every statistic name :meth:`Manager.memory_stats` may report, from the
+    library's one table: ``(name, what it counts, whether it is PyTorch's
+    memory_stats key)``, in the library's order (``emm._stat_names`` holds them as
+    constants)."""
+    lib = load()
+    count = ctypes.c_size_t()
+    _check(lib, lib.emm_stat_names(None, 0, ctypes.byref(count)))
+    table = (_StatName * count.value)()
+    _check(lib, lib.emm_stat_names(table, count.value, ctypes.byref(count)))
+    return [(e.name.decode(), e.doc.decode(), bool(e.torch)) for e in table[:count.value]]
 
 
 # configure(): how a Python value of each kind is checked and spelled for the library.

@@ -48,6 +48,7 @@ import pickle
 import warnings
 from typing import Any, Dict, Optional
 
+from . import _stat_names as _n
 from . import _torch_native, _torch_routes, _torch_settings, _torch_state
 from ._lib import EmmWarning, library_path, load
 from ._require import require
@@ -158,22 +159,22 @@ def memory_stats(device: Any = None) -> Dict[str, int]:
 
 def memory_allocated(device: Any = None) -> int:
     """Bytes PyTorch holds (``allocated_bytes.all.current``)."""
-    return memory_stats(device).get("allocated_bytes.all.current", 0)
+    return memory_stats(device).get(_n.ALLOCATED_BYTES_CURRENT, 0)
 
 
 def max_memory_allocated(device: Any = None) -> int:
     """Peak of :func:`memory_allocated` since the start or the last reset."""
-    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+    return memory_stats(device).get(_n.ALLOCATED_BYTES_PEAK, 0)
 
 
 def memory_reserved(device: Any = None) -> int:
     """Bytes the manager holds from the device (``reserved_bytes.all.current``)."""
-    return memory_stats(device).get("reserved_bytes.all.current", 0)
+    return memory_stats(device).get(_n.RESERVED_BYTES_CURRENT, 0)
 
 
 def max_memory_reserved(device: Any = None) -> int:
     """Peak of :func:`memory_reserved` since the start or the last reset."""
-    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+    return memory_stats(device).get(_n.RESERVED_BYTES_PEAK, 0)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -219,21 +220,21 @@ def format_summary(stats: Dict[str, int], device: int = 0, manager: str = "pool"
     def count(n: int) -> str:
         return str(n)
 
-    out.append(row("Allocated memory", g("allocated_bytes.all.current"), g("allocated_bytes.all.peak"),
-                   g("allocated_bytes.all.allocated"), g("allocated_bytes.all.freed"), _fmt))
-    out.append(row("Active memory", g("active_bytes.all.current"), g("active_bytes.all.peak"), None, None, _fmt))
-    out.append(row("Reserved memory", g("reserved_bytes.all.current"), g("reserved_bytes.all.peak"), None, None,
+    out.append(row("Allocated memory", g(_n.ALLOCATED_BYTES_CURRENT), g(_n.ALLOCATED_BYTES_PEAK),
+                   g(_n.ALLOCATED_BYTES_ALLOCATED), g(_n.ALLOCATED_BYTES_FREED), _fmt))
+    out.append(row("Active memory", g(_n.ACTIVE_BYTES_CURRENT), g(_n.ACTIVE_BYTES_PEAK), None, None, _fmt))
+    out.append(row("Reserved memory", g(_n.RESERVED_BYTES_CURRENT), g(_n.RESERVED_BYTES_PEAK), None, None,
                    _fmt))
-    out.append(row("Non-releasable memory", g("inactive_split_bytes.all.current"), None, None, None, _fmt))
-    out.append(row("Thread-cached memory", g("emm.thread_cached_bytes"), None, None, None, _fmt))
+    out.append(row("Non-releasable memory", g(_n.INACTIVE_SPLIT_BYTES_CURRENT), None, None, None, _fmt))
+    out.append(row("Thread-cached memory", g(_n.THREAD_CACHED_BYTES), None, None, None, _fmt))
     out.append(line)
-    out.append(row("Allocations", g("allocation.all.current"), g("allocation.all.peak"),
-                   g("allocation.all.allocated"), g("allocation.all.freed"), count))
-    out.append(row("GPU reserved segments", g("segment.all.current"), g("segment.all.peak"),
-                   g("num_device_alloc"), g("num_device_free"), count))
+    out.append(row("Allocations", g(_n.ALLOCATION_CURRENT), g(_n.ALLOCATION_PEAK),
+                   g(_n.ALLOCATION_ALLOCATED), g(_n.ALLOCATION_FREED), count))
+    out.append(row("GPU reserved segments", g(_n.SEGMENT_CURRENT), g(_n.SEGMENT_PEAK),
+                   g(_n.NUM_DEVICE_ALLOC), g(_n.NUM_DEVICE_FREE), count))
     out.append(line)
-    tail = (f" Allocation retries: {g('num_alloc_retries', 0)}   OOMs: {g('num_ooms', 0)}"
-            f"   Thread-cache hits: {g('emm.thread_cache_hits', 0)}")
+    tail = (f" Allocation retries: {g(_n.NUM_ALLOC_RETRIES, 0)}   OOMs: {g(_n.NUM_OOMS, 0)}"
+            f"   Thread-cache hits: {g(_n.THREAD_CACHE_HITS, 0)}")
     out.append("|" + tail.ljust(width) + "|")
     out.append(rule)
     return "\n".join(out) + "\n"

@@ -30,7 +30,7 @@ SCALARS = {
 }
 # Opaque or byte pointees a pointer to which is passed as c_void_p or c_char_p.
 BYTES = {"char", "uint8_t"}
-STRUCTS = {"emm_stats": _lib._Stats, "emm_setting": _lib._Setting}
+STRUCTS = {"emm_stats": _lib._Stats, "emm_setting": _lib._Setting, "emm_stat_name": _lib._StatName}
 
 
 def header_text():
@@ -137,3 +137,37 @@ def test_the_abi_the_bindings_need_is_the_headers():
     assert _lib.ABI_NEEDED == int(m.group(1)), (
         f"_lib.ABI_NEEDED is {_lib.ABI_NEEDED}, emm.h's EMM_ABI_VERSION {m.group(1)}: "
         "bindings that need an older ABI than the header they are shipped with miss its changes")
+
+
+# The functions of emm.h the bindings do not call through ctypes: handed to
+# PyTorch, CuPy or the C++ allocator object by address, or bound where they are
+# used. A new C function is either bound in _lib._signatures() or named here.
+BY_ADDRESS = {
+    "emm_torch_alloc", "emm_torch_free",  # PyTorch's CUDAPluggableAllocator (torch.py)
+    "emm_torch_release", "emm_torch_cache_info", "emm_torch_graph_pool_begin",  # the C++ object's
+    "emm_torch_graph_pool_end", "emm_torch_graph_pool_release", "emm_torch_graph_pool_alloc",
+    "emm_torch_graph_pool_live",  # function table (test_torch_native.py checks them)
+    "emm_cupy_malloc", "emm_cupy_free",  # CuPy's C-function allocator (cupy.py)
+    "emm_cupy_set_hooks",  # bound in cupy.py (its function pointers as c_void_p)
+}
+
+
+def test_every_function_of_the_header_is_bound_or_named():
+    declared = set(declarations())
+    unbound = declared - set(_lib._signatures()) - BY_ADDRESS
+    assert not unbound, f"emm.h declares {sorted(unbound)}: bind them in _lib._signatures() or name them in BY_ADDRESS"
+    assert BY_ADDRESS <= declared, f"no longer in emm.h: {sorted(BY_ADDRESS - declared)}"
+
+
+def test_every_struct_the_bindings_pass_has_the_headers_fields():
+    text = header_text()
+    for name, py in STRUCTS.items():
+        m = re.search(r"typedef\s+struct\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), text, flags=re.S)
+        assert m, f"struct {name} not in emm.h"
+        fields = [(f.group(2), c_type(f.group(1))) for f in re.finditer(r"([\w\s\*]+?)\s*\b(\w+)\s*;", m.group(1))]
+        ours = [(n, t) for n, t in py._fields_]
+        assert [n for n, _ in fields] == [n for n, _ in ours], f"{name}: {fields} in emm.h, {ours} in _lib.py"
+        for (n, c), (_, t) in zip(fields, ours):
+            base, depth = c
+            ok = (t is ctypes.c_char_p and depth == 1 and base in BYTES) or (depth == 0 and SCALARS.get(base) is t)
+            assert ok, f"{name}.{n}: {c} in emm.h, {t} in _lib.py"

@@ -147,7 +147,7 @@ typedef ptrdiff_t (*emm_stream_fn)(void);
 typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
 
 /**
- * One setting, as [`emm_settings`] describes it. The strings are the library's,
+ * One setting, as `emm_settings` describes it. The strings are the library's,
  * NUL-terminated, valid until the process ends; do not free them.
  */
 typedef struct emm_setting {
@@ -178,6 +178,27 @@ typedef struct emm_setting {
    */
   int runtime;
 } emm_setting;
+
+/**
+ * One statistic name, as `emm_stat_names` describes it. The strings are the
+ * library's, NUL-terminated, valid until the process ends; do not free them.
+ */
+typedef struct emm_stat_name {
+  /**
+   * The name `emm_memory_stat`, `emm_memory_stats_json` and
+   * `emm_torch_memory_stats` use (e.g. "reserved_bytes.all.current").
+   */
+  const char *name;
+  /**
+   * What it counts.
+   */
+  const char *doc;
+  /**
+   * 1: one of PyTorch's `torch.cuda.memory_stats` keys, same meaning; 0: emm's
+   * own (named `emm.*`).
+   */
+  int torch;
+} emm_stat_name;
 
 /**
  * Success.
@@ -276,7 +297,8 @@ extern "C" {
  * driver returns in a child forked after emm initialised CUDA; 310 added tags,
  * pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
  * `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
- * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings) and
+ * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
+ * `emm_stat_names` (the statistic names) and
  * run-time settings in `emm_configure` (`pool_limit`,
  * `pool_release_threshold`).
  */
@@ -681,10 +703,8 @@ emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
  * else is `EMM_ERR_INVALID_ARGUMENT`. `size` 0 sets `*out` to 0 and allocates
  * nothing. Never pooled: one driver allocation per call, freed at once by
  * `emm_free_managed` (`emm_free` refuses it, and the other way round). Counted
- * apart from `emm_get_stats`, under `emm.managed_bytes.current`,
- * `emm.managed_bytes.peak`, `emm.managed_allocations.current`,
- * `emm.managed_allocations.allocated` and `emm.managed_pending_bytes` of
- * `emm_memory_stat`. `EMM_ERR_UNSUPPORTED` where the driver or device has no
+ * apart from `emm_get_stats`, under the `emm.managed_*` names of
+ * `emm_memory_stat` (see `emm_stat_names`). `EMM_ERR_UNSUPPORTED` where the driver or device has no
  * managed memory; `EMM_ERR_OUT_OF_MEMORY` (see `emm_last_oom`) when it cannot be
  * had. Since ABI 304.
  */
@@ -706,6 +726,15 @@ emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
  * `out` is NULL with `capacity` above 0.
  */
 emm_status emm_settings(struct emm_setting *out, size_t capacity, size_t *count);
+
+/**
+ * Every statistic name a manager may report (which of them a manager reports
+ * depends on the manager), with what it counts. Writes up to `capacity`
+ * entries to `out` and the number of names to `*count`; call with `capacity` 0
+ * (and `out` NULL) to learn the count. `EMM_ERR_INVALID_ARGUMENT` when `count` is
+ * NULL, or `out` is NULL with `capacity` above 0.
+ */
+emm_status emm_stat_names(struct emm_stat_name *out, size_t capacity, size_t *count);
 
 /**
  * Opens a region: allocations made from now on, by every thread of the
@@ -789,14 +818,9 @@ void emm_string_free(char *s);
 /**
  * Memory tools: one counter by its name into `*value` (an unknown name:
  * `EMM_ERR_INVALID_ARGUMENT`). Counters are named as in PyTorch's `memory_stats`
- * where they mean the same: "allocated_bytes.all.current",
- * "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
- * "allocated_bytes.all.freed", "reserved_bytes.all.current",
- * "reserved_bytes.all.peak", "active_bytes.all.current", "active_bytes.all.peak",
- * "inactive_split_bytes.all.current", "segment.all.current", "segment.all.peak",
- * "allocation.all.current", "allocation.all.peak", "allocation.all.allocated",
- * "allocation.all.freed", "num_alloc_retries", "num_ooms", "num_device_alloc",
- * "num_device_free"; the pool's own under "emm.", e.g. "emm.thread_cached_bytes".
+ * where they mean the same (e.g. "reserved_bytes.all.current"), emm's own under
+ * "emm." (e.g. "emm.thread_cached_bytes"); `emm_stat_names` lists every name with
+ * what it counts.
  * In the pool, "allocated" excludes blocks parked in thread caches (they count as
  * "active"); the allocated peaks are sampled at every locked allocation and every
  * query (a peak reached by thread-cache hits alone and undone before the next
@@ -843,7 +867,7 @@ emm_status emm_memory_snapshot_json(struct emm_manager *m, char **out, size_t *l
 
 /**
  * `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
- * `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
+ * `emm_memory_stat` names them, e.g. stat::ALLOCATED_BYTES_PEAK) of the manager
  * behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
  * The device's CUDA graph pools count in (`emm_torch_graph_pool_begin`: their
  * live and reserved bytes in the current values, their segments in the device

@@ -35,6 +35,7 @@ mod live_table;
 pub mod log;
 mod managed;
 mod settings;
+mod stat_names;
 mod stream_uses;
 mod tags;
 mod timing;
@@ -48,6 +49,7 @@ pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
 };
 pub use settings::*;
+pub use stat_names::*;
 pub use tags::*;
 pub use tools::*;
 pub use torch_tools::*;
@@ -283,7 +285,8 @@ pub(crate) fn manager_for(
 /// driver returns in a child forked after emm initialised CUDA; 310 added tags,
 /// pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
 /// `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
-/// `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings) and
+/// `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
+/// `emm_stat_names` (the statistic names) and
 /// run-time settings in `emm_configure` (`pool_limit`,
 /// `pool_release_threshold`).
 #[no_mangle]

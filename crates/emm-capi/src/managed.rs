@@ -25,10 +25,8 @@ pub const EMM_MEM_ATTACH_HOST: c_uint = 2;
 /// else is `EMM_ERR_INVALID_ARGUMENT`. `size` 0 sets `*out` to 0 and allocates
 /// nothing. Never pooled: one driver allocation per call, freed at once by
 /// `emm_free_managed` (`emm_free` refuses it, and the other way round). Counted
-/// apart from `emm_get_stats`, under `emm.managed_bytes.current`,
-/// `emm.managed_bytes.peak`, `emm.managed_allocations.current`,
-/// `emm.managed_allocations.allocated` and `emm.managed_pending_bytes` of
-/// `emm_memory_stat`. `EMM_ERR_UNSUPPORTED` where the driver or device has no
+/// apart from `emm_get_stats`, under the `emm.managed_*` names of
+/// `emm_memory_stat` (see `emm_stat_names`). `EMM_ERR_UNSUPPORTED` where the driver or device has no
 /// managed memory; `EMM_ERR_OUT_OF_MEMORY` (see `emm_last_oom`) when it cannot be
 /// had. Since ABI 304.
 #[no_mangle]

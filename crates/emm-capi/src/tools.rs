@@ -40,14 +40,9 @@ pub unsafe extern "C" fn emm_string_free(s: *mut c_char) {
 
 /// Memory tools: one counter by its name into `*value` (an unknown name:
 /// `EMM_ERR_INVALID_ARGUMENT`). Counters are named as in PyTorch's `memory_stats`
-/// where they mean the same: "allocated_bytes.all.current",
-/// "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
-/// "allocated_bytes.all.freed", "reserved_bytes.all.current",
-/// "reserved_bytes.all.peak", "active_bytes.all.current", "active_bytes.all.peak",
-/// "inactive_split_bytes.all.current", "segment.all.current", "segment.all.peak",
-/// "allocation.all.current", "allocation.all.peak", "allocation.all.allocated",
-/// "allocation.all.freed", "num_alloc_retries", "num_ooms", "num_device_alloc",
-/// "num_device_free"; the pool's own under "emm.", e.g. "emm.thread_cached_bytes".
+/// where they mean the same (e.g. "reserved_bytes.all.current"), emm's own under
+/// "emm." (e.g. "emm.thread_cached_bytes"); `emm_stat_names` lists every name with
+/// what it counts.
 /// In the pool, "allocated" excludes blocks parked in thread caches (they count as
 /// "active"); the allocated peaks are sampled at every locked allocation and every
 /// query (a peak reached by thread-cache hits alone and undone before the next

@@ -15,13 +15,11 @@ use emm::emm_pool::GraphPoolStats;
 
 use crate::framework::{device_manager, known_device_checked, known_devices, LiveDevice};
 use crate::{emm_status, fail, guard, invalid, EMM_OK};
+use emm_core::stat_names as stat;
 
 /// The counter named `key` in `stats`, if the manager keeps one.
-fn counter(stats: &[(&'static str, u64)], key: &[u8]) -> Option<u64> {
-    stats
-        .iter()
-        .find(|(k, _)| k.as_bytes() == key)
-        .map(|&(_, v)| v)
+fn counter(stats: &[(&'static str, u64)], key: &str) -> Option<u64> {
+    stats.iter().find(|(k, _)| *k == key).map(|&(_, v)| v)
 }
 
 /// The manager's counters with the device's CUDA graph pools added in: their
@@ -35,9 +33,7 @@ fn device_stats(d: &LiveDevice) -> Vec<(&'static str, u64)> {
         return stats;
     }
     let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-    let add = |stats: &mut Vec<(&'static str, u64)>, base: &str, n: usize| {
-        let current = format!("{base}.all.current");
-        let peak = format!("{base}.all.peak");
+    let add = |stats: &mut Vec<(&'static str, u64)>, (current, peak): (&str, &str), n: usize| {
         let mut now = None;
         for (k, v) in stats.iter_mut() {
             if *k == current {
@@ -53,16 +49,32 @@ fn device_stats(d: &LiveDevice) -> Vec<(&'static str, u64)> {
             }
         }
     };
-    add(&mut stats, "allocated_bytes", g.live_bytes);
-    add(&mut stats, "active_bytes", g.live_bytes);
-    add(&mut stats, "reserved_bytes", g.reserved_bytes);
-    add(&mut stats, "allocation", g.live_blocks);
-    add(&mut stats, "active", g.live_blocks);
-    add(&mut stats, "segment", g.segments);
+    use stat::*;
+    add(
+        &mut stats,
+        (ALLOCATED_BYTES_CURRENT, ALLOCATED_BYTES_PEAK),
+        g.live_bytes,
+    );
+    add(
+        &mut stats,
+        (ACTIVE_BYTES_CURRENT, ACTIVE_BYTES_PEAK),
+        g.live_bytes,
+    );
+    add(
+        &mut stats,
+        (RESERVED_BYTES_CURRENT, RESERVED_BYTES_PEAK),
+        g.reserved_bytes,
+    );
+    add(
+        &mut stats,
+        (ALLOCATION_CURRENT, ALLOCATION_PEAK),
+        g.live_blocks,
+    );
+    add(&mut stats, (SEGMENT_CURRENT, SEGMENT_PEAK), g.segments);
     for (k, v) in stats.iter_mut() {
         match *k {
-            "num_device_alloc" => *v = v.saturating_add(as_u64(g.segment_allocs)),
-            "num_device_free" => *v = v.saturating_add(as_u64(g.segment_frees)),
+            stat::NUM_DEVICE_ALLOC => *v = v.saturating_add(as_u64(g.segment_allocs)),
+            stat::NUM_DEVICE_FREE => *v = v.saturating_add(as_u64(g.segment_frees)),
             _ => {}
         }
     }
@@ -70,7 +82,7 @@ fn device_stats(d: &LiveDevice) -> Vec<(&'static str, u64)> {
 }
 
 /// `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as
-/// `emm_memory_stat` names them, e.g. "allocated_bytes.all.peak") of the manager
+/// `emm_memory_stat` names them, e.g. stat::ALLOCATED_BYTES_PEAK) of the manager
 /// behind `emm_torch_alloc` on `device`, read at one moment, into `values[0..n]`.
 /// The device's CUDA graph pools count in (`emm_torch_graph_pool_begin`: their
 /// live and reserved bytes in the current values, their segments in the device
@@ -104,8 +116,9 @@ pub unsafe extern "C" fn emm_torch_memory_stats(
             if key.is_null() {
                 return invalid(format!("emm_torch_memory_stats: name {i} of {n} is null"));
             }
+            // (A name that is not UTF-8 is no name of emm's: it reads 0.)
             // SAFETY: non-null names are NUL-terminated strings per the contract.
-            let key = unsafe { CStr::from_ptr(key) }.to_bytes();
+            let key = unsafe { CStr::from_ptr(key) }.to_str().unwrap_or_default();
             let v = counter(&stats, key);
             hits += usize::from(v.is_some());
             // SAFETY: `out` is element i of `values`, writable per the contract.
@@ -201,8 +214,8 @@ pub unsafe extern "C" fn emm_torch_cache_info(device: c_int, largest: *mut usize
             Err(e) => return fail(e),
         };
         let stats = m.memory_stats();
-        let reserved = counter(&stats, b"reserved_bytes.all.current").unwrap_or(0);
-        let active = counter(&stats, b"active_bytes.all.current").unwrap_or(0);
+        let reserved = counter(&stats, stat::RESERVED_BYTES_CURRENT).unwrap_or(0);
+        let active = counter(&stats, stat::ACTIVE_BYTES_CURRENT).unwrap_or(0);
         let idle = usize::try_from(reserved.saturating_sub(active)).unwrap_or(usize::MAX);
         // SAFETY: non-null (checked above) and writable per the contract.
         unsafe { *largest = free.max(idle) };

@@ -284,7 +284,6 @@ impl<T: Clone + Send + Sync + 'static> Setting<T> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

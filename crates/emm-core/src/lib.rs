@@ -37,6 +37,7 @@ mod pointer;
 mod router;
 pub mod setting;
 mod snapshot;
+pub mod stat_names;
 pub mod tags;
 mod units;
 

@@ -15,6 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::stat_names as stat;
 use emm_sys::{mem_attach, CUdeviceptr};
 
 /// Where new managed memory is attached (`cuMemAllocManaged`'s flags; Numba's
@@ -185,11 +186,11 @@ impl ManagedStats {
     /// The counters under the names `memory_stats` gives them (`emm.managed_*`).
     pub fn to_list(&self) -> crate::StatList {
         vec![
-            ("emm.managed_bytes.current", self.allocated_bytes as u64),
-            ("emm.managed_bytes.peak", self.allocated_bytes_peak as u64),
-            ("emm.managed_allocations.current", self.live as u64),
-            ("emm.managed_allocations.allocated", self.allocations),
-            ("emm.managed_pending_bytes", self.pending_bytes as u64),
+            (stat::MANAGED_BYTES_CURRENT, self.allocated_bytes as u64),
+            (stat::MANAGED_BYTES_PEAK, self.allocated_bytes_peak as u64),
+            (stat::MANAGED_ALLOCATIONS_CURRENT, self.live as u64),
+            (stat::MANAGED_ALLOCATIONS_ALLOCATED, self.allocations),
+            (stat::MANAGED_PENDING_BYTES, self.pending_bytes as u64),
         ]
     }
 }

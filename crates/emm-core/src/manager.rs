@@ -11,6 +11,7 @@ use crate::ipc::IpcHandle;
 use crate::managed::{ManagedAttach, ManagedMemory, ManagedStats};
 use crate::pointer::{DeviceAllocation, DeviceView, HostAllocFlags, HostMemory};
 use crate::snapshot::{MemorySnapshot, StatList};
+use crate::stat_names as stat;
 use crate::tags::{Keep, PauseReport, Tag, TagStats};
 
 /// The interface version managers of this crate implement (NBEP 7's version 1).
@@ -208,13 +209,13 @@ pub trait MemoryManager: Send + Sync {
     fn memory_stats(&self) -> StatList {
         let s = self.stats();
         let mut list = vec![
-            ("allocated_bytes.all.current", s.allocated_bytes as u64),
-            ("allocated_bytes.all.peak", s.allocated_bytes_peak as u64),
-            ("reserved_bytes.all.current", s.reserved_bytes as u64),
-            ("reserved_bytes.all.peak", s.reserved_bytes_peak as u64),
-            ("allocation.all.allocated", s.allocations),
-            ("num_device_alloc", s.upstream_allocs),
-            ("num_device_free", s.upstream_frees),
+            (stat::ALLOCATED_BYTES_CURRENT, s.allocated_bytes as u64),
+            (stat::ALLOCATED_BYTES_PEAK, s.allocated_bytes_peak as u64),
+            (stat::RESERVED_BYTES_CURRENT, s.reserved_bytes as u64),
+            (stat::RESERVED_BYTES_PEAK, s.reserved_bytes_peak as u64),
+            (stat::ALLOCATION_ALLOCATED, s.allocations),
+            (stat::NUM_DEVICE_ALLOC, s.upstream_allocs),
+            (stat::NUM_DEVICE_FREE, s.upstream_frees),
         ];
         list.extend(self.managed_stats().to_list());
         list

@@ -2,6 +2,7 @@
 //! allocator such as [`TorchModel`](crate::TorchModel); and the driver calls it
 //! reports ([`DriverCalls`]).
 
+use emm_core::stat_names as stat;
 use emm_core::{DeviceAllocation, ManagerStats, MemoryManager, SnapshotSegment};
 use emm_sys::CUstream;
 
@@ -100,11 +101,11 @@ impl DriverCalls {
         let mut d = DriverCalls::default();
         for (name, v) in manager.memory_stats() {
             match name {
-                "num_device_alloc" => d.allocs = v,
-                "num_device_free" => d.frees = v,
-                "emm.pieces_mapped" => d.pieces_mapped = v,
-                "emm.pieces_moved" => d.pieces_moved = v,
-                "emm.pieces_unmapped" => d.pieces_unmapped = v,
+                stat::NUM_DEVICE_ALLOC => d.allocs = v,
+                stat::NUM_DEVICE_FREE => d.frees = v,
+                stat::PIECES_MAPPED => d.pieces_mapped = v,
+                stat::PIECES_MOVED => d.pieces_moved = v,
+                stat::PIECES_UNMAPPED => d.pieces_unmapped = v,
                 _ => {}
             }
         }

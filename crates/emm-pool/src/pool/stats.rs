@@ -1,6 +1,7 @@
 //! [`PoolStats`]: a pool's counters, under PyTorch's `memory_stats` names where
 //! they mean the same.
 
+use emm_core::stat_names as stat;
 use emm_core::StatList;
 
 /// Statistics of a pool, with PyTorch's `memory_stats` names where they fit
@@ -150,49 +151,69 @@ impl PoolStats {
             .allocated_bytes_total
             .saturating_sub(u(self.allocated_bytes));
         vec![
-            ("allocated_bytes.all.current", u(self.allocated_bytes)),
-            ("allocated_bytes.all.peak", u(self.allocated_bytes_peak)),
-            ("allocated_bytes.all.allocated", self.allocated_bytes_total),
-            ("allocated_bytes.all.freed", freed_bytes),
-            ("reserved_bytes.all.current", u(self.reserved_bytes)),
-            ("reserved_bytes.all.peak", u(self.reserved_bytes_peak)),
-            ("active_bytes.all.current", u(self.active_bytes)),
-            ("active_bytes.all.peak", u(self.active_bytes_peak)),
+            (stat::ALLOCATED_BYTES_CURRENT, u(self.allocated_bytes)),
+            (stat::ALLOCATED_BYTES_PEAK, u(self.allocated_bytes_peak)),
+            (stat::ALLOCATED_BYTES_ALLOCATED, self.allocated_bytes_total),
+            (stat::ALLOCATED_BYTES_FREED, freed_bytes),
+            (stat::RESERVED_BYTES_CURRENT, u(self.reserved_bytes)),
+            (stat::RESERVED_BYTES_PEAK, u(self.reserved_bytes_peak)),
+            (stat::ACTIVE_BYTES_CURRENT, u(self.active_bytes)),
+            (stat::ACTIVE_BYTES_PEAK, u(self.active_bytes_peak)),
             (
-                "inactive_split_bytes.all.current",
+                stat::INACTIVE_SPLIT_BYTES_CURRENT,
                 u(self.inactive_split_bytes),
             ),
-            ("segment.all.current", u(self.segments)),
-            ("segment.all.peak", u(self.segments_peak)),
-            ("allocation.all.current", u(self.allocated_blocks)),
-            ("allocation.all.peak", u(self.allocated_blocks_peak)),
-            ("allocation.all.allocated", self.allocations),
+            (stat::SEGMENT_CURRENT, u(self.segments)),
+            (stat::SEGMENT_PEAK, u(self.segments_peak)),
+            (stat::ALLOCATION_CURRENT, u(self.allocated_blocks)),
+            (stat::ALLOCATION_PEAK, u(self.allocated_blocks_peak)),
+            (stat::ALLOCATION_ALLOCATED, self.allocations),
             (
-                "allocation.all.freed",
+                stat::ALLOCATION_FREED,
                 self.allocations.saturating_sub(u(self.allocated_blocks)),
             ),
-            ("num_alloc_retries", u(self.num_alloc_retries)),
-            ("num_ooms", u(self.num_ooms)),
-            ("num_device_alloc", u(self.num_device_alloc)),
-            ("num_device_free", u(self.num_device_free)),
-            ("emm.thread_cached_bytes", u(self.thread_cached_bytes)),
-            ("emm.thread_cache_hits", self.thread_cache_hits),
-            ("emm.shared_hits", u(self.shared_hits)),
-            ("emm.cross_stream_reuses", u(self.cross_stream_reuses)),
-            ("emm.locked_allocs", u(self.locked_allocs)),
-            ("emm.locked_frees", u(self.locked_frees)),
-            ("emm.events_recorded", u(self.events_recorded)),
-            ("emm.event_queries", u(self.event_queries)),
-            ("emm.device_syncs", u(self.device_syncs)),
-            ("emm.misses", u(self.misses)),
-            ("emm.scan_steps", u(self.scan_steps)),
-            ("emm.pieces_mapped", u(self.pieces_mapped)),
-            ("emm.pieces_moved", u(self.pieces_moved)),
-            ("emm.pieces_unmapped", u(self.pieces_unmapped)),
-            ("emm.tightenings", u(self.tightenings)),
-            ("emm.merges", u(self.merges)),
-            ("emm.threshold_releases", u(self.threshold_releases)),
-            ("emm.paused_bytes", u(self.paused_bytes)),
+            (stat::NUM_ALLOC_RETRIES, u(self.num_alloc_retries)),
+            (stat::NUM_OOMS, u(self.num_ooms)),
+            (stat::NUM_DEVICE_ALLOC, u(self.num_device_alloc)),
+            (stat::NUM_DEVICE_FREE, u(self.num_device_free)),
+            (stat::THREAD_CACHED_BYTES, u(self.thread_cached_bytes)),
+            (stat::THREAD_CACHE_HITS, self.thread_cache_hits),
+            (stat::SHARED_HITS, u(self.shared_hits)),
+            (stat::CROSS_STREAM_REUSES, u(self.cross_stream_reuses)),
+            (stat::LOCKED_ALLOCS, u(self.locked_allocs)),
+            (stat::LOCKED_FREES, u(self.locked_frees)),
+            (stat::EVENTS_RECORDED, u(self.events_recorded)),
+            (stat::EVENT_QUERIES, u(self.event_queries)),
+            (stat::DEVICE_SYNCS, u(self.device_syncs)),
+            (stat::MISSES, u(self.misses)),
+            (stat::SCAN_STEPS, u(self.scan_steps)),
+            (stat::PIECES_MAPPED, u(self.pieces_mapped)),
+            (stat::PIECES_MOVED, u(self.pieces_moved)),
+            (stat::PIECES_UNMAPPED, u(self.pieces_unmapped)),
+            (stat::TIGHTENINGS, u(self.tightenings)),
+            (stat::MERGES, u(self.merges)),
+            (stat::THRESHOLD_RELEASES, u(self.threshold_releases)),
+            (stat::PAUSED_BYTES, u(self.paused_bytes)),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_reports_every_name_of_the_table_once() {
+        let mut names: Vec<&str> = PoolStats::default()
+            .to_list()
+            .into_iter()
+            .chain(emm_core::ManagedStats::default().to_list())
+            .map(|(n, _)| n)
+            .collect();
+        let listed: Vec<&str> = stat::STAT_NAMES.iter().map(|&(n, _)| n).collect();
+        assert_eq!(names, listed, "the pool's list in the table's order");
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), listed.len());
     }
 }
