@@ -5,7 +5,7 @@
 // everything freed and emm's allocated bytes back where they started. Ends with a
 // timing of an allocate+free pair through emm's adaptor beside RMM's own resources.
 //
-// Build and run on a GPU machine: python/gpu/rmm_check.sh (it unpacks RMM's wheels
+// Build and run on a GPU machine: python/gpu/checks/rmm_check.sh (it unpacks RMM's wheels
 // and shows the nvcc line). Prints one line per check and "rmm_resource_check: OK"
 // (exit 0) or "rmm_resource_check: FAILED (n)" (exit 1).
 #include <emm/rmm_resource.hpp>

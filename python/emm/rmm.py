@@ -27,7 +27,7 @@ unrelated ``SystemError``), so a failing free is reported through
 ``sys.unraisablehook`` (printed by default) and not raised.
 
 Cost: every allocation and free is a call into Python (RMM's callback resource) and
-one into emm's C library (ctypes); ``python/gpu/rmm_bench.py`` measures it beside
+one into emm's C library (ctypes); ``python/gpu/benchmarks/rmm_bench.py`` measures it beside
 RMM's own resources, and ``docs/rmm.md`` records the figures. C++ users of RMM use
 the compiled adaptor ``emm/rmm_resource.hpp`` instead (no Python on the path).
 """

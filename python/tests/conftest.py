@@ -9,11 +9,13 @@ HAS_GPU = pathlib.Path("/dev/nvidia0").exists()
 
 
 def load_gpu_script(name: str):
-    """The module of ``python/gpu/<name>.py`` (a GPU-machine script whose pure
-    functions the host tests check), loaded by path: ``python/gpu`` is no package."""
+    """The module of ``python/gpu/<folder>/<name>.py`` (a GPU-machine script whose
+    pure functions the host tests check), loaded by path: ``python/gpu`` is no
+    package."""
     import importlib.util
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "gpu" / f"{name}.py"
+    gpu = pathlib.Path(__file__).resolve().parent.parent / "gpu"
+    (path,) = gpu.glob(f"*/{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -3,7 +3,7 @@ without a GPU: the plugin runs over emm's library on the stand-in driver (whose
 device memory is host memory), and Numba's own ``ManagedMemory`` objects are built
 around emm's addresses without Numba's driver being initialised. What Numba does
 on a GPU with them (``cuda.managed_array``, kernels, its own tests) is
-``python/gpu/managed_check.py``'s part (run by ``python/gpu/managed_suite.sh``).
+``python/gpu/checks/managed_check.py``'s part (run by ``python/gpu/checks/managed_suite.sh``).
 """
 
 import ctypes
@@ -118,10 +118,10 @@ class _NumbaContext(_Context):
 
 
 def test_gpu_checks_defer_cleanup_flushes_the_queue_that_holds_the_free(mm):
-    # python/gpu/managed_check.py's defer_cleanup check, run here: it once flushed
+    # python/gpu/checks/managed_check.py's defer_cleanup check, run here: it once flushed
     # the context's queue (ctx.deallocations), which holds no memory frees (nor
     # with Numba's own manager), and failed on an H200 for every emm manager.
-    path = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "managed_check.py"
+    path = pathlib.Path(__file__).resolve().parent.parent / "gpu" / "checks" / "managed_check.py"
     spec = importlib.util.spec_from_file_location("managed_check", path)
     managed_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(managed_check)

@@ -1,4 +1,4 @@
-"""python/gpu/profile_gaps.py, the reading of a profiler trace that says whether a
+"""python/gpu/benchmarks/profile_gaps.py, the reading of a profiler trace that says whether a
 slow step's GPU stream waited on the host or on the device, over hand-made traces."""
 
 import pytest

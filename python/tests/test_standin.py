@@ -188,7 +188,7 @@ def test_record_stream_reaches_emm_and_orders_the_free():
     """``emm.torch`` routes ``Tensor.record_stream`` to ``emm_torch_record_stream``
     (PyTorch's pluggable allocator drops it): the free then waits for the other
     stream. A stand-in for ``torch`` here; the GPU check is
-    ``python/gpu/record_stream_check.py``."""
+    ``python/gpu/checks/record_stream_check.py``."""
     import os
     import types
 

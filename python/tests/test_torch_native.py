@@ -3,7 +3,7 @@ agrees with include/emm.h, building it fails with a reason that says which step
 (no headers, no compiler, a failed compile) and leaves nothing half-written behind,
 a built library is reused, and ``emm.torch.install`` falls back to PyTorch's
 pluggable allocator with a warning (or raises, or skips the attempt, as asked).
-The object itself runs on the GPU machine: python/gpu/torch_native_check.py."""
+The object itself runs on the GPU machine: python/gpu/checks/torch_native_check.py."""
 
 import pathlib
 import re

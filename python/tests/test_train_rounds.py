@@ -1,4 +1,4 @@
-"""python/gpu/train_rounds.py's reading of the call-timing counters: emm's time
+"""python/gpu/benchmarks/train_rounds.py's reading of the call-timing counters: emm's time
 inside PyTorch's allocator hooks per step, and the part of it in slow calls."""
 
 import argparse

@@ -99,7 +99,7 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// `--fit`'s answers. The default is what PyTorch 2.11 held on an H100
         /// beyond its allocator's reserved memory after a matmul and a
         /// convolution (the CUDA context, cuBLAS and cuDNN): 693 MiB
-        /// (`python/gpu/fit_check.sh`).
+        /// (`python/gpu/checks/fit_check.sh`).
         #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes, default_value = "693M")]
         overhead: u64,
     },

@@ -71,7 +71,7 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
     }
 }
 
-/// The traces recorded on an H200 from `python/gpu/train_bench.py` (PyTorch's memory
+/// The traces recorded on an H200 from `python/gpu/benchmarks/train_bench.py` (PyTorch's memory
 /// history of real GPT-2, Llama-style and ResNet-50 training with shapes drawn per
 /// step, and GPT-2 inference with variable batch): peak reserved over peak live
 /// through the pool stays within 1.05 (issue 12's goal for real training), and each

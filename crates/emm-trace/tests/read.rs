@@ -200,10 +200,10 @@ fn snapshots_of_protocols_0_and_1_are_detected_without_format() {
     }
 }
 
-/// Snapshots PyTorch 2.11 wrote on an H200 (`python/gpu/record_snapshot.py`): a
+/// Snapshots PyTorch 2.11 wrote on an H200 (`python/gpu/benchmarks/record_snapshot.py`): a
 /// training run whose recording starts at step 15, with a side stream and
 /// `record_stream`, and variable-batch inference. The expected figures come from
-/// `python/gpu/snapshot_to_csv.py`, written separately in Python over `pickle`.
+/// `python/gpu/benchmarks/snapshot_to_csv.py`, written separately in Python over `pickle`.
 #[test]
 fn real_pytorch_snapshots_give_the_peak_they_imply() {
     for (name, peak, reconstructed, streams) in [

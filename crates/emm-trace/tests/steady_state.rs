@@ -9,7 +9,7 @@
 //! (`torch_replay TRACE 1 --passes 100 --streams` with
 //! `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, H100, PyTorch 2.11;
 //! `docs/gpu-verification.md` run 137; the snapshots through
-//! `python/gpu/snapshot_to_csv.py`). Its peak was the same after 1 and 100 passes
+//! `python/gpu/benchmarks/snapshot_to_csv.py`). Its peak was the same after 1 and 100 passes
 //! on every trace.
 //!
 //! Where the pool does not meet 1.05 yet, the test holds it to today's figure
@@ -48,7 +48,7 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
         1.063,
         None,
     ),
-    // LLM generation (`python/gpu/train_bench.py --workload llama-generate`: six
+    // LLM generation (`python/gpu/benchmarks/train_bench.py --workload llama-generate`: six
     // `generate` calls of 48 new tokens with transformers' dynamic KV cache, on an
     // H100, run 144), through `snapshot_to_csv.py`.
     (

@@ -44,7 +44,7 @@ const REAL: &[(&str, f64, f64)] = &[
 
 /// Random traces (`fixtures/random_traces.py`): (trace, streams honoured,
 /// native after 1 and 100 passes, expandable after 1 and 100 passes), PyTorch's
-/// allocator on an H100 (gpu-verification run 164, `python/gpu/model_check.sh`).
+/// allocator on an H100 (gpu-verification run 164, `python/gpu/benchmarks/model_check.sh`).
 /// Unlike the recorded ones, some drift over the passes.
 const RANDOM: &[(&str, bool, [f64; 2], [f64; 2])] = &[
     (

@@ -1,0 +1,19 @@
+#!/bin/bash
+# Builds and runs torch_pair.cpp against the PyTorch installed on the GPU machine and
+# gpu-bundle/lib/libemm_capi.so: the raw pairs of every variant in one process, then
+# ROUNDS (default 5) interleaved rounds of tensor pairs, one process per variant.
+# Usage (repository root): python/gpu/benchmarks/torch_pair.sh
+set -eu
+T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
+ABI=$(python3 -c "import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=$ABI python/gpu/benchmarks/torch_pair.cpp -o /tmp/torch_pair \
+  -I$T/include -I$T/include/torch/csrc/api/include -I/usr/local/cuda/include \
+  -L$T/lib -ltorch_cuda -ltorch -ltorch_cpu -lc10_cuda -lc10 -Lgpu-bundle/lib -lemm_capi \
+  -L/usr/local/cuda/lib64 -lcudart \
+  -Wl,-rpath,$T/lib -Wl,-rpath,$PWD/gpu-bundle/lib
+/tmp/torch_pair
+for r in $(seq "${ROUNDS:-5}"); do
+  for v in native pluggable-emm emm-object; do
+    printf 'round %d ' "$r"; /tmp/torch_pair tensor "$v"
+  done
+done
