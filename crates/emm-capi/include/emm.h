@@ -40,13 +40,6 @@
 #include <sys/types.h>
 
 /**
- * The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
- * major * 10000 + minor * 100 + patch. A program compares it with
- * `emm_abi_version()`, the version of the library it loaded.
- */
-#define EMM_ABI_VERSION 311
-
-/**
  * The address `emm_cupy_malloc` returns on failure, with a Python exception set
  * (`(void *)EMM_CUPY_FAILED`): CuPy's `_call_malloc` returns `intptr_t` and checks
  * for an exception when it is -1.
@@ -74,6 +67,13 @@
  * Since ABI 304.
  */
 #define EMM_MEM_ATTACH_HOST 2
+
+/**
+ * The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
+ * major * 10000 + minor * 100 + patch. A program compares it with
+ * `emm_abi_version()`, the version of the library it loaded.
+ */
+#define EMM_ABI_VERSION 311
 
 /**
  * `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
@@ -104,6 +104,19 @@ typedef struct emm_manager emm_manager;
 typedef int emm_status;
 
 /**
+ * Returns CuPy's current stream, or -1 with a Python exception set (the C function
+ * behind `cupy_backends.cuda.stream.get_current_stream_ptr`); called with the GIL
+ * held.
+ */
+typedef ptrdiff_t (*emm_stream_fn)(void);
+
+/**
+ * Raises a Python exception of `type` with message `msg` (CPython's
+ * `PyErr_SetString`); called with the GIL held.
+ */
+typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
+
+/**
  * Statistics of a manager, filled by `emm_get_stats` (emm-core's `ManagerStats`).
  */
 typedef struct emm_stats {
@@ -132,19 +145,6 @@ typedef struct emm_stats {
    */
   uint64_t upstream_allocs;
 } emm_stats;
-
-/**
- * Returns CuPy's current stream, or -1 with a Python exception set (the C function
- * behind `cupy_backends.cuda.stream.get_current_stream_ptr`); called with the GIL
- * held.
- */
-typedef ptrdiff_t (*emm_stream_fn)(void);
-
-/**
- * Raises a Python exception of `type` with message `msg` (CPython's
- * `PyErr_SetString`); called with the GIL held.
- */
-typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
 
 /**
  * One setting, as `emm_settings` describes it. The strings are the library's,
@@ -274,183 +274,6 @@ typedef struct emm_stat_name {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-/**
- * The version of the library's C ABI: major * 10000 + minor * 100 + patch (the
- * header's is `EMM_ABI_VERSION`). 300 (0.3.0) added `emm_configure`,
- * `emm_last_oom`, `emm_capture_warnings` and `emm_take_warning`, and made "pool"
- * the default manager; 301 added the memory tools (`emm_memory_stat`,
- * `emm_memory_stats_json`, `emm_reset_peak_stats`, `emm_record_memory_history`,
- * `emm_memory_snapshot_json`, `emm_string_free`); 302 added `EMM_ERR_INTERNAL` and
- * refuses handles that emm did not create, or that were destroyed, with
- * `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
- * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
- * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
- * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
- * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
- * added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
- * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
- * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
- * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
- * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
- * `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
- * driver returns in a child forked after emm initialised CUDA; 310 added tags,
- * pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
- * `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
- * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
- * `emm_stat_names` (the statistic names) and
- * run-time settings in `emm_configure` (`pool_limit`,
- * `pool_release_threshold`).
- */
-int emm_abi_version(void);
-
-/**
- * Configuration in code. Every key mirrors an environment variable, whose name
- * is accepted as the key too; `emm_settings` lists them with their kinds,
- * defaults and documentation (e.g. "manager", "pool_limit",
- * "pool_release_threshold", "pool_expandable", "pool_thread_cache").
- *
- * A set environment variable wins (with a warning). Values are validated at once
- * (`EMM_ERR_INVALID_ARGUMENT`; an unknown manager is `EMM_ERR_UNKNOWN_MANAGER`).
- * Once a manager has been created, a different value fails with
- * `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted), except for the
- * run-time settings (`emm_setting.runtime`, e.g. "pool_limit"), which change at
- * once in every manager: lowering the pool's limit below what it reserves gives
- * its cached memory back, then refuses what would pass the limit.
- */
-emm_status emm_configure(const char *key, const char *value);
-
-/**
- * After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes
- * (of the device, or of the manager's limit) when it failed; 0 where unknown. Any
- * output may be NULL. `EMM_ERR_INVALID_ARGUMENT` when the last failure on this
- * thread was not out of memory.
- */
-emm_status emm_last_oom(size_t *requested, size_t *free, size_t *total);
-
-/**
- * The last failure on this thread: copies its message (NUL-terminated, truncated to
- * `len`) into `buf` and returns the message's full length; `buf` may be NULL.
- */
-size_t emm_last_error(char *buf, size_t len);
-
-/**
- * The code of the last failure on this thread (`EMM_OK` after a success).
- */
-emm_status emm_last_error_code(void);
-
-/**
- * Opens the manager of `device` into `*out`. `name` is "default", "pool" or
- * "hostonly" (NULL: `EMM_MEMORY_MANAGER`, else the one configured, else "pool").
- * Handles for one device share its manager with every other emm user in the
- * process (Python, PyTorch). Choosing a different name after another manager served
- * memory fails with `EMM_ERR_ALREADY_IN_USE`. Release the handle with
- * `emm_manager_destroy`.
- */
-emm_status emm_manager_create(const char *name, int device, struct emm_manager **out);
-
-/**
- * Releases a handle and everything it still holds. A NULL handle does nothing; a
- * handle that is not live (destroyed already, or not from `emm_manager_create`)
- * is left alone, and `emm_last_error_code()` says `EMM_ERR_INVALID_ARGUMENT`.
- */
-void emm_manager_destroy(struct emm_manager *m);
-
-/**
- * The name of the manager behind `m` (static storage; NULL for a handle that is
- * not live).
- */
-const char *emm_manager_name(const struct emm_manager *m);
-
-/**
- * Allocates `size` bytes of device memory ordered on `stream` (NULL: the legacy
- * default stream) into `*out_ptr`. `emm_free` frees it on that stream unless told
- * another.
- */
-emm_status emm_alloc(struct emm_manager *m, size_t size, void *stream, uint64_t *out_ptr);
-
-/**
- * `emm_alloc` returning the address: 0 when `size` is 0 (`emm_last_error_code()`
- * is then `EMM_OK`) or on failure (it is then the failure's code). For bindings
- * that pay for every argument they convert, such as Python's ctypes. Since ABI 200.
- */
-uint64_t emm_alloc_ptr(struct emm_manager *m, size_t size, void *stream);
-
-/**
- * Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (NULL: the
- * stream it was allocated on). 0 is ignored. Where the driver refuses the free
- * (`EMM_ERR_DRIVER`), nothing was freed: `ptr` stays allocated and this handle's,
- * and `emm_free` may be called for it again once the fault clears.
- */
-emm_status emm_free(struct emm_manager *m, uint64_t ptr, void *stream);
-
-/**
- * Pinned host memory of `size` bytes into `*out_host`: `flags` bit 0 mapped, bit 1
- * portable, bit 2 write-combined. `out_dev` (may be NULL) gets the device address
- * of mapped memory.
- */
-emm_status emm_host_alloc(struct emm_manager *m,
-                          size_t size,
-                          uint32_t flags,
-                          void **out_host,
-                          uint64_t *out_dev);
-
-/**
- * Frees pinned host memory from `emm_host_alloc` on this handle.
- */
-emm_status emm_host_free(struct emm_manager *m, void *host);
-
-/**
- * Free and total bytes of the device (or of the manager's limit).
- */
-emm_status emm_memory_info(struct emm_manager *m, size_t *free, size_t *total);
-
-/**
- * Fills `out` with the manager's statistics.
- */
-emm_status emm_get_stats(struct emm_manager *m, struct emm_stats *out);
-
-/**
- * Every counter the manager keeps, as one line of text (in a build with the
- * `call-timing` feature, followed by one `name: value` line per process-wide hook
- * counter), NUL-terminated and truncated to `len`, in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
- * NULL to ask for the length.
- */
-emm_status emm_manager_report(struct emm_manager *m,
-                              char *buf,
-                              size_t len,
-                              size_t *written);
-
-/**
- * Gives cached memory back to the device; `*released` (may be NULL) gets the bytes.
- */
-emm_status emm_trim(struct emm_manager *m, size_t *released);
-
-/**
- * IPC: exports `[ptr+offset, ptr+offset+len)` of an allocation of this handle as
- * handle bytes into `buf` (`cap` bytes); `*written` gets their length. With `buf`
- * NULL only `*written` is set (to the size needed). Another process opens the bytes
- * with `emm_ipc_open`.
- */
-emm_status emm_ipc_export(struct emm_manager *m,
-                          uint64_t ptr,
-                          size_t offset,
-                          size_t len,
-                          uint8_t *buf,
-                          size_t cap,
-                          size_t *written);
-
-/**
- * Opens IPC handle bytes from another process; `*out_ptr` gets the device address
- * (staged into this handle's manager when the memory is on another device). Close
- * it with `emm_ipc_close`.
- */
-emm_status emm_ipc_open(struct emm_manager *m, const uint8_t *buf, size_t len, uint64_t *out_ptr);
-
-/**
- * Closes memory opened by `emm_ipc_open` on this handle.
- */
-emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
 
 /**
  * MemArray: creates a zeroed n-dimensional array of DLPack type `(code, bits)` with
@@ -679,6 +502,96 @@ emm_status emm_torch_graph_pool_live(int device,
                                      size_t *count);
 
 /**
+ * IPC: exports `[ptr+offset, ptr+offset+len)` of an allocation of this handle as
+ * handle bytes into `buf` (`cap` bytes); `*written` gets their length. With `buf`
+ * NULL only `*written` is set (to the size needed). Another process opens the bytes
+ * with `emm_ipc_open`.
+ */
+emm_status emm_ipc_export(struct emm_manager *m,
+                          uint64_t ptr,
+                          size_t offset,
+                          size_t len,
+                          uint8_t *buf,
+                          size_t cap,
+                          size_t *written);
+
+/**
+ * Opens IPC handle bytes from another process; `*out_ptr` gets the device address
+ * (staged into this handle's manager when the memory is on another device). Close
+ * it with `emm_ipc_close`.
+ */
+emm_status emm_ipc_open(struct emm_manager *m, const uint8_t *buf, size_t len, uint64_t *out_ptr);
+
+/**
+ * Closes memory opened by `emm_ipc_open` on this handle.
+ */
+emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
+
+/**
+ * The version of the library's C ABI: major * 10000 + minor * 100 + patch (the
+ * header's is `EMM_ABI_VERSION`). 300 (0.3.0) added `emm_configure`,
+ * `emm_last_oom`, `emm_capture_warnings` and `emm_take_warning`, and made "pool"
+ * the default manager; 301 added the memory tools (`emm_memory_stat`,
+ * `emm_memory_stats_json`, `emm_reset_peak_stats`, `emm_record_memory_history`,
+ * `emm_memory_snapshot_json`, `emm_string_free`); 302 added `EMM_ERR_INTERNAL` and
+ * refuses handles that emm did not create, or that were destroyed, with
+ * `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
+ * (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
+ * memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
+ * `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
+ * `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
+ * added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
+ * `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
+ * 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
+ * `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
+ * `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
+ * `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
+ * driver returns in a child forked after emm initialised CUDA; 310 added tags,
+ * pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
+ * `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
+ * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
+ * `emm_stat_names` (the statistic names) and
+ * run-time settings in `emm_configure` (`pool_limit`,
+ * `pool_release_threshold`).
+ */
+int emm_abi_version(void);
+
+/**
+ * Configuration in code. Every key mirrors an environment variable, whose name
+ * is accepted as the key too; `emm_settings` lists them with their kinds,
+ * defaults and documentation (e.g. "manager", "pool_limit",
+ * "pool_release_threshold", "pool_expandable", "pool_thread_cache").
+ *
+ * A set environment variable wins (with a warning). Values are validated at once
+ * (`EMM_ERR_INVALID_ARGUMENT`; an unknown manager is `EMM_ERR_UNKNOWN_MANAGER`).
+ * Once a manager has been created, a different value fails with
+ * `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted), except for the
+ * run-time settings (`emm_setting.runtime`, e.g. "pool_limit"), which change at
+ * once in every manager: lowering the pool's limit below what it reserves gives
+ * its cached memory back, then refuses what would pass the limit.
+ */
+emm_status emm_configure(const char *key, const char *value);
+
+/**
+ * After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes
+ * (of the device, or of the manager's limit) when it failed; 0 where unknown. Any
+ * output may be NULL. `EMM_ERR_INVALID_ARGUMENT` when the last failure on this
+ * thread was not out of memory.
+ */
+emm_status emm_last_oom(size_t *requested, size_t *free, size_t *total);
+
+/**
+ * The last failure on this thread: copies its message (NUL-terminated, truncated to
+ * `len`) into `buf` and returns the message's full length; `buf` may be NULL.
+ */
+size_t emm_last_error(char *buf, size_t len);
+
+/**
+ * The code of the last failure on this thread (`EMM_OK` after a success).
+ */
+emm_status emm_last_error_code(void);
+
+/**
  * Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
  * instead of printing them on standard error; 0 prints them (the default). Returns
  * the previous setting.
@@ -716,6 +629,93 @@ emm_status emm_alloc_managed(struct emm_manager *m, size_t size, unsigned int fl
  * Since ABI 304.
  */
 emm_status emm_free_managed(struct emm_manager *m, uint64_t ptr);
+
+/**
+ * Opens the manager of `device` into `*out`. `name` is "default", "pool" or
+ * "hostonly" (NULL: `EMM_MEMORY_MANAGER`, else the one configured, else "pool").
+ * Handles for one device share its manager with every other emm user in the
+ * process (Python, PyTorch). Choosing a different name after another manager served
+ * memory fails with `EMM_ERR_ALREADY_IN_USE`. Release the handle with
+ * `emm_manager_destroy`.
+ */
+emm_status emm_manager_create(const char *name, int device, struct emm_manager **out);
+
+/**
+ * Releases a handle and everything it still holds. A NULL handle does nothing; a
+ * handle that is not live (destroyed already, or not from `emm_manager_create`)
+ * is left alone, and `emm_last_error_code()` says `EMM_ERR_INVALID_ARGUMENT`.
+ */
+void emm_manager_destroy(struct emm_manager *m);
+
+/**
+ * The name of the manager behind `m` (static storage; NULL for a handle that is
+ * not live).
+ */
+const char *emm_manager_name(const struct emm_manager *m);
+
+/**
+ * Allocates `size` bytes of device memory ordered on `stream` (NULL: the legacy
+ * default stream) into `*out_ptr`. `emm_free` frees it on that stream unless told
+ * another.
+ */
+emm_status emm_alloc(struct emm_manager *m, size_t size, void *stream, uint64_t *out_ptr);
+
+/**
+ * `emm_alloc` returning the address: 0 when `size` is 0 (`emm_last_error_code()`
+ * is then `EMM_OK`) or on failure (it is then the failure's code). For bindings
+ * that pay for every argument they convert, such as Python's ctypes. Since ABI 200.
+ */
+uint64_t emm_alloc_ptr(struct emm_manager *m, size_t size, void *stream);
+
+/**
+ * Frees `ptr` (from `emm_alloc` on this handle), ordered on `stream` (NULL: the
+ * stream it was allocated on). 0 is ignored. Where the driver refuses the free
+ * (`EMM_ERR_DRIVER`), nothing was freed: `ptr` stays allocated and this handle's,
+ * and `emm_free` may be called for it again once the fault clears.
+ */
+emm_status emm_free(struct emm_manager *m, uint64_t ptr, void *stream);
+
+/**
+ * Pinned host memory of `size` bytes into `*out_host`: `flags` bit 0 mapped, bit 1
+ * portable, bit 2 write-combined. `out_dev` (may be NULL) gets the device address
+ * of mapped memory.
+ */
+emm_status emm_host_alloc(struct emm_manager *m,
+                          size_t size,
+                          uint32_t flags,
+                          void **out_host,
+                          uint64_t *out_dev);
+
+/**
+ * Frees pinned host memory from `emm_host_alloc` on this handle.
+ */
+emm_status emm_host_free(struct emm_manager *m, void *host);
+
+/**
+ * Free and total bytes of the device (or of the manager's limit).
+ */
+emm_status emm_memory_info(struct emm_manager *m, size_t *free, size_t *total);
+
+/**
+ * Fills `out` with the manager's statistics.
+ */
+emm_status emm_get_stats(struct emm_manager *m, struct emm_stats *out);
+
+/**
+ * Every counter the manager keeps, as one line of text (in a build with the
+ * `call-timing` feature, followed by one `name: value` line per process-wide hook
+ * counter), NUL-terminated and truncated to `len`, in `buf`; `*written` (may be NULL) gets the full length; `buf` may be
+ * NULL to ask for the length.
+ */
+emm_status emm_manager_report(struct emm_manager *m,
+                              char *buf,
+                              size_t len,
+                              size_t *written);
+
+/**
+ * Gives cached memory back to the device; `*released` (may be NULL) gets the bytes.
+ */
+emm_status emm_trim(struct emm_manager *m, size_t *released);
 
 /**
  * Describes every setting `emm_configure` knows: the router's `manager`, then

@@ -8,8 +8,10 @@ use ::emm_array::{
     export_legacy, export_versioned, ArrayError, DataType, RawArray, Side, MAX_RANK,
 };
 
+use crate::ffi::stream_of;
 use crate::handles::Handles;
-use crate::{emm_manager, emm_status, guard, handle, invalid, set_error, stream_of, EMM_OK};
+use crate::manager::{emm_manager, handle};
+use crate::status::{emm_status, guard, invalid, set_error, EMM_OK};
 
 /// An array handle (opaque; from `emm_array_create`).
 pub struct emm_array {
@@ -18,15 +20,15 @@ pub struct emm_array {
 
 fn fail_array(e: ArrayError) -> emm_status {
     let code = match &e {
-        ArrayError::Memory(m) => return crate::fail(m.clone()),
+        ArrayError::Memory(m) => return crate::status::fail(m.clone()),
         ArrayError::UnsupportedType { .. }
         | ArrayError::UnsupportedRank { .. }
         | ArrayError::OutOfBounds { .. }
         | ArrayError::TypeMismatch { .. }
         | ArrayError::UnknownLock { .. }
-        | ArrayError::TooLarge => crate::EMM_ERR_INVALID_ARGUMENT,
-        ArrayError::NoDevice => crate::EMM_ERR_UNSUPPORTED,
-        _ => crate::EMM_ERR_OTHER,
+        | ArrayError::TooLarge => crate::status::EMM_ERR_INVALID_ARGUMENT,
+        ArrayError::NoDevice => crate::status::EMM_ERR_UNSUPPORTED,
+        _ => crate::status::EMM_ERR_OTHER,
     };
     set_error(code, e.to_string())
 }

@@ -13,14 +13,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use emm_core::{DeviceAllocation, EmmError, MemoryManager};
 use emm_sys::{CUresult, CUstream};
 
+use crate::ffi::{lock, stream_of};
 use crate::graph_pools::GraphPools;
 use crate::live_table::LiveTable;
+use crate::manager::manager_for;
+use crate::status::{
+    emm_status, fail, fail_alloc, guard, invalid, ssize_t, EMM_ERR_INVALID_ARGUMENT,
+    EMM_ERR_OUT_OF_MEMORY, EMM_OK,
+};
 use crate::stream_uses::{self, StreamUses};
 use crate::timing::{self, Hook};
-use crate::{
-    emm_status, fail, fail_alloc, guard, invalid, lock, manager_for, ssize_t, stream_of,
-    EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK,
-};
 
 /// One device's manager and the allocations handed out by address.
 pub(crate) struct LiveDevice {
@@ -83,13 +85,13 @@ pub(crate) fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_stat
         }),
         Err(e) => {
             let code = fail(e);
-            let msg = crate::last_error_message();
+            let msg = crate::status::last_error_message();
             Err((code, msg))
         }
     });
     match state {
         Ok(d) => Ok(d),
-        Err((code, msg)) => Err(crate::set_error(*code, msg.clone())),
+        Err((code, msg)) => Err(crate::status::set_error(*code, msg.clone())),
     }
 }
 
@@ -266,7 +268,7 @@ fn release_after_device_sync(
                 "{what}: {ptr:#x} ({size} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({why}), and synchronizing the device failed too ({sync}); the block is kept, live and unused: release it again once the device recovers"
             );
             tracing::error!("{msg}");
-            crate::set_error(crate::code_of(&EmmError::Driver(sync)), msg)
+            crate::status::set_error(crate::status::code_of(&EmmError::Driver(sync)), msg)
         }
     }
 }
@@ -344,7 +346,7 @@ fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
             return if unknown {
                 fail(err)
             } else {
-                crate::set_error(crate::EMM_ERR_DRIVER, err.to_string())
+                crate::status::set_error(crate::status::EMM_ERR_DRIVER, err.to_string())
             };
         }
     }
@@ -450,7 +452,7 @@ pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_stat
             }
         });
         if code != EMM_OK {
-            let msg = crate::last_error_message();
+            let msg = crate::status::last_error_message();
             tracing::warn!("a tensor's free failed: {msg}");
         }
         code
@@ -588,7 +590,7 @@ pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int
             } else {
                 hooks.error_type
             };
-            let msg = crate::last_error_message();
+            let msg = crate::status::last_error_message();
             let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
             // SAFETY: `raise` is PyErr_SetString per emm_cupy_set_hooks, called with
             // the GIL held (CuPy holds it around its allocator) with a live type
@@ -600,7 +602,7 @@ pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int
 }
 
 fn set_no_hooks() {
-    crate::set_error(
+    crate::status::set_error(
         EMM_ERR_INVALID_ARGUMENT,
         "emm_cupy_malloc: emm_cupy_set_hooks was not called".into(),
     );
@@ -618,7 +620,7 @@ pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_
     }
     let code = guard(|| live_free("emm_cupy_free", device, ptr as u64, None));
     if code != EMM_OK {
-        let msg = crate::last_error_message();
+        let msg = crate::status::last_error_message();
         tracing::error!("CuPy freed memory emm could not free: {msg}");
     }
 }

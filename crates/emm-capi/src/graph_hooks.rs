@@ -10,9 +10,10 @@ use emm::emm_default::DriverUpstream;
 use emm::emm_pool::GraphPool;
 use emm_core::EmmError;
 
+use crate::ffi::{lock, stream_of};
 use crate::framework::{insert_live, known_device, live_device, release_now, LiveDevice};
 use crate::graph_pools::{Entry, Held, PoolId};
-use crate::{emm_status, fail, fail_alloc, guard, invalid, lock, ssize_t, stream_of, EMM_OK};
+use crate::status::{emm_status, fail, fail_alloc, guard, invalid, ssize_t, EMM_OK};
 
 fn pool_name(device: c_int, id: PoolId) -> String {
     format!("graph pool ({}, {}) of device {device}", id.0, id.1)
@@ -196,7 +197,7 @@ pub extern "C" fn emm_torch_graph_pool_release(
             tracing::warn!(
                 "releasing {}: {}",
                 pool_name(device, (pool_a, pool_b)),
-                crate::last_error_message()
+                crate::status::last_error_message()
             );
         }
         status
@@ -248,8 +249,8 @@ pub extern "C" fn emm_torch_graph_pool_alloc(
             }
             Err(e) => {
                 let code = fail_alloc(e, size, d.manager.as_ref());
-                let why = crate::last_error_message();
-                crate::set_error(
+                let why = crate::status::last_error_message();
+                crate::status::set_error(
                     code,
                     format!("{}: {why}", pool_name(device, (pool_a, pool_b))),
                 )

@@ -29,7 +29,7 @@ use emm_core::{DeviceAllocation, EmmError};
 use emm_driver::Context;
 use emm_sys::CUstream;
 
-use crate::lock;
+use crate::ffi::lock;
 
 /// PyTorch's `MempoolId_t`: a pair of capture ids.
 pub(crate) type PoolId = (u64, u64);

@@ -9,7 +9,9 @@ use std::ffi::c_uint;
 
 use emm_core::ManagedAttach;
 
-use crate::{emm_manager, emm_status, fail_alloc, invalid, lock, with_manager, EMM_OK};
+use crate::ffi::lock;
+use crate::manager::{emm_manager, with_manager};
+use crate::status::{emm_status, fail_alloc, invalid, EMM_OK};
 
 /// `flags` of `emm_alloc_managed`: accessible from any stream on any device
 /// (`CU_MEM_ATTACH_GLOBAL`). Since ABI 304.

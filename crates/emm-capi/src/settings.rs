@@ -5,8 +5,8 @@
 use std::ffi::{c_char, c_int, CString};
 use std::sync::Mutex;
 
-use crate::emm_status;
-use crate::{guard, invalid, EMM_OK};
+use crate::status::emm_status;
+use crate::status::{guard, invalid, EMM_OK};
 
 /// One setting, as `emm_settings` describes it. The strings are the library's,
 /// NUL-terminated, valid until the process ends; do not free them.
@@ -156,11 +156,11 @@ mod tests {
         unsafe {
             assert_eq!(
                 emm_settings(core::ptr::null_mut(), 0, core::ptr::null_mut()),
-                crate::EMM_ERR_INVALID_ARGUMENT
+                crate::status::EMM_ERR_INVALID_ARGUMENT
             );
             assert_eq!(
                 emm_settings(core::ptr::null_mut(), 3, &mut m),
-                crate::EMM_ERR_INVALID_ARGUMENT
+                crate::status::EMM_ERR_INVALID_ARGUMENT
             );
         }
     }

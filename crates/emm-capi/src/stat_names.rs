@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use emm_core::stat_names::{is_torch, STAT_NAMES};
 
-use crate::{emm_status, guard, invalid, EMM_OK};
+use crate::status::{emm_status, guard, invalid, EMM_OK};
 
 /// One statistic name, as `emm_stat_names` describes it. The strings are the
 /// library's, NUL-terminated, valid until the process ends; do not free them.
@@ -103,6 +103,6 @@ mod tests {
         }
         // SAFETY: a null `count`, refused.
         let status = unsafe { emm_stat_names(core::ptr::null_mut(), 0, core::ptr::null_mut()) };
-        assert_eq!(status, crate::EMM_ERR_INVALID_ARGUMENT);
+        assert_eq!(status, crate::status::EMM_ERR_INVALID_ARGUMENT);
     }
 }

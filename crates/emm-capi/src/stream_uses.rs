@@ -20,7 +20,7 @@ use emm_core::EmmError;
 use emm_driver::{Context, Event, Stream};
 use emm_sys::CUstream;
 
-use crate::lock;
+use crate::ffi::lock;
 
 /// The streams each live allocation of one device is used on besides its own.
 #[derive(Default)]

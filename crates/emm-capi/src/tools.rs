@@ -6,7 +6,8 @@ use std::ffi::{c_char, CStr, CString};
 
 use emm_core::EmmError;
 
-use crate::{emm_manager, emm_status, fail, invalid, with_manager, EMM_OK};
+use crate::manager::{emm_manager, with_manager};
+use crate::status::{emm_status, fail, invalid, EMM_OK};
 
 /// Hands `text` to the caller as a NUL-terminated string of the library's
 /// (`out`), with its length without the NUL (`len`, may be null).
@@ -145,7 +146,8 @@ pub unsafe extern "C" fn emm_memory_snapshot_json(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{emm_last_error_code, EMM_ERR_INVALID_ARGUMENT};
+    use crate::library::emm_last_error_code;
+    use crate::status::EMM_ERR_INVALID_ARGUMENT;
 
     #[test]
     fn null_handles_and_outputs_are_refused() {

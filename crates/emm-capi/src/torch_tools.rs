@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, CStr};
 use emm::emm_pool::GraphPoolStats;
 
 use crate::framework::{device_manager, known_device_checked, known_devices, LiveDevice};
-use crate::{emm_status, fail, guard, invalid, EMM_OK};
+use crate::status::{emm_status, fail, guard, invalid, EMM_OK};
 use emm_core::stat_names as stat;
 
 /// The counter named `key` in `stats`, if the manager keeps one.

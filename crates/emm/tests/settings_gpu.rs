@@ -57,7 +57,10 @@ fn run_time_settings_give_memory_to_the_device() {
     let mut back = vec![0u8; 4096];
     // SAFETY: the live block holds 256 MiB; reading its first 4 KiB.
     unsafe { memory::copy_dtoh(&ctx, &mut back, live.ptr()) }.unwrap();
-    assert!(back.iter().all(|&b| b == 0x5a), "a live block lost its bytes");
+    assert!(
+        back.iter().all(|&b| b == 0x5a),
+        "a live block lost its bytes"
+    );
     emm::configure("pool_limit", "max").unwrap();
 
     // The release threshold, on a created stream with work queued.

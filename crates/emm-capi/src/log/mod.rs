@@ -10,152 +10,16 @@
 //! `warn`, with a notice on standard error that is also queued for
 //! [`emm_take_warning`].
 
-use std::collections::VecDeque;
+pub(crate) mod output;
+
 use std::ffi::{c_char, c_int};
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, Once};
+use std::sync::atomic::Ordering;
 
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt as _};
-use tracing_subscriber::{EnvFilter, Layer};
+pub(crate) use output::init;
+use output::{queue, CAPTURE};
+pub use output::{EMM_LOG_ERROR, EMM_LOG_WARN, LOG_ENV, QUEUE_CAP};
 
-use crate::{emm_status, guard, invalid, EMM_OK};
-
-/// The environment variable that filters emm's log output.
-pub const LOG_ENV: &str = "EMM_LOG";
-
-/// Messages the warning queue keeps (the oldest are dropped first).
-pub const QUEUE_CAP: usize = 256;
-
-/// `*level` of an error in `emm_take_warning`.
-pub const EMM_LOG_ERROR: c_int = 1;
-/// `*level` of a warning in `emm_take_warning`.
-pub const EMM_LOG_WARN: c_int = 2;
-
-static CAPTURE: AtomicBool = AtomicBool::new(false);
-static QUEUE: Mutex<VecDeque<(c_int, String)>> = Mutex::new(VecDeque::new());
-
-fn queue() -> std::sync::MutexGuard<'static, VecDeque<(c_int, String)>> {
-    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The filter used when `EMM_LOG` is unset or invalid.
-const DEFAULT_FILTER: &str = "warn";
-
-/// Installs the subscriber once (a process that set its own keeps it). An
-/// `EMM_LOG` value that is not a valid filter is replaced by `warn`, and that is
-/// said once: on standard error, and queued for [`emm_take_warning`] (so a
-/// binding that captures warnings after this sees it too).
-pub(crate) fn init() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let (filter, rejected) = filter_from(std::env::var_os(LOG_ENV));
-        let subscriber = tracing_subscriber::registry().with(filter).with(Output);
-        if tracing::subscriber::set_global_default(subscriber).is_ok() {
-            if let Some(text) = rejected {
-                eprintln!("emm: {} {}: {text}", Level::WARN, module_path!());
-                push(EMM_LOG_WARN, text);
-            }
-        }
-    });
-}
-
-/// The filter for the value of `EMM_LOG` (`None`: unset), and, when the value was
-/// rejected, the notice saying what was given, why it was rejected and what is
-/// used instead.
-fn filter_from(value: Option<std::ffi::OsString>) -> (EnvFilter, Option<String>) {
-    let fallback = |why: String| (EnvFilter::new(DEFAULT_FILTER), Some(why));
-    let Some(value) = value else {
-        return (EnvFilter::new(DEFAULT_FILTER), None);
-    };
-    let Some(text) = value.to_str() else {
-        return fallback(format!(
-            "{LOG_ENV}={value:?} is not valid UTF-8; using `{DEFAULT_FILTER}` instead"
-        ));
-    };
-    match EnvFilter::try_new(text) {
-        Ok(f) => (f, None),
-        Err(e) => fallback(format!(
-            "{LOG_ENV}={text:?} is not a valid log filter ({e}); using `{DEFAULT_FILTER}` instead (the syntax: `debug`, `emm_pool=trace`, `warn,emm_capi=debug`)"
-        )),
-    }
-}
-
-/// Queues a message for [`emm_take_warning`], dropping the oldest past
-/// [`QUEUE_CAP`].
-fn push(code: c_int, text: String) {
-    let mut q = queue();
-    if q.len() >= QUEUE_CAP {
-        q.pop_front();
-    }
-    q.push_back((code, text));
-}
-
-/// Collects an event's message and fields into one line.
-#[derive(Default)]
-struct Line {
-    message: String,
-    fields: String,
-}
-
-impl Visit for Line {
-    fn record_debug(&mut self, field: &Field, value: &dyn core::fmt::Debug) {
-        if field.name() == "message" {
-            let _ = write!(self.message, "{value:?}");
-        } else {
-            if !self.fields.is_empty() {
-                self.fields.push_str(", ");
-            }
-            let _ = write!(self.fields, "{}={value:?}", field.name());
-        }
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.message.push_str(value);
-        } else {
-            self.record_debug(field, &value);
-        }
-    }
-}
-
-impl Line {
-    fn text(self) -> String {
-        if self.fields.is_empty() {
-            self.message
-        } else if self.message.is_empty() {
-            self.fields
-        } else {
-            format!("{} ({})", self.message, self.fields)
-        }
-    }
-}
-
-/// The layer: warnings and errors to the queue while capturing, everything else
-/// (and everything while not capturing) to standard error.
-struct Output;
-
-impl<S: Subscriber> Layer<S> for Output {
-    fn on_event(&self, event: &Event<'_>, _ctx: LayerContext<'_, S>) {
-        let meta = event.metadata();
-        let mut line = Line::default();
-        event.record(&mut line);
-        let text = line.text();
-        let level = *meta.level();
-        if CAPTURE.load(Ordering::Relaxed) && level <= Level::WARN {
-            let code = if level == Level::ERROR {
-                EMM_LOG_ERROR
-            } else {
-                EMM_LOG_WARN
-            };
-            push(code, text);
-        } else {
-            eprintln!("emm: {level} {}: {text}", meta.target());
-        }
-    }
-}
+use crate::status::{emm_status, guard, invalid, EMM_OK};
 
 /// Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
 /// instead of printing them on standard error; 0 prints them (the default). Returns
@@ -213,6 +77,7 @@ pub unsafe extern "C" fn emm_take_warning(
 
 #[cfg(test)]
 mod tests {
+    use super::output::*;
     use super::*;
 
     #[test]
@@ -250,7 +115,7 @@ mod tests {
         unsafe {
             assert_eq!(
                 emm_take_warning(small.as_mut_ptr(), small.len(), &mut len, &mut level),
-                crate::EMM_ERR_INVALID_ARGUMENT
+                crate::status::EMM_ERR_INVALID_ARGUMENT
             );
             let first = "EMM_MEMORY_MANAGER=default overrides (requested=\"pool\")";
             assert_eq!(len, first.len());

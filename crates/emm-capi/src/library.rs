@@ -1,0 +1,116 @@
+//! The library as a whole: its ABI version, configuration in code, and the
+//! calling thread's last error.
+
+use std::ffi::{c_char, c_int};
+
+use crate::ffi::*;
+use crate::status::*;
+
+/// The version of the library's C ABI: major * 10000 + minor * 100 + patch (the
+/// header's is `EMM_ABI_VERSION`). 300 (0.3.0) added `emm_configure`,
+/// `emm_last_oom`, `emm_capture_warnings` and `emm_take_warning`, and made "pool"
+/// the default manager; 301 added the memory tools (`emm_memory_stat`,
+/// `emm_memory_stats_json`, `emm_reset_peak_stats`, `emm_record_memory_history`,
+/// `emm_memory_snapshot_json`, `emm_string_free`); 302 added `EMM_ERR_INTERNAL` and
+/// refuses handles that emm did not create, or that were destroyed, with
+/// `EMM_ERR_INVALID_ARGUMENT`; 303 added CuPy's C-function allocator
+/// (`emm_cupy_set_hooks`, `emm_cupy_malloc`, `emm_cupy_free`); 304 added managed
+/// memory (`emm_alloc_managed`, `emm_free_managed`, `EMM_MEM_ATTACH_GLOBAL`,
+/// `EMM_MEM_ATTACH_HOST`); 305 added `emm_torch_record_stream`; 306 added
+/// `emm_torch_release` (the deleter of `emm.torch`'s own allocator object); 307
+/// added PyTorch's memory tools for that object (`emm_torch_memory_stats`,
+/// `emm_torch_reset_peak_stats`, `emm_torch_empty_cache`, `emm_torch_cache_info`);
+/// 308 added CUDA graph pools for it (`emm_torch_graph_pool_begin`,
+/// `emm_torch_graph_pool_end`, `emm_torch_graph_pool_release`,
+/// `emm_torch_graph_pool_alloc`, `emm_torch_graph_pool_live`); 309 added
+/// `EMM_ERR_FORKED`, which every call that would touch a manager, a handle or the
+/// driver returns in a child forked after emm initialised CUDA; 310 added tags,
+/// pause and resume (`emm_region_enter`, `emm_region_exit`, `emm_pause`,
+/// `emm_resume`, `emm_tag_stats`, `EMM_KEEP_NOTHING`, `EMM_KEEP_HOST`,
+/// `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
+/// `emm_stat_names` (the statistic names) and
+/// run-time settings in `emm_configure` (`pool_limit`,
+/// `pool_release_threshold`).
+#[no_mangle]
+pub extern "C" fn emm_abi_version() -> c_int {
+    ABI_VERSION
+}
+
+/// Configuration in code. Every key mirrors an environment variable, whose name
+/// is accepted as the key too; `emm_settings` lists them with their kinds,
+/// defaults and documentation (e.g. "manager", "pool_limit",
+/// "pool_release_threshold", "pool_expandable", "pool_thread_cache").
+///
+/// A set environment variable wins (with a warning). Values are validated at once
+/// (`EMM_ERR_INVALID_ARGUMENT`; an unknown manager is `EMM_ERR_UNKNOWN_MANAGER`).
+/// Once a manager has been created, a different value fails with
+/// `EMM_ERR_ALREADY_IN_USE` (the value in effect is accepted), except for the
+/// run-time settings (`emm_setting.runtime`, e.g. "pool_limit"), which change at
+/// once in every manager: lowering the pool's limit below what it reserves gives
+/// its cached memory back, then refuses what would pass the limit.
+#[no_mangle]
+pub unsafe extern "C" fn emm_configure(key: *const c_char, value: *const c_char) -> emm_status {
+    guard(|| {
+        let key = match c_str(key, "emm_configure: `key`") {
+            Ok(k) => k,
+            Err(c) => return c,
+        };
+        let value = match c_str(value, "emm_configure: `value`") {
+            Ok(v) => v,
+            Err(c) => return c,
+        };
+        match emm::configure(key, value) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes
+/// (of the device, or of the manager's limit) when it failed; 0 where unknown. Any
+/// output may be NULL. `EMM_ERR_INVALID_ARGUMENT` when the last failure on this
+/// thread was not out of memory.
+#[no_mangle]
+pub unsafe extern "C" fn emm_last_oom(
+    requested: *mut usize,
+    free: *mut usize,
+    total: *mut usize,
+) -> emm_status {
+    let Some((r, f, t)) = LAST_OOM.try_with(|o| o.get()).ok().flatten() else {
+        return EMM_ERR_INVALID_ARGUMENT;
+    };
+    for (p, v) in [(requested, r), (free, f), (total, t)] {
+        if !p.is_null() {
+            // SAFETY: a non-null output is writable per the contract.
+            unsafe { *p = v };
+        }
+    }
+    EMM_OK
+}
+
+/// The last failure on this thread: copies its message (NUL-terminated, truncated to
+/// `len`) into `buf` and returns the message's full length; `buf` may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn emm_last_error(buf: *mut c_char, len: usize) -> usize {
+    LAST_ERROR
+        .try_with(|e| {
+            let e = e.borrow();
+            let bytes = e.1.as_bytes();
+            if !buf.is_null() && len > 0 {
+                let n = bytes.len().min(len - 1);
+                // SAFETY: the caller gives `len` writable bytes at `buf`; n < len.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                    *buf.add(n) = 0;
+                }
+            }
+            bytes.len()
+        })
+        .unwrap_or(0)
+}
+
+/// The code of the last failure on this thread (`EMM_OK` after a success).
+#[no_mangle]
+pub extern "C" fn emm_last_error_code() -> emm_status {
+    LAST_ERROR.try_with(|e| e.borrow().0).unwrap_or(EMM_OK)
+}
