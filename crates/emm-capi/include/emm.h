@@ -353,58 +353,6 @@ void emm_dlpack_delete(void *tensor, int versioned);
 uint64_t emm_array_deleters_run(struct emm_array *a);
 
 /**
- * PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
- * the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
- * "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
- * failure; `emm_last_error` says why. (emm's own allocator object, which
- * `emm.torch.install()` sets up, raises `torch.OutOfMemoryError` with that reason;
- * PyTorch's `CUDAPluggableAllocator` does not check, and hands out a tensor at
- * address 0.)
- */
-void *emm_torch_alloc(ssize_t size, int device, void *stream);
-
-/**
- * PyTorch's pluggable allocator: frees `ptr` from `emm_torch_alloc`, ordered on
- * `stream` (`size` is not needed: emm knows it).
- */
-void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
-
-/**
- * Frees `ptr` from [`emm_torch_alloc`] on `device` (-1: whichever device holds
- * it), ordered on the stream it was allocated on, after the work queued so far on
- * every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
- * the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
- * from `python/emm/_torch_native.cpp`), which knows neither the size nor the
- * stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
- * did not hand out on that device (or on any, for -1) is
- * `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
- * set up for it). Where the work of a stream it was used on cannot be waited
- * for (the stream was destroyed), the block is freed after a synchronization of
- * the device (or, while a CUDA graph capture runs, once the captures end), with a
- * warning; only if that fails too is the status an error, and the block then
- * stays live for a later release. Every failure is also logged as a warning
- * (`EMM_LOG`). Since ABI 306.
- */
-emm_status emm_torch_release(void *ptr, int device);
-
-/**
- * PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from
- * `emm_torch_alloc` on `device`; the base address of the tensor's storage) is
- * used on `stream` as well as on the stream it was allocated on. Its free then
- * makes its own stream wait for the work queued on `stream` up to that moment
- * (an event and `cuStreamWaitEvent`; nothing blocks on the host), so the memory
- * is not reused while that work may still touch it. PyTorch's pluggable allocator
- * does not forward `record_stream` calls (it has no Python setting for them), so
- * `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
- * the allocation's own stream does nothing; an address emm did not hand out is
- * `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
- * allocate, and so does `emm.torch`), and so is a stream handle the driver does
- * not know (`cuStreamIsCapturing` refuses it): nothing is recorded then. Since
- * ABI 305.
- */
-emm_status emm_torch_record_stream(void *ptr, int device, void *stream);
-
-/**
  * Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
  * Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
  * of memory and `error_type` for other failures (Python type objects, which the
@@ -864,6 +812,58 @@ emm_status emm_record_memory_history(struct emm_manager *m, size_t max_entries);
  * `EMM_ERR_UNSUPPORTED` for managers without segments of their own.
  */
 emm_status emm_memory_snapshot_json(struct emm_manager *m, char **out, size_t *len);
+
+/**
+ * PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
+ * the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
+ * "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
+ * failure; `emm_last_error` says why. (emm's own allocator object, which
+ * `emm.torch.install()` sets up, raises `torch.OutOfMemoryError` with that reason;
+ * PyTorch's `CUDAPluggableAllocator` does not check, and hands out a tensor at
+ * address 0.)
+ */
+void *emm_torch_alloc(ssize_t size, int device, void *stream);
+
+/**
+ * PyTorch's pluggable allocator: frees `ptr` from `emm_torch_alloc`, ordered on
+ * `stream` (`size` is not needed: emm knows it).
+ */
+void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/**
+ * Frees `ptr` from [`emm_torch_alloc`] on `device` (-1: whichever device holds
+ * it), ordered on the stream it was allocated on, after the work queued so far on
+ * every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
+ * the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
+ * from `python/emm/_torch_native.cpp`), which knows neither the size nor the
+ * stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
+ * did not hand out on that device (or on any, for -1) is
+ * `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
+ * set up for it). Where the work of a stream it was used on cannot be waited
+ * for (the stream was destroyed), the block is freed after a synchronization of
+ * the device (or, while a CUDA graph capture runs, once the captures end), with a
+ * warning; only if that fails too is the status an error, and the block then
+ * stays live for a later release. Every failure is also logged as a warning
+ * (`EMM_LOG`). Since ABI 306.
+ */
+emm_status emm_torch_release(void *ptr, int device);
+
+/**
+ * PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from
+ * `emm_torch_alloc` on `device`; the base address of the tensor's storage) is
+ * used on `stream` as well as on the stream it was allocated on. Its free then
+ * makes its own stream wait for the work queued on `stream` up to that moment
+ * (an event and `cuStreamWaitEvent`; nothing blocks on the host), so the memory
+ * is not reused while that work may still touch it. PyTorch's pluggable allocator
+ * does not forward `record_stream` calls (it has no Python setting for them), so
+ * `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
+ * the allocation's own stream does nothing; an address emm did not hand out is
+ * `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
+ * allocate, and so does `emm.torch`), and so is a stream handle the driver does
+ * not know (`cuStreamIsCapturing` refuses it): nothing is recorded then. Since
+ * ABI 305.
+ */
+emm_status emm_torch_record_stream(void *ptr, int device, void *stream);
 
 /**
  * `torch.cuda.memory_stats(device)`: the counters named `keys[0..n]` (as

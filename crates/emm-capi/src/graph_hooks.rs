@@ -10,9 +10,9 @@ use emm::emm_default::DriverUpstream;
 use emm::emm_pool::GraphPool;
 use emm_core::EmmError;
 
+use crate::bridge::devices::{insert_live, known_device, live_device, release_now, LiveDevice};
+use crate::bridge::graph_pools::{Entry, Held, PoolId};
 use crate::ffi::{lock, stream_of};
-use crate::framework::{insert_live, known_device, live_device, release_now, LiveDevice};
-use crate::graph_pools::{Entry, Held, PoolId};
 use crate::status::{emm_status, fail, fail_alloc, guard, invalid, ssize_t, EMM_OK};
 
 fn pool_name(device: c_int, id: PoolId) -> String {

@@ -30,28 +30,26 @@
 // plumbing every other module imports; nothing imports from this index, which only
 // declares and re-exports.
 mod array;
+mod bridge;
+mod cupy;
 mod ffi;
-mod framework;
 mod graph_hooks;
-mod graph_pools;
 mod handles;
 mod ipc;
 mod library;
-mod live_table;
 pub mod log;
 mod managed;
 mod manager;
 mod settings;
 mod stat_names;
 mod status;
-mod stream_uses;
 mod tags;
-mod timing;
 mod tools;
+mod torch;
 mod torch_tools;
 
 pub use array::*;
-pub use framework::*;
+pub use cupy::*;
 pub use graph_hooks::*;
 pub use ipc::*;
 pub use library::*;
@@ -69,4 +67,5 @@ pub use status::{
 };
 pub use tags::*;
 pub use tools::*;
+pub use torch::*;
 pub use torch_tools::*;

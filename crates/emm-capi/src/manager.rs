@@ -371,7 +371,7 @@ pub unsafe extern "C" fn emm_manager_report(
     written: *mut usize,
 ) -> emm_status {
     with_manager(m, |h| {
-        let text = h.manager.report() + &crate::timing::report();
+        let text = h.manager.report() + &crate::bridge::timing::report();
         let bytes = text.as_bytes();
         if !buf.is_null() && len > 0 {
             let n = bytes.len().min(len - 1);

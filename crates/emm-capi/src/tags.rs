@@ -139,7 +139,7 @@ pub unsafe extern "C" fn emm_pause(
             Ok(t) => t,
             Err(c) => return c,
         };
-        if crate::framework::any_capture_routing() {
+        if crate::bridge::devices::any_capture_routing() {
             return fail(tags[0].state_error(
                 "pause",
                 "a CUDA graph capture is in progress (a pause synchronizes the device, which would invalidate it): pause after the capture ends",

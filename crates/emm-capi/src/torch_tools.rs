@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, CStr};
 
 use emm::emm_pool::GraphPoolStats;
 
-use crate::framework::{device_manager, known_device_checked, known_devices, LiveDevice};
+use crate::bridge::devices::{device_manager, known_device_checked, known_devices, LiveDevice};
 use crate::status::{emm_status, fail, guard, invalid, EMM_OK};
 use emm_core::stat_names as stat;
 

@@ -1,28 +1,24 @@
-//! Allocator hooks of frameworks that free by address: PyTorch's pluggable
-//! allocator (`emm_torch_alloc`/`emm_torch_free`) and CuPy's C-function allocator
-//! (`emm_cupy_malloc`/`emm_cupy_free`).
-//!
-//! Both hand emm a bare address to free, so each device keeps a map from address to
-//! the live allocation (which remembers its manager and stream). The manager is the
-//! process's: `EMM_MEMORY_MANAGER`, else the one configured, else `pool`.
+//! The devices the allocator hooks of frameworks that free by address serve
+//! (PyTorch's pluggable allocator and emm's own object, CuPy's C-function
+//! allocator): each device's manager, the map from address to live allocation
+//! (which remembers its manager and stream), the other streams an allocation is
+//! used on, and the frees a CUDA graph capture holds back. The manager is the
+//! process's: `EMM_MEMORY_MANAGER`, else the one configured, else `pool`. Pure
+//! Rust: the shims in `torch.rs`, `cupy.rs`, `graph_hooks.rs` and
+//! `torch_tools.rs` turn C arguments into these calls.
 
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_core::{DeviceAllocation, EmmError, MemoryManager};
 use emm_sys::{CUresult, CUstream};
 
-use crate::ffi::{lock, stream_of};
-use crate::graph_pools::GraphPools;
-use crate::live_table::LiveTable;
+use super::graph_pools::GraphPools;
+use super::live_table::LiveTable;
+use super::stream_uses::{self, StreamUses};
+use crate::ffi::lock;
 use crate::manager::manager_for;
-use crate::status::{
-    emm_status, fail, fail_alloc, guard, invalid, ssize_t, EMM_ERR_INVALID_ARGUMENT,
-    EMM_ERR_OUT_OF_MEMORY, EMM_OK,
-};
-use crate::stream_uses::{self, StreamUses};
-use crate::timing::{self, Hook};
+use crate::status::{emm_status, fail, fail_alloc, invalid, EMM_OK};
 
 /// One device's manager and the allocations handed out by address.
 pub(crate) struct LiveDevice {
@@ -45,12 +41,12 @@ static DEVICES: [Slot; LIVE_DEVICES] = [const { OnceLock::new() }; LIVE_DEVICES]
 type Slot = OnceLock<Result<LiveDevice, (emm_status, String)>>;
 
 /// The slot of `device`; `None` outside `0..64`.
-fn slot(device: c_int) -> Option<&'static Slot> {
+pub(crate) fn slot(device: c_int) -> Option<&'static Slot> {
     usize::try_from(device).ok().and_then(|d| DEVICES.get(d))
 }
 
 /// `EMM_ERR_INVALID_ARGUMENT` for a device past the slots.
-fn out_of_range(device: c_int) -> emm_status {
+pub(crate) fn out_of_range(device: c_int) -> emm_status {
     invalid(format!("device {device} is outside 0..{LIVE_DEVICES}"))
 }
 
@@ -65,7 +61,7 @@ pub(crate) fn any_capture_routing() -> bool {
 }
 
 /// The state in `slot` if the device was set up, without setting it up.
-fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
+pub(crate) fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
     slot.get()?.as_ref().ok()
 }
 
@@ -124,7 +120,7 @@ pub(crate) fn known_devices() -> impl Iterator<Item = &'static LiveDevice> {
 
 /// Allocates `size` bytes on `device` ordered on `stream` and remembers the
 /// allocation by address; the address (0 for size 0), or the status of the failure.
-fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
+pub(crate) fn live_alloc(device: c_int, size: usize, stream: CUstream) -> Result<u64, emm_status> {
     let d = live_device(device)?;
     match emm_core::alloc_from(d.manager.as_ref(), size, stream) {
         Ok(a) if size == 0 => Ok(a.ptr()),
@@ -143,7 +139,12 @@ pub(crate) fn insert_live(d: &LiveDevice, a: DeviceAllocation) -> u64 {
 /// Frees an allocation of `live_alloc` by address: ordered on `stream`, or on the
 /// stream it was allocated on when `stream` is `None`, after the work queued so far
 /// on every other stream it was used on (`emm_torch_record_stream`).
-fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> emm_status {
+pub(crate) fn live_free(
+    what: &str,
+    device: c_int,
+    ptr: u64,
+    stream: Option<CUstream>,
+) -> emm_status {
     let d = match live_device(device) {
         Ok(d) => d,
         Err(code) => return code,
@@ -158,7 +159,7 @@ fn live_free(what: &str, device: c_int, ptr: u64, stream: Option<CUstream>) -> e
 
 /// [`live_free`] on the allocation's own stream, on whichever device whose state
 /// exists holds `ptr` (the devices in order).
-fn live_free_any(what: &str, ptr: u64) -> emm_status {
+pub(crate) fn live_free_any(what: &str, ptr: u64) -> emm_status {
     for d in DEVICES.iter().filter_map(set_up) {
         if let Some((a, used_on)) = take_live(d, ptr) {
             return release_taken(what, d, a, used_on, None);
@@ -172,7 +173,7 @@ fn live_free_any(what: &str, ptr: u64) -> emm_status {
 /// Takes the live allocation at `ptr` out of `d`'s table, with the other streams
 /// it was used on. The lock is released on return, before the allocation is
 /// dropped (freed).
-fn take_live(d: &LiveDevice, ptr: u64) -> Option<(DeviceAllocation, Vec<CUstream>)> {
+pub(crate) fn take_live(d: &LiveDevice, ptr: u64) -> Option<(DeviceAllocation, Vec<CUstream>)> {
     let mut live = lock(&d.live);
     let a = live.remove(ptr)?;
     let used_on = d.uses.take(ptr);
@@ -181,7 +182,7 @@ fn take_live(d: &LiveDevice, ptr: u64) -> Option<(DeviceAllocation, Vec<CUstream
 
 /// Frees `a`, taken out of `d`'s table: ordered on `stream` (its own when `None`),
 /// after the work queued so far on each of `used_on`.
-fn release_taken(
+pub(crate) fn release_taken(
     what: &str,
     d: &LiveDevice,
     mut a: DeviceAllocation,
@@ -227,7 +228,7 @@ pub(crate) fn release_now(
 /// Where the synchronization fails too, `a` goes back into the live table, still
 /// noted as used on `used_on`, and the status says why: releasing it again later
 /// frees it. The block is never lost, and never reused while in use.
-fn release_after_device_sync(
+pub(crate) fn release_after_device_sync(
     what: &str,
     d: &LiveDevice,
     a: DeviceAllocation,
@@ -277,7 +278,7 @@ fn release_after_device_sync(
 /// `used_on` (nothing to do when it is empty, or for a manager without a device
 /// context, which runs no device work). The error when that work could not be
 /// waited for.
-fn wait_for_other_streams(
+pub(crate) fn wait_for_other_streams(
     what: &str,
     d: &LiveDevice,
     a: &DeviceAllocation,
@@ -305,7 +306,7 @@ fn wait_for_other_streams(
 /// never waits on it. The driver answers for streams it knows and for destroyed
 /// ones; a pointer that was never a stream may crash a real driver before it
 /// answers, as any driver call given one may.
-fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
+pub(crate) fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
     let d = match live_device(device) {
         Ok(d) => d,
         Err(code) => return code,
@@ -360,267 +361,110 @@ fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> emm_status {
     EMM_OK
 }
 
-/// PyTorch's pluggable allocator (`torch.cuda.memory.CUDAPluggableAllocator`), on
-/// the process's manager (`EMM_MEMORY_MANAGER`, else the one configured, else
-/// "pool"): allocates `size` bytes on `device` ordered on `stream`. Returns NULL on
-/// failure; `emm_last_error` says why. (emm's own allocator object, which
-/// `emm.torch.install()` sets up, raises `torch.OutOfMemoryError` with that reason;
-/// PyTorch's `CUDAPluggableAllocator` does not check, and hands out a tensor at
-/// address 0.)
-#[no_mangle]
-pub extern "C" fn emm_torch_alloc(
-    size: ssize_t,
-    device: c_int,
-    stream: *mut c_void,
-) -> *mut c_void {
-    let mut out: *mut c_void = core::ptr::null_mut();
-    let _ = timing::timed(Hook::Alloc, || {
-        guard(|| {
-            let Ok(size) = usize::try_from(size) else {
-                return invalid(format!("emm_torch_alloc: negative size {size}"));
-            };
-            match live_alloc(device, size, stream_of(stream)) {
-                Ok(p) => {
-                    out = p as *mut c_void;
-                    EMM_OK
-                }
-                Err(code) => code,
-            }
-        })
-    });
-    out
-}
+#[cfg(test)]
+mod tests {
+    //! The bridge in Rust, over the stand-in driver (`libemm_standin.so` beside the
+    //! test binary's folder, as `cargo build --workspace` or `cargo xtask ci`
+    //! leaves it): the devices' tables, frees by address on any device, the other
+    //! streams an allocation is used on. No other unit test of this crate loads a
+    //! driver; these take one lock, as they share the process's devices.
 
-/// PyTorch's pluggable allocator: frees `ptr` from `emm_torch_alloc`, ordered on
-/// `stream` (`size` is not needed: emm knows it).
-#[no_mangle]
-pub extern "C" fn emm_torch_free(
-    ptr: *mut c_void,
-    size: ssize_t,
-    device: c_int,
-    stream: *mut c_void,
-) {
-    let _ = size; // named in the generated header; emm knows each block's size
-    let _ = timing::timed(Hook::Free, || {
-        guard(|| {
-            if ptr.is_null() {
-                return EMM_OK;
-            }
-            live_free(
-                "emm_torch_free",
-                device,
-                ptr as u64,
-                Some(stream_of(stream)),
-            )
-        })
-    });
-}
+    use super::*;
+    use crate::status::{last_error_message, EMM_ERR_INVALID_ARGUMENT};
+    use emm_core::stat_names as stat;
 
-/// Frees `ptr` from [`emm_torch_alloc`] on `device` (-1: whichever device holds
-/// it), ordered on the stream it was allocated on, after the work queued so far on
-/// every other stream it was used on ([`emm_torch_record_stream`]): the deleter of
-/// the tensors of emm's own PyTorch allocator object (`emm.torch.install()`, built
-/// from `python/emm/_torch_native.cpp`), which knows neither the size nor the
-/// stream, and cannot pass a status on. A null `ptr` does nothing; an address emm
-/// did not hand out on that device (or on any, for -1) is
-/// `EMM_ERR_INVALID_ARGUMENT` and frees nothing (a device emm never used is not
-/// set up for it). Where the work of a stream it was used on cannot be waited
-/// for (the stream was destroyed), the block is freed after a synchronization of
-/// the device (or, while a CUDA graph capture runs, once the captures end), with a
-/// warning; only if that fails too is the status an error, and the block then
-/// stays live for a later release. Every failure is also logged as a warning
-/// (`EMM_LOG`). Since ABI 306.
-#[no_mangle]
-pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_status {
-    timing::timed(Hook::Free, || {
-        let code = guard(|| {
-            if ptr.is_null() {
-                return EMM_OK;
-            }
-            let what = "emm_torch_release";
-            if device == -1 {
-                return live_free_any(what, ptr as u64);
-            }
-            // Only a device emm has set up can hold it (a free sets none up).
-            let known = known_device(device);
-            match known.and_then(|d| Some((d, take_live(d, ptr as u64)?))) {
-                Some((d, (a, used_on))) => release_taken(what, d, a, used_on, None),
-                None => invalid(format!(
-                    "{what}: {:#x} is not an emm allocation of device {device}",
-                    ptr as u64
-                )),
+    fn standin() -> std::sync::MutexGuard<'static, ()> {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        static SERIAL: Mutex<()> = Mutex::new(());
+        ONCE.call_once(|| {
+            let exe = std::env::current_exe().expect("the test executable's path");
+            let path = exe
+                .parent()
+                .and_then(|deps| deps.parent())
+                .expect("target/<profile>/deps")
+                .join("libemm_standin.so");
+            assert!(
+                path.is_file(),
+                "{} is missing: run `cargo build -p emm-standin` (cargo xtask ci does)",
+                path.display()
+            );
+            if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
+                std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
             }
         });
-        if code != EMM_OK {
-            let msg = crate::status::last_error_message();
-            tracing::warn!("a tensor's free failed: {msg}");
-        }
-        code
-    })
-}
-
-/// PyTorch's `Tensor.record_stream`: the allocation at `ptr` (from
-/// `emm_torch_alloc` on `device`; the base address of the tensor's storage) is
-/// used on `stream` as well as on the stream it was allocated on. Its free then
-/// makes its own stream wait for the work queued on `stream` up to that moment
-/// (an event and `cuStreamWaitEvent`; nothing blocks on the host), so the memory
-/// is not reused while that work may still touch it. PyTorch's pluggable allocator
-/// does not forward `record_stream` calls (it has no Python setting for them), so
-/// `emm.torch.install()` routes `torch.Tensor.record_stream` here. A null `ptr` or
-/// the allocation's own stream does nothing; an address emm did not hand out is
-/// `EMM_ERR_INVALID_ARGUMENT` (PyTorch's own allocator ignores memory it did not
-/// allocate, and so does `emm.torch`), and so is a stream handle the driver does
-/// not know (`cuStreamIsCapturing` refuses it): nothing is recorded then. Since
-/// ABI 305.
-#[no_mangle]
-pub extern "C" fn emm_torch_record_stream(
-    ptr: *mut c_void,
-    device: c_int,
-    stream: *mut c_void,
-) -> emm_status {
-    guard(|| {
-        if ptr.is_null() {
-            return EMM_OK;
-        }
-        live_record_stream(device, ptr as u64, stream_of(stream))
-    })
-}
-
-/// Raises a Python exception of `type` with message `msg` (CPython's
-/// `PyErr_SetString`); called with the GIL held.
-pub type emm_raise_fn = Option<unsafe extern "C" fn(exc_type: *mut c_void, msg: *const c_char)>;
-
-/// Returns CuPy's current stream, or -1 with a Python exception set (the C function
-/// behind `cupy_backends.cuda.stream.get_current_stream_ptr`); called with the GIL
-/// held.
-pub type emm_stream_fn = Option<unsafe extern "C" fn() -> isize>;
-
-/// What `emm_cupy_malloc` needs from the Python side, set once by
-/// `emm_cupy_set_hooks`.
-struct CupyHooks {
-    current_stream: unsafe extern "C" fn() -> isize,
-    raise: unsafe extern "C" fn(*mut c_void, *const c_char),
-    oom_type: *mut c_void,
-    error_type: *mut c_void,
-}
-
-/// The hooks in force; replaced hooks are leaked on purpose (a few bytes once per
-/// `emm_cupy_set_hooks`), so a reader never sees freed hooks.
-static CUPY_HOOKS: AtomicPtr<CupyHooks> = AtomicPtr::new(core::ptr::null_mut());
-
-/// The address `emm_cupy_malloc` returns on failure, with a Python exception set
-/// (`(void *)EMM_CUPY_FAILED`): CuPy's `_call_malloc` returns `intptr_t` and checks
-/// for an exception when it is -1.
-pub const EMM_CUPY_FAILED: isize = -1;
-
-/// Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
-/// Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
-/// of memory and `error_type` for other failures (Python type objects, which the
-/// caller keeps alive for the life of the process).
-#[no_mangle]
-pub extern "C" fn emm_cupy_set_hooks(
-    current_stream: emm_stream_fn,
-    raise: emm_raise_fn,
-    oom_type: *mut c_void,
-    error_type: *mut c_void,
-) -> emm_status {
-    guard(|| {
-        let (Some(current_stream), Some(raise)) = (current_stream, raise) else {
-            return invalid("emm_cupy_set_hooks: `current_stream` or `raise` is null");
-        };
-        if oom_type.is_null() || error_type.is_null() {
-            return invalid("emm_cupy_set_hooks: `oom_type` or `error_type` is null");
-        }
-        let hooks = Box::into_raw(Box::new(CupyHooks {
-            current_stream,
-            raise,
-            oom_type,
-            error_type,
-        }));
-        CUPY_HOOKS.store(hooks, Ordering::Release);
-        EMM_OK
-    })
-}
-
-/// CuPy's C-function allocator (`cupy.cuda.memory.CFunctionAllocator`): `size`
-/// bytes on `device`, ordered on CuPy's current stream. `param` is unused. Called by
-/// CuPy with the GIL held. On failure returns `EMM_CUPY_FAILED` (-1 as an address)
-/// with a Python exception set (out of memory: the `oom_type` of
-/// `emm_cupy_set_hooks`); null when no hooks were set (nothing can be raised then:
-/// only the Python bindings install this function, after setting the hooks).
-///
-/// The GIL stays held for the whole allocation, as around CuPy's own pool: the
-/// pool's out-of-memory ladder synchronizes the device, so a pending host callback
-/// on a stream that needs the GIL (`Stream.launch_host_func` with a Python
-/// function) would wait on it; CuPy's `cudaFree` under its own pool has the same
-/// hazard.
-#[no_mangle]
-pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
-    let _ = param; // CuPy's opaque argument; emm's state is process-wide
-    let hooks = CUPY_HOOKS.load(Ordering::Acquire);
-    if hooks.is_null() {
-        set_no_hooks();
-        return core::ptr::null_mut();
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
-    // SAFETY: non-null pointers in CUPY_HOOKS come from Box::into_raw and are never
-    // freed.
-    let hooks = unsafe { &*hooks };
-    // SAFETY: the function was given by emm_cupy_set_hooks as CuPy's current-stream
-    // function; CuPy calls this allocator with the GIL held, as that function needs.
-    let stream = unsafe { (hooks.current_stream)() };
-    if stream == -1 {
-        // The stream function set a Python exception: let CuPy raise it.
-        return EMM_CUPY_FAILED as *mut c_void;
-    }
-    let mut out = Err(EMM_OK);
-    let code = guard(
-        || match live_alloc(device, size, CUstream(stream as *mut c_void)) {
-            Ok(p) => {
-                out = Ok(p);
-                EMM_OK
-            }
-            Err(code) => code,
-        },
-    );
-    match out {
-        Ok(p) => p as *mut c_void,
-        Err(_) => {
-            let exc = if code == EMM_ERR_OUT_OF_MEMORY {
-                hooks.oom_type
-            } else {
-                hooks.error_type
-            };
-            let msg = crate::status::last_error_message();
-            let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-            // SAFETY: `raise` is PyErr_SetString per emm_cupy_set_hooks, called with
-            // the GIL held (CuPy holds it around its allocator) with a live type
-            // object and a NUL-terminated string that outlives the call.
-            unsafe { (hooks.raise)(exc, msg.as_ptr()) };
-            EMM_CUPY_FAILED as *mut c_void
-        }
-    }
-}
 
-fn set_no_hooks() {
-    crate::status::set_error(
-        EMM_ERR_INVALID_ARGUMENT,
-        "emm_cupy_malloc: emm_cupy_set_hooks was not called".into(),
-    );
-}
-
-/// CuPy's C-function allocator: frees `ptr` (from `emm_cupy_malloc`) on the stream
-/// it was allocated on, as CuPy's own pool does. Null and `EMM_CUPY_FAILED` are
-/// ignored; an address emm did not hand out is reported through emm's log
-/// (`emm_last_error` too), as CuPy's free returns nothing.
-#[no_mangle]
-pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
-    let _ = param; // CuPy's opaque argument; emm's state is process-wide
-    if ptr.is_null() || ptr as isize == EMM_CUPY_FAILED {
-        return;
+    fn allocated(d: &LiveDevice) -> u64 {
+        d.manager
+            .memory_stats()
+            .iter()
+            .find(|(k, _)| *k == stat::ALLOCATED_BYTES_CURRENT)
+            .map_or(0, |&(_, v)| v)
     }
-    let code = guard(|| live_free("emm_cupy_free", device, ptr as u64, None));
-    if code != EMM_OK {
-        let msg = crate::status::last_error_message();
-        tracing::error!("CuPy freed memory emm could not free: {msg}");
+
+    #[test]
+    fn allocations_are_freed_by_address_once_on_the_device_that_holds_them() {
+        let _s = standin();
+        assert!(known_device_checked(LIVE_DEVICES as c_int).is_err());
+        assert_eq!(
+            live_alloc(-1, 16, emm_core::SYNC_STREAM),
+            Err(EMM_ERR_INVALID_ARGUMENT)
+        );
+        let ptr = live_alloc(0, 3 << 20, emm_core::SYNC_STREAM).unwrap();
+        let d = known_device(0).expect("set up by the allocation");
+        assert!(allocated(d) >= 3 << 20);
+        assert_eq!(
+            live_alloc(0, 0, emm_core::SYNC_STREAM),
+            Ok(0),
+            "size 0: no block"
+        );
+        // Another address of no block, then the block itself, then it again.
+        let code = live_free("test", 0, ptr + 4096, None);
+        assert_eq!(code, EMM_ERR_INVALID_ARGUMENT);
+        assert!(last_error_message().contains("is not an emm allocation of device 0"));
+        let before = allocated(d);
+        assert_eq!(live_free_any("test", ptr), EMM_OK);
+        assert_eq!(allocated(d), before - (3 << 20));
+        assert_eq!(live_free_any("test", ptr), EMM_ERR_INVALID_ARGUMENT);
+        assert!(last_error_message().contains("of any device"));
+        assert!(!any_capture_routing());
+    }
+
+    #[test]
+    fn a_block_used_on_another_stream_is_freed_after_that_streams_work() {
+        let _s = standin();
+        let d = live_device(0).unwrap();
+        let ctx = d
+            .manager
+            .context()
+            .expect("a device manager has a context")
+            .clone();
+        let side = emm_driver::Stream::new(&ctx).unwrap();
+        let ptr = live_alloc(0, 1 << 20, emm_core::SYNC_STREAM).unwrap();
+        assert_eq!(live_record_stream(0, ptr, side.raw()), EMM_OK);
+        // Noted once per stream; the default streams are never noted.
+        assert_eq!(live_record_stream(0, ptr, side.raw()), EMM_OK);
+        assert_eq!(live_record_stream(0, ptr, emm_core::SYNC_STREAM), EMM_OK);
+        let (taken, used_on) = take_live(d, ptr).expect("live");
+        assert_eq!(used_on, vec![side.raw()]);
+        lock(&d.live).insert(ptr, taken);
+        d.uses.note(ptr, side.raw());
+        let before = allocated(d);
+        let s = emm_sys::driver().unwrap().stand_in().expect("the stand-in");
+        let waits = s.calls("cuStreamWaitEvent").unwrap();
+        assert_eq!(live_free("test", 0, ptr, None), EMM_OK);
+        assert_eq!(
+            s.calls("cuStreamWaitEvent").unwrap(),
+            waits + 1,
+            "the free is ordered after the side stream's work"
+        );
+        assert_eq!(allocated(d), before - (1 << 20));
+        assert!(take_live(d, ptr).is_none(), "freed once");
+        // An address emm never handed out cannot be recorded.
+        assert_eq!(
+            live_record_stream(0, 0x1000, side.raw()),
+            EMM_ERR_INVALID_ARGUMENT
+        );
     }
 }
