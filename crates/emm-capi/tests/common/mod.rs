@@ -87,3 +87,35 @@ pub fn standin() -> emm_sys::StandIn<'static> {
         .stand_in()
         .expect("the loaded driver is emm-standin")
 }
+
+/// Device 0 of the stand-in and a stream of its own (the context must outlive
+/// the stream).
+pub fn side_stream() -> (emm_driver::Context, emm_driver::Stream) {
+    let ctx = emm_driver::Context::on_device(0).expect("device 0 of the stand-in");
+    let side = emm_driver::Stream::new(&ctx).expect("a side stream");
+    (ctx, side)
+}
+
+/// The counters `emm_torch_memory_stats` reads for the names asked, in one read
+/// (the stand-in's device `device`), and how many the manager keeps.
+pub fn torch_stats(device: std::ffi::c_int, names: &[&str]) -> (emm_status, Vec<u64>, usize) {
+    let owned: Vec<std::ffi::CString> = names
+        .iter()
+        .map(|n| std::ffi::CString::new(*n).unwrap())
+        .collect();
+    let keys: Vec<*const std::ffi::c_char> = owned.iter().map(|k| k.as_ptr()).collect();
+    let mut values = vec![u64::MAX; names.len()];
+    let mut found = usize::MAX;
+    // SAFETY: `keys` and `values` hold `names.len()` elements; the names are
+    // NUL-terminated and outlive the call.
+    let code = unsafe {
+        emm_torch_memory_stats(
+            device,
+            keys.as_ptr(),
+            values.as_mut_ptr(),
+            names.len(),
+            &mut found,
+        )
+    };
+    (code, values, found)
+}
