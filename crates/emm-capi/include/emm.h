@@ -540,23 +540,6 @@ size_t emm_last_error(char *buf, size_t len);
 emm_status emm_last_error_code(void);
 
 /**
- * Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
- * instead of printing them on standard error; 0 prints them (the default). Returns
- * the previous setting.
- */
-int emm_capture_warnings(int on);
-
-/**
- * Takes the oldest queued warning: copies it (NUL-terminated) into `buf` of `cap`
- * bytes, sets `*len` to its length and `*level` (may be NULL) to `EMM_LOG_ERROR`
- * or `EMM_LOG_WARN`, and removes it; `*len` is 0 when none is queued. With `buf`
- * NULL or `cap <= *len` it stays queued and the call returns
- * `EMM_ERR_INVALID_ARGUMENT` with `*len` the length needed (without the NUL). The
- * queue keeps the newest 256.
- */
-emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
-
-/**
  * Allocates `size` bytes of managed memory (`cuMemAllocManaged`; Numba's
  * `memallocmanaged`): one address valid on the host and on every device, into
  * `*out`. `flags` is exactly one of `EMM_MEM_ATTACH_GLOBAL` (accessible from any
@@ -914,6 +897,23 @@ emm_status emm_torch_empty_cache(int device, size_t *released);
  * yet. Since ABI 307.
  */
 emm_status emm_torch_cache_info(int device, size_t *largest);
+
+/**
+ * Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
+ * instead of printing them on standard error; 0 prints them (the default). Returns
+ * the previous setting.
+ */
+int emm_capture_warnings(int on);
+
+/**
+ * Takes the oldest queued warning: copies it (NUL-terminated) into `buf` of `cap`
+ * bytes, sets `*len` to its length and `*level` (may be NULL) to `EMM_LOG_ERROR`
+ * or `EMM_LOG_WARN`, and removes it; `*len` is 0 when none is queued. With `buf`
+ * NULL or `cap <= *len` it stays queued and the call returns
+ * `EMM_ERR_INVALID_ARGUMENT` with `*len` the length needed (without the NUL). The
+ * queue keeps the newest 256.
+ */
+emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
 
 #ifdef __cplusplus
 }  // extern "C"

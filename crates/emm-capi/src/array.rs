@@ -9,9 +9,10 @@ use ::emm_array::{
 };
 
 use crate::ffi::stream_of;
+use crate::guard::guard;
 use crate::handles::Handles;
 use crate::manager::{emm_manager, handle};
-use crate::status::{emm_status, guard, invalid, set_error, EMM_OK};
+use crate::status::{emm_status, invalid, set_error, EMM_OK};
 
 /// An array handle (opaque; from `emm_array_create`).
 pub struct emm_array {

@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use emm_sys::CUstream;
 
-use crate::status::{
-    emm_status, guard, invalid, EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK,
-};
+use crate::guard::guard;
+use crate::status::{emm_status, invalid, EMM_ERR_INVALID_ARGUMENT, EMM_ERR_OUT_OF_MEMORY, EMM_OK};
 
 use crate::bridge::devices::*;
 

@@ -1,11 +1,15 @@
-//! Small conversions at the C boundary: C strings, stream handles, locks that
-//! survive a poisoned mutex.
+//! Small conversions at the C boundary: C strings, stream handles, a device
+//! ordinal to its manager, locks that survive a poisoned mutex.
 
-use std::ffi::{c_char, c_void, CStr};
-use std::sync::Mutex;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::{Arc, Mutex};
 
-use crate::status::*;
+use emm_core::{EmmError, MemoryManager};
+use emm_driver::Context;
 use emm_sys::CUstream;
+
+use crate::status::emm_status;
+use crate::status::invalid;
 
 pub(crate) fn stream_of(s: *mut c_void) -> CUstream {
     if s.is_null() {
@@ -27,4 +31,22 @@ pub(crate) fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_sta
     unsafe { CStr::from_ptr(p) }
         .to_str()
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
+}
+
+pub(crate) fn manager_for(
+    name: Option<&str>,
+    device: c_int,
+) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
+    emm::register_builtin_managers();
+    if let Some(n) = name {
+        emm::set_memory_manager(n)?;
+    }
+    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidArgument {
+        what: "device ordinal",
+        found: device.to_string(),
+        expected: "0 or more".into(),
+    })?;
+    let ctx = Context::on_device(ord)?;
+    let m = emm::memory_manager(&ctx)?;
+    Ok((m, ctx))
 }

@@ -13,7 +13,8 @@ use emm_core::EmmError;
 use crate::bridge::devices::{insert_live, known_device, live_device, release_now, LiveDevice};
 use crate::bridge::graph_pools::{Entry, Held, PoolId};
 use crate::ffi::{lock, stream_of};
-use crate::status::{emm_status, fail, fail_alloc, guard, invalid, ssize_t, EMM_OK};
+use crate::guard::guard;
+use crate::status::{emm_status, fail, fail_alloc, invalid, ssize_t, EMM_OK};
 
 fn pool_name(device: c_int, id: PoolId) -> String {
     format!("graph pool ({}, {}) of device {device}", id.0, id.1)

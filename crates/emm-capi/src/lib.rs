@@ -34,6 +34,7 @@ mod bridge;
 mod cupy;
 mod ffi;
 mod graph_hooks;
+mod guard;
 mod handles;
 mod ipc;
 mod library;
@@ -47,13 +48,13 @@ mod tags;
 mod tools;
 mod torch;
 mod torch_tools;
+mod warnings;
 
 pub use array::*;
 pub use cupy::*;
 pub use graph_hooks::*;
 pub use ipc::*;
 pub use library::*;
-pub use log::{emm_capture_warnings, emm_take_warning};
 pub use managed::{
     emm_alloc_managed, emm_free_managed, EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST,
 };
@@ -69,3 +70,4 @@ pub use tags::*;
 pub use tools::*;
 pub use torch::*;
 pub use torch_tools::*;
+pub use warnings::{emm_capture_warnings, emm_take_warning};

@@ -4,6 +4,7 @@
 use std::ffi::{c_char, c_int};
 
 use crate::ffi::*;
+use crate::guard::guard;
 use crate::status::*;
 
 /// The version of the library's C ABI: major * 10000 + minor * 100 + patch (the
@@ -113,4 +114,146 @@ pub unsafe extern "C" fn emm_last_error(buf: *mut c_char, len: usize) -> usize {
 #[no_mangle]
 pub extern "C" fn emm_last_error_code() -> emm_status {
     LAST_ERROR.try_with(|e| e.borrow().0).unwrap_or(EMM_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    // The library's entry points as a program calls them, with manager handles.
+    use super::*;
+    use crate::manager::*;
+    use emm_core::EmmError;
+    use std::ffi::{c_char, CStr};
+
+    #[test]
+    fn errors_are_codes_with_messages_and_null_arguments_are_rejected() {
+        // SAFETY: null handles and pointers are what is being tested.
+        unsafe {
+            assert_eq!(
+                emm_alloc(
+                    core::ptr::null_mut(),
+                    16,
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut()
+                ),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            let mut buf = [0 as c_char; 64];
+            let n = emm_last_error(buf.as_mut_ptr(), buf.len());
+            assert_eq!(n, "the manager handle is null".len());
+            assert_eq!(
+                CStr::from_ptr(buf.as_ptr()).to_str().unwrap(),
+                "the manager handle is null"
+            );
+            assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
+            // Truncation keeps a NUL terminator.
+            let mut tiny = [1 as c_char; 4];
+            emm_last_error(tiny.as_mut_ptr(), 4);
+            assert_eq!(CStr::from_ptr(tiny.as_ptr()).to_bytes(), b"the");
+            assert_eq!(
+                emm_manager_create(core::ptr::null(), 0, core::ptr::null_mut()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            emm_manager_destroy(core::ptr::null_mut());
+            assert!(emm_manager_name(core::ptr::null()).is_null());
+            // The address-returning form: 0, and the failure's code and message.
+            assert_eq!(emm_abi_version(), ABI_VERSION);
+            assert_eq!(
+                emm_alloc_ptr(core::ptr::null_mut(), 16, core::ptr::null_mut()),
+                0
+            );
+            assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
+            let n = emm_last_error(buf.as_mut_ptr(), buf.len());
+            assert_eq!(n, "the manager handle is null".len());
+        }
+    }
+
+    #[test]
+    fn typed_errors_map_to_their_codes() {
+        let mut out: *mut emm_manager = core::ptr::null_mut();
+        // SAFETY: `out` is a live local; the name may be null.
+        let code = unsafe { emm_manager_create(core::ptr::null(), -1, &mut out) };
+        assert_eq!(code, EMM_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` holds 256 writable bytes.
+        let msg = unsafe {
+            emm_last_error(buf.as_mut_ptr(), buf.len());
+            CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+        };
+        assert_eq!(msg, "invalid device ordinal: found -1, expected 0 or more");
+        let internal = EmmError::Internal {
+            operation: "test",
+            detail: "unreachable state".into(),
+        };
+        assert_eq!(fail(internal), EMM_ERR_INTERNAL);
+        assert_eq!(emm_last_error_code(), EMM_ERR_INTERNAL);
+        let arg = EmmError::InvalidArgument {
+            what: "event",
+            found: "id 7".into(),
+            expected: "an event of this pool".into(),
+        };
+        assert_eq!(fail(arg), EMM_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn out_of_memory_reports_requested_free_and_total() {
+        let (mut r, mut f, mut t) = (0usize, 0usize, 0usize);
+        let code = fail(EmmError::OutOfMemory {
+            what: "device",
+            manager: "pool".into(),
+            requested: 96 << 30,
+            free: 1 << 30,
+            total: 80 << 30,
+            detail: String::new(),
+        });
+        assert_eq!(code, EMM_ERR_OUT_OF_MEMORY);
+        // SAFETY: live locals; null outputs are allowed.
+        unsafe {
+            assert_eq!(emm_last_oom(&mut r, &mut f, &mut t), EMM_OK);
+            assert_eq!((r, f, t), (96 << 30, 1 << 30, 80 << 30));
+            assert_eq!(
+                emm_last_oom(core::ptr::null_mut(), &mut f, core::ptr::null_mut()),
+                EMM_OK
+            );
+        }
+        // Another failure replaces it.
+        invalid("something else");
+        // SAFETY: as above.
+        let again = unsafe { emm_last_oom(&mut r, &mut f, &mut t) };
+        assert_eq!(again, EMM_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn configure_validates_keys_and_values() {
+        // SAFETY: NUL-terminated literals and nulls.
+        unsafe {
+            assert_eq!(
+                emm_configure(c"pool_limt".as_ptr(), c"1".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            let mut buf = [0 as c_char; 256];
+            emm_last_error(buf.as_mut_ptr(), buf.len());
+            let msg = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert!(msg.contains("known keys: manager, pool_limit"), "{msg}");
+            assert_eq!(
+                emm_configure(c"pool_limit".as_ptr(), c"lots".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                emm_configure(core::ptr::null(), c"1".as_ptr()),
+                EMM_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                emm_configure(c"manager".as_ptr(), c"rmm".as_ptr()),
+                EMM_ERR_UNKNOWN_MANAGER
+            );
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_a_status() {
+        let code = guard(|| panic!("boom"));
+        assert_eq!(code, EMM_ERR_PANIC);
+        assert_eq!(emm_last_error_code(), EMM_ERR_PANIC);
+    }
 }

@@ -6,9 +6,10 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::{Arc, Mutex};
 
 use crate::ffi::*;
+use crate::guard::guard;
 use crate::status::*;
 use emm_core::{
-    DeviceAllocation, EmmError, HostAllocFlags, HostMemory, IpcMemory, ManagedMemory, MemoryManager,
+    DeviceAllocation, HostAllocFlags, HostMemory, IpcMemory, ManagedMemory, MemoryManager,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -24,24 +25,6 @@ pub struct emm_manager {
     pub(crate) ipc: Mutex<HashMap<u64, IpcMemory>>,
     /// Managed memory (`emm_alloc_managed`), kept apart from device memory.
     pub(crate) managed: Mutex<HashMap<u64, ManagedMemory>>,
-}
-
-pub(crate) fn manager_for(
-    name: Option<&str>,
-    device: c_int,
-) -> Result<(Arc<dyn MemoryManager>, Context), EmmError> {
-    emm::register_builtin_managers();
-    if let Some(n) = name {
-        emm::set_memory_manager(n)?;
-    }
-    let ord = usize::try_from(device).map_err(|_| EmmError::InvalidArgument {
-        what: "device ordinal",
-        found: device.to_string(),
-        expected: "0 or more".into(),
-    })?;
-    let ctx = Context::on_device(ord)?;
-    let m = emm::memory_manager(&ctx)?;
-    Ok((m, ctx))
 }
 
 /// Opens the manager of `device` into `*out`. `name` is "default", "pool" or

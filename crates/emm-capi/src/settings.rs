@@ -5,8 +5,9 @@
 use std::ffi::{c_char, c_int, CString};
 use std::sync::Mutex;
 
+use crate::guard::guard;
 use crate::status::emm_status;
-use crate::status::{guard, invalid, EMM_OK};
+use crate::status::{invalid, EMM_OK};
 
 /// One setting, as `emm_settings` describes it. The strings are the library's,
 /// NUL-terminated, valid until the process ends; do not free them.

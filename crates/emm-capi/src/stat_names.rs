@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use emm_core::stat_names::{is_torch, STAT_NAMES};
 
-use crate::status::{emm_status, guard, invalid, EMM_OK};
+use crate::guard::guard;
+use crate::status::{emm_status, invalid, EMM_OK};
 
 /// One statistic name, as `emm_stat_names` describes it. The strings are the
 /// library's, NUL-terminated, valid until the process ends; do not free them.

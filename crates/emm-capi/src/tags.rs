@@ -8,7 +8,8 @@ use std::ffi::{c_char, c_int};
 use emm_core::{Keep, PauseReport, Tag};
 
 use crate::ffi::c_str;
-use crate::status::{emm_status, fail, guard, invalid, EMM_OK};
+use crate::guard::guard;
+use crate::status::{emm_status, fail, invalid, EMM_OK};
 
 /// `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
 /// resume they hold whatever fresh memory holds). Since ABI 310.

@@ -6,7 +6,8 @@ use std::ffi::{c_int, c_void};
 
 use crate::bridge::timing::{self, Hook};
 use crate::ffi::stream_of;
-use crate::status::{emm_status, guard, invalid, ssize_t, EMM_OK};
+use crate::guard::guard;
+use crate::status::{emm_status, invalid, ssize_t, EMM_OK};
 
 use crate::bridge::devices::*;
 

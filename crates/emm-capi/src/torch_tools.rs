@@ -14,7 +14,8 @@ use std::ffi::{c_char, c_int, CStr};
 use emm::emm_pool::GraphPoolStats;
 
 use crate::bridge::devices::{device_manager, known_device_checked, known_devices, LiveDevice};
-use crate::status::{emm_status, fail, guard, invalid, EMM_OK};
+use crate::guard::guard;
+use crate::status::{emm_status, fail, invalid, EMM_OK};
 use emm_core::stat_names as stat;
 
 /// The counter named `key` in `stats`, if the manager keeps one.

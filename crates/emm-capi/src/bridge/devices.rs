@@ -17,7 +17,7 @@ use super::graph_pools::GraphPools;
 use super::live_table::LiveTable;
 use super::stream_uses::{self, StreamUses};
 use crate::ffi::lock;
-use crate::manager::manager_for;
+use crate::ffi::manager_for;
 use crate::status::{emm_status, fail, fail_alloc, invalid, EMM_OK};
 
 /// One device's manager and the allocations handed out by address.

@@ -1,7 +1,19 @@
-//! The log output itself: the `tracing` subscriber installed on first use, the
-//! filter from `EMM_LOG`, and the queue of warnings (the shims that read it are in
-//! `mod.rs`). It imports nothing of the crate, so the status plumbing's `guard`
-//! can install it.
+//! Log output of the C ABI: emm's `tracing` events reach the program.
+//!
+//! On first use the library installs a `tracing` subscriber (unless the process has
+//! one already) filtered by `EMM_LOG` (the `tracing-subscriber` `EnvFilter` syntax,
+//! e.g. `debug` or `emm_pool=trace`; default `warn`). Events go to standard error,
+//! one line each. After [`emm_capture_warnings`]`(1)` (Python's bindings do this),
+//! warnings and errors go instead to a queue that [`emm_take_warning`] empties, so a
+//! binding can raise them in its own terms (Python: `warnings.warn`). The queue
+//! keeps the newest [`QUEUE_CAP`] messages. An invalid `EMM_LOG` is replaced by
+//! `warn`, with a notice on standard error that is also queued for
+//! [`emm_take_warning`].
+
+//!
+//! This module is the output itself (the subscriber, the filter, the queue); the
+//! two C functions that read it are in `warnings.rs`. It imports nothing of the
+//! crate, so `guard` can install it.
 
 use std::collections::VecDeque;
 use std::ffi::c_int;

@@ -1,25 +1,12 @@
-//! Log output of the C ABI: emm's `tracing` events reach the program.
-//!
-//! On first use the library installs a `tracing` subscriber (unless the process has
-//! one already) filtered by `EMM_LOG` (the `tracing-subscriber` `EnvFilter` syntax,
-//! e.g. `debug` or `emm_pool=trace`; default `warn`). Events go to standard error,
-//! one line each. After [`emm_capture_warnings`]`(1)` (Python's bindings do this),
-//! warnings and errors go instead to a queue that [`emm_take_warning`] empties, so a
-//! binding can raise them in its own terms (Python: `warnings.warn`). The queue
-//! keeps the newest [`QUEUE_CAP`] messages. An invalid `EMM_LOG` is replaced by
-//! `warn`, with a notice on standard error that is also queued for
-//! [`emm_take_warning`].
-
-pub(crate) mod output;
+//! The C functions of the log output (`log.rs`): capture warnings for the
+//! program, and take them one by one.
 
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
 
-pub(crate) use output::init;
-use output::{queue, CAPTURE};
-pub use output::{EMM_LOG_ERROR, EMM_LOG_WARN, LOG_ENV, QUEUE_CAP};
-
-use crate::status::{emm_status, guard, invalid, EMM_OK};
+use crate::guard::guard;
+use crate::log::{init, queue, CAPTURE};
+use crate::status::{emm_status, invalid, EMM_OK};
 
 /// Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
 /// instead of printing them on standard error; 0 prints them (the default). Returns
@@ -77,8 +64,8 @@ pub unsafe extern "C" fn emm_take_warning(
 
 #[cfg(test)]
 mod tests {
-    use super::output::*;
     use super::*;
+    use crate::log::*;
 
     #[test]
     fn an_invalid_filter_falls_back_to_warn_and_says_why() {
