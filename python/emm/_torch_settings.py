@@ -14,7 +14,9 @@ same meaning, or the call is refused with a message naming what emm offers:
   streams are idle, where PyTorch reclaims cached blocks past that fraction);
 - any of emm's own keys (``emm.settings()``), e.g. ``pool_limit:8G``.
 
-Every key is checked before any is applied.
+Every key is checked before any is applied; the settings read when the pool was
+made are applied before the run-time ones, so a refused one leaves the others as
+they were.
 """
 
 from __future__ import annotations
@@ -106,7 +108,12 @@ def route_allocator_settings(torch: Any) -> None:
 
     def _set_allocator_settings(env: str) -> None:
         lib = load()
-        for key, value in translate(env, device_memory):
+        runtime = {s.name for s in settings() if s.runtime}
+        # Settings read at a manager's creation first: once a manager serves they are
+        # refused unless unchanged, and a refusal then comes before any run-time
+        # setting was applied.
+        pairs = sorted(translate(env, device_memory), key=lambda kv: kv[0] in runtime)
+        for key, value in pairs:
             status = lib.emm_configure(key.encode(), value.encode())
             if status != EMM_OK:
                 _raise_last(lib, status)

@@ -256,6 +256,8 @@ def test_pytorch_allocator_settings_reach_emm_or_are_refused(mgr):
 
     if mgr.name != "pool":
         pytest.skip(f"the process's manager is {mgr.name}; the settings are the pool's")
+    if os.environ.get("EMM_POOL_LIMIT") or os.environ.get("EMM_POOL_RELEASE_THRESHOLD"):
+        pytest.skip("EMM_POOL_LIMIT or EMM_POOL_RELEASE_THRESHOLD is set: the environment wins")
     calls = []
     memory = types.SimpleNamespace(_set_allocator_settings=calls.append)
     props = types.SimpleNamespace(total_memory=8 << 30)

@@ -194,11 +194,8 @@ pub mod parse {
         bytes(v).map_err(|e| format!("{e}, or `max`"))
     }
 
-    /// [`bytes`] as `Some`, or `max`/`none` (`None`: no bound).
+    /// [`bytes`] as `Some`, or `max` (`None`: no bound).
     pub fn bound(v: &str) -> Result<Option<usize>, String> {
-        if v.eq_ignore_ascii_case("none") {
-            return Ok(None);
-        }
         bytes_or_max(v).map(|n| (n != usize::MAX).then_some(n))
     }
 
@@ -251,7 +248,7 @@ mod tests {
             .contains("between 0 and 1"));
         assert!(ValueKind::Bytes.canonical("-1").is_err());
         assert!(ValueKind::Manager.canonical(" ").is_err());
-        assert_eq!(parse::bound("none").unwrap(), None);
+        assert!(parse::bound("none").is_err(), "as configure refuses it");
         assert_eq!(parse::bound("max").unwrap(), None);
         assert_eq!(parse::bound("2M").unwrap(), Some(2 << 20));
         assert!(parse::bytes_or_max("lots")

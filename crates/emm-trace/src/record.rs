@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
-    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, ManagedAttach,
-    ManagedMemory, ManagedStats, MemoryInfo, MemoryManager, Result,
+    DeferGuard, DeviceAllocation, DeviceView, HostAllocFlags, HostMemory, IpcHandle, Keep,
+    ManagedAttach, ManagedMemory, ManagedStats, ManagerStats, MemoryInfo, MemoryManager,
+    MemorySnapshot, PauseReport, Result, StatList, Tag, TagStats,
 };
 use emm_driver::Context;
 use emm_sys::CUstream;
@@ -154,5 +155,40 @@ impl MemoryManager for RecordingManager {
     }
     fn context(&self) -> Option<&Context> {
         self.inner.context()
+    }
+    // What the wrapped manager knows and does beyond allocating: asked of it, so
+    // that recording changes nothing a program sees.
+    fn stats(&self) -> ManagerStats {
+        self.inner.stats()
+    }
+    fn report(&self) -> String {
+        self.inner.report()
+    }
+    fn memory_stats(&self) -> StatList {
+        self.inner.memory_stats()
+    }
+    fn reset_peak_stats(&self) {
+        self.inner.reset_peak_stats()
+    }
+    fn record_history(&self, max_entries: usize) -> Result<()> {
+        self.inner.record_history(max_entries)
+    }
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        self.inner.snapshot()
+    }
+    fn pause_tag(&self, tag: Tag, keep: Keep) -> Result<PauseReport> {
+        self.inner.pause_tag(tag, keep)
+    }
+    fn check_pause_tag(&self, tag: Tag) -> Result<()> {
+        self.inner.check_pause_tag(tag)
+    }
+    fn resume_tag(&self, tag: Tag) -> Result<PauseReport> {
+        self.inner.resume_tag(tag)
+    }
+    fn tag_stats(&self) -> Vec<TagStats> {
+        self.inner.tag_stats()
+    }
+    fn setting_changed(&self, name: &str) -> Result<()> {
+        self.inner.setting_changed(name)
     }
 }

@@ -656,6 +656,19 @@ impl Arena {
                         }
                         _ => st.uncovered = true,
                     }
+                } else if let Some(st) = self.streams.get_mut(&stream) {
+                    // No event for this free: one recorded before it (while a
+                    // release threshold was set) does not cover it, so it must
+                    // not settle the stream's blocks.
+                    if let Some(old) = st.last_event.take() {
+                        match events {
+                            Some(ev) => ev.recycle(old),
+                            None => {
+                                st.last_event = Some(old);
+                                st.uncovered = true;
+                            }
+                        }
+                    }
                 }
                 true
             }

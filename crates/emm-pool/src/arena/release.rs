@@ -35,7 +35,11 @@ impl Arena {
         source: &dyn SegmentSource,
     ) -> usize {
         let threshold = self.family.release_threshold();
-        if self.family_reserved() <= threshold || self.is_paused() {
+        // (Nothing of this arena is free: nothing to give back, and no scan.)
+        if self.family_reserved() <= threshold
+            || self.is_paused()
+            || self.stats.reserved <= self.stats.live
+        {
             return 0;
         }
         if let Err(e) = self

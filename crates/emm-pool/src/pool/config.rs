@@ -23,7 +23,8 @@ pub struct PoolConfig {
     /// reaches the shared arena: the free blocks of a stream whose last free's
     /// event has completed are settled (queried, never waited for), and wholly
     /// free segments and pieces of the expandable segment go back until the pool
-    /// reserves no more than the threshold. Blocks kept in thread caches (at most
+    /// reserves no more than the threshold (by whole free ranges of the expandable
+    /// segment: it may give back more than the excess). Blocks kept in thread caches (at most
     /// `thread_cache_bytes` per thread and stream) are not given back by it.
     /// CUDA's mempool attribute of the same name releases at synchronizations,
     /// which a pool cannot see. `pool_release_threshold`; may change while the
