@@ -3,12 +3,12 @@
 //! On first use the library installs a `tracing` subscriber (unless the process has
 //! one already) filtered by `EMM_LOG` (the `tracing-subscriber` `EnvFilter` syntax,
 //! e.g. `debug` or `emm_pool=trace`; default `warn`). Events go to standard error,
-//! one line each. After [`emm_capture_warnings`]`(1)` (Python's bindings do this),
-//! warnings and errors go instead to a queue that [`emm_take_warning`] empties, so a
+//! one line each. After [`emm_capture_warnings`](crate::emm_capture_warnings)`(1)` (Python's bindings do this),
+//! warnings and errors go instead to a queue that [`emm_take_warning`](crate::emm_take_warning) empties, so a
 //! binding can raise them in its own terms (Python: `warnings.warn`). The queue
 //! keeps the newest [`QUEUE_CAP`] messages. An invalid `EMM_LOG` is replaced by
 //! `warn`, with a notice on standard error that is also queued for
-//! [`emm_take_warning`].
+//! [`emm_take_warning`](crate::emm_take_warning).
 
 //!
 //! This module is the output itself (the subscriber, the filter, the queue); the
@@ -49,7 +49,7 @@ const DEFAULT_FILTER: &str = "warn";
 
 /// Installs the subscriber once (a process that set its own keeps it). An
 /// `EMM_LOG` value that is not a valid filter is replaced by `warn`, and that is
-/// said once: on standard error, and queued for [`emm_take_warning`] (so a
+/// said once: on standard error, and queued for [`emm_take_warning`](crate::emm_take_warning) (so a
 /// binding that captures warnings after this sees it too).
 pub(crate) fn init() {
     static ONCE: Once = Once::new();
@@ -86,7 +86,7 @@ pub(crate) fn filter_from(value: Option<std::ffi::OsString>) -> (EnvFilter, Opti
     }
 }
 
-/// Queues a message for [`emm_take_warning`], dropping the oldest past
+/// Queues a message for [`emm_take_warning`](crate::emm_take_warning), dropping the oldest past
 /// [`QUEUE_CAP`].
 fn push(code: c_int, text: String) {
     let mut q = queue();
