@@ -33,6 +33,42 @@ pub(crate) fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, emm_sta
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
+/// Writes a table to a caller's array, as `emm_settings` and `emm_stat_names`
+/// do: up to `capacity` of `entries` to `out`, and how many there are to
+/// `*count` (`capacity` 0 with `out` NULL asks the count).
+/// `EMM_ERR_INVALID_ARGUMENT`, with nothing written, when `count` is NULL or
+/// `out` is NULL with `capacity` above 0; `what` names the function.
+///
+/// # Safety
+///
+/// `out` is NULL or points to `capacity` writable `T`; `count` is NULL or points
+/// to a writable `size_t`.
+pub(crate) unsafe fn write_table<T>(
+    what: &str,
+    entries: &[T],
+    out: *mut T,
+    capacity: usize,
+    count: *mut usize,
+) -> emm_status
+where
+    T: Copy,
+{
+    if count.is_null() {
+        return invalid(format!("{what}: `count` is null"));
+    }
+    if out.is_null() && capacity > 0 {
+        return invalid(format!("{what}: `out` is null with capacity {capacity}"));
+    }
+    for (i, e) in entries.iter().take(capacity).enumerate() {
+        // SAFETY: `out` holds `capacity` entries (the caller's contract), and
+        // `i < capacity`.
+        unsafe { out.add(i).write(*e) };
+    }
+    // SAFETY: `count` is not null (checked) and points to a `size_t`.
+    unsafe { count.write(entries.len()) };
+    crate::status::EMM_OK
+}
+
 pub(crate) fn manager_for(
     name: Option<&str>,
     device: c_int,

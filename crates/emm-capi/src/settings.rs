@@ -5,9 +5,9 @@
 use std::ffi::{c_char, c_int, CString};
 use std::sync::Mutex;
 
+use crate::ffi::write_table;
 use crate::guard::guard;
 use crate::status::emm_status;
-use crate::status::{invalid, EMM_OK};
 
 /// One setting, as `emm_settings` describes it. The strings are the library's,
 /// NUL-terminated, valid until the process ends; do not free them.
@@ -59,17 +59,10 @@ pub unsafe extern "C" fn emm_settings(
     count: *mut usize,
 ) -> emm_status {
     guard(|| {
-        if count.is_null() {
-            return invalid("emm_settings: `count` is null");
-        }
-        if out.is_null() && capacity > 0 {
-            return invalid(format!(
-                "emm_settings: `out` is null with capacity {capacity}"
-            ));
-        }
         let keys = emm::settings();
         let mut table = INTERNED.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, k) in keys.iter().enumerate() {
+        let mut entries = Vec::with_capacity(keys.len());
+        for k in &keys {
             let at = match table.iter().position(|t| t.name == k.name) {
                 Some(at) => at,
                 None => {
@@ -81,30 +74,26 @@ pub unsafe extern "C" fn emm_settings(
                     table.len() - 1
                 }
             };
-            if i < capacity {
-                let t = &table[at];
-                let entry = emm_setting {
-                    name: t.strings[0].as_ptr(),
-                    env: t.strings[1].as_ptr(),
-                    kind: t.strings[2].as_ptr(),
-                    default_value: t.strings[3].as_ptr(),
-                    doc: t.strings[4].as_ptr(),
-                    runtime: c_int::from(t.runtime),
-                };
-                // SAFETY: `out` holds `capacity` entries (the caller's contract),
-                // and `i < capacity`.
-                unsafe { out.add(i).write(entry) };
-            }
+            // The strings stay in `INTERNED` for the life of the process.
+            let t = &table[at];
+            entries.push(emm_setting {
+                name: t.strings[0].as_ptr(),
+                env: t.strings[1].as_ptr(),
+                kind: t.strings[2].as_ptr(),
+                default_value: t.strings[3].as_ptr(),
+                doc: t.strings[4].as_ptr(),
+                runtime: c_int::from(t.runtime),
+            });
         }
-        // SAFETY: `count` is not null (checked) and points to a `size_t`.
-        unsafe { count.write(keys.len()) };
-        EMM_OK
+        // SAFETY: the caller's contract for `out`, `capacity` and `count`.
+        unsafe { write_table("emm_settings", &entries, out, capacity, count) }
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::EMM_OK;
     use std::ffi::CStr;
 
     fn text(p: *const c_char) -> String {

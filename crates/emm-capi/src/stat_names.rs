@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 
 use emm_core::stat_names::{is_torch, STAT_NAMES};
 
+use crate::ffi::write_table;
 use crate::guard::guard;
-use crate::status::{emm_status, invalid, EMM_OK};
+use crate::status::emm_status;
 
 /// One statistic name, as `emm_stat_names` describes it. The strings are the
 /// library's, NUL-terminated, valid until the process ends; do not free them.
@@ -47,34 +48,23 @@ pub unsafe extern "C" fn emm_stat_names(
     count: *mut usize,
 ) -> emm_status {
     guard(|| {
-        if count.is_null() {
-            return invalid("emm_stat_names: `count` is null");
-        }
-        if out.is_null() && capacity > 0 {
-            return invalid(format!(
-                "emm_stat_names: `out` is null with capacity {capacity}"
-            ));
-        }
-        let table = table();
-        for (i, (name, doc, torch)) in table.iter().enumerate().take(capacity) {
-            let entry = emm_stat_name {
+        let entries: Vec<emm_stat_name> = table()
+            .iter()
+            .map(|(name, doc, torch)| emm_stat_name {
                 name: name.as_ptr(),
                 doc: doc.as_ptr(),
                 torch: c_int::from(*torch),
-            };
-            // SAFETY: `out` holds `capacity` entries (the caller's contract), and
-            // `i < capacity`.
-            unsafe { out.add(i).write(entry) };
-        }
-        // SAFETY: `count` is not null (checked) and points to a `size_t`.
-        unsafe { count.write(table.len()) };
-        EMM_OK
+            })
+            .collect();
+        // SAFETY: the caller's contract for `out`, `capacity` and `count`.
+        unsafe { write_table("emm_stat_names", &entries, out, capacity, count) }
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::EMM_OK;
     use std::ffi::CStr;
 
     #[test]

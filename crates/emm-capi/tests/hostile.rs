@@ -711,15 +711,13 @@ mod standin {
         println!("{} garbage-stream stand-in cases", cases() - before);
     }
 
-    /// PyTorch's memory tools for emm's own allocator object
-    /// (`emm_torch_memory_stats`, `emm_torch_reset_peak_stats`,
-    /// `emm_torch_empty_cache`, `emm_torch_cache_info`): they read and reset the
-    /// counters of the manager behind `emm_torch_alloc` on the device asked; a
-    /// device emm has not set up reads 0 and is left so; idle memory goes back to
-    /// the device; bad arguments are refused. Device 1 of a two-device stand-in,
-    /// which no other case of this file allocates on.
+    /// PyTorch's memory tools for emm's own allocator object refuse bad
+    /// arguments: a device outside `0..64`, null keys or names or outputs; a
+    /// device emm has not set up reads 0, and a question does not set it up.
+    /// Device 1 of a two-device stand-in, which no other case of this binary
+    /// allocates on. What the tools read and give back is in `torch_hooks.rs`.
     #[test]
-    fn torch_memory_tools_read_and_reset_the_devices_manager_on_the_standin() {
+    fn torch_memory_tools_refuse_bad_devices_and_null_outputs_on_the_standin() {
         let _serial = serial();
         let standin = standin();
         assert_eq!(standin.control("devices 2").unwrap(), 2);
@@ -734,7 +732,7 @@ mod standin {
         let mut released = usize::MAX;
 
         // Not set up: zeros, nothing to reset or give back, and still not set up
-        // afterwards (a release there is refused without setting it up).
+        // afterwards.
         let (code, v, found) = torch_stats(1, &names);
         case("stats before any allocation", code, EMM_OK);
         assert_eq!((v, found), (vec![0; 4], 0));
@@ -788,70 +786,9 @@ mod standin {
             );
         }
 
-        // Allocated: the counters say so, in one read; the peak stays after the
-        // free until reset; the idle memory goes back to the device.
-        let big = emm_torch_alloc(3 << 20, 1, null_mut());
-        assert!(!big.is_null(), "{}", last_message());
-        let (code, v, found) = torch_stats(1, &names);
-        case("stats while allocated", code, EMM_OK);
-        assert_eq!(found, 3, "the pool keeps the first three names: {v:?}");
-        assert!(v[0] >= 3 << 20 && v[1] >= v[0] && v[2] >= v[0], "{v:?}");
-        assert_eq!(v[3], 0, "a name the manager does not keep reads 0");
-        let mut largest = 0usize;
-        // SAFETY: `largest` is writable.
-        case(
-            "cache_info",
-            unsafe { emm_torch_cache_info(1, &mut largest) },
-            EMM_OK,
-        );
-        let capacity = standin.control("capacity").unwrap();
-        let used = standin.control("used_bytes 1").unwrap();
-        assert_eq!(
-            largest as u64,
-            capacity - used,
-            "with the device's free memory above the idle bytes, the free memory"
-        );
-
-        case("release", emm_torch_release(big, 1), EMM_OK);
-        let (_, after, _) = torch_stats(1, &names);
-        assert!(after[0] < 3 << 20 && after[1] >= 3 << 20, "{after:?}");
-        case("reset peak", emm_torch_reset_peak_stats(1), EMM_OK);
-        let (_, reset, _) = torch_stats(1, &names);
-        assert_eq!(
-            reset[1], reset[0],
-            "the peak is the current value after a reset"
-        );
-        // With the device's free memory below what the pool holds idle, the idle
-        // bytes (reserved, not active) are the answer.
-        let used = standin.control("used_bytes 1").unwrap();
-        standin
-            .control(&format!("capacity {}", used + (1 << 20)))
-            .unwrap();
-        // SAFETY: `largest` is writable.
-        let code = unsafe { emm_torch_cache_info(1, &mut largest) };
-        standin.control(&format!("capacity {capacity}")).unwrap();
-        case("cache_info idle", code, EMM_OK);
-        let (_, idle, _) = torch_stats(
-            1,
-            &["reserved_bytes.all.current", "active_bytes.all.current"],
-        );
-        assert!(
-            idle[0] - idle[1] > 1 << 20,
-            "too little idle to tell the two apart: {idle:?}"
-        );
-        assert_eq!(largest as u64, idle[0] - idle[1], "the idle bytes");
-
-        // SAFETY: `released` is writable.
-        case(
-            "empty all",
-            unsafe { emm_torch_empty_cache(-1, &mut released) },
-            EMM_OK,
-        );
-        let (_, emptied, _) = torch_stats(1, &names);
-        assert!(released >= 3 << 20, "released {released}");
-        assert!(emptied[2] < reset[2], "{emptied:?} after {reset:?}");
+        assert_eq!(torch_stats(1, &names).2, 0, "a refusal set the device up");
         standin.control("devices 1").unwrap();
         standin.reset().unwrap();
-        println!("{} torch memory-tool stand-in cases", cases() - before);
+        println!("{} torch memory-tool refusals", cases() - before);
     }
 }

@@ -2,9 +2,9 @@
 //! the pluggable allocator call them, on `emm-standin` (found next to the test
 //! executable; `cargo build -p emm-standin` first, as `cargo xtask ci` does):
 //! `Tensor.record_stream` orders the free after the other stream, a release frees
-//! once on the device that holds the block. Hostile inputs to the same functions,
-//! and PyTorch's memory tools (whose figures assume the `default` manager that
-//! file's first case names), are in `hostile.rs`. The process's manager is the default (`pool`): no case names one.
+//! once on the device that holds the block. PyTorch's memory tools read and reset the
+//! device's counters and give idle memory back. Hostile inputs to the same
+//! functions are in `hostile.rs`. The process's manager is the default (`pool`): no case names one.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -208,4 +208,90 @@ fn torch_release_frees_once_on_the_device_that_holds_it_on_the_standin() {
     );
     standin.reset().unwrap();
     println!("{} torch_release stand-in cases", cases() - before);
+}
+
+/// PyTorch's memory tools for emm's own allocator object
+/// (`emm_torch_memory_stats`, `emm_torch_reset_peak_stats`,
+/// `emm_torch_empty_cache`, `emm_torch_cache_info`) read and reset the counters
+/// of the manager behind `emm_torch_alloc` on the device asked, and idle memory
+/// goes back to the device. Device 1 of a two-device stand-in, which no other
+/// case of this file allocates on. Bad arguments are in `hostile.rs`.
+#[test]
+fn torch_memory_tools_read_and_reset_the_devices_manager_on_the_standin() {
+    let _serial = serial();
+    let standin = standin();
+    assert_eq!(standin.control("devices 2").unwrap(), 2);
+    let before = cases();
+    let names = [
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "reserved_bytes.all.current",
+        "no.such.counter",
+    ];
+    let mut released = usize::MAX;
+
+    // Allocated: the counters say so, in one read; the peak stays after the
+    // free until reset; the idle memory goes back to the device.
+    let big = emm_torch_alloc(3 << 20, 1, null_mut());
+    assert!(!big.is_null(), "{}", last_message());
+    let (code, v, found) = torch_stats(1, &names);
+    case("stats while allocated", code, EMM_OK);
+    assert_eq!(found, 3, "the pool keeps the first three names: {v:?}");
+    assert!(v[0] >= 3 << 20 && v[1] >= v[0] && v[2] >= v[0], "{v:?}");
+    assert_eq!(v[3], 0, "a name the manager does not keep reads 0");
+    let mut largest = 0usize;
+    // SAFETY: `largest` is writable.
+    case(
+        "cache_info",
+        unsafe { emm_torch_cache_info(1, &mut largest) },
+        EMM_OK,
+    );
+    let capacity = standin.control("capacity").unwrap();
+    let used = standin.control("used_bytes 1").unwrap();
+    assert_eq!(
+        largest as u64,
+        capacity - used,
+        "with the device's free memory above the idle bytes, the free memory"
+    );
+
+    case("release", emm_torch_release(big, 1), EMM_OK);
+    let (_, after, _) = torch_stats(1, &names);
+    assert!(after[0] < 3 << 20 && after[1] >= 3 << 20, "{after:?}");
+    case("reset peak", emm_torch_reset_peak_stats(1), EMM_OK);
+    let (_, reset, _) = torch_stats(1, &names);
+    assert_eq!(
+        reset[1], reset[0],
+        "the peak is the current value after a reset"
+    );
+    // With the device's free memory below what the manager holds idle, the idle
+    // bytes (reserved, not active; the pool counts blocks in a thread's cache as
+    // active) are the answer.
+    let (_, idle, _) = torch_stats(
+        1,
+        &["reserved_bytes.all.current", "active_bytes.all.current"],
+    );
+    let idle = idle[0] - idle[1];
+    assert!(idle >= 2, "nothing idle to tell the two answers apart");
+    let used = standin.control("used_bytes 1").unwrap();
+    standin
+        .control(&format!("capacity {}", used + idle / 2))
+        .unwrap();
+    // SAFETY: `largest` is writable.
+    let code = unsafe { emm_torch_cache_info(1, &mut largest) };
+    standin.control(&format!("capacity {capacity}")).unwrap();
+    case("cache_info idle", code, EMM_OK);
+    assert_eq!(largest as u64, idle, "the idle bytes, not the free memory");
+
+    // SAFETY: `released` is writable.
+    case(
+        "empty all",
+        unsafe { emm_torch_empty_cache(-1, &mut released) },
+        EMM_OK,
+    );
+    let (_, emptied, _) = torch_stats(1, &names);
+    assert!(released >= 3 << 20, "released {released}");
+    assert!(emptied[2] < reset[2], "{emptied:?} after {reset:?}");
+    standin.control("devices 1").unwrap();
+    standin.reset().unwrap();
+    println!("{} torch memory-tool stand-in cases", cases() - before);
 }

@@ -363,44 +363,19 @@ pub(crate) fn live_record_stream(device: c_int, ptr: u64, stream: CUstream) -> e
 
 #[cfg(test)]
 mod tests {
-    //! The bridge in Rust, over the stand-in driver (`libemm_standin.so` beside the
-    //! test binary's folder, as `cargo build --workspace` or `cargo xtask ci`
-    //! leaves it): the devices' tables, frees by address on any device, the other
-    //! streams an allocation is used on. No other unit test of this crate loads a
-    //! driver; these take one lock, as they share the process's devices.
+    //! The bridge in Rust, over the stand-in driver (`test_driver.rs`): the
+    //! devices' tables, frees by address on any device, the other streams an
+    //! allocation is used on.
 
     use super::*;
+    use crate::bridge::test_driver::{standin, stat};
     use crate::status::{last_error_message, EMM_ERR_INVALID_ARGUMENT};
-    use emm_core::stat_names as stat;
-
-    fn standin() -> std::sync::MutexGuard<'static, ()> {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        static SERIAL: Mutex<()> = Mutex::new(());
-        ONCE.call_once(|| {
-            let exe = std::env::current_exe().expect("the test executable's path");
-            let path = exe
-                .parent()
-                .and_then(|deps| deps.parent())
-                .expect("target/<profile>/deps")
-                .join("libemm_standin.so");
-            assert!(
-                path.is_file(),
-                "{} is missing: run `cargo build -p emm-standin` (cargo xtask ci does)",
-                path.display()
-            );
-            if std::env::var_os(emm_sys::DRIVER_PATH_ENV).is_none() {
-                std::env::set_var(emm_sys::DRIVER_PATH_ENV, &path);
-            }
-        });
-        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-    }
 
     fn allocated(d: &LiveDevice) -> u64 {
-        d.manager
-            .memory_stats()
-            .iter()
-            .find(|(k, _)| *k == stat::ALLOCATED_BYTES_CURRENT)
-            .map_or(0, |&(_, v)| v)
+        stat(
+            d.manager.as_ref(),
+            emm_core::stat_names::ALLOCATED_BYTES_CURRENT,
+        )
     }
 
     #[test]

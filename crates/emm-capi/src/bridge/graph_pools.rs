@@ -17,8 +17,8 @@
 //! pool at once, for the rest of the capture to reuse in stream order.
 //!
 //! This file holds the state ([`GraphPools`], one per device, a field of the
-//! device's state in `framework.rs`); the C functions of the protocol are in
-//! `graph_hooks.rs`, above both.
+//! device's state in `devices.rs`); the protocol over it is `graph_capture.rs`,
+//! above both, and its C functions are in `graph_hooks.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
