@@ -205,8 +205,9 @@ _LIB: Optional[ctypes.CDLL] = None
 # pools (emm_torch_graph_pool_begin, ...); 309 EMM_ERR_FORKED (ForkedError); 310
 # tags, pause and resume (emm_region_enter, emm_pause, ...; TagStateError); 311
 # emm_settings (the list of settings, which configure() and settings() read) and
-# run-time settings.
-ABI_NEEDED = 311
+# run-time settings; 312 torch.cuda.MemPool for the native object
+# (emm_torch_graph_pool_create, emm_torch_graph_pool_info).
+ABI_NEEDED = 312
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -229,6 +230,12 @@ class _StatName(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("doc", ctypes.c_char_p), ("torch", ctypes.c_int)]
 
 
+class _GraphPoolInfo(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "uses", "live_bytes", "live_blocks", "reserved_bytes", "segments", "peak_live_bytes",
+        "peak_reserved_bytes")]
+
+
 def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
     """The ctypes argument and result types of every C function the bindings call
     (``python/tests/test_abi_table.py`` checks them against ``emm.h``)."""
@@ -244,6 +251,8 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
         "emm_settings": ([ctypes.POINTER(_Setting), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_stat_names": ([ctypes.POINTER(_StatName), ctypes.c_size_t, szp], ctypes.c_int),
+        "emm_torch_graph_pool_info": ([ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                       ctypes.POINTER(_GraphPoolInfo)], ctypes.c_int),
         "emm_capture_warnings": ([ctypes.c_int], ctypes.c_int),
         "emm_take_warning": ([ctypes.c_char_p, ctypes.c_size_t, szp, intp], ctypes.c_int),
         "emm_manager_create": ([ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(vp)], ctypes.c_int),

@@ -19,6 +19,12 @@
 // each of PyTorch's pool ids (`beginAllocateToPool`, `endAllocateToPool`,
 // `releasePool`): the allocations PyTorch's filter picks during a capture come
 // from it, so the memory a graph was captured with stays the graph's.
+// `torch.cuda.MemPool` goes the same way (`createOrIncrefPool`,
+// `getPoolUseCount`; `use_mem_pool` routes the calling thread's allocations to
+// the pool): `MemPool()` gets a private emm pool whose memory goes back once the
+// pool dies and nothing in it lives; `MemPool(allocator=X)` keeps X's memory:
+// the allocations routed to it are X's `raw_alloc_with_stream`, freed by X's
+// `raw_delete`, as PyTorch's own allocator takes such a pool's memory from X.
 //
 // `emm.torch` compiles this file against the PyTorch it runs with (g++, PyTorch's
 // headers and libraries; no ninja), caches the library, and loads it with ctypes.
@@ -39,10 +45,13 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -64,6 +73,19 @@ using GraphPoolFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b);
 using GraphAllocFn = void* (*)(ssize_t size, int device, void* stream, uint64_t pool_a, uint64_t pool_b);
 using GraphLiveFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b, void** ptrs, size_t n, size_t* count);
 
+// include/emm.h's emm_graph_pool_info (python/tests/test_torch_native.py checks
+// the fields).
+struct emm_graph_pool_info {
+  size_t uses;
+  size_t live_bytes;
+  size_t live_blocks;
+  size_t reserved_bytes;
+  size_t segments;
+  size_t peak_live_bytes;
+  size_t peak_reserved_bytes;
+};
+using GraphInfoFn = int (*)(int device, uint64_t pool_a, uint64_t pool_b, struct emm_graph_pool_info* out);
+
 // The addresses of emm's functions, in the order python/emm/_torch_native.py's
 // `Functions` lists them (the test checks that too).
 struct EmmFunctions {
@@ -81,6 +103,8 @@ struct EmmFunctions {
   GraphPoolFn graph_pool_release;
   GraphAllocFn graph_pool_alloc;
   GraphLiveFn graph_pool_live;
+  GraphPoolFn graph_pool_create;
+  GraphInfoFn graph_pool_info;
 };
 
 // emm_status's EMM_OK and EMM_ERR_OUT_OF_MEMORY.
@@ -98,6 +122,56 @@ std::string last_error() {
   return std::string(buf.data());
 }
 
+using CUDAAllocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
+// The pools made with `MemPool(allocator=X)`, by device and pool id, with X; and
+// the live allocations X made for them, each with its X (kept alive by it).
+struct ForeignPools {
+  using Key = std::tuple<int, uint64_t, uint64_t>;
+  std::mutex mutex;
+  std::map<Key, std::shared_ptr<CUDAAllocator>> pools;
+  std::unordered_map<void*, std::shared_ptr<CUDAAllocator>> live;
+  // live.size(), read without the lock on every raw free.
+  std::atomic<std::size_t> live_count{0};
+};
+ForeignPools g_foreign;
+
+ForeignPools::Key pool_key(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  return {static_cast<int>(device), id.first, id.second};
+}
+
+// The allocator of pool `id` on `device` when it was made with one, else null.
+std::shared_ptr<CUDAAllocator> foreign_allocator(
+    c10::DeviceIndex device,
+    c10::cuda::MempoolId_t id) {
+  const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+  const auto it = g_foreign.pools.find(pool_key(device, id));
+  return it == g_foreign.pools.end() ? nullptr : it->second;
+}
+
+// Frees `ptr` through the allocator that made it if a pool's allocator did;
+// whether it did.
+bool release_foreign_if_known(void* ptr) {
+  std::shared_ptr<CUDAAllocator> owner;
+  {
+    const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+    const auto it = g_foreign.live.find(ptr);
+    if (it == g_foreign.live.end()) {
+      return false;
+    }
+    owner = std::move(it->second);
+    g_foreign.live.erase(it);
+    g_foreign.live_count.store(g_foreign.live.size(), std::memory_order_release);
+  }
+  owner->raw_delete(ptr);
+  return true;
+}
+
+// The deleter of tensors a pool's own allocator made.
+void release_foreign(void* ptr) {
+  release_foreign_if_known(ptr);
+}
+
 // A DataPtr's deleter receives only the address, so each device gets a deleter of
 // its own (the device is a template argument); emm then looks the address up in
 // that device's table alone. Devices past the table, and `raw_deleter()`, use the
@@ -110,6 +184,10 @@ void release_on(void* ptr) {
 }
 
 void release_any(void* ptr) {
+  if (g_foreign.live_count.load(std::memory_order_acquire) != 0 &&
+      release_foreign_if_known(ptr)) {
+    return;
+  }
   g_emm.release(ptr, -1);
 }
 
@@ -258,8 +336,14 @@ struct EmptyCacheTakesPool<
 template <class Base>
 struct EmptyCacheWithPool : Base {
   using Base::Base;
-  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
-    empty_all();
+  // `torch.cuda.empty_cache()` names no pool ({0, 0}): everything idle goes
+  // back. A private pool's own (a dying MemPool asks after releasing it) went
+  // back at its release already, as far as nothing in it lives; the rest goes at
+  // the next empty_cache.
+  void emptyCache(c10::cuda::MempoolId_t mempool_id) override {
+    if (mempool_id.first == 0 && mempool_id.second == 0) {
+      empty_all();
+    }
   }
 };
 
@@ -277,16 +361,122 @@ using WithEmptyCache = std::conditional_t<
     EmptyCacheWithPool<Pluggable>,
     EmptyCacheWithoutPool<Pluggable>>;
 
-struct EmmAllocator final : WithEmptyCache {
-  using WithEmptyCache::WithEmptyCache;
+// `torch.cuda.MemPool(allocator=X)` hands X in as a std::shared_ptr (newer
+// PyTorch) or a raw pointer (older: the Python MemPool keeps X alive); either
+// becomes a shared_ptr here.
+std::shared_ptr<CUDAAllocator> shared_of(std::shared_ptr<CUDAAllocator> a) {
+  return a;
+}
+std::shared_ptr<CUDAAllocator> shared_of(CUDAAllocator* a) {
+  return a == nullptr ? nullptr
+                      : std::shared_ptr<CUDAAllocator>(a, [](CUDAAllocator*) {});
+}
+
+// `MemPool()` and `MemPool(allocator=X)`: one more use of the private pool `id`,
+// made if new; X, if given, makes the pool's memory.
+void create_pool(
+    c10::DeviceIndex device,
+    c10::cuda::MempoolId_t id,
+    std::shared_ptr<CUDAAllocator> allocator) {
+  check(
+      g_emm.graph_pool_create(device, id.first, id.second),
+      "emm could not make a private memory pool");
+  if (allocator != nullptr) {
+    const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+    g_foreign.pools[pool_key(device, id)] = std::move(allocator);
+  }
+}
+
+// The uses of pool `id` not yet released (0 for a pool not in use).
+int pool_use_count(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  emm_graph_pool_info info{};
+  check(
+      g_emm.graph_pool_info(device, id.first, id.second, &info),
+      "emm could not read a private memory pool");
+  return info.uses > static_cast<size_t>(INT32_MAX) ? INT32_MAX
+                                                     : static_cast<int>(info.uses);
+}
+
+// The type of createOrIncrefPool's allocator parameter, from its signature.
+template <class F>
+struct PoolAllocatorArg;
+template <class C, class R, class A, class B, class X>
+struct PoolAllocatorArg<R (C::*)(A, B, X)> {
+  using type = X;
+};
+
+// PyTorch before MemPool: nothing to override.
+template <class Base, class = void>
+struct WithMemPools : Base {
+  using Base::Base;
+};
+
+template <class Base>
+struct WithMemPools<
+    Base,
+    std::void_t<
+        decltype(&Base::createOrIncrefPool),
+        decltype(&Base::getPoolUseCount)>> : Base {
+  using Base::Base;
+  using AllocatorArg =
+      typename PoolAllocatorArg<decltype(&Base::createOrIncrefPool)>::type;
+
+  void createOrIncrefPool(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id,
+      AllocatorArg allocator) override {
+    create_pool(device, mempool_id, shared_of(allocator));
+  }
+
+  int getPoolUseCount(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t mempool_id) override {
+    return pool_use_count(device, mempool_id);
+  }
+};
+
+// `MemPool`'s destructor calls setUseOnOOM(device, id, false) whatever the pool
+// was made with, so the object answers it: false is what emm does anyway (a
+// pool's free blocks are its own); true (`MemPool(use_on_oom=True)`: lend the
+// pool's free blocks when the process's memory runs out) is refused with the
+// reason.
+template <class Base, class = void>
+struct WithUseOnOOM : Base {
+  using Base::Base;
+};
+
+template <class Base>
+struct WithUseOnOOM<
+    Base,
+    std::void_t<decltype(std::declval<Base&>().setUseOnOOM(
+        c10::DeviceIndex{0}, c10::cuda::MempoolId_t{}, false))>> : Base {
+  using Base::Base;
+  void setUseOnOOM(
+      c10::DeviceIndex /*device*/,
+      c10::cuda::MempoolId_t /*mempool_id*/,
+      bool use_on_oom) override {
+    if (use_on_oom) {
+      C10_THROW_ERROR(
+          Error,
+          "emm's allocator object does not lend a MemPool's free blocks when "
+          "memory runs out (MemPool(use_on_oom=True)); make the pool without it");
+    }
+  }
+};
+
+using WithPools = WithUseOnOOM<WithMemPools<WithEmptyCache>>;
+
+struct EmmAllocator final : WithPools {
+  using WithPools::WithPools;
 
   c10::DataPtr allocate(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    void* ptr = routed_alloc(size, device, stream);
-    const c10::DeleterFnPtr deleter =
-        device >= 0 && device < kDevices ? kRelease[device] : &release_any;
-    return {ptr, ptr, deleter, c10::Device(c10::DeviceType::CUDA, device)};
+    const Routed r = routed_alloc(size, device, stream);
+    const c10::DeleterFnPtr deleter = r.foreign
+        ? &release_foreign
+        : (device >= 0 && device < kDevices ? kRelease[device] : &release_any);
+    return {r.ptr, r.ptr, deleter, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -296,11 +486,12 @@ struct EmmAllocator final : WithEmptyCache {
   void* raw_alloc(size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
     return routed_alloc(
-        nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+               nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream())
+        .ptr;
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
-    return routed_alloc(nbytes, c10::cuda::current_device(), stream);
+    return routed_alloc(nbytes, c10::cuda::current_device(), stream).ptr;
   }
 
   void raw_delete(void* ptr) override {
@@ -398,6 +589,14 @@ struct EmmAllocator final : WithEmptyCache {
       c10::DeviceIndex device,
       c10::cuda::MempoolId_t mempool_id) override {
     g_emm.graph_pool_release(device, mempool_id.first, mempool_id.second);
+    emm_graph_pool_info info{};
+    if (g_emm.graph_pool_info(
+            device, mempool_id.first, mempool_id.second, &info) == kOk &&
+        info.uses == 0) {
+      // Its live allocations keep X (g_foreign.live).
+      const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+      g_foreign.pools.erase(pool_key(device, mempool_id));
+    }
   }
 
   // Whether the blocks of the graph pool handed out and not yet freed are
@@ -443,27 +642,47 @@ struct EmmAllocator final : WithEmptyCache {
     std::function<bool(cudaStream_t)> filter;
   };
 
-  // The allocation from the private pool of the capture `stream` belongs to,
-  // if a capture routes it there; else from the process's manager.
-  void* routed_alloc(
+  // An address and whether a pool's own allocator made it.
+  struct Routed {
+    void* ptr;
+    bool foreign;
+  };
+
+  // The allocation from the private pool a capture or `use_mem_pool` routes it
+  // to (PyTorch's filter picks it on `device`): the pool's own allocator's when
+  // it was made with one, else emm's pool's; else from the process's manager.
+  Routed routed_alloc(
       size_t size,
       c10::DeviceIndex device,
       cudaStream_t stream) {
     if (routing_.load(std::memory_order_acquire) != 0) {
       const std::lock_guard<std::mutex> lock(routes_mutex_);
-      for (const Route& r : routes_) {
+      // The newest route first, as PyTorch's own allocator picks: the
+      // innermost `use_mem_pool` wins.
+      for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
+        const Route& r = *it;
         if (r.device == device && r.filter(stream)) {
+          if (const auto x = foreign_allocator(device, r.pool)) {
+            void* ptr = x->raw_alloc_with_stream(size, stream);
+            if (ptr != nullptr) {
+              const std::lock_guard<std::mutex> foreign(g_foreign.mutex);
+              g_foreign.live[ptr] = x;
+              g_foreign.live_count.store(
+                  g_foreign.live.size(), std::memory_order_release);
+            }
+            return {ptr, true};
+          }
           void* ptr = g_emm.graph_pool_alloc(
               static_cast<ssize_t>(size), device, stream, r.pool.first,
               r.pool.second);
           if (ptr == nullptr && size != 0) {
             throw_alloc_failure(size, device);
           }
-          return ptr;
+          return {ptr, false};
         }
       }
     }
-    return checked_alloc(size, device, stream);
+    return {checked_alloc(size, device, stream), false};
   }
 
   static bool is_ours(c10::DeleterFnPtr deleter) {
@@ -532,7 +751,8 @@ extern "C" int emm_torch_native_install(
       fns->reset_peak_stats == nullptr || fns->empty_cache == nullptr ||
       fns->cache_info == nullptr || fns->graph_pool_begin == nullptr ||
       fns->graph_pool_end == nullptr || fns->graph_pool_release == nullptr ||
-      fns->graph_pool_alloc == nullptr || fns->graph_pool_live == nullptr) {
+      fns->graph_pool_alloc == nullptr || fns->graph_pool_live == nullptr ||
+      fns->graph_pool_create == nullptr || fns->graph_pool_info == nullptr) {
     copy_message("emm_torch_native_install: a function address is null", err, len);
     return 1;
   }

@@ -208,6 +208,8 @@ FUNCTIONS = (
     ("graph_pool_release", "emm_torch_graph_pool_release"),
     ("graph_pool_alloc", "emm_torch_graph_pool_alloc"),
     ("graph_pool_live", "emm_torch_graph_pool_live"),
+    ("graph_pool_create", "emm_torch_graph_pool_create"),
+    ("graph_pool_info", "emm_torch_graph_pool_info"),
 )
 """The fields of the source's ``EmmFunctions``, in its order, each with the
 function of libemm_capi whose address it holds."""

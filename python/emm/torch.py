@@ -65,6 +65,7 @@ __all__ = [
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "mem_pool_stats",
     "record_memory_history",
     "reset_peak_memory_stats",
     "snapshot",
@@ -97,7 +98,13 @@ def install(native: Optional[bool] = None) -> Any:
     emm's own object answers PyTorch's memory tools (``torch.cuda.memory_stats()``,
     ``empty_cache()``, ...) and ``recordStream``, and keeps a private pool of emm's
     for each CUDA graph capture (``torch.cuda.graph``, ``make_graphed_callables``),
-    so the memory a graph was captured with stays the graph's. Under PyTorch's
+    so the memory a graph was captured with stays the graph's, and for each
+    ``torch.cuda.MemPool``: ``use_mem_pool`` routes the calling thread's tensors to
+    it, its memory goes back once the pool dies and nothing in it lives
+    (:func:`mem_pool_stats` reads it), and ``MemPool(allocator=X)`` keeps X's
+    memory (each tensor routed there is one call of X's; PyTorch's own allocator
+    would cut tensors from larger pieces of X's). ``MemPool(use_on_oom=True)`` is
+    refused. Under PyTorch's
     pluggable object, which cannot keep one, CUDA graph capture and
     ``torch.cuda.use_mem_pool`` raise ``RuntimeError`` instead: every replay would
     write into memory handed to other tensors. With PyTorch's pluggable object,
@@ -180,6 +187,29 @@ def max_memory_reserved(device: Any = None) -> int:
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Sets every peak counter to its current value."""
     _torch_state.manager(device).reset_peak_stats()
+
+
+def mem_pool_stats(pool: Any, device: Any = None) -> Dict[str, int]:
+    """What the private pool of a ``torch.cuda.MemPool`` (or a CUDA graph's pool,
+    given as its id pair) holds on ``device`` under emm's own allocator object:
+    ``uses`` (PyTorch's ``use_count``), ``live_bytes``, ``live_blocks``,
+    ``reserved_bytes``, ``segments`` and the peaks of live and reserved bytes. All
+    zero for a pool not in use (never made, or released by every user). A pool made
+    with ``MemPool(allocator=X)`` keeps X's memory, which X counts, not emm."""
+    import ctypes
+
+    from ._lib import _GraphPoolInfo, _raise_last
+
+    pool_id = tuple(getattr(pool, "id", pool))
+    if len(pool_id) != 2:
+        raise ValueError(f"a pool is a torch.cuda.MemPool or an id pair, not {pool!r}")
+    lib = load()
+    info = _GraphPoolInfo()
+    status = lib.emm_torch_graph_pool_info(_torch_state.device_index(device), int(pool_id[0]),
+                                           int(pool_id[1]), ctypes.byref(info))
+    if status != 0:
+        _raise_last(lib, status)
+    return {name: int(getattr(info, name)) for name, _ in _GraphPoolInfo._fields_}
 
 
 def empty_cache() -> None:

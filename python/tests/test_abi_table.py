@@ -30,7 +30,8 @@ SCALARS = {
 }
 # Opaque or byte pointees a pointer to which is passed as c_void_p or c_char_p.
 BYTES = {"char", "uint8_t"}
-STRUCTS = {"emm_stats": _lib._Stats, "emm_setting": _lib._Setting, "emm_stat_name": _lib._StatName}
+STRUCTS = {"emm_stats": _lib._Stats, "emm_setting": _lib._Setting, "emm_stat_name": _lib._StatName,
+           "emm_graph_pool_info": _lib._GraphPoolInfo}
 
 
 def header_text():
@@ -146,7 +147,7 @@ BY_ADDRESS = {
     "emm_torch_alloc", "emm_torch_free",  # PyTorch's CUDAPluggableAllocator (torch.py)
     "emm_torch_release", "emm_torch_cache_info", "emm_torch_graph_pool_begin",  # the C++ object's
     "emm_torch_graph_pool_end", "emm_torch_graph_pool_release", "emm_torch_graph_pool_alloc",
-    "emm_torch_graph_pool_live",  # function table (test_torch_native.py checks them)
+    "emm_torch_graph_pool_live", "emm_torch_graph_pool_create",  # function table (test_torch_native.py checks them)
     "emm_cupy_malloc", "emm_cupy_free",  # CuPy's C-function allocator (cupy.py)
     "emm_cupy_set_hooks",  # bound in cupy.py (its function pointers as c_void_p)
 }

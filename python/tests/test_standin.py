@@ -292,3 +292,41 @@ def test_pytorch_allocator_settings_reach_emm_or_are_refused(mgr):
     finally:
         setting("pool_limit:max,pool_release_threshold:max")
     assert calls == [], "PyTorch's own function never ran"
+
+
+def test_mem_pool_stats_follow_a_private_pool_through_its_life():
+    """``emm.torch.mem_pool_stats`` reads what ``torch.cuda.MemPool`` makes under
+    emm's own object: the C++ object calls ``emm_torch_graph_pool_create`` for
+    ``MemPool()``, begin/end around ``use_mem_pool``, release when the pool dies.
+    Called directly here, as the object would (the GPU check is
+    ``python/gpu/checks/mem_pool_check.py``)."""
+    import emm.torch as et
+
+    lib = emm._lib.load()
+    pool = (0, 4242)
+    u64 = ctypes.c_uint64
+    for name in ("emm_torch_graph_pool_create", "emm_torch_graph_pool_begin",
+                 "emm_torch_graph_pool_end", "emm_torch_graph_pool_release"):
+        getattr(lib, name).argtypes = [ctypes.c_int, u64, u64]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.emm_torch_graph_pool_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, u64, u64]
+    lib.emm_torch_graph_pool_alloc.restype = ctypes.c_void_p
+    lib.emm_torch_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.emm_torch_release.restype = ctypes.c_int
+
+    assert et.mem_pool_stats(pool, 0)["uses"] == 0, "never made"
+    assert lib.emm_torch_graph_pool_create(0, *pool) == 0
+    assert lib.emm_torch_graph_pool_begin(0, *pool) == 0
+    p = lib.emm_torch_graph_pool_alloc(3 << 20, 0, None, *pool)
+    assert p
+    assert lib.emm_torch_graph_pool_end(0, *pool) == 0
+    assert lib.emm_torch_graph_pool_release(0, *pool) == 0
+    s = et.mem_pool_stats(pool, 0)
+    assert s["uses"] == 1 and s["live_bytes"] >= 3 << 20 and s["live_blocks"] == 1, s
+    assert s["reserved_bytes"] >= s["live_bytes"] and s["segments"] >= 1, s
+    assert lib.emm_torch_release(p, 0) == 0
+    assert et.mem_pool_stats(pool, 0)["live_bytes"] == 0
+    assert lib.emm_torch_graph_pool_release(0, *pool) == 0  # the MemPool dies
+    assert et.mem_pool_stats(pool, 0) == {k: 0 for k in s}, "released by every user"
+    with pytest.raises(ValueError):
+        et.mem_pool_stats((1, 2, 3), 0)

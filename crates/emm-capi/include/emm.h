@@ -73,7 +73,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 311
+#define EMM_ABI_VERSION 312
 
 /**
  * `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
@@ -115,6 +115,42 @@ typedef ptrdiff_t (*emm_stream_fn)(void);
  * `PyErr_SetString`); called with the GIL held.
  */
 typedef void (*emm_raise_fn)(void *exc_type, const char *msg);
+
+/**
+ * The uses and figures of one private pool ([`emm_torch_graph_pool_info`]).
+ */
+typedef struct emm_graph_pool_info {
+  /**
+   * Uses not yet released: `emm_torch_graph_pool_create` and
+   * `emm_torch_graph_pool_begin` calls not matched by
+   * `emm_torch_graph_pool_release` (PyTorch's `getPoolUseCount`).
+   */
+  size_t uses;
+  /**
+   * Bytes handed out from the pool and not yet freed (rounded sizes).
+   */
+  size_t live_bytes;
+  /**
+   * Blocks handed out and not yet freed.
+   */
+  size_t live_blocks;
+  /**
+   * Bytes of the segments the pool holds.
+   */
+  size_t reserved_bytes;
+  /**
+   * Segments the pool holds.
+   */
+  size_t segments;
+  /**
+   * The largest `live_bytes` so far.
+   */
+  size_t peak_live_bytes;
+  /**
+   * The largest `reserved_bytes` so far.
+   */
+  size_t peak_reserved_bytes;
+} emm_graph_pool_info;
 
 /**
  * Statistics of a manager, filled by `emm_get_stats` (emm-core's `ManagerStats`).
@@ -388,15 +424,39 @@ void *emm_cupy_malloc(void *param, size_t size, int device);
 void emm_cupy_free(void *param, void *ptr, int device);
 
 /**
- * PyTorch's `beginAllocateToPool` for a CUDA graph capture (emm's allocator
- * object): makes the private pool `(pool_a, pool_b)` of `device` if it does not
+ * PyTorch's `createOrIncrefPool`, which `torch.cuda.MemPool()` calls: makes
+ * the private pool `(pool_a, pool_b)` of `device` if it does not exist (an id
+ * used again after every user released it gets a new pool) and counts one more
+ * use of it; nothing is routed to it until [`emm_torch_graph_pool_begin`]
+ * (`torch.cuda.use_mem_pool`). [`emm_torch_graph_pool_release`] ends the use;
+ * after the last, the pool's memory goes back once nothing in it is live. A
+ * device whose manager serves no device context is `EMM_ERR_UNSUPPORTED`.
+ * Since ABI 312.
+ */
+emm_status emm_torch_graph_pool_create(int device, uint64_t pool_a, uint64_t pool_b);
+
+/**
+ * The uses and figures of the private pool `(pool_a, pool_b)` of `device` into
+ * `*out`: all zero for a pool not in use (never made, or released by every
+ * user). A null `out` is `EMM_ERR_INVALID_ARGUMENT`. Since ABI 312.
+ */
+emm_status emm_torch_graph_pool_info(int device,
+                                     uint64_t pool_a,
+                                     uint64_t pool_b,
+                                     struct emm_graph_pool_info *out);
+
+/**
+ * PyTorch's `beginAllocateToPool` for a CUDA graph capture or
+ * `torch.cuda.use_mem_pool` (emm's allocator object): makes the private pool `(pool_a, pool_b)` of `device` if it does not
  * exist (a pool id used again after every graph of it was released gets a new
  * pool), counts one more use of it, and marks a capture as routing allocations
  * to it until [`emm_torch_graph_pool_end`]. Frees held back for captures that
  * are over go ahead. A device whose manager serves no device context is
  * `EMM_ERR_UNSUPPORTED`. Since ABI 308.
  */
-emm_status emm_torch_graph_pool_begin(int device, uint64_t pool_a, uint64_t pool_b);
+emm_status emm_torch_graph_pool_begin(int device,
+                                      uint64_t pool_a,
+                                      uint64_t pool_b);
 
 /**
  * PyTorch's `endAllocateToPool`, after the capture ended: the capture no longer
@@ -500,7 +560,8 @@ emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
  * `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
  * `emm_stat_names` (the statistic names) and
  * run-time settings in `emm_configure` (`pool_limit`,
- * `pool_release_threshold`).
+ * `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
+ * (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`).
  */
 int emm_abi_version(void);
 

@@ -1,7 +1,8 @@
-//! The C functions of PyTorch's CUDA graph-pool protocol for emm's allocator
-//! object (`emm_torch_graph_pool_*`): each converts its arguments and calls the
-//! protocol in `bridge/graph_capture.rs`, which works on the device's
-//! `GraphPools` (`bridge/graph_pools.rs`, which describes the protocol).
+//! The C functions of PyTorch's private-pool protocol (CUDA graphs and
+//! `torch.cuda.MemPool`) for emm's allocator object (`emm_torch_graph_pool_*`):
+//! each converts its arguments and calls the protocol in
+//! `bridge/graph_capture.rs`, which works on the device's `GraphPools`
+//! (`bridge/graph_pools.rs`, which describes the protocol).
 
 use std::ffi::{c_int, c_void};
 
@@ -10,8 +11,77 @@ use crate::ffi::stream_of;
 use crate::guard::guard;
 use crate::status::{emm_status, invalid, ssize_t, EMM_OK};
 
-/// PyTorch's `beginAllocateToPool` for a CUDA graph capture (emm's allocator
-/// object): makes the private pool `(pool_a, pool_b)` of `device` if it does not
+/// The uses and figures of one private pool ([`emm_torch_graph_pool_info`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct emm_graph_pool_info {
+    /// Uses not yet released: `emm_torch_graph_pool_create` and
+    /// `emm_torch_graph_pool_begin` calls not matched by
+    /// `emm_torch_graph_pool_release` (PyTorch's `getPoolUseCount`).
+    pub uses: usize,
+    /// Bytes handed out from the pool and not yet freed (rounded sizes).
+    pub live_bytes: usize,
+    /// Blocks handed out and not yet freed.
+    pub live_blocks: usize,
+    /// Bytes of the segments the pool holds.
+    pub reserved_bytes: usize,
+    /// Segments the pool holds.
+    pub segments: usize,
+    /// The largest `live_bytes` so far.
+    pub peak_live_bytes: usize,
+    /// The largest `reserved_bytes` so far.
+    pub peak_reserved_bytes: usize,
+}
+
+/// PyTorch's `createOrIncrefPool`, which `torch.cuda.MemPool()` calls: makes
+/// the private pool `(pool_a, pool_b)` of `device` if it does not exist (an id
+/// used again after every user released it gets a new pool) and counts one more
+/// use of it; nothing is routed to it until [`emm_torch_graph_pool_begin`]
+/// (`torch.cuda.use_mem_pool`). [`emm_torch_graph_pool_release`] ends the use;
+/// after the last, the pool's memory goes back once nothing in it is live. A
+/// device whose manager serves no device context is `EMM_ERR_UNSUPPORTED`.
+/// Since ABI 312.
+#[no_mangle]
+pub extern "C" fn emm_torch_graph_pool_create(
+    device: c_int,
+    pool_a: u64,
+    pool_b: u64,
+) -> emm_status {
+    guard(|| graph_capture::create(device, (pool_a, pool_b)))
+}
+
+/// The uses and figures of the private pool `(pool_a, pool_b)` of `device` into
+/// `*out`: all zero for a pool not in use (never made, or released by every
+/// user). A null `out` is `EMM_ERR_INVALID_ARGUMENT`. Since ABI 312.
+#[no_mangle]
+pub unsafe extern "C" fn emm_torch_graph_pool_info(
+    device: c_int,
+    pool_a: u64,
+    pool_b: u64,
+    out: *mut emm_graph_pool_info,
+) -> emm_status {
+    guard(|| {
+        if out.is_null() {
+            return invalid("emm_torch_graph_pool_info: `out` is null");
+        }
+        let i = graph_capture::info(device, (pool_a, pool_b));
+        let info = emm_graph_pool_info {
+            uses: i.uses,
+            live_bytes: i.stats.live_bytes,
+            live_blocks: i.stats.live_blocks,
+            reserved_bytes: i.stats.reserved_bytes,
+            segments: i.stats.segments,
+            peak_live_bytes: i.stats.peak_live_bytes,
+            peak_reserved_bytes: i.stats.peak_reserved_bytes,
+        };
+        // SAFETY: non-null (checked above) and writable per the contract.
+        unsafe { out.write(info) };
+        EMM_OK
+    })
+}
+
+/// PyTorch's `beginAllocateToPool` for a CUDA graph capture or
+/// `torch.cuda.use_mem_pool` (emm's allocator object): makes the private pool `(pool_a, pool_b)` of `device` if it does not
 /// exist (a pool id used again after every graph of it was released gets a new
 /// pool), counts one more use of it, and marks a capture as routing allocations
 /// to it until [`emm_torch_graph_pool_end`]. Frees held back for captures that

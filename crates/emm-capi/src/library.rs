@@ -31,7 +31,8 @@ use crate::status::*;
 /// `EMM_ERR_TAG_STATE`); 311 added `emm_settings` (the list of settings),
 /// `emm_stat_names` (the statistic names) and
 /// run-time settings in `emm_configure` (`pool_limit`,
-/// `pool_release_threshold`).
+/// `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
+/// (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`).
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION

@@ -1,7 +1,9 @@
-//! PyTorch's CUDA graph-pool protocol on a device's state: `beginAllocateToPool`
+//! PyTorch's private-pool protocol (CUDA graphs and `torch.cuda.MemPool`) on a
+//! device's state: `createOrIncrefPool` ([`create`]), `beginAllocateToPool`
 //! ([`begin`]), allocations routed to the pool ([`alloc`]), `endAllocateToPool`
-//! ([`end`]), `releasePool` ([`release`]) and `checkPoolLiveAllocations`
-//! ([`live`]), and the frees held back for captures that are over going ahead.
+//! ([`end`]), `releasePool` ([`release`]), `checkPoolLiveAllocations`
+//! ([`live`]), `getPoolUseCount` and the pool's figures ([`info`]), and the
+//! frees held back for captures that are over going ahead.
 //! The state is [`GraphPools`] (`graph_pools.rs`, which describes the protocol),
 //! a field of the device's state (`devices.rs`); this file sits above both. The
 //! C functions in `graph_hooks.rs` only convert arguments and report.
@@ -10,7 +12,7 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 use emm::emm_default::DriverUpstream;
-use emm::emm_pool::GraphPool;
+use emm::emm_pool::{GraphPool, GraphPoolStats};
 use emm_core::EmmError;
 use emm_sys::CUstream;
 
@@ -76,20 +78,16 @@ fn reclaim_after(what: &str, d: &LiveDevice, status: emm_status) -> emm_status {
     }
 }
 
-/// `beginAllocateToPool`: makes the pool `id` of `device` if it does not exist
-/// (an id used again after every graph of it was released gets a new pool),
-/// counts one more use of it, and marks a capture as routing allocations to it
-/// until [`end`]. Frees held back for captures that are over go ahead. A device
-/// whose manager serves no device context is `EMM_ERR_UNSUPPORTED`.
-pub(crate) fn begin(device: c_int, id: PoolId) -> emm_status {
-    let d = match live_device(device) {
-        Ok(d) => d,
-        Err(code) => return code,
-    };
+/// The pool `id` of `d`, made if it does not exist (an id used again after
+/// every user released it gets a new pool), with one more use counted;
+/// `route` also marks one more capture or `use_mem_pool` as routing
+/// allocations to it. A device whose manager serves no device context is
+/// `EMM_ERR_UNSUPPORTED`.
+fn use_pool(d: &LiveDevice, id: PoolId, route: bool) -> emm_status {
     let Some(ctx) = d.manager.context() else {
         return fail(EmmError::Unsupported {
             manager: d.manager.name().to_string(),
-            operation: "CUDA graph pools (it serves no device context)",
+            operation: "private memory pools for CUDA graphs and torch.cuda.MemPool (it serves no device context)",
         });
     };
     let status = release_held(d);
@@ -100,13 +98,38 @@ pub(crate) fn begin(device: c_int, id: PoolId) -> emm_status {
         routes: 0,
     });
     e.uses += 1;
-    e.routes += 1;
-    // A reclaim running now finishes before a capture may begin (`gate`), and
-    // `routing` changes only with `held` locked (see `GraphPools`).
-    let _gate = lock(&d.graphs.gate);
-    let _held = lock(&d.graphs.held);
-    d.graphs.routing.fetch_add(1, Ordering::AcqRel);
+    if route {
+        e.routes += 1;
+        // A reclaim running now finishes before a capture may begin (`gate`),
+        // and `routing` changes only with `held` locked (see `GraphPools`).
+        let _gate = lock(&d.graphs.gate);
+        let _held = lock(&d.graphs.held);
+        d.graphs.routing.fetch_add(1, Ordering::AcqRel);
+    }
     status
+}
+
+/// `createOrIncrefPool` (`torch.cuda.MemPool()`): makes the pool `id` of
+/// `device` if it does not exist and counts one more use of it, routing
+/// nothing to it yet. Released by [`release`], as PyTorch's `MemPool` does when
+/// it dies.
+pub(crate) fn create(device: c_int, id: PoolId) -> emm_status {
+    match live_device(device) {
+        Ok(d) => use_pool(d, id, false),
+        Err(code) => code,
+    }
+}
+
+/// `beginAllocateToPool`: makes the pool `id` of `device` if it does not exist
+/// (an id used again after every graph of it was released gets a new pool),
+/// counts one more use of it, and marks a capture as routing allocations to it
+/// until [`end`]. Frees held back for captures that are over go ahead. A device
+/// whose manager serves no device context is `EMM_ERR_UNSUPPORTED`.
+pub(crate) fn begin(device: c_int, id: PoolId) -> emm_status {
+    match live_device(device) {
+        Ok(d) => use_pool(d, id, true),
+        Err(code) => code,
+    }
 }
 
 /// `endAllocateToPool`, after the capture ended: the capture no longer routes
@@ -231,6 +254,29 @@ pub(crate) fn live(device: c_int, id: PoolId) -> Result<Vec<u64>, emm_status> {
     }
 }
 
+/// What a pool in use holds, and how many uses it has (`getPoolUseCount`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PoolInfo {
+    /// Uses not yet released (`createOrIncrefPool` and `beginAllocateToPool`
+    /// calls not matched by `releasePool`).
+    pub(crate) uses: usize,
+    /// The pool's figures.
+    pub(crate) stats: GraphPoolStats,
+}
+
+/// The uses and figures of pool `id` of `device`; all zero for a pool that is
+/// not in use (never made, or released by every user).
+pub(crate) fn info(device: c_int, id: PoolId) -> PoolInfo {
+    known_device(device)
+        .and_then(|d| {
+            lock(&d.graphs.pools).get(&id).map(|e| PoolInfo {
+                uses: e.uses,
+                stats: e.pool.stats(),
+            })
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     //! The protocol in Rust over the stand-in (`test_driver.rs`), whose
@@ -349,5 +395,47 @@ mod tests {
         assert_eq!(live(0, id), Ok(vec![]));
         assert_eq!(end(0, id), EMM_OK);
         assert_eq!(release(0, id), EMM_OK);
+    }
+
+    #[test]
+    fn a_mem_pool_counts_its_uses_routes_only_while_used_and_gives_memory_back_when_it_dies() {
+        let _s = standin();
+        let id = (0, 77);
+        let d = live_device(0).unwrap();
+        assert_eq!(info(0, id), PoolInfo::default(), "never made");
+        // MemPool(): one use, nothing routed.
+        assert_eq!(create(0, id), EMM_OK);
+        assert_eq!(info(0, id).uses, 1);
+        assert!(!d.graphs.routing());
+        // use_mem_pool: begin (a use and a route), allocations, end and release.
+        assert_eq!(begin(0, id), EMM_OK);
+        assert_eq!(info(0, id).uses, 2);
+        assert!(d.graphs.routing());
+        let p = alloc(0, 5 * MIB, SYNC_STREAM, id).unwrap();
+        assert_eq!(end(0, id), EMM_OK);
+        assert_eq!(release(0, id), EMM_OK);
+        assert!(!d.graphs.routing());
+        let i = info(0, id);
+        assert_eq!(
+            (i.uses, i.stats.live_bytes),
+            (1, 5 * MIB),
+            "the tensor outlives the `with`"
+        );
+        assert!(i.stats.reserved_bytes >= 5 * MIB);
+        // The pool's blocks are the pool's: freed, they stay in it for its next use.
+        assert_eq!(live_free("test", 0, p, None), EMM_OK);
+        let i = info(0, id);
+        assert_eq!(i.stats.live_bytes, 0);
+        assert!(
+            i.stats.reserved_bytes >= 5 * MIB,
+            "kept for the pool's next use"
+        );
+        // The MemPool dies: its last release, then its memory goes back.
+        let before = d.graphs.stats();
+        assert_eq!(release(0, id), EMM_OK);
+        assert_eq!(info(0, id), PoolInfo::default());
+        let after = d.graphs.stats();
+        assert!(after.reserved_bytes + 5 * MIB <= before.reserved_bytes);
+        assert_eq!(release(0, id), EMM_ERR_INVALID_ARGUMENT, "released twice");
     }
 }
