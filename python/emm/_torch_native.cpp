@@ -464,7 +464,30 @@ struct WithUseOnOOM<
   }
 };
 
-using WithPools = WithUseOnOOM<WithMemPools<WithEmptyCache>>;
+// `MemPool(no_split=True)` (hand out a pool's cached pieces whole) is refused
+// with the reason: emm's private pools cut blocks from their segments.
+template <class Base, class = void>
+struct WithNoSplit : Base {
+  using Base::Base;
+};
+
+template <class Base>
+struct WithNoSplit<
+    Base,
+    std::void_t<decltype(std::declval<Base&>().setNoSplit(
+        c10::DeviceIndex{0}, c10::cuda::MempoolId_t{}))>> : Base {
+  using Base::Base;
+  void setNoSplit(
+      c10::DeviceIndex /*device*/,
+      c10::cuda::MempoolId_t /*mempool_id*/) override {
+    C10_THROW_ERROR(
+        Error,
+        "emm's allocator object does not keep a MemPool's blocks unsplit "
+        "(MemPool(no_split=True)); make the pool without it");
+  }
+};
+
+using WithPools = WithNoSplit<WithUseOnOOM<WithMemPools<WithEmptyCache>>>;
 
 struct EmmAllocator final : WithPools {
   using WithPools::WithPools;

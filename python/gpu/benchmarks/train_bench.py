@@ -25,6 +25,9 @@ seeded generator, so every variant sees the same sequence of shapes and data):
   gpt2         transformers GPT-2, 8 layers, 768 wide, bf16 autocast, AdamW;
                sequence length 32-1024 and batch 2-12 per step
   llama        transformers Llama-style decoder, 8 layers, 1024 wide, same shapes
+  llama-1b     a Llama-style decoder of 1.1 B parameters (TinyLlama's shape: 22
+               layers, 2048 wide, 5632 in the MLP, 32 heads, 4 key/value heads),
+               same shapes: FSDP2's all-gather buffers matter at this size
   resnet50     torchvision ResNet-50, channels-last, bf16, SGD; batch 8-96 and
                image size 128-256 per step
   gpt2-infer   GPT-2 under torch.no_grad(), batch 1-32, sequence 16-1024
@@ -48,7 +51,7 @@ import time
 VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
-WORKLOADS = ("gpt2", "llama", "resnet50", "gpt2-infer", "llama-generate")
+WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate")
 
 
 def parse():
@@ -129,6 +132,14 @@ def build(workload, dev):
 
         cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
         model = GPT2LMHeadModel(cfg)
+    elif workload == "llama-1b":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                          num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                          max_position_embeddings=1024)
+        with torch.device(dev):  # initialised on the GPU: seconds, not a minute on the host
+            model = LlamaForCausalLM(cfg)
     elif workload in ("llama", "llama-generate"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -177,7 +188,7 @@ def shapes(workload, n, seed, mode="fresh"):
     r = random.Random(seed)
 
     def draw():
-        if workload in ("gpt2", "llama"):
+        if workload in ("gpt2", "llama", "llama-1b"):
             return (r.randint(2, 12), r.randint(32, 1024))
         if workload == "gpt2-infer":
             return (r.randint(1, 32), r.randint(16, 1024))
@@ -303,7 +314,10 @@ def main():
     final_loss = float(loss.detach().float().item())
     calib = calibrate(dev)
     if args.snapshot:
-        torch.cuda.memory._dump_snapshot(args.snapshot)
+        # Each rank its own file under DDP (one file written by two ranks at once
+        # is no pickle): FILE for rank 0, FILE.rank<N> for the others.
+        path = args.snapshot if rank == 0 else f"{args.snapshot}.rank{rank}"
+        torch.cuda.memory._dump_snapshot(path)
         torch.cuda.memory._record_memory_history(enabled=None)
 
     if args.profile:

@@ -226,7 +226,9 @@ def from_log(args):
         if line.startswith("=== train_rounds "):
             # A new run: only the last run of the log is tabled.
             results, head = {}, None
-            args.sdpa = json.loads(line[len("=== train_rounds "):]).get("sdpa", args.sdpa)
+            logged = json.loads(line[len("=== train_rounds "):])
+            args.sdpa = logged.get("sdpa", args.sdpa)
+            args.fsdp = "--fsdp" in logged.get("argv", [])
             continue
         if line.startswith("== "):
             parts = line.split()

@@ -13,6 +13,8 @@
    nvcc: tensors made in ``use_mem_pool`` are X's (its counters move; emm's pool
    holds none of them), hold their data, and go back through X when freed.
 3. **Use counts.** ``use_count`` follows ``use_mem_pool`` (2 inside, 1 after).
+4. **Refusals.** ``MemPool(use_on_oom=True)`` and ``MemPool(no_split=True)`` raise
+   with emm's reason (where this PyTorch has the arguments).
 
 Prints one JSON line and ``mem_pool_check: OK`` (exit 0) when every step holds.
 
@@ -70,7 +72,8 @@ def main() -> int:
 
     import emm.torch as et
 
-    kind = et.install()
+    et.install()
+    kind = et.installed()
     assert kind == "native", f"emm's own object is needed, got {kind}"
     dev = torch.device("cuda", 0)
     torch.ones(1, device=dev)  # the context and emm's device state
@@ -150,6 +153,21 @@ def main() -> int:
         result["foreign_frees"] = lib.check_frees()
         del xpool, outside
         gc.collect()
+    # 4. Refusals.
+    refused = {}
+    for kwargs in ({"use_on_oom": True}, {"no_split": True}):
+        name = next(iter(kwargs))
+        try:
+            torch.cuda.MemPool(**kwargs)
+        except TypeError:
+            refused[name] = "not an argument of this PyTorch"
+            continue
+        except RuntimeError as e:
+            assert "emm's allocator object" in str(e), e
+            refused[name] = "refused"
+            continue
+        raise AssertionError(f"MemPool({name}=True) was accepted")
+    result["refused"] = refused
     print(json.dumps(result))
     print("mem_pool_check: OK")
     return 0
