@@ -40,6 +40,7 @@ SCAN_STEPS = "emm.scan_steps"
 PIECES_MAPPED = "emm.pieces_mapped"
 PIECES_MOVED = "emm.pieces_moved"
 PIECES_UNMAPPED = "emm.pieces_unmapped"
+RETIRE_WAITS = "emm.retire_waits"
 TIGHTENINGS = "emm.tightenings"
 MERGES = "emm.merges"
 THRESHOLD_RELEASES = "emm.threshold_releases"
@@ -85,6 +86,7 @@ NAMES = (
     PIECES_MAPPED,
     PIECES_MOVED,
     PIECES_UNMAPPED,
+    RETIRE_WAITS,
     TIGHTENINGS,
     MERGES,
     THRESHOLD_RELEASES,

@@ -286,12 +286,16 @@ impl Arena {
                     self.stats.event_queries += 1;
                     match events.is_complete(id) {
                         Ok(true) => true,
-                        _ if excess > 0 => events.wait(id).is_ok(),
+                        _ if excess > 0 => {
+                            self.stats.retire_waits += 1;
+                            events.wait(id).is_ok()
+                        }
                         _ => false,
                     }
                 }
                 Done::AfterSync if excess > 0 => {
                     self.stats.device_syncs += 1;
+                    self.stats.retire_waits += 1;
                     events.synchronize_all().is_ok()
                 }
                 Done::AfterSync => false,

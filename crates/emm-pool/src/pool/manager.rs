@@ -678,6 +678,7 @@ fn core_stats(core: &Core, arena: &mut Arena) -> PoolStats {
         pieces_mapped: a.pieces_mapped,
         pieces_moved: a.pieces_moved,
         pieces_unmapped: a.pieces_unmapped,
+        retire_waits: a.retire_waits,
         paused_bytes: arena.paused_bytes(),
     }
 }

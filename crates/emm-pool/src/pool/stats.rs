@@ -96,6 +96,9 @@ pub struct PoolStats {
     /// mappings of moved pieces once their work was done, and idle pieces `trim`
     /// gave back.
     pub pieces_unmapped: usize,
+    /// Times growth waited for the work queued on old mappings of moved pieces
+    /// (a host stall until the device caught up).
+    pub retire_waits: usize,
     /// Bytes of tagged allocations whose memory a pause gave back (address space
     /// kept; not in `reserved_bytes`).
     pub paused_bytes: usize,
@@ -140,6 +143,7 @@ impl PoolStats {
         self.pieces_mapped += other.pieces_mapped;
         self.pieces_moved += other.pieces_moved;
         self.pieces_unmapped += other.pieces_unmapped;
+        self.retire_waits += other.retire_waits;
         self.paused_bytes += other.paused_bytes;
     }
 
@@ -190,6 +194,7 @@ impl PoolStats {
             (stat::PIECES_MAPPED, u(self.pieces_mapped)),
             (stat::PIECES_MOVED, u(self.pieces_moved)),
             (stat::PIECES_UNMAPPED, u(self.pieces_unmapped)),
+            (stat::RETIRE_WAITS, u(self.retire_waits)),
             (stat::TIGHTENINGS, u(self.tightenings)),
             (stat::MERGES, u(self.merges)),
             (stat::THRESHOLD_RELEASES, u(self.threshold_releases)),
