@@ -687,6 +687,13 @@ struct EmmAllocator final : WithPools {
         if (r.device == device && r.filter(stream)) {
           if (const auto x = foreign_allocator(device, r.pool)) {
             void* ptr = x->raw_alloc_with_stream(size, stream);
+            if (ptr == nullptr && size != 0) {
+              C10_THROW_ERROR(
+                  OutOfMemoryError,
+                  "the allocator of the MemPool in use returned no memory for " +
+                      std::to_string(size) + " bytes on CUDA device " +
+                      std::to_string(static_cast<int>(device)));
+            }
             if (ptr != nullptr) {
               const std::lock_guard<std::mutex> foreign(g_foreign.mutex);
               g_foreign.live[ptr] = x;
