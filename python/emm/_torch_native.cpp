@@ -32,16 +32,20 @@
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -124,52 +128,219 @@ std::string last_error() {
 
 using CUDAAllocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
 
-// The pools made with `MemPool(allocator=X)`, by device and pool id, with X; and
-// the live allocations X made for them, each with its X (kept alive by it).
+// Pools made with `MemPool(allocator=X)`: their memory is X's, and none of it goes
+// back to X while the pool is in use. A CUDA graph may have been captured with
+// the pool (its replays write into every block handed out during the capture,
+// freed or not), and a free during a capture must not call into X (a free on a
+// capturing stream invalidates the capture). So a freed block stays in its pool:
+// later allocations of the same size on the same stream take it again (stream
+// order makes that safe, as in emm's own private pools); a block also used on
+// another stream (recordStream) is only kept. When the pool's last use is
+// released, its blocks go back to X after the device is synchronized, at once if
+// no capture or `use_mem_pool` routes allocations, else at the next release or
+// `torch.cuda.empty_cache()` when none does.
 struct ForeignPools {
   using Key = std::tuple<int, uint64_t, uint64_t>;
+  // A block X made for a pool, live or kept.
+  struct Block {
+    std::shared_ptr<CUDAAllocator> owner;
+    Key pool;
+    size_t size;
+    cudaStream_t stream;
+    // Used on another stream too (recordStream): kept, never taken again.
+    bool shared;
+  };
+  struct Pool {
+    std::shared_ptr<CUDAAllocator> allocator;
+    // Freed blocks that may be taken again, by stream and size.
+    std::multimap<std::pair<cudaStream_t, size_t>, void*> reusable;
+    // Freed blocks kept until the pool is released.
+    std::vector<void*> kept;
+  };
   std::mutex mutex;
-  std::map<Key, std::shared_ptr<CUDAAllocator>> pools;
-  std::unordered_map<void*, std::shared_ptr<CUDAAllocator>> live;
+  std::map<Key, Pool> pools;
+  std::unordered_map<void*, Block> blocks;  // every block X made: live or kept
+  std::unordered_map<void*, bool> live;  // the live ones (value unused)
+  // Blocks of released pools waiting to go back to X (device, address).
+  std::vector<std::pair<int, void*>> doomed;
   // live.size(), read without the lock on every raw free.
   std::atomic<std::size_t> live_count{0};
+  // Captures and `use_mem_pool`s routing allocations now (any pool).
+  std::atomic<std::size_t> routes_open{0};
 };
-ForeignPools g_foreign;
+// Never destroyed: a free at exit must not find it gone.
+ForeignPools& g_foreign = *new ForeignPools();
 
 ForeignPools::Key pool_key(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
   return {static_cast<int>(device), id.first, id.second};
 }
 
-// The allocator of pool `id` on `device` when it was made with one, else null.
-std::shared_ptr<CUDAAllocator> foreign_allocator(
-    c10::DeviceIndex device,
-    c10::cuda::MempoolId_t id) {
+// Whether pool `id` on `device` was made with an allocator of its own.
+bool is_foreign_pool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
   const std::lock_guard<std::mutex> lock(g_foreign.mutex);
-  const auto it = g_foreign.pools.find(pool_key(device, id));
-  return it == g_foreign.pools.end() ? nullptr : it->second;
+  return g_foreign.pools.count(pool_key(device, id)) != 0;
 }
 
-// Frees `ptr` through the allocator that made it if a pool's allocator did;
-// whether it did.
-bool release_foreign_if_known(void* ptr) {
-  std::shared_ptr<CUDAAllocator> owner;
+// A block of `size` bytes ordered on `stream` from the pool `id` made with an
+// allocator of its own: a kept block of that size and stream, else a new one
+// of X's; throws when X has none.
+void* foreign_alloc(
+    c10::DeviceIndex device,
+    c10::cuda::MempoolId_t id,
+    size_t size,
+    cudaStream_t stream) {
+  const ForeignPools::Key key = pool_key(device, id);
+  std::shared_ptr<CUDAAllocator> x;
   {
     const std::lock_guard<std::mutex> lock(g_foreign.mutex);
-    const auto it = g_foreign.live.find(ptr);
-    if (it == g_foreign.live.end()) {
+    const auto p = g_foreign.pools.find(key);
+    if (p == g_foreign.pools.end()) {
+      return nullptr;  // released meanwhile: not routed
+    }
+    const auto kept = p->second.reusable.find({stream, size});
+    if (kept != p->second.reusable.end()) {
+      void* ptr = kept->second;
+      p->second.reusable.erase(kept);
+      g_foreign.live[ptr] = true;
+      g_foreign.live_count.store(g_foreign.live.size(), std::memory_order_release);
+      return ptr;
+    }
+    x = p->second.allocator;
+  }
+  // X is called without the lock (it may allocate through this object), in
+  // CUDA's relaxed capture mode (a capture may be routing to the pool; PyTorch's
+  // own allocator calls a pool's allocator the same way), the mode restored.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  void* ptr = nullptr;
+  try {
+    ptr = x->raw_alloc_with_stream(size, stream);
+  } catch (...) {
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    throw;
+  }
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  if (ptr == nullptr) {
+    if (size == 0) {
+      return nullptr;
+    }
+    C10_THROW_ERROR(
+        OutOfMemoryError,
+        "the allocator of the MemPool in use returned no memory for " +
+            std::to_string(size) + " bytes on CUDA device " +
+            std::to_string(static_cast<int>(device)));
+  }
+  const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+  g_foreign.blocks[ptr] = ForeignPools::Block{x, key, size, stream, false};
+  g_foreign.live[ptr] = true;
+  g_foreign.live_count.store(g_foreign.live.size(), std::memory_order_release);
+  return ptr;
+}
+
+// Notes that the live block `ptr` of a pool's own allocator is used on another
+// stream; whether it is one.
+bool foreign_record_stream(void* ptr, cudaStream_t stream) {
+  const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+  const auto b = g_foreign.blocks.find(ptr);
+  if (b == g_foreign.blocks.end() || g_foreign.live.count(ptr) == 0) {
+    return false;
+  }
+  if (stream != b->second.stream) {
+    b->second.shared = true;
+  }
+  return true;
+}
+
+// Gives the doomed blocks back to their allocators, after synchronizing each
+// device they lie on, when no capture or `use_mem_pool` routes allocations (a
+// synchronization would invalidate a capture); else they wait for a later call.
+// Never throws: it runs from releasePool, which PyTorch calls in destructors.
+void flush_doomed() noexcept {
+  std::vector<std::pair<int, void*>> doomed;
+  std::vector<std::shared_ptr<CUDAAllocator>> owners;
+  {
+    const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+    if (g_foreign.doomed.empty() ||
+        g_foreign.routes_open.load(std::memory_order_acquire) != 0) {
+      return;
+    }
+    doomed.swap(g_foreign.doomed);
+    for (const auto& d : doomed) {
+      const auto b = g_foreign.blocks.find(d.second);
+      owners.push_back(b == g_foreign.blocks.end() ? nullptr : b->second.owner);
+      if (b != g_foreign.blocks.end()) {
+        g_foreign.blocks.erase(b);
+      }
+    }
+  }
+  try {
+    std::vector<int> synced;
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      const int device = doomed[i].first;
+      if (std::find(synced.begin(), synced.end(), device) == synced.end()) {
+        const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        C10_CUDA_CHECK(cudaDeviceSynchronize());
+        synced.push_back(device);
+      }
+      if (owners[i] != nullptr) {
+        owners[i]->raw_delete(doomed[i].second);
+      }
+    }
+  } catch (const std::exception& e) {
+    // What was not given back stays X's until the process ends.
+    std::fprintf(stderr, "emm: giving a MemPool's memory back to its allocator failed: %s\n", e.what());
+  }
+}
+
+// The free of `ptr` if a pool's own allocator made it (see ForeignPools);
+// whether it did.
+bool release_foreign_if_known(void* ptr) {
+  {
+    const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+    if (g_foreign.live.erase(ptr) == 0) {
       return false;
     }
-    owner = std::move(it->second);
-    g_foreign.live.erase(it);
     g_foreign.live_count.store(g_foreign.live.size(), std::memory_order_release);
+    const ForeignPools::Block& b = g_foreign.blocks.at(ptr);
+    const auto p = g_foreign.pools.find(b.pool);
+    if (p == g_foreign.pools.end()) {
+      // Its pool was released: back to X once the device is synchronized.
+      g_foreign.doomed.emplace_back(std::get<0>(b.pool), ptr);
+    } else if (b.shared) {
+      p->second.kept.push_back(ptr);
+    } else {
+      p->second.reusable.emplace(std::make_pair(b.stream, b.size), ptr);
+      return true;
+    }
   }
-  owner->raw_delete(ptr);
+  flush_doomed();
   return true;
 }
 
 // The deleter of tensors a pool's own allocator made.
 void release_foreign(void* ptr) {
   release_foreign_if_known(ptr);
+}
+
+// The last use of pool `id` was released: its kept blocks are doomed (see
+// ForeignPools). Nothing for a pool without an allocator of its own.
+void release_foreign_pool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) noexcept {
+  {
+    const std::lock_guard<std::mutex> lock(g_foreign.mutex);
+    const auto p = g_foreign.pools.find(pool_key(device, id));
+    if (p == g_foreign.pools.end()) {
+      return;
+    }
+    for (const auto& r : p->second.reusable) {
+      g_foreign.doomed.emplace_back(static_cast<int>(device), r.second);
+    }
+    for (void* k : p->second.kept) {
+      g_foreign.doomed.emplace_back(static_cast<int>(device), k);
+    }
+    // Live blocks keep X (their Block) and are doomed when freed.
+    g_foreign.pools.erase(p);
+  }
+  flush_doomed();
 }
 
 // A DataPtr's deleter receives only the address, so each device gets a deleter of
@@ -344,6 +515,7 @@ struct EmptyCacheWithPool : Base {
     if (mempool_id.first == 0 && mempool_id.second == 0) {
       empty_all();
     }
+    flush_doomed();
   }
 };
 
@@ -352,6 +524,7 @@ struct EmptyCacheWithoutPool : Base {
   using Base::Base;
   void emptyCache() override {
     empty_all();
+    flush_doomed();
   }
 };
 
@@ -383,7 +556,10 @@ void create_pool(
       "emm could not make a private memory pool");
   if (allocator != nullptr) {
     const std::lock_guard<std::mutex> lock(g_foreign.mutex);
-    g_foreign.pools[pool_key(device, id)] = std::move(allocator);
+    auto& pool = g_foreign.pools[pool_key(device, id)];
+    if (pool.allocator == nullptr) {
+      pool.allocator = std::move(allocator);
+    }
   }
 }
 
@@ -527,6 +703,10 @@ struct EmmAllocator final : WithPools {
   // allocator ignores it.
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream)
       override {
+    if (ptr.get() != nullptr && ptr.get_deleter() == &release_foreign) {
+      foreign_record_stream(ptr.get(), stream.stream());
+      return;
+    }
     if (ptr.get() == nullptr || !is_ours(ptr.get_deleter())) {
       return;
     }
@@ -585,6 +765,7 @@ struct EmmAllocator final : WithPools {
     const std::lock_guard<std::mutex> lock(routes_mutex_);
     routes_.push_back(Route{device, mempool_id, std::move(filter)});
     routing_.store(routes_.size(), std::memory_order_release);
+    g_foreign.routes_open.store(routes_.size(), std::memory_order_release);
   }
 
   // After the capture ended: its allocations go to the process's manager again.
@@ -600,6 +781,7 @@ struct EmmAllocator final : WithPools {
         }
       }
       routing_.store(routes_.size(), std::memory_order_release);
+      g_foreign.routes_open.store(routes_.size(), std::memory_order_release);
     }
     check(
         g_emm.graph_pool_end(device, mempool_id.first, mempool_id.second),
@@ -616,9 +798,9 @@ struct EmmAllocator final : WithPools {
     if (g_emm.graph_pool_info(
             device, mempool_id.first, mempool_id.second, &info) == kOk &&
         info.uses == 0) {
-      // Its live allocations keep X (g_foreign.live).
-      const std::lock_guard<std::mutex> lock(g_foreign.mutex);
-      g_foreign.pools.erase(pool_key(device, mempool_id));
+      release_foreign_pool(device, mempool_id);
+    } else {
+      flush_doomed();  // blocks of pools released while routes were open
     }
   }
 
@@ -679,37 +861,37 @@ struct EmmAllocator final : WithPools {
       c10::DeviceIndex device,
       cudaStream_t stream) {
     if (routing_.load(std::memory_order_acquire) != 0) {
-      const std::lock_guard<std::mutex> lock(routes_mutex_);
-      // The newest route first, as PyTorch's own allocator picks: the
-      // innermost `use_mem_pool` wins.
-      for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
-        const Route& r = *it;
-        if (r.device == device && r.filter(stream)) {
-          if (const auto x = foreign_allocator(device, r.pool)) {
-            void* ptr = x->raw_alloc_with_stream(size, stream);
-            if (ptr == nullptr && size != 0) {
-              C10_THROW_ERROR(
-                  OutOfMemoryError,
-                  "the allocator of the MemPool in use returned no memory for " +
-                      std::to_string(size) + " bytes on CUDA device " +
-                      std::to_string(static_cast<int>(device)));
-            }
-            if (ptr != nullptr) {
-              const std::lock_guard<std::mutex> foreign(g_foreign.mutex);
-              g_foreign.live[ptr] = x;
-              g_foreign.live_count.store(
-                  g_foreign.live.size(), std::memory_order_release);
-            }
+      bool found = false;
+      c10::cuda::MempoolId_t pool{};
+      {
+        const std::lock_guard<std::mutex> lock(routes_mutex_);
+        // The newest route first, as PyTorch's own allocator picks: the
+        // innermost `use_mem_pool` wins.
+        for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
+          if (it->device == device && it->filter(stream)) {
+            pool = it->pool;
+            found = true;
+            break;
+          }
+        }
+      }
+      if (found) {
+        // Neither call runs under routes_mutex_: a pool's allocator may
+        // allocate through this object.
+        if (is_foreign_pool(device, pool)) {
+          void* ptr = foreign_alloc(device, pool, size, stream);
+          if (ptr != nullptr || size == 0) {
             return {ptr, true};
           }
-          void* ptr = g_emm.graph_pool_alloc(
-              static_cast<ssize_t>(size), device, stream, r.pool.first,
-              r.pool.second);
-          if (ptr == nullptr && size != 0) {
-            throw_alloc_failure(size, device);
-          }
-          return {ptr, false};
+          // The pool was released meanwhile: emm's pool of that id, as below.
         }
+        void* ptr = g_emm.graph_pool_alloc(
+            static_cast<ssize_t>(size), device, stream, pool.first,
+            pool.second);
+        if (ptr == nullptr && size != 0) {
+          throw_alloc_failure(size, device);
+        }
+        return {ptr, false};
       }
     }
     return {checked_alloc(size, device, stream), false};

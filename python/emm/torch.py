@@ -102,8 +102,8 @@ def install(native: Optional[bool] = None) -> Any:
     ``torch.cuda.MemPool``: ``use_mem_pool`` routes the calling thread's tensors to
     it, its memory goes back once the pool dies and nothing in it lives
     (:func:`mem_pool_stats` reads it), and ``MemPool(allocator=X)`` keeps X's
-    memory (each tensor routed there is one call of X's; PyTorch's own allocator
-    would cut tensors from larger pieces of X's). ``MemPool(use_on_oom=True)`` is
+    memory (each new block routed there is one call of X's; freed blocks stay the
+    pool's until its last release, then go back to X). ``MemPool(use_on_oom=True)`` is
     refused. Under PyTorch's
     pluggable object, which cannot keep one, CUDA graph capture and
     ``torch.cuda.use_mem_pool`` raise ``RuntimeError`` instead: every replay would

@@ -110,7 +110,7 @@ fn report(r: PauseReport, bytes: *mut usize, copied: *mut usize) {
 /// a tag some manager could not give its memory back to stays paused (see
 /// `emm_tag_stats`), and `emm_resume` finishes the job. `"default"`, a tag
 /// already paused, memory that cannot be paused (no virtual memory management),
-/// or a CUDA graph capture in progress through PyTorch's allocator object is
+/// or a CUDA graph capture (or `use_mem_pool`) in progress through PyTorch's allocator object is
 /// `EMM_ERR_TAG_STATE`; a synchronization the driver refuses (a capture begun
 /// elsewhere) is `EMM_ERR_DRIVER`. Since ABI 310.
 ///
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn emm_pause(
         if crate::bridge::devices::any_capture_routing() {
             return fail(tags[0].state_error(
                 "pause",
-                "a CUDA graph capture is in progress (a pause synchronizes the device, which would invalidate it): pause after the capture ends",
+                "a CUDA graph capture or torch.cuda.use_mem_pool is in progress (a pause synchronizes the device, which would invalidate a capture): pause after it ends",
             ));
         }
         match emm::pause(&tags, keep) {

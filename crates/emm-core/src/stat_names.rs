@@ -84,8 +84,9 @@ stat_names! {
     PIECES_MOVED = "emm.pieces_moved";
     /// Pieces of the expandable segment unmapped (memory given back).
     PIECES_UNMAPPED = "emm.pieces_unmapped";
-    /// Times growth waited for the work on old mappings of moved pieces (more
-    /// than the pool lets wait): a host stall until the device caught up.
+    /// Times the pool waited for the work on old mappings of moved pieces (growth
+    /// past the number it lets wait, or a trim or pause unmapping them all): a
+    /// host stall until the device caught up.
     RETIRE_WAITS = "emm.retire_waits";
     /// Synchronizations made to give back free segments instead of growing (no expandable segment).
     TIGHTENINGS = "emm.tightenings";

@@ -11,7 +11,9 @@
 2. **A pool with its own allocator.** ``MemPool(allocator=X)`` with X a
    ``CUDAPluggableAllocator`` over a small ``cudaMalloc`` library built here with
    nvcc: tensors made in ``use_mem_pool`` are X's (its counters move; emm's pool
-   holds none of them), hold their data, and go back through X when freed.
+   holds none of them) and hold their data; freed, they stay the pool's (taken
+   again by its next use at the same address) and go back through X once the
+   pool dies.
 3. **Use counts.** ``use_count`` follows ``use_mem_pool`` (2 inside, 1 after).
 4. **Refusals.** ``MemPool(use_on_oom=True)`` and ``MemPool(no_split=True)`` raise
    with emm's reason (where this PyTorch has the arguments).
@@ -146,13 +148,25 @@ def main() -> int:
         assert float(d.sum()) == 9.0 * 2 * MIB and float((d[: MIB] * e[: MIB]).sum()) == 9.0 * MIB
         xs = et.mem_pool_stats(xpool)
         assert xs["live_bytes"] == 0 and xs["uses"] == 1, ("emm's pool holds X's memory", xs)
+        d_ptr = d.data_ptr()
         del d, e
         torch.cuda.synchronize()
-        assert lib.check_frees() == 2, lib.check_frees()
+        # Freed blocks stay the pool's while it lives (a graph captured with it
+        # would write into them): none went back to X, and the pool's next use
+        # takes them again.
+        assert lib.check_frees() == 0, lib.check_frees()
+        with torch.cuda.use_mem_pool(xpool):
+            d2 = torch.full((2 * MIB,), 4.0, device=dev)
+        assert d2.data_ptr() == d_ptr and lib.check_allocs() == 2, (lib.check_allocs(), "not taken again")
+        assert float(d2.sum()) == 4.0 * 2 * MIB
+        del d2
         result["foreign_allocs"] = lib.check_allocs()
-        result["foreign_frees"] = lib.check_frees()
         del xpool, outside
         gc.collect()
+        torch.cuda.synchronize()
+        # The pool died: its blocks went back to X.
+        assert lib.check_frees() == 2, lib.check_frees()
+        result["foreign_frees"] = lib.check_frees()
     # 4. Refusals.
     refused = {}
     for kwargs in ({"use_on_oom": True}, {"no_split": True}):

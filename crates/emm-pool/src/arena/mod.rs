@@ -156,8 +156,9 @@ pub struct ArenaStats {
     /// Mappings unmapped once the work queued on them was done (one driver call
     /// each): old mappings of moved pieces, and idle pieces `trim` gave back.
     pub pieces_unmapped: usize,
-    /// Times growth waited for the work queued on old mappings of moved pieces
-    /// (more than `retire::MAX_RETIRING` waiting): host stalls.
+    /// Times the pool waited for the work queued on old mappings of moved pieces
+    /// (growth past `retire::MAX_RETIRING` waiting, or a trim or pause unmapping
+    /// them all): host stalls.
     pub retire_waits: usize,
     /// Synchronizations made to give back wholly free large segments instead of
     /// growing (without the expandable segment).

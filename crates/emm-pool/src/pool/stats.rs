@@ -96,8 +96,8 @@ pub struct PoolStats {
     /// mappings of moved pieces once their work was done, and idle pieces `trim`
     /// gave back.
     pub pieces_unmapped: usize,
-    /// Times growth waited for the work queued on old mappings of moved pieces
-    /// (a host stall until the device caught up).
+    /// Times the pool waited for the work queued on old mappings of moved pieces
+    /// (growth past the number it lets wait, a trim or a pause): host stalls.
     pub retire_waits: usize,
     /// Bytes of tagged allocations whose memory a pause gave back (address space
     /// kept; not in `reserved_bytes`).
