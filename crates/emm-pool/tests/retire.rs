@@ -292,3 +292,45 @@ fn a_piece_that_fails_to_unmap_is_given_back_by_the_next_trim() {
     assert_eq!(pool.stats().reserved_bytes, after - again);
     drop((first, last));
 }
+
+/// More old mappings waiting than the pool lets wait (1,024): the next growth
+/// waits for the oldest move's work (a host stall on a GPU), and
+/// `emm.retire_waits` counts it; below that, growth never waits.
+#[test]
+fn growth_waits_only_past_the_old_mappings_it_lets_wait_and_counts_it() {
+    let s = setup(1 << 40);
+    let (pool, st) = (&s.pool, stream());
+    // 1,100 blocks of 2 MiB (growth maps them as pieces of one 2 MiB page), a
+    // live one above them, then all of them freed: one free hole of 1,100 pieces.
+    let blocks: Vec<_> = (0..1100)
+        .map(|_| pool.memalloc_async(2 * MIB, st).unwrap())
+        .collect();
+    let top = pool.memalloc_async(2 * MIB, st).unwrap();
+    drop(blocks);
+    // A request the hole cannot serve: its pieces move to the end, and their old
+    // mappings wait for the stream's work (the events stay pending).
+    let big = pool.memalloc_async(2600 * MIB, st).unwrap();
+    let moved = pool.stats().pieces_moved;
+    assert!(moved > 1024, "only {moved} pieces moved");
+    assert_eq!(
+        pool.stats().retire_waits,
+        0,
+        "a growth waited below the bound"
+    );
+    assert_eq!(s.unmaps.load(Ordering::Relaxed), 0);
+    // The next growth finds more than 1,024 waiting: it waits for the oldest
+    // (the host events complete when waited for) and unmaps them.
+    let more = pool.memalloc_async(64 * MIB, st).unwrap();
+    let stats = pool.stats();
+    assert!(stats.retire_waits > 0, "no wait counted: {stats:?}");
+    assert!(stats.pieces_unmapped > 0, "nothing unmapped after the wait");
+    let listed = stats
+        .to_list()
+        .into_iter()
+        .find(|(n, _)| *n == emm_core::stat_names::RETIRE_WAITS)
+        .map(|(_, v)| v);
+    assert_eq!(listed, Some(stats.retire_waits as u64));
+    pool.check().unwrap();
+    drop((top, big, more));
+    pool.check().unwrap();
+}
