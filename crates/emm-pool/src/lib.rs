@@ -17,6 +17,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod arena;
+mod counters;
 mod events;
 mod export;
 mod family;
@@ -33,6 +34,7 @@ mod vmm;
 mod vmm_export;
 
 pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
+pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use export::ExportedRange;
 pub use graph::{

@@ -237,7 +237,7 @@ fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
         addr,
         "an idle stream's block is reused after its event"
     );
-    assert!(pool.stats().cross_stream_reuses >= 1);
+    assert!(pool.stats().counts.cross_stream_reuses >= 1);
 }
 
 fn exportable_pool(ctx: &Context) -> PoolManager {
@@ -338,10 +338,10 @@ fn exportable_pieces_cost() {
             pool.trim();
         }
         let s = pool.stats();
-        let us = t.elapsed().as_secs_f64() * 1e6 / s.pieces_mapped.max(1) as f64;
+        let us = t.elapsed().as_secs_f64() * 1e6 / s.counts.pieces_mapped.max(1) as f64;
         println!(
             "exportable {exportable}: {} pieces mapped, {us:.1} us per piece (map, unmap and trim included)",
-            s.pieces_mapped
+            s.counts.pieces_mapped
         );
         per_piece.push((exportable, us));
     }

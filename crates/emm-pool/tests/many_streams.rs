@@ -30,9 +30,9 @@ fn assert_bounded(n: usize, stats: &PoolStats) {
         stats.num_device_alloc
     );
     assert!(
-        stats.scan_steps <= 8 * n,
+        stats.counts.scan_steps <= 8 * n,
         "{n} streams took {} scan steps (more than 8 per stream)",
-        stats.scan_steps
+        stats.counts.scan_steps
     );
 }
 
@@ -72,8 +72,8 @@ fn the_per_thread_default_stream_is_a_stream_per_thread() {
     .unwrap();
     let after_free = pool.stats();
     assert_eq!(
-        after_free.events_recorded,
-        before.events_recorded + 1,
+        after_free.counts.events_recorded,
+        before.counts.events_recorded + 1,
         "the free on a thread's per-thread stream records an event: {after_free:?}"
     );
     let p = pool.clone();
@@ -85,8 +85,8 @@ fn the_per_thread_default_stream_is_a_stream_per_thread() {
     .unwrap();
     assert_eq!(ptr, freed, "the completed block is reused");
     assert_eq!(
-        stats.cross_stream_reuses,
-        after_free.cross_stream_reuses + 1,
+        stats.counts.cross_stream_reuses,
+        after_free.counts.cross_stream_reuses + 1,
         "taken from another thread's per-thread stream after its event: {stats:?}"
     );
 }
@@ -146,14 +146,14 @@ fn a_per_thread_block_freed_elsewhere_stays_with_its_thread() {
         });
         let a = at_b.recv().unwrap();
         let ptr = a.ptr();
-        let syncs = pool.stats().device_syncs;
+        let syncs = pool.stats().counts.device_syncs;
         drop(a); // on this thread, another than the allocating one
         let c = s
             .spawn(move || pool.alloc(1 << 20, ptds).unwrap().ptr())
             .join()
             .unwrap();
         assert!(
-            c != ptr || pool.stats().device_syncs > syncs,
+            c != ptr || pool.stats().counts.device_syncs > syncs,
             "a third thread's per-thread stream took the block without a synchronization"
         );
         done_tx.send(()).unwrap();

@@ -48,7 +48,7 @@ fn quiet_merge_gives_steps_one_range_and_no_more_driver_calls() {
     // segment of the same total takes the four's place.
     step(&p);
     let st = p.stats();
-    assert_eq!(st.merges, 1);
+    assert_eq!(st.counts.merges, 1);
     assert_eq!(st.segments, 1, "{st:?}");
     assert_eq!(st.reserved_bytes, reserved);
     let allocs = st.num_device_alloc;
@@ -57,7 +57,7 @@ fn quiet_merge_gives_steps_one_range_and_no_more_driver_calls() {
     }
     let st = p.stats();
     assert_eq!(st.num_device_alloc, allocs, "a steady step allocated");
-    assert_eq!(st.merges, 1);
+    assert_eq!(st.counts.merges, 1);
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn merging_is_off_by_default_and_needs_a_quiet_pool() {
     for _ in 0..3 {
         step(&p);
     }
-    assert_eq!(p.stats().merges, 0);
+    assert_eq!(p.stats().counts.merges, 0);
     assert_eq!(p.stats().segments, 4);
     // On, but never quiet: a long-lived block keeps live above a sixth of reserved.
     let p = pool(Some(6));
@@ -75,7 +75,7 @@ fn merging_is_off_by_default_and_needs_a_quiet_pool() {
     for _ in 0..3 {
         step(&p);
     }
-    assert_eq!(p.stats().merges, 0);
+    assert_eq!(p.stats().counts.merges, 0);
     drop(keep);
 }
 

@@ -121,7 +121,7 @@ fn an_old_mapping_waits_for_its_streams_work_before_it_is_unmapped() {
     let b = pool.memalloc_async(64 * MIB, st).unwrap();
     drop(a);
     let c = pool.memalloc_async(200 * MIB, st).unwrap();
-    let moved = pool.stats().pieces_moved;
+    let moved = pool.stats().counts.pieces_moved;
     assert!(moved > 0, "the hole's pieces were not moved");
     let outstanding = s.events.outstanding();
     assert!(
@@ -135,12 +135,12 @@ fn an_old_mapping_waits_for_its_streams_work_before_it_is_unmapped() {
         0,
         "unmapped before the stream's work was done"
     );
-    assert_eq!(pool.stats().pieces_unmapped, 0);
+    assert_eq!(pool.stats().counts.pieces_unmapped, 0);
     pool.check().unwrap();
     // The stream's work completes; the next growth unmaps the old mappings first.
     s.events.complete_all();
     let e = pool.memalloc_async(400 * MIB, st).unwrap();
-    let unmapped = pool.stats().pieces_unmapped;
+    let unmapped = pool.stats().counts.pieces_unmapped;
     assert_eq!(
         unmapped, moved,
         "every old mapping of a moved piece is unmapped once"
@@ -201,8 +201,8 @@ fn a_long_run_stays_inside_the_reservation() {
     }
     let stats = pool.stats();
     println!("{stats:?}");
-    assert!(stats.pieces_moved > 0, "the pattern moved nothing");
-    assert!(stats.pieces_unmapped > 0, "nothing was unmapped");
+    assert!(stats.counts.pieces_moved > 0, "the pattern moved nothing");
+    assert!(stats.counts.pieces_unmapped > 0, "nothing was unmapped");
     assert!(
         s.top.load(Ordering::Relaxed) as u64
             <= s.base.load(Ordering::Relaxed) as u64 + RESERVE as u64
@@ -310,10 +310,10 @@ fn growth_waits_only_past_the_old_mappings_it_lets_wait_and_counts_it() {
     // A request the hole cannot serve: its pieces move to the end, and their old
     // mappings wait for the stream's work (the events stay pending).
     let big = pool.memalloc_async(2600 * MIB, st).unwrap();
-    let moved = pool.stats().pieces_moved;
+    let moved = pool.stats().counts.pieces_moved;
     assert!(moved > 1024, "only {moved} pieces moved");
     assert_eq!(
-        pool.stats().retire_waits,
+        pool.stats().counts.retire_waits,
         0,
         "a growth waited below the bound"
     );
@@ -322,14 +322,17 @@ fn growth_waits_only_past_the_old_mappings_it_lets_wait_and_counts_it() {
     // (the host events complete when waited for) and unmaps them.
     let more = pool.memalloc_async(64 * MIB, st).unwrap();
     let stats = pool.stats();
-    assert!(stats.retire_waits > 0, "no wait counted: {stats:?}");
-    assert!(stats.pieces_unmapped > 0, "nothing unmapped after the wait");
+    assert!(stats.counts.retire_waits > 0, "no wait counted: {stats:?}");
+    assert!(
+        stats.counts.pieces_unmapped > 0,
+        "nothing unmapped after the wait"
+    );
     let listed = stats
         .to_list()
         .into_iter()
         .find(|(n, _)| *n == emm_core::stat_names::RETIRE_WAITS)
         .map(|(_, v)| v);
-    assert_eq!(listed, Some(stats.retire_waits as u64));
+    assert_eq!(listed, Some(stats.counts.retire_waits as u64));
     pool.check().unwrap();
     drop((top, big, more));
     pool.check().unwrap();

@@ -67,10 +67,10 @@ fn a_threads_own_cache_serves_its_next_request_of_the_same_size_without_the_aren
     let sizes: Vec<usize> = (1..=40).map(|i| i * 64 * 1024).collect();
     let first: Vec<_> = sizes.iter().map(|&n| pool.alloc(n, S).unwrap()).collect();
     drop(first);
-    let locked = pool.stats().locked_allocs;
+    let locked = pool.stats().counts.locked_allocs;
     let again: Vec<_> = sizes.iter().map(|&n| pool.alloc(n, S).unwrap()).collect();
     assert_eq!(
-        pool.stats().locked_allocs,
+        pool.stats().counts.locked_allocs,
         locked,
         "a request of a cached size took the locked path"
     );

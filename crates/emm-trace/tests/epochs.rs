@@ -122,19 +122,22 @@ fn a_long_run_reuses_address_space_and_keeps_mappings_bounded() {
         "{} passes: ratio {:.4}; pieces mapped {}, moved {}, unmapped {}; {} segments",
         passes.len(),
         last.ratio,
-        st.pieces_mapped,
-        st.pieces_moved,
-        st.pieces_unmapped,
+        st.counts.pieces_mapped,
+        st.counts.pieces_moved,
+        st.counts.pieces_unmapped,
         st.segments
     );
-    let mappings = st.pieces_mapped + st.pieces_moved - st.pieces_unmapped;
+    let mappings = st.counts.pieces_mapped + st.counts.pieces_moved - st.counts.pieces_unmapped;
     let bound = st.reserved_bytes / (2 << 20) + 1024;
     assert!(
         mappings <= bound,
         "{mappings} mappings alive for {} bytes of memory (at most {bound})",
         st.reserved_bytes
     );
-    assert!(st.pieces_unmapped > 0, "no old mapping was ever unmapped");
+    assert!(
+        st.counts.pieces_unmapped > 0,
+        "no old mapping was ever unmapped"
+    );
     assert!(
         last.ratio <= 1.05,
         "peak reserved / peak live = {:.3}",

@@ -155,13 +155,13 @@ fn without_virtual_memory_the_recorded_traces_stay_below_pytorch_defaults() {
         let st = pool.stats();
         println!(
             "{name} without VMM: reserved/live {ratio:.4}, {} synchronizations to give segments back, {} driver allocations",
-            st.tightenings, st.num_device_alloc
+            st.counts.tightenings, st.num_device_alloc
         );
         assert!(ratio <= bound, "{name}: {ratio:.3} > {bound}");
         assert!(
-            st.tightenings <= syncs,
+            st.counts.tightenings <= syncs,
             "{name}: {} synchronizations",
-            st.tightenings
+            st.counts.tightenings
         );
         assert!(
             st.num_device_alloc <= allocs,

@@ -867,7 +867,7 @@ fn a_failed_unmap_of_a_moved_piece_is_undone_when_the_segment_goes() {
         let mib = 1usize << 20;
         let blocks = holes_of_30_mib(&m);
         let big = m.memalloc(120 * mib).unwrap();
-        let moved = m.stats().pieces_moved;
+        let moved = m.stats().counts.pieces_moved;
         assert!(moved > 0, "no piece moved");
         drop(big);
         drop(blocks);

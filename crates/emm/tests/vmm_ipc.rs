@@ -145,9 +145,9 @@ fn pieces_the_pool_moves_while_an_export_is_open_keep_the_data() {
         let hb = pool.get_ipc_handle(b.view(0, 64 * MIB).unwrap()).unwrap();
         let ob = hb.open(&f.ctx, &pool).unwrap();
         drop(a);
-        let moved_before = pool.stats().pieces_moved;
+        let moved_before = pool.stats().counts.pieces_moved;
         let c = pool.memalloc(200 * MIB).unwrap();
-        let moved = pool.stats().pieces_moved - moved_before;
+        let moved = pool.stats().counts.pieces_moved - moved_before;
         println!("pieces moved while b's export was open: {moved}");
         assert!(moved > 0, "the hole's pieces were not moved");
         // c is made partly of moved pieces: its export maps them too.

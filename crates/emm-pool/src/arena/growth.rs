@@ -217,8 +217,8 @@ impl Arena {
             }
             off += len;
         }
-        self.stats.pieces_moved += moved_pieces;
-        self.stats.pieces_mapped += mapped - moved_pieces;
+        self.stats.counts.pieces_moved += moved_pieces;
+        self.stats.counts.pieces_mapped += mapped - moved_pieces;
         self.retire_moved(base, &plan, moved_pieces, events);
         self.commit_growth(base, &target, moved, fresh_mapped, &new_pieces, stream);
         if let Some(limit) = over_limit {
@@ -618,7 +618,7 @@ impl Arena {
             tracing::warn!(error = %e, "synchronizing to give back free segments failed; growing instead");
             return Ok(None);
         }
-        self.stats.tightenings += 1;
+        self.stats.counts.tightenings += 1;
         if let Some(a) = self.take_fit(size, Kind::Large, SETTLED) {
             self.stats.hits += 1;
             return Ok(Some(self.finish(a, size)));

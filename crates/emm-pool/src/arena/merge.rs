@@ -50,7 +50,7 @@ impl Arena {
                 if let Some(seg) = self.segments.get_mut(&base) {
                     seg.merged = true;
                 }
-                self.stats.merges += 1;
+                self.stats.counts.merges += 1;
             }
             Err(e) => {
                 tracing::warn!(error = %e, size, "allocating a merged segment failed; growing by request instead");

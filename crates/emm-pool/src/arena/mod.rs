@@ -130,45 +130,10 @@ pub struct ArenaStats {
     pub segments: usize,
     /// Allocations served from free blocks without going upstream.
     pub hits: usize,
-    /// Allocations that needed a new segment.
-    pub misses: usize,
     /// Out-of-memory ladders run.
     pub oom_ladders: usize,
-    /// Blocks handed to another stream after their event completed.
-    pub cross_stream_reuses: usize,
-    /// Requests that took the locked path (thread-cache misses and large blocks).
-    pub locked_allocs: usize,
-    /// Blocks given back to the arena (thread-cache flushes, large blocks).
-    pub locked_frees: usize,
-    /// Events recorded on streams (cross-stream ordering).
-    pub events_recorded: usize,
-    /// Event completion queries.
-    pub event_queries: usize,
-    /// Device-wide synchronizations (out-of-memory ladder, trim, stranded blocks).
-    pub device_syncs: usize,
-    /// Per-stream entries visited by scans over streams (stealing, stranded
-    /// bytes, consolidation): the work that grows with the number of streams.
-    pub scan_steps: usize,
-    /// Pieces of the expandable segment mapped with new memory (one driver call each).
-    pub pieces_mapped: usize,
-    /// Pieces of the expandable segment whose memory was mapped again elsewhere in it.
-    pub pieces_moved: usize,
-    /// Mappings unmapped once the work queued on them was done (one driver call
-    /// each): old mappings of moved pieces, and idle pieces `trim` gave back.
-    pub pieces_unmapped: usize,
-    /// Times the pool waited for the work queued on old mappings of moved pieces
-    /// (growth past `retire::MAX_RETIRING` waiting, or a trim or pause unmapping
-    /// them all): host stalls.
-    pub retire_waits: usize,
-    /// Synchronizations made to give back wholly free large segments instead of
-    /// growing (without the expandable segment).
-    pub tightenings: usize,
-    /// Wholly free large segments merged into one (without the expandable segment;
-    /// see [`SegmentPolicy::merge_quiet`]).
-    pub merges: usize,
-    /// Frees after which memory above the release threshold went back (see
-    /// `release.rs`).
-    pub threshold_releases: usize,
+    /// The events counted (one list: `counters.rs`).
+    pub counts: crate::counters::Counts,
     /// Peak of `segments`.
     pub peak_segments: usize,
     /// Allocations that failed for lack of memory (PyTorch's `num_ooms`).
@@ -522,7 +487,7 @@ impl Arena {
         } else {
             Kind::of(size)
         };
-        self.stats.locked_allocs += 1;
+        self.stats.counts.locked_allocs += 1;
         // (Only ever set without the expandable segment, with merging on.)
         if self.merge_due && kind == Kind::Large {
             self.merge_if_quiet(events, source);
@@ -560,7 +525,7 @@ impl Arena {
         if kind == Kind::Large && self.policy.expandable {
             match self.expand(size, stream, events, source) {
                 Ok(true) => {
-                    self.stats.misses += 1;
+                    self.stats.counts.misses += 1;
                     self.cover_fresh(stream, events);
                     if let Some(a) = self.take_fit(size, kind, stream) {
                         return Ok(Some(self.finish(a, size)));
@@ -609,7 +574,7 @@ impl Arena {
             }
             Err(e) => return Err(e),
         };
-        self.stats.misses += 1;
+        self.stats.counts.misses += 1;
         self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
         self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
@@ -642,14 +607,14 @@ impl Arena {
         match self.blocks.get(&addr) {
             Some(b) if b.state == State::Live => {
                 let b = *b;
-                self.stats.locked_frees += 1;
+                self.stats.counts.locked_frees += 1;
                 self.stats.live -= b.size;
                 // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
                 // With a release threshold, frees on the default streams record
                 // events too, so that their blocks settle without waiting.
                 if (!is_default_stream(stream) || self.threshold_set()) && stream != SETTLED {
-                    self.stats.events_recorded += usize::from(events.is_some());
+                    self.stats.counts.events_recorded += usize::from(events.is_some());
                     let recorded = events.map(|ev| ev.record(stream_of_key(stream)));
                     let st = self.streams.entry(stream).or_default();
                     match recorded {

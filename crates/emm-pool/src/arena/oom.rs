@@ -50,7 +50,7 @@ impl Arena {
         };
         match retry {
             Ok(_) => {
-                self.stats.misses += 1;
+                self.stats.counts.misses += 1;
                 let a = self
                     .take_fit(size, kind, stream)
                     .or_else(|| self.take_fit(size, kind, SETTLED))

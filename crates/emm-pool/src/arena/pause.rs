@@ -100,7 +100,7 @@ impl Arena {
         // Every stream's work is done (consolidate alone does not synchronize
         // when no free block waits on a stream: the usual case when a tag's
         // blocks are all live), and blocks freed on streams are free everywhere.
-        self.stats.device_syncs += 1;
+        self.stats.counts.device_syncs += 1;
         events.synchronize_all()?;
         self.consolidate(events)?;
         // Wholly free segments outside the expandable one go back.
@@ -171,7 +171,7 @@ impl Arena {
                 }
                 return Err(e);
             }
-            self.stats.pieces_unmapped += 1;
+            self.stats.counts.pieces_unmapped += 1;
             report.bytes += len;
         }
         self.hold_paused(base, pieces, kept, true);
@@ -263,7 +263,7 @@ impl Arena {
             e.pieces.sort_unstable();
         }
         self.add_reserved(bytes);
-        self.stats.pieces_mapped += fresh.len();
+        self.stats.counts.pieces_mapped += fresh.len();
         // Kept for the next pause (see `host_copy.rs`).
         self.spare_copies
             .extend(paused.kept.into_iter().map(|(_, c)| c));

@@ -59,7 +59,7 @@ impl Arena {
             released += self.release_free_pieces_until(source, threshold);
         }
         if released > 0 {
-            self.stats.threshold_releases += 1;
+            self.stats.counts.threshold_releases += 1;
         }
         released
     }
@@ -74,7 +74,7 @@ impl Arena {
             .filter_map(|(&s, st)| st.last_event.map(|id| (s, id)))
             .collect();
         for (stream, id) in idle {
-            self.stats.event_queries += 1;
+            self.stats.counts.event_queries += 1;
             if !events.is_complete(id)? {
                 continue;
             }

@@ -207,7 +207,7 @@ impl Arena {
             tracing::error!(error = %e, addr, len, "unmapping a piece of the expandable segment failed; it stays mapped");
             return false;
         }
-        self.stats.pieces_unmapped += 1;
+        self.stats.counts.pieces_unmapped += 1;
         if let Some(Segment {
             expandable: Some(Expandable { pieces, .. }),
             ..
@@ -224,7 +224,7 @@ impl Arena {
     /// When the work queued so far on `owner` (the stream growing now, whose
     /// handle is valid) is done.
     fn done_after(&mut self, owner: StreamKey, events: &dyn EventSource) -> Done {
-        self.stats.events_recorded += 1;
+        self.stats.counts.events_recorded += 1;
         match events.record(stream_of_key(owner)) {
             Ok(id) => Done::After(id),
             Err(e) => {
@@ -283,19 +283,19 @@ impl Arena {
             let ready = match r.done {
                 Done::Now => true,
                 Done::After(id) => {
-                    self.stats.event_queries += 1;
+                    self.stats.counts.event_queries += 1;
                     match events.is_complete(id) {
                         Ok(true) => true,
                         _ if excess > 0 => {
-                            self.stats.retire_waits += 1;
+                            self.stats.counts.retire_waits += 1;
                             events.wait(id).is_ok()
                         }
                         _ => false,
                     }
                 }
                 Done::AfterSync if excess > 0 => {
-                    self.stats.device_syncs += 1;
-                    self.stats.retire_waits += 1;
+                    self.stats.counts.device_syncs += 1;
+                    self.stats.counts.retire_waits += 1;
                     events.synchronize_all().is_ok()
                 }
                 Done::AfterSync => false,

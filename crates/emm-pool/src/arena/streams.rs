@@ -13,13 +13,13 @@ impl Arena {
         let mut moved = false;
         let mut i = 0;
         while i < self.pending.len() {
-            self.stats.event_queries += 1;
+            self.stats.counts.event_queries += 1;
             if events.is_complete(self.pending[i].0)? {
                 let (id, addrs) = self.pending.swap_remove(i);
                 events.recycle(id);
                 for a in addrs {
                     if let Some(b) = self.blocks.remove(&a) {
-                        self.stats.cross_stream_reuses += 1;
+                        self.stats.counts.cross_stream_reuses += 1;
                         self.insert_free(a, b.size, b.segment, SETTLED);
                         moved = true;
                     }
@@ -40,7 +40,7 @@ impl Arena {
         events: &dyn EventSource,
         stream: StreamKey,
     ) -> Result<bool> {
-        self.stats.scan_steps += self.free.len();
+        self.stats.counts.scan_steps += self.free.len();
         self.free
             .retain(|(s, _), set| *s == SETTLED || !set.is_empty());
         let donors: Vec<StreamKey> = self
@@ -54,7 +54,7 @@ impl Arena {
         let mut any = false;
         for donor in donors {
             let id = if is_default_stream(donor) {
-                self.stats.events_recorded += 1;
+                self.stats.counts.events_recorded += 1;
                 events.record(stream_of_key(donor))?
             } else {
                 let st = self.streams.entry(donor).or_default();
@@ -93,7 +93,7 @@ impl Arena {
         size: usize,
         events: &dyn EventSource,
     ) -> Result<bool> {
-        self.stats.scan_steps += self.free.len();
+        self.stats.counts.scan_steps += self.free.len();
         let stranded: usize = self
             .free
             .iter()
@@ -117,7 +117,7 @@ impl Arena {
         if is_default_stream(stream) || stream == SETTLED {
             return;
         }
-        self.stats.events_recorded += 1;
+        self.stats.counts.events_recorded += 1;
         let Ok(id) = events.record(stream_of_key(stream)) else {
             return; // the rest of the segment stays with the stream, as before
         };
@@ -144,7 +144,7 @@ impl Arena {
             return Ok(());
         }
         // One device-wide synchronization covers every stream, destroyed ones too.
-        self.stats.device_syncs += 1;
+        self.stats.counts.device_syncs += 1;
         events.synchronize_all()?;
         for (id, addrs) in std::mem::take(&mut self.pending) {
             events.recycle(id);
@@ -154,7 +154,7 @@ impl Arena {
                 }
             }
         }
-        self.stats.scan_steps += self.free.len();
+        self.stats.counts.scan_steps += self.free.len();
         let keys: Vec<(StreamKey, Kind)> = self
             .free
             .keys()

@@ -180,7 +180,7 @@ impl Core {
                 if sc.blocks() == 0 || only.is_some_and(|k| k != sc.stream) {
                     continue;
                 }
-                arena.stats.scan_steps += 1;
+                arena.stats.counts.scan_steps += 1;
                 any |= self.flush_stream(arena, sc, t, gen, only.is_some());
             }
         }
@@ -402,7 +402,7 @@ impl Core {
                             // that stream may be gone by now.
                             let mut oldest = caches.remove(0);
                             let mut arena = self.lock();
-                            arena.stats.scan_steps += 1;
+                            arena.stats.counts.scan_steps += 1;
                             self.flush_stream(&mut arena, &mut oldest, &local.counters, gen, false);
                         }
                         caches.push(StreamCache::new(key));

@@ -60,45 +60,9 @@ pub struct PoolStats {
     pub thread_cache_hits: u64,
     /// Allocations served from the shared free blocks.
     pub shared_hits: usize,
-    /// Blocks reused by another stream after their event completed.
-    pub cross_stream_reuses: usize,
-    /// Requests that took the locked path (a thread-cache miss or a large block).
-    pub locked_allocs: usize,
-    /// Blocks given back to the shared arena (cache flushes, large blocks).
-    pub locked_frees: usize,
-    /// Events recorded for cross-stream ordering.
-    pub events_recorded: usize,
-    /// Event completion queries.
-    pub event_queries: usize,
-    /// Device-wide synchronizations (out-of-memory ladder, trim).
-    pub device_syncs: usize,
-    /// Allocations that needed new memory from the upstream.
-    pub misses: usize,
-    /// Per-stream entries visited by scans over streams: grows linearly with the
-    /// number of streams a program uses (a test asserts it).
-    pub scan_steps: usize,
-    /// Synchronizations made to give back wholly free large segments instead of
-    /// growing (without the expandable segment; `SegmentPolicy::tight_percent`).
-    pub tightenings: usize,
-    /// Wholly free large segments merged into one without the expandable segment
-    /// (`EMM_POOL_LEGACY_MERGE`).
-    pub merges: usize,
-    /// Frees after which memory above the release threshold went back to the
-    /// device (`pool_release_threshold`).
-    pub threshold_releases: usize,
-    /// Pieces of the expandable segment mapped with new memory (one driver call each).
-    pub pieces_mapped: usize,
-    /// Pieces of the expandable segment whose memory moved (mapped again where
-    /// growth needed memory, instead of new memory; one driver call each).
-    pub pieces_moved: usize,
-    /// Mappings of the expandable segment unmapped without a synchronization of
-    /// their own (one driver call each), their address space used again: old
-    /// mappings of moved pieces once their work was done, and idle pieces `trim`
-    /// gave back.
-    pub pieces_unmapped: usize,
-    /// Times the pool waited for the work queued on old mappings of moved pieces
-    /// (growth past the number it lets wait, a trim or a pause): host stalls.
-    pub retire_waits: usize,
+    /// The events counted, each reported under its `emm.` name (one list:
+    /// `counters.rs`).
+    pub counts: crate::counters::Counts,
     /// Bytes of tagged allocations whose memory a pause gave back (address space
     /// kept; not in `reserved_bytes`).
     pub paused_bytes: usize,
@@ -129,21 +93,7 @@ impl PoolStats {
         self.allocations += other.allocations;
         self.thread_cache_hits += other.thread_cache_hits;
         self.shared_hits += other.shared_hits;
-        self.cross_stream_reuses += other.cross_stream_reuses;
-        self.locked_allocs += other.locked_allocs;
-        self.locked_frees += other.locked_frees;
-        self.events_recorded += other.events_recorded;
-        self.event_queries += other.event_queries;
-        self.device_syncs += other.device_syncs;
-        self.misses += other.misses;
-        self.scan_steps += other.scan_steps;
-        self.tightenings += other.tightenings;
-        self.merges += other.merges;
-        self.threshold_releases += other.threshold_releases;
-        self.pieces_mapped += other.pieces_mapped;
-        self.pieces_moved += other.pieces_moved;
-        self.pieces_unmapped += other.pieces_unmapped;
-        self.retire_waits += other.retire_waits;
+        self.counts.absorb(&other.counts);
         self.paused_bytes += other.paused_bytes;
     }
 
@@ -154,7 +104,7 @@ impl PoolStats {
         let freed_bytes = self
             .allocated_bytes_total
             .saturating_sub(u(self.allocated_bytes));
-        vec![
+        let mut list = vec![
             (stat::ALLOCATED_BYTES_CURRENT, u(self.allocated_bytes)),
             (stat::ALLOCATED_BYTES_PEAK, u(self.allocated_bytes_peak)),
             (stat::ALLOCATED_BYTES_ALLOCATED, self.allocated_bytes_total),
@@ -183,23 +133,10 @@ impl PoolStats {
             (stat::THREAD_CACHED_BYTES, u(self.thread_cached_bytes)),
             (stat::THREAD_CACHE_HITS, self.thread_cache_hits),
             (stat::SHARED_HITS, u(self.shared_hits)),
-            (stat::CROSS_STREAM_REUSES, u(self.cross_stream_reuses)),
-            (stat::LOCKED_ALLOCS, u(self.locked_allocs)),
-            (stat::LOCKED_FREES, u(self.locked_frees)),
-            (stat::EVENTS_RECORDED, u(self.events_recorded)),
-            (stat::EVENT_QUERIES, u(self.event_queries)),
-            (stat::DEVICE_SYNCS, u(self.device_syncs)),
-            (stat::MISSES, u(self.misses)),
-            (stat::SCAN_STEPS, u(self.scan_steps)),
-            (stat::PIECES_MAPPED, u(self.pieces_mapped)),
-            (stat::PIECES_MOVED, u(self.pieces_moved)),
-            (stat::PIECES_UNMAPPED, u(self.pieces_unmapped)),
-            (stat::RETIRE_WAITS, u(self.retire_waits)),
-            (stat::TIGHTENINGS, u(self.tightenings)),
-            (stat::MERGES, u(self.merges)),
-            (stat::THRESHOLD_RELEASES, u(self.threshold_releases)),
-            (stat::PAUSED_BYTES, u(self.paused_bytes)),
-        ]
+        ];
+        list.extend(self.counts.to_list());
+        list.push((stat::PAUSED_BYTES, u(self.paused_bytes)));
+        list
     }
 }
 
