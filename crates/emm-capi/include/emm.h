@@ -760,7 +760,7 @@ emm_status emm_region_exit(uint64_t region);
  * a tag some manager could not give its memory back to stays paused (see
  * `emm_tag_stats`), and `emm_resume` finishes the job. `"default"`, a tag
  * already paused, memory that cannot be paused (no virtual memory management),
- * or a CUDA graph capture in progress through PyTorch's allocator object is
+ * or a CUDA graph capture (or `use_mem_pool`) in progress through PyTorch's allocator object is
  * `EMM_ERR_TAG_STATE`; a synchronization the driver refuses (a capture begun
  * elsewhere) is `EMM_ERR_DRIVER`. Since ABI 310.
  *
