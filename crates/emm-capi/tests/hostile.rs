@@ -386,7 +386,7 @@ fn extreme_shapes_are_invalid_arguments_and_dlpack_extents_stay_non_negative() {
 
 mod standin {
     use super::*;
-    use crate::common::{serial, side_stream, standin, torch_stats, use_standin};
+    use crate::common::{serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES};
 
     #[test]
     fn extreme_sizes_and_stale_handles_on_the_standin() {
@@ -723,12 +723,7 @@ mod standin {
         assert_eq!(standin.control("devices 2").unwrap(), 2);
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
-        let names = [
-            "allocated_bytes.all.current",
-            "allocated_bytes.all.peak",
-            "reserved_bytes.all.current",
-            "no.such.counter",
-        ];
+        let names = TOOL_NAMES;
         let mut released = usize::MAX;
 
         // Not set up: zeros, nothing to reset or give back, and still not set up

@@ -12,7 +12,7 @@ use std::ptr::null_mut;
 use emm_capi::*;
 
 mod common;
-use common::{case, cases, last_message, serial, side_stream, standin, torch_stats};
+use common::{case, cases, last_message, serial, side_stream, standin, torch_stats, TOOL_NAMES};
 
 /// `emm_torch_record_stream`: a foreign address is refused; a block used on a
 /// side stream is freed only after its own stream waits for that stream (an
@@ -222,12 +222,7 @@ fn torch_memory_tools_read_and_reset_the_devices_manager_on_the_standin() {
     let standin = standin();
     assert_eq!(standin.control("devices 2").unwrap(), 2);
     let before = cases();
-    let names = [
-        "allocated_bytes.all.current",
-        "allocated_bytes.all.peak",
-        "reserved_bytes.all.current",
-        "no.such.counter",
-    ];
+    let names = TOOL_NAMES;
     let mut released = usize::MAX;
 
     // Allocated: the counters say so, in one read; the peak stays after the

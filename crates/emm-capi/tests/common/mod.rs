@@ -96,6 +96,14 @@ pub fn side_stream() -> (emm_driver::Context, emm_driver::Stream) {
     (ctx, side)
 }
 
+/// The names the memory-tool tests read: three the pool keeps, one no manager does.
+pub const TOOL_NAMES: [&str; 4] = [
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "no.such.counter",
+];
+
 /// The counters `emm_torch_memory_stats` reads for the names asked, in one read
 /// (the stand-in's device `device`), and how many the manager keeps.
 pub fn torch_stats(device: std::ffi::c_int, names: &[&str]) -> (emm_status, Vec<u64>, usize) {
