@@ -30,6 +30,7 @@ THREAD_CACHED_BYTES = "emm.thread_cached_bytes"
 THREAD_CACHE_HITS = "emm.thread_cache_hits"
 SHARED_HITS = "emm.shared_hits"
 CROSS_STREAM_REUSES = "emm.cross_stream_reuses"
+PARKED_TAKEN_BACK = "emm.parked_taken_back"
 LOCKED_ALLOCS = "emm.locked_allocs"
 LOCKED_FREES = "emm.locked_frees"
 EVENTS_RECORDED = "emm.events_recorded"
@@ -76,6 +77,7 @@ NAMES = (
     THREAD_CACHE_HITS,
     SHARED_HITS,
     CROSS_STREAM_REUSES,
+    PARKED_TAKEN_BACK,
     LOCKED_ALLOCS,
     LOCKED_FREES,
     EVENTS_RECORDED,

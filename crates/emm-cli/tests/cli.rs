@@ -30,15 +30,15 @@ fn snapshot() -> PathBuf {
     data("emm-trace/tests/fixtures/snapshot_small.pickle")
 }
 
-/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
-/// copy, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
+/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the checkout's
+/// `crates/` beside the GPU bundle, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
 /// test. Never a path compiled in, so a moved bundle still finds its data.
 fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
     }
     let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
+        .expect("run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder");
     PathBuf::from(manifest).join("..").join(rel)
 }
 

@@ -64,6 +64,8 @@ stat_names! {
     SHARED_HITS = "emm.shared_hits";
     /// Blocks another stream took once their event completed.
     CROSS_STREAM_REUSES = "emm.cross_stream_reuses";
+    /// Free blocks a stream took back while another stream waited for them.
+    PARKED_TAKEN_BACK = "emm.parked_taken_back";
     /// Allocations that took the arena's lock.
     LOCKED_ALLOCS = "emm.locked_allocs";
     /// Frees that took the arena's lock.

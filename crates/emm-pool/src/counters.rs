@@ -35,6 +35,10 @@ macro_rules! counters {
 counters! {
     /// Blocks handed to another stream after their event completed.
     cross_stream_reuses => CROSS_STREAM_REUSES,
+    /// Free blocks a stream took back from those parked for another stream
+    /// (their event had not completed; stream order lets their own stream reuse
+    /// them at once).
+    parked_taken_back => PARKED_TAKEN_BACK,
     /// Requests that took the locked path (thread-cache misses and large blocks).
     locked_allocs => LOCKED_ALLOCS,
     /// Blocks given back to the arena (thread-cache flushes, large blocks).

@@ -33,14 +33,14 @@ pub fn run(c: &mut Command) -> Output {
     o
 }
 
-/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the GPU bundle's
-/// copy), else cargo's `CARGO_MANIFEST_DIR` of the running test.
+/// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the checkout's
+/// `crates/` beside the GPU bundle, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running test.
 pub fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
     }
     let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the bundle's data/");
+        .expect("run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder");
     PathBuf::from(manifest).join("..").join(rel)
 }
 

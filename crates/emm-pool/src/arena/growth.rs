@@ -746,8 +746,8 @@ impl Arena {
         self.segments.retain(|_, s| s.expandable.is_some());
         self.blocks.clear();
         self.free.clear();
-        for (id, _) in std::mem::take(&mut self.pending) {
-            events.recycle(id);
+        for parked in std::mem::take(&mut self.pending) {
+            events.recycle(parked.event);
         }
         for (_, st) in std::mem::take(&mut self.streams) {
             if let Some(id) = st.last_event {

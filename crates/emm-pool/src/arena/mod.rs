@@ -370,7 +370,9 @@ pub(crate) struct Arena {
     blocks: blocks::BlockMap,
     streams: FastMap<StreamKey, StreamState>,
     free: FastMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
-    pending: Vec<(EventId, Vec<CUdeviceptr>)>,
+    /// Free blocks of streams another stream asked for, until their events
+    /// complete (see `streams.rs`).
+    pending: Vec<streams::Parked>,
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
@@ -503,6 +505,14 @@ impl Arena {
         }
         if self.collect_pending(events)? {
             if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
+        // This stream's own blocks that another stream asked for and could not
+        // take yet: stream order makes them this stream's to reuse at once.
+        if self.take_back_parked(stream, events) {
+            if let Some(a) = self.take_fit(size, kind, stream) {
                 self.stats.hits += 1;
                 return Ok(Some(self.finish(a, size)));
             }

@@ -1,0 +1,113 @@
+//! Free blocks parked for another stream stay their own stream's: when a stream
+//! that misses asks for the free blocks of the others, those blocks wait for an
+//! event on their stream before any stream may take them; until it completes
+//! their own stream takes them back on its next request instead of reserving
+//! more (stream order makes that safe). On a GPU the host runs ahead of the
+//! device, so such events are seldom complete at once: without the take-back, an
+//! FSDP2 step's three streams each went without their own free blocks and grew.
+//! Events here complete only when the test says so.
+
+use std::sync::Arc;
+
+use emm_core::MemoryManager;
+use emm_default::HostUpstream;
+use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream};
+use emm_sys::CUstream;
+
+const MIB: usize = 1 << 20;
+
+fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
+    let host = Arc::new(HostUpstream::new(4 << 30, false));
+    let events = Arc::new(HostEvents::manual());
+    let vmm = expandable.then(|| {
+        Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>
+    });
+    let mut config = PoolConfig {
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    config.segments.expandable = expandable;
+    let pool = PoolManager::with_config(
+        PoolUpstream::Custom(Box::new(host), Box::new(events.clone()), vmm, None),
+        config,
+    )
+    .unwrap();
+    (pool, events)
+}
+
+/// Two created streams (their events are recorded on them).
+fn streams() -> (CUstream, CUstream) {
+    (
+        CUstream(0x100 as *mut core::ffi::c_void),
+        CUstream(0x200 as *mut core::ffi::c_void),
+    )
+}
+
+fn check_take_back(expandable: bool) {
+    let (pool, events) = pool(expandable);
+    let (a, b) = streams();
+    // A's block goes free on A (an event is recorded at the free); B misses and
+    // parks it behind that event, which has not completed: B grows.
+    let x = pool.memalloc_async(64 * MIB, a).unwrap();
+    let x_addr = x.ptr();
+    drop(x);
+    let y = pool.memalloc_async(64 * MIB, b).unwrap();
+    let after_b = pool.stats().reserved_bytes;
+    assert_ne!(y.ptr(), x_addr, "B took A's block before A's event completed");
+    assert!(events.outstanding() > 0, "no event stands between B and A's block");
+    // A asks again: its own parked block comes back, nothing more is reserved.
+    let x2 = pool.memalloc_async(64 * MIB, a).unwrap();
+    let stats = pool.stats();
+    assert_eq!(
+        stats.reserved_bytes, after_b,
+        "A reserved more instead of taking back its own free block: {stats:?}"
+    );
+    assert_eq!(x2.ptr(), x_addr, "A did not get its own block back");
+    assert!(stats.counts.parked_taken_back >= 1, "not counted: {stats:?}");
+    let listed = stats
+        .counts
+        .to_list()
+        .into_iter()
+        .find(|(n, _)| *n == emm_core::stat_names::PARKED_TAKEN_BACK)
+        .map(|(_, v)| v);
+    assert_eq!(listed, Some(stats.counts.parked_taken_back as u64));
+    // The event completes while A's block is live again: it is not handed to
+    // another stream (the parking was given up when A took the block back).
+    events.complete_all();
+    let z = pool.memalloc_async(64 * MIB, b).unwrap();
+    assert_ne!(z.ptr(), x_addr, "a live block was handed to another stream");
+    pool.check().unwrap();
+    drop((x2, y, z));
+    pool.check().unwrap();
+}
+
+#[test]
+fn a_stream_takes_back_its_parked_block_in_the_expandable_segment() {
+    check_take_back(true);
+}
+
+#[test]
+fn a_stream_takes_back_its_parked_block_without_virtual_memory() {
+    check_take_back(false);
+}
+
+/// Once the event completes before the owner asks again, the parked block is
+/// settled and the other stream takes it, as before: the take-back does not cost
+/// cross-stream reuse.
+#[test]
+fn a_parked_block_whose_event_completed_goes_to_the_stream_that_asked() {
+    let (pool, events) = pool(true);
+    let (a, b) = streams();
+    let x = pool.memalloc_async(64 * MIB, a).unwrap();
+    let x_addr = x.ptr();
+    drop(x);
+    let y = pool.memalloc_async(64 * MIB, b).unwrap();
+    events.complete_all();
+    let z = pool.memalloc_async(64 * MIB, b).unwrap();
+    assert_eq!(z.ptr(), x_addr, "B did not reuse A's block after its event");
+    let stats = pool.stats();
+    assert_eq!(stats.counts.parked_taken_back, 0);
+    assert!(stats.counts.cross_stream_reuses >= 1, "{stats:?}");
+    pool.check().unwrap();
+    drop((y, z));
+}
