@@ -42,6 +42,11 @@ impl Backend {
         }
     }
 
+    /// Whether emm's managers run over the host stand-in here (no GPU).
+    pub fn is_host(&self) -> bool {
+        matches!(self, Backend::Host { .. })
+    }
+
     /// A fresh manager `name`. `Err(Unsupported)` where it cannot run here.
     pub fn build(&self, name: &str) -> Result<Arc<dyn MemoryManager>, EmmError> {
         match self {

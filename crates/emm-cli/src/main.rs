@@ -102,6 +102,14 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// (`python/gpu/checks/fit_check.sh`).
         #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes, default_value = "693M")]
         overhead: u64,
+        /// Over the host stand-in: model a device that runs N requests behind
+        /// the host, as a GPU does while the host queues work ahead (often most
+        /// of a step). An event the pool records then completes only N requests
+        /// of the trace later, so its reuse across streams waits as it would on
+        /// a GPU; 0 (the default): at once. Only the pool records events; on a
+        /// GPU the device's own events are used and this is refused.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        device_lag: u64,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {
@@ -229,6 +237,7 @@ fn main() -> ExitCode {
             fit,
             as_fraction,
             overhead,
+            device_lag,
         } => {
             let mut managers = managers(&manager);
             let wants_models = managers
@@ -270,6 +279,7 @@ fn main() -> ExitCode {
                     fit,
                     as_fraction,
                     overhead,
+                    device_lag,
                 }),
             }
         }

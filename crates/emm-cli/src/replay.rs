@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
+use emm::core::HostClock;
 use emm::trace::torch_model::{Limit, TorchConf, TorchModel, DEFAULT_DEVICE_BYTES};
 use emm::trace::{
     replay, scan, Format, ReplayOptions, ReplayResult, ReplayTarget, SteadyRule, SteadyStop,
@@ -57,6 +58,16 @@ pub struct Args {
     pub as_fraction: bool,
     /// `--overhead`: what the process holds on the device besides the allocator.
     pub overhead: u64,
+    /// `--device-lag`: requests the host stand-in's device runs behind the host
+    /// (0: none).
+    pub device_lag: u64,
+}
+
+impl Args {
+    /// A fresh device clock for one replay under `--device-lag` (`None` without).
+    fn clock(&self) -> Option<Arc<HostClock>> {
+        (self.device_lag > 0).then(|| Arc::new(HostClock::new(self.device_lag)))
+    }
 }
 
 /// A fresh target for manager `m`: a model of PyTorch's allocator, or one of
@@ -68,6 +79,7 @@ fn build_target(
     torch_conf: &TorchConf,
     cap: Option<u64>,
     as_fraction: bool,
+    clock: Option<Arc<HostClock>>,
 ) -> Result<Target, EmmError> {
     if TORCH_MODELS.contains(&m) {
         let conf = TorchConf {
@@ -83,10 +95,13 @@ fn build_target(
         };
         return Ok(Target::Torch(TorchModel::with_device(conf, device, limit)));
     }
+    let standin = |capacity: usize| match clock {
+        Some(c) => emm::build_host_standin_lagged(m, capacity, c),
+        None => emm::build_host_standin(m, capacity),
+    };
     match cap {
-        Some(c) => {
-            emm::build_host_standin(m, usize::try_from(c).unwrap_or(usize::MAX)).map(Target::Emm)
-        }
+        Some(c) => standin(usize::try_from(c).unwrap_or(usize::MAX)).map(Target::Emm),
+        None if backend.is_host() => standin(crate::backend::HOST_CAPACITY).map(Target::Emm),
         None => backend.build(m).map(Target::Emm),
     }
 }
@@ -106,8 +121,16 @@ fn fit_manager(
     let low = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
     let step = (2 << 20).max(high / 1000);
     fit::smallest(low, high.max(low), step, |cap| {
-        let target = build_target(backend, m, &args.torch_conf, Some(cap), args.as_fraction)
-            .map_err(|e| e.to_string())?;
+        let clock = args.clock();
+        let target = build_target(
+            backend,
+            m,
+            &args.torch_conf,
+            Some(cap),
+            args.as_fraction,
+            clock.clone(),
+        )
+        .map_err(|e| e.to_string())?;
         // Exactly the passes the uncapped replay made, so that every size is
         // judged on the same run (the steady rule's clock could stop one early).
         let opts = ReplayOptions {
@@ -116,6 +139,7 @@ fn fit_manager(
             passes,
             until_steady: None,
             peak_map: false,
+            clock,
         };
         let mut streams = backend.streams();
         let label = format!(
@@ -228,9 +252,19 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         None => None,
     };
     let backend = Backend::detect();
+    if args.device_lag > 0 && !backend.is_host() && args.device_memory.is_none() {
+        note("emm replay: --device-lag models the host stand-in's device, and this replay runs on the GPU (whose own events complete when its work does); drop --device-lag, or add --device-memory to replay over the stand-in");
+        return Ok(ExitCode::from(2));
+    }
     let mut out = Out::stdout();
     if !args.json {
         out.line(backend.describe())?;
+        if args.device_lag > 0 {
+            out.line(format!(
+                "device lag: the stand-in's events complete {} requests after they are recorded (--device-lag)",
+                args.device_lag
+            ))?;
+        }
     }
     // What failed, said on standard error at once and kept for the report.
     let mut errors: Vec<String> = Vec::new();
@@ -297,12 +331,14 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
+            let clock = args.clock();
             let manager = match build_target(
                 &backend,
                 m,
                 &args.torch_conf,
                 args.device_memory,
                 args.as_fraction,
+                clock.clone(),
             ) {
                 Ok(x) => x,
                 // A manager this driver, device or the stand-in cannot run (e.g.
@@ -339,6 +375,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 until_steady,
                 // The page's segment maps.
                 peak_map: args.html.is_some(),
+                clock,
             };
             let label = format!("{} through {m}", t.name());
             let mut streams = backend.streams();

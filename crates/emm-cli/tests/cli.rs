@@ -37,8 +37,9 @@ fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
     }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder");
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").expect(
+        "run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder",
+    );
     PathBuf::from(manifest).join("..").join(rel)
 }
 
@@ -206,6 +207,64 @@ fn cells(table: &str, row: &str) -> Vec<String> {
 /// bytes have not moved for 10 passes: a pool warm after the first pass of a
 /// trace that frees all it makes takes exactly 11. The table shows reserved/live
 /// after pass 1 beside the steady figure and the passes taken; the JSON the same.
+/// `--device-lag N`: the stand-in's device runs N requests behind the host, so a
+/// block freed on one stream is not yet another stream's to take; without it,
+/// events complete at once.
+#[test]
+fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
+    // Stream 1 frees 64 MiB; stream 2 then asks for 64 MiB.
+    let csv = "op,id,size,stream\na,0,67108864,1\nf,0,0,1\na,1,67108864,2\nf,1,0,2\n";
+    let p = temp("lag.csv", csv.as_bytes());
+    // (The thread's cache off: it would keep the freed block for its own stream
+    // whatever the lag.)
+    let peak = |lag: &str| {
+        let o = emm()
+            .env("EMM_POOL_THREAD_CACHE", "0")
+            .args([
+                "replay",
+                "-m",
+                "pool",
+                "--passes",
+                "1",
+                "--json",
+                "--device-lag",
+                lag,
+            ])
+            .arg(&p)
+            .output()
+            .unwrap();
+        no_panic(&o);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["traces"][0]["managers"][0]["peak_reserved_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    // At once: stream 2 takes stream 1's block. Behind: stream 1's event has not
+    // completed when stream 2 asks, so it reserves its own.
+    assert_eq!(peak("0"), 64 << 20);
+    assert_eq!(peak("1000"), 128 << 20);
+    let o = emm()
+        .args([
+            "replay",
+            "-m",
+            "pool",
+            "--passes",
+            "1",
+            "--device-lag",
+            "1000",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(
+        text(&o.stdout).contains("device lag: the stand-in's events complete 1000 requests after"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
 #[test]
 fn the_default_replays_until_the_footprint_holds() {
     let mut csv = String::from("op,id,size,stream\n");

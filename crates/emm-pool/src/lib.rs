@@ -25,6 +25,7 @@ mod fasthash;
 mod graph;
 mod history;
 mod host_copy;
+mod lagged_events;
 mod owner_lock;
 mod pool;
 mod refused;
@@ -41,6 +42,7 @@ pub use graph::{
     GraphPool, GraphPoolStats, GRAPH_MEDIUM_MAX, GRAPH_MEDIUM_SEGMENT, GRAPH_ROUND,
     GRAPH_SMALL_MAX, GRAPH_SMALL_SEGMENT,
 };
+pub use lagged_events::LaggedEvents;
 pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};
 

@@ -19,9 +19,8 @@ const MIB: usize = 1 << 20;
 fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let events = Arc::new(HostEvents::manual());
-    let vmm = expandable.then(|| {
-        Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>
-    });
+    let vmm = expandable
+        .then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>);
     let mut config = PoolConfig {
         thread_cache_blocks: 0,
         ..PoolConfig::default()
@@ -53,8 +52,15 @@ fn check_take_back(expandable: bool) {
     drop(x);
     let y = pool.memalloc_async(64 * MIB, b).unwrap();
     let after_b = pool.stats().reserved_bytes;
-    assert_ne!(y.ptr(), x_addr, "B took A's block before A's event completed");
-    assert!(events.outstanding() > 0, "no event stands between B and A's block");
+    assert_ne!(
+        y.ptr(),
+        x_addr,
+        "B took A's block before A's event completed"
+    );
+    assert!(
+        events.outstanding() > 0,
+        "no event stands between B and A's block"
+    );
     // A asks again: its own parked block comes back, nothing more is reserved.
     let x2 = pool.memalloc_async(64 * MIB, a).unwrap();
     let stats = pool.stats();
@@ -63,7 +69,10 @@ fn check_take_back(expandable: bool) {
         "A reserved more instead of taking back its own free block: {stats:?}"
     );
     assert_eq!(x2.ptr(), x_addr, "A did not get its own block back");
-    assert!(stats.counts.parked_taken_back >= 1, "not counted: {stats:?}");
+    assert!(
+        stats.counts.parked_taken_back >= 1,
+        "not counted: {stats:?}"
+    );
     let listed = stats
         .counts
         .to_list()

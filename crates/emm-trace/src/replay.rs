@@ -122,7 +122,7 @@ pub fn scan(trace: &Trace) -> Result<Summary, TraceError> {
 }
 
 /// How to replay.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
     /// Events in the trace (from [`scan`]), to space the samples; 0 if unknown.
     pub total_events: u64,
@@ -148,6 +148,11 @@ pub struct ReplayOptions {
     /// counters after every allocation; the time that takes is left out of the
     /// replay's times.
     pub peak_map: bool,
+    /// The host stand-in's device clock, moved on by one at every request of the
+    /// trace (allocation or free), so that a manager built over it
+    /// (`emm::build_host_standin_lagged`) sees its events complete as late as a
+    /// GPU running that many requests behind the host would. `None`: no clock.
+    pub clock: Option<std::sync::Arc<emm_core::HostClock>>,
 }
 
 /// When a replay under [`ReplayOptions::until_steady`] stops: once the manager's
@@ -438,6 +443,9 @@ pub fn replay<T: ReplayTarget + ?Sized>(
         let (requests_before, failures_before) = (books.requests, failures);
         let mut events = trace.events()?;
         for (k, op) in (&mut events).enumerate() {
+            if let Some(c) = &options.clock {
+                c.tick();
+            }
             // Before memory goes back: the reserved bytes at the most live bytes
             // of the bucket, and a map the watch is waiting for.
             let frees = match op {

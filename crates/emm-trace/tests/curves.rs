@@ -19,6 +19,7 @@ fn run<T: ReplayTarget + ?Sized>(t: &Trace, target: &T, passes: u32, map: bool) 
         passes,
         until_steady: None,
         peak_map: map,
+        clock: None,
     };
     let r = replay(t, target, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap();
     assert_eq!(r.failures, 0, "{}: {:?}", t.name(), r.first_failure);

@@ -88,7 +88,7 @@ fn until_steady(manager: &dyn MemoryManager, rule: SteadyRule, samples: u64) -> 
         // Ignored under `until_steady`.
         passes: 3,
         until_steady: Some(rule),
-        peak_map: false,
+        ..ReplayOptions::default()
     };
     let r = replay(&t, manager, &mut |_| SYNC_STREAM, &options, &mut |_| {}).unwrap();
     assert_eq!(r.failures, 0, "{:?}", r.first_failure);

@@ -148,6 +148,27 @@ pub fn build_host_standin(name: &str, capacity: usize) -> Result<Arc<dyn MemoryM
     Ok(m)
 }
 
+/// As [`build_host_standin`], with the stand-in's device running `clock.lag()`
+/// requests behind the host ([`emm_core::HostClock`]; the caller ticks the clock
+/// once a request, as `emm replay --device-lag` does). Only the pool records
+/// events, so only its placement changes; the others are built as without a clock.
+pub fn build_host_standin_lagged(
+    name: &str,
+    capacity: usize,
+    clock: Arc<emm_core::HostClock>,
+) -> Result<Arc<dyn MemoryManager>> {
+    if name != "pool" {
+        return build_host_standin(name, capacity);
+    }
+    let m: Arc<dyn MemoryManager> = Arc::new(emm_pool::PoolManager::host_lagged(
+        capacity,
+        emm_pool::PoolConfig::from_env()?,
+        clock,
+    )?);
+    m.initialize()?;
+    Ok(m)
+}
+
 /// Wraps `m` in a [`trace::RecordingManager`] when `EMM_RECORD` names a file.
 fn record_if_asked(m: Arc<dyn MemoryManager>) -> Result<Arc<dyn MemoryManager>> {
     static RECORDERS: AtomicUsize = AtomicUsize::new(0);

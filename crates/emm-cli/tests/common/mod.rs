@@ -39,8 +39,9 @@ pub fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
     }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder");
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").expect(
+        "run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder",
+    );
     PathBuf::from(manifest).join("..").join(rel)
 }
 

@@ -118,6 +118,31 @@ impl PoolManager {
         )
     }
 
+    /// A pool over the host stand-in of `capacity` bytes whose device runs
+    /// `clock.lag()` requests behind the host (see [`emm_core::HostClock`]): its
+    /// events complete only once the clock has moved that far, as a GPU's do
+    /// while the host queues work ahead. Without tag pools (a replay needs none).
+    pub fn host_lagged(
+        capacity: usize,
+        config: PoolConfig,
+        clock: Arc<emm_core::HostClock>,
+    ) -> Result<PoolManager> {
+        let host = Arc::new(emm_default::HostUpstream::new(capacity, false));
+        let vmm = config
+            .segments
+            .expandable
+            .then(|| Box::new(crate::HostVmm::new(host.clone())) as Box<dyn crate::VirtualMemory>);
+        Self::with_config(
+            PoolUpstream::Custom(
+                Box::new(host),
+                Box::new(crate::LaggedEvents::new(clock)),
+                vmm,
+                None,
+            ),
+            config,
+        )
+    }
+
     /// Allocates on `stream` (the stream-ordered path; same as
     /// [`MemoryManager::memalloc_async`]).
     pub fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {

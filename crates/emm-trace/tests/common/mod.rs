@@ -11,8 +11,9 @@ pub fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
     }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .expect("run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder");
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").expect(
+        "run the tests through cargo, or set EMM_TEST_DATA to the checkout's crates/ folder",
+    );
     PathBuf::from(manifest).join("..").join(rel)
 }
 
@@ -22,4 +23,52 @@ pub fn bundled(name: &str) -> Trace {
     Trace::open(&data("emm-cli/traces").join(name), None)
         .unwrap()
         .remove(0)
+}
+
+/// Peak reserved over peak live of the pool after each pass in `at` (1-based) of
+/// `passes` passes of the trace or snapshot at `path` (under `crates/`), over the
+/// host stand-in with the trace's streams honoured (as `emm replay` replays them:
+/// stream 0 the default stream, the others created streams). With `lag` > 0 the
+/// stand-in's device runs that many requests behind the host (`emm replay
+/// --device-lag`): the pool's events complete that late.
+#[allow(dead_code)] // only the footprint tests replay through the pool
+pub fn pool_ratios(path: &str, passes: u32, at: &[usize], lag: u64) -> Vec<f64> {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use emm_pool::{PoolConfig, PoolManager};
+    use emm_sys::CUstream;
+    use emm_trace::{replay, ReplayOptions};
+
+    let t = Trace::open(&data(path), None).unwrap().remove(0);
+    let clock = (lag > 0).then(|| Arc::new(emm_core::HostClock::new(lag)));
+    let pool = match &clock {
+        Some(c) => PoolManager::host_lagged(1 << 40, PoolConfig::default(), c.clone()),
+        None => PoolManager::host(1 << 40, PoolConfig::default()),
+    }
+    .unwrap();
+    // Distinct handles the host stand-in only uses as keys.
+    let mut streams: HashMap<u64, CUstream> = HashMap::new();
+    let mut stream = |n: u64| {
+        if n == 0 {
+            return emm_core::SYNC_STREAM;
+        }
+        *streams
+            .entry(n)
+            .or_insert_with(|| CUstream((0x1000 + n as usize * 0x100) as *mut _))
+    };
+    let options = ReplayOptions {
+        passes,
+        clock,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&t, &pool, &mut stream, &options, &mut |_| {}).unwrap();
+    assert_eq!(r.failures, 0, "{path}: {:?}", r.first_failure);
+    pool.check().unwrap();
+    at.iter()
+        .map(|&n| {
+            let p = &r.passes[n - 1];
+            p.peak_reserved_bytes as f64 / p.peak_live_bytes as f64
+        })
+        .collect()
 }
