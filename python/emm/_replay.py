@@ -23,6 +23,7 @@ def replay(
     as_fraction: bool = False,
     overhead: Union[int, str, None] = None,
     pytorch_conf: Optional[str] = None,
+    device_lag: int = 0,
     timeout: Optional[float] = None,
 ) -> Dict[str, Any]:
     """Replays allocation traces (PyTorch snapshots, RMM logs, emm's CSV; none:
@@ -38,7 +39,9 @@ def replay(
     that many (default: until the footprint holds). ``device_memory``: bytes, or a
     size such as ``"24G"``. ``as_fraction``: with ``device_memory`` or ``fit``, cap
     the PyTorch models as ``torch.cuda.set_per_process_memory_fraction`` does
-    rather than as a device of that size. Raises ``ValueError`` for arguments the command refuses
+    rather than as a device of that size. ``device_lag``: over the host stand-in,
+    the pool's events complete that many requests after they are recorded, as on
+    a GPU running behind the host (``--device-lag``). Raises ``ValueError`` for arguments the command refuses
     and ``FileNotFoundError`` when this installation has no ``emm`` program."""
     exe = _install.binary()
     if exe is None:
@@ -67,6 +70,8 @@ def replay(
         args += ["--overhead", str(overhead)]
     if pytorch_conf is not None:
         args += ["--pytorch-conf", pytorch_conf]
+    if device_lag:
+        args += ["--device-lag", str(int(device_lag))]
     p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
     messages = [line for line in p.stderr.splitlines() if line.strip()]
     if p.returncode == 2 or not p.stdout.strip():

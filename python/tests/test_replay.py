@@ -36,6 +36,13 @@ def test_device_memory_and_fit_answer_will_it_fit():
     assert doc["traces"][0]["peak_live_bytes"] <= f["needs_bytes"] == f["with_overhead_bytes"]
 
 
+def test_device_lag_reaches_the_command():
+    doc = emm.replay(managers=["pool"], passes=1, device_lag=300)
+    assert doc["exit_status"] == 0, doc["messages"]
+    assert doc["device_lag_requests"] == 300
+    assert emm.replay(managers=["pool"], passes=1)["device_lag_requests"] == 0
+
+
 def test_arguments_the_command_refuses_raise_value_error():
     with pytest.raises(ValueError, match="max_split_size_mb"):
         emm.replay(managers=["pytorch-native"], pytorch_conf="max_split_size_mb:5")

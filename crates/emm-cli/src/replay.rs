@@ -253,7 +253,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     };
     let backend = Backend::detect();
     if args.device_lag > 0 && !backend.is_host() && args.device_memory.is_none() {
-        note("emm replay: --device-lag models the host stand-in's device, and this replay runs on the GPU (whose own events complete when its work does); drop --device-lag, or add --device-memory to replay over the stand-in");
+        note("emm replay: --device-lag models the host stand-in's device, and this replay runs on the GPU (whose own events complete when its work does); drop --device-lag, or add --device-memory, which replays emm's managers over the stand-in");
         return Ok(ExitCode::from(2));
     }
     let mut out = Out::stdout();
@@ -261,7 +261,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         out.line(backend.describe())?;
         if args.device_lag > 0 {
             out.line(format!(
-                "device lag: the stand-in's events complete {} requests after they are recorded (--device-lag)",
+                "device lag: the stand-in's events complete {} requests after they are recorded (--device-lag; only the pool records events)",
                 args.device_lag
             ))?;
         }
@@ -315,6 +315,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             "device"
         },
         overhead_bytes: args.overhead,
+        device_lag_requests: args.device_lag,
         failed: false,
         errors: Vec::new(),
         traces: Vec::new(),

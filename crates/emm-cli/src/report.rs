@@ -33,6 +33,9 @@ pub struct Report {
     /// `--overhead`: what the process holds on the device besides the
     /// allocator, added to `--fit`'s answers.
     pub overhead_bytes: u64,
+    /// `--device-lag`: requests the host stand-in's device ran behind the host
+    /// (the pool's events completed that late); 0: at once.
+    pub device_lag_requests: u64,
     /// Whether the run failed (it exits 1): a trace that could not be read, a
     /// replay in which requests failed, nothing replayed, …
     pub failed: bool,
@@ -743,6 +746,7 @@ mod tests {
             device_memory_bytes: None,
             pytorch_cap: "device",
             overhead_bytes: 0,
+            device_lag_requests: 0,
             failed: false,
             errors: Vec::new(),
             traces: vec![TraceReport {

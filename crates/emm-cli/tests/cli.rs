@@ -32,7 +32,8 @@ fn snapshot() -> PathBuf {
 
 /// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the checkout's
 /// `crates/` beside the GPU bundle, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
-/// test. Never a path compiled in, so a moved bundle still finds its data.
+/// test. Never a path compiled in: a GPU bundle finds the checkout it was carried
+/// beside.
 fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
@@ -203,10 +204,6 @@ fn cells(table: &str, row: &str) -> Vec<String> {
     out
 }
 
-/// Without `--passes`, each manager replays the trace until its peak reserved
-/// bytes have not moved for 10 passes: a pool warm after the first pass of a
-/// trace that frees all it makes takes exactly 11. The table shows reserved/live
-/// after pass 1 beside the steady figure and the passes taken; the JSON the same.
 /// `--device-lag N`: the stand-in's device runs N requests behind the host, so a
 /// block freed on one stream is not yet another stream's to take; without it,
 /// events complete at once.
@@ -236,6 +233,7 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
         no_panic(&o);
         assert!(o.status.success(), "{}", text(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["device_lag_requests"].as_u64(), lag.parse().ok());
         v["traces"][0]["managers"][0]["peak_reserved_bytes"]
             .as_u64()
             .unwrap()
@@ -265,6 +263,10 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     );
 }
 
+/// Without `--passes`, each manager replays the trace until its peak reserved
+/// bytes have not moved for 10 passes: a pool warm after the first pass of a
+/// trace that frees all it makes takes exactly 11. The table shows reserved/live
+/// after pass 1 beside the steady figure and the passes taken; the JSON the same.
 #[test]
 fn the_default_replays_until_the_footprint_holds() {
     let mut csv = String::from("op,id,size,stream\n");

@@ -120,3 +120,28 @@ fn a_parked_block_whose_event_completed_goes_to_the_stream_that_asked() {
     pool.check().unwrap();
     drop((y, z));
 }
+
+/// Each stream takes back only its own parked blocks: two streams' blocks parked
+/// for a third come back to their own streams, each at its own address.
+#[test]
+fn each_stream_takes_back_only_its_own_parked_blocks() {
+    let (pool, _events) = pool(true);
+    let (a, b) = streams();
+    let c = CUstream(0x300 as *mut core::ffi::c_void);
+    let xa = pool.memalloc_async(64 * MIB, a).unwrap();
+    let xc = pool.memalloc_async(64 * MIB, c).unwrap();
+    let (addr_a, addr_c) = (xa.ptr(), xc.ptr());
+    drop((xa, xc));
+    // B parks both (neither event completes) and grows.
+    let y = pool.memalloc_async(64 * MIB, b).unwrap();
+    let before = pool.stats().reserved_bytes;
+    let again_c = pool.memalloc_async(64 * MIB, c).unwrap();
+    assert_eq!(again_c.ptr(), addr_c, "C did not get its own block back");
+    let again_a = pool.memalloc_async(64 * MIB, a).unwrap();
+    assert_eq!(again_a.ptr(), addr_a, "A did not get its own block back");
+    let stats = pool.stats();
+    assert_eq!(stats.reserved_bytes, before, "a stream grew: {stats:?}");
+    assert_eq!(stats.counts.parked_taken_back, 2);
+    pool.check().unwrap();
+    drop((y, again_a, again_c));
+}

@@ -127,18 +127,10 @@ impl PoolManager {
         config: PoolConfig,
         clock: Arc<emm_core::HostClock>,
     ) -> Result<PoolManager> {
-        let host = Arc::new(emm_default::HostUpstream::new(capacity, false));
-        let vmm = config
-            .segments
-            .expandable
-            .then(|| Box::new(crate::HostVmm::new(host.clone())) as Box<dyn crate::VirtualMemory>);
+        let (host, vmm) =
+            super::upstream::host_standin(capacity, false, config.segments.expandable);
         Self::with_config(
-            PoolUpstream::Custom(
-                Box::new(host),
-                Box::new(crate::LaggedEvents::new(clock)),
-                vmm,
-                None,
-            ),
+            PoolUpstream::Custom(host, Box::new(crate::LaggedEvents::new(clock)), vmm, None),
             config,
         )
     }

@@ -40,6 +40,22 @@ pub enum PoolUpstream {
 /// The shared state of a pool over `upstream` with `config` (a pool's own, or
 /// a tag pool's), in `family` (shared by a pool and its tag pools: reserved
 /// bytes, the byte limit and the release threshold).
+/// The host stand-in's memory of `capacity` bytes (backed by real memory with
+/// `touch`) and, with `expandable` and without `touch`, its virtual memory.
+pub(super) fn host_standin(
+    capacity: usize,
+    touch: bool,
+    expandable: bool,
+) -> (Box<dyn Upstream>, Option<Box<dyn VirtualMemory>>) {
+    let host = Arc::new(HostUpstream::new(capacity, touch));
+    let vmm: Option<Box<dyn VirtualMemory>> = if expandable && !touch {
+        Some(Box::new(HostVmm::new(host.clone())))
+    } else {
+        None
+    };
+    (Box::new(host), vmm)
+}
+
 pub(super) fn make_core(
     upstream: PoolUpstream,
     config: PoolConfig,
@@ -98,13 +114,8 @@ pub(super) fn make_core(
             )
         }
         PoolUpstream::Host { capacity, touch } => {
-            let host = Arc::new(HostUpstream::new(capacity, touch));
-            let vmm: Option<Box<dyn VirtualMemory>> = if config.segments.expandable && !touch {
-                Some(Box::new(HostVmm::new(host.clone())))
-            } else {
-                None
-            };
-            (Box::new(host), Box::new(HostEvents::immediate()), vmm, None)
+            let (host, vmm) = host_standin(capacity, touch, config.segments.expandable);
+            (host, Box::new(HostEvents::immediate()), vmm, None)
         }
         PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
     };

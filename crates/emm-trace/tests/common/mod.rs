@@ -6,7 +6,8 @@ use emm_trace::Trace;
 
 /// Test data under `crates/`, found at run time: `EMM_TEST_DATA` (the checkout's
 /// `crates/` beside the GPU bundle, set by its `run.sh`), else cargo's `CARGO_MANIFEST_DIR` of the running
-/// test. Never a path compiled in, so a moved bundle still finds its data.
+/// test. Never a path compiled in: a GPU bundle finds the checkout it was carried
+/// beside.
 pub fn data(rel: &str) -> PathBuf {
     if let Some(d) = std::env::var_os("EMM_TEST_DATA") {
         return PathBuf::from(d).join(rel);
