@@ -214,25 +214,27 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     let p = temp("lag.csv", csv.as_bytes());
     // (The thread's cache off: it would keep the freed block for its own stream
     // whatever the lag.)
-    let peak = |lag: &str| {
-        let o = emm()
-            .env("EMM_POOL_THREAD_CACHE", "0")
-            .args([
-                "replay",
-                "-m",
-                "pool",
-                "--passes",
-                "1",
-                "--json",
-                "--device-lag",
-                lag,
-            ])
-            .arg(&p)
-            .output()
-            .unwrap();
+    let replay = |lag: &str, json: bool| {
+        let mut c = emm();
+        c.env("EMM_POOL_THREAD_CACHE", "0").args([
+            "replay",
+            "-m",
+            "pool",
+            "--passes",
+            "1",
+            "--device-lag",
+            lag,
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.arg(&p).output().unwrap();
         no_panic(&o);
         assert!(o.status.success(), "{}", text(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        o
+    };
+    let peak = |lag: &str| {
+        let v: serde_json::Value = serde_json::from_slice(&replay(lag, true).stdout).unwrap();
         assert_eq!(v["device_lag_requests"].as_u64(), lag.parse().ok());
         v["traces"][0]["managers"][0]["peak_reserved_bytes"]
             .as_u64()
@@ -242,20 +244,7 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     // completed when stream 2 asks, so it reserves its own.
     assert_eq!(peak("0"), 64 << 20);
     assert_eq!(peak("1000"), 128 << 20);
-    let o = emm()
-        .args([
-            "replay",
-            "-m",
-            "pool",
-            "--passes",
-            "1",
-            "--device-lag",
-            "1000",
-        ])
-        .arg(&p)
-        .output()
-        .unwrap();
-    no_panic(&o);
+    let o = replay("1000", false);
     assert!(
         text(&o.stdout).contains("device lag: the stand-in's events complete 1000 requests after"),
         "{}",

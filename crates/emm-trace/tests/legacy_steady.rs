@@ -9,17 +9,15 @@
 //! gap cannot widen unseen.
 //!
 //! 100 passes in an optimized build (`cargo test --release`); 12 in a debug build,
-//! which keeps the test within about a minute there (each pass of the largest
-//! traces takes about a second unoptimized). Every trace settles by pass 10.
-
-use std::collections::HashMap;
+//! (written when each pass of the largest traces took about a second there;
+//! `emm-pool` and `emm-trace` are optimized in dev builds now). Every trace
+//! settles by pass 10.
 
 use emm_pool::{PoolConfig, PoolManager, SegmentPolicy};
-use emm_sys::CUstream;
 use emm_trace::{replay, ReplayOptions, Trace};
 
 mod common;
-use common::data;
+use common::{data, standin_stream};
 
 /// The bound the steady-state issue sets for the path without VMM.
 const BOUND: f64 = 1.15;
@@ -75,20 +73,11 @@ fn replay_legacy(path: &str) -> ([f64; 3], Vec<u64>) {
         ..PoolConfig::default()
     };
     let pool = PoolManager::host(1 << 40, config).unwrap();
-    let mut streams: HashMap<u64, CUstream> = HashMap::new();
-    let mut stream = |n: u64| {
-        if n == 0 {
-            return emm_core::SYNC_STREAM;
-        }
-        *streams
-            .entry(n)
-            .or_insert_with(|| CUstream((0x1000 + n as usize * 0x100) as *mut _))
-    };
     let options = ReplayOptions {
         passes: passes() as u32,
         ..ReplayOptions::default()
     };
-    let r = replay(&t, &pool, &mut stream, &options, &mut |_| {}).unwrap();
+    let r = replay(&t, &pool, &mut standin_stream, &options, &mut |_| {}).unwrap();
     assert_eq!(r.failures, 0, "{path}: {:?}", r.first_failure);
     let at = |n: usize| {
         let p = &r.passes[n - 1];

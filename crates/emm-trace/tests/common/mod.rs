@@ -26,6 +26,17 @@ pub fn bundled(name: &str) -> Trace {
         .remove(0)
 }
 
+/// The stream a replay over the host stand-in uses for the trace's stream `n`, as
+/// `emm replay` maps them: 0 the default stream, the others distinct handles of
+/// created streams (the stand-in only uses them as keys).
+#[allow(dead_code)] // only the pool's replays map streams
+pub fn standin_stream(n: u64) -> emm_sys::CUstream {
+    if n == 0 {
+        return emm_core::SYNC_STREAM;
+    }
+    emm_sys::CUstream((0x1000 + n as usize * 0x100) as *mut _)
+}
+
 /// Peak reserved over peak live of the pool after each pass in `at` (1-based) of
 /// `passes` passes of the trace or snapshot at `path` (under `crates/`), over the
 /// host stand-in with the trace's streams honoured (as `emm replay` replays them:
@@ -34,11 +45,9 @@ pub fn bundled(name: &str) -> Trace {
 /// --device-lag`): the pool's events complete that late.
 #[allow(dead_code)] // only the footprint tests replay through the pool
 pub fn pool_ratios(path: &str, passes: u32, at: &[usize], lag: u64) -> Vec<f64> {
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     use emm_pool::{PoolConfig, PoolManager};
-    use emm_sys::CUstream;
     use emm_trace::{replay, ReplayOptions};
 
     let t = Trace::open(&data(path), None).unwrap().remove(0);
@@ -48,22 +57,12 @@ pub fn pool_ratios(path: &str, passes: u32, at: &[usize], lag: u64) -> Vec<f64> 
         None => PoolManager::host(1 << 40, PoolConfig::default()),
     }
     .unwrap();
-    // Distinct handles the host stand-in only uses as keys.
-    let mut streams: HashMap<u64, CUstream> = HashMap::new();
-    let mut stream = |n: u64| {
-        if n == 0 {
-            return emm_core::SYNC_STREAM;
-        }
-        *streams
-            .entry(n)
-            .or_insert_with(|| CUstream((0x1000 + n as usize * 0x100) as *mut _))
-    };
     let options = ReplayOptions {
         passes,
         clock,
         ..ReplayOptions::default()
     };
-    let r = replay(&t, &pool, &mut stream, &options, &mut |_| {}).unwrap();
+    let r = replay(&t, &pool, &mut standin_stream, &options, &mut |_| {}).unwrap();
     assert_eq!(r.failures, 0, "{path}: {:?}", r.first_failure);
     pool.check().unwrap();
     at.iter()
