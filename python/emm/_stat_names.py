@@ -46,6 +46,16 @@ TIGHTENINGS = "emm.tightenings"
 MERGES = "emm.merges"
 THRESHOLD_RELEASES = "emm.threshold_releases"
 PAUSED_BYTES = "emm.paused_bytes"
+PEAK_SLACK_RESERVED_BYTES = "emm.peak_slack.reserved_bytes"
+PEAK_SLACK_LIVE_BYTES = "emm.peak_slack.live_bytes"
+PEAK_SLACK_THREAD_CACHED_BYTES = "emm.peak_slack.thread_cached_bytes"
+PEAK_SLACK_OWN_STREAM_FREE_BYTES = "emm.peak_slack.own_stream_free_bytes"
+PEAK_SLACK_OTHER_STREAMS_FREE_BYTES = "emm.peak_slack.other_streams_free_bytes"
+PEAK_SLACK_SETTLED_FREE_BYTES = "emm.peak_slack.settled_free_bytes"
+PEAK_SLACK_PARKED_BYTES = "emm.peak_slack.parked_bytes"
+PEAK_SLACK_SMALL_FREE_BYTES = "emm.peak_slack.small_free_bytes"
+PEAK_SLACK_REQUEST_BYTES = "emm.peak_slack.request_bytes"
+PEAK_SLACK_STREAMS = "emm.peak_slack.streams"
 MANAGED_BYTES_CURRENT = "emm.managed_bytes.current"
 MANAGED_BYTES_PEAK = "emm.managed_bytes.peak"
 MANAGED_ALLOCATIONS_CURRENT = "emm.managed_allocations.current"
@@ -93,6 +103,16 @@ NAMES = (
     MERGES,
     THRESHOLD_RELEASES,
     PAUSED_BYTES,
+    PEAK_SLACK_RESERVED_BYTES,
+    PEAK_SLACK_LIVE_BYTES,
+    PEAK_SLACK_THREAD_CACHED_BYTES,
+    PEAK_SLACK_OWN_STREAM_FREE_BYTES,
+    PEAK_SLACK_OTHER_STREAMS_FREE_BYTES,
+    PEAK_SLACK_SETTLED_FREE_BYTES,
+    PEAK_SLACK_PARKED_BYTES,
+    PEAK_SLACK_SMALL_FREE_BYTES,
+    PEAK_SLACK_REQUEST_BYTES,
+    PEAK_SLACK_STREAMS,
     MANAGED_BYTES_CURRENT,
     MANAGED_BYTES_PEAK,
     MANAGED_ALLOCATIONS_CURRENT,

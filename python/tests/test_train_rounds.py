@@ -35,3 +35,34 @@ def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(rounds
     rounds.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
     out = capsys.readouterr().out
     assert out.rstrip().endswith("2 calls of 4 us or more in 1 steps"), out
+
+
+def _log(path, rounds_and_variants, first):
+    """A train_rounds log of one run (started at round `first`) whose processes
+    each printed a RESULT line; an earlier, abandoned run comes first."""
+    import json
+
+    lines = ['=== train_rounds {"sdpa": "auto", "argv": ["--rounds", "9"]}',
+             "== gpt2 native round=0 rc=0 gpu={}",
+             "RESULT " + json.dumps({"workload": "gpt2", "variant": "stale", "step_ms": [1.0]})]
+    lines.append('=== train_rounds ' + json.dumps({"sdpa": "auto", "argv": ["--first-round", str(first)]}))
+    for r, v in rounds_and_variants:
+        lines.append(f"== gpt2 {v} round={r} rc=0 gpu={{}}")
+        lines.append("RESULT " + json.dumps({"workload": "gpt2", "variant": v, "step_ms": [10.0, 20.0],
+                                             "steps": 2, "shapes": "bucketed", "world": 1}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_logs_of_rounds_split_over_calls_table_together(rounds, tmp_path):
+    # Rounds 1-2 in one call, round 3 in the next (--first-round 3): the last run
+    # of each log, merged, holds all three rounds of both variants.
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    _log(a, [(0, "native"), (0, "emm-pool"), (1, "emm-pool"), (1, "native")], 1)
+    _log(b, [(2, "native"), (2, "emm-pool")], 3)
+    args = argparse.Namespace(from_log=[str(a), str(b)], sdpa="auto", fsdp=False,
+                              workloads=None, variants=None, rounds=0, steps=0, shapes=None, ddp=0)
+    results = rounds.from_log(args)
+    assert sorted(results) == [("gpt2", "emm-pool"), ("gpt2", "native")], "the abandoned run's result stays out"
+    assert sorted(x["round"] for x in results[("gpt2", "native")]) == [0, 1, 2]
+    assert args.rounds == 3
+    assert all(x["total_ms"] == 30.0 for rs in results.values() for x in rs)

@@ -449,6 +449,12 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 first_failure,
                 curve: r.samples.clone(),
                 at_peak,
+                peak_slack: (!r.peak_slack.is_empty()).then(|| {
+                    r.peak_slack
+                        .iter()
+                        .map(|&(name, v)| (name.strip_prefix("emm.peak_slack.").unwrap_or(name), v))
+                        .collect()
+                }),
                 map,
                 passes: r
                     .passes

@@ -139,6 +139,12 @@ pub struct ManagerReport {
     /// moments the one with the most live bytes (`--html` only;
     /// `null` without it).
     pub at_peak: Option<AtPeak>,
+    /// emm's pool: its reserved bytes at the last growth that raised their peak,
+    /// by what held them (`emm.peak_slack.*` without the prefix: live bytes,
+    /// threads' caches, free blocks of the growing stream, of other streams,
+    /// settled, parked behind events, in small segments; the request; the
+    /// streams holding free blocks). `null` for a manager that does not say.
+    pub peak_slack: Option<std::collections::BTreeMap<&'static str, u64>>,
     /// The same, block by block (for the page).
     #[serde(skip)]
     pub map: Option<peak::Map>,
@@ -455,6 +461,11 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     for t in &r.traces {
+        for l in t.managers.iter().filter_map(|m| peak_slack_line(t, m)) {
+            out.line(l)?;
+        }
+    }
+    for t in &r.traces {
         if let Some(v) = verdict_of(r, t) {
             out.line(format_args!("{}: {v}", t.trace))?;
         }
@@ -656,6 +667,36 @@ pub fn unsettled(m: &ManagerReport, rule: &SteadyRuleReport) -> Option<String> {
     ))
 }
 
+/// The line on where a pool's peak went: at the growth that raised its reserved
+/// bytes to their most, the live bytes and each kind of free memory beside them
+/// (see [`ManagerReport::peak_slack`]); `None` for a manager that does not say, or
+/// one that never grew.
+pub fn peak_slack_line(t: &TraceReport, m: &ManagerReport) -> Option<String> {
+    let s = m.peak_slack.as_ref()?;
+    let get = |k: &str| s.get(k).copied().unwrap_or(0);
+    let reserved = get("reserved_bytes");
+    if reserved == 0 {
+        return None;
+    }
+    let cached = get("thread_cached_bytes");
+    let b = |v: u64| units::bytes(u128::from(v));
+    Some(format!(
+        "{} through {}: its peak of {} came with a request of {} while {} was live; beside it {} in threads' caches, free: {} on the stream that grew, {} on {} other streams, {} settled, {} parked for another stream, {} in small segments",
+        t.trace,
+        m.manager,
+        b(reserved),
+        b(get("request_bytes")),
+        b(get("live_bytes").saturating_sub(cached)),
+        b(cached),
+        b(get("own_stream_free_bytes")),
+        b(get("other_streams_free_bytes")),
+        get("streams").saturating_sub(1),
+        b(get("settled_free_bytes")),
+        b(get("parked_bytes")),
+        b(get("small_free_bytes")),
+    ))
+}
+
 /// One line on a replay of several passes: the driver calls of the first pass
 /// (the manager growing to its size) beside those of the later ones (what a
 /// warm manager pays each pass), and the footprint after the first and the last.
@@ -719,6 +760,7 @@ mod tests {
             first_failure: None,
             curve: Vec::new(),
             at_peak: None,
+            peak_slack: None,
             map: None,
             passes: Vec::new(),
             first_pass_peak_live_bytes: 1000,

@@ -250,6 +250,19 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
         "{}",
         text(&o.stdout)
     );
+    // Where the peak went: stream 1's block parked for stream 2 while it grew.
+    assert!(
+        text(&o.stdout).contains(
+            "its peak of 128 MiB came with a request of 64.0 MiB while 64.0 MiB was live; beside it 0 B in threads' caches, free: 0 B on the stream that grew, 0 B on 0 other streams, 0 B settled, 64.0 MiB parked for another stream"
+        ),
+        "{}",
+        text(&o.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&replay("1000", true).stdout).unwrap();
+    let s = &v["traces"][0]["managers"][0]["peak_slack"];
+    assert_eq!(s["parked_bytes"], 64 << 20, "{s}");
+    assert_eq!(s["reserved_bytes"], 128 << 20, "{s}");
+    assert_eq!(s["request_bytes"], 64 << 20, "{s}");
 }
 
 /// Without `--passes`, each manager replays the trace until its peak reserved

@@ -98,6 +98,26 @@ stat_names! {
     THRESHOLD_RELEASES = "emm.threshold_releases";
     /// Bytes of tagged blocks a pause gave back.
     PAUSED_BYTES = "emm.paused_bytes";
+    /// At the last growth that raised the peak of reserved bytes: reserved bytes then.
+    PEAK_SLACK_RESERVED_BYTES = "emm.peak_slack.reserved_bytes";
+    /// At that growth: bytes of live blocks (callers' and threads' caches').
+    PEAK_SLACK_LIVE_BYTES = "emm.peak_slack.live_bytes";
+    /// At that growth: of the live bytes, those waiting in threads' caches.
+    PEAK_SLACK_THREAD_CACHED_BYTES = "emm.peak_slack.thread_cached_bytes";
+    /// At that growth: free large blocks of the stream that grew the pool.
+    PEAK_SLACK_OWN_STREAM_FREE_BYTES = "emm.peak_slack.own_stream_free_bytes";
+    /// At that growth: free large blocks of other streams.
+    PEAK_SLACK_OTHER_STREAMS_FREE_BYTES = "emm.peak_slack.other_streams_free_bytes";
+    /// At that growth: free large blocks any stream may take.
+    PEAK_SLACK_SETTLED_FREE_BYTES = "emm.peak_slack.settled_free_bytes";
+    /// At that growth: free blocks parked behind events for another stream.
+    PEAK_SLACK_PARKED_BYTES = "emm.peak_slack.parked_bytes";
+    /// At that growth: free bytes in small-block segments.
+    PEAK_SLACK_SMALL_FREE_BYTES = "emm.peak_slack.small_free_bytes";
+    /// At that growth: the request that grew the pool.
+    PEAK_SLACK_REQUEST_BYTES = "emm.peak_slack.request_bytes";
+    /// At that growth: streams holding free large blocks.
+    PEAK_SLACK_STREAMS = "emm.peak_slack.streams";
     /// Bytes of managed memory held now.
     MANAGED_BYTES_CURRENT = "emm.managed_bytes.current";
     /// Peak of `emm.managed_bytes.current`.

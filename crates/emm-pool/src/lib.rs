@@ -30,6 +30,7 @@ mod owner_lock;
 mod pool;
 mod refused;
 pub mod settings;
+mod slack;
 mod thread_cache;
 mod vmm;
 mod vmm_export;
@@ -44,6 +45,7 @@ pub use graph::{
 };
 pub use lagged_events::LaggedEvents;
 pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
+pub use slack::PeakSlack;
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};
 
 // The README's examples are compiled as doctests, so they stay true.

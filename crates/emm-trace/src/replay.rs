@@ -267,6 +267,9 @@ pub struct ReplayResult {
     /// [`ReplayOptions::peak_map`] (`None` without it, or when its reserved bytes
     /// never rose).
     pub peak_map: Option<PeakMap>,
+    /// Where the manager's reserved bytes were at its peak, by what held them
+    /// ([`ReplayTarget::peak_slack`]; empty for a manager that does not say).
+    pub peak_slack: Vec<(&'static str, u64)>,
 }
 
 impl ReplayResult {
@@ -591,6 +594,7 @@ pub fn replay<T: ReplayTarget + ?Sized>(
     progress(i);
     // The replay's driver calls, before what is still held goes back.
     let driver = manager.driver_calls().since(&driver_start);
+    let peak_slack = manager.peak_slack();
     drop_in_trace_order(held, &plan);
     drop(kept_held);
     let stats = manager.stats();
@@ -608,6 +612,7 @@ pub fn replay<T: ReplayTarget + ?Sized>(
         passes: pass_results,
         steady: stop,
         peak_map: watch.and_then(PeakWatch::finish),
+        peak_slack,
     })
 }
 

@@ -31,6 +31,13 @@ pub trait ReplayTarget {
     fn segments(&self) -> Option<Vec<SnapshotSegment>> {
         None
     }
+
+    /// The make-up of the allocator's reserved bytes at its peak, as
+    /// `emm.peak_slack.*` statistics (emm's pool keeps them; see
+    /// `emm_pool::PeakSlack`); empty where it keeps none (the default).
+    fn peak_slack(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl<M: MemoryManager + ?Sized> ReplayTarget for M {
@@ -69,7 +76,17 @@ impl<M: MemoryManager + ?Sized> ReplayTarget for M {
         })
         .map(|m| m.segments)
     }
+
+    fn peak_slack(&self) -> Vec<(&'static str, u64)> {
+        self.memory_stats()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(PEAK_SLACK_PREFIX))
+            .collect()
+    }
 }
+
+/// The prefix of the statistics that say where a pool's peak went.
+const PEAK_SLACK_PREFIX: &str = "emm.peak_slack.";
 
 /// Calls a manager made to the driver for device memory, from the counters of its
 /// [`MemoryManager::memory_stats`] (a counter the manager does not keep is 0).

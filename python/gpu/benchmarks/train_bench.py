@@ -333,6 +333,7 @@ def main():
         "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
         "torch_allocator": torch_allocator(),
         "device_used_peak": device_peak - device_base,
+        "peak_slack": peak_slack(args.variant, dev),
     }
     if args.ddp:
         import torch.distributed as dist
@@ -340,7 +341,7 @@ def main():
         everyone = [None] * world
         dist.all_gather_object(everyone, result)
         if rank == 0:
-            result["ranks"] = [{k: r[k] for k in ("median_ms", "peak_reserved", "peak_allocated", "calib")}
+            result["ranks"] = [{k: r[k] for k in ("median_ms", "peak_reserved", "peak_allocated", "calib", "peak_slack")}
                                for r in everyone]
             result["calib"] = {k: max(r["calib"][k] for r in everyone) for k in result["calib"]}
             # A DDP step waits for the slowest rank, so it ran on a steady host only
@@ -425,6 +426,20 @@ def step_counters(variant, dev):
                 "num_alloc_retries": st.get("num_alloc_retries", 0), "num_ooms": st.get("num_ooms", 0),
                 "reserved_bytes": st.get("reserved_bytes.all.current", 0)}
     return read_torch
+
+
+def peak_slack(variant, dev):
+    """emm's pool: its reserved bytes at the last growth that raised their peak, by
+    what held them (``emm.peak_slack.*`` without the prefix: live bytes, threads'
+    caches, free blocks of the growing stream, of other streams, settled, parked
+    behind events, in small segments); empty for PyTorch's allocator."""
+    if not variant.startswith("emm-"):
+        return {}
+    import emm
+
+    prefix = "emm.peak_slack."
+    stats = emm.Manager(None, dev.index or 0).memory_stats()
+    return {k[len(prefix):]: v for k, v in stats.items() if k.startswith(prefix)}
 
 
 def memory(variant, dev):

@@ -156,6 +156,10 @@ def gib(n):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--first-round", type=int, default=1,
+                   help="number the rounds from this one (and rotate the order as that round would): a "
+                        "run too long for one call goes on in the next, and --from-log tables the logs of "
+                        "both together")
     p.add_argument("--workloads", nargs="+", default=["gpt2", "resnet50", "gpt2-infer"])
     p.add_argument("--variants", nargs="+", default=["native", "expandable", "emm-pool", "emm-hostonly"])
     p.add_argument("--steps", type=int, default=30)
@@ -177,9 +181,10 @@ def main():
     p.add_argument("--no-telemetry", dest="telemetry", action="store_false",
                    help="do not sample the GPU's clock, power and temperature with nvidia-smi")
     p.add_argument("--log", default=os.path.join(os.environ.get("OUT", "/tmp"), "train_rounds.log"))
-    p.add_argument("--from-log", metavar="FILE",
-                   help="run nothing: print the tables from the RESULT lines of an earlier run's log "
-                        "(what a run cut short still wrote)")
+    p.add_argument("--from-log", metavar="FILE", nargs="+",
+                   help="run nothing: print the tables from the RESULT lines of earlier runs' logs "
+                        "(what a run cut short still wrote); with several files, the last run of each, "
+                        "together (rounds split over calls with --first-round)")
     args = p.parse_args()
     if args.from_log:
         results = from_log(args)
@@ -191,7 +196,9 @@ def main():
         log.write("=== train_rounds " + json.dumps({"sdpa": args.sdpa, "argv": sys.argv[1:]}) + "\n")
         if args.gpus and (args.ddp or args.gpus < len(args.variants)):
             p.error("--gpus needs at least one GPU per variant and no --ddp")
-        for r in range(args.rounds):
+        if args.first_round < 1:
+            p.error("--first-round counts from 1")
+        for r in range(args.first_round - 1, args.first_round - 1 + args.rounds):
             for w in args.workloads:
                 k = r % len(args.variants)
                 if args.gpus:
@@ -221,8 +228,25 @@ def from_log(args):
     variants and round count are taken from the log where the arguments left them
     at their defaults."""
     results = {}
+    for path in args.from_log:
+        for key, runs in last_run_of(path, args).items():
+            results.setdefault(key, []).extend(runs)
+    ws = list(dict.fromkeys(w for w, _ in results))
+    vs = list(dict.fromkeys(v for _, v in results))
+    args.workloads, args.variants = ws, vs
+    args.rounds = max((x["round"] + 1 for rs in results.values() for x in rs), default=0)
+    if results:
+        first = next(iter(results.values()))[0]
+        args.steps, args.shapes = first["steps"], first["shapes"]
+        args.ddp = first["world"] if first["world"] > 1 else 0
+    return results
+
+
+def last_run_of(path, args):
+    """The results of the last run in the log at `path`, keyed as a run keys them."""
+    results = {}
     head = None
-    for line in open(args.from_log):
+    for line in open(path):
         if line.startswith("=== train_rounds "):
             # A new run: only the last run of the log is tabled.
             results, head = {}, None
@@ -240,14 +264,6 @@ def from_log(args):
             res = json.loads(line[7:])
             res.update(head, total_ms=sum(res["step_ms"]))
             results.setdefault((res["workload"], res["variant"]), []).append(res)
-    ws = list(dict.fromkeys(w for w, _ in results))
-    vs = list(dict.fromkeys(v for _, v in results))
-    args.workloads, args.variants = ws, vs
-    args.rounds = max((x["round"] + 1 for rs in results.values() for x in rs), default=0)
-    if results:
-        first = next(iter(results.values()))[0]
-        args.steps, args.shapes = first["steps"], first["shapes"]
-        args.ddp = first["world"] if first["world"] > 1 else 0
     return results
 
 

@@ -20,6 +20,47 @@ impl Arena {
             .sum()
     }
 
+    /// The make-up of what the pool reserves now, for a growth of `stream` by a
+    /// request of `request` bytes (see [`PeakSlack`]; the thread-cached share is
+    /// the pool's to fill in). One pass over the free sets and the parked blocks.
+    ///
+    /// [`PeakSlack`]: crate::slack::PeakSlack
+    pub(crate) fn slack(&self, stream: StreamKey, request: usize) -> crate::slack::PeakSlack {
+        let mut s = crate::slack::PeakSlack {
+            reserved_bytes: self.stats.reserved,
+            live_bytes: self.stats.live,
+            request_bytes: request,
+            ..Default::default()
+        };
+        for (&(key, kind), set) in &self.free {
+            let bytes: usize = set.iter().map(|&(size, _)| size).sum();
+            if bytes == 0 {
+                continue;
+            }
+            match kind {
+                Kind::Small => s.small_free_bytes += bytes,
+                Kind::Large if key == SETTLED => s.settled_free_bytes += bytes,
+                Kind::Large => {
+                    s.streams += 1;
+                    if key == stream {
+                        s.own_stream_free_bytes += bytes;
+                    } else {
+                        s.other_streams_free_bytes += bytes;
+                    }
+                }
+            }
+        }
+        s.parked_bytes = self
+            .pending
+            .iter()
+            .flat_map(|p| p.blocks.iter())
+            .filter_map(|a| self.blocks.get(a))
+            .filter(|b| b.state == State::Pending)
+            .map(|b| b.size)
+            .sum();
+        s
+    }
+
     /// Every segment with memory behind it and its blocks, in address order. Live
     /// blocks (held by callers or parked in thread caches) are `allocated`; free and
     /// pending ones are not. The expandable segment is reported as its runs of

@@ -143,6 +143,9 @@ pub struct ArenaStats {
     pub peak_allocated: usize,
     /// Peak of the blocks held by callers, sampled likewise.
     pub peak_allocated_blocks: usize,
+    /// The make-up of reserved bytes at the last growth that raised their peak
+    /// (`Arena::slack`; the pool fills in its threads' cached bytes).
+    pub peak_slack: crate::slack::PeakSlack,
 }
 
 impl ArenaStats {
@@ -154,6 +157,7 @@ impl ArenaStats {
         self.peak_segments = self.segments;
         self.peak_allocated = allocated;
         self.peak_allocated_blocks = blocks;
+        self.peak_slack = Default::default();
     }
 }
 
@@ -468,8 +472,15 @@ impl Arena {
         events: &dyn EventSource,
         source: &dyn SegmentSource,
     ) -> Result<(CUdeviceptr, CUdeviceptr, usize)> {
+        let peak = self.stats.peak_reserved;
         match self.try_alloc(size, stream, events, source, true)? {
-            Some(r) => Ok(r),
+            Some(r) => {
+                if self.stats.peak_reserved > peak {
+                    // A new peak: what the pool held beside the live bytes then.
+                    self.stats.peak_slack = self.slack(stream, size);
+                }
+                Ok(r)
+            }
             None => unreachable_fit(size),
         }
     }

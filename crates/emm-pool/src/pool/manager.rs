@@ -683,5 +683,6 @@ fn core_stats(core: &Core, arena: &mut Arena) -> PoolStats {
         shared_hits: a.hits,
         counts: a.counts,
         paused_bytes: arena.paused_bytes(),
+        peak_slack: a.peak_slack,
     }
 }

@@ -261,6 +261,7 @@ impl Core {
                         }
                     }
                 }
+                let peak = arena.stats.peak_reserved;
                 let (ptr, base, base_size) = match found {
                     Some(f) => f,
                     None => match arena.alloc(rsize, key, self.events.as_ref(), &source) {
@@ -276,6 +277,10 @@ impl Core {
                         r => r?,
                     },
                 };
+                if arena.stats.peak_reserved > peak {
+                    // The arena counted the peak's make-up; threads' caches are ours.
+                    arena.stats.peak_slack.thread_cached_bytes = self.cached_bytes();
+                }
                 // Counted live only once it exists (an error leaves no count behind).
                 if on_thread {
                     self.with_local(|local| {

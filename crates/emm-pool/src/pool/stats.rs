@@ -66,6 +66,10 @@ pub struct PoolStats {
     /// Bytes of tagged allocations whose memory a pause gave back (address space
     /// kept; not in `reserved_bytes`).
     pub paused_bytes: usize,
+    /// The make-up of reserved bytes at the last growth that raised their peak:
+    /// live bytes and each kind of free memory beside them (under
+    /// `emm.peak_slack.*`).
+    pub peak_slack: crate::PeakSlack,
 }
 
 impl PoolStats {
@@ -95,6 +99,7 @@ impl PoolStats {
         self.shared_hits += other.shared_hits;
         self.counts.absorb(&other.counts);
         self.paused_bytes += other.paused_bytes;
+        self.peak_slack.absorb(&other.peak_slack);
     }
 
     /// The counters under PyTorch's `memory_stats` names where they mean the same,
@@ -136,6 +141,7 @@ impl PoolStats {
         ];
         list.extend(self.counts.to_list());
         list.push((stat::PAUSED_BYTES, u(self.paused_bytes)));
+        list.extend(self.peak_slack.to_list());
         list
     }
 }
