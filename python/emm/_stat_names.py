@@ -31,6 +31,7 @@ THREAD_CACHE_HITS = "emm.thread_cache_hits"
 SHARED_HITS = "emm.shared_hits"
 CROSS_STREAM_REUSES = "emm.cross_stream_reuses"
 PARKED_TAKEN_BACK = "emm.parked_taken_back"
+PARKED_ADOPTED = "emm.parked_adopted"
 LOCKED_ALLOCS = "emm.locked_allocs"
 LOCKED_FREES = "emm.locked_frees"
 EVENTS_RECORDED = "emm.events_recorded"
@@ -88,6 +89,7 @@ NAMES = (
     SHARED_HITS,
     CROSS_STREAM_REUSES,
     PARKED_TAKEN_BACK,
+    PARKED_ADOPTED,
     LOCKED_ALLOCS,
     LOCKED_FREES,
     EVENTS_RECORDED,

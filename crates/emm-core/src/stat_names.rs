@@ -66,6 +66,8 @@ stat_names! {
     CROSS_STREAM_REUSES = "emm.cross_stream_reuses";
     /// Free blocks a stream took back while another stream waited for them.
     PARKED_TAKEN_BACK = "emm.parked_taken_back";
+    /// Free blocks of other streams a stream adopted, waiting for them on the device instead of growing.
+    PARKED_ADOPTED = "emm.parked_adopted";
     /// Allocations that took the arena's lock.
     LOCKED_ALLOCS = "emm.locked_allocs";
     /// Frees that took the arena's lock.

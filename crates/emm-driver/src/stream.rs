@@ -201,6 +201,19 @@ impl Event {
         })
     }
 
+    /// Makes future work on `stream` (a raw handle of this event's context: a
+    /// stream the caller knows to be alive, or a default stream) wait for this
+    /// event, on the device.
+    pub fn wait_on_raw(&self, stream: CUstream) -> Result<()> {
+        let _g = self.ctx.push()?;
+        let drv = self.ctx.driver();
+        // SAFETY: the event is alive; the caller vouches for the stream; flags
+        // must be 0.
+        check(drv, "cuStreamWaitEvent", unsafe {
+            (drv.stream_wait_event)(stream, self.raw, 0)
+        })
+    }
+
     /// Waits for the event.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.check_deferred()?;

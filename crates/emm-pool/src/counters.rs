@@ -39,6 +39,10 @@ counters! {
     /// (their event had not completed; stream order lets their own stream reuse
     /// them at once).
     parked_taken_back => PARKED_TAKEN_BACK,
+    /// Free blocks parked for other streams that a stream adopted instead of
+    /// growing past the peak of reserved bytes, after making its work wait (on
+    /// the device) for their events (`SegmentPolicy::adopt_parked`).
+    parked_adopted => PARKED_ADOPTED,
     /// Requests that took the locked path (thread-cache misses and large blocks).
     locked_allocs => LOCKED_ALLOCS,
     /// Blocks given back to the arena (thread-cache flushes, large blocks).

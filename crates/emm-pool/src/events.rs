@@ -16,6 +16,9 @@ pub trait EventSource: Send + Sync {
     fn is_complete(&self, id: EventId) -> Result<bool>;
     /// Blocks until the marker completes.
     fn wait(&self, id: EventId) -> Result<()>;
+    /// Makes future work on `stream` (alive: the caller allocates on it) wait
+    /// for the marker on the device, without the host waiting.
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()>;
     /// Returns the marker to the source for reuse.
     fn recycle(&self, id: EventId);
     /// Waits for all work on every stream of the device (`cuCtxSynchronize`).
@@ -114,6 +117,13 @@ impl EventSource for DriverEvents {
     fn wait(&self, id: EventId) -> Result<()> {
         if let Some(e) = self.get(id) {
             e.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
+        if let Some(e) = self.get(id) {
+            e.wait_on_raw(stream)?;
         }
         Ok(())
     }
@@ -245,6 +255,11 @@ impl EventSource for HostEvents {
         Ok(())
     }
 
+    fn stream_wait(&self, _stream: CUstream, _id: EventId) -> Result<()> {
+        // No device work to order on the stand-in.
+        Ok(())
+    }
+
     fn recycle(&self, _id: EventId) {}
 
     fn synchronize_all(&self) -> Result<()> {
@@ -274,6 +289,9 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn wait(&self, id: EventId) -> Result<()> {
         (**self).wait(id)
+    }
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
+        (**self).stream_wait(stream, id)
     }
     fn recycle(&self, id: EventId) {
         (**self).recycle(id)

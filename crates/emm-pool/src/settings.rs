@@ -83,6 +83,18 @@ pub static THREAD_CACHE: Setting<usize> = Setting::new(
     parse::bytes,
 );
 
+/// `pool_adopt_parked` (`EMM_POOL_ADOPT_PARKED`).
+pub static ADOPT_PARKED: Setting<bool> = Setting::new(
+    Key::new(
+        "pool_adopt_parked",
+        "EMM_POOL_ADOPT_PARKED",
+        ValueKind::Bool,
+        "0",
+        "before growing past its peak while live bytes are well below theirs, a stream takes free blocks parked for other streams by waiting for their events on the device (1: cuStreamWaitEvent; less memory, slower FSDP2 steps in run 204), instead of growing (0)",
+    ),
+    parse::flag,
+);
+
 /// Every setting of the pool, in the order the documentation lists them.
 pub static SETTINGS: &[&dyn AnySetting] = &[
     &LIMIT,
@@ -91,4 +103,5 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &EXPORTABLE,
     &LEGACY_MERGE,
     &THREAD_CACHE,
+    &ADOPT_PARKED,
 ];

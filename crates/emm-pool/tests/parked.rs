@@ -17,6 +17,10 @@ use emm_sys::CUstream;
 const MIB: usize = 1 << 20;
 
 fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
+    pool_adopting(expandable, false)
+}
+
+fn pool_adopting(expandable: bool, adopt: bool) -> (PoolManager, Arc<HostEvents>) {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let events = Arc::new(HostEvents::manual());
     let vmm = expandable
@@ -26,6 +30,7 @@ fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
         ..PoolConfig::default()
     };
     config.segments.expandable = expandable;
+    config.segments.adopt_parked = adopt;
     let pool = PoolManager::with_config(
         PoolUpstream::Custom(Box::new(host), Box::new(events.clone()), vmm, None),
         config,
@@ -144,4 +149,57 @@ fn each_stream_takes_back_only_its_own_parked_blocks() {
     assert_eq!(stats.counts.parked_taken_back, 2);
     pool.check().unwrap();
     drop((y, again_a, again_c));
+}
+
+/// With `adopt_parked`, a stream that would grow past the peak while live bytes
+/// are far below theirs takes blocks parked for another stream instead, its work
+/// made to wait for their event on the device (the host does not wait: the event
+/// stays incomplete); without it, it grows. Near the peak of live bytes it grows
+/// either way.
+fn check_adoption(expandable: bool) {
+    for adopt in [false, true] {
+        let (pool, events) = pool_adopting(expandable, adopt);
+        let (a, b) = streams();
+        // A's 128 MiB goes free on A; then B asks for 64 MiB with nothing live.
+        drop(pool.memalloc_async(128 * MIB, a).unwrap());
+        let peak = pool.stats().reserved_bytes;
+        let y = pool.memalloc_async(64 * MIB, b).unwrap();
+        let stats = pool.stats();
+        assert!(events.outstanding() > 0, "A's event completed");
+        if adopt {
+            assert_eq!(stats.reserved_bytes, peak, "B grew: {stats:?}");
+            assert!(stats.counts.parked_adopted >= 1, "{stats:?}");
+        } else {
+            assert!(stats.reserved_bytes > peak, "B did not grow: {stats:?}");
+            assert_eq!(stats.counts.parked_adopted, 0);
+        }
+        pool.check().unwrap();
+        drop(y);
+
+        // Near the peak of live bytes: A keeps 96 MiB and frees 32; B's 32 MiB
+        // then makes live bytes reach their peak, and B grows either way.
+        let (pool, _events) = pool_adopting(expandable, adopt);
+        let kept = pool.memalloc_async(96 * MIB, a).unwrap();
+        drop(pool.memalloc_async(32 * MIB, a).unwrap());
+        let before = pool.stats().reserved_bytes;
+        let w = pool.memalloc_async(32 * MIB, b).unwrap();
+        let stats = pool.stats();
+        assert_eq!(
+            stats.counts.parked_adopted, 0,
+            "adopted near the peak: {stats:?}"
+        );
+        assert!(stats.reserved_bytes > before, "{stats:?}");
+        pool.check().unwrap();
+        drop((kept, w));
+    }
+}
+
+#[test]
+fn a_stream_adopts_parked_blocks_far_below_the_peak_in_the_expandable_segment() {
+    check_adoption(true);
+}
+
+#[test]
+fn a_stream_adopts_parked_blocks_far_below_the_peak_without_virtual_memory() {
+    check_adoption(false);
 }
