@@ -1,7 +1,10 @@
 //! Merging free segments without the expandable segment
 //! (`SegmentPolicy::merge_quiet`): after the pool made a large segment, the first
-//! large request that finds it quiet merges the wholly free large segments into one
-//! of their total size, and the steps after it fit there without a driver call.
+//! large request that finds it quiet gives back the wholly free large segments and
+//! makes one sized to what the steps need (a tenth above the peak of live bytes,
+//! then the last merge's size plus what the steps since grew by; never past the
+//! peak of reserved bytes), and the steps after it fit there without a driver
+//! call.
 
 use emm_core::MemoryManager;
 use emm_pool::{PoolConfig, PoolManager, SegmentPolicy};
@@ -41,23 +44,51 @@ fn step(pool: &PoolManager) {
 fn quiet_merge_gives_steps_one_range_and_no_more_driver_calls() {
     let p = pool(Some(6));
     step(&p);
-    // Four exact segments (40 + 60 + 100 + 180 MiB).
+    // Four exact segments (40 + 60 + 100 + 180 MiB); live bytes peaked at 280 MiB.
     assert_eq!(p.stats().num_device_alloc, 4);
-    let reserved = p.stats().reserved_bytes;
-    // The next step's first large request finds the pool quiet: one merged
-    // segment of the same total takes the four's place.
+    assert_eq!(p.stats().reserved_bytes, 380 * MIB);
+    // The next step's first large request finds the pool quiet: the four go back
+    // and one merged segment sized a tenth above the peak of live bytes (308 MiB)
+    // takes their place. Its hole after the first two tensors is too small for
+    // the 180 MiB one, which gets a segment of its own.
     step(&p);
     let st = p.stats();
     assert_eq!(st.counts.merges, 1);
+    assert_eq!(st.segments, 2, "{st:?}");
+    assert_eq!(st.reserved_bytes, (308 + 180) * MIB, "{st:?}");
+    // The step after merges again, to the last merge's size plus what the step
+    // had to grow by: one range of 488 MiB, which every later step fits.
+    step(&p);
+    let st = p.stats();
+    assert_eq!(st.counts.merges, 2);
     assert_eq!(st.segments, 1, "{st:?}");
-    assert_eq!(st.reserved_bytes, reserved);
+    assert_eq!(st.reserved_bytes, 488 * MIB);
     let allocs = st.num_device_alloc;
     for _ in 0..5 {
         step(&p);
     }
     let st = p.stats();
     assert_eq!(st.num_device_alloc, allocs, "a steady step allocated");
-    assert_eq!(st.counts.merges, 1);
+    assert_eq!(st.counts.merges, 2);
+    assert_eq!(st.reserved_bytes_peak, 488 * MIB, "a merge set a new peak");
+}
+
+/// A merge never takes the pool past its peak of reserved bytes: one made while
+/// little was ever reserved is no larger than that peak allows.
+#[test]
+fn a_merge_sets_no_new_peak() {
+    let p = pool(Some(6));
+    let s = emm_core::SYNC_STREAM;
+    // Two 30 MiB segments, then a quiet pool: 1.1 x the 60 MiB peak of live
+    // bytes is 66 MiB, above the 60 reserved: the merge stays at 60.
+    let a = p.memalloc_async(30 * MIB, s).unwrap();
+    let b = p.memalloc_async(30 * MIB, s).unwrap();
+    drop((a, b));
+    let peak = p.stats().reserved_bytes_peak;
+    drop(p.memalloc_async(10 * MIB, s).unwrap());
+    let st = p.stats();
+    assert_eq!(st.counts.merges, 1, "{st:?}");
+    assert_eq!(st.reserved_bytes_peak, peak, "{st:?}");
 }
 
 #[test]

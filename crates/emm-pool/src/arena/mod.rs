@@ -403,6 +403,11 @@ pub(crate) struct Arena {
     pub history: History,
     /// A large segment was made since the last merge (see `merge.rs`).
     merge_due: bool,
+    /// What the last merge sized the pool's reserved bytes to (see `merge.rs`);
+    /// `None` before the first.
+    merge_target: Option<usize>,
+    /// Bytes of large segments made since the last merge (see `merge.rs`).
+    grown_since_merge: usize,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
@@ -461,6 +466,7 @@ impl Arena {
     /// Counts `n` more bytes reserved (here and in the family).
     fn add_reserved(&mut self, n: usize) {
         self.stats.reserved += n;
+
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.family.add(n);
     }
@@ -617,6 +623,9 @@ impl Arena {
         };
         self.stats.counts.misses += 1;
         self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
+        if kind == Kind::Large {
+            self.grown_since_merge += seg;
+        }
         self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
         Ok(Some(self.finish(a, size)))
