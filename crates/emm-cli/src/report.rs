@@ -690,7 +690,8 @@ pub fn peak_slack_line(t: &TraceReport, m: &ManagerReport) -> Option<String> {
         b(cached),
         b(get("own_stream_free_bytes")),
         b(get("other_streams_free_bytes")),
-        get("streams").saturating_sub(1),
+        // `streams` counts the one that grew only when it held free blocks.
+        get("streams").saturating_sub(u64::from(get("own_stream_free_bytes") > 0)),
         b(get("settled_free_bytes")),
         b(get("parked_bytes")),
         b(get("small_free_bytes")),

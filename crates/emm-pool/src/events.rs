@@ -161,6 +161,8 @@ pub struct HostEvents {
     manual: bool,
     state: Mutex<Vec<Arc<AtomicBool>>>,
     streams: Mutex<Vec<usize>>,
+    /// `(stream, marker)` of every stream wait (manual markers only).
+    waits: Mutex<Vec<(usize, usize)>>,
 }
 
 impl HostEvents {
@@ -171,6 +173,7 @@ impl HostEvents {
             manual: false,
             state: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
+            waits: Mutex::new(Vec::new()),
         }
     }
 
@@ -180,6 +183,7 @@ impl HostEvents {
             manual: true,
             state: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
+            waits: Mutex::new(Vec::new()),
         }
     }
 
@@ -200,6 +204,12 @@ impl HostEvents {
         for f in self.state.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             f.store(true, Ordering::Release);
         }
+    }
+
+    /// `(stream, marker)` of every stream made to wait for a marker so far, in
+    /// order (manual markers only).
+    pub fn waits(&self) -> Vec<(usize, usize)> {
+        self.waits.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `(stream, complete)` of every marker recorded so far, in order (manual
@@ -255,8 +265,15 @@ impl EventSource for HostEvents {
         Ok(())
     }
 
-    fn stream_wait(&self, _stream: CUstream, _id: EventId) -> Result<()> {
-        // No device work to order on the stand-in.
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
+        // No device work to order on the stand-in; a model test may ask which
+        // stream waited for what.
+        if self.manual {
+            self.waits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((stream.0 as usize, id.0));
+        }
         Ok(())
     }
 

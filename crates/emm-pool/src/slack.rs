@@ -2,7 +2,8 @@
 //! them. The arena fills it at the moment a growth raises the peak of reserved
 //! bytes (`Arena::slack`), so a run's last figure is the make-up of its peak: the
 //! live bytes and each kind of free memory the pool held beside them and could
-//! not use for the request that grew it.
+//! not use for the request that grew it. (A resume of paused tags maps memory
+//! back outside any request; a peak it raises is not taken apart.)
 
 use emm_core::stat_names as stat;
 
@@ -37,7 +38,8 @@ pub struct PeakSlack {
     pub small_free_bytes: usize,
     /// The request that grew the pool (rounded).
     pub request_bytes: usize,
-    /// Streams holding free large blocks then (the requesting one included).
+    /// Streams holding free large blocks then (the one that grew included when
+    /// it holds any).
     pub streams: usize,
 }
 

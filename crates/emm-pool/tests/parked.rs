@@ -165,13 +165,25 @@ fn check_adoption(expandable: bool) {
         let peak = pool.stats().reserved_bytes;
         let y = pool.memalloc_async(64 * MIB, b).unwrap();
         let stats = pool.stats();
-        assert!(events.outstanding() > 0, "A's event completed");
+        // A's last event, recorded at its free, has not completed.
+        let a_event = events
+            .log()
+            .iter()
+            .rposition(|&(s, _)| s == a.0 as usize)
+            .expect("no event recorded on A");
+        assert!(!events.log()[a_event].1, "A's event completed");
         if adopt {
             assert_eq!(stats.reserved_bytes, peak, "B grew: {stats:?}");
             assert!(stats.counts.parked_adopted >= 1, "{stats:?}");
+            assert_eq!(
+                events.waits(),
+                vec![(b.0 as usize, a_event)],
+                "B did not wait for A's event on the device"
+            );
         } else {
             assert!(stats.reserved_bytes > peak, "B did not grow: {stats:?}");
             assert_eq!(stats.counts.parked_adopted, 0);
+            assert!(events.waits().is_empty());
         }
         pool.check().unwrap();
         drop(y);

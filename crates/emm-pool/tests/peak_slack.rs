@@ -65,8 +65,9 @@ fn check_parked_and_sum(expandable: bool) {
     assert_eq!(s.parked_bytes, 64 * MIB, "A's block is parked: {s:?}");
     assert_eq!(s.live_bytes, 96 * MIB + 4096, "{s:?}");
     assert_eq!(s.thread_cached_bytes, 0, "no thread caches: {s:?}");
-    assert!(
-        s.small_free_bytes >= (2 * MIB).saturating_sub(4096) || !expandable,
+    assert_eq!(
+        s.small_free_bytes,
+        2 * MIB - 4096,
         "the small segment's rest: {s:?}"
     );
     // Reported under its names.

@@ -5,6 +5,8 @@ the order rotated each round, one process each; then one table per workload.
                             [--variants native expandable emm-pool emm-hostonly]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
                             [--pin CPUS] [--gpus G] [--log FILE] [--no-telemetry]
+                            [--first-round N]
+    python3 train_rounds.py --from-log FILE [FILE ...]
 
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
 --fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
@@ -224,9 +226,9 @@ def main():
 
 
 def from_log(args):
-    """The results in an earlier run's log, keyed as a run keys them; the workloads,
-    variants and round count are taken from the log where the arguments left them
-    at their defaults."""
+    """The results of the last run in each earlier log (rounds split over calls with
+    --first-round go together), keyed as a run keys them; the workloads, variants
+    and round count are taken from the logs."""
     results = {}
     for path in args.from_log:
         for key, runs in last_run_of(path, args).items():
@@ -234,7 +236,8 @@ def from_log(args):
     ws = list(dict.fromkeys(w for w, _ in results))
     vs = list(dict.fromkeys(v for _, v in results))
     args.workloads, args.variants = ws, vs
-    args.rounds = max((x["round"] + 1 for rs in results.values() for x in rs), default=0)
+    # How many rounds the logs hold (numbered from wherever their runs began).
+    args.rounds = len({x["round"] for rs in results.values() for x in rs})
     if results:
         first = next(iter(results.values()))[0]
         args.steps, args.shapes = first["steps"], first["shapes"]
@@ -434,7 +437,10 @@ def paired(w, args, results):
     print("| round | " + " | ".join(args.variants) + " | " + " | ".join(f"{v} ratio" for v in others) + " |")
     print("|---|" + "---|" * (len(args.variants) + len(others)))
     ratios = {v: [] for v in others}
-    for r in range(args.rounds):
+    # The rounds present (a run started with --first-round, or logs of several
+    # calls, need not hold every round from the first).
+    present = sorted({x["round"] for v in args.variants for x in results.get((w, v), [])})
+    for r in present:
         got = {v: next((x for x in results.get((w, v), []) if x["round"] == r), None) for v in args.variants}
         cells = []
         for v in args.variants:

@@ -572,6 +572,8 @@ impl Arena {
             self.unmap_retired(base, events, source, true);
         }
         let released = self.release_whole_segments(source, None);
+        // A merge after this sizes the pool afresh (see `merge.rs`).
+        self.forget_merges();
         let whole = self.reset_expandable(source);
         released
             + if whole > 0 {
@@ -706,6 +708,7 @@ impl Arena {
         source: &dyn SegmentSource,
         events: &dyn EventSource,
     ) -> Vec<(CUdeviceptr, usize)> {
+        self.forget_merges();
         let mut segs = Vec::new();
         let mut stuck = false;
         for (&b, s) in &self.segments {

@@ -45,7 +45,7 @@ impl Arena {
         if self.whole_free_segments(Kind::Large) < 2 {
             return;
         }
-        let released = self.release_whole_segments(source, Some(Kind::Large));
+        self.release_whole_segments(source, Some(Kind::Large));
         // Not what happened to be free: what the steps need. The first merge
         // sizes the pool to a tenth above the peak of live bytes (best fit over
         // one range held the recorded traces within 1.07-1.12x of it); a later
@@ -60,12 +60,11 @@ impl Arena {
         // pinned by a block or two, and the new one must hold what overflowed),
         // never past the peak of reserved bytes: a merge sets no new peak.
         let room = self.stats.peak_reserved.saturating_sub(self.stats.reserved);
-        let _ = released;
         let size = target.saturating_sub(self.stats.reserved).min(room) / self.policy.large_round
             * self.policy.large_round;
-        self.merge_target = Some(self.stats.reserved + size);
         self.grown_since_merge = 0;
         if size == 0 {
+            self.merge_target = Some(self.stats.reserved);
             return;
         }
         match self.grow(size, Kind::Large, SETTLED, source) {
@@ -74,11 +73,19 @@ impl Arena {
                     seg.merged = true;
                 }
                 self.stats.counts.merges += 1;
+                self.merge_target = Some(self.stats.reserved);
             }
             Err(e) => {
                 tracing::warn!(error = %e, size, "allocating a merged segment failed; growing by request instead");
             }
         }
+    }
+
+    /// Forgets the last merge's size and what grew since (a trim or reset gave
+    /// segments back): the next merge sizes the pool from the peak of live bytes.
+    pub(super) fn forget_merges(&mut self) {
+        self.merge_target = None;
+        self.grown_since_merge = 0;
     }
 
     /// How many large segments (not the expandable one) are wholly free.

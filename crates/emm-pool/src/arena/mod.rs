@@ -246,10 +246,10 @@ pub struct SegmentPolicy {
     pub exclusive: usize,
     /// Without the expandable segment: once a large segment has been made, the
     /// first large request that finds the pool quiet (live bytes at most
-    /// 1/`merge_quiet` of reserved) synchronizes and merges every wholly free large
-    /// segment into one of their total size, so that the blocks of the next steps
-    /// share one range instead of pinning many (see `merge.rs`). `None`: never
-    /// (`EMM_POOL_LEGACY_MERGE`).
+    /// 1/`merge_quiet` of reserved) synchronizes, gives back every wholly free
+    /// large segment and makes one sized to what the steps need, so that the
+    /// blocks of the next steps share one range instead of pinning many (see
+    /// `merge.rs`). `None`: never (`EMM_POOL_LEGACY_MERGE`).
     pub merge_quiet: Option<usize>,
     /// Every request, small ones too, is served from the expandable segment (where
     /// there is one): every block is then virtual memory, which a pause can unmap
@@ -262,8 +262,8 @@ pub struct SegmentPolicy {
     /// are its own (CUDA's stream-ordered pools reuse across streams so by
     /// default). On a GPU the host runs ahead and such events are seldom
     /// complete when asked: on FSDP2 of a 1.1 B Llama every rank's peak came
-    /// from a stream growing by 250 MiB while 9.4 GiB was live and 23.5 GiB
-    /// waited parked (run 202). Off by default: there it took the footprint from
+    /// from a stream growing by 250 MiB while 8.9 GiB was live and 22.8-23.1 GiB
+    /// waited parked (runs 202-203). Off by default: there it took the footprint from
     /// 1.064-1.069x of allocated to 1.051-1.054x, but the steps ran 5-11 %
     /// slower in both rounds (run 204); `streams.rs`, `Arena::adopt_parked`;
     /// `pool_adopt_parked`.
@@ -466,7 +466,6 @@ impl Arena {
     /// Counts `n` more bytes reserved (here and in the family).
     fn add_reserved(&mut self, n: usize) {
         self.stats.reserved += n;
-
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.family.add(n);
     }
@@ -573,7 +572,7 @@ impl Arena {
             match self.expand(size, stream, events, source) {
                 Ok(true) => {
                     self.stats.counts.misses += 1;
-                    self.cover_fresh(stream, events);
+                    let _ = self.cover_fresh(stream, events);
                     if let Some(a) = self.take_fit(size, kind, stream) {
                         return Ok(Some(self.finish(a, size)));
                     }
@@ -623,10 +622,10 @@ impl Arena {
         };
         self.stats.counts.misses += 1;
         self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
-        if kind == Kind::Large {
-            self.grown_since_merge += seg;
+        if kind == Kind::Large && self.policy.merge_quiet.is_some() {
+            self.grown_since_merge = self.grown_since_merge.saturating_add(seg);
         }
-        self.cover_fresh(stream, events);
+        let _ = self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
         Ok(Some(self.finish(a, size)))
     }

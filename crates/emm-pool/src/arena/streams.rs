@@ -150,8 +150,11 @@ impl Arena {
     /// live bytes (there the holes are what is short, and adopting only moved
     /// blocks between streams: the replay of the FSDP2 Llama drifted from 1.035
     /// to 1.156 over 30 passes at a lag of 3,000 requests); so is a stream that
-    /// cannot wait (a failed wait leaves the group parked). Returns whether any
-    /// block was adopted. Only with [`SegmentPolicy::adopt_parked`].
+    /// cannot wait (a failed wait leaves the group parked; a stream being
+    /// captured into a CUDA graph would fail here, but the pool's capture
+    /// allocations go to `graph.rs`'s pools), and a small request (a free block
+    /// of the expandable segment may serve it, or a 2 MiB segment). Returns
+    /// whether any block was adopted. Only with [`SegmentPolicy::adopt_parked`].
     pub(super) fn adopt_parked(
         &mut self,
         size: usize,
@@ -161,6 +164,7 @@ impl Arena {
     ) -> bool {
         if !self.policy.adopt_parked
             || stream == SETTLED
+            || kind != Kind::Large
             || self.stats.reserved.saturating_add(size) <= self.stats.peak_reserved
             || self.stats.live.saturating_add(size) > self.stats.peak_live / 8 * 7
         {
@@ -226,10 +230,16 @@ impl Arena {
             }
             events.recycle(parked.event);
         }
-        if any {
-            // After the wait, on the stream: once it completes, another stream
-            // may take these blocks in turn.
-            self.cover_fresh(stream, events);
+        if any && !is_default_stream(stream) && !self.cover_fresh(stream, events) {
+            // No event after the wait: the stream's last one, recorded before
+            // it, must not let another stream take these blocks while their
+            // owner's work may still run. They wait for a device-wide
+            // synchronization (a default stream gets its event when asked).
+            let st = self.streams.entry(stream).or_default();
+            if let Some(old) = st.last_event.take() {
+                events.recycle(old);
+            }
+            st.uncovered = true;
         }
         any
     }
@@ -266,18 +276,20 @@ impl Arena {
     /// event now, while it is surely alive (the caller allocates on it), so that
     /// other streams can take the rest of the new segment once the event completes
     /// instead of each reserving a segment of its own. One event per growth.
-    pub(super) fn cover_fresh(&mut self, stream: StreamKey, events: &dyn EventSource) {
+    /// Returns whether an event was recorded.
+    pub(super) fn cover_fresh(&mut self, stream: StreamKey, events: &dyn EventSource) -> bool {
         if is_default_stream(stream) || stream == SETTLED {
-            return;
+            return false;
         }
         self.stats.counts.events_recorded += 1;
         let Ok(id) = events.record(stream_of_key(stream)) else {
-            return; // the rest of the segment stays with the stream, as before
+            return false; // the rest of the segment stays with the stream, as before
         };
         let st = self.streams.entry(stream).or_default();
         if let Some(old) = st.last_event.replace(id) {
             events.recycle(old);
         }
+        true
     }
 
     /// Records an event on every stream holding free blocks, waits for all pending
