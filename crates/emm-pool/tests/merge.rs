@@ -73,6 +73,27 @@ fn quiet_merge_gives_steps_one_range_and_no_more_driver_calls() {
     assert_eq!(st.reserved_bytes_peak, 488 * MIB, "a merge set a new peak");
 }
 
+/// A trim gives the segments back and the merges' sizing with them: the first
+/// merge after it sizes the pool from the peak of live bytes again (308 MiB,
+/// with the 180 MiB tensor in a segment of its own), not to the last merged
+/// size (488 MiB, one range).
+#[test]
+fn a_trim_forgets_the_last_merge() {
+    let p = pool(Some(6));
+    for _ in 0..3 {
+        step(&p);
+    }
+    assert_eq!((p.stats().counts.merges, p.stats().segments), (2, 1));
+    p.trim();
+    assert_eq!(p.stats().reserved_bytes, 0);
+    step(&p);
+    step(&p);
+    let st = p.stats();
+    assert_eq!(st.counts.merges, 3, "{st:?}");
+    assert_eq!(st.segments, 2, "{st:?}");
+    assert_eq!(st.reserved_bytes, (308 + 180) * MIB, "{st:?}");
+}
+
 /// A merge never takes the pool past its peak of reserved bytes: one made while
 /// little was ever reserved is no larger than that peak allows.
 #[test]
