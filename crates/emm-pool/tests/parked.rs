@@ -10,33 +10,20 @@
 use std::sync::Arc;
 
 use emm_core::MemoryManager;
-use emm_default::HostUpstream;
-use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream};
+use emm_pool::{HostEvents, PoolManager};
 use emm_sys::CUstream;
+
+mod common;
+use common::manual_pool;
 
 const MIB: usize = 1 << 20;
 
 fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
-    pool_adopting(expandable, false)
+    manual_pool(expandable, 0, false)
 }
 
 fn pool_adopting(expandable: bool, adopt: bool) -> (PoolManager, Arc<HostEvents>) {
-    let host = Arc::new(HostUpstream::new(4 << 30, false));
-    let events = Arc::new(HostEvents::manual());
-    let vmm = expandable
-        .then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>);
-    let mut config = PoolConfig {
-        thread_cache_blocks: 0,
-        ..PoolConfig::default()
-    };
-    config.segments.expandable = expandable;
-    config.segments.adopt_parked = adopt;
-    let pool = PoolManager::with_config(
-        PoolUpstream::Custom(Box::new(host), Box::new(events.clone()), vmm, None),
-        config,
-    )
-    .unwrap();
-    (pool, events)
+    manual_pool(expandable, 0, adopt)
 }
 
 /// Two created streams (their events are recorded on them).

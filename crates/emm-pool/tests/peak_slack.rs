@@ -7,28 +7,16 @@ use std::sync::Arc;
 
 use emm_core::stat_names as stat;
 use emm_core::MemoryManager;
-use emm_default::HostUpstream;
-use emm_pool::{HostEvents, HostVmm, PeakSlack, PoolConfig, PoolManager, PoolUpstream};
+use emm_pool::{HostEvents, PeakSlack, PoolManager};
 use emm_sys::CUstream;
+
+mod common;
+use common::manual_pool;
 
 const MIB: usize = 1 << 20;
 
 fn pool(expandable: bool, thread_cache_blocks: usize) -> (PoolManager, Arc<HostEvents>) {
-    let host = Arc::new(HostUpstream::new(4 << 30, false));
-    let events = Arc::new(HostEvents::manual());
-    let vmm = expandable
-        .then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>);
-    let mut config = PoolConfig {
-        thread_cache_blocks,
-        ..PoolConfig::default()
-    };
-    config.segments.expandable = expandable;
-    let pool = PoolManager::with_config(
-        PoolUpstream::Custom(Box::new(host), Box::new(events.clone()), vmm, None),
-        config,
-    )
-    .unwrap();
-    (pool, events)
+    manual_pool(expandable, thread_cache_blocks, false)
 }
 
 fn stream(n: usize) -> CUstream {

@@ -53,10 +53,7 @@ impl Arena {
         s.parked_bytes = self
             .pending
             .iter()
-            .flat_map(|p| p.blocks.iter())
-            .filter_map(|a| self.blocks.get(a))
-            .filter(|b| b.state == State::Pending)
-            .map(|b| b.size)
+            .map(|p| self.parked_bytes(&p.blocks, None))
             .sum();
         s
     }

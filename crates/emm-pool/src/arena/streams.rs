@@ -113,19 +113,9 @@ impl Arena {
                 continue;
             }
             let parked = self.pending.swap_remove(i);
-            for a in parked.blocks {
-                // (Only parked blocks: nothing else changes them while they wait.)
-                match self.blocks.get(&a) {
-                    Some(b) if b.state == State::Pending => {
-                        let (size, segment) = (b.size, b.segment);
-                        self.blocks.remove(&a);
-                        self.stats.counts.parked_taken_back += 1;
-                        self.insert_free(a, size, segment, stream);
-                        any = true;
-                    }
-                    _ => {}
-                }
-            }
+            let n = self.unpark_to(&parked.blocks, stream);
+            self.stats.counts.parked_taken_back += n;
+            any |= n > 0;
             // (Recorded again later: an event may be recorded over one in flight.)
             // The stream's next free or growth records its next latest event;
             // until then no other stream asks for these blocks again. (Making
@@ -173,23 +163,12 @@ impl Arena {
         self.stats.counts.scan_steps += self.pending.len();
         // Bytes of each parked group of another stream that could serve a
         // request of this kind.
-        let bytes_of = |me: &Self, p: &Parked| -> usize {
-            p.blocks
-                .iter()
-                .filter_map(|a| me.blocks.get(a))
-                .filter(|b| {
-                    b.state == State::Pending
-                        && me.segments.get(&b.segment).map(|s| s.kind) == Some(kind)
-                })
-                .map(|b| b.size)
-                .sum()
-        };
         let groups: Vec<(usize, usize)> = self
             .pending
             .iter()
             .enumerate()
             .filter(|(_, p)| p.owner != stream)
-            .map(|(i, p)| (i, bytes_of(self, p)))
+            .map(|(i, p)| (i, self.parked_bytes(&p.blocks, Some(kind))))
             .filter(|&(_, bytes)| bytes > 0)
             .collect();
         if groups.iter().map(|&(_, b)| b).sum::<usize>() < size {
@@ -216,18 +195,9 @@ impl Arena {
         let mut any = false;
         for i in chosen {
             let parked = self.pending.swap_remove(i);
-            for a in parked.blocks {
-                match self.blocks.get(&a) {
-                    Some(b) if b.state == State::Pending => {
-                        let (size, segment) = (b.size, b.segment);
-                        self.blocks.remove(&a);
-                        self.stats.counts.parked_adopted += 1;
-                        self.insert_free(a, size, segment, stream);
-                        any = true;
-                    }
-                    _ => {}
-                }
-            }
+            let n = self.unpark_to(&parked.blocks, stream);
+            self.stats.counts.parked_adopted += n;
+            any |= n > 0;
             events.recycle(parked.event);
         }
         if any && !is_default_stream(stream) && !self.cover_fresh(stream, events) {
@@ -242,6 +212,33 @@ impl Arena {
             st.uncovered = true;
         }
         any
+    }
+
+    /// Makes the blocks of `blocks` that are still parked free blocks of
+    /// `stream` (only parked blocks: nothing else changes them while they
+    /// wait); returns how many.
+    fn unpark_to(&mut self, blocks: &[CUdeviceptr], stream: StreamKey) -> usize {
+        let mut n = 0;
+        for &a in blocks {
+            if let Some(&b) = self.blocks.get(&a).filter(|b| b.state == State::Pending) {
+                self.blocks.remove(&a);
+                self.insert_free(a, b.size, b.segment, stream);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Bytes of the blocks of `blocks` that are still parked, in segments of
+    /// `kind` where one is given.
+    pub(super) fn parked_bytes(&self, blocks: &[CUdeviceptr], kind: Option<Kind>) -> usize {
+        blocks
+            .iter()
+            .filter_map(|a| self.blocks.get(a))
+            .filter(|b| b.state == State::Pending)
+            .filter(|b| kind.is_none() || self.segments.get(&b.segment).map(|s| s.kind) == kind)
+            .map(|b| b.size)
+            .sum()
     }
 
     /// Free bytes held by streams whose blocks no other stream can take before a
