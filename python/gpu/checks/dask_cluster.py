@@ -340,7 +340,9 @@ def run_emm(args: argparse.Namespace, checks: Checks, result: Dict[str, Any], n_
             checks.add("registering the plugin again with the same settings is accepted", True)
         except Exception as e:
             checks.add("registering the plugin again with the same settings is accepted", False, repr(e)[:300])
-        other = emm.dask.EmmPlugin("pool", numba=True, cupy=True, configure={**configure, "limit": 1 << 30},
+        # A setting read when the manager is made (not `limit`: a run-time setting
+        # every manager applies at once, so a plugin changing it is accepted).
+        other = emm.dask.EmmPlugin("pool", numba=True, cupy=True, configure={**configure, "thread_cache": 64 * MiB},
                                    name="emm-other-settings")
         try:
             client.register_plugin(other)

@@ -2,7 +2,8 @@
 # A Dask-CUDA cluster through emm, on a GPU machine, in one call (no network needed):
 # unpacks the carried wheels (.whl/dask/: dask, distributed, dask-cuda and their pure
 # dependencies; .whl/rmm/ too when present, so RMM is routed through emm as well) into
-# /tmp/site, checks that what dask-cuda imports is there (cuda.core, pynvml), then runs
+# /tmp/site (or .whl/site.tar.xz, those wheels already unpacked into a folder site/
+# and packed with xz), checks that what dask-cuda imports is there (cuda.core, pynvml), then runs
 # python/gpu/checks/dask_cluster.py (arguments passed on) with emm's library from gpu-bundle/.
 # Usage (repository root): python/gpu/checks/dask_cluster.sh [--rmm off] [--reps N] ...
 # Output: PASS/FAIL lines and a summary on stdout; $OUT/dask_cluster.json (default
@@ -15,14 +16,22 @@ ROOT=$PWD
 SITE=/tmp/site
 # Site rule: no NVLink multicast; the workers inherit these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export EMM_LIBRARY=$ROOT/gpu-bundle/lib/libemm_capi.so
+export EMM_LIBRARY=${EMM_LIBRARY:-$ROOT/gpu-bundle/lib/libemm_capi.so}
 wheels=(.whl/dask/*.whl)
 # numba-cuda 0.30 fails to import under the image's NumPy 2.5 (np.row_stack): NumPy
 # 2.3 from .whl/np (../shared/peers/wheels.sh) when it was carried.
 compgen -G ".whl/np/numpy-*.whl" > /dev/null && wheels+=(.whl/np/numpy-*.whl)
 [ -d .whl/rmm ] && wheels+=(.whl/rmm/*.whl)
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $SITE "${wheels[@]}" \
-  > $OUT/pip.txt 2>&1 || { echo "pip install of the wheels failed:"; cat $OUT/pip.txt; exit 1; }
+if [ -f .whl/site.tar.xz ]; then
+  # The same wheels unpacked here and packed as one xz tarball of a folder `site/`
+  # (a third of their size: the carry limit holds it beside the checkout).
+  wheels=(site.tar.xz)
+  rm -rf $SITE && mkdir -p $SITE && tar -xJf .whl/site.tar.xz -C $SITE --strip-components=1 \
+    || { echo "unpacking .whl/site.tar.xz failed"; exit 1; }
+else
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $SITE "${wheels[@]}" \
+    > $OUT/pip.txt 2>&1 || { echo "pip install of the wheels failed:"; cat $OUT/pip.txt; exit 1; }
+fi
 export PYTHONPATH=$SITE:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 # librmm.so finds librapids_logger.so beside itself or on the path (as rmm_check.sh).
 export LD_LIBRARY_PATH=$SITE/librmm/lib64:$SITE/rapids_logger/lib64:$ROOT/gpu-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
