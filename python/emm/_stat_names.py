@@ -46,6 +46,7 @@ RETIRE_WAITS = "emm.retire_waits"
 TIGHTENINGS = "emm.tightenings"
 MERGES = "emm.merges"
 THRESHOLD_RELEASES = "emm.threshold_releases"
+CACHE_RECLAIMS = "emm.cache_reclaims"
 PAUSED_BYTES = "emm.paused_bytes"
 PEAK_SLACK_RESERVED_BYTES = "emm.peak_slack.reserved_bytes"
 PEAK_SLACK_LIVE_BYTES = "emm.peak_slack.live_bytes"
@@ -104,6 +105,7 @@ NAMES = (
     TIGHTENINGS,
     MERGES,
     THRESHOLD_RELEASES,
+    CACHE_RECLAIMS,
     PAUSED_BYTES,
     PEAK_SLACK_RESERVED_BYTES,
     PEAK_SLACK_LIVE_BYTES,

@@ -98,6 +98,10 @@ stat_names! {
     MERGES = "emm.merges";
     /// Frees after which memory above the release threshold went back.
     THRESHOLD_RELEASES = "emm.threshold_releases";
+    /// Times a request claimed other threads' caches (one process-wide barrier
+    /// each) to take back their blocks before the pool grew, on out of memory or
+    /// on a trim.
+    CACHE_RECLAIMS = "emm.cache_reclaims";
     /// Bytes of tagged blocks a pause gave back.
     PAUSED_BYTES = "emm.paused_bytes";
     /// At the last growth that raised the peak of reserved bytes: reserved bytes then.

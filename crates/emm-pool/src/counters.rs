@@ -79,4 +79,9 @@ counters! {
     /// Frees after which memory above the release threshold went back
     /// (`pool_release_threshold`).
     threshold_releases => THRESHOLD_RELEASES,
+    /// Times a request claimed other threads' caches to take back their blocks
+    /// (before the pool grows for a stream, on out of memory, on trim): one
+    /// process-wide barrier each (`owner_lock::barrier`). Threads whose caches
+    /// hold no block of the stream asked for are not claimed.
+    cache_reclaims => CACHE_RECLAIMS,
 }

@@ -123,3 +123,56 @@ fn trim_gives_back_the_blocks_other_threads_cached() {
     drop(release);
     a.join().unwrap();
 }
+
+#[test]
+fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
+    let size = 8 * MIB;
+    let other = CUstream(0x7000_0000 as *mut std::ffi::c_void);
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    // Thread A caches blocks of the other stream only.
+    let p = pool.clone();
+    let (release_a, a) = parked_thread(move || {
+        let blocks: Vec<_> = (0..4).map(|_| p.alloc(size, other).unwrap()).collect();
+        drop(blocks);
+    });
+    let start = pool.stats();
+    assert_eq!(start.thread_cached_bytes, 4 * size);
+    // The main thread misses on S: A holds no block of S, so it is not claimed
+    // (a claim costs every thread a process-wide barrier) and keeps its blocks.
+    let first = pool.alloc(size, S).unwrap();
+    let after_miss = pool.stats();
+    assert_eq!(
+        after_miss.counts.cache_reclaims, start.counts.cache_reclaims,
+        "a thread caching only another stream's blocks was claimed"
+    );
+    assert_eq!(after_miss.thread_cached_bytes, 4 * size, "A's blocks left its cache");
+    // Thread B caches blocks of S: the main thread's next misses on S claim B
+    // once, reuse its blocks instead of growing, and leave A alone.
+    let p = pool.clone();
+    let (release_b, b) = parked_thread(move || {
+        let blocks: Vec<_> = (0..4).map(|_| p.alloc(size, S).unwrap()).collect();
+        drop(blocks);
+    });
+    let before = pool.stats();
+    assert_eq!(before.thread_cached_bytes, 8 * size);
+    let held: Vec<_> = (0..4).map(|_| pool.alloc(size, S).unwrap()).collect();
+    let after = pool.stats();
+    assert_eq!(
+        after.counts.cache_reclaims,
+        before.counts.cache_reclaims + 1,
+        "B claimed once: its mask is exact once its cache was taken"
+    );
+    assert_eq!(
+        after.reserved_bytes, before.reserved_bytes,
+        "the pool grew instead of taking back B's cached blocks"
+    );
+    assert_eq!(after.thread_cached_bytes, 4 * size, "A's blocks stay in its cache");
+    // Out of memory or a trim still takes every thread's blocks, of any stream.
+    drop(held);
+    drop(first);
+    pool.trim();
+    assert_eq!(pool.stats().thread_cached_bytes, 0, "the trim left cached blocks");
+    drop((release_a, release_b));
+    a.join().unwrap();
+    b.join().unwrap();
+}

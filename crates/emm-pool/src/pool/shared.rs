@@ -14,7 +14,10 @@ use emm_sys::{CUdeviceptr, CUstream};
 
 use super::config::{PoolConfig, MAX_STREAM_CACHES, NO_VMM_CACHE_BYTES};
 use super::source::SourceAdapter;
-use super::threads::{add, add_cached, bump, caches_of, CacheOwner, Local, ThreadCounters, LOCALS};
+use super::threads::{
+    add, add_cached, bump, caches_of, mark_cached, remark_cached, stream_bit, CacheOwner, Local,
+    ThreadCounters, LOCALS,
+};
 use crate::arena::{
     is_per_thread, per_thread_key_of, per_thread_number, round_size, stream_id, stream_key, Arena,
     StreamKey,
@@ -123,9 +126,11 @@ impl Core {
     pub(super) fn flush_thread(self: &Arc<Self>, arena: &mut Arena) {
         let gen = self.generation.load(Ordering::Acquire);
         let _ = self.with_local(|local| {
-            for sc in caches_of(&local.counters).iter_mut() {
+            let mut caches = caches_of(&local.counters);
+            for sc in caches.iter_mut() {
                 self.flush_stream(arena, sc, &local.counters, gen, false);
             }
+            remark_cached(&local.counters, &caches);
         });
     }
 
@@ -160,16 +165,22 @@ impl Core {
         gen: usize,
     ) -> bool {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        // Claim every cache that holds blocks, then one process-wide barrier for
-        // all of them (see `owner_lock`).
+        // Claim every cache that may hold blocks (of `only`, when given), then
+        // one process-wide barrier for all of them (see `owner_lock`). A thread
+        // whose mask says it holds none of `only`'s is left alone: under FSDP2
+        // each thread caches blocks of several streams, and every miss of the
+        // arena on one stream claimed them all.
+        let want = only.map_or(u64::MAX, stream_bit);
         let claims: Vec<_> = threads
             .iter()
             .filter(|t| t.cached_bytes.load(Ordering::Relaxed) > 0)
+            .filter(|t| t.cached_streams.load(Ordering::Relaxed) & want != 0)
             .filter_map(|t| Some((t, t.caches.claim()?)))
             .collect();
         if claims.is_empty() {
             return false;
         }
+        arena.stats.counts.cache_reclaims += 1;
         let barrier_ok = owner_lock::barrier();
         let mut any = false;
         for (t, claim) in claims {
@@ -183,6 +194,7 @@ impl Core {
                 arena.stats.counts.scan_steps += 1;
                 any |= self.flush_stream(arena, sc, t, gen, only.is_some());
             }
+            remark_cached(t, &caches);
         }
         any
     }
@@ -248,6 +260,7 @@ impl Core {
                             if let Some(sc) = caches.iter_mut().find(|s| s.stream == key) {
                                 self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                             }
+                            remark_cached(&local.counters, &caches);
                         });
                         // Other threads' blocks of this stream, before growing.
                         if cfg_caches && self.reclaim_cached(&mut arena, Some(key), gen) {
@@ -432,6 +445,7 @@ impl Core {
                     generation: gen,
                 });
                 add_cached(&local.counters, rsize as i64);
+                mark_cached(&local.counters, key);
                 done(&local.counters.live_blocks);
                 Some(Freed::Cached)
             })
@@ -607,5 +621,6 @@ impl CacheOwner for Core {
             });
         }
         counters.cached_bytes.store(0, Ordering::Relaxed);
+        counters.cached_streams.store(0, Ordering::Relaxed);
     }
 }

@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::arena::StreamKey;
 use crate::owner_lock::{self, OwnerLock};
 use crate::thread_cache::StreamCache;
 
@@ -31,6 +32,15 @@ pub(super) struct ThreadCounters {
     pub(super) cached_bytes: AtomicU64,
     /// Bytes handed out by this thread so far (rounded).
     pub(super) allocated_total: AtomicU64,
+    /// The streams this thread's caches may hold blocks of, one bit each (see
+    /// [`stream_bit`]): set when a block is cached, made exact again whenever
+    /// the caches are flushed. Written only by whoever holds `caches` (its
+    /// owner, or a thread that claimed them); read by any thread, so that
+    /// taking back one stream's blocks claims only threads that may hold some
+    /// (a claim costs every thread a process-wide barrier). A bit may be stale
+    /// the other way (set for a stream whose blocks were taken since): that
+    /// costs a claim that finds nothing, as before the mask.
+    pub(super) cached_streams: AtomicU64,
     /// The thread's cached blocks, per stream: at most [`MAX_STREAM_CACHES`],
     /// oldest first. Its own thread enters it on every call (a biased lock, no
     /// atomic read-modify-write); another thread only claims it, while it holds
@@ -56,6 +66,31 @@ pub(super) fn add_cached(c: &ThreadCounters, delta: i64) {
         v.load(Ordering::Relaxed).wrapping_add(delta as u64),
         Ordering::Relaxed,
     );
+}
+
+/// The bit of `cached_streams` standing for `stream` (a hash of its key:
+/// streams are pointers, so their low bits say little; two streams may share a
+/// bit, which costs only a claim that finds nothing).
+pub(super) fn stream_bit(stream: StreamKey) -> u64 {
+    1 << ((stream as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58)
+}
+
+/// Notes that `c`'s thread cached a block of `stream` (its caches are held).
+pub(super) fn mark_cached(c: &ThreadCounters, stream: StreamKey) {
+    let (v, bit) = (c.cached_streams.load(Ordering::Relaxed), stream_bit(stream));
+    if v & bit == 0 {
+        c.cached_streams.store(v | bit, Ordering::Relaxed);
+    }
+}
+
+/// Makes `c`'s mask of streams exact for `caches` (its caches, held by the
+/// caller), after blocks left them.
+pub(super) fn remark_cached(c: &ThreadCounters, caches: &[StreamCache]) {
+    let mask = caches
+        .iter()
+        .filter(|sc| sc.blocks() > 0)
+        .fold(0, |m, sc| m | stream_bit(sc.stream));
+    c.cached_streams.store(mask, Ordering::Relaxed);
 }
 
 pub(super) fn bump(c: &AtomicU64) {
