@@ -145,7 +145,11 @@ fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
         after_miss.counts.cache_reclaims, start.counts.cache_reclaims,
         "a thread caching only another stream's blocks was claimed"
     );
-    assert_eq!(after_miss.thread_cached_bytes, 4 * size, "A's blocks left its cache");
+    assert_eq!(
+        after_miss.thread_cached_bytes,
+        4 * size,
+        "A's blocks left its cache"
+    );
     // Thread B caches blocks of S: the main thread's next misses on S claim B
     // once, reuse its blocks instead of growing, and leave A alone.
     let p = pool.clone();
@@ -166,12 +170,20 @@ fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
         after.reserved_bytes, before.reserved_bytes,
         "the pool grew instead of taking back B's cached blocks"
     );
-    assert_eq!(after.thread_cached_bytes, 4 * size, "A's blocks stay in its cache");
+    assert_eq!(
+        after.thread_cached_bytes,
+        4 * size,
+        "A's blocks stay in its cache"
+    );
     // Out of memory or a trim still takes every thread's blocks, of any stream.
     drop(held);
     drop(first);
     pool.trim();
-    assert_eq!(pool.stats().thread_cached_bytes, 0, "the trim left cached blocks");
+    assert_eq!(
+        pool.stats().thread_cached_bytes,
+        0,
+        "the trim left cached blocks"
+    );
     drop((release_a, release_b));
     a.join().unwrap();
     b.join().unwrap();
