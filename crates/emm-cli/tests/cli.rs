@@ -135,6 +135,19 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
         .collect();
     assert!(calls[0] > 0 && calls[1..] == [0, 0], "{calls:?}");
     assert_eq!(m["driver"]["total"].as_u64(), Some(calls[0]));
+    // The driver time at an idle H100's costs: each kind of call at its own.
+    for p in passes {
+        let d = &p["driver"];
+        let n = |k: &str| d[k].as_f64().unwrap();
+        let expect = (n("allocs") + n("frees")) * 36.5e-6
+            + n("pieces_mapped") * 52e-6
+            + n("pieces_moved") * 39e-6
+            + n("pieces_unmapped") * 24e-6;
+        let got = d["estimated_seconds"].as_f64().unwrap();
+        assert!((got - expect).abs() < 1e-9, "{d}: {got} against {expect}");
+    }
+    assert!(passes[0]["driver"]["estimated_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(passes[2]["driver"]["estimated_seconds"].as_f64(), Some(0.0));
     // Exactly 3, with no search for a steady footprint.
     assert_eq!(m["steady_passes"], 3);
     assert_eq!(m["stopped_by"], "passes");
@@ -149,6 +162,11 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
     assert!(out.contains("driver calls"), "{out}");
     assert!(
         out.contains("through pool, 3 passes: driver calls in pass 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("at an idle H100's driver costs those calls take")
+            && out.contains("and 0 us in each later pass"),
         "{out}"
     );
     let row = out.lines().find(|l| l.contains(" pool ")).unwrap();

@@ -24,6 +24,7 @@
 
 mod details;
 mod diagnostics;
+mod driver_costs;
 mod error;
 mod nesting;
 mod op;
@@ -41,6 +42,7 @@ mod trace;
 
 pub use details::{Frame, ReservedPoint, StackId, TraceDetails, MAX_FRAMES};
 pub use diagnostics::{Diagnostics, KEPT_LINE_ERRORS};
+pub use driver_costs::DriverCosts;
 pub use error::{excerpt, LineError, TraceError};
 pub use op::{Format, Op};
 pub use peak_map::{LiveBlock, PeakMap};
