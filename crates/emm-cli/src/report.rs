@@ -211,7 +211,8 @@ pub struct DriverReport {
     pub pieces_moved: u64,
     pub pieces_unmapped: u64,
     /// Seconds these calls take at an idle H100's per-call costs
-    /// (`emm_trace::DriverCosts::IDLE_H100`): a low estimate of the driver time.
+    /// (`emm_trace::DriverCosts::IDLE_H100`): low for the pieces' calls, rough
+    /// for allocations and frees.
     pub estimated_seconds: f64,
 }
 
@@ -357,7 +358,7 @@ pub fn rows(r: &Report) -> Vec<[String; 10]> {
 pub const LEGEND: [&str; 4] = [
     "driver calls: the manager's calls to the driver for device memory over every pass (allocations, frees, pieces",
     "  of an expandable segment mapped, moved, unmapped); \"N passes:\" lines split them into pass 1 and the later passes,",
-    "  and time them at an idle H100's per-call costs (a low estimate: in a training process moves took 2-6x that).",
+    "  and time them at an idle H100's per-call costs (pieces: low, a training process took 2-6x; allocations: rough).",
     "upstream (JSON upstream_allocs): allocations the manager took from what it sits on (driver, stand-in).",
 ];
 

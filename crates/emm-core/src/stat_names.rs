@@ -98,9 +98,9 @@ stat_names! {
     MERGES = "emm.merges";
     /// Frees after which memory above the release threshold went back.
     THRESHOLD_RELEASES = "emm.threshold_releases";
-    /// Times a request claimed other threads' caches (one process-wide barrier
-    /// each) to take back their blocks before the pool grew, on out of memory or
-    /// on a trim.
+    /// Times the pool claimed other threads' caches (one process-wide barrier
+    /// each) to take back their blocks: before growing for a stream, on out of
+    /// memory, on a trim, a pause or a change of the release threshold.
     CACHE_RECLAIMS = "emm.cache_reclaims";
     /// Bytes of tagged blocks a pause gave back.
     PAUSED_BYTES = "emm.paused_bytes";

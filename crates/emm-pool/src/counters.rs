@@ -79,9 +79,11 @@ counters! {
     /// Frees after which memory above the release threshold went back
     /// (`pool_release_threshold`).
     threshold_releases => THRESHOLD_RELEASES,
-    /// Times a request claimed other threads' caches to take back their blocks
-    /// (before the pool grows for a stream, on out of memory, on trim): one
-    /// process-wide barrier each (`owner_lock::barrier`). Threads whose caches
-    /// hold no block of the stream asked for are not claimed.
+    /// Times the pool claimed other threads' caches to take back their blocks
+    /// (before it grows for a stream, on out of memory, on a trim, a pause or a
+    /// change of the release threshold): one process-wide barrier each
+    /// (`owner_lock::barrier`). Before a growth, threads whose caches hold no
+    /// block of that stream are not claimed (unless another stream they cache
+    /// shares its bit of the mask).
     cache_reclaims => CACHE_RECLAIMS,
 }

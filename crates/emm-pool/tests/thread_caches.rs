@@ -124,67 +124,131 @@ fn trim_gives_back_the_blocks_other_threads_cached() {
     a.join().unwrap();
 }
 
+/// A thread that stays alive (its caches with it) and runs each job sent to it,
+/// answering when done.
+struct Worker {
+    jobs: mpsc::Sender<Box<dyn FnOnce() + Send>>,
+    done: mpsc::Receiver<()>,
+    handle: thread::JoinHandle<()>,
+}
+
+impl Worker {
+    fn new() -> Self {
+        let (jobs, job_rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let (done_tx, done) = mpsc::channel();
+        let handle = thread::spawn(move || {
+            for job in job_rx {
+                job();
+                done_tx.send(()).unwrap();
+            }
+        });
+        Worker { jobs, done, handle }
+    }
+
+    fn run(&self, job: impl FnOnce() + Send + 'static) {
+        self.jobs.send(Box::new(job)).unwrap();
+        self.done.recv().unwrap();
+    }
+
+    fn stop(self) {
+        drop(self.jobs);
+        self.handle.join().unwrap();
+    }
+}
+
 #[test]
 fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
     let size = 8 * MIB;
     let other = CUstream(0x7000_0000 as *mut std::ffi::c_void);
     let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    let cache = |stream: CUstream| {
+        let p = pool.clone();
+        move || {
+            let blocks: Vec<_> = (0..4).map(|_| p.alloc(size, stream).unwrap()).collect();
+            drop(blocks);
+        }
+    };
+    let reclaims = || pool.stats().counts.cache_reclaims;
     // Thread A caches blocks of the other stream only.
-    let p = pool.clone();
-    let (release_a, a) = parked_thread(move || {
-        let blocks: Vec<_> = (0..4).map(|_| p.alloc(size, other).unwrap()).collect();
-        drop(blocks);
-    });
-    let start = pool.stats();
-    assert_eq!(start.thread_cached_bytes, 4 * size);
+    let a = Worker::new();
+    a.run(cache(other));
+    assert_eq!(pool.stats().thread_cached_bytes, 4 * size);
     // The main thread misses on S: A holds no block of S, so it is not claimed
     // (a claim costs every thread a process-wide barrier) and keeps its blocks.
+    let start = reclaims();
     let first = pool.alloc(size, S).unwrap();
-    let after_miss = pool.stats();
     assert_eq!(
-        after_miss.counts.cache_reclaims, start.counts.cache_reclaims,
+        reclaims(),
+        start,
         "a thread caching only another stream's blocks was claimed"
     );
     assert_eq!(
-        after_miss.thread_cached_bytes,
+        pool.stats().thread_cached_bytes,
         4 * size,
         "A's blocks left its cache"
     );
-    // Thread B caches blocks of S: the main thread's next misses on S claim B
-    // once, reuse its blocks instead of growing, and leave A alone.
-    let p = pool.clone();
-    let (release_b, b) = parked_thread(move || {
-        let blocks: Vec<_> = (0..4).map(|_| p.alloc(size, S).unwrap()).collect();
-        drop(blocks);
-    });
-    let before = pool.stats();
-    assert_eq!(before.thread_cached_bytes, 8 * size);
+    // Thread B caches blocks of S: the main thread's misses on S claim B once
+    // (its mask is exact once its cache was taken) and reuse its blocks instead
+    // of growing; A is left alone.
+    let b = Worker::new();
+    b.run(cache(S));
+    let (before, reserved) = (reclaims(), pool.stats().reserved_bytes);
     let held: Vec<_> = (0..4).map(|_| pool.alloc(size, S).unwrap()).collect();
     let after = pool.stats();
     assert_eq!(
         after.counts.cache_reclaims,
-        before.counts.cache_reclaims + 1,
-        "B claimed once: its mask is exact once its cache was taken"
+        before + 1,
+        "B claimed other than once"
     );
     assert_eq!(
-        after.reserved_bytes, before.reserved_bytes,
+        after.reserved_bytes, reserved,
         "the pool grew instead of taking back B's cached blocks"
     );
     assert_eq!(
         after.thread_cached_bytes,
         4 * size,
-        "A's blocks stay in its cache"
+        "A's blocks left its cache"
+    );
+    // B caches blocks of the other stream too; once a claim took its blocks of
+    // S, a miss on S (a request no free block serves) leaves it alone.
+    b.run(cache(other));
+    b.run(cache(S));
+    let big = pool.alloc(size, S).unwrap(); // claims B and takes its S blocks
+    let before = reclaims();
+    let huge = pool.alloc(64 * size, S).unwrap();
+    assert_eq!(
+        reclaims(),
+        before,
+        "B was claimed again for a stream whose blocks were taken from it"
+    );
+    drop((big, huge));
+    // B caches blocks of S again after its mask was made exact: the next misses
+    // on S claim it again.
+    drop(held);
+    pool.trim(); // the main thread's cached blocks go back: B's next requests grow
+    assert_eq!(pool.stats().thread_cached_bytes, 0);
+    a.run(cache(other));
+    b.run(cache(S));
+    let before = reclaims();
+    let held: Vec<_> = (0..4).map(|_| pool.alloc(size, S).unwrap()).collect();
+    assert_eq!(
+        reclaims(),
+        before + 1,
+        "B's blocks cached after a claim were not seen"
+    );
+    assert_eq!(
+        pool.stats().thread_cached_bytes,
+        4 * size,
+        "A's blocks left its cache"
     );
     // Out of memory or a trim still takes every thread's blocks, of any stream.
-    drop(held);
-    drop(first);
+    drop((held, first));
     pool.trim();
     assert_eq!(
         pool.stats().thread_cached_bytes,
         0,
         "the trim left cached blocks"
     );
-    drop((release_a, release_b));
-    a.join().unwrap();
-    b.join().unwrap();
+    a.stop();
+    b.stop();
 }

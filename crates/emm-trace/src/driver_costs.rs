@@ -3,10 +3,15 @@
 //! over the host stand-in, whose own times are bookkeeping only, can still say
 //! what a warm manager's calls would take each pass.
 //!
-//! An estimate, and a low one: the figures are medians over a process that does
-//! nothing else. In a training process (tens of thousands of mappings, NCCL
-//! running) a moved piece took 82-245 us of host time (emm's `call-timing`
-//! build, `docs/benchmarks.md`, run 199) against the 39 us counted here.
+//! An estimate. The calls on an expandable segment's pieces are timed low: the
+//! figures are medians over a process that does nothing else, and in a training
+//! process (tens of thousands of mappings, NCCL running) a moved piece took
+//! 82-245 us of host time (emm's `call-timing` build, `docs/benchmarks.md`, run
+//! 199) against the 39 us counted here. Allocations and frees are rougher: a
+//! `cuMemAlloc` + `cuMemFree` pair took 6.5 us (64 small ones in a row) to 169 us
+//! (64 MiB ones) on that H100, and is counted at 73 us; and a growth of an
+//! expandable segment counts one allocation beside its pieces, though it makes
+//! no `cuMemAlloc`.
 
 use std::time::Duration;
 
@@ -33,8 +38,9 @@ pub struct DriverCosts {
 }
 
 impl DriverCosts {
-    /// An idle H100: `cuMemAlloc` + `cuMemFree` 73 us a pair at 256 B (half
-    /// each; 154 us at 64 MiB; `../shared/peers/driver_bench.c`), `cuMemCreate` 13 us,
+    /// An idle H100: `cuMemAlloc` + `cuMemFree` 73 us a pair, one pair at a
+    /// time at 256 B (half each; 6.5-169 us by size and pattern;
+    /// `../shared/peers/driver_bench.c`), `cuMemCreate` 13 us,
     /// `cuMemMap` 1 us, `cuMemSetAccess` 38 us a handle and `cuMemUnmap` 24 us
     /// (`../shared/peers/vmm_bench.c`).
     pub const IDLE_H100: DriverCosts = DriverCosts {
@@ -45,15 +51,25 @@ impl DriverCosts {
         piece_unmapped: Duration::from_micros(24),
     };
 
-    /// The time `calls` would take at these costs.
+    /// The time `calls` would take at these costs ([`Duration::MAX`] past what a
+    /// `Duration` holds).
     pub fn time(&self, calls: &DriverCalls) -> Duration {
-        let each =
-            |cost: Duration, n: u64| cost.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
-        each(self.alloc, calls.allocs)
-            .saturating_add(each(self.free, calls.frees))
-            .saturating_add(each(self.piece_mapped, calls.pieces_mapped))
-            .saturating_add(each(self.piece_moved, calls.pieces_moved))
-            .saturating_add(each(self.piece_unmapped, calls.pieces_unmapped))
+        const NANOS: u128 = 1_000_000_000;
+        let nanos = [
+            (self.alloc, calls.allocs),
+            (self.free, calls.frees),
+            (self.piece_mapped, calls.pieces_mapped),
+            (self.piece_moved, calls.pieces_moved),
+            (self.piece_unmapped, calls.pieces_unmapped),
+        ]
+        .iter()
+        .map(|&(cost, n)| cost.as_nanos().saturating_mul(u128::from(n)))
+        .fold(0u128, u128::saturating_add);
+        match u64::try_from(nanos / NANOS) {
+            // The remainder is below a second's nanoseconds: it fits a u32.
+            Ok(secs) => Duration::new(secs, (nanos % NANOS) as u32),
+            Err(_) => Duration::MAX,
+        }
     }
 }
 
@@ -82,11 +98,21 @@ mod tests {
     }
 
     #[test]
-    fn counts_past_what_a_duration_holds_saturate() {
+    fn large_counts_are_exact_and_past_a_duration_saturate() {
         let calls = DriverCalls {
-            pieces_moved: u64::MAX,
+            pieces_moved: u64::from(u32::MAX) * 4,
             ..DriverCalls::default()
         };
-        assert!(DriverCosts::IDLE_H100.time(&calls) >= Duration::from_secs(100_000));
+        let nanos = u128::from(u32::MAX) * 4 * 39_000;
+        assert_eq!(DriverCosts::IDLE_H100.time(&calls).as_nanos(), nanos);
+        let costs = DriverCosts {
+            piece_moved: Duration::MAX,
+            ..DriverCosts::IDLE_H100
+        };
+        let two = DriverCalls {
+            pieces_moved: 2,
+            ..DriverCalls::default()
+        };
+        assert_eq!(costs.time(&two), Duration::MAX);
     }
 }

@@ -4,7 +4,8 @@
 # dependencies; .whl/rmm/ too when present, so RMM is routed through emm as well) into
 # /tmp/site (or .whl/site.tar.xz, those wheels already unpacked into a folder site/
 # and packed with xz), checks that what dask-cuda imports is there (cuda.core, pynvml), then runs
-# python/gpu/checks/dask_cluster.py (arguments passed on) with emm's library from gpu-bundle/.
+# python/gpu/checks/dask_cluster.py (arguments passed on) with emm's library from gpu-bundle/
+# (or the one a set EMM_LIBRARY names).
 # Usage (repository root): python/gpu/checks/dask_cluster.sh [--rmm off] [--reps N] ...
 # Output: PASS/FAIL lines and a summary on stdout; $OUT/dask_cluster.json (default
 # /tmp/dask_out); exit status 1 if a check failed.
@@ -24,10 +25,16 @@ compgen -G ".whl/np/numpy-*.whl" > /dev/null && wheels+=(.whl/np/numpy-*.whl)
 [ -d .whl/rmm ] && wheels+=(.whl/rmm/*.whl)
 if [ -f .whl/site.tar.xz ]; then
   # The same wheels unpacked here and packed as one xz tarball of a folder `site/`
-  # (a third of their size: the carry limit holds it beside the checkout).
+  # (a third of their size: the carry limit holds it beside the checkout). Made
+  # where the wheels were downloaded (a wheel is a zip of what its install puts
+  # in site-packages):
+  #   mkdir site && for w in .whl/dask/*.whl .whl/np/numpy-*.whl .whl/rmm/*.whl; do
+  #     unzip -q -o "$w" -d site; done && tar -cJf .whl/site.tar.xz site
   wheels=(site.tar.xz)
   rm -rf $SITE && mkdir -p $SITE && tar -xJf .whl/site.tar.xz -C $SITE --strip-components=1 \
     || { echo "unpacking .whl/site.tar.xz failed"; exit 1; }
+  [ -d $SITE/dask ] && [ -d $SITE/distributed ] \
+    || { echo ".whl/site.tar.xz holds no site/dask and site/distributed (pack the folder as \`tar -cJf .whl/site.tar.xz site\`)"; exit 1; }
 else
   python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $SITE "${wheels[@]}" \
     > $OUT/pip.txt 2>&1 || { echo "pip install of the wheels failed:"; cat $OUT/pip.txt; exit 1; }
