@@ -37,6 +37,20 @@ def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(rounds
     assert out.rstrip().endswith("2 calls of 4 us or more in 1 steps"), out
 
 
+def test_allocator_work_gives_each_counters_median_and_total_over_the_timed_steps(rounds, capsys):
+    warm = {"pieces_moved": 900, "cache_reclaims": 50}
+    results = {("gpt2", "emm-pool"): [
+        {"step_changes": [warm, {"cache_reclaims": 2, "events_recorded": 9},
+                          {"cache_reclaims": 4, "pieces_moved": 120}, {}], "step_ms": [1.0, 2.0, 3.0]},
+        {"step_changes": [{"cache_reclaims": 3}], "step_ms": [1.0]},
+    ], ("gpt2", "native"): [{"step_changes": [{"num_device_alloc": 1}], "step_ms": [1.0]}]}
+    rounds.allocator_work("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    # Four timed steps (the warm-up's change left out): reclaims 2, 4, 0, 3.
+    assert out.strip() == ("emm-pool: allocator work per timed step, median (total over 4 steps): "
+                           "cache_reclaims 2.5 (9), events_recorded 0 (9), pieces_moved 0 (120)"), out
+
+
 def _log(path, rounds_and_variants, first):
     """A train_rounds log of one run (started at round `first`) whose processes
     each printed a RESULT line; an earlier, abandoned run comes first."""

@@ -26,6 +26,9 @@ in-place kernel launch), so a slow process can be told from a slow allocator.
 Then the steps that ran on a steady host (train_bench.py times a fixed ~1 ms Python
 loop just before each timed step; a step counts when its loop took at most 1.15x the
 fastest of the workload), compared step index by step index (the same shapes).
+For emm's variants, what a timed step made the pool do (claims of other threads'
+caches, events recorded and queried, parked blocks taken back, pieces moved and
+unmapped): the median step's count and the total.
 """
 import argparse
 import datetime
@@ -307,6 +310,7 @@ def tables(args, results):
         steady(w, args, results)
         fastest_of_rounds(w, args, results)
         hook_time(w, args, results)
+        allocator_work(w, args, results)
         paired(w, args, results)
 
 
@@ -420,6 +424,27 @@ def hook_time(w, args, results):
                   f"{sum(p[2] for p in per_step)} calls of 4 us or more in {len(per_step)} steps"
                   + (f", taking {sum(p[4] or 0 for p in per_step) / 1e6:.3f} ms of the hooks' {sum(hook_ms):.3f} ms"
                      if any(p[4] is not None for p in per_step) else ""))
+
+
+# emm's counters of the work a step made it do on the host (each a driver call, a
+# process-wide barrier, or a scan), in the order they are printed.
+WORK_COUNTERS = ("cache_reclaims", "events_recorded", "event_queries", "parked_taken_back",
+                 "cross_stream_reuses", "misses", "pieces_moved", "pieces_unmapped")
+
+
+def allocator_work(w, args, results):
+    """For emm's variants: what each timed step made the pool do (its counters'
+    change over the step), the median step's and the total over every timed step
+    of every round, so a slow step can be matched with the work behind it."""
+    for v in args.variants:
+        per_step = [c for x in results.get((w, v), [])
+                    for c in x.get("step_changes", [])[-len(x["step_ms"]):]]
+        present = [k for k in WORK_COUNTERS if any(k in c for c in per_step)]
+        if not present:
+            continue
+        parts = [f"{k} {statistics.median(c.get(k, 0) for c in per_step):g} "
+                 f"({sum(c.get(k, 0) for c in per_step)})" for k in present]
+        print(f"{v}: allocator work per timed step, median (total over {len(per_step)} steps): " + ", ".join(parts))
 
 
 def paired(w, args, results):
