@@ -28,6 +28,19 @@ def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(roun
     assert "native" not in out
 
 
+def test_hook_time_splits_the_slow_calls_by_what_the_pool_did(rounds, capsys):
+    step = {"torch_alloc_ns": 200_000, "torch_alloc_calls": 300, "torch_alloc_slow_calls": 3,
+            "torch_alloc_slow_ns": 60_000, "torch_alloc_slow_locked_calls": 2, "torch_alloc_slow_locked_ns": 50_000,
+            "torch_alloc_slow_reclaim_calls": 1, "torch_alloc_slow_reclaim_ns": 30_000,
+            "torch_free_slow_none_calls": 1, "torch_free_slow_none_ns": 10_000}
+    results = {("gpt2", "emm-pool"): [{"step_changes": [step, step], "step_ms": [20.0, 30.0]}]}
+    rounds.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == (
+        "emm-pool: slow calls by what the pool did in them (a call under each kind it did): "
+        "locked 4 (0.100 ms), reclaim 2 (0.060 ms), none 2 (0.020 ms)"), out
+
+
 def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(rounds, capsys):
     step = {"torch_alloc_ns": 200_000, "torch_free_ns": 100_000, "torch_alloc_calls": 300,
             "torch_free_calls": 300, "torch_alloc_slow_calls": 2}

@@ -8,6 +8,8 @@ use emm_core::Result;
 use emm_driver::{Context, Event};
 use emm_sys::CUstream;
 
+use crate::call_work::{self, Work};
+
 /// Records completion markers on streams.
 pub trait EventSource: Send + Sync {
     /// Records a marker after the work queued so far on `stream`.
@@ -72,6 +74,7 @@ impl DriverEvents {
 
 impl EventSource for DriverEvents {
     fn record(&self, stream: CUstream) -> Result<EventId> {
+        call_work::note(Work::Events);
         let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let id = match reused {
             Some(i) => i,
@@ -108,6 +111,7 @@ impl EventSource for DriverEvents {
     }
 
     fn is_complete(&self, id: EventId) -> Result<bool> {
+        call_work::note(Work::Events);
         match self.get(id) {
             Some(e) => Ok(e.query()?),
             None => Ok(true),
@@ -115,6 +119,7 @@ impl EventSource for DriverEvents {
     }
 
     fn wait(&self, id: EventId) -> Result<()> {
+        call_work::note(Work::Events);
         if let Some(e) = self.get(id) {
             e.synchronize()?;
         }
@@ -122,6 +127,7 @@ impl EventSource for DriverEvents {
     }
 
     fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
+        call_work::note(Work::Events);
         if let Some(e) = self.get(id) {
             e.wait_on_raw(stream)?;
         }

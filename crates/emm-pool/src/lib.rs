@@ -17,6 +17,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))] // a doc example that warns fails its doc test (items it only shows may go unused)
 
 mod arena;
+pub mod call_work;
 mod counters;
 mod events;
 mod export;

@@ -395,7 +395,10 @@ COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_
             # Only from a library built with `--features call-timing` (emm-capi):
             # time inside PyTorch's allocator hooks.
             "torch_alloc_calls", "torch_alloc_ns", "torch_alloc_slow_calls", "torch_alloc_slow_ns",
-            "torch_free_calls", "torch_free_ns", "torch_free_slow_calls", "torch_free_slow_ns")
+            "torch_free_calls", "torch_free_ns", "torch_free_slow_calls", "torch_free_slow_ns") + tuple(
+    # ... and the slow calls by what the pool did in them (emm_pool::call_work).
+    f"torch_{hook}_slow_{kind}_{unit}" for hook in ("alloc", "free")
+    for kind in ("locked", "reclaim", "events", "parked", "grew", "none") for unit in ("calls", "ns"))
 
 
 def step_counters(variant, dev):

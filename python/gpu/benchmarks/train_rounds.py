@@ -398,6 +398,26 @@ def fastest_of_rounds(w, args, results):
         print(f"| {v} | {len(results[(w, v)])} | {total:.1f} | {rel} |")
 
 
+SLOW_KINDS = ("locked", "reclaim", "events", "parked", "grew", "none")
+
+
+def slow_by_kind(v, w, results):
+    """The slow hook calls (4 us or more) of `v`'s timed steps by what the pool did
+    in them (a library whose call-timing build counts them: each call under every
+    kind it did; `none`: the thread's own cache only)."""
+    calls, ns = {}, {}
+    for x in results.get((w, v), []):
+        for c in x.get("step_changes", [])[-len(x["step_ms"]):]:
+            for k in SLOW_KINDS:
+                for hook in ("alloc", "free"):
+                    calls[k] = calls.get(k, 0) + c.get(f"torch_{hook}_slow_{k}_calls", 0)
+                    ns[k] = ns.get(k, 0) + c.get(f"torch_{hook}_slow_{k}_ns", 0)
+    if not any(calls.values()):
+        return
+    print(f"{v}: slow calls by what the pool did in them (a call under each kind it did): "
+          + ", ".join(f"{k} {calls[k]} ({ns[k] / 1e6:.3f} ms)" for k in SLOW_KINDS if calls[k]))
+
+
 def hook_time(w, args, results):
     """For a library built with emm-capi's `call-timing` feature: emm's own host time
     per timed step inside PyTorch's allocator hooks, beside the step."""
@@ -424,6 +444,7 @@ def hook_time(w, args, results):
                   f"{sum(p[2] for p in per_step)} calls of 4 us or more in {len(per_step)} steps"
                   + (f", taking {sum(p[4] or 0 for p in per_step) / 1e6:.3f} ms of the hooks' {sum(hook_ms):.3f} ms"
                      if any(p[4] is not None for p in per_step) else ""))
+            slow_by_kind(v, w, results)
 
 
 # emm's counters of the work a step made it do on the host (each a driver call, a

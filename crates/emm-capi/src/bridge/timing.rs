@@ -4,7 +4,10 @@
 //! A diagnostic for training runs: it says how much of a step's host time is emm's
 //! own (the call count, the total and slowest call, how many calls took 4 us or
 //! more and how long those took together), so a slower step can be told apart
-//! from a slower allocator.
+//! from a slower allocator; and, for the slow calls, what the pool did in them
+//! (`emm_pool::call_work`: the arena's lock, a claim of other threads' caches, a
+//! driver event call, parked blocks, growth; `none`: the thread's own cache
+//! only), each slow call counted under every kind it did.
 //! `emm_manager_report` appends the counters as `name: value` lines. Without the
 //! feature, [`timed`] is a plain call and [`report`] is empty.
 
@@ -22,7 +25,13 @@ mod counters {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::time::Instant;
 
+    use emm_pool::call_work::{self, Work};
+
     use super::Hook;
+
+    /// The kinds slow calls are counted under: each of [`Work::ALL`], then
+    /// `none` (a slow call that did none of them).
+    const KINDS: usize = Work::ALL.len() + 1;
 
     /// Calls of at least this many nanoseconds are counted as slow.
     const SLOW_NS: u64 = 4_000;
@@ -34,6 +43,9 @@ mod counters {
         slow: AtomicU64,
         /// Nanoseconds spent in the slow calls.
         slow_ns: AtomicU64,
+        /// Slow calls by what they did (see [`KINDS`]), and their nanoseconds.
+        slow_by: [AtomicU64; KINDS],
+        slow_by_ns: [AtomicU64; KINDS],
     }
 
     static COUNTERS: [Counters; 2] = [const {
@@ -43,13 +55,17 @@ mod counters {
             max_ns: AtomicU64::new(0),
             slow: AtomicU64::new(0),
             slow_ns: AtomicU64::new(0),
+            slow_by: [const { AtomicU64::new(0) }; KINDS],
+            slow_by_ns: [const { AtomicU64::new(0) }; KINDS],
         }
     }; 2];
 
     pub(crate) fn timed<R>(hook: Hook, f: impl FnOnce() -> R) -> R {
+        let _ = call_work::take(); // what an earlier, untimed call noted
         let start = Instant::now();
         let out = f();
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let work = call_work::take();
         let c = &COUNTERS[hook as usize];
         c.calls.fetch_add(1, Relaxed);
         c.total_ns.fetch_add(ns, Relaxed);
@@ -57,6 +73,16 @@ mod counters {
         if ns >= SLOW_NS {
             c.slow.fetch_add(1, Relaxed);
             c.slow_ns.fetch_add(ns, Relaxed);
+            let kinds = Work::ALL
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| work & w.bit() != 0)
+                .map(|(i, _)| i);
+            let none = (work == 0).then_some(Work::ALL.len());
+            for i in kinds.chain(none) {
+                c.slow_by[i].fetch_add(1, Relaxed);
+                c.slow_by_ns[i].fetch_add(ns, Relaxed);
+            }
         }
         out
     }
@@ -72,6 +98,14 @@ mod counters {
                 c.slow.load(Relaxed),
                 c.slow_ns.load(Relaxed)
             ));
+            let names = Work::ALL.iter().map(|w| w.name()).chain(["none"]);
+            for (i, kind) in names.enumerate() {
+                text.push_str(&format!(
+                    "\n{name}_slow_{kind}_calls: {}\n{name}_slow_{kind}_ns: {}",
+                    c.slow_by[i].load(Relaxed),
+                    c.slow_by_ns[i].load(Relaxed)
+                ));
+            }
         }
         text
     }
@@ -124,6 +158,44 @@ mod tests {
             assert!(count("torch_free_calls:") >= 1, "{text}");
         } else {
             assert!(text.is_empty(), "{text}");
+        }
+    }
+
+    /// A report line's value (0 when missing).
+    fn value(text: &str, key: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn slow_calls_are_counted_under_what_the_pool_did_in_them() {
+        if !cfg!(feature = "call-timing") {
+            return;
+        }
+        let slow = || std::thread::sleep(std::time::Duration::from_micros(50));
+        let before = report();
+        // A slow call that did no pool work: `none`.
+        timed(Hook::Free, slow);
+        // A slow call that took the arena's lock (a first allocation misses
+        // the thread's cache) and grew the pool.
+        let pool = emm_pool::PoolManager::host(1 << 30, emm_pool::PoolConfig::default()).unwrap();
+        let block = timed(Hook::Alloc, || {
+            slow();
+            pool.alloc(1 << 20, emm_core::SYNC_STREAM).unwrap()
+        });
+        drop(block);
+        let after = report();
+        let grew = |key: &str| value(&after, key) - value(&before, key);
+        assert!(grew("torch_free_slow_none_calls:") >= 1, "{after}");
+        assert!(grew("torch_alloc_slow_locked_calls:") >= 1, "{after}");
+        assert!(grew("torch_alloc_slow_grew_calls:") >= 1, "{after}");
+        for kind in ["locked", "reclaim", "events", "parked", "grew", "none"] {
+            assert!(
+                after.contains(&format!("\ntorch_alloc_slow_{kind}_ns: ")),
+                "{kind}: {after}"
+            );
         }
     }
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use emm_core::Result;
 
 use super::*;
+use crate::call_work::{self, Work};
 use crate::events::EventSource;
 
 /// Free blocks of one stream that another stream asked for: once `event` (on
@@ -90,6 +91,7 @@ impl Arena {
                 owner: donor,
                 blocks: addrs,
             });
+            call_work::note(Work::Parked);
             any = true;
         }
         Ok(any)
@@ -116,6 +118,7 @@ impl Arena {
             let n = self.unpark_to(&parked.blocks, stream);
             self.stats.counts.parked_taken_back += n;
             any |= n > 0;
+            call_work::note(Work::Parked);
             // (Recorded again later: an event may be recorded over one in flight.)
             // The stream's next free or growth records its next latest event;
             // until then no other stream asks for these blocks again. (Making

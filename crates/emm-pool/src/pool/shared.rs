@@ -22,6 +22,7 @@ use crate::arena::{
     is_per_thread, per_thread_key_of, per_thread_number, round_size, stream_id, stream_key, Arena,
     StreamKey,
 };
+use crate::call_work::{self, Work};
 use crate::events::EventSource;
 use crate::owner_lock;
 use crate::thread_cache::{Entry, StreamCache};
@@ -63,6 +64,7 @@ impl Core {
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Arena> {
+        call_work::note(Work::Locked);
         self.arena.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -181,6 +183,7 @@ impl Core {
             return false;
         }
         arena.stats.counts.cache_reclaims += 1;
+        call_work::note(Work::Reclaim);
         let barrier_ok = owner_lock::barrier();
         let mut any = false;
         for (t, claim) in claims {
