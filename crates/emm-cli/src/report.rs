@@ -712,17 +712,23 @@ pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
     let (Some(first), Some(last)) = (m.passes.first(), m.passes.last()) else {
         return String::new();
     };
-    let later: Vec<u64> = m.passes[1..].iter().map(|p| p.driver.total).collect();
-    let (lo, hi) = (
-        later.iter().min().copied().unwrap_or(0),
-        later.iter().max().copied().unwrap_or(0),
-    );
+    // The later passes' least and most, as one figure where they print alike.
+    fn span<T: Ord + Default>(
+        later: impl Iterator<Item = T> + Clone,
+        show: impl Fn(T) -> String,
+    ) -> String {
+        let (lo, hi) = (
+            show(later.clone().min().unwrap_or_default()),
+            show(later.max().unwrap_or_default()),
+        );
+        if lo == hi {
+            lo
+        } else {
+            format!("{lo}-{hi}")
+        }
+    }
     let secs = |p: &PassReport| std::time::Duration::from_secs_f64(p.driver.estimated_seconds);
-    let later_time = m.passes[1..].iter().map(secs);
-    let (tlo, thi) = (
-        later_time.clone().min().unwrap_or_default(),
-        later_time.max().unwrap_or_default(),
-    );
+    let later = &m.passes[1..];
     let d = &last.driver;
     let ratio = |reserved: u64, live: u128| units::ratio(u128::from(reserved), live);
     format!(
@@ -731,11 +737,7 @@ pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
         m.manager,
         m.passes.len(),
         first.driver.total,
-        if lo == hi {
-            lo.to_string()
-        } else {
-            format!("{lo}-{hi}")
-        },
+        span(later.iter().map(|p| p.driver.total), |n| n.to_string()),
         d.pieces_mapped,
         d.pieces_moved,
         d.pieces_unmapped,
@@ -743,11 +745,7 @@ pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
         d.frees,
         units::duration(std::time::Duration::from_secs_f64(last.seconds)),
         units::duration(secs(first)),
-        if units::duration(tlo) == units::duration(thi) {
-            units::duration(tlo)
-        } else {
-            format!("{}-{}", units::duration(tlo), units::duration(thi))
-        },
+        span(later.iter().map(secs), units::duration),
         ratio(first.peak_reserved_bytes, first.peak_live_bytes),
         ratio(last.peak_reserved_bytes, last.peak_live_bytes),
         m.passes.len()

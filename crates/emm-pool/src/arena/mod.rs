@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
+use crate::call_work::{self, Work};
 use crate::events::{EventId, EventSource};
 use crate::family::Family;
 use crate::fasthash::FastMap;
@@ -572,7 +573,7 @@ impl Arena {
             match self.expand(size, stream, events, source) {
                 Ok(true) => {
                     self.stats.counts.misses += 1;
-                    crate::call_work::note(crate::call_work::Work::Grew);
+                    call_work::note(Work::Grew);
                     let _ = self.cover_fresh(stream, events);
                     if let Some(a) = self.take_fit(size, kind, stream) {
                         return Ok(Some(self.finish(a, size)));
@@ -622,7 +623,7 @@ impl Arena {
             Err(e) => return Err(e),
         };
         self.stats.counts.misses += 1;
-        crate::call_work::note(crate::call_work::Work::Grew);
+        call_work::note(Work::Grew);
         self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
         if kind == Kind::Large && self.policy.merge_quiet.is_some() {
             self.grown_since_merge = self.grown_since_merge.saturating_add(seg);

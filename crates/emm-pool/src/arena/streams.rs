@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use emm_core::Result;
 
 use super::*;
-use crate::call_work::{self, Work};
 use crate::events::EventSource;
 
 /// Free blocks of one stream that another stream asked for: once `event` (on
