@@ -1,0 +1,233 @@
+// What moving a piece of emm's expandable segment costs the driver, and whether that
+// cost can leave the allocating thread. A move maps a piece's memory at a new
+// address (cuMemMap), grants access there (cuMemSetAccess), and later unmaps the old
+// address (cuMemUnmap). Three measurements, each on 2 MiB pieces:
+//
+//   batch:  per piece, and batched over a contiguous run of pieces (one
+//           cuMemSetAccess, one cuMemUnmap over the run): does batching save time?
+//   busy:   per piece while the GPU runs kernels, against an idle GPU.
+//   helper: a thread launching tiny kernels while a helper thread moves pieces,
+//           against an idle helper (alternated): do the helper's driver calls
+//           slow the launching thread?
+//
+// Build and run on a GPU machine (docs/benchmarks.md, twenty-ninth session):
+//   nvcc -O2 -std=c++17 python/gpu/benchmarks/vmm_moves.cu -lcuda -lpthread -o vmm_moves && ./vmm_moves
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#define CK(x)                                                              \
+  do {                                                                     \
+    CUresult r_ = (x);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      const char* s_;                                                      \
+      cuGetErrorString(r_, &s_);                                           \
+      printf("%s:%d %s -> %s\n", __FILE__, __LINE__, #x, s_);              \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+static const size_t kPage = 2ul << 20;
+static CUcontext g_ctx;
+static CUmemAllocationProp g_prop;
+static CUmemAccessDesc g_access;
+
+static double now_ns() {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+// n pieces of 2 MiB mapped (with access) at a fresh reservation `*a`; `*b` is a
+// second reservation of the same size to move them to.
+static void make_pieces(int n, CUdeviceptr* a, CUdeviceptr* b, std::vector<CUmemGenericAllocationHandle>* h) {
+  CK(cuMemAddressReserve(a, kPage * n, 0, 0, 0));
+  CK(cuMemAddressReserve(b, kPage * n, 0, 0, 0));
+  h->resize(n);
+  for (int i = 0; i < n; i++) {
+    CK(cuMemCreate(&(*h)[i], kPage, &g_prop, 0));
+    CK(cuMemMap(*a + i * kPage, kPage, 0, (*h)[i], 0));
+  }
+  CK(cuMemSetAccess(*a, kPage * n, &g_access, 1));
+}
+
+static void batch() {
+  int counts[] = {64, 256, 1024};
+  for (int rep = 0; rep < 2; rep++) {
+    for (int n : counts) {
+      CUdeviceptr a, b;
+      std::vector<CUmemGenericAllocationHandle> h;
+      make_pieces(n, &a, &b, &h);
+      CK(cuMemsetD8(a, 1, kPage * n));
+      CK(cuCtxSynchronize());
+      double t0 = now_ns();
+      for (int i = 0; i < n; i++) CK(cuMemMap(b + i * kPage, kPage, 0, h[i], 0));
+      double tm = now_ns() - t0;
+      t0 = now_ns();
+      for (int i = 0; i < n; i++) CK(cuMemSetAccess(b + i * kPage, kPage, &g_access, 1));
+      double ta = now_ns() - t0;
+      t0 = now_ns();
+      for (int i = 0; i < n; i++) CK(cuMemUnmap(a + i * kPage, kPage));
+      double tu = now_ns() - t0;
+      // Back to `a`, batched: one cuMemSetAccess and one cuMemUnmap over the run.
+      t0 = now_ns();
+      for (int i = 0; i < n; i++) CK(cuMemMap(a + i * kPage, kPage, 0, h[i], 0));
+      double bm = now_ns() - t0;
+      t0 = now_ns();
+      CK(cuMemSetAccess(a, kPage * n, &g_access, 1));
+      double ba = now_ns() - t0;
+      t0 = now_ns();
+      CK(cuMemUnmap(b, kPage * n));
+      double bu = now_ns() - t0;
+      printf("batch  n=%5d | per piece: map %.2f us, setAccess %.2f us, unmap %.2f us | batched: map %.2f us each, one setAccess %.2f us each, one unmap %.2f us each\n",
+             n, tm / 1e3 / n, ta / 1e3 / n, tu / 1e3 / n, bm / 1e3 / n, ba / 1e3 / n, bu / 1e3 / n);
+      CK(cuMemUnmap(a, kPage * n));
+      for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+      CK(cuMemAddressFree(a, kPage * n));
+      CK(cuMemAddressFree(b, kPage * n));
+    }
+  }
+}
+
+__global__ void spin(float* p, long n) {
+  float x = p[threadIdx.x];
+  for (long i = 0; i < n; i++) x = x * 0.999f + 1.f;
+  p[threadIdx.x] = x;
+}
+
+__global__ void tiny(float* p) {
+  if (threadIdx.x == 0) p[0] += 1.f;
+}
+
+static void busy(float* d, cudaStream_t s) {
+  const int n = 256;
+  CUdeviceptr a, b;
+  std::vector<CUmemGenericAllocationHandle> h;
+  make_pieces(n, &a, &b, &h);
+  CUdeviceptr src = a, dst = b;
+  for (int round = 0; round < 6; round++) {
+    bool gpu_busy = round % 2;
+    if (gpu_busy)
+      for (int k = 0; k < 400; k++) spin<<<132 * 4, 256, 0, s>>>(d, 20000);
+    double tm = 0, ta = 0, tu = 0;
+    for (int i = 0; i < n; i++) {
+      double t0 = now_ns();
+      CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
+      double t1 = now_ns();
+      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+      double t2 = now_ns();
+      CK(cuMemUnmap(src + i * kPage, kPage));
+      double t3 = now_ns();
+      tm += t1 - t0;
+      ta += t2 - t1;
+      tu += t3 - t2;
+    }
+    bool still = cudaStreamQuery(s) == cudaErrorNotReady;
+    printf("busy   GPU %s: per piece map %.2f us, setAccess %.2f us, unmap %.2f us (GPU still busy after: %s)\n",
+           gpu_busy ? "busy" : "idle", tm / 1e3 / n, ta / 1e3 / n, tu / 1e3 / n, still ? "yes" : "no");
+    cudaStreamSynchronize(s);
+    std::swap(src, dst);
+  }
+  CK(cuMemUnmap(src, kPage * n));
+  for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+  CK(cuMemAddressFree(a, kPage * n));
+  CK(cuMemAddressFree(b, kPage * n));
+}
+
+static std::atomic<int> g_stop{0};
+static std::atomic<long> g_moves{0};
+
+// Moves 64 pieces back and forth between two reservations until told to stop.
+static void* mover(void*) {
+  CK(cuCtxSetCurrent(g_ctx));
+  const int n = 64;
+  CUdeviceptr a, b;
+  std::vector<CUmemGenericAllocationHandle> h;
+  make_pieces(n, &a, &b, &h);
+  CUdeviceptr src = a, dst = b;
+  int i = 0;
+  while (!g_stop.load()) {
+    CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
+    CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+    CK(cuMemUnmap(src + i * kPage, kPage));
+    g_moves++;
+    if (++i == n) {
+      i = 0;
+      std::swap(src, dst);
+    }
+  }
+  // Pieces [0, i) are at dst, the rest at src.
+  for (int k = 0; k < n; k++) CK(cuMemUnmap((k < i ? dst : src) + k * kPage, kPage));
+  for (int k = 0; k < n; k++) CK(cuMemRelease(h[k]));
+  CK(cuMemAddressFree(a, kPage * n));
+  CK(cuMemAddressFree(b, kPage * n));
+  return nullptr;
+}
+
+static void helper(float* d, cudaStream_t s) {
+  for (int mode = 0; mode < 10; mode++) {
+    bool moving = mode % 2;
+    pthread_t th;
+    g_moves = 0;
+    g_stop = 0;
+    if (moving) {
+      pthread_create(&th, nullptr, mover, nullptr);
+      while (g_moves.load() < 50) {
+      }
+    }
+    std::vector<double> lat;
+    lat.reserve(20000);
+    double start = now_ns();
+    for (int i = 0; i < 20000; i++) {
+      double t0 = now_ns();
+      tiny<<<1, 32, 0, s>>>(d);
+      lat.push_back(now_ns() - t0);
+      if (i % 64 == 63) cudaStreamSynchronize(s);
+    }
+    cudaStreamSynchronize(s);
+    double total = now_ns() - start;
+    long moved = g_moves.load();
+    g_stop = 1;
+    if (moving) pthread_join(th, nullptr);
+    std::sort(lat.begin(), lat.end());
+    printf("helper %-20s 20000 launches in %.1f ms; launch p50 %.2f us p90 %.2f p99 %.2f; pieces moved by the helper meanwhile %ld\n",
+           moving ? "moving pieces:" : "idle:", total / 1e6, lat[10000] / 1e3, lat[18000] / 1e3, lat[19800] / 1e3, moved);
+  }
+}
+
+int main() {
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
+  CK(cuCtxSetCurrent(g_ctx));
+  char name[256];
+  CK(cuDeviceGetName(name, sizeof name, dev));
+  int version = 0;
+  CK(cuDriverGetVersion(&version));
+  printf("device %s, driver API %d\n", name, version);
+  g_prop = CUmemAllocationProp{};
+  g_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  g_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  g_prop.location.id = 0;
+  g_access.location = g_prop.location;
+  g_access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  float* d;
+  cudaMalloc(&d, 1 << 20);
+  cudaMemset(d, 0, 1 << 20);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int i = 0; i < 1000; i++) tiny<<<1, 32, 0, s>>>(d);
+  cudaStreamSynchronize(s);
+  batch();
+  busy(d, s);
+  helper(d, s);
+  return 0;
+}
