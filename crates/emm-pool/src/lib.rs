@@ -33,6 +33,7 @@ mod refused;
 pub mod settings;
 mod slack;
 mod thread_cache;
+mod unmapper;
 mod vmm;
 mod vmm_export;
 

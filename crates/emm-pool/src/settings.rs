@@ -95,6 +95,18 @@ pub static ADOPT_PARKED: Setting<bool> = Setting::new(
     parse::flag,
 );
 
+/// `pool_background_unmap` (`EMM_POOL_BACKGROUND_UNMAP`).
+pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
+    Key::new(
+        "pool_background_unmap",
+        "EMM_POOL_BACKGROUND_UNMAP",
+        ValueKind::Bool,
+        "1",
+        "a helper thread unmaps the old mappings of the expandable segment's moved pieces once their work is done (1), instead of the next growth on the allocating thread (0)",
+    ),
+    parse::flag,
+);
+
 /// Every setting of the pool, in the order the documentation lists them.
 pub static SETTINGS: &[&dyn AnySetting] = &[
     &LIMIT,
@@ -104,4 +116,5 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &LEGACY_MERGE,
     &THREAD_CACHE,
     &ADOPT_PARKED,
+    &BACKGROUND_UNMAP,
 ];

@@ -84,6 +84,9 @@ fn setup(reserve: usize) -> Setup {
             ..SegmentPolicy::default()
         },
         thread_cache_blocks: 0,
+        // The arena's own unmapping (on the allocating thread), which these tests
+        // pace with the stand-in's events; `background_unmap.rs` tests the helper.
+        background_unmap: false,
         ..PoolConfig::default()
     };
     let pool = PoolManager::with_config(

@@ -219,7 +219,7 @@ impl Arena {
         }
         self.stats.counts.pieces_moved += moved_pieces;
         self.stats.counts.pieces_mapped += mapped - moved_pieces;
-        self.retire_moved(base, &plan, moved_pieces, events);
+        self.retire_moved(base, &plan, moved_pieces, events, source);
         self.commit_growth(base, &target, moved, fresh_mapped, &new_pieces, stream);
         if let Some(limit) = over_limit {
             let (free, total) = source.device_info();

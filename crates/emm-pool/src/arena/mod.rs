@@ -215,6 +215,12 @@ pub(crate) trait SegmentSource {
         dst: CUdeviceptr,
         pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>);
+    /// Hands `job` (old mappings of moved pieces) to a helper thread that waits
+    /// for its event and unmaps them (see `unmapper.rs`); `false` when there is
+    /// none (the default): the caller unmaps them itself.
+    fn unmap_later(&self, _job: &std::sync::Arc<crate::unmapper::UnmapJob>) -> bool {
+        false
+    }
 }
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments

@@ -18,6 +18,7 @@ use emm_sys::CUdeviceptr;
 
 use super::*;
 use crate::events::{EventId, EventSource};
+use crate::unmapper::{Outcome, UnmapJob};
 
 /// Old mappings allowed to wait for their work; past it, growth waits for the
 /// oldest (their work was queued before a move, and moves are rare).
@@ -42,6 +43,9 @@ pub(super) struct Retiring {
     /// Each old mapping: address and length.
     maps: Vec<(CUdeviceptr, usize)>,
     done: Done,
+    /// The same mappings handed to the helper thread that unmaps them (see
+    /// `unmapper.rs`); `None`: the arena unmaps them itself.
+    job: Option<std::sync::Arc<UnmapJob>>,
 }
 
 /// Whole pieces of one free block of the expandable segment that growth may move.
@@ -66,12 +70,14 @@ impl Arena {
         plan: &[HolePieces],
         moved: usize,
         events: &dyn EventSource,
+        source: &dyn SegmentSource,
     ) {
         let mut left = moved;
         let mut settled = Retiring {
             blocks: Vec::new(),
             maps: Vec::new(),
             done: Done::Now,
+            job: None,
         };
         let mut queued: Option<Retiring> = None;
         for h in plan {
@@ -90,6 +96,7 @@ impl Arena {
                     blocks: Vec::new(),
                     maps: Vec::new(),
                     done: self.done_after(h.owner, events),
+                    job: None,
                 })
             };
             entry.blocks.push(h.first);
@@ -99,10 +106,25 @@ impl Arena {
                 at += l as u64;
             }
         }
-        for r in [Some(settled), queued].into_iter().flatten() {
-            if !r.maps.is_empty() {
-                self.retiring.push(r);
+        for mut r in [Some(settled), queued].into_iter().flatten() {
+            if r.maps.is_empty() {
+                continue;
             }
+            // The helper thread unmaps them once their work is done, off the
+            // allocating thread; after a failed record (a device-wide
+            // synchronization stands for the event) the arena keeps them.
+            let event = match r.done {
+                Done::Now => Some(None),
+                Done::After(id) => Some(Some(id)),
+                Done::AfterSync => None,
+            };
+            if let Some(event) = event {
+                let job = UnmapJob::new(r.maps.clone(), event);
+                if source.unmap_later(&job) {
+                    r.job = Some(job);
+                }
+            }
+            self.retiring.push(r);
         }
     }
 
@@ -207,6 +229,13 @@ impl Arena {
             tracing::error!(error = %e, addr, len, "unmapping a piece of the expandable segment failed; it stays mapped");
             return false;
         }
+        self.forget_piece(base, addr);
+        true
+    }
+
+    /// Counts the mapping at `addr` of the expandable segment at `base` unmapped
+    /// and drops it from the segment's pieces.
+    fn forget_piece(&mut self, base: CUdeviceptr, addr: CUdeviceptr) {
         self.stats.counts.pieces_unmapped += 1;
         if let Some(Segment {
             expandable: Some(Expandable { pieces, .. }),
@@ -218,7 +247,6 @@ impl Arena {
                 pieces.remove(i);
             }
         }
-        true
     }
 
     /// When the work queued so far on `owner` (the stream growing now, whose
@@ -279,7 +307,29 @@ impl Arena {
             waiting.saturating_sub(MAX_RETIRING)
         };
         let mut keep = Vec::new();
-        for r in std::mem::take(&mut self.retiring) {
+        for mut r in std::mem::take(&mut self.retiring) {
+            if let Some(job) = r.job.clone() {
+                // Needed now: a queued job is taken back, a started one waited for.
+                let outcome = if excess > 0 { job.settle() } else { job.poll() };
+                match outcome {
+                    Outcome::Pending => {
+                        keep.push(r);
+                        continue;
+                    }
+                    Outcome::Done(unmapped) => {
+                        excess = excess.saturating_sub(r.maps.len());
+                        if let Done::After(id) = r.done {
+                            events.recycle(id);
+                        }
+                        if let Some(again) = self.finish_retiring(base, r, &unmapped) {
+                            keep.push(again);
+                        }
+                        continue;
+                    }
+                    // Not done by the helper: unmapped here, as without it.
+                    Outcome::Yours => r.job = None,
+                }
+            }
             let ready = match r.done {
                 Done::Now => true,
                 Done::After(id) => {
@@ -325,12 +375,34 @@ impl Arena {
         r: Retiring,
         source: &dyn SegmentSource,
     ) -> Option<Retiring> {
-        let failed: Vec<(CUdeviceptr, usize)> = r
+        let unmapped: Vec<bool> = r
             .maps
             .iter()
-            .copied()
-            .filter(|&(addr, len)| !self.unmap_piece(base, addr, len, source))
+            .map(|&(addr, len)| self.unmap_piece(base, addr, len, source))
             .collect();
+        self.finish_retiring(base, r, &unmapped)
+    }
+
+    /// After `r`'s old mappings were unmapped (`unmapped[i]`: whether the i-th
+    /// went; those unmapped here already left the segment's pieces): the pieces
+    /// the helper thread unmapped leave them too, and once every mapping is gone
+    /// its blocks become gaps. Those that failed are returned, to be tried again
+    /// by the next growth or trim.
+    fn finish_retiring(
+        &mut self,
+        base: CUdeviceptr,
+        r: Retiring,
+        unmapped: &[bool],
+    ) -> Option<Retiring> {
+        let by_helper = r.job.is_some();
+        let mut failed = Vec::new();
+        for (i, &(addr, len)) in r.maps.iter().enumerate() {
+            match unmapped.get(i) {
+                Some(true) if by_helper => self.forget_piece(base, addr),
+                Some(true) => {}
+                _ => failed.push((addr, len)),
+            }
+        }
         if failed.is_empty() {
             for b in r.blocks {
                 self.make_gap(b);
@@ -342,6 +414,7 @@ impl Arena {
             maps: failed,
             // Its work was done when the unmap was first tried.
             done: Done::Now,
+            job: None,
         })
     }
 
@@ -445,6 +518,12 @@ impl Arena {
     /// segment's pieces (reset), and their blocks go with the segment's.
     pub(super) fn drop_retiring(&mut self, events: &dyn EventSource) {
         for r in std::mem::take(&mut self.retiring) {
+            if let Some(job) = &r.job {
+                // The helper is done with them before they are forgotten: a
+                // queued job is taken back (its mappings stay for the caller),
+                // a started one waited for (its mappings are gone).
+                job.settle();
+            }
             if let Done::After(id) = r.done {
                 events.recycle(id);
             }

@@ -36,6 +36,14 @@ pub struct PoolConfig {
     /// virtual memory). Off by default (`EMM_POOL_EXPORTABLE`; `emm.numba_plugin`
     /// turns it on); see `export.rs` for the contract.
     pub exportable: bool,
+    /// Old mappings of moved pieces of the expandable segment are unmapped by a
+    /// helper thread once their work is done, instead of by the next growth on
+    /// the allocating thread (`pool_background_unmap`, on by default; only with
+    /// virtual memory, and never over the host stand-in of
+    /// [`PoolUpstream::Host`](crate::PoolUpstream::Host), whose replays stay
+    /// deterministic). An unmap costs the driver 20-30 us a mapping on an H100
+    /// (`python/gpu/benchmarks/vmm_moves.cu`), about a fifth of a move.
+    pub background_unmap: bool,
 }
 
 impl PoolConfig {
@@ -46,7 +54,8 @@ impl PoolConfig {
     /// `pool_legacy_merge` (without the expandable segment: merge wholly free
     /// large segments when live bytes fall to 1/n of reserved; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
-    /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_limit` and
+    /// stream; 0 turns thread caches off), `pool_adopt_parked`,
+    /// `pool_background_unmap`, `pool_limit` and
     /// `pool_release_threshold`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
@@ -62,6 +71,7 @@ impl PoolConfig {
             c.segments.merge_quiet = (n > 0).then_some(n);
         }
         c.segments.adopt_parked = settings::ADOPT_PARKED.get(c.segments.adopt_parked)?;
+        c.background_unmap = settings::BACKGROUND_UNMAP.get(c.background_unmap)?;
         c.limit = settings::LIMIT.get(c.limit)?;
         c.release_threshold = settings::RELEASE_THRESHOLD.get(c.release_threshold)?;
         Ok(c)
@@ -77,6 +87,7 @@ impl Default for PoolConfig {
             thread_cache_bytes: 512 << 20,
             release_threshold: usize::MAX,
             exportable: false,
+            background_unmap: true,
         }
     }
 }

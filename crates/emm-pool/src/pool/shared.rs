@@ -35,8 +35,11 @@ pub(super) struct Core {
     pub(super) name: &'static str,
     pub(super) arena: Mutex<Arena>,
     pub(super) upstream: Box<dyn Upstream>,
-    pub(super) vmm: Option<Box<dyn VirtualMemory>>,
-    pub(super) events: Box<dyn EventSource>,
+    pub(super) vmm: Option<Arc<dyn VirtualMemory>>,
+    pub(super) events: Arc<dyn EventSource>,
+    /// The helper thread that unmaps moved pieces' old mappings
+    /// (`pool_background_unmap`; only with virtual memory).
+    pub(super) unmapper: Option<crate::unmapper::Unmapper>,
     pub(super) config: PoolConfig,
     pub(super) generation: AtomicUsize,
     pub(super) threads: Mutex<Vec<Arc<ThreadCounters>>>,
@@ -60,6 +63,7 @@ impl Core {
             self.upstream.as_ref(),
             self.vmm.as_deref(),
             self.ctx.as_ref(),
+            self.unmapper.as_ref(),
         )
     }
 

@@ -7,15 +7,18 @@ use emm_sys::CUdeviceptr;
 
 use crate::arena::SegmentSource;
 use crate::host_copy::HostCopy;
+use crate::unmapper::{UnmapJob, Unmapper};
 use crate::vmm::VirtualMemory;
 
 /// The arena's [`SegmentSource`]: segments from the pool's upstream, the
 /// expandable segment from its virtual memory (when it has any), copies to host
-/// memory through its context (when it serves a real one).
+/// memory through its context (when it serves a real one), old mappings of
+/// moved pieces unmapped by its helper thread (when it has one).
 pub(super) struct SourceAdapter<'a>(
     pub(super) &'a dyn Upstream,
     pub(super) Option<&'a dyn VirtualMemory>,
     pub(super) Option<&'a Context>,
+    pub(super) Option<&'a Unmapper>,
 );
 
 impl<'a> SourceAdapter<'a> {
@@ -39,6 +42,9 @@ impl SegmentSource for SourceAdapter<'_> {
     }
     fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("unmap")?.unmap_done(addr, len)
+    }
+    fn unmap_later(&self, job: &std::sync::Arc<UnmapJob>) -> bool {
+        self.3.is_some_and(|u| u.submit(job))
     }
     fn map_pieces(
         &self,

@@ -14,6 +14,7 @@ use super::threads::{ThreadCounters, NEXT_ID};
 use crate::arena::Arena;
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::family::Family;
+use crate::unmapper::Unmapper;
 use crate::vmm::{DriverVmm, HostVmm, VirtualMemory};
 
 /// Where a pool's segments come from.
@@ -90,6 +91,10 @@ pub(super) fn make_core(
         Option<Box<dyn VirtualMemory>>,
         Option<Context>,
     );
+    // The host stand-in (what `emm replay` runs on) unmaps on the allocating
+    // thread: its events complete when waited for, so a helper would unmap at
+    // once, and the replay's figures would depend on the helper's timing.
+    let helper_allowed = !matches!(upstream, PoolUpstream::Host { .. });
     let (up, events, vmm, ctx): Parts = match upstream {
         PoolUpstream::Driver(ctx) => {
             let vmm = if config.segments.expandable {
@@ -125,6 +130,12 @@ pub(super) fn make_core(
         None => None,
     };
     let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));
+    let vmm: Option<Arc<dyn VirtualMemory>> = vmm.map(Arc::from);
+    let events: Arc<dyn EventSource> = Arc::from(events);
+    let unmapper = vmm
+        .as_ref()
+        .filter(|_| config.background_unmap && helper_allowed)
+        .map(|v| Unmapper::new(v.clone(), events.clone()));
     Ok(Arc::new(Core {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         name,
@@ -132,6 +143,7 @@ pub(super) fn make_core(
         upstream: up,
         vmm,
         events,
+        unmapper,
         config,
         generation: AtomicUsize::new(0),
         threads: Mutex::new(Vec::new()),

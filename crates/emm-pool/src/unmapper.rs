@@ -1,0 +1,262 @@
+//! Old mappings of moved pieces unmapped on a helper thread.
+//!
+//! When growth moves pieces of the expandable segment (`arena/growth.rs`), their
+//! old addresses stay mapped until the work queued on them is done, and were
+//! unmapped by the next growth, on the thread that allocates: about 20-30 us a
+//! mapping on an H100 (`python/gpu/benchmarks/vmm_moves.cu`), a fifth of what a
+//! growth that moves costs. An [`Unmapper`] takes those unmaps off the allocating
+//! thread: a growth hands it an [`UnmapJob`] (the old mappings, and the event
+//! after which they may go), its thread waits for the event and unmaps them, and
+//! the arena, under its lock as before, later turns the ranges into gaps
+//! (`arena/retire.rs`). A helper thread's driver calls did not slow a thread
+//! launching kernels (run 218).
+//!
+//! The arena stays the owner of every job: a job still queued when the arena
+//! needs its ranges now (too many waiting, a trim, a pause, a reset) is claimed
+//! back and done on the arena's thread, and one the helper has started is
+//! waited for. The helper never takes the arena's lock, so that wait cannot
+//! deadlock. A job the helper could not do (its event's wait failed) goes back
+//! to the arena whole; a mapping the driver refused to unmap stays mapped and
+//! the arena tries it again, as before.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use emm_sys::CUdeviceptr;
+
+use crate::events::{EventId, EventSource};
+use crate::vmm::VirtualMemory;
+
+/// Where an [`UnmapJob`] stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum JobState {
+    /// Waiting for the helper.
+    Queued,
+    /// The helper is waiting for its event or unmapping.
+    Running,
+    /// The helper is done: for each mapping, whether it was unmapped.
+    Done(Vec<bool>),
+    /// The helper did nothing (its event's wait failed, or it stopped): the
+    /// arena does the whole job.
+    Returned,
+    /// The arena took the job back before the helper started it.
+    Claimed,
+}
+
+/// What the arena finds when it looks at a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Still queued or running.
+    Pending,
+    /// Done by the helper: for each mapping, whether it was unmapped.
+    Done(Vec<bool>),
+    /// Not done by the helper: the arena does it (the whole job).
+    Yours,
+}
+
+/// Old mappings that may be unmapped once `event` completes (at once without).
+#[derive(Debug)]
+pub(crate) struct UnmapJob {
+    maps: Vec<(CUdeviceptr, usize)>,
+    event: Option<EventId>,
+    state: Mutex<JobState>,
+    changed: Condvar,
+}
+
+impl UnmapJob {
+    /// A job for `maps`, to be unmapped after `event` (recorded on the stream
+    /// that used them; `None`: their work is already done).
+    pub fn new(maps: Vec<(CUdeviceptr, usize)>, event: Option<EventId>) -> Arc<UnmapJob> {
+        Arc::new(UnmapJob {
+            maps,
+            event,
+            state: Mutex::new(JobState::Queued),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, JobState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, to: JobState) {
+        *self.state() = to;
+        self.changed.notify_all();
+    }
+
+    /// Where the job stands, without waiting.
+    pub fn poll(&self) -> Outcome {
+        match &*self.state() {
+            JobState::Queued | JobState::Running => Outcome::Pending,
+            JobState::Done(r) => Outcome::Done(r.clone()),
+            JobState::Returned | JobState::Claimed => Outcome::Yours,
+        }
+    }
+
+    /// The outcome now: a queued job is claimed back (the helper will skip it)
+    /// and one the helper started is waited for.
+    pub fn settle(&self) -> Outcome {
+        let mut st = self.state();
+        loop {
+            match &*st {
+                JobState::Queued => {
+                    *st = JobState::Claimed;
+                    return Outcome::Yours;
+                }
+                JobState::Running => {
+                    st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                JobState::Done(r) => return Outcome::Done(r.clone()),
+                JobState::Returned | JobState::Claimed => return Outcome::Yours,
+            }
+        }
+    }
+
+    /// The helper starts the job: `false` when the arena claimed it first.
+    fn start(&self) -> bool {
+        let mut st = self.state();
+        if *st != JobState::Queued {
+            return false;
+        }
+        *st = JobState::Running;
+        true
+    }
+}
+
+/// A helper thread that unmaps old mappings (see the module's documentation),
+/// started by the first job handed to it.
+pub(crate) struct Unmapper {
+    vmm: Arc<dyn VirtualMemory>,
+    events: Arc<dyn EventSource>,
+    helper: Mutex<Option<Helper>>,
+}
+
+struct Helper {
+    jobs: Sender<Arc<UnmapJob>>,
+    thread: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Unmapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unmapper").finish_non_exhaustive()
+    }
+}
+
+impl Unmapper {
+    /// An unmapper of `vmm`'s mappings, waiting on `events`' events.
+    pub fn new(vmm: Arc<dyn VirtualMemory>, events: Arc<dyn EventSource>) -> Unmapper {
+        Unmapper {
+            vmm,
+            events,
+            helper: Mutex::new(None),
+        }
+    }
+
+    /// Hands `job` to the helper thread (started now if it is not yet); `false`
+    /// when no thread could be started or the helper has gone (the caller keeps
+    /// the job: nothing was done with it).
+    pub fn submit(&self, job: &Arc<UnmapJob>) -> bool {
+        let mut helper = self.helper.lock().unwrap_or_else(|p| p.into_inner());
+        if helper.is_none() {
+            let (tx, rx) = channel();
+            let (vmm, events) = (self.vmm.clone(), self.events.clone());
+            match std::thread::Builder::new()
+                .name("emm-unmap".into())
+                .spawn(move || run(rx, vmm.as_ref(), events.as_ref()))
+            {
+                Ok(thread) => *helper = Some(Helper { jobs: tx, thread }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "starting the thread that unmaps moved pieces failed; the allocating thread unmaps them");
+                    return false;
+                }
+            }
+        }
+        helper
+            .as_ref()
+            .is_some_and(|h| h.jobs.send(job.clone()).is_ok())
+    }
+}
+
+impl Drop for Unmapper {
+    fn drop(&mut self) {
+        let helper = self
+            .helper
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(Helper { jobs, thread }) = helper {
+            // The helper ends once the channel closes and its queue is empty.
+            drop(jobs);
+            if thread.join().is_err() {
+                tracing::error!("the thread that unmaps moved pieces panicked");
+            }
+        }
+    }
+}
+
+/// The helper's loop: each job's event waited for, then its mappings unmapped.
+fn run(jobs: Receiver<Arc<UnmapJob>>, vmm: &dyn VirtualMemory, events: &dyn EventSource) {
+    for job in jobs {
+        if !job.start() {
+            continue;
+        }
+        if let Some(id) = job.event {
+            if let Err(e) = events.wait(id) {
+                tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
+                job.set(JobState::Returned);
+                continue;
+            }
+        }
+        let done = job
+            .maps
+            .iter()
+            .map(|&(addr, len)| match vmm.unmap_done(addr, len) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(error = %e, addr, len, "unmapping a moved piece's old mapping failed; it stays mapped");
+                    false
+                }
+            })
+            .collect();
+        job.set(JobState::Done(done));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::HostEvents;
+    use crate::vmm::HostVmm;
+    use emm_default::HostUpstream;
+
+    fn vmm() -> Arc<HostVmm> {
+        Arc::new(HostVmm::new(Arc::new(HostUpstream::new(1 << 30, false))))
+    }
+
+    #[test]
+    fn a_claimed_job_is_never_started_and_a_done_one_reports_each_mapping() {
+        let v = vmm();
+        let base = v.reserve(64 << 20).unwrap();
+        v.map(base, 2 << 20).unwrap();
+        let unmapper = Unmapper::new(v.clone(), Arc::new(HostEvents::immediate()));
+        // Claimed before the helper saw it: the helper skips it.
+        let claimed = UnmapJob::new(vec![(base, 2 << 20)], None);
+        assert_eq!(claimed.settle(), Outcome::Yours);
+        assert!(unmapper.submit(&claimed));
+        // Done by the helper: the mapped one unmapped, the unknown one refused.
+        let job = UnmapJob::new(vec![(base, 2 << 20), (base + (4 << 20), 2 << 20)], None);
+        assert!(unmapper.submit(&job));
+        let start = std::time::Instant::now();
+        while job.poll() == Outcome::Pending && start.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(job.poll(), Outcome::Done(vec![true, false]));
+        // Settling a finished job takes nothing back.
+        assert_eq!(job.settle(), Outcome::Done(vec![true, false]));
+        assert_eq!(claimed.poll(), Outcome::Yours);
+        drop(unmapper);
+        // Unmapped once, by the job (the claimed job did not run).
+        assert!(v.unmap_done(base, 2 << 20).is_err());
+    }
+}

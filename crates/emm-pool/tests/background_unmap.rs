@@ -1,0 +1,223 @@
+//! Old mappings of moved pieces unmapped by the pool's helper thread
+//! (`pool_background_unmap`, on by default): the unmaps happen off the allocating
+//! thread, each old mapping goes once, the arena turns the ranges into gaps at its
+//! next growth or trim, a mapping the helper fails to unmap is tried again by the
+//! arena, and a long run of moves stays consistent. (`retire.rs` tests the
+//! arena's own unmapping, with the helper off.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use emm_core::{MemoryManager, Result};
+use emm_default::HostUpstream;
+use emm_pool::{
+    HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy, VirtualMemory,
+};
+use emm_sys::{CUdeviceptr, CUstream};
+
+const MIB: usize = 1 << 20;
+
+/// Host virtual memory that records which thread unmapped what, and fails the
+/// unmap of one address on request.
+struct Recording {
+    inner: HostVmm,
+    unmaps: Arc<Mutex<Vec<(CUdeviceptr, ThreadId)>>>,
+    /// The address whose unmap fails; 0: none.
+    fail_at: Arc<AtomicUsize>,
+}
+
+impl VirtualMemory for Recording {
+    fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
+        self.inner.reserve(size)
+    }
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.inner.map(addr, len)
+    }
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        self.inner.alias(src, dst, len)
+    }
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        if addr as usize == self.fail_at.load(Ordering::Relaxed) {
+            return Err(emm_core::EmmError::InvalidArgument {
+                what: "unmap (a failure the test injects)",
+                found: format!("{addr:#x}"),
+                expected: "another address".into(),
+            });
+        }
+        self.inner.unmap(addr, len)?;
+        self.unmaps
+            .lock()
+            .unwrap()
+            .push((addr, std::thread::current().id()));
+        Ok(())
+    }
+}
+
+struct Setup {
+    pool: PoolManager,
+    unmaps: Arc<Mutex<Vec<(CUdeviceptr, ThreadId)>>>,
+    fail_at: Arc<AtomicUsize>,
+}
+
+fn setup() -> Setup {
+    let host = Arc::new(HostUpstream::new(4 << 30, false));
+    let unmaps = Arc::new(Mutex::new(Vec::new()));
+    let fail_at = Arc::new(AtomicUsize::new(0));
+    let vmm = Recording {
+        inner: HostVmm::new(host.clone()),
+        unmaps: unmaps.clone(),
+        fail_at: fail_at.clone(),
+    };
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expandable_reserve: 1 << 40,
+            ..SegmentPolicy::default()
+        },
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    assert!(config.background_unmap, "the helper is on by default");
+    let pool = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(host),
+            Box::new(HostEvents::manual()),
+            Some(Box::new(vmm)),
+            None,
+        ),
+        config,
+    )
+    .unwrap();
+    Setup {
+        pool,
+        unmaps,
+        fail_at,
+    }
+}
+
+/// A created stream (its events are recorded on it).
+fn stream() -> CUstream {
+    CUstream(7 as *mut core::ffi::c_void)
+}
+
+/// Waits (up to 30 s) until `n` unmaps were recorded.
+fn wait_for_unmaps(s: &Setup, n: usize) {
+    let start = Instant::now();
+    while s.unmaps.lock().unwrap().len() < n && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn old_mappings_are_unmapped_once_by_the_helper_thread_and_become_gaps() {
+    let s = setup();
+    let (pool, st) = (&s.pool, stream());
+    // A hole of 64 MiB below a live block, then a request that does not fit: the
+    // hole's pieces move to the end, and their old mappings go to the helper.
+    let a = pool.memalloc_async(64 * MIB, st).unwrap();
+    let b = pool.memalloc_async(64 * MIB, st).unwrap();
+    let hole = a.ptr();
+    drop(a);
+    let c = pool.memalloc_async(200 * MIB, st).unwrap();
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 0, "the hole's pieces were not moved");
+    wait_for_unmaps(&s, moved);
+    let me = std::thread::current().id();
+    {
+        let unmaps = s.unmaps.lock().unwrap();
+        assert_eq!(unmaps.len(), moved, "each old mapping is unmapped once");
+        assert!(
+            unmaps.iter().all(|&(_, t)| t != me),
+            "an old mapping was unmapped on the allocating thread"
+        );
+        assert!(unmaps.iter().any(|&(addr, _)| addr == hole));
+    }
+    // The arena has not looked yet: its count moves at its next growth or trim.
+    assert_eq!(pool.stats().counts.pieces_unmapped, 0);
+    pool.check().unwrap();
+    let d = pool.memalloc_async(300 * MIB, st).unwrap();
+    assert_eq!(pool.stats().counts.pieces_unmapped, moved);
+    assert_eq!(s.unmaps.lock().unwrap().len(), moved, "unmapped twice");
+    pool.check().unwrap();
+    drop((b, c, d));
+    pool.trim();
+    pool.check().unwrap();
+}
+
+#[test]
+fn a_mapping_the_helper_fails_to_unmap_is_unmapped_by_the_arena_later() {
+    let s = setup();
+    let (pool, st) = (&s.pool, stream());
+    let a = pool.memalloc_async(64 * MIB, st).unwrap();
+    let b = pool.memalloc_async(64 * MIB, st).unwrap();
+    let hole = a.ptr();
+    // The hole's first piece (at the hole's start) refuses to go.
+    s.fail_at.store(hole as usize, Ordering::Relaxed);
+    drop(a);
+    let c = pool.memalloc_async(200 * MIB, st).unwrap();
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 1, "the hole moved {moved} pieces");
+    wait_for_unmaps(&s, moved - 1);
+    // A trim waits for the helper's job and takes what it did; the refused
+    // mapping stays, and while it does no free piece is unmapped either.
+    pool.trim();
+    assert_eq!(pool.stats().counts.pieces_unmapped, moved - 1);
+    pool.check().unwrap();
+    // The fault clears: the next trim unmaps it, on this thread.
+    s.fail_at.store(0, Ordering::Relaxed);
+    drop((b, c));
+    pool.trim();
+    // (The trim unmaps the segment's free pieces too.)
+    assert!(pool.stats().counts.pieces_unmapped >= moved);
+    let me = std::thread::current().id();
+    assert!(
+        s.unmaps
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(addr, t)| addr == hole && t == me),
+        "the arena did not unmap the mapping the helper failed"
+    );
+    pool.check().unwrap();
+}
+
+/// The pattern of `retire.rs`'s long run (a hole, then a larger request), 300
+/// rounds, with the helper unmapping as it goes: every block stays distinct, the
+/// pool stays consistent, and a trim at the end leaves no old mapping behind.
+#[test]
+fn a_long_run_of_moves_with_the_helper_stays_consistent() {
+    let s = setup();
+    let (pool, st) = (&s.pool, stream());
+    let keep = pool.memalloc_async(32 * MIB, st).unwrap();
+    for round in 0..300usize {
+        let small = 40 + (round % 7) * 6;
+        let a = pool.memalloc_async(small * MIB, st).unwrap();
+        let b = pool.memalloc_async(24 * MIB, st).unwrap();
+        drop(a);
+        let c = pool.memalloc_async((small + 30) * MIB, st).unwrap();
+        let (bp, cp) = (b.ptr(), c.ptr());
+        assert!(
+            bp + 24 * MIB as u64 <= cp || cp + ((small + 30) * MIB) as u64 <= bp,
+            "round {round}: live blocks overlap"
+        );
+        drop((b, c));
+        if round % 50 == 0 {
+            pool.check().unwrap();
+        }
+    }
+    drop(keep);
+    pool.trim();
+    let counts = pool.stats().counts;
+    assert!(counts.pieces_moved > 300, "moved only {}", counts.pieces_moved);
+    // Every old mapping went (by the helper or, when needed at once, the arena),
+    // each once.
+    let unmaps = s.unmaps.lock().unwrap().len();
+    assert!(
+        unmaps >= counts.pieces_moved,
+        "{unmaps} unmaps for {} moves",
+        counts.pieces_moved
+    );
+    assert!(counts.pieces_unmapped >= counts.pieces_moved);
+    pool.check().unwrap();
+}
