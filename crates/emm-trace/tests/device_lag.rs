@@ -61,3 +61,23 @@ fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A replay with a lagging device gives the same figures every time: the pool
+/// over the stand-in unmaps moved pieces on the replaying thread, not on a helper
+/// thread whose timing would move them (`PoolConfig::background_unmap`). A
+/// helper once made the midway snapshot's figure at a lag of 3,000 come out
+/// 1.046 or 1.053 from one run to the next.
+#[test]
+fn a_replay_with_a_lagging_device_gives_the_same_figures_every_time() {
+    let path = "emm-trace/tests/fixtures/h200_train_midway.pickle";
+    let runs: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| s.spawn(move || pool_ratios(path, 10, &[1, 5, 10], 3_000)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        runs.windows(2).all(|w| w[0] == w[1]),
+        "the same replay gave {runs:?}"
+    );
+}

@@ -121,7 +121,9 @@ impl PoolManager {
     /// A pool over the host stand-in of `capacity` bytes whose device runs
     /// `clock.lag()` requests behind the host (see [`emm_core::HostClock`]): its
     /// events complete only once the clock has moved that far, as a GPU's do
-    /// while the host queues work ahead. Without tag pools (a replay needs none).
+    /// while the host queues work ahead. Without tag pools (a replay needs none),
+    /// and without the helper thread that unmaps moved pieces
+    /// ([`PoolConfig::background_unmap`]): a replay gives the same figures every time.
     pub fn host_lagged(
         capacity: usize,
         config: PoolConfig,
@@ -129,6 +131,12 @@ impl PoolManager {
     ) -> Result<PoolManager> {
         let (host, vmm) =
             super::upstream::host_standin(capacity, false, config.segments.expandable);
+        // As over the plain stand-in, moved pieces are unmapped on the replaying
+        // thread, so a replay gives the same figures every time.
+        let config = PoolConfig {
+            background_unmap: false,
+            ..config
+        };
         Self::with_config(
             PoolUpstream::Custom(host, Box::new(crate::LaggedEvents::new(clock)), vmm, None),
             config,
