@@ -12,7 +12,9 @@
 //! 1.1 B-parameter Llama on two H100s reached 1.083x of live that way (run 188)
 //! where the replay said 1.024x; this replay of its recording said 1.088x at a
 //! lag of 300 and 1.210x at 3,000. The pool now gives a stream its own parked
-//! blocks back (`emm.parked_taken_back`): 1.055x on the GPU (run 197).
+//! blocks back (`emm.parked_taken_back`): 1.055x on the GPU (run 197). Where the
+//! pool does not meet the bound yet (the same model on four GPUs), the test holds
+//! it to today's figure, so the gap cannot widen unseen.
 
 mod common;
 use common::pool_ratios;
@@ -24,33 +26,54 @@ const TIE: f64 = 1.005;
 /// Requests the device runs behind the host.
 const LAGS: [u64; 2] = [300, 3_000];
 
-/// (trace under `crates/`, PyTorch's expandable segments on that recording; see
-/// `steady_state.rs` for where each comes from).
-const MULTI_STREAM: &[(&str, f64)] = &[
-    ("emm-trace/tests/fixtures/h200_train_midway.pickle", 1.063),
-    ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", 1.062),
-    ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122),
+/// (trace under `crates/`, PyTorch's expandable segments on that recording (see
+/// `steady_state.rs` for where each comes from), today's ceiling where the pool
+/// misses [`BOUND`]: `None` where it meets it).
+const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
+    ("emm-trace/tests/fixtures/h200_train_midway.pickle", 1.063, None),
+    ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", 1.062, None),
+    ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122, None),
+    // FSDP2 of the 1.1 B Llama on four GPUs (run 219). At a lag of 300 its peak
+    // comes as on the GPU (runs 218-219: 1.087-1.142x there): a 125 MiB request
+    // while 4.8 GiB are live and 22.4 GiB are parked for another stream, whose
+    // event has not completed.
+    (
+        "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
+        1.069,
+        Some(1.056),
+    ),
 ];
 
 #[test]
 fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
-    let results: Vec<(&str, f64, u64, Vec<f64>)> = std::thread::scope(|s| {
+    let results: Vec<(&str, f64, Option<f64>, u64, Vec<f64>)> = std::thread::scope(|s| {
         let handles: Vec<_> = MULTI_STREAM
             .iter()
-            .flat_map(|&(path, expandable)| LAGS.map(|lag| (path, expandable, lag)))
-            .map(|(path, expandable, lag)| {
-                s.spawn(move || (path, expandable, lag, pool_ratios(path, 10, &[1, 10], lag)))
+            .flat_map(|&(path, expandable, known)| {
+                LAGS.map(|lag| (path, expandable, known, lag))
+            })
+            .map(|(path, expandable, known, lag)| {
+                s.spawn(move || {
+                    let r = pool_ratios(path, 10, &[1, 10], lag);
+                    (path, expandable, known, lag, r)
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut failures = Vec::new();
-    for (path, expandable, lag, r) in results {
+    for (path, expandable, known, lag, r) in results {
         println!(
             "{path}, device {lag} requests behind: reserved/live {:.3} (1 pass), {:.3} (10); expandable segments {expandable:.3}",
             r[0], r[1]
         );
-        let ceiling = BOUND.min(expandable * TIE);
+        let ceiling = known.unwrap_or(BOUND).min(expandable * TIE);
+        if let Some(k) = known {
+            assert!(
+                k > BOUND,
+                "{path}: listed as missing the bound with a ceiling of {k}, below it"
+            );
+        }
         for (passes, ratio) in [1, 10].into_iter().zip(r) {
             if ratio > ceiling {
                 failures.push(format!(
