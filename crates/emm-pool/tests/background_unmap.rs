@@ -209,7 +209,11 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
     drop(keep);
     pool.trim();
     let counts = pool.stats().counts;
-    assert!(counts.pieces_moved > 300, "moved only {}", counts.pieces_moved);
+    assert!(
+        counts.pieces_moved > 300,
+        "moved only {}",
+        counts.pieces_moved
+    );
     // Every old mapping went (by the helper or, when needed at once, the arena),
     // each once.
     let unmaps = s.unmaps.lock().unwrap().len();

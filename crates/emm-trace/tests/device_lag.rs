@@ -30,8 +30,16 @@ const LAGS: [u64; 2] = [300, 3_000];
 /// `steady_state.rs` for where each comes from), today's ceiling where the pool
 /// misses [`BOUND`]: `None` where it meets it).
 const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
-    ("emm-trace/tests/fixtures/h200_train_midway.pickle", 1.063, None),
-    ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", 1.062, None),
+    (
+        "emm-trace/tests/fixtures/h200_train_midway.pickle",
+        1.063,
+        None,
+    ),
+    (
+        "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
+        1.062,
+        None,
+    ),
     ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122, None),
     // FSDP2 of the 1.1 B Llama on four GPUs (run 219). At a lag of 300 its peak
     // comes as on the GPU (runs 218-219: 1.087-1.142x there): a 125 MiB request
@@ -49,9 +57,7 @@ fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
     let results: Vec<(&str, f64, Option<f64>, u64, Vec<f64>)> = std::thread::scope(|s| {
         let handles: Vec<_> = MULTI_STREAM
             .iter()
-            .flat_map(|&(path, expandable, known)| {
-                LAGS.map(|lag| (path, expandable, known, lag))
-            })
+            .flat_map(|&(path, expandable, known)| LAGS.map(|lag| (path, expandable, known, lag)))
             .map(|(path, expandable, known, lag)| {
                 s.spawn(move || {
                     let r = pool_ratios(path, 10, &[1, 10], lag);
