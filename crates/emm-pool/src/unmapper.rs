@@ -37,8 +37,8 @@ enum JobState {
     Running,
     /// The helper is done: for each mapping, whether it was unmapped.
     Done(Vec<bool>),
-    /// The helper did nothing (its event's wait failed, or it stopped): the
-    /// arena does the whole job.
+    /// The helper did not finish it (its event's wait failed, or a call into the
+    /// virtual memory or the events panicked): the arena does the whole job.
     Returned,
     /// The arena took the job back before the helper started it.
     Claimed,
@@ -196,20 +196,33 @@ impl Drop for Unmapper {
 }
 
 /// The helper's loop: each job's event waited for, then its mappings unmapped.
+/// A job is always left finished or returned, so the arena never waits forever:
+/// a panic inside the virtual memory or the events (a user's implementation,
+/// through [`PoolUpstream::Custom`](crate::PoolUpstream::Custom)) returns it.
 fn run(jobs: Receiver<Arc<UnmapJob>>, vmm: &dyn VirtualMemory, events: &dyn EventSource) {
     for job in jobs {
         if !job.start() {
             continue;
         }
-        if let Some(id) = job.event {
-            if let Err(e) = events.wait(id) {
-                tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
-                job.set(JobState::Returned);
-                continue;
-            }
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| do_job(&job, vmm, events)));
+        job.set(outcome.unwrap_or_else(|_| {
+            tracing::error!("unmapping moved pieces panicked on the unmapping thread; the allocating thread unmaps them");
+            JobState::Returned
+        }));
+    }
+}
+
+/// Waits for `job`'s event and unmaps its mappings: what the job came to.
+fn do_job(job: &UnmapJob, vmm: &dyn VirtualMemory, events: &dyn EventSource) -> JobState {
+    if let Some(id) = job.event {
+        if let Err(e) = events.wait(id) {
+            tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
+            return JobState::Returned;
         }
-        let done = job
-            .maps
+    }
+    JobState::Done(
+        job.maps
             .iter()
             .map(|&(addr, len)| match vmm.unmap_done(addr, len) {
                 Ok(()) => true,
@@ -218,9 +231,8 @@ fn run(jobs: Receiver<Arc<UnmapJob>>, vmm: &dyn VirtualMemory, events: &dyn Even
                     false
                 }
             })
-            .collect();
-        job.set(JobState::Done(done));
-    }
+            .collect(),
+    )
 }
 
 #[cfg(test)]

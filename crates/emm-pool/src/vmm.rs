@@ -127,6 +127,10 @@ pub struct DriverVmm {
     /// Something is kept for a retry: an abandoned mapping or an orphan handle
     /// (see [`VmmState`]).
     pending: AtomicBool,
+    /// Held through a retry (`settle`): the pool's helper thread also settles
+    /// after its unmaps, and a map must not find the flag cleared while the
+    /// other thread is still unmapping what it was set for.
+    settling: Mutex<()>,
 }
 
 impl DriverVmm {
@@ -141,6 +145,7 @@ impl DriverVmm {
             exportable: false,
             exports: Default::default(),
             pending: AtomicBool::new(false),
+            settling: Mutex::new(()),
         })
     }
 
@@ -506,6 +511,7 @@ impl VirtualMemory for DriverVmm {
     }
 
     fn settle(&self) -> Result<()> {
+        let _one_at_a_time = self.settling.lock().unwrap_or_else(|p| p.into_inner());
         if !self.pending.swap(false, Ordering::AcqRel) {
             return Ok(());
         }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use emm_core::{MemoryManager, Result};
 use emm_default::HostUpstream;
 use emm_pool::{
-    HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy, VirtualMemory,
+    EventId, EventSource, HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream,
+    SegmentPolicy, VirtualMemory,
 };
 use emm_sys::{CUdeviceptr, CUstream};
 
@@ -55,13 +56,49 @@ impl VirtualMemory for Recording {
     }
 }
 
+/// The stand-in's manual events, except that a wait blocks until the test
+/// completes the event (as a GPU's does until the device gets there), where
+/// `HostEvents::wait` completes it.
+struct Blocking(Arc<HostEvents>);
+
+impl EventSource for Blocking {
+    fn record(&self, stream: CUstream) -> Result<EventId> {
+        self.0.record(stream)
+    }
+    fn is_complete(&self, id: EventId) -> Result<bool> {
+        self.0.is_complete(id)
+    }
+    fn wait(&self, id: EventId) -> Result<()> {
+        while !self.0.is_complete(id)? {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
+        self.0.stream_wait(stream, id)
+    }
+    fn recycle(&self, id: EventId) {
+        self.0.recycle(id)
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        self.0.synchronize_all()
+    }
+}
+
 struct Setup {
     pool: PoolManager,
     unmaps: Arc<Mutex<Vec<(CUdeviceptr, ThreadId)>>>,
     fail_at: Arc<AtomicUsize>,
+    events: Arc<HostEvents>,
+    base: CUdeviceptr,
 }
 
 fn setup() -> Setup {
+    setup_with(false)
+}
+
+/// With `blocking`, the helper's waits block until the test completes events.
+fn setup_with(blocking: bool) -> Setup {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let unmaps = Arc::new(Mutex::new(Vec::new()));
     let fail_at = Arc::new(AtomicUsize::new(0));
@@ -79,21 +116,37 @@ fn setup() -> Setup {
         ..PoolConfig::default()
     };
     assert!(config.background_unmap, "the helper is on by default");
+    let events = Arc::new(HostEvents::manual());
+    let source: Box<dyn EventSource> = if blocking {
+        Box::new(Blocking(events.clone()))
+    } else {
+        Box::new(events.clone())
+    };
     let pool = PoolManager::with_config(
-        PoolUpstream::Custom(
-            Box::new(host),
-            Box::new(HostEvents::manual()),
-            Some(Box::new(vmm)),
-            None,
-        ),
+        PoolUpstream::Custom(Box::new(host), source, Some(Box::new(vmm)), None),
         config,
     )
     .unwrap();
+    // The expandable segment's reservation starts where its first block does.
+    let first = pool.memalloc_async(2 * MIB, stream()).unwrap();
+    let base = first.ptr();
+    drop(first);
     Setup {
         pool,
         unmaps,
         fail_at,
+        events,
+        base,
     }
+}
+
+/// How many times each of `addrs` was unmapped.
+fn unmap_counts(s: &Setup, addrs: &[CUdeviceptr]) -> Vec<usize> {
+    let unmaps = s.unmaps.lock().unwrap();
+    addrs
+        .iter()
+        .map(|a| unmaps.iter().filter(|(x, _)| x == a).count())
+        .collect()
 }
 
 /// A created stream (its events are recorded on it).
@@ -124,24 +177,86 @@ fn old_mappings_are_unmapped_once_by_the_helper_thread_and_become_gaps() {
     assert!(moved > 0, "the hole's pieces were not moved");
     wait_for_unmaps(&s, moved);
     let me = std::thread::current().id();
-    {
+    let old: Vec<CUdeviceptr> = {
         let unmaps = s.unmaps.lock().unwrap();
         assert_eq!(unmaps.len(), moved, "each old mapping is unmapped once");
         assert!(
             unmaps.iter().all(|&(_, t)| t != me),
             "an old mapping was unmapped on the allocating thread"
         );
-        assert!(unmaps.iter().any(|&(addr, _)| addr == hole));
-    }
-    // The arena has not looked yet: its count moves at its next growth or trim.
-    assert_eq!(pool.stats().counts.pieces_unmapped, 0);
+        unmaps.iter().map(|&(a, _)| a).collect()
+    };
+    assert!(old.contains(&hole));
     pool.check().unwrap();
-    let d = pool.memalloc_async(300 * MIB, st).unwrap();
-    assert_eq!(pool.stats().counts.pieces_unmapped, moved);
-    assert_eq!(s.unmaps.lock().unwrap().len(), moved, "unmapped twice");
-    pool.check().unwrap();
-    drop((b, c, d));
+    // A trim takes what the helper did (waiting for it if it is not done) and
+    // turns the ranges into gaps; no old mapping is unmapped again.
     pool.trim();
+    assert!(pool.stats().counts.pieces_unmapped >= moved);
+    assert!(
+        unmap_counts(&s, &old).iter().all(|&n| n == 1),
+        "unmapped twice"
+    );
+    pool.check().unwrap();
+    drop((b, c));
+    pool.trim();
+    pool.check().unwrap();
+}
+
+#[test]
+fn the_helper_waits_for_the_moved_pieces_work() {
+    let s = setup_with(true);
+    let (pool, st) = (&s.pool, stream());
+    let a = pool.memalloc_async(64 * MIB, st).unwrap();
+    let b = pool.memalloc_async(64 * MIB, st).unwrap();
+    drop(a);
+    let c = pool.memalloc_async(200 * MIB, st).unwrap();
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 0, "the hole's pieces were not moved");
+    // The stream's work is not done: the helper waits, nothing is unmapped.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        s.unmaps.lock().unwrap().len(),
+        0,
+        "unmapped before the work was done"
+    );
+    // The device gets there: the helper unmaps them.
+    s.events.complete_all();
+    wait_for_unmaps(&s, moved);
+    assert_eq!(s.unmaps.lock().unwrap().len(), moved);
+    drop((b, c));
+    pool.trim();
+    pool.check().unwrap();
+}
+
+/// A reset after the helper unmapped the old mappings, before the arena took
+/// its result: each mapping is unmapped once, and the pool keeps its
+/// reservation (a failed unmap during a reset would make it reserve anew).
+#[test]
+fn a_reset_after_the_helper_unmaps_each_mapping_once() {
+    let s = setup();
+    let (pool, st) = (&s.pool, stream());
+    let a = pool.memalloc_async(64 * MIB, st).unwrap();
+    let b = pool.memalloc_async(64 * MIB, st).unwrap();
+    drop(a);
+    let c = pool.memalloc_async(200 * MIB, st).unwrap();
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 0, "the hole's pieces were not moved");
+    wait_for_unmaps(&s, moved);
+    let old: Vec<CUdeviceptr> = s.unmaps.lock().unwrap().iter().map(|&(a, _)| a).collect();
+    drop((b, c));
+    pool.reset().unwrap();
+    assert!(
+        unmap_counts(&s, &old).iter().all(|&n| n == 1),
+        "unmapped twice"
+    );
+    pool.check().unwrap();
+    let again = pool.memalloc_async(64 * MIB, st).unwrap();
+    assert_eq!(
+        again.ptr(),
+        s.base,
+        "the pool reserved new address space after its reset"
+    );
+    drop(again);
     pool.check().unwrap();
 }
 
@@ -159,6 +274,11 @@ fn a_mapping_the_helper_fails_to_unmap_is_unmapped_by_the_arena_later() {
     let moved = pool.stats().counts.pieces_moved;
     assert!(moved > 1, "the hole moved {moved} pieces");
     wait_for_unmaps(&s, moved - 1);
+    let me = std::thread::current().id();
+    assert!(
+        s.unmaps.lock().unwrap().iter().all(|&(_, t)| t != me),
+        "the old mappings were unmapped on the allocating thread"
+    );
     // A trim waits for the helper's job and takes what it did; the refused
     // mapping stays, and while it does no free piece is unmapped either.
     pool.trim();
@@ -170,7 +290,6 @@ fn a_mapping_the_helper_fails_to_unmap_is_unmapped_by_the_arena_later() {
     pool.trim();
     // (The trim unmaps the segment's free pieces too.)
     assert!(pool.stats().counts.pieces_unmapped >= moved);
-    let me = std::thread::current().id();
     assert!(
         s.unmaps
             .lock()
@@ -223,5 +342,10 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
         counts.pieces_moved
     );
     assert!(counts.pieces_unmapped >= counts.pieces_moved);
+    let me = std::thread::current().id();
+    assert!(
+        s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me),
+        "the helper unmapped nothing"
+    );
     pool.check().unwrap();
 }

@@ -115,6 +115,9 @@ impl StateMachineTest for Sut {
                 ..SegmentPolicy::default()
             },
             thread_cache_blocks: if m.cache { 4 } else { 0 },
+            // Events complete only as the model says: a helper thread unmapping
+            // moved pieces would complete the stand-in's events by waiting.
+            background_unmap: false,
             ..PoolConfig::default()
         };
         let pool = PoolManager::with_config(

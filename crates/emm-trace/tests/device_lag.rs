@@ -100,7 +100,7 @@ fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
 fn a_replay_with_a_lagging_device_gives_the_same_figures_every_time() {
     let path = "emm-trace/tests/fixtures/h200_train_midway.pickle";
     let runs: Vec<Vec<f64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..3)
+        let handles: Vec<_> = (0..6)
             .map(|_| s.spawn(move || pool_ratios(path, 10, &[1, 5, 10], 3_000)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

@@ -709,6 +709,9 @@ impl Arena {
         events: &dyn EventSource,
     ) -> Vec<(CUdeviceptr, usize)> {
         self.forget_merges();
+        if let Some(base) = self.grow_base.base() {
+            self.settle_jobs(base);
+        }
         let mut segs = Vec::new();
         let mut stuck = false;
         for (&b, s) in &self.segments {

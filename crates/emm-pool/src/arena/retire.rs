@@ -514,8 +514,33 @@ impl Arena {
         best
     }
 
+    /// Before a reset unmaps the expandable segment's pieces (the old mappings of
+    /// moved pieces among them): every job handed to the helper thread is settled
+    /// (a queued one taken back, a started one waited for), and the mappings the
+    /// helper unmapped leave the segment's pieces, so the reset unmaps each
+    /// mapping once and none the helper is unmapping at the same time.
+    pub(super) fn settle_jobs(&mut self, base: CUdeviceptr) {
+        for i in 0..self.retiring.len() {
+            let Some(job) = self.retiring[i].job.take() else {
+                continue;
+            };
+            if let Outcome::Done(unmapped) = job.settle() {
+                let gone: Vec<CUdeviceptr> = self.retiring[i]
+                    .maps
+                    .iter()
+                    .zip(unmapped)
+                    .filter_map(|(&(addr, _), ok)| ok.then_some(addr))
+                    .collect();
+                for addr in gone {
+                    self.forget_piece(base, addr);
+                }
+            }
+        }
+    }
+
     /// Forgets every old mapping still waiting: the caller unmaps them with the
-    /// segment's pieces (reset), and their blocks go with the segment's.
+    /// segment's pieces (reset, after [`Arena::settle_jobs`]), and their blocks go
+    /// with the segment's.
     pub(super) fn drop_retiring(&mut self, events: &dyn EventSource) {
         for r in std::mem::take(&mut self.retiring) {
             if let Some(job) = &r.job {

@@ -40,8 +40,10 @@ pub struct PoolConfig {
     /// helper thread once their work is done, instead of by the next growth on
     /// the allocating thread (`pool_background_unmap`, on by default; only with
     /// virtual memory, and never over the host stand-in of
-    /// [`PoolUpstream::Host`](crate::PoolUpstream::Host), whose replays stay
-    /// deterministic). An unmap costs the driver 20-30 us a mapping on an H100
+    /// [`PoolUpstream::Host`](crate::PoolUpstream::Host) or
+    /// [`PoolManager::host_lagged`](crate::PoolManager::host_lagged), whose
+    /// replays stay deterministic). Each pool and tag pool has its own thread,
+    /// started by its first move. An unmap costs the driver 20-30 us a mapping on an H100
     /// (`python/gpu/benchmarks/vmm_moves.cu`), about a fifth of a move.
     pub background_unmap: bool,
 }

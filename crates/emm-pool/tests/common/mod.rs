@@ -19,6 +19,9 @@ pub fn manual_pool(
         .then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>);
     let mut config = PoolConfig {
         thread_cache_blocks,
+        // The stand-in's events complete when waited for: a helper thread
+        // unmapping moved pieces would complete them behind the test's back.
+        background_unmap: false,
         ..PoolConfig::default()
     };
     config.segments.expandable = expandable;
