@@ -52,9 +52,13 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
     ),
 ];
 
+/// One replay's result: trace, expandable segments' figure, today's ceiling,
+/// lag, and the pool's ratios after 1 and 10 passes.
+type Lagged = (&'static str, f64, Option<f64>, u64, Vec<f64>);
+
 #[test]
 fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
-    let results: Vec<(&str, f64, Option<f64>, u64, Vec<f64>)> = std::thread::scope(|s| {
+    let results: Vec<Lagged> = std::thread::scope(|s| {
         let handles: Vec<_> = MULTI_STREAM
             .iter()
             .flat_map(|&(path, expandable, known)| LAGS.map(|lag| (path, expandable, known, lag)))
