@@ -154,6 +154,25 @@ fn stream() -> CUstream {
     CUstream(7 as *mut core::ffi::c_void)
 }
 
+/// A hole of 64 MiB below a live block, then a request that does not fit: the
+/// hole's pieces move to the end, and their old mappings go to the helper.
+/// Returns the live blocks, the hole's address and the pieces moved. With
+/// `refuse`, the unmap of the hole's first piece (at its start) fails.
+fn move_a_hole(s: &Setup, refuse: bool) -> ([emm_core::DeviceAllocation; 2], CUdeviceptr, usize) {
+    let (pool, st) = (&s.pool, stream());
+    let a = pool.memalloc_async(64 * MIB, st).unwrap();
+    let b = pool.memalloc_async(64 * MIB, st).unwrap();
+    let hole = a.ptr();
+    if refuse {
+        s.fail_at.store(hole as usize, Ordering::Relaxed);
+    }
+    drop(a);
+    let c = pool.memalloc_async(200 * MIB, st).unwrap();
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 1, "the hole moved {moved} pieces");
+    ([b, c], hole, moved)
+}
+
 /// Waits (up to 30 s) until `n` unmaps were recorded.
 fn wait_for_unmaps(s: &Setup, n: usize) {
     let start = Instant::now();
@@ -165,16 +184,8 @@ fn wait_for_unmaps(s: &Setup, n: usize) {
 #[test]
 fn old_mappings_are_unmapped_once_by_the_helper_thread_and_become_gaps() {
     let s = setup();
-    let (pool, st) = (&s.pool, stream());
-    // A hole of 64 MiB below a live block, then a request that does not fit: the
-    // hole's pieces move to the end, and their old mappings go to the helper.
-    let a = pool.memalloc_async(64 * MIB, st).unwrap();
-    let b = pool.memalloc_async(64 * MIB, st).unwrap();
-    let hole = a.ptr();
-    drop(a);
-    let c = pool.memalloc_async(200 * MIB, st).unwrap();
-    let moved = pool.stats().counts.pieces_moved;
-    assert!(moved > 0, "the hole's pieces were not moved");
+    let pool = &s.pool;
+    let (live, hole, moved) = move_a_hole(&s, false);
     wait_for_unmaps(&s, moved);
     let me = std::thread::current().id();
     let old: Vec<CUdeviceptr> = {
@@ -197,7 +208,7 @@ fn old_mappings_are_unmapped_once_by_the_helper_thread_and_become_gaps() {
         "unmapped twice"
     );
     pool.check().unwrap();
-    drop((b, c));
+    drop(live);
     pool.trim();
     pool.check().unwrap();
 }
@@ -205,13 +216,8 @@ fn old_mappings_are_unmapped_once_by_the_helper_thread_and_become_gaps() {
 #[test]
 fn the_helper_waits_for_the_moved_pieces_work() {
     let s = setup_with(true);
-    let (pool, st) = (&s.pool, stream());
-    let a = pool.memalloc_async(64 * MIB, st).unwrap();
-    let b = pool.memalloc_async(64 * MIB, st).unwrap();
-    drop(a);
-    let c = pool.memalloc_async(200 * MIB, st).unwrap();
-    let moved = pool.stats().counts.pieces_moved;
-    assert!(moved > 0, "the hole's pieces were not moved");
+    let pool = &s.pool;
+    let (live, _, moved) = move_a_hole(&s, false);
     // The stream's work is not done: the helper waits, nothing is unmapped.
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
@@ -223,7 +229,7 @@ fn the_helper_waits_for_the_moved_pieces_work() {
     s.events.complete_all();
     wait_for_unmaps(&s, moved);
     assert_eq!(s.unmaps.lock().unwrap().len(), moved);
-    drop((b, c));
+    drop(live);
     pool.trim();
     pool.check().unwrap();
 }
@@ -235,15 +241,10 @@ fn the_helper_waits_for_the_moved_pieces_work() {
 fn a_reset_after_the_helper_unmaps_each_mapping_once() {
     let s = setup();
     let (pool, st) = (&s.pool, stream());
-    let a = pool.memalloc_async(64 * MIB, st).unwrap();
-    let b = pool.memalloc_async(64 * MIB, st).unwrap();
-    drop(a);
-    let c = pool.memalloc_async(200 * MIB, st).unwrap();
-    let moved = pool.stats().counts.pieces_moved;
-    assert!(moved > 0, "the hole's pieces were not moved");
+    let (live, _, moved) = move_a_hole(&s, false);
     wait_for_unmaps(&s, moved);
     let old: Vec<CUdeviceptr> = s.unmaps.lock().unwrap().iter().map(|&(a, _)| a).collect();
-    drop((b, c));
+    drop(live);
     pool.reset().unwrap();
     assert!(
         unmap_counts(&s, &old).iter().all(|&n| n == 1),
@@ -263,16 +264,9 @@ fn a_reset_after_the_helper_unmaps_each_mapping_once() {
 #[test]
 fn a_mapping_the_helper_fails_to_unmap_is_unmapped_by_the_arena_later() {
     let s = setup();
-    let (pool, st) = (&s.pool, stream());
-    let a = pool.memalloc_async(64 * MIB, st).unwrap();
-    let b = pool.memalloc_async(64 * MIB, st).unwrap();
-    let hole = a.ptr();
+    let pool = &s.pool;
     // The hole's first piece (at the hole's start) refuses to go.
-    s.fail_at.store(hole as usize, Ordering::Relaxed);
-    drop(a);
-    let c = pool.memalloc_async(200 * MIB, st).unwrap();
-    let moved = pool.stats().counts.pieces_moved;
-    assert!(moved > 1, "the hole moved {moved} pieces");
+    let (live, hole, moved) = move_a_hole(&s, true);
     wait_for_unmaps(&s, moved - 1);
     let me = std::thread::current().id();
     assert!(
@@ -286,7 +280,7 @@ fn a_mapping_the_helper_fails_to_unmap_is_unmapped_by_the_arena_later() {
     pool.check().unwrap();
     // The fault clears: the next trim unmaps it, on this thread.
     s.fail_at.store(0, Ordering::Relaxed);
-    drop((b, c));
+    drop(live);
     pool.trim();
     // (The trim unmaps the segment's free pieces too.)
     assert!(pool.stats().counts.pieces_unmapped >= moved);
