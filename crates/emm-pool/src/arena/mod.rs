@@ -215,11 +215,16 @@ pub(crate) trait SegmentSource {
         dst: CUdeviceptr,
         pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>);
-    /// Hands `job` (old mappings of moved pieces) to a helper thread that waits
-    /// for its event and unmaps them (see `unmapper.rs`); `false` when there is
-    /// none (the default): the caller unmaps them itself.
-    fn unmap_later(&self, _job: &std::sync::Arc<crate::unmapper::UnmapJob>) -> bool {
-        false
+    /// Hands `maps` (old mappings of moved pieces, free once `event` completes;
+    /// at once without) to a helper thread that waits for the event and unmaps
+    /// them (see `unmapper.rs`): the job handed over, or `None` when there is no
+    /// helper (the default): the caller unmaps them itself.
+    fn unmap_later(
+        &self,
+        _maps: &[(CUdeviceptr, usize)],
+        _event: Option<crate::events::EventId>,
+    ) -> Option<std::sync::Arc<crate::unmapper::UnmapJob>> {
+        None
     }
 }
 

@@ -119,10 +119,7 @@ impl Arena {
                 Done::AfterSync => None,
             };
             if let Some(event) = event {
-                let job = UnmapJob::new(r.maps.clone(), event);
-                if source.unmap_later(&job) {
-                    r.job = Some(job);
-                }
+                r.job = source.unmap_later(&r.maps, event);
             }
             self.retiring.push(r);
         }
@@ -225,12 +222,11 @@ impl Arena {
         len: usize,
         source: &dyn SegmentSource,
     ) -> bool {
-        if let Err(e) = source.unmap_done(addr, len) {
-            tracing::error!(error = %e, addr, len, "unmapping a piece of the expandable segment failed; it stays mapped");
-            return false;
+        let gone = unmap_mapping(addr, len, source);
+        if gone {
+            self.forget_piece(base, addr);
         }
-        self.forget_piece(base, addr);
-        true
+        gone
     }
 
     /// Counts the mapping at `addr` of the expandable segment at `base` unmapped
@@ -378,29 +374,28 @@ impl Arena {
         let unmapped: Vec<bool> = r
             .maps
             .iter()
-            .map(|&(addr, len)| self.unmap_piece(base, addr, len, source))
+            .map(|&(addr, len)| unmap_mapping(addr, len, source))
             .collect();
         self.finish_retiring(base, r, &unmapped)
     }
 
-    /// After `r`'s old mappings were unmapped (`unmapped[i]`: whether the i-th
-    /// went; those unmapped here already left the segment's pieces): the pieces
-    /// the helper thread unmapped leave them too, and once every mapping is gone
-    /// its blocks become gaps. Those that failed are returned, to be tried again
-    /// by the next growth or trim.
+    /// After `r`'s old mappings were unmapped, here or by the helper thread
+    /// (`unmapped[i]`: whether the i-th went): those that went leave the
+    /// segment's pieces, and once every mapping is gone its blocks become gaps.
+    /// Those that failed are returned, to be tried again by the next growth or
+    /// trim.
     fn finish_retiring(
         &mut self,
         base: CUdeviceptr,
         r: Retiring,
         unmapped: &[bool],
     ) -> Option<Retiring> {
-        let by_helper = r.job.is_some();
         let mut failed = Vec::new();
         for (i, &(addr, len)) in r.maps.iter().enumerate() {
-            match unmapped.get(i) {
-                Some(true) if by_helper => self.forget_piece(base, addr),
-                Some(true) => {}
-                _ => failed.push((addr, len)),
+            if unmapped.get(i) == Some(&true) {
+                self.forget_piece(base, addr);
+            } else {
+                failed.push((addr, len));
             }
         }
         if failed.is_empty() {
@@ -543,12 +538,6 @@ impl Arena {
     /// with the segment's.
     pub(super) fn drop_retiring(&mut self, events: &dyn EventSource) {
         for r in std::mem::take(&mut self.retiring) {
-            if let Some(job) = &r.job {
-                // The helper is done with them before they are forgotten: a
-                // queued job is taken back (its mappings stay for the caller),
-                // a started one waited for (its mappings are gone).
-                job.settle();
-            }
             if let Done::After(id) = r.done {
                 events.recycle(id);
             }
@@ -572,4 +561,16 @@ pub(super) struct Target {
     pub exclude: [Option<CUdeviceptr>; 2],
     /// The gap mapped into (`None`: the segment's end).
     pub gap: Option<CUdeviceptr>,
+}
+
+/// Unmaps the mapping of `len` bytes at `addr` (the device is done with it);
+/// whether it went (a failure is logged and leaves it mapped).
+fn unmap_mapping(addr: CUdeviceptr, len: usize, source: &dyn SegmentSource) -> bool {
+    match source.unmap_done(addr, len) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, addr, len, "unmapping a piece of the expandable segment failed; it stays mapped");
+            false
+        }
+    }
 }

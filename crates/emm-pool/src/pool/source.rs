@@ -6,6 +6,7 @@ use emm_driver::Context;
 use emm_sys::CUdeviceptr;
 
 use crate::arena::SegmentSource;
+use crate::events::EventId;
 use crate::host_copy::HostCopy;
 use crate::unmapper::{UnmapJob, Unmapper};
 use crate::vmm::VirtualMemory;
@@ -43,8 +44,13 @@ impl SegmentSource for SourceAdapter<'_> {
     fn unmap_done(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
         self.vmm("unmap")?.unmap_done(addr, len)
     }
-    fn unmap_later(&self, job: &std::sync::Arc<UnmapJob>) -> bool {
-        self.3.is_some_and(|u| u.submit(job))
+    fn unmap_later(
+        &self,
+        maps: &[(CUdeviceptr, usize)],
+        event: Option<EventId>,
+    ) -> Option<std::sync::Arc<UnmapJob>> {
+        let job = UnmapJob::new(maps.to_vec(), event);
+        self.3?.submit(&job).then_some(job)
     }
     fn map_pieces(
         &self,
