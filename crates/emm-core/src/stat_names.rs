@@ -68,6 +68,8 @@ stat_names! {
     PARKED_TAKEN_BACK = "emm.parked_taken_back";
     /// Free blocks of other streams a stream adopted, waiting for them on the device instead of growing.
     PARKED_ADOPTED = "emm.parked_adopted";
+    /// Groups of free blocks parked for other streams whose events a stream waited for on the host instead of growing.
+    PARKED_WAITED = "emm.parked_waited";
     /// Allocations that took the arena's lock.
     LOCKED_ALLOCS = "emm.locked_allocs";
     /// Frees that took the arena's lock.

@@ -43,6 +43,10 @@ counters! {
     /// growing past the peak of reserved bytes, after making its work wait (on
     /// the device) for their events (`SegmentPolicy::adopt_parked`).
     parked_adopted => PARKED_ADOPTED,
+    /// Groups of free blocks parked for other streams whose events a stream
+    /// waited for on the host instead of growing past the peak of reserved
+    /// bytes (`SegmentPolicy::wait_parked`).
+    parked_waited => PARKED_WAITED,
     /// Requests that took the locked path (thread-cache misses and large blocks).
     locked_allocs => LOCKED_ALLOCS,
     /// Blocks given back to the arena (thread-cache flushes, large blocks).

@@ -63,9 +63,11 @@ impl EventSource for LaggedEvents {
     }
 
     fn wait(&self, id: EventId) -> Result<()> {
-        // The host waits until the device gets there: from now on it has.
-        if let Some(d) = self.slots().due.get_mut(id.0) {
-            *d = 0;
+        // The host waits until the device gets there: from now on it has, and
+        // past every marker due before it (the device runs them in order).
+        let mut s = self.slots();
+        if let Some(&due) = s.due.get(id.0) {
+            s.due.iter_mut().filter(|d| **d <= due).for_each(|d| *d = 0);
         }
         Ok(())
     }
@@ -104,12 +106,17 @@ mod tests {
         }
         clock.tick();
         assert!(ev.is_complete(a).unwrap());
-        // Waiting, or a device-wide synchronization, completes a marker at once.
+        // Waiting, or a device-wide synchronization, completes a marker at once;
+        // a wait also completes the markers recorded before it, not after.
+        let before = ev.record(s).unwrap();
+        clock.tick();
         let b = ev.record(s).unwrap();
+        clock.tick();
         let c = ev.record(s).unwrap();
         assert!(!ev.is_complete(b).unwrap());
         ev.wait(b).unwrap();
         assert!(ev.is_complete(b).unwrap());
+        assert!(ev.is_complete(before).unwrap());
         assert!(!ev.is_complete(c).unwrap());
         ev.synchronize_all().unwrap();
         assert!(ev.is_complete(c).unwrap());

@@ -95,6 +95,18 @@ pub static ADOPT_PARKED: Setting<bool> = Setting::new(
     parse::flag,
 );
 
+/// `pool_wait_parked` (`EMM_POOL_WAIT_PARKED`).
+pub static WAIT_PARKED: Setting<bool> = Setting::new(
+    Key::new(
+        "pool_wait_parked",
+        "EMM_POOL_WAIT_PARKED",
+        ValueKind::Bool,
+        "1",
+        "before growing past its peak, a stream waits on the host for the events of free blocks parked for other streams when they hold the request, and takes them (1), instead of growing (0)",
+    ),
+    parse::flag,
+);
+
 /// `pool_background_unmap` (`EMM_POOL_BACKGROUND_UNMAP`).
 pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
     Key::new(
@@ -116,5 +128,6 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &LEGACY_MERGE,
     &THREAD_CACHE,
     &ADOPT_PARKED,
+    &WAIT_PARKED,
     &BACKGROUND_UNMAP,
 ];

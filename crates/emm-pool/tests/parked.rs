@@ -18,12 +18,18 @@ use common::manual_pool;
 
 const MIB: usize = 1 << 20;
 
+/// A pool whose streams grow rather than wait on the host for parked blocks
+/// (`wait_parked` off): what stays parked, and who takes it, is what these
+/// tests look at. `check_waiting` tests the wait.
 fn pool(expandable: bool) -> (PoolManager, Arc<HostEvents>) {
-    manual_pool(expandable, 0, false)
+    manual_pool(expandable, 0, |s| s.wait_parked = false)
 }
 
 fn pool_adopting(expandable: bool, adopt: bool) -> (PoolManager, Arc<HostEvents>) {
-    manual_pool(expandable, 0, adopt)
+    manual_pool(expandable, 0, |s| {
+        s.adopt_parked = adopt;
+        s.wait_parked = false;
+    })
 }
 
 /// Two created streams (their events are recorded on them).
@@ -201,4 +207,82 @@ fn a_stream_adopts_parked_blocks_far_below_the_peak_in_the_expandable_segment() 
 #[test]
 fn a_stream_adopts_parked_blocks_far_below_the_peak_without_virtual_memory() {
     check_adoption(false);
+}
+
+fn pool_waiting(expandable: bool, wait: bool) -> (PoolManager, Arc<HostEvents>) {
+    manual_pool(expandable, 0, |s| s.wait_parked = wait)
+}
+
+/// With `wait_parked`, a stream that would grow past the peak waits on the host
+/// for the event of blocks parked for another stream and takes them settled
+/// (the event is complete afterwards, no stream was made to wait on the
+/// device); without it, it grows and the event stays incomplete. A growth that
+/// stays under the peak does not wait.
+fn check_waiting(expandable: bool) {
+    for wait in [false, true] {
+        let (pool, events) = pool_waiting(expandable, wait);
+        let (a, b) = streams();
+        // A's 128 MiB goes free on A; then B asks for 64 MiB.
+        drop(pool.memalloc_async(128 * MIB, a).unwrap());
+        let peak = pool.stats().reserved_bytes;
+        let y = pool.memalloc_async(64 * MIB, b).unwrap();
+        let stats = pool.stats();
+        let a_event = events
+            .log()
+            .iter()
+            .rposition(|&(s, _)| s == a.0 as usize)
+            .expect("no event recorded on A");
+        assert!(events.waits().is_empty(), "a stream waited on the device");
+        if wait {
+            assert_eq!(stats.reserved_bytes, peak, "B grew: {stats:?}");
+            assert_eq!(stats.counts.parked_waited, 1, "{stats:?}");
+            assert!(
+                events.log()[a_event].1,
+                "the host did not wait for A's event"
+            );
+            assert_eq!(stats.counts.parked_adopted, 0);
+        } else {
+            assert!(stats.reserved_bytes > peak, "B did not grow: {stats:?}");
+            assert_eq!(stats.counts.parked_waited, 0);
+            assert!(!events.log()[a_event].1, "A's event completed");
+        }
+        pool.check().unwrap();
+        drop(y);
+
+        // Under the peak: after a trim gives A's 128 MiB back (the peak stays),
+        // A's 32 MiB goes free on A and B's 64 MiB fits under the peak: B grows
+        // without waiting for A's event.
+        let (pool, events) = pool_waiting(expandable, wait);
+        drop(pool.memalloc_async(128 * MIB, a).unwrap());
+        pool.trim();
+        drop(pool.memalloc_async(32 * MIB, a).unwrap());
+        let w = pool.memalloc_async(64 * MIB, b).unwrap();
+        let stats = pool.stats();
+        assert!(
+            stats.reserved_bytes <= stats.reserved_bytes_peak,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.counts.parked_waited, 0,
+            "waited under the peak: {stats:?}"
+        );
+        let a_event = events
+            .log()
+            .iter()
+            .rposition(|&(s, _)| s == a.0 as usize)
+            .expect("no event recorded on A");
+        assert!(!events.log()[a_event].1, "A's last event completed");
+        pool.check().unwrap();
+        drop(w);
+    }
+}
+
+#[test]
+fn a_stream_waits_for_parked_blocks_instead_of_growing_past_the_peak_in_the_expandable_segment() {
+    check_waiting(true);
+}
+
+#[test]
+fn a_stream_waits_for_parked_blocks_instead_of_growing_past_the_peak_without_it() {
+    check_waiting(false);
 }

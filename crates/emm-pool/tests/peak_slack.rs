@@ -15,8 +15,10 @@ use common::manual_pool;
 
 const MIB: usize = 1 << 20;
 
+/// A pool whose streams grow rather than wait for parked blocks (`wait_parked`
+/// off), so that a peak can come with blocks parked.
 fn pool(expandable: bool, thread_cache_blocks: usize) -> (PoolManager, Arc<HostEvents>) {
-    manual_pool(expandable, thread_cache_blocks, false)
+    manual_pool(expandable, thread_cache_blocks, |s| s.wait_parked = false)
 }
 
 fn stream(n: usize) -> CUstream {

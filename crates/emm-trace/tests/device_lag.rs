@@ -41,14 +41,17 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
         None,
     ),
     ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122, None),
-    // FSDP2 of the 1.1 B Llama on four GPUs (run 219). At a lag of 300 its peak
-    // comes as on the GPU (runs 218-219: 1.087-1.142x there): a 125 MiB request
-    // while 4.8 GiB are live and 22.4 GiB are parked for another stream, whose
-    // event has not completed.
+    // FSDP2 of the 1.1 B Llama on four GPUs (run 219). Before `pool_wait_parked`
+    // its peak came at a lag of 300 as on the GPU (runs 218-219: 1.087-1.142x
+    // there; 1.056x here, which understated it): a 125 MiB request while 4.8 GiB
+    // were live and 22.4 GiB parked for another stream, whose event had not
+    // completed. Now the stream waits for that event instead of growing, and the
+    // peak comes at the peak of live bytes, for want of a hole: 1.058-1.059x
+    // here, 1.053-1.062x on the GPU (run 224, every rank of three rounds).
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
         1.069,
-        Some(1.056),
+        Some(1.059),
     ),
 ];
 

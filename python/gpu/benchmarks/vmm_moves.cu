@@ -9,6 +9,10 @@
 //   helper: a thread launching tiny kernels while a helper thread moves pieces,
 //           against an idle helper (alternated): do the helper's driver calls
 //           slow the launching thread?
+//   scale:  per piece with 0 to 14,336 other 2 MiB handles mapped (or the same
+//           bytes in 64 MiB handles), alone and with peer access to the other
+//           GPUs enabled: does the cost grow with the mappings a process holds?
+//           (VMM_MOVES_ONLY=scale runs only this one.)
 //
 // Build and run on a GPU machine (docs/benchmarks.md, twenty-ninth session):
 //   nvcc -O2 -std=c++17 python/gpu/benchmarks/vmm_moves.cu -lcuda -lpthread -o vmm_moves && ./vmm_moves
@@ -17,6 +21,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <algorithm>
@@ -141,6 +146,61 @@ static void busy(float* d, cudaStream_t s) {
   CK(cuMemAddressFree(b, kPage * n));
 }
 
+// Per-piece cost of moving 256 pieces while `background` other handles stay
+// mapped (2 MiB each, or `big` MiB each for the same bytes): does the driver's
+// cost grow with the mappings a process holds? A training process holds
+// thousands (26 GiB of 2 MiB pieces is 13,000).
+static void scale_one(int background, size_t handle, const char* label) {
+  const int n = 256;
+  int nb = (int)((size_t)background * kPage / handle);
+  CUdeviceptr bg = 0;
+  std::vector<CUmemGenericAllocationHandle> bh(nb);
+  if (nb > 0) {
+    CK(cuMemAddressReserve(&bg, handle * nb, 0, 0, 0));
+    for (int i = 0; i < nb; i++) {
+      CK(cuMemCreate(&bh[i], handle, &g_prop, 0));
+      CK(cuMemMap(bg + i * handle, handle, 0, bh[i], 0));
+      CK(cuMemSetAccess(bg + i * handle, handle, &g_access, 1));
+    }
+  }
+  CUdeviceptr a, b;
+  std::vector<CUmemGenericAllocationHandle> h;
+  make_pieces(n, &a, &b, &h);
+  CUdeviceptr src = a, dst = b;
+  for (int rep = 0; rep < 2; rep++) {
+    double tm = 0, ta = 0, tu = 0;
+    for (int i = 0; i < n; i++) {
+      double t0 = now_ns();
+      CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
+      double t1 = now_ns();
+      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+      double t2 = now_ns();
+      CK(cuMemUnmap(src + i * kPage, kPage));
+      double t3 = now_ns();
+      tm += t1 - t0;
+      ta += t2 - t1;
+      tu += t3 - t2;
+    }
+    printf("scale  %-7s %6d other handles of %3zu MiB (%5.1f GiB): per piece map %.2f us, setAccess %.2f us, unmap %.2f us\n",
+           label, nb, handle >> 20, (double)nb * handle / (1ul << 30), tm / 1e3 / n, ta / 1e3 / n, tu / 1e3 / n);
+    std::swap(src, dst);
+  }
+  CK(cuMemUnmap(src, kPage * n));
+  for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+  CK(cuMemAddressFree(a, kPage * n));
+  CK(cuMemAddressFree(b, kPage * n));
+  if (nb > 0) {
+    CK(cuMemUnmap(bg, handle * nb));
+    for (int i = 0; i < nb; i++) CK(cuMemRelease(bh[i]));
+    CK(cuMemAddressFree(bg, handle * nb));
+  }
+}
+
+static void scale(const char* label) {
+  for (int background : {0, 2048, 8192, 14336}) scale_one(background, kPage, label);
+  scale_one(14336, 64ul << 20, label);
+}
+
 static std::atomic<int> g_stop{0};
 static std::atomic<long> g_moves{0};
 
@@ -226,6 +286,24 @@ int main() {
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   for (int i = 0; i < 1000; i++) tiny<<<1, 32, 0, s>>>(d);
   cudaStreamSynchronize(s);
+  const char* only = getenv("VMM_MOVES_ONLY");
+  if (!only || !strcmp(only, "scale")) {
+    scale("alone");
+    // Peer access to the other GPUs, as NCCL's processes have it.
+    int n = 0, peers = 0;
+    CK(cuDeviceGetCount(&n));
+    for (int i = 1; i < n; i++) {
+      int can = 0;
+      cudaDeviceCanAccessPeer(&can, 0, i);
+      if (can && cudaDeviceEnablePeerAccess(i, 0) == cudaSuccess) peers++;
+    }
+    if (peers > 0) {
+      char label[32];
+      snprintf(label, sizeof label, "peers=%d", peers);
+      scale(label);
+    }
+  }
+  if (only && !strcmp(only, "scale")) return 0;
   batch();
   busy(d, s);
   helper(d, s);

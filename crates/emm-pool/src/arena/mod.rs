@@ -280,6 +280,11 @@ pub struct SegmentPolicy {
     /// slower in both rounds (run 204); `streams.rs`, `Arena::adopt_parked`;
     /// `pool_adopt_parked`.
     pub adopt_parked: bool,
+    /// Before growing past the peak of reserved bytes, a stream waits on the
+    /// host for the events of free blocks parked for other streams (oldest
+    /// first) when they hold the request, and takes them settled instead of
+    /// reserving more (`streams.rs`, `Arena::wait_parked`; `pool_wait_parked`).
+    pub wait_parked: bool,
 }
 
 impl Default for SegmentPolicy {
@@ -296,6 +301,7 @@ impl Default for SegmentPolicy {
             merge_quiet: None,
             one_range: false,
             adopt_parked: false,
+            wait_parked: true,
         }
     }
 }
@@ -403,6 +409,9 @@ pub(crate) struct Arena {
     /// Free blocks of streams another stream asked for, until their events
     /// complete (see `streams.rs`).
     pending: Vec<streams::Parked>,
+    /// Groups parked so far (each group's `seq`).
+    parks: u64,
+
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
@@ -509,6 +518,11 @@ impl Arena {
                 if self.stats.peak_reserved > peak {
                     // A new peak: what the pool held beside the live bytes then.
                     self.stats.peak_slack = self.slack(stream, size);
+                    tracing::debug!(
+                        stream = stream_id(stream),
+                        slack = ?self.stats.peak_slack,
+                        "a new peak of reserved bytes"
+                    );
                 }
                 Ok(r)
             }
@@ -569,6 +583,12 @@ impl Arena {
             return Ok(None);
         }
         if self.reclaim_stranded(size, events)? {
+            if let Some(a) = settled(self) {
+                self.stats.hits += 1;
+                return Ok(Some(self.finish(a, size)));
+            }
+        }
+        if self.wait_parked(size, kind, stream, events)? {
             if let Some(a) = settled(self) {
                 self.stats.hits += 1;
                 return Ok(Some(self.finish(a, size)));

@@ -15,6 +15,9 @@ pub(super) struct Parked {
     pub event: EventId,
     pub owner: StreamKey,
     pub blocks: Vec<CUdeviceptr>,
+    /// When it was parked, in the arena's order of parking (the device reaches
+    /// the events of older groups first).
+    pub seq: u64,
 }
 
 impl Arena {
@@ -85,10 +88,12 @@ impl Arena {
                     }
                 }
             }
+            self.parks += 1;
             self.pending.push(Parked {
                 event: id,
                 owner: donor,
                 blocks: addrs,
+                seq: self.parks,
             });
             call_work::note(Work::Parked);
             any = true;
@@ -214,6 +219,79 @@ impl Arena {
             st.uncovered = true;
         }
         any
+    }
+
+    /// Before `stream` grows past the peak of reserved bytes for `size` bytes of
+    /// `kind`: when blocks of that kind parked for other streams (see [`Parked`])
+    /// hold at least `size` bytes, waits on the host for their events, oldest
+    /// group first, until the groups waited for hold `size` bytes, and settles
+    /// them (any stream's, coalesced), instead of reserving more. On a GPU the
+    /// host runs ahead of the device, and an FSDP2 step parks most of the pool
+    /// behind events the device has not reached: the 1.1 B Llama's peak on four
+    /// H100s came with a 125 MiB request while 5.5 GiB were live and 22.9-24.3
+    /// GiB were parked (1.087-1.142x of allocated against expandable segments'
+    /// 1.069x, runs 218-219). The host gives up some of its lead instead; the
+    /// device keeps running the work queued since (where
+    /// [`SegmentPolicy::adopt_parked`] made the stream's work wait for the other
+    /// streams' on the device, and steps ran slower). A growth that stays under
+    /// the peak is left to happen (it costs no memory a step did not already
+    /// hold, and no wait); so is a small request (a free block of the expandable
+    /// segment may serve it, or a 2 MiB segment). A failed wait leaves its group
+    /// parked. Returns whether any group was settled. Only with
+    /// [`SegmentPolicy::wait_parked`].
+    pub(super) fn wait_parked(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+        events: &dyn EventSource,
+    ) -> Result<bool> {
+        if !self.policy.wait_parked
+            || kind != Kind::Large
+            || self.pending.is_empty()
+            || self.stats.reserved.saturating_add(size) <= self.stats.peak_reserved
+        {
+            return Ok(false);
+        }
+        self.stats.counts.scan_steps += self.pending.len();
+        // Each group of another stream that holds blocks of this kind, oldest first.
+        let mut groups: Vec<(u64, EventId, usize)> = self
+            .pending
+            .iter()
+            .filter(|p| p.owner != stream)
+            .map(|p| (p.seq, p.event, self.parked_bytes(&p.blocks, Some(kind))))
+            .filter(|&(_, _, bytes)| bytes > 0)
+            .collect();
+        if groups.is_empty() {
+            return Ok(false);
+        }
+        groups.sort_unstable_by_key(|&(seq, _, _)| seq);
+        let mut bytes = 0;
+        let mut waited = 0;
+        for (_, event, b) in groups {
+            if events.wait(event).is_err() {
+                // This group stays parked; its event still orders it.
+                continue;
+            }
+            waited += 1;
+            bytes += b;
+            if bytes >= size {
+                break;
+            }
+        }
+        if waited == 0 {
+            return Ok(false);
+        }
+        self.stats.counts.parked_waited += waited;
+        tracing::debug!(
+            stream = stream_id(stream),
+            request = size,
+            groups = waited,
+            bytes,
+            "waited for parked blocks instead of growing past the peak"
+        );
+        call_work::note(Work::Parked);
+        self.collect_pending(events)
     }
 
     /// Makes the blocks of `blocks` that are still parked free blocks of

@@ -56,7 +56,7 @@ impl PoolConfig {
     /// `pool_legacy_merge` (without the expandable segment: merge wholly free
     /// large segments when live bytes fall to 1/n of reserved; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
-    /// stream; 0 turns thread caches off), `pool_adopt_parked`,
+    /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
     /// `pool_background_unmap`, `pool_limit` and
     /// `pool_release_threshold`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
@@ -73,6 +73,7 @@ impl PoolConfig {
             c.segments.merge_quiet = (n > 0).then_some(n);
         }
         c.segments.adopt_parked = settings::ADOPT_PARKED.get(c.segments.adopt_parked)?;
+        c.segments.wait_parked = settings::WAIT_PARKED.get(c.segments.wait_parked)?;
         c.background_unmap = settings::BACKGROUND_UNMAP.get(c.background_unmap)?;
         c.limit = settings::LIMIT.get(c.limit)?;
         c.release_threshold = settings::RELEASE_THRESHOLD.get(c.release_threshold)?;

@@ -3,15 +3,16 @@
 use std::sync::Arc;
 
 use emm_default::HostUpstream;
-use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream};
+use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
 
 /// A pool over 4 GiB of host memory whose events complete only when the test
 /// says so (`HostEvents::manual`), with the expandable segment or without,
-/// `thread_cache_blocks` per thread and stream, and `adopt_parked` as given.
+/// `thread_cache_blocks` per thread and stream, and the segment policy as
+/// `policy` leaves it.
 pub fn manual_pool(
     expandable: bool,
     thread_cache_blocks: usize,
-    adopt_parked: bool,
+    policy: impl FnOnce(&mut SegmentPolicy),
 ) -> (PoolManager, Arc<HostEvents>) {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let events = Arc::new(HostEvents::manual());
@@ -25,7 +26,7 @@ pub fn manual_pool(
         ..PoolConfig::default()
     };
     config.segments.expandable = expandable;
-    config.segments.adopt_parked = adopt_parked;
+    policy(&mut config.segments);
     let pool = PoolManager::with_config(
         PoolUpstream::Custom(Box::new(host), Box::new(events.clone()), vmm, None),
         config,
