@@ -231,18 +231,13 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     let csv = "op,id,size,stream\na,0,67108864,1\nf,0,0,1\na,1,67108864,2\nf,1,0,2\n";
     let p = temp("lag.csv", csv.as_bytes());
     // (The thread's cache off: it would keep the freed block for its own stream
-    // whatever the lag.)
-    let replay = |lag: &str, json: bool| {
+    // whatever the lag. Stream 2 grows rather than wait on the host for stream
+    // 1's event, `pool_wait_parked` off, so that the lag shows; with it, below.)
+    let replay_with = |lag: &str, json: bool, wait: &str| {
         let mut c = emm();
-        c.env("EMM_POOL_THREAD_CACHE", "0").args([
-            "replay",
-            "-m",
-            "pool",
-            "--passes",
-            "1",
-            "--device-lag",
-            lag,
-        ]);
+        c.env("EMM_POOL_THREAD_CACHE", "0")
+            .env("EMM_POOL_WAIT_PARKED", wait)
+            .args(["replay", "-m", "pool", "--passes", "1", "--device-lag", lag]);
         if json {
             c.arg("--json");
         }
@@ -251,6 +246,7 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
         assert!(o.status.success(), "{}", text(&o.stderr));
         o
     };
+    let replay = |lag: &str, json: bool| replay_with(lag, json, "0");
     let peak = |lag: &str| {
         let v: serde_json::Value = serde_json::from_slice(&replay(lag, true).stdout).unwrap();
         assert_eq!(v["device_lag_requests"].as_u64(), lag.parse().ok());
@@ -281,6 +277,12 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     assert_eq!(s["parked_bytes"], 64 << 20, "{s}");
     assert_eq!(s["reserved_bytes"], 128 << 20, "{s}");
     assert_eq!(s["request_bytes"], 64 << 20, "{s}");
+    // With `pool_wait_parked` (the default), stream 2 would grow past the peak:
+    // it waits for stream 1's event instead and takes its block.
+    let v: serde_json::Value =
+        serde_json::from_slice(&replay_with("1000", true, "1").stdout).unwrap();
+    let m = &v["traces"][0]["managers"][0];
+    assert_eq!(m["peak_reserved_bytes"], 64 << 20, "{m}");
 }
 
 /// Without `--passes`, each manager replays the trace until its peak reserved
