@@ -102,7 +102,7 @@ pub static WAIT_PARKED: Setting<bool> = Setting::new(
         "EMM_POOL_WAIT_PARKED",
         ValueKind::Bool,
         "1",
-        "before growing past its peak, a stream waits on the host for the events of free blocks parked for other streams when they hold the request, and takes them (1), instead of growing (0)",
+        "before growing past its peak, a stream waits on the host for the events of free blocks of other streams parked for it and takes them (1), instead of growing (0)",
     ),
     parse::flag,
 );

@@ -5,12 +5,18 @@
 //! more (stream order makes that safe). On a GPU the host runs ahead of the
 //! device, so such events are seldom complete at once: without the take-back, an
 //! FSDP2 step's three streams each went without their own free blocks and grew.
-//! Events here complete only when the test says so.
+//! A stream about to grow past the peak waits on the host for the parked
+//! blocks' events instead (`wait_parked`, on by default; a failed wait leaves
+//! them parked), or, with `adopt_parked`, on the device. Events here complete
+//! only when the test says so.
 
 use std::sync::Arc;
 
 use emm_core::MemoryManager;
-use emm_pool::{HostEvents, PoolManager};
+use emm_default::HostUpstream;
+use emm_pool::{
+    EventId, EventSource, HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, VirtualMemory,
+};
 use emm_sys::CUstream;
 
 mod common;
@@ -285,4 +291,85 @@ fn a_stream_waits_for_parked_blocks_instead_of_growing_past_the_peak_in_the_expa
 #[test]
 fn a_stream_waits_for_parked_blocks_instead_of_growing_past_the_peak_without_it() {
     check_waiting(false);
+}
+
+/// The stand-in's manual events, except that every host wait fails (as a
+/// driver's `cuEventSynchronize` can).
+struct FailingWaits(Arc<HostEvents>);
+
+impl EventSource for FailingWaits {
+    fn record(&self, stream: CUstream) -> emm_core::Result<EventId> {
+        self.0.record(stream)
+    }
+    fn is_complete(&self, id: EventId) -> emm_core::Result<bool> {
+        self.0.is_complete(id)
+    }
+    fn wait(&self, id: EventId) -> emm_core::Result<()> {
+        Err(emm_core::EmmError::InvalidArgument {
+            what: "event wait (a failure the test injects)",
+            found: format!("event {}", id.0),
+            expected: "a wait that succeeds".into(),
+        })
+    }
+    fn stream_wait(&self, stream: CUstream, id: EventId) -> emm_core::Result<()> {
+        self.0.stream_wait(stream, id)
+    }
+    fn recycle(&self, id: EventId) {
+        self.0.recycle(id)
+    }
+    fn synchronize_all(&self) -> emm_core::Result<()> {
+        self.0.synchronize_all()
+    }
+}
+
+/// A wait for parked blocks that fails leaves them parked: the stream grows
+/// instead, the request is served, and the pool stays consistent; once the
+/// event completes, the blocks settle as before.
+fn check_failed_wait(expandable: bool) {
+    let host = Arc::new(HostUpstream::new(4 << 30, false));
+    let events = Arc::new(HostEvents::manual());
+    let vmm = expandable.then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn VirtualMemory>);
+    let mut config = PoolConfig {
+        thread_cache_blocks: 0,
+        background_unmap: false,
+        ..PoolConfig::default()
+    };
+    config.segments.expandable = expandable;
+    assert!(config.segments.wait_parked, "the wait is on by default");
+    let pool = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(host),
+            Box::new(FailingWaits(events.clone())),
+            vmm,
+            None,
+        ),
+        config,
+    )
+    .unwrap();
+    let (a, b) = streams();
+    drop(pool.memalloc_async(128 * MIB, a).unwrap());
+    let peak = pool.stats().reserved_bytes;
+    let y = pool.memalloc_async(64 * MIB, b).unwrap();
+    let stats = pool.stats();
+    assert!(stats.reserved_bytes > peak, "B did not grow: {stats:?}");
+    assert_eq!(stats.counts.parked_waited, 0, "{stats:?}");
+    assert!(events.outstanding() > 0, "A's event completed");
+    pool.check().unwrap();
+    // The device gets there: B's next request takes A's settled block.
+    events.complete_all();
+    let before = pool.stats().reserved_bytes;
+    let z = pool.memalloc_async(128 * MIB, b).unwrap();
+    assert_eq!(pool.stats().reserved_bytes, before, "B grew again");
+    pool.check().unwrap();
+    drop((y, z));
+}
+
+#[test]
+fn a_failed_wait_for_parked_blocks_leaves_them_parked_in_the_expandable_segment() {
+    check_failed_wait(true);
+}
+
+#[test]
+fn a_failed_wait_for_parked_blocks_leaves_them_parked_without_it() {
+    check_failed_wait(false);
 }

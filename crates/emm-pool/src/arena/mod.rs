@@ -282,8 +282,12 @@ pub struct SegmentPolicy {
     pub adopt_parked: bool,
     /// Before growing past the peak of reserved bytes, a stream waits on the
     /// host for the events of free blocks parked for other streams (oldest
-    /// first) when they hold the request, and takes them settled instead of
+    /// first, until they hold the request), and takes them settled instead of
     /// reserving more (`streams.rs`, `Arena::wait_parked`; `pool_wait_parked`).
+    /// On by default: on FSDP2 of a 1.1 B Llama on four H100s it took the
+    /// footprint from 1.078-1.116x of allocated to 1.053-1.062x, with steps no
+    /// slower (run 224). It runs before [`SegmentPolicy::adopt_parked`], which
+    /// then finds nothing parked where the wait settled it.
     pub wait_parked: bool,
 }
 
@@ -411,7 +415,6 @@ pub(crate) struct Arena {
     pending: Vec<streams::Parked>,
     /// Groups parked so far (each group's `seq`).
     parks: u64,
-
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
