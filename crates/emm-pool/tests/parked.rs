@@ -38,6 +38,27 @@ fn pool_adopting(expandable: bool, adopt: bool) -> (PoolManager, Arc<HostEvents>
     })
 }
 
+/// The index of the last event recorded on `stream` (in `HostEvents::log`).
+fn last_event_on(events: &HostEvents, stream: CUstream) -> usize {
+    events
+        .log()
+        .iter()
+        .rposition(|&(s, _)| s == stream.0 as usize)
+        .expect("no event recorded on the stream")
+}
+
+/// A's 128 MiB goes free on A; then B asks for 64 MiB with nothing live.
+/// Returns the reserved bytes before B asked, B's block and the stats after.
+fn a_frees_then_b_asks(
+    pool: &PoolManager,
+) -> (usize, emm_core::DeviceAllocation, emm_pool::PoolStats) {
+    let (a, b) = streams();
+    drop(pool.memalloc_async(128 * MIB, a).unwrap());
+    let peak = pool.stats().reserved_bytes;
+    let y = pool.memalloc_async(64 * MIB, b).unwrap();
+    (peak, y, pool.stats())
+}
+
 /// Two created streams (their events are recorded on them).
 fn streams() -> (CUstream, CUstream) {
     (
@@ -159,17 +180,9 @@ fn check_adoption(expandable: bool) {
     for adopt in [false, true] {
         let (pool, events) = pool_adopting(expandable, adopt);
         let (a, b) = streams();
-        // A's 128 MiB goes free on A; then B asks for 64 MiB with nothing live.
-        drop(pool.memalloc_async(128 * MIB, a).unwrap());
-        let peak = pool.stats().reserved_bytes;
-        let y = pool.memalloc_async(64 * MIB, b).unwrap();
-        let stats = pool.stats();
+        let (peak, y, stats) = a_frees_then_b_asks(&pool);
         // A's last event, recorded at its free, has not completed.
-        let a_event = events
-            .log()
-            .iter()
-            .rposition(|&(s, _)| s == a.0 as usize)
-            .expect("no event recorded on A");
+        let a_event = last_event_on(&events, a);
         assert!(!events.log()[a_event].1, "A's event completed");
         if adopt {
             assert_eq!(stats.reserved_bytes, peak, "B grew: {stats:?}");
@@ -228,16 +241,8 @@ fn check_waiting(expandable: bool) {
     for wait in [false, true] {
         let (pool, events) = pool_waiting(expandable, wait);
         let (a, b) = streams();
-        // A's 128 MiB goes free on A; then B asks for 64 MiB.
-        drop(pool.memalloc_async(128 * MIB, a).unwrap());
-        let peak = pool.stats().reserved_bytes;
-        let y = pool.memalloc_async(64 * MIB, b).unwrap();
-        let stats = pool.stats();
-        let a_event = events
-            .log()
-            .iter()
-            .rposition(|&(s, _)| s == a.0 as usize)
-            .expect("no event recorded on A");
+        let (peak, y, stats) = a_frees_then_b_asks(&pool);
+        let a_event = last_event_on(&events, a);
         assert!(events.waits().is_empty(), "a stream waited on the device");
         if wait {
             assert_eq!(stats.reserved_bytes, peak, "B grew: {stats:?}");
@@ -272,11 +277,7 @@ fn check_waiting(expandable: bool) {
             stats.counts.parked_waited, 0,
             "waited under the peak: {stats:?}"
         );
-        let a_event = events
-            .log()
-            .iter()
-            .rposition(|&(s, _)| s == a.0 as usize)
-            .expect("no event recorded on A");
+        let a_event = last_event_on(&events, a);
         assert!(!events.log()[a_event].1, "A's last event completed");
         pool.check().unwrap();
         drop(w);
@@ -346,11 +347,8 @@ fn check_failed_wait(expandable: bool) {
         config,
     )
     .unwrap();
-    let (a, b) = streams();
-    drop(pool.memalloc_async(128 * MIB, a).unwrap());
-    let peak = pool.stats().reserved_bytes;
-    let y = pool.memalloc_async(64 * MIB, b).unwrap();
-    let stats = pool.stats();
+    let (_, b) = streams();
+    let (peak, y, stats) = a_frees_then_b_asks(&pool);
     assert!(stats.reserved_bytes > peak, "B did not grow: {stats:?}");
     assert_eq!(stats.counts.parked_waited, 0, "{stats:?}");
     assert!(events.outstanding() > 0, "A's event completed");
