@@ -361,3 +361,73 @@ fn exportable_pieces_cost() {
         "exportable pieces cost {exp:.1} us vs {plain:.1} us"
     );
 }
+
+const PTX: &str = include_str!("../../../kernels/saxpy.ptx");
+
+/// Keeps `stream` busy for about `cycles` GPU clock cycles (`saxpy.ptx`'s `spin`).
+fn spin(module: &emm_driver::Module, stream: &Stream, cycles: u64) {
+    let f = module.function("spin").unwrap();
+    let mut c = cycles;
+    let mut params = [(&mut c as *mut u64).cast::<core::ffi::c_void>()];
+    // SAFETY: spin takes one u64 and touches no memory.
+    unsafe {
+        f.launch(
+            emm_driver::LaunchConfig {
+                grid: (1, 1, 1),
+                block: (1, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            stream,
+            &mut params,
+        )
+    }
+    .unwrap();
+}
+
+/// A block freed on a stream that a kernel keeps busy is parked when another
+/// stream asks; with `wait_parked` (the default) that stream, about to grow
+/// past the peak, waits on the host for the busy stream's event and takes the
+/// block (nothing more reserved, the kernel done by then); without it, it
+/// grows at once while the kernel still runs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_stream_waits_for_a_busy_streams_parked_block_instead_of_growing() {
+    let ctx = ctx();
+    let module = emm_driver::Module::load_ptx(&ctx, PTX).unwrap();
+    for wait in [false, true] {
+        let cfg = PoolConfig {
+            thread_cache_blocks: 0,
+            segments: SegmentPolicy {
+                wait_parked: wait,
+                ..SegmentPolicy::default()
+            },
+            ..PoolConfig::default()
+        };
+        let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
+        let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let a = pool.memalloc_async(64 << 20, s1.raw()).unwrap();
+        let addr = a.ptr();
+        spin(&module, &s1, 1_000_000_000); // about half a second
+        drop(a); // its event, recorded on s1 now, completes after the kernel
+        let before = pool.stats().reserved_bytes;
+        let b = pool.memalloc_async(64 << 20, s2.raw()).unwrap();
+        let stats = pool.stats();
+        if wait {
+            assert_eq!(stats.reserved_bytes, before, "s2 grew: {stats:?}");
+            assert_eq!(b.ptr(), addr, "s2 did not take s1's block");
+            assert!(stats.counts.parked_waited >= 1, "{stats:?}");
+            assert!(s1.query().unwrap(), "the host did not wait for s1's kernel");
+        } else {
+            assert!(stats.reserved_bytes > before, "s2 did not grow: {stats:?}");
+            assert_ne!(b.ptr(), addr, "s2 took s1's block while its kernel ran");
+            assert_eq!(stats.counts.parked_waited, 0);
+            assert!(!s1.query().unwrap(), "the kernel was over before s2 asked");
+        }
+        // SAFETY: `b` is live and 64 MiB long; s2 orders the write.
+        unsafe { memory::memset_d8_async(b.ptr(), 3, 64 << 20, &s2) }.unwrap();
+        s2.synchronize().unwrap();
+        s1.synchronize().unwrap();
+        drop(b);
+        pool.check().unwrap();
+    }
+}
