@@ -18,6 +18,12 @@
 //! deadlock. A job the helper could not do (its event's wait failed) goes back
 //! to the arena whole; a mapping the driver refused to unmap stays mapped and
 //! the arena tries it again, as before.
+//!
+//! A growth's mapping and the helper's unmapping take turns ([`Unmapper::quiet`]):
+//! the driver runs these calls one at a time whichever thread makes them (run
+//! 221), so an unmap slipped in between a growth's maps would lengthen the
+//! growth on the allocating thread by its own cost. The helper waits until the
+//! growth's maps are done (a growth waits at most for one unmap).
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -130,6 +136,8 @@ pub(crate) struct Unmapper {
     vmm: Arc<dyn VirtualMemory>,
     events: Arc<dyn EventSource>,
     helper: Mutex<Option<Helper>>,
+    /// Held by a growth while it maps, and by the helper around each unmap.
+    turn: Arc<Mutex<()>>,
 }
 
 struct Helper {
@@ -150,7 +158,15 @@ impl Unmapper {
             vmm,
             events,
             helper: Mutex::new(None),
+            turn: Arc::new(Mutex::new(())),
         }
+    }
+
+    /// Keeps the helper from unmapping while the guard lives: a growth holds it
+    /// around its maps (see the module's documentation). It waits at most for
+    /// the one unmap the helper may be making.
+    pub fn quiet(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands `job` to the helper thread (started now if it is not yet); `false`
@@ -160,10 +176,10 @@ impl Unmapper {
         let mut helper = self.helper.lock().unwrap_or_else(|p| p.into_inner());
         if helper.is_none() {
             let (tx, rx) = channel();
-            let (vmm, events) = (self.vmm.clone(), self.events.clone());
+            let (vmm, events, turn) = (self.vmm.clone(), self.events.clone(), self.turn.clone());
             match std::thread::Builder::new()
                 .name("emm-unmap".into())
-                .spawn(move || run(rx, vmm.as_ref(), events.as_ref()))
+                .spawn(move || run(rx, vmm.as_ref(), events.as_ref(), &turn))
             {
                 Ok(thread) => *helper = Some(Helper { jobs: tx, thread }),
                 Err(e) => {
@@ -199,13 +215,19 @@ impl Drop for Unmapper {
 /// A job is always left finished or returned, so the arena never waits forever:
 /// a panic inside the virtual memory or the events (a user's implementation,
 /// through [`PoolUpstream::Custom`](crate::PoolUpstream::Custom)) returns it.
-fn run(jobs: Receiver<Arc<UnmapJob>>, vmm: &dyn VirtualMemory, events: &dyn EventSource) {
+fn run(
+    jobs: Receiver<Arc<UnmapJob>>,
+    vmm: &dyn VirtualMemory,
+    events: &dyn EventSource,
+    turn: &Mutex<()>,
+) {
     for job in jobs {
         if !job.start() {
             continue;
         }
-        let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| do_job(&job, vmm, events)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            do_job(&job, vmm, events, turn)
+        }));
         job.set(outcome.unwrap_or_else(|_| {
             tracing::error!("unmapping moved pieces panicked on the unmapping thread; the allocating thread unmaps them");
             JobState::Returned
@@ -213,8 +235,14 @@ fn run(jobs: Receiver<Arc<UnmapJob>>, vmm: &dyn VirtualMemory, events: &dyn Even
     }
 }
 
-/// Waits for `job`'s event and unmaps its mappings: what the job came to.
-fn do_job(job: &UnmapJob, vmm: &dyn VirtualMemory, events: &dyn EventSource) -> JobState {
+/// Waits for `job`'s event and unmaps its mappings, each in its `turn` (not
+/// while a growth maps): what the job came to.
+fn do_job(
+    job: &UnmapJob,
+    vmm: &dyn VirtualMemory,
+    events: &dyn EventSource,
+    turn: &Mutex<()>,
+) -> JobState {
     if let Some(id) = job.event {
         if let Err(e) = events.wait(id) {
             tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
@@ -224,11 +252,17 @@ fn do_job(job: &UnmapJob, vmm: &dyn VirtualMemory, events: &dyn EventSource) -> 
     JobState::Done(
         job.maps
             .iter()
-            .map(|&(addr, len)| match vmm.unmap_done(addr, len) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::error!(error = %e, addr, len, "unmapping a moved piece's old mapping failed; it stays mapped");
-                    false
+            .map(|&(addr, len)| {
+                let unmapped = {
+                    let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
+                    vmm.unmap_done(addr, len)
+                };
+                match unmapped {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(error = %e, addr, len, "unmapping a moved piece's old mapping failed; it stays mapped");
+                        false
+                    }
                 }
             })
             .collect(),

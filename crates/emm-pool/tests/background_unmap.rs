@@ -5,7 +5,7 @@
 //! arena, and a long run of moves stays consistent. (`retire.rs` tests the
 //! arena's own unmapping, with the helper off.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -20,13 +20,20 @@ use emm_sys::{CUdeviceptr, CUstream};
 
 const MIB: usize = 1 << 20;
 
-/// Host virtual memory that records which thread unmapped what, and fails the
-/// unmap of one address on request.
+/// Host virtual memory that records which thread unmapped what, fails the
+/// unmap of one address on request, and counts unmaps made while a growth maps
+/// pieces (whose maps take `map_us` microseconds a piece, on request).
 struct Recording {
     inner: HostVmm,
     unmaps: Arc<Mutex<Vec<(CUdeviceptr, ThreadId)>>>,
     /// The address whose unmap fails; 0: none.
     fail_at: Arc<AtomicUsize>,
+    /// A `map_pieces` call is under way.
+    mapping: Arc<AtomicBool>,
+    /// Unmaps made while one was.
+    overlaps: Arc<AtomicUsize>,
+    /// Microseconds each piece of a `map_pieces` call takes.
+    map_us: Arc<AtomicU64>,
 }
 
 impl VirtualMemory for Recording {
@@ -39,7 +46,33 @@ impl VirtualMemory for Recording {
     fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
         self.inner.alias(src, dst, len)
     }
+    fn map_pieces(
+        &self,
+        dst: CUdeviceptr,
+        pieces: &[(Option<CUdeviceptr>, usize)],
+    ) -> (usize, Result<()>) {
+        self.mapping.store(true, Ordering::SeqCst);
+        let mut at = dst;
+        let mut done = (pieces.len(), Ok(()));
+        for (i, &(src, len)) in pieces.iter().enumerate() {
+            std::thread::sleep(Duration::from_micros(self.map_us.load(Ordering::Relaxed)));
+            let r = match src {
+                None => self.inner.map(at, len),
+                Some(src) => self.inner.alias(src, at, len),
+            };
+            if let Err(e) = r {
+                done = (i, Err(e));
+                break;
+            }
+            at += len as u64;
+        }
+        self.mapping.store(false, Ordering::SeqCst);
+        done
+    }
     fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        if self.mapping.load(Ordering::SeqCst) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
         if addr as usize == self.fail_at.load(Ordering::Relaxed) {
             return Err(emm_core::EmmError::InvalidArgument {
                 what: "unmap (a failure the test injects)",
@@ -89,6 +122,8 @@ struct Setup {
     pool: PoolManager,
     unmaps: Arc<Mutex<Vec<(CUdeviceptr, ThreadId)>>>,
     fail_at: Arc<AtomicUsize>,
+    overlaps: Arc<AtomicUsize>,
+    map_us: Arc<AtomicU64>,
     events: Arc<HostEvents>,
     base: CUdeviceptr,
 }
@@ -102,10 +137,15 @@ fn setup_with(blocking: bool) -> Setup {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let unmaps = Arc::new(Mutex::new(Vec::new()));
     let fail_at = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let map_us = Arc::new(AtomicU64::new(0));
     let vmm = Recording {
         inner: HostVmm::new(host.clone()),
         unmaps: unmaps.clone(),
         fail_at: fail_at.clone(),
+        mapping: Arc::new(AtomicBool::new(false)),
+        overlaps: overlaps.clone(),
+        map_us: map_us.clone(),
     };
     let config = PoolConfig {
         segments: SegmentPolicy {
@@ -135,6 +175,8 @@ fn setup_with(blocking: bool) -> Setup {
         pool,
         unmaps,
         fail_at,
+        overlaps,
+        map_us,
         events,
         base,
     }
@@ -353,5 +395,46 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
         s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me),
         "the helper unmapped nothing"
     );
+    pool.check().unwrap();
+}
+
+/// The helper does not unmap while a growth maps pieces: the driver runs these
+/// calls one at a time, so an unmap in between would lengthen the growth on the
+/// allocating thread. With maps slowed to 200 us a piece and the helper busy
+/// with the previous growths' old mappings, no unmap lands inside a growth's
+/// maps, and the helper still does the unmapping.
+#[test]
+fn the_helper_does_not_unmap_while_a_growth_maps() {
+    let s = setup();
+    s.map_us.store(200, Ordering::Relaxed);
+    let (pool, st) = (&s.pool, stream());
+    let keep = pool.memalloc_async(32 * MIB, st).unwrap();
+    for round in 0..40usize {
+        let small = 40 + (round % 7) * 6;
+        let a = pool.memalloc_async(small * MIB, st).unwrap();
+        let b = pool.memalloc_async(24 * MIB, st).unwrap();
+        drop(a);
+        let c = pool.memalloc_async((small + 30) * MIB, st).unwrap();
+        drop((b, c));
+    }
+    let moved = pool.stats().counts.pieces_moved;
+    assert!(moved > 40, "moved only {moved}");
+    let me = std::thread::current().id();
+    let start = Instant::now();
+    while !s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me)
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me),
+        "the helper unmapped nothing"
+    );
+    assert_eq!(
+        s.overlaps.load(Ordering::SeqCst),
+        0,
+        "the helper unmapped while a growth mapped"
+    );
+    drop(keep);
     pool.check().unwrap();
 }

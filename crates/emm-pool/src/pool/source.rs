@@ -58,7 +58,11 @@ impl SegmentSource for SourceAdapter<'_> {
         pieces: &[(Option<CUdeviceptr>, usize)],
     ) -> (usize, Result<()>) {
         match self.vmm("map_pieces") {
-            Ok(v) => v.map_pieces(dst, pieces),
+            Ok(v) => {
+                // The helper does not unmap in between (see `unmapper.rs`).
+                let _quiet = self.3.map(Unmapper::quiet);
+                v.map_pieces(dst, pieces)
+            }
             Err(e) => (0, Err(e)),
         }
     }
