@@ -93,3 +93,31 @@ def test_logs_of_rounds_split_over_calls_table_together(rounds, tmp_path):
     assert sorted(x["round"] for x in results[("gpt2", "native")]) == [0, 1, 2]
     assert args.rounds == 3
     assert all(x["total_ms"] == 30.0 for rs in results.values() for x in rs)
+
+
+def test_a_variant_may_carry_settings_for_its_process(rounds):
+    assert rounds.split_variant("expandable") == ("expandable", {})
+    assert rounds.split_variant("emm-pool:EMM_POOL_WAIT_PARKED=0,EMM_POOL_THREAD_CACHE=64M") == (
+        "emm-pool", {"EMM_POOL_WAIT_PARKED": "0", "EMM_POOL_THREAD_CACHE": "64M"})
+    assert rounds.split_variant("emm-pool:EMM_X=") == ("emm-pool", {"EMM_X": ""})
+    for bad in ("emm-pool:", "emm-pool:WAIT", "emm-pool:lower=1", ":EMM_X=1", "emm-pool:EMM X=1"):
+        with pytest.raises(ValueError, match="variant"):
+            rounds.split_variant(bad)
+
+
+def test_a_log_keys_results_by_the_variant_as_named_with_its_settings(rounds, tmp_path):
+    # train_bench.py reports "emm-pool" for both; the log's header line names them apart.
+    import json
+
+    lines = ['=== train_rounds {"sdpa": "auto", "argv": []}']
+    for v in ("emm-pool", "emm-pool:EMM_POOL_WAIT_PARKED=0"):
+        lines.append(f"== gpt2 {v} round=0 rc=0 gpu={{}}")
+        lines.append("RESULT " + json.dumps({"workload": "gpt2", "variant": "emm-pool", "step_ms": [1.0],
+                                             "steps": 1, "shapes": "bucketed", "world": 1}))
+    path = tmp_path / "v.log"
+    path.write_text("\n".join(lines) + "\n")
+    args = argparse.Namespace(from_log=[str(path)], sdpa="auto", fsdp=False,
+                              workloads=None, variants=None, rounds=0, steps=0, shapes=None, ddp=0)
+    results = rounds.from_log(args)
+    assert sorted(results) == [("gpt2", "emm-pool"), ("gpt2", "emm-pool:EMM_POOL_WAIT_PARKED=0")]
+    assert args.variants == ["emm-pool", "emm-pool:EMM_POOL_WAIT_PARKED=0"]

@@ -2,12 +2,16 @@
 the order rotated each round, one process each; then one table per workload.
 
     python3 train_rounds.py [--rounds 3] [--workloads gpt2 resnet50 gpt2-infer]
-                            [--variants native expandable emm-pool emm-hostonly]
+                            [--variants native expandable emm-pool emm-hostonly
+                                        emm-pool:EMM_POOL_WAIT_PARKED=0]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
                             [--pin CPUS] [--gpus G] [--log FILE] [--no-telemetry]
                             [--first-round N]
     python3 train_rounds.py --from-log FILE [FILE ...]
 
+A variant VARIANT:NAME=VALUE[,NAME=VALUE...] runs train_bench.py's VARIANT with
+those environment variables set in its process, under that whole name (two
+settings of emm's pool as two variants of the same rotated rounds).
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
 --fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
 --gpus G runs a round's variants at once, one per GPU, each variant moving to the
@@ -35,6 +39,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -48,8 +53,31 @@ HERE = pathlib.Path(__file__).resolve().parent
 LOG_LOCK = threading.Lock()
 
 
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
+
+
+def split_variant(spec):
+    """A variant as --variants takes it: train_bench.py's variant, optionally
+    followed by ':' and comma-separated environment assignments for its process
+    (``emm-pool:EMM_POOL_WAIT_PARKED=0,EMM_POOL_THREAD_CACHE=64M``), so that two
+    settings of one allocator run as two variants of the same rounds. Returns
+    (train_bench.py's variant, {name: value}); a malformed assignment is a
+    ValueError naming it."""
+    bench, _, assigns = spec.partition(":")
+    env = {}
+    for a in filter(None, assigns.split(",")):
+        name, eq, value = a.partition("=")
+        if not eq or not ENV_NAME.match(name):
+            raise ValueError(f"variant {spec!r}: {a!r} is not NAME=VALUE with an environment variable's name")
+        env[name] = value
+    if not bench or (":" in spec and not env):
+        raise ValueError(f"variant {spec!r}: expected VARIANT or VARIANT:NAME=VALUE[,NAME=VALUE...]")
+    return bench, env
+
+
 def run_one(args, workload, variant, rnd, log, gpu=None):
-    cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", variant, "--workload", workload,
+    bench, extra = split_variant(variant)
+    cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", bench, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
     if args.profile:
@@ -59,7 +87,7 @@ def run_one(args, workload, variant, rnd, log, gpu=None):
                *cmd[1:], "--ddp"] + (["--fsdp"] if args.fsdp else [])
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if args.ddp:
@@ -90,6 +118,7 @@ def run_one(args, workload, variant, rnd, log, gpu=None):
             res["gpu"] = telemetry
             res["total_ms"] = sum(res["step_ms"])
             res["round"] = rnd
+            res["variant"] = variant  # with its settings, as --variants named it
             return res
     print(f"{workload} {variant}: no result (rc={p.returncode}); see the log", file=sys.stderr)
     return None
@@ -191,6 +220,11 @@ def main():
                         "(what a run cut short still wrote); with several files, the last run of each, "
                         "together (rounds split over calls with --first-round)")
     args = p.parse_args()
+    for v in args.variants:
+        try:
+            split_variant(v)
+        except ValueError as e:
+            p.error(str(e))
     if args.from_log:
         results = from_log(args)
         tables(args, results)
@@ -264,6 +298,8 @@ def last_run_of(path, args):
             parts = line.split()
             head = {"round": int(parts[3][6:])} if len(parts) > 4 and parts[3].startswith("round=") else None
             if head is not None:
+                # The variant as --variants named it (with its settings, if any).
+                head["variant"] = parts[2]
                 gpu = line.split(" gpu=", 1)[1] if " gpu=" in line else "{}"
                 head["gpu"] = json.loads(gpu)
         elif line.startswith("RESULT ") and head is not None:
@@ -450,7 +486,7 @@ def hook_time(w, args, results):
 # emm's counters of the work a step made it do on the host (each a driver call, a
 # process-wide barrier, or a scan), in the order they are printed.
 WORK_COUNTERS = ("cache_reclaims", "events_recorded", "event_queries", "parked_taken_back",
-                 "cross_stream_reuses", "misses", "pieces_moved", "pieces_unmapped")
+                 "parked_waited", "cross_stream_reuses", "misses", "pieces_moved", "pieces_unmapped")
 
 
 def allocator_work(w, args, results):
