@@ -100,7 +100,8 @@ def test_a_variant_may_carry_settings_for_its_process(rounds):
     assert rounds.split_variant("emm-pool:EMM_POOL_WAIT_PARKED=0,EMM_POOL_THREAD_CACHE=64M") == (
         "emm-pool", {"EMM_POOL_WAIT_PARKED": "0", "EMM_POOL_THREAD_CACHE": "64M"})
     assert rounds.split_variant("emm-pool:EMM_X=") == ("emm-pool", {"EMM_X": ""})
-    for bad in ("emm-pool:", "emm-pool:WAIT", "emm-pool:lower=1", ":EMM_X=1", "emm-pool:EMM X=1"):
+    for bad in ("emm-pool:", "emm-pool:WAIT", "emm-pool:lower=1", ":EMM_X=1", "emm-pool:EMM X=1",
+                "emm-pool:EMM_X=a b"):
         with pytest.raises(ValueError, match="variant"):
             rounds.split_variant(bad)
 
@@ -121,3 +122,9 @@ def test_a_log_keys_results_by_the_variant_as_named_with_its_settings(rounds, tm
     results = rounds.from_log(args)
     assert sorted(results) == [("gpt2", "emm-pool"), ("gpt2", "emm-pool:EMM_POOL_WAIT_PARKED=0")]
     assert args.variants == ["emm-pool", "emm-pool:EMM_POOL_WAIT_PARKED=0"]
+
+
+def test_pytorchs_variants_with_settings_are_still_the_peers(rounds):
+    assert rounds.is_peer("native") and rounds.is_peer("expandable")
+    assert rounds.is_peer("native:PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128")
+    assert not rounds.is_peer("emm-pool") and not rounds.is_peer("emm-pool:EMM_POOL_WAIT_PARKED=0")

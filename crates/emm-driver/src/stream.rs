@@ -224,6 +224,16 @@ impl Event {
         })
     }
 
+    /// As [`Event::synchronize`], leaving the errors other drops deferred on the
+    /// context for their callers' next call (a wait of an allocator's own).
+    pub fn synchronize_keeping_deferred(&self) -> Result<()> {
+        let drv = self.ctx.driver();
+        // SAFETY: the event is alive.
+        check(drv, "cuEventSynchronize", unsafe {
+            (drv.event_synchronize)(self.raw)
+        })
+    }
+
     /// `true` when the work before the event's last record has finished (or it was
     /// never recorded).
     pub fn query(&self) -> Result<bool> {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use emm_core::Result;
 use emm_driver::{Context, Event};
@@ -18,6 +19,13 @@ pub trait EventSource: Send + Sync {
     fn is_complete(&self, id: EventId) -> Result<bool>;
     /// Blocks until the marker completes.
     fn wait(&self, id: EventId) -> Result<()>;
+    /// Waits at most `limit` for the marker: `Ok(true)` once it completed,
+    /// `Ok(false)` when `limit` passed first. The default waits as
+    /// [`EventSource::wait`] does, without a limit.
+    fn wait_for(&self, id: EventId, limit: Duration) -> Result<bool> {
+        let _ = limit;
+        self.wait(id).map(|()| true)
+    }
     /// Makes future work on `stream` (alive: the caller allocates on it) wait
     /// for the marker on the device, without the host waiting.
     fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()>;
@@ -121,9 +129,29 @@ impl EventSource for DriverEvents {
     fn wait(&self, id: EventId) -> Result<()> {
         call_work::note(Work::Events);
         if let Some(e) = self.get(id) {
-            e.synchronize()?;
+            // A wait of the pool's own: errors recorded by other drops stay for
+            // their callers (as in `synchronize_all`).
+            e.synchronize_keeping_deferred()?;
         }
         Ok(())
+    }
+
+    fn wait_for(&self, id: EventId, limit: Duration) -> Result<bool> {
+        call_work::note(Work::Events);
+        let Some(e) = self.get(id) else {
+            return Ok(true);
+        };
+        // Polled, so that the wait can end: `cuEventSynchronize` has no limit.
+        let start = Instant::now();
+        loop {
+            if e.query()? {
+                return Ok(true);
+            }
+            if start.elapsed() >= limit {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
 
     fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
@@ -312,6 +340,9 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn wait(&self, id: EventId) -> Result<()> {
         (**self).wait(id)
+    }
+    fn wait_for(&self, id: EventId, limit: Duration) -> Result<bool> {
+        (**self).wait_for(id, limit)
     }
     fn stream_wait(&self, stream: CUstream, id: EventId) -> Result<()> {
         (**self).stream_wait(stream, id)

@@ -23,8 +23,12 @@
 //! the driver runs these calls one at a time whichever thread makes them (run
 //! 221), so an unmap slipped in between a growth's maps would lengthen the
 //! growth on the allocating thread by its own cost. The helper waits until the
-//! growth's maps are done (a growth waits at most for one unmap).
+//! growth's maps are done, and lets a growth that waits for the turn go first
+//! (a mutex alone is not fair: the helper, taking it again for each mapping,
+//! kept a waiting growth behind dozens of unmaps), so a growth waits for about
+//! one unmap.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -137,7 +141,39 @@ pub(crate) struct Unmapper {
     events: Arc<dyn EventSource>,
     helper: Mutex<Option<Helper>>,
     /// Held by a growth while it maps, and by the helper around each unmap.
-    turn: Arc<Mutex<()>>,
+    turn: Arc<Turn>,
+}
+
+/// Whose turn it is to call the driver: a growth's maps or the helper's unmaps.
+#[derive(Default)]
+struct Turn {
+    held: Mutex<()>,
+    /// Growths waiting for `held`: the helper lets them go first.
+    waiting: AtomicUsize,
+}
+
+impl Turn {
+    /// A growth's turn: waits for the unmap under way, if any.
+    fn for_growth(&self) -> MutexGuard<'_, ()> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let g = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        g
+    }
+
+    /// The helper's turn for one unmap, once no growth waits or maps.
+    fn for_helper(&self) -> MutexGuard<'_, ()> {
+        loop {
+            while self.waiting.load(Ordering::Acquire) > 0 {
+                std::thread::yield_now();
+            }
+            let g = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                return g;
+            }
+            // A growth came while this thread took the turn: it goes first.
+        }
+    }
 }
 
 struct Helper {
@@ -158,15 +194,15 @@ impl Unmapper {
             vmm,
             events,
             helper: Mutex::new(None),
-            turn: Arc::new(Mutex::new(())),
+            turn: Arc::new(Turn::default()),
         }
     }
 
     /// Keeps the helper from unmapping while the guard lives: a growth holds it
-    /// around its maps (see the module's documentation). It waits at most for
-    /// the one unmap the helper may be making.
+    /// around its maps (see the module's documentation). It waits for the unmap
+    /// the helper may be making.
     pub fn quiet(&self) -> MutexGuard<'_, ()> {
-        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+        self.turn.for_growth()
     }
 
     /// Hands `job` to the helper thread (started now if it is not yet); `false`
@@ -219,7 +255,7 @@ fn run(
     jobs: Receiver<Arc<UnmapJob>>,
     vmm: &dyn VirtualMemory,
     events: &dyn EventSource,
-    turn: &Mutex<()>,
+    turn: &Turn,
 ) {
     for job in jobs {
         if !job.start() {
@@ -241,7 +277,7 @@ fn do_job(
     job: &UnmapJob,
     vmm: &dyn VirtualMemory,
     events: &dyn EventSource,
-    turn: &Mutex<()>,
+    turn: &Turn,
 ) -> JobState {
     if let Some(id) = job.event {
         if let Err(e) = events.wait(id) {
@@ -254,7 +290,7 @@ fn do_job(
             .iter()
             .map(|&(addr, len)| {
                 let unmapped = {
-                    let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
+                    let _turn = turn.for_helper();
                     vmm.unmap_done(addr, len)
                 };
                 match unmapped {

@@ -281,6 +281,25 @@ fn check_waiting(expandable: bool) {
         assert!(!events.log()[a_event].1, "A's last event completed");
         pool.check().unwrap();
         drop(w);
+
+        // A reset of the statistics' peaks (as `reset_peak_memory_stats` each
+        // step) does not lower the peak the wait is judged by: B's request that
+        // stays under the most ever reserved grows without waiting.
+        let (pool, events) = pool_waiting(expandable, wait);
+        drop(pool.memalloc_async(128 * MIB, a).unwrap());
+        pool.trim();
+        pool.reset_peak_stats();
+        drop(pool.memalloc_async(32 * MIB, a).unwrap());
+        let w = pool.memalloc_async(64 * MIB, b).unwrap();
+        let stats = pool.stats();
+        assert_eq!(
+            stats.counts.parked_waited, 0,
+            "waited after a reset of peaks: {stats:?}"
+        );
+        let a_event = last_event_on(&events, a);
+        assert!(!events.log()[a_event].1, "A's last event completed");
+        pool.check().unwrap();
+        drop(w);
     }
 }
 
@@ -295,8 +314,9 @@ fn a_stream_waits_for_parked_blocks_instead_of_growing_past_the_peak_without_it(
 }
 
 /// The stand-in's manual events, except that every host wait fails (as a
-/// driver's `cuEventSynchronize` can).
-struct FailingWaits(Arc<HostEvents>);
+/// driver's `cuEventSynchronize` can), or with `.1`, every bounded wait runs
+/// out of time (as one for a collective a peer never joins does).
+struct FailingWaits(Arc<HostEvents>, bool);
 
 impl EventSource for FailingWaits {
     fn record(&self, stream: CUstream) -> emm_core::Result<EventId> {
@@ -312,6 +332,12 @@ impl EventSource for FailingWaits {
             expected: "a wait that succeeds".into(),
         })
     }
+    fn wait_for(&self, id: EventId, _limit: std::time::Duration) -> emm_core::Result<bool> {
+        if self.1 {
+            return Ok(false);
+        }
+        self.wait(id).map(|()| true)
+    }
     fn stream_wait(&self, stream: CUstream, id: EventId) -> emm_core::Result<()> {
         self.0.stream_wait(stream, id)
     }
@@ -323,10 +349,10 @@ impl EventSource for FailingWaits {
     }
 }
 
-/// A wait for parked blocks that fails leaves them parked: the stream grows
-/// instead, the request is served, and the pool stays consistent; once the
-/// event completes, the blocks settle as before.
-fn check_failed_wait(expandable: bool) {
+/// A wait for parked blocks that fails, or runs out of time, leaves them
+/// parked: the stream grows instead, the request is served, and the pool stays
+/// consistent; once the event completes, the blocks settle as before.
+fn check_failed_wait(expandable: bool, times_out: bool) {
     let host = Arc::new(HostUpstream::new(4 << 30, false));
     let events = Arc::new(HostEvents::manual());
     let vmm = expandable.then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn VirtualMemory>);
@@ -340,7 +366,7 @@ fn check_failed_wait(expandable: bool) {
     let pool = PoolManager::with_config(
         PoolUpstream::Custom(
             Box::new(host),
-            Box::new(FailingWaits(events.clone())),
+            Box::new(FailingWaits(events.clone(), times_out)),
             vmm,
             None,
         ),
@@ -364,10 +390,12 @@ fn check_failed_wait(expandable: bool) {
 
 #[test]
 fn a_failed_wait_for_parked_blocks_leaves_them_parked_in_the_expandable_segment() {
-    check_failed_wait(true);
+    check_failed_wait(true, false);
+    check_failed_wait(true, true);
 }
 
 #[test]
 fn a_failed_wait_for_parked_blocks_leaves_them_parked_without_it() {
-    check_failed_wait(false);
+    check_failed_wait(false, false);
+    check_failed_wait(false, true);
 }

@@ -67,12 +67,19 @@ def split_variant(spec):
     env = {}
     for a in filter(None, assigns.split(",")):
         name, eq, value = a.partition("=")
-        if not eq or not ENV_NAME.match(name):
-            raise ValueError(f"variant {spec!r}: {a!r} is not NAME=VALUE with an environment variable's name")
+        if not eq or not ENV_NAME.match(name) or any(c.isspace() for c in value):
+            raise ValueError(f"variant {spec!r}: {a!r} is not NAME=VALUE with an environment variable's name "
+                             "and a value without spaces (the logs split on them)")
         env[name] = value
     if not bench or (":" in spec and not env):
         raise ValueError(f"variant {spec!r}: expected VARIANT or VARIANT:NAME=VALUE[,NAME=VALUE...]")
     return bench, env
+
+
+def is_peer(variant):
+    """Whether `variant` (as --variants names it, settings and all) is one of
+    PyTorch's own allocators, the peers emm's variants are compared with."""
+    return split_variant(variant)[0] in ("native", "expandable")
 
 
 def run_one(args, workload, variant, rnd, log, gpu=None):
@@ -87,7 +94,8 @@ def run_one(args, workload, variant, rnd, log, gpu=None):
                *cmd[1:], "--ddp"] + (["--fsdp"] if args.fsdp else [])
     if args.pin:
         cmd = ["taskset", "-c", args.pin, *cmd]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update(extra)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if args.ddp:
@@ -361,7 +369,7 @@ def device_time(w, args, results):
             means[v] = (statistics.mean(meds), meds)
     if not means:
         return
-    peers = [means[v][0] for v in ("native", "expandable") if v in means]
+    peers = [means[v][0] for v in means if is_peer(v)]
     best = min(peers) if peers else None
     print(f"\n{w}: device time per timed step (CUDA events), mean of round medians (each round's median)"
           + (" and its ratio to the faster PyTorch variant's" if best else ""))
@@ -401,10 +409,10 @@ def steady(w, args, results):
     print("| variant | steady steps | sum over those indices of the median step, ms | / faster peer's |")
     print("|---|---|---|---|")
     sums = {v: sum(statistics.median(at[v][i]) for i in common) for v in args.variants}
-    peer = min((sums[p] for p in ("native", "expandable") if p in sums), default=None)
+    peer = min((sums[p] for p in sums if is_peer(p)), default=None)
     for v in args.variants:
         n = sum(len(t) for t in at[v].values())
-        rel = f"{sums[v] / peer:.3f}" if peer and v not in ("native", "expandable") else "-"
+        rel = f"{sums[v] / peer:.3f}" if peer and not is_peer(v) else "-"
         print(f"| {v} | {n} | {sums[v]:.1f} | {rel} |")
 
 
@@ -424,13 +432,13 @@ def fastest_of_rounds(w, args, results):
         k = min(len(r) for r in runs)
         n = k if n is None else min(n, k)
         sums[v] = [min(r[i] for r in runs) for i in range(k)]
-    peer = min((sum(sums[p][:n]) for p in ("native", "expandable") if p in sums), default=None)
+    peer = min((sum(sums[p][:n]) for p in sums if is_peer(p)), default=None)
     print(f"\n{w}, the fastest of the rounds at each of the {n} step indices, summed (ms):")
     print("| variant | rounds | sum of the per-index fastest step | / faster peer's |")
     print("|---|---|---|---|")
     for v in args.variants:
         total = sum(sums[v][:n])
-        rel = f"{total / peer:.3f}" if peer and v not in ("native", "expandable") else "-"
+        rel = f"{total / peer:.3f}" if peer and not is_peer(v) else "-"
         print(f"| {v} | {len(results[(w, v)])} | {total:.1f} | {rel} |")
 
 
@@ -507,7 +515,7 @@ def allocator_work(w, args, results):
 def paired(w, args, results):
     """Per round: every variant's total beside the faster PyTorch variant's total of
     the same round, and the GPU's clock while each ran."""
-    peers = [v for v in ("native", "expandable") if v in args.variants]
+    peers = [v for v in args.variants if is_peer(v)]
     others = [v for v in args.variants if v not in peers]
     if not peers or not others:
         return

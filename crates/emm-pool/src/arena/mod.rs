@@ -415,6 +415,11 @@ pub(crate) struct Arena {
     pending: Vec<streams::Parked>,
     /// Groups parked so far (each group's `seq`).
     parks: u64,
+    /// The most bytes reserved at once since the pool began: the peak of
+    /// reserved bytes that a reset of the statistics' peaks
+    /// (`reset_peak_memory_stats`, which training loops may call every step)
+    /// leaves alone. The parked-block policies judge "past the peak" by it.
+    most_reserved: usize,
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
@@ -491,6 +496,7 @@ impl Arena {
     fn add_reserved(&mut self, n: usize) {
         self.stats.reserved += n;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
+        self.most_reserved = self.most_reserved.max(self.stats.reserved);
         self.family.add(n);
     }
 

@@ -2,10 +2,18 @@
 
 use std::collections::BTreeSet;
 
+use std::time::Duration;
+
 use emm_core::Result;
 
 use super::*;
 use crate::events::EventSource;
+
+/// How long a stream waits for one parked group's event before it grows
+/// instead (see [`Arena::wait_parked`]): well past a training step's lead of
+/// the host over the device, short enough that a hung collective does not keep
+/// the arena's lock from other threads for long.
+pub(crate) const PARKED_WAIT_LIMIT: Duration = Duration::from_secs(1);
 
 /// Free blocks of one stream that another stream asked for: once `event` (on
 /// `owner`, after their last use) completes they are settled, any stream's. Until
@@ -15,8 +23,9 @@ pub(super) struct Parked {
     pub event: EventId,
     pub owner: StreamKey,
     pub blocks: Vec<CUdeviceptr>,
-    /// When it was parked, in the arena's order of parking (the device reaches
-    /// the events of older groups first).
+    /// When it was parked, in the arena's order of parking (an older group's
+    /// event was most often recorded earlier, though not always: a created
+    /// stream's group waits for the event of its latest free).
     pub seq: u64,
 }
 
@@ -162,7 +171,7 @@ impl Arena {
         if !self.policy.adopt_parked
             || stream == SETTLED
             || kind != Kind::Large
-            || self.stats.reserved.saturating_add(size) <= self.stats.peak_reserved
+            || self.stats.reserved.saturating_add(size) <= self.most_reserved
             || self.stats.live.saturating_add(size) > self.stats.peak_live / 8 * 7
         {
             return false;
@@ -223,28 +232,36 @@ impl Arena {
 
     /// Before `stream` grows past the peak of reserved bytes for `size` bytes of
     /// `kind`: when blocks of that kind are parked for other streams (see
-    /// [`Parked`]), waits on the host for their events, oldest group first,
-    /// until the groups waited for hold `size` bytes or none is left, and
-    /// settles them (any stream's, coalesced), instead of reserving more: what
-    /// they lack, growth then moves from them rather than mapping anew (at the
-    /// four-GPU Llama's peak of live bytes 924 MiB were parked for a 1,268 MiB
-    /// request; waiting only when the parked groups held the whole request left
-    /// that peak where it was). The wait holds the arena's lock, as a
-    /// device-wide synchronization does: another thread's request that needs
-    /// the lock waits with it. On a GPU the
-    /// host runs ahead of the device, and an FSDP2 step parks most of the pool
-    /// behind events the device has not reached: the 1.1 B Llama's peak on four
-    /// H100s came with a 125 MiB request while 5.5 GiB were live and 22.9-24.3
-    /// GiB were parked (1.087-1.142x of allocated against expandable segments'
-    /// 1.069x, runs 218-219). The host gives up some of its lead instead; the
-    /// device keeps running the work queued since (where
-    /// [`SegmentPolicy::adopt_parked`] made the stream's work wait for the other
-    /// streams' on the device, and steps ran slower). A growth that stays under
-    /// the peak is left to happen (it costs no memory a step did not already
-    /// hold, and no wait); so is a small request (a free block of the expandable
-    /// segment may serve it, or a 2 MiB segment). A failed wait leaves its group
-    /// parked. Returns whether any group was settled. Only with
-    /// [`SegmentPolicy::wait_parked`].
+    /// [`Parked`]), waits on the host for their events, in parking order, until
+    /// the groups waited for hold `size` bytes or none is left, and settles them
+    /// (any stream's, coalesced), instead of reserving more: what they lack,
+    /// growth then moves from them rather than mapping anew (at the four-GPU
+    /// Llama's peak of live bytes 924 MiB were parked for a 1,268 MiB request;
+    /// waiting only when the parked groups held the whole request left that peak
+    /// where it was). Without the expandable segment only a group holding a
+    /// block of `size` bytes is waited for: blocks there cannot join.
+    ///
+    /// On a GPU the host runs ahead of the device, and an FSDP2 step parks most
+    /// of the pool behind events the device has not reached: the 1.1 B Llama's
+    /// peak on four H100s came with a 125 MiB request while 5.5 GiB were live
+    /// and 22.9-24.3 GiB were parked (1.087-1.142x of allocated against
+    /// expandable segments' 1.069x, runs 218-219; 1.053-1.062x with the wait,
+    /// run 224). The host gives up some of its lead instead; the device keeps
+    /// running the work queued since (where [`SegmentPolicy::adopt_parked`] made
+    /// the stream's work wait for the other streams' on the device, and steps
+    /// ran slower).
+    ///
+    /// The wait holds the arena's lock, as a device-wide synchronization does,
+    /// so it is bounded: each event gets at most [`PARKED_WAIT_LIMIT`], and one
+    /// that does not complete by then (a peer that never joins a collective the
+    /// work before it needs) ends the waiting, and the stream grows; a failed
+    /// wait ends it too, its group left parked. "Past the peak" is judged by the
+    /// most bytes ever reserved, which a reset of the statistics' peaks leaves
+    /// alone. A growth that stays under it does not wait (it costs no memory a
+    /// step did not already hold); nor does a small request (a free block of the
+    /// expandable segment may serve it, or a 2 MiB segment), unless the pool
+    /// serves every request from its expandable segment (`one_range`). Returns
+    /// whether any group was settled. Only with [`SegmentPolicy::wait_parked`].
     pub(super) fn wait_parked(
         &mut self,
         size: usize,
@@ -255,16 +272,19 @@ impl Arena {
         if !self.policy.wait_parked
             || kind != Kind::Large
             || self.pending.is_empty()
-            || self.stats.reserved.saturating_add(size) <= self.stats.peak_reserved
+            || self.stats.reserved.saturating_add(size) <= self.most_reserved
         {
             return Ok(false);
         }
         self.stats.counts.scan_steps += self.pending.len();
-        // Each group of another stream that holds blocks of this kind, oldest first.
+        let joins = self.policy.expandable && self.grow_base != Reservation::Unavailable;
+        // Each group of another stream that holds blocks of this kind (that
+        // could serve the request), in parking order.
         let mut groups: Vec<(u64, EventId, usize)> = self
             .pending
             .iter()
             .filter(|p| p.owner != stream)
+            .filter(|p| joins || self.parked_largest(&p.blocks, kind) >= size)
             .map(|p| (p.seq, p.event, self.parked_bytes(&p.blocks, Some(kind))))
             .filter(|&(_, _, bytes)| bytes > 0)
             .collect();
@@ -275,10 +295,20 @@ impl Arena {
         let mut bytes = 0;
         let mut waited = 0;
         for (_, event, b) in groups {
-            if let Err(e) = events.wait(event) {
-                // This group stays parked; its event still orders it.
-                tracing::warn!(error = %e, "waiting for the event of parked blocks failed; they stay parked");
-                continue;
+            match events.wait_for(event, PARKED_WAIT_LIMIT) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(
+                        limit_ms = PARKED_WAIT_LIMIT.as_millis() as u64,
+                        "parked blocks' event did not complete within the limit; the stream grows"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    // This group stays parked; its event still orders it.
+                    tracing::warn!(error = %e, "waiting for the event of parked blocks failed; they stay parked and the stream grows");
+                    break;
+                }
             }
             waited += 1;
             bytes += b;
@@ -326,6 +356,19 @@ impl Arena {
             .filter(|b| kind.is_none() || self.segments.get(&b.segment).map(|s| s.kind) == kind)
             .map(|b| b.size)
             .sum()
+    }
+
+    /// The largest of the blocks of `blocks` that are still parked, in segments of
+    /// `kind`.
+    fn parked_largest(&self, blocks: &[CUdeviceptr], kind: Kind) -> usize {
+        blocks
+            .iter()
+            .filter_map(|a| self.blocks.get(a))
+            .filter(|b| b.state == State::Pending)
+            .filter(|b| self.segments.get(&b.segment).map(|s| s.kind) == Some(kind))
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Free bytes held by streams whose blocks no other stream can take before a
