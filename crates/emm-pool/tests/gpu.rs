@@ -407,7 +407,9 @@ fn a_stream_waits_for_a_busy_streams_parked_block_instead_of_growing() {
         let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
         let a = pool.memalloc_async(64 << 20, s1.raw()).unwrap();
         let addr = a.ptr();
-        spin(&module, &s1, 1_000_000_000); // about half a second
+        // A quarter to a third of a second: well inside the wait's limit of
+        // a second (`PARKED_WAIT_LIMIT`), long past the request on s2.
+        spin(&module, &s1, 500_000_000);
         drop(a); // its event, recorded on s1 now, completes after the kernel
         let before = pool.stats().reserved_bytes;
         let b = pool.memalloc_async(64 << 20, s2.raw()).unwrap();
