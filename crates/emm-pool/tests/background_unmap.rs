@@ -215,6 +215,40 @@ fn move_a_hole(s: &Setup, refuse: bool) -> ([emm_core::DeviceAllocation; 2], CUd
     ([b, c], hole, moved)
 }
 
+/// Round `round` of the long runs' pattern (as `retire.rs`'s): a hole below a
+/// live block, then a request larger than the hole, whose growth moves the
+/// hole's pieces. Returns the two live blocks and the hole's size in MiB.
+fn hole_then_larger(
+    pool: &PoolManager,
+    st: CUstream,
+    round: usize,
+) -> (
+    emm_core::DeviceAllocation,
+    emm_core::DeviceAllocation,
+    usize,
+) {
+    let small = 40 + (round % 7) * 6;
+    let a = pool.memalloc_async(small * MIB, st).unwrap();
+    let b = pool.memalloc_async(24 * MIB, st).unwrap();
+    drop(a);
+    let c = pool.memalloc_async((small + 30) * MIB, st).unwrap();
+    (b, c, small)
+}
+
+/// Whether a thread other than this one (the helper) unmapped anything.
+fn helper_unmapped(s: &Setup) -> bool {
+    let me = std::thread::current().id();
+    s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me)
+}
+
+/// Waits (up to 30 s) until the helper unmapped something.
+fn wait_for_the_helper(s: &Setup) {
+    let start = Instant::now();
+    while !helper_unmapped(s) && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Waits (up to 30 s) until `n` unmaps were recorded.
 fn wait_for_unmaps(s: &Setup, n: usize) {
     let start = Instant::now();
@@ -346,11 +380,7 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
     let (pool, st) = (&s.pool, stream());
     let keep = pool.memalloc_async(32 * MIB, st).unwrap();
     for round in 0..300usize {
-        let small = 40 + (round % 7) * 6;
-        let a = pool.memalloc_async(small * MIB, st).unwrap();
-        let b = pool.memalloc_async(24 * MIB, st).unwrap();
-        drop(a);
-        let c = pool.memalloc_async((small + 30) * MIB, st).unwrap();
+        let (b, c, small) = hole_then_larger(pool, st, round);
         let (bp, cp) = (b.ptr(), c.ptr());
         assert!(
             bp + 24 * MIB as u64 <= cp || cp + ((small + 30) * MIB) as u64 <= bp,
@@ -361,13 +391,7 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
             // The helper gets to the first job before the run goes on (on a busy
             // machine it may start late, and the arena takes back every job it
             // has not started once too many wait).
-            let me = std::thread::current().id();
-            let start = Instant::now();
-            while !s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me)
-                && start.elapsed() < Duration::from_secs(30)
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_for_the_helper(&s);
         }
         if round % 50 == 0 {
             pool.check().unwrap();
@@ -390,11 +414,7 @@ fn a_long_run_of_moves_with_the_helper_stays_consistent() {
         counts.pieces_moved
     );
     assert!(counts.pieces_unmapped >= counts.pieces_moved);
-    let me = std::thread::current().id();
-    assert!(
-        s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me),
-        "the helper unmapped nothing"
-    );
+    assert!(helper_unmapped(&s), "the helper unmapped nothing");
     pool.check().unwrap();
 }
 
@@ -410,26 +430,12 @@ fn the_helper_does_not_unmap_while_a_growth_maps() {
     let (pool, st) = (&s.pool, stream());
     let keep = pool.memalloc_async(32 * MIB, st).unwrap();
     for round in 0..40usize {
-        let small = 40 + (round % 7) * 6;
-        let a = pool.memalloc_async(small * MIB, st).unwrap();
-        let b = pool.memalloc_async(24 * MIB, st).unwrap();
-        drop(a);
-        let c = pool.memalloc_async((small + 30) * MIB, st).unwrap();
-        drop((b, c));
+        drop(hole_then_larger(pool, st, round));
     }
     let moved = pool.stats().counts.pieces_moved;
     assert!(moved > 40, "moved only {moved}");
-    let me = std::thread::current().id();
-    let start = Instant::now();
-    while !s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me)
-        && start.elapsed() < Duration::from_secs(30)
-    {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert!(
-        s.unmaps.lock().unwrap().iter().any(|&(_, t)| t != me),
-        "the helper unmapped nothing"
-    );
+    wait_for_the_helper(&s);
+    assert!(helper_unmapped(&s), "the helper unmapped nothing");
     assert_eq!(
         s.overlaps.load(Ordering::SeqCst),
         0,

@@ -177,16 +177,7 @@ impl Arena {
             return false;
         }
         self.stats.counts.scan_steps += self.pending.len();
-        // Bytes of each parked group of another stream that could serve a
-        // request of this kind.
-        let groups: Vec<(usize, usize)> = self
-            .pending
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.owner != stream)
-            .map(|(i, p)| (i, self.parked_bytes(&p.blocks, Some(kind))))
-            .filter(|&(_, bytes)| bytes > 0)
-            .collect();
+        let groups = self.groups_for(stream, kind);
         if groups.iter().map(|&(_, b)| b).sum::<usize>() < size {
             return false;
         }
@@ -278,24 +269,22 @@ impl Arena {
         }
         self.stats.counts.scan_steps += self.pending.len();
         let joins = self.policy.expandable && self.grow_base != Reservation::Unavailable;
-        // Each group of another stream that holds blocks of this kind (that
-        // could serve the request), in parking order.
-        let mut groups: Vec<(u64, EventId, usize)> = self
-            .pending
-            .iter()
-            .filter(|p| p.owner != stream)
-            .filter(|p| joins || self.parked_largest(&p.blocks, kind) >= size)
-            .map(|p| (p.seq, p.event, self.parked_bytes(&p.blocks, Some(kind))))
-            .filter(|&(_, _, bytes)| bytes > 0)
-            .collect();
+        // The groups that could serve the request, in parking order.
+        let mut groups = self.groups_for(stream, kind);
+        groups.retain(|&(i, _)| {
+            joins
+                || self
+                    .parked_sizes(&self.pending[i].blocks, Some(kind))
+                    .any(|n| n >= size)
+        });
         if groups.is_empty() {
             return Ok(false);
         }
-        groups.sort_unstable_by_key(|&(seq, _, _)| seq);
+        groups.sort_unstable_by_key(|&(i, _)| self.pending[i].seq);
         let mut bytes = 0;
         let mut waited = 0;
-        for (_, event, b) in groups {
-            match events.wait_for(event, PARKED_WAIT_LIMIT) {
+        for (i, b) in groups {
+            match events.wait_for(self.pending[i].event, PARKED_WAIT_LIMIT) {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::debug!(
@@ -349,26 +338,36 @@ impl Arena {
     /// Bytes of the blocks of `blocks` that are still parked, in segments of
     /// `kind` where one is given.
     pub(super) fn parked_bytes(&self, blocks: &[CUdeviceptr], kind: Option<Kind>) -> usize {
-        blocks
-            .iter()
-            .filter_map(|a| self.blocks.get(a))
-            .filter(|b| b.state == State::Pending)
-            .filter(|b| kind.is_none() || self.segments.get(&b.segment).map(|s| s.kind) == kind)
-            .map(|b| b.size)
-            .sum()
+        self.parked_sizes(blocks, kind).sum()
     }
 
-    /// The largest of the blocks of `blocks` that are still parked, in segments of
-    /// `kind`.
-    fn parked_largest(&self, blocks: &[CUdeviceptr], kind: Kind) -> usize {
+    /// The sizes of the blocks of `blocks` that are still parked, in segments of
+    /// `kind` where one is given.
+    fn parked_sizes<'a>(
+        &'a self,
+        blocks: &'a [CUdeviceptr],
+        kind: Option<Kind>,
+    ) -> impl Iterator<Item = usize> + 'a {
         blocks
             .iter()
             .filter_map(|a| self.blocks.get(a))
             .filter(|b| b.state == State::Pending)
-            .filter(|b| self.segments.get(&b.segment).map(|s| s.kind) == Some(kind))
+            .filter(move |b| {
+                kind.is_none() || self.segments.get(&b.segment).map(|s| s.kind) == kind
+            })
             .map(|b| b.size)
-            .max()
-            .unwrap_or(0)
+    }
+
+    /// Each group parked for a stream other than `stream`'s own that holds
+    /// blocks of `kind`: its index in `pending` and those blocks' bytes.
+    fn groups_for(&self, stream: StreamKey, kind: Kind) -> Vec<(usize, usize)> {
+        self.pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.owner != stream)
+            .map(|(i, p)| (i, self.parked_bytes(&p.blocks, Some(kind))))
+            .filter(|&(_, bytes)| bytes > 0)
+            .collect()
     }
 
     /// Free bytes held by streams whose blocks no other stream can take before a
