@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::call_work::{self, Phase};
 use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
 use emm_driver::{check, optional, Context};
@@ -225,9 +226,12 @@ impl DriverVmm {
             });
         };
         let _g = self.ctx.push()?;
-        // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle `h`;
-        // each mapping is undone once; the caller waited for the work queued on it.
-        check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })?;
+        call_work::timed(Phase::Unmap, || {
+            // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle
+            // `h`; each mapping is undone once; the caller waited for the work
+            // queued on it.
+            check(drv, "cuMemUnmap", unsafe { unmap(addr, l) })
+        })?;
         let last = {
             // Forgotten once gone: a mapping the driver kept is still known.
             let mut st = self.state();
@@ -316,10 +320,12 @@ impl DriverVmm {
             let (h, created) = match src {
                 None => {
                     let mut h = 0u64;
-                    // SAFETY: valid out-pointer and prop; each piece's length is a
-                    // multiple of the granularity.
-                    if let Err(e) = check(drv, "cuMemCreate", unsafe {
-                        create(&mut h, page, &prop, 0)
+                    if let Err(e) = call_work::timed(Phase::Create, || {
+                        // SAFETY: valid out-pointer and prop; each piece's length is a
+                        // multiple of the granularity.
+                        check(drv, "cuMemCreate", unsafe {
+                            create(&mut h, page, &prop, 0)
+                        })
                     }) {
                         failure = Some(EmmError::from(e));
                         break;
@@ -341,9 +347,11 @@ impl DriverVmm {
                     }
                 }
             };
-            // SAFETY: `[at, at+page)` lies in our reservation and is not mapped; `h`
-            // is a live handle of `page` bytes.
-            if let Err(e) = check(drv, "cuMemMap", unsafe { map(at, page, 0, h, 0) }) {
+            if let Err(e) = call_work::timed(Phase::Map, || {
+                // SAFETY: `[at, at+page)` lies in our reservation and is not mapped; `h`
+                // is a live handle of `page` bytes.
+                check(drv, "cuMemMap", unsafe { map(at, page, 0, h, 0) })
+            }) {
                 if created {
                     // Created above, never mapped: released (or kept) once.
                     self.release_or_keep(h);
@@ -361,9 +369,11 @@ impl DriverVmm {
         let n = done.len();
         let len = (at - dst) as usize;
         if n > 0 {
-            // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
-            // descriptor.
-            if let Err(e) = check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) }) {
+            if let Err(e) = call_work::timed(Phase::Access, || {
+                // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
+                // descriptor.
+                check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) })
+            }) {
                 // Each mapping made above is undone once, and each handle created
                 // above released once (aliased handles stay mapped at their
                 // source); what the driver refuses is kept for `settle`.

@@ -7,7 +7,11 @@
 //! from a slower allocator; and, for the slow calls, what the pool did in them
 //! (`emm_pool::call_work`: the arena's lock, a claim of other threads' caches, a
 //! driver event call, parked blocks, growth; `none`: the thread's own cache
-//! only), each slow call counted under every kind it did.
+//! only), each slow call counted under every kind it did; and the time of each
+//! phase of the pool's growths (`emm_pool::call_work::Phase`: planning, the
+//! unmapping helper's turn, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
+//! `cuMemUnmap`, the wait for parked blocks), as `pool_<phase>_calls` and
+//! `pool_<phase>_ns`.
 //! `emm_manager_report` appends the counters as `name: value` lines. Without the
 //! feature, [`timed`] is a plain call and [`report`] is empty.
 
@@ -107,6 +111,13 @@ mod counters {
                 ));
             }
         }
+        // The phases of the pool's growths, process-wide (`call_work::Phase`).
+        for (phase, calls, ns) in call_work::phases() {
+            let name = phase.name();
+            text.push_str(&format!(
+                "\npool_{name}_calls: {calls}\npool_{name}_ns: {ns}"
+            ));
+        }
         text
     }
 }
@@ -183,7 +194,7 @@ mod tests {
         let pool = emm_pool::PoolManager::host(1 << 30, emm_pool::PoolConfig::default()).unwrap();
         let block = timed(Hook::Alloc, || {
             slow();
-            pool.alloc(1 << 20, emm_core::SYNC_STREAM).unwrap()
+            pool.alloc(64 << 20, emm_core::SYNC_STREAM).unwrap()
         });
         drop(block);
         let after = report();
@@ -191,6 +202,8 @@ mod tests {
         assert!(grew("torch_free_slow_none_calls:") >= 1, "{after}");
         assert!(grew("torch_alloc_slow_locked_calls:") >= 1, "{after}");
         assert!(grew("torch_alloc_slow_grew_calls:") >= 1, "{after}");
+        assert!(value(&after, "pool_expand_calls:") >= 1, "{after}");
+        assert!(value(&after, "pool_plan_calls:") >= 1, "{after}");
         for kind in ["locked", "reclaim", "events", "parked", "grew", "none"] {
             assert!(
                 after.contains(&format!("\ntorch_alloc_slow_{kind}_ns: ")),

@@ -103,20 +103,12 @@ impl Arena {
             },
         };
         // Old mappings whose work is done become gaps first, so growth can use them.
-        self.unmap_retired(base, events, source, false);
-        let candidates = self.growth_targets(base, size, stream);
+        call_work::timed(Phase::UnmapRetired, || {
+            self.unmap_retired(base, events, source, false)
+        });
         let page = self.policy.large_round;
-        // The candidate whose moved pieces leave the least new memory to map (on a
-        // tie, the first: the one needing the fewest bytes).
-        let Some((target, plan, movable_bytes)) = candidates
-            .into_iter()
-            .map(|t| {
-                let plan = self.hole_pieces(base, &t.exclude, t.want, t.room, stream);
-                let movable: usize = plan.iter().flat_map(|h| h.pieces.iter()).sum();
-                (t, plan, movable)
-            })
-            .min_by_key(|(t, _, m)| t.want.saturating_sub(*m))
-        else {
+        let plan = call_work::timed(Phase::Plan, || self.growth_plan(base, size, stream));
+        let Some((target, plan, movable_bytes)) = plan else {
             return Ok(false);
         };
         let (dst, grow, room) = (target.dst, target.want, target.room);
@@ -219,7 +211,9 @@ impl Arena {
         }
         self.stats.counts.pieces_moved += moved_pieces;
         self.stats.counts.pieces_mapped += mapped - moved_pieces;
-        self.retire_moved(base, &plan, moved_pieces, events, source);
+        call_work::timed(Phase::Retire, || {
+            self.retire_moved(base, &plan, moved_pieces, events, source)
+        });
         self.commit_growth(base, &target, moved, fresh_mapped, &new_pieces, stream);
         if let Some(limit) = over_limit {
             let (free, total) = source.device_info();
@@ -237,6 +231,27 @@ impl Arena {
         }
         result?;
         Ok(true)
+    }
+
+    /// Where growth for `size` bytes of `stream` maps memory, the free pieces it
+    /// moves there and their bytes: of [`Arena::growth_targets`], the one whose
+    /// moved pieces leave the least new memory to map (on a tie, the first: the
+    /// one needing the fewest bytes). `None` when the expandable segment has no
+    /// room left.
+    fn growth_plan(
+        &self,
+        base: CUdeviceptr,
+        size: usize,
+        stream: StreamKey,
+    ) -> Option<(Target, Vec<HolePieces>, usize)> {
+        self.growth_targets(base, size, stream)
+            .into_iter()
+            .map(|t| {
+                let plan = self.hole_pieces(base, &t.exclude, t.want, t.room, stream);
+                let movable: usize = plan.iter().flat_map(|h| h.pieces.iter()).sum();
+                (t, plan, movable)
+            })
+            .min_by_key(|(t, _, m)| t.want.saturating_sub(*m))
     }
 
     /// Where growth for `size` bytes of `stream` may map memory, preferred first:
