@@ -128,3 +128,18 @@ def test_pytorchs_variants_with_settings_are_still_the_peers(rounds):
     assert rounds.is_peer("native") and rounds.is_peer("expandable")
     assert rounds.is_peer("native:PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128")
     assert not rounds.is_peer("emm-pool") and not rounds.is_peer("emm-pool:EMM_POOL_WAIT_PARKED=0")
+
+
+def test_the_bench_reads_every_phase_the_pool_times():
+    """train_bench.py's counters name each phase of `emm_pool::call_work::Phase`
+    (the names the call-timing report prints), and no other."""
+    import pathlib
+    import re
+
+    bench = load_gpu_script("train_bench")
+    rust = (pathlib.Path(__file__).resolve().parents[2] / "crates/emm-pool/src/call_work.rs").read_text()
+    names = re.findall(r'Phase::\w+ => "(\w+)"', rust)
+    assert len(names) == 10, names
+    read = {c[len("pool_"):-len("_calls")] for c in bench.COUNTERS
+            if c.startswith("pool_") and c.endswith("_calls")}
+    assert read == set(names)
