@@ -14,6 +14,11 @@
 //           GPUs enabled: does the cost grow with the mappings a process holds?
 //           (VMM_MOVES_ONLY=scale runs only this one.)
 //
+// VMM_MOVES_ONLY=batch runs only the first; with VMM_MOVES_POLL=1 a second
+// thread polls a stream (cuStreamQuery, as PyTorch's NCCL watchdog polls
+// events) all the while: does another thread's driver traffic slow the calls?
+// Several such processes at once, one per GPU, ask the same of other processes.
+//
 // Build and run on a GPU machine (docs/benchmarks.md, twenty-ninth session):
 //   nvcc -O2 -std=c++17 python/gpu/benchmarks/vmm_moves.cu -lcuda -lpthread -o vmm_moves && ./vmm_moves
 #include <cuda.h>
@@ -23,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -203,6 +209,20 @@ static void scale(const char* label) {
 
 static std::atomic<int> g_stop{0};
 static std::atomic<long> g_moves{0};
+static std::atomic<long> g_polls{0};
+
+// Polls an idle stream until told to stop.
+static void* poller(void*) {
+  CK(cuCtxSetCurrent(g_ctx));
+  CUstream st;
+  CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  while (!g_stop.load()) {
+    cuStreamQuery(st);
+    g_polls++;
+  }
+  CK(cuStreamDestroy(st));
+  return nullptr;
+}
 
 // Moves 64 pieces back and forth between two reservations until told to stop.
 static void* mover(void*) {
@@ -304,6 +324,23 @@ int main() {
     }
   }
   if (only && !strcmp(only, "scale")) return 0;
+  if (only && !strcmp(only, "batch")) {
+    // VMM_MOVES_AT=<unix seconds>: start then (processes started together).
+    if (const char* at = getenv("VMM_MOVES_AT")) {
+      while (time(nullptr) < atol(at)) usleep(1000);
+    }
+    const char* poll = getenv("VMM_MOVES_POLL");
+    pthread_t t;
+    bool polling = poll && !strcmp(poll, "1");
+    if (polling) pthread_create(&t, nullptr, poller, nullptr);
+    batch();
+    if (polling) {
+      g_stop = 1;
+      pthread_join(t, nullptr);
+      printf("poller: %ld stream queries meanwhile\n", g_polls.load());
+    }
+    return 0;
+  }
   batch();
   busy(d, s);
   helper(d, s);
