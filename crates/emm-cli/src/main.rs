@@ -110,6 +110,15 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// GPU the device's own events are used and this is refused.
         #[arg(long, value_name = "N", default_value_t = 0)]
         device_lag: u64,
+        /// Processes of the job on one host that grow their pools in the same
+        /// steps (the ranks of a DDP or FSDP2 job, one per GPU): the driver runs
+        /// the VMM calls of a host's processes one at a time, so the estimated
+        /// time of the calls on expandable segments' pieces is multiplied by N
+        /// (four FSDP2 ranks on H100s paid about four times a lone process's
+        /// price). Counts and footprints do not change.
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        ranks: u32,
     },
     /// Allocate+free pairs through every path, side by side.
     Bench {
@@ -238,6 +247,7 @@ fn main() -> ExitCode {
             as_fraction,
             overhead,
             device_lag,
+            ranks,
         } => {
             let mut managers = managers(&manager);
             let wants_models = managers
@@ -280,6 +290,7 @@ fn main() -> ExitCode {
                     as_fraction,
                     overhead,
                     device_lag,
+                    ranks,
                 }),
             }
         }

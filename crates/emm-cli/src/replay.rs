@@ -9,8 +9,8 @@ use std::sync::Arc;
 use emm::core::HostClock;
 use emm::trace::torch_model::{Limit, TorchConf, TorchModel, DEFAULT_DEVICE_BYTES};
 use emm::trace::{
-    replay, scan, Format, ReplayOptions, ReplayResult, ReplayTarget, SteadyRule, SteadyStop,
-    Summary, Trace, TraceError,
+    replay, scan, DriverCosts, Format, ReplayOptions, ReplayResult, ReplayTarget, SteadyRule,
+    SteadyStop, Summary, Trace, TraceError,
 };
 use emm::{EmmError, MemoryManager};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -20,8 +20,8 @@ use crate::fit;
 use crate::out::{note, Out};
 use crate::peak;
 use crate::report::{
-    self, AtPeak, FitReport, ManagerReport, PassReport, Report, Skipped, SteadyRuleReport,
-    TorchReport, TraceReport,
+    self, AtPeak, DriverReport, FitReport, ManagerReport, PassReport, Report, Skipped,
+    SteadyRuleReport, TorchReport, TraceReport,
 };
 
 /// The trace replayed when none is given.
@@ -61,6 +61,16 @@ pub struct Args {
     /// `--device-lag`: requests the host stand-in's device runs behind the host
     /// (0: none).
     pub device_lag: u64,
+    /// `--ranks`: processes on the host whose pools grow in the same steps (the
+    /// driver-time estimates of the pieces' calls are multiplied by it).
+    pub ranks: u32,
+}
+
+impl Args {
+    /// What each driver call is estimated to cost under these arguments.
+    fn costs(&self) -> DriverCosts {
+        DriverCosts::IDLE_H100.sharing_host_with(self.ranks)
+    }
 }
 
 impl Args {
@@ -316,6 +326,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         },
         overhead_bytes: args.overhead,
         device_lag_requests: args.device_lag,
+        ranks: args.ranks,
         failed: false,
         errors: Vec::new(),
         traces: Vec::new(),
@@ -402,6 +413,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     continue;
                 }
             };
+            let costs = args.costs();
             let first_failure = r.first_failure.clone();
             if r.failures > 0 {
                 fail(format!(
@@ -442,7 +454,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 reserved_over_live: (r.peak_live_bytes > 0)
                     .then(|| r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64),
                 upstream_allocs: r.upstream_allocs,
-                driver: r.driver.into(),
+                driver: DriverReport::priced(r.driver, &costs),
                 seconds: r.elapsed.as_secs_f64(),
                 failed: r.failures > 0,
                 failures: r.failures,
@@ -462,7 +474,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     .map(|p| PassReport {
                         requests: p.requests,
                         failures: p.failures,
-                        driver: p.driver.into(),
+                        driver: DriverReport::priced(p.driver, &costs),
                         peak_live_bytes: p.peak_live_bytes,
                         peak_reserved_bytes: p.peak_reserved_bytes,
                         reserved_bytes: p.reserved_bytes,

@@ -36,6 +36,9 @@ pub struct Report {
     /// `--device-lag`: requests the host stand-in's device ran behind the host
     /// (the pool's events completed that late); 0: at once.
     pub device_lag_requests: u64,
+    /// `--ranks`: processes on one host whose pools grow in the same steps; the
+    /// pieces' calls are estimated at that many times a lone process's cost.
+    pub ranks: u32,
     /// Whether the run failed (it exits 1): a trace that could not be read, a
     /// replay in which requests failed, nothing replayed, …
     pub failed: bool,
@@ -211,13 +214,15 @@ pub struct DriverReport {
     pub pieces_moved: u64,
     pub pieces_unmapped: u64,
     /// Seconds these calls take at an idle H100's per-call costs
-    /// (`emm_trace::DriverCosts::IDLE_H100`): low for the pieces' calls, rough
-    /// for allocations and frees.
+    /// (`emm_trace::DriverCosts::IDLE_H100`), those of the pieces multiplied by
+    /// `--ranks` (`DriverCosts::sharing_host_with`): low for the pieces' calls,
+    /// rough for allocations and frees.
     pub estimated_seconds: f64,
 }
 
-impl From<emm::trace::DriverCalls> for DriverReport {
-    fn from(d: emm::trace::DriverCalls) -> Self {
+impl DriverReport {
+    /// The calls `d`, timed at `costs`.
+    pub fn priced(d: emm::trace::DriverCalls, costs: &emm::trace::DriverCosts) -> Self {
         DriverReport {
             total: d.total(),
             allocs: d.allocs,
@@ -225,7 +230,7 @@ impl From<emm::trace::DriverCalls> for DriverReport {
             pieces_mapped: d.pieces_mapped,
             pieces_moved: d.pieces_moved,
             pieces_unmapped: d.pieces_unmapped,
-            estimated_seconds: emm::trace::DriverCosts::IDLE_H100.time(&d).as_secs_f64(),
+            estimated_seconds: costs.time(&d).as_secs_f64(),
         }
     }
 }
@@ -358,7 +363,7 @@ pub fn rows(r: &Report) -> Vec<[String; 10]> {
 pub const LEGEND: [&str; 4] = [
     "driver calls: the manager's calls to the driver for device memory over every pass (allocations, frees, pieces",
     "  of an expandable segment mapped, moved, unmapped); \"N passes:\" lines split them into pass 1 and the later passes,",
-    "  and time them at an idle H100's per-call costs (pieces: low, a training process took 2-6x; allocations: rough).",
+    "  timed at an idle H100's per-call costs (pieces: low, 2-6x in training; x N with --ranks N; allocations: rough).",
     "upstream (JSON upstream_allocs): allocations the manager took from what it sits on (driver, stand-in).",
 ];
 
@@ -464,7 +469,7 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
     }
     for t in &r.traces {
         for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
-            out.line(passes_line(t, m))?;
+            out.line(passes_line(t, m, r.ranks))?;
         }
     }
     for t in &r.traces {
@@ -707,8 +712,9 @@ pub fn peak_slack_line(t: &TraceReport, m: &ManagerReport) -> Option<String> {
 
 /// One line on a replay of several passes: the driver calls of the first pass
 /// (the manager growing to its size) beside those of the later ones (what a
-/// warm manager pays each pass), and the footprint after the first and the last.
-pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
+/// warm manager pays each pass), and the footprint after the first and the last;
+/// `ranks`: `--ranks`, named where the estimate counts other processes.
+pub fn passes_line(t: &TraceReport, m: &ManagerReport, ranks: u32) -> String {
     let (Some(first), Some(last)) = (m.passes.first(), m.passes.last()) else {
         return String::new();
     };
@@ -731,8 +737,13 @@ pub fn passes_line(t: &TraceReport, m: &ManagerReport) -> String {
     let later = &m.passes[1..];
     let d = &last.driver;
     let ratio = |reserved: u64, live: u128| units::ratio(u128::from(reserved), live);
+    let costs = if ranks > 1 {
+        format!("at an H100's driver costs with {ranks} ranks growing together")
+    } else {
+        "at an idle H100's driver costs".to_owned()
+    };
     format!(
-        "{} through {}, {} passes: driver calls in pass 1 {}, in each later pass {}; the last: {} pieces mapped, {} moved, {} unmapped, {} allocations, {} frees, {}; at an idle H100's driver costs those calls take {} in pass 1 and {} in each later pass; peak reserved/live {} after pass 1, {} after pass {}",
+        "{} through {}, {} passes: driver calls in pass 1 {}, in each later pass {}; the last: {} pieces mapped, {} moved, {} unmapped, {} allocations, {} frees, {}; {costs} those calls take {} in pass 1 and {} in each later pass; peak reserved/live {} after pass 1, {} after pass {}",
         t.trace,
         m.manager,
         m.passes.len(),
@@ -771,7 +782,10 @@ mod tests {
             peak_reserved_bytes: 1200,
             reserved_over_live: Some(1.2),
             upstream_allocs: 3,
-            driver: emm::trace::DriverCalls::default().into(),
+            driver: DriverReport::priced(
+                emm::trace::DriverCalls::default(),
+                &emm::trace::DriverCosts::IDLE_H100,
+            ),
             seconds: 1.0,
             failed: false,
             failures: 0,
@@ -807,6 +821,7 @@ mod tests {
             pytorch_cap: "device",
             overhead_bytes: 0,
             device_lag_requests: 0,
+            ranks: 1,
             failed: false,
             errors: Vec::new(),
             traces: vec![TraceReport {

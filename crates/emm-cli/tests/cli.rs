@@ -191,6 +191,89 @@ fn passes_replay_the_trace_again_and_count_driver_calls_per_pass() {
     assert!(text(&o.stderr).contains("--passes"), "{}", text(&o.stderr));
 }
 
+/// `--ranks N`: the pieces' calls of an expandable segment are estimated at N
+/// times a lone process's cost (the driver runs a host's VMM calls one at a
+/// time), allocations and frees as before; counts and footprints do not change.
+#[test]
+fn ranks_multiply_the_estimated_time_of_the_pieces_calls() {
+    let mut csv = String::from("op,id,size,stream\n");
+    for i in 0..48u64 {
+        csv.push_str(&format!("a,{i},{},0\n", (i % 7 + 1) << 21));
+    }
+    for i in (0..48u64).step_by(2) {
+        csv.push_str(&format!("f,{i},0,0\n"));
+    }
+    csv.push_str("a,100,100000000,0\n");
+    let p = temp("ranks.csv", csv.as_bytes());
+    let json = |ranks: &str| -> serde_json::Value {
+        let o = emm()
+            .args([
+                "replay", "-m", "pool", "-m", "default", "--passes", "2", "--json", "--ranks",
+                ranks,
+            ])
+            .arg(&p)
+            .output()
+            .unwrap();
+        no_panic(&o);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (one, four) = (json("1"), json("4"));
+    assert_eq!(
+        (one["ranks"].as_u64(), four["ranks"].as_u64()),
+        (Some(1), Some(4))
+    );
+    for (m1, m4) in one["traces"][0]["managers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(four["traces"][0]["managers"].as_array().unwrap())
+    {
+        assert_eq!(m1["peak_reserved_bytes"], m4["peak_reserved_bytes"]);
+        let (d1, d4) = (&m1["driver"], &m4["driver"]);
+        for k in [
+            "allocs",
+            "frees",
+            "pieces_mapped",
+            "pieces_moved",
+            "pieces_unmapped",
+        ] {
+            assert_eq!(d1[k], d4[k], "{k}");
+        }
+        let n = |k: &str| d1[k].as_f64().unwrap();
+        let pieces =
+            n("pieces_mapped") * 52e-6 + n("pieces_moved") * 39e-6 + n("pieces_unmapped") * 24e-6;
+        let calls = (n("allocs") + n("frees")) * 36.5e-6;
+        let (t1, t4) = (
+            d1["estimated_seconds"].as_f64().unwrap(),
+            d4["estimated_seconds"].as_f64().unwrap(),
+        );
+        assert!((t1 - (calls + pieces)).abs() < 1e-9, "{d1}");
+        assert!((t4 - (calls + 4.0 * pieces)).abs() < 1e-9, "{d4}");
+        if m1["manager"] == "pool" {
+            assert!(pieces > 0.0, "the pool maps pieces here: {d1}");
+        } else {
+            assert!(calls > 0.0 && pieces == 0.0, "{d1}");
+        }
+    }
+    let o = emm()
+        .args(["replay", "-m", "pool", "--passes", "2", "--ranks", "4"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("at an H100's driver costs with 4 ranks growing together those calls take"),
+        "{out}"
+    );
+    for bad in ["0", "many", "70000"] {
+        let o = run(&["replay", "--ranks", bad]);
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(2), "--ranks {bad}");
+        assert!(text(&o.stderr).contains("--ranks"), "{}", text(&o.stderr));
+    }
+}
+
 /// The cells of `row`, a row of the replay table `table`, cut at the columns'
 /// widths (the trace's as wide as the head's up to `manager`), trimmed.
 fn cells(table: &str, row: &str) -> Vec<String> {

@@ -7,7 +7,10 @@
 //! figures are medians over a process that does nothing else, and in a training
 //! process (tens of thousands of mappings, NCCL running) a moved piece took
 //! 82-245 us of host time (emm's `call-timing` build, `docs/benchmarks.md`, run
-//! 199) against the 39 us counted here. Allocations and frees are rougher: a
+//! 199) against the 39 us counted here. Part of that is other processes: the
+//! driver runs the VMM calls of a host's processes one at a time, so ranks of a
+//! job that grow in the same step (FSDP2 and DDP do) each wait for the others'
+//! calls ([`DriverCosts::sharing_host_with`]). Allocations and frees are rougher: a
 //! `cuMemAlloc` + `cuMemFree` pair took 6.5 us (64 small ones in a row) to 169 us
 //! (64 MiB ones) on that H100, and is counted at 73 us; and a growth of an
 //! expandable segment counts one allocation beside its pieces, though it makes
@@ -50,6 +53,27 @@ impl DriverCosts {
         piece_moved: Duration::from_micros(39),
         piece_unmapped: Duration::from_micros(24),
     };
+
+    /// These costs on a host where `ranks` processes (the ranks of one job, one
+    /// per GPU) make their calls on expandable segments' pieces at the same
+    /// time: those calls cost `ranks` times as much, since the driver runs the
+    /// VMM calls of a host's processes one at a time; allocations and frees are
+    /// left as they are (not measured). Measured on H100s and H200s: two
+    /// processes at once paid 1.2-2.0x a lone process's `cuMemSetAccess`
+    /// (`vmm_moves.cu`, run 230), and inside FSDP2 of a 1.1 B Llama on four H100s
+    /// a moved piece's access took 167 us against 37-46 us alone, `cuMemCreate`
+    /// 59-91 us against 13 and `cuMemUnmap` 68-113 us against 24-27 (run 227).
+    /// `ranks` 0 counts as 1.
+    pub fn sharing_host_with(self, ranks: u32) -> DriverCosts {
+        let n = ranks.max(1);
+        let times = |d: Duration| d.checked_mul(n).unwrap_or(Duration::MAX);
+        DriverCosts {
+            piece_mapped: times(self.piece_mapped),
+            piece_moved: times(self.piece_moved),
+            piece_unmapped: times(self.piece_unmapped),
+            ..self
+        }
+    }
 
     /// The time `calls` would take at these costs ([`Duration::MAX`] past what a
     /// `Duration` holds).
@@ -95,6 +119,36 @@ mod tests {
             DriverCosts::IDLE_H100.time(&DriverCalls::default()),
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn ranks_sharing_a_host_multiply_only_the_pieces_calls() {
+        let calls = DriverCalls {
+            allocs: 2,
+            frees: 1,
+            pieces_mapped: 10,
+            pieces_moved: 100,
+            pieces_unmapped: 100,
+        };
+        let four = DriverCosts::IDLE_H100.sharing_host_with(4);
+        assert_eq!(
+            four.time(&calls),
+            Duration::from_nanos(3 * 36_500 + 4 * (10 * 52 + 100 * 39 + 100 * 24) * 1000)
+        );
+        assert_eq!(
+            DriverCosts::IDLE_H100.sharing_host_with(1),
+            DriverCosts::IDLE_H100
+        );
+        assert_eq!(
+            DriverCosts::IDLE_H100.sharing_host_with(0),
+            DriverCosts::IDLE_H100
+        );
+        let huge = DriverCosts {
+            piece_moved: Duration::MAX / 2,
+            ..DriverCosts::IDLE_H100
+        }
+        .sharing_host_with(u32::MAX);
+        assert_eq!(huge.piece_moved, Duration::MAX, "saturates");
     }
 
     #[test]

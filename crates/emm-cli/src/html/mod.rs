@@ -173,7 +173,7 @@ fn trace_head(r: &Report, t: &TraceReport) -> String {
         }
     }
     for m in t.managers.iter().filter(|m| m.passes.len() > 1) {
-        notes.push((passes_line(t, m), false));
+        notes.push((passes_line(t, m, r.ranks), false));
     }
     for m in &t.managers {
         if let Some(why) = r.steady_rule.as_ref().and_then(|rule| unsettled(m, rule)) {
