@@ -101,15 +101,20 @@ impl DriverCosts {
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_kind_of_call_is_counted_at_its_cost() {
-        let calls = DriverCalls {
+    /// Calls of every kind: 3 allocations and frees, 210 pieces' calls.
+    fn some_calls() -> DriverCalls {
+        DriverCalls {
             allocs: 2,
             frees: 1,
             pieces_mapped: 10,
             pieces_moved: 100,
             pieces_unmapped: 100,
-        };
+        }
+    }
+
+    #[test]
+    fn each_kind_of_call_is_counted_at_its_cost() {
+        let calls = some_calls();
         let t = DriverCosts::IDLE_H100.time(&calls);
         assert_eq!(
             t,
@@ -123,13 +128,7 @@ mod tests {
 
     #[test]
     fn ranks_sharing_a_host_multiply_only_the_pieces_calls() {
-        let calls = DriverCalls {
-            allocs: 2,
-            frees: 1,
-            pieces_mapped: 10,
-            pieces_moved: 100,
-            pieces_unmapped: 100,
-        };
+        let calls = some_calls();
         let four = DriverCosts::IDLE_H100.sharing_host_with(4);
         assert_eq!(
             four.time(&calls),
