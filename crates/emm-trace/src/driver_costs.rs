@@ -62,7 +62,9 @@ impl DriverCosts {
     /// processes at once paid 1.2-2.0x a lone process's `cuMemSetAccess`
     /// (`vmm_moves.cu`, run 230), and inside FSDP2 of a 1.1 B Llama on four H100s
     /// a moved piece's access took 167 us against 37-46 us alone, `cuMemCreate`
-    /// 59-91 us against 13 and `cuMemUnmap` 68-113 us against 24-27 (run 227).
+    /// 59-91 us against 13 and `cuMemUnmap` 68-113 us against 24-27 (run 227);
+    /// the same job on two H200s paid 1.3-1.7x what it paid on one (run 231). A
+    /// high estimate at two ranks, about right at four.
     /// `ranks` 0 counts as 1.
     pub fn sharing_host_with(self, ranks: u32) -> DriverCosts {
         let n = ranks.max(1);
