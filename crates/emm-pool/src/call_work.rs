@@ -84,7 +84,7 @@ pub fn take() -> u8 {
 }
 
 /// A phase of growing the expandable segment, timed process-wide in
-/// `call-work` builds (see [`timed`], [`phases`]).
+/// `call-work` builds (read by [`phases`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Phase {
