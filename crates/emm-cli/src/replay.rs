@@ -71,9 +71,7 @@ impl Args {
     fn costs(&self) -> DriverCosts {
         DriverCosts::IDLE_H100.sharing_host_with(self.ranks)
     }
-}
 
-impl Args {
     /// A fresh device clock for one replay under `--device-lag` (`None` without).
     fn clock(&self) -> Option<Arc<HostClock>> {
         (self.device_lag > 0).then(|| Arc::new(HostClock::new(self.device_lag)))
@@ -332,6 +330,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         traces: Vec::new(),
     };
     let mut skipped_said: Vec<String> = Vec::new();
+    let costs = args.costs();
     for t in &traces {
         let summary = match scan(t) {
             Ok(s) => s,
@@ -413,7 +412,6 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     continue;
                 }
             };
-            let costs = args.costs();
             let first_failure = r.first_failure.clone();
             if r.failures > 0 {
                 fail(format!(

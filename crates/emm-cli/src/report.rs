@@ -215,8 +215,8 @@ pub struct DriverReport {
     pub pieces_unmapped: u64,
     /// Seconds these calls take at an idle H100's per-call costs
     /// (`emm_trace::DriverCosts::IDLE_H100`), those of the pieces multiplied by
-    /// `--ranks` (`DriverCosts::sharing_host_with`): low for the pieces' calls,
-    /// rough for allocations and frees.
+    /// `--ranks` (`DriverCosts::sharing_host_with`): a lone process's price
+    /// for the pieces' calls without it, rough for allocations and frees.
     pub estimated_seconds: f64,
 }
 
@@ -363,7 +363,7 @@ pub fn rows(r: &Report) -> Vec<[String; 10]> {
 pub const LEGEND: [&str; 4] = [
     "driver calls: the manager's calls to the driver for device memory over every pass (allocations, frees, pieces",
     "  of an expandable segment mapped, moved, unmapped); \"N passes:\" lines split them into pass 1 and the later passes,",
-    "  timed at an idle H100's per-call costs (pieces: low, 2-6x in training; x N with --ranks N; allocations: rough).",
+    "  timed at an idle H100's per-call costs (pieces: one process's; N times with --ranks N; allocations: rough).",
     "upstream (JSON upstream_allocs): allocations the manager took from what it sits on (driver, stand-in).",
 ];
 

@@ -3,10 +3,9 @@
 //! took (the arena's lock, a claim of other threads' caches, a driver event
 //! call, parked blocks, growth), and [`take`] hands them to the caller that
 //! times the call (emm-capi's `call-timing` build), so a slow call can be put
-//! down to the work behind it. The same builds time the phases of a growth
-//! ([`Phase`]: planning, the unmapping helper's turn, each kind of driver call)
-//! process-wide, read by [`phases`]. Without the feature, noting and timing are
-//! nothing, [`take`] is always empty and [`phases`] reads zeros.
+//! down to the work behind it (the same builds also time the phases of the
+//! pool's growths: [`crate::growth_phases`]). Without the feature, noting is
+//! nothing and [`take`] is always empty.
 
 /// One kind of work a call may do (a bit of what [`take`] returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,114 +82,6 @@ pub fn take() -> u8 {
     }
 }
 
-/// A phase of growing the expandable segment, timed process-wide in
-/// `call-work` builds (read by [`phases`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Phase {
-    /// A whole growth of the expandable segment (`Arena::expand`).
-    Expand,
-    /// Unmapping old mappings on the allocating thread before a growth.
-    UnmapRetired,
-    /// Choosing where to map and which free pieces move.
-    Plan,
-    /// Waiting for the unmapping helper to finish its current unmap.
-    Turn,
-    /// `cuMemCreate`, one call a new piece.
-    Create,
-    /// `cuMemMap`, one call a piece.
-    Map,
-    /// `cuMemSetAccess`, one call a growth.
-    Access,
-    /// Retiring the old addresses of moved pieces (bookkeeping, events).
-    Retire,
-    /// `cuMemUnmap` of an old mapping, on whichever thread.
-    Unmap,
-    /// A host wait for the event of parked blocks (`Arena::wait_parked`).
-    WaitParked,
-}
-
-impl Phase {
-    /// Every phase, in the order [`phases`] reports them.
-    pub const ALL: [Phase; 10] = [
-        Phase::Expand,
-        Phase::UnmapRetired,
-        Phase::Plan,
-        Phase::Turn,
-        Phase::Create,
-        Phase::Map,
-        Phase::Access,
-        Phase::Retire,
-        Phase::Unmap,
-        Phase::WaitParked,
-    ];
-
-    /// A short name (`expand`, `unmap_retired`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Phase::Expand => "expand",
-            Phase::UnmapRetired => "unmap_retired",
-            Phase::Plan => "plan",
-            Phase::Turn => "turn",
-            Phase::Create => "create",
-            Phase::Map => "map",
-            Phase::Access => "access",
-            Phase::Retire => "retire",
-            Phase::Unmap => "unmap",
-            Phase::WaitParked => "wait_parked",
-        }
-    }
-}
-
-#[cfg(feature = "call-work")]
-mod phase_counters {
-    use std::sync::atomic::AtomicU64;
-
-    /// Calls and nanoseconds of each phase, in [`super::Phase::ALL`]'s order.
-    pub(super) static CALLS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-    pub(super) static NS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-}
-
-/// Runs `f`; in `call-work` builds, counts one call of `phase` and its time.
-#[inline(always)]
-pub(crate) fn timed<R>(phase: Phase, f: impl FnOnce() -> R) -> R {
-    #[cfg(feature = "call-work")]
-    {
-        use std::sync::atomic::Ordering::Relaxed;
-        let start = std::time::Instant::now();
-        let out = f();
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        phase_counters::CALLS[phase as usize].fetch_add(1, Relaxed);
-        phase_counters::NS[phase as usize].fetch_add(ns, Relaxed);
-        out
-    }
-    #[cfg(not(feature = "call-work"))]
-    {
-        let _ = phase;
-        f()
-    }
-}
-
-/// Each phase with its calls and nanoseconds so far, process-wide (zeros
-/// without the `call-work` feature).
-pub fn phases() -> [(Phase, u64, u64); 10] {
-    Phase::ALL.map(|p| {
-        #[cfg(feature = "call-work")]
-        {
-            use std::sync::atomic::Ordering::Relaxed;
-            (
-                p,
-                phase_counters::CALLS[p as usize].load(Relaxed),
-                phase_counters::NS[p as usize].load(Relaxed),
-            )
-        }
-        #[cfg(not(feature = "call-work"))]
-        {
-            (p, 0, 0)
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,21 +102,5 @@ mod tests {
             assert_eq!(take(), 0);
         }
         assert_eq!(take(), 0, "taking forgets");
-    }
-
-    #[test]
-    fn phases_count_only_in_the_diagnostic_build() {
-        let before = phases()[Phase::Plan as usize];
-        assert_eq!(timed(Phase::Plan, || 5), 5);
-        let after = phases()[Phase::Plan as usize];
-        assert_eq!(after.0, Phase::Plan);
-        if cfg!(feature = "call-work") {
-            assert!(after.1 > before.1, "{before:?} {after:?}");
-        } else {
-            assert_eq!((after.1, after.2), (0, 0));
-        }
-        for (i, p) in Phase::ALL.iter().enumerate() {
-            assert_eq!(*p as usize, i, "{p:?} is reported in its place");
-        }
     }
 }

@@ -24,6 +24,7 @@ mod export;
 mod family;
 mod fasthash;
 mod graph;
+pub mod growth_phases;
 mod history;
 mod host_copy;
 mod lagged_events;

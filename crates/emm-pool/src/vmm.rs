@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::call_work::{self, Phase};
+use crate::growth_phases::{self, Phase};
 use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
 use emm_driver::{check, optional, Context};
@@ -226,7 +226,7 @@ impl DriverVmm {
             });
         };
         let _g = self.ctx.push()?;
-        call_work::timed(Phase::Unmap, || {
+        growth_phases::timed(Phase::Unmap, || {
             // SAFETY: `[addr, addr+l)` was mapped by `map` or `alias` with handle
             // `h`; each mapping is undone once; the caller waited for the work
             // queued on it.
@@ -320,7 +320,7 @@ impl DriverVmm {
             let (h, created) = match src {
                 None => {
                     let mut h = 0u64;
-                    if let Err(e) = call_work::timed(Phase::Create, || {
+                    if let Err(e) = growth_phases::timed(Phase::Create, || {
                         // SAFETY: valid out-pointer and prop; each piece's length is a
                         // multiple of the granularity.
                         check(drv, "cuMemCreate", unsafe {
@@ -347,7 +347,7 @@ impl DriverVmm {
                     }
                 }
             };
-            if let Err(e) = call_work::timed(Phase::Map, || {
+            if let Err(e) = growth_phases::timed(Phase::Map, || {
                 // SAFETY: `[at, at+page)` lies in our reservation and is not mapped; `h`
                 // is a live handle of `page` bytes.
                 check(drv, "cuMemMap", unsafe { map(at, page, 0, h, 0) })
@@ -369,7 +369,7 @@ impl DriverVmm {
         let n = done.len();
         let len = (at - dst) as usize;
         if n > 0 {
-            if let Err(e) = call_work::timed(Phase::Access, || {
+            if let Err(e) = growth_phases::timed(Phase::Access, || {
                 // SAFETY: `[dst, dst + len)` was just mapped, piece by piece; one valid
                 // descriptor.
                 check(drv, "cuMemSetAccess", unsafe { access(dst, len, &desc, 1) })

@@ -58,13 +58,13 @@ impl DriverCosts {
     /// per GPU) make their calls on expandable segments' pieces at the same
     /// time: those calls cost `ranks` times as much, since the driver runs the
     /// VMM calls of a host's processes one at a time; allocations and frees are
-    /// left as they are (not measured). Measured on H100s and H200s: two
-    /// processes at once paid 1.2-2.0x a lone process's `cuMemSetAccess`
-    /// (`vmm_moves.cu`, run 230), and inside FSDP2 of a 1.1 B Llama on four H100s
-    /// a moved piece's access took 167 us against 37-46 us alone, `cuMemCreate`
-    /// 59-91 us against 13 and `cuMemUnmap` 68-113 us against 24-27 (run 227);
-    /// the same job on two H200s paid 1.3-1.7x what it paid on one (run 231). A
-    /// high estimate at two ranks, about right at four.
+    /// left as they are (not measured). Measured: two `vmm_moves.cu` processes at
+    /// once on two H200s paid 1.1-2.2x a lone process's `cuMemSetAccess` (run
+    /// 230); inside FSDP2 of a 1.1 B Llama on two H200s a piece's access cost
+    /// 1.3-1.7x what one rank paid (its `cuMemUnmap` 1.0-1.4x; run 231), and on
+    /// four H100s 167 us against 37-46 us alone, `cuMemCreate` 59-91 us against
+    /// 13 and `cuMemUnmap` 68-113 us against 24-27 (run 227). About right at
+    /// four ranks; high at two on those H200s.
     /// `ranks` 0 counts as 1.
     pub fn sharing_host_with(self, ranks: u32) -> DriverCosts {
         let n = ranks.max(1);

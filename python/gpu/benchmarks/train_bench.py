@@ -399,7 +399,7 @@ COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_
     # ... and the slow calls by what the pool did in them (emm_pool::call_work).
     f"torch_{hook}_slow_{kind}_{unit}" for hook in ("alloc", "free")
     for kind in ("locked", "reclaim", "events", "parked", "grew", "none") for unit in ("calls", "ns")) + tuple(
-    # ... and the phases of the pool's growths, process-wide (emm_pool::call_work::Phase).
+    # ... and the phases of the pool's growths, process-wide (emm_pool::growth_phases::Phase).
     f"pool_{phase}_{unit}" for phase in ("expand", "unmap_retired", "plan", "turn", "create", "map", "access",
                                          "retire", "unmap", "wait_parked") for unit in ("calls", "ns"))
 

@@ -17,7 +17,8 @@
 // VMM_MOVES_ONLY=batch runs only the first; with VMM_MOVES_POLL=1 a second
 // thread polls a stream (cuStreamQuery, as PyTorch's NCCL watchdog polls
 // events) all the while: does another thread's driver traffic slow the calls?
-// Several such processes at once, one per GPU, ask the same of other processes.
+// Several such processes at once, one per GPU (VMM_MOVES_AT=<unix seconds>
+// makes each start its measurement then), ask the same of other processes.
 //
 // Build and run on a GPU machine (docs/benchmarks.md, twenty-ninth session):
 //   nvcc -O2 -std=c++17 python/gpu/benchmarks/vmm_moves.cu -lcuda -lpthread -o vmm_moves && ./vmm_moves

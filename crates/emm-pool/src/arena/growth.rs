@@ -103,11 +103,11 @@ impl Arena {
             },
         };
         // Old mappings whose work is done become gaps first, so growth can use them.
-        call_work::timed(Phase::UnmapRetired, || {
+        growth_phases::timed(Phase::UnmapRetired, || {
             self.unmap_retired(base, events, source, false)
         });
         let page = self.policy.large_round;
-        let plan = call_work::timed(Phase::Plan, || self.growth_plan(base, size, stream));
+        let plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
         let Some((target, plan, movable_bytes)) = plan else {
             return Ok(false);
         };
@@ -211,7 +211,7 @@ impl Arena {
         }
         self.stats.counts.pieces_moved += moved_pieces;
         self.stats.counts.pieces_mapped += mapped - moved_pieces;
-        call_work::timed(Phase::Retire, || {
+        growth_phases::timed(Phase::Retire, || {
             self.retire_moved(base, &plan, moved_pieces, events, source)
         });
         self.commit_growth(base, &target, moved, fresh_mapped, &new_pieces, stream);

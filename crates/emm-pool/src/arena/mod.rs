@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
-use crate::call_work::{self, Phase, Work};
+use crate::call_work::{self, Work};
 use crate::events::{EventId, EventSource};
 use crate::family::Family;
 use crate::fasthash::FastMap;
+use crate::growth_phases::{self, Phase};
 use crate::history::History;
 
 mod blocks;
@@ -610,7 +611,8 @@ impl Arena {
             }
         }
         if kind == Kind::Large && self.policy.expandable {
-            match call_work::timed(Phase::Expand, || self.expand(size, stream, events, source)) {
+            match growth_phases::timed(Phase::Expand, || self.expand(size, stream, events, source))
+            {
                 Ok(true) => {
                     self.stats.counts.misses += 1;
                     call_work::note(Work::Grew);

@@ -269,8 +269,6 @@ impl Arena {
         }
         self.stats.counts.scan_steps += self.pending.len();
         let joins = self.policy.expandable && self.grow_base != Reservation::Unavailable;
-        // With `moves_first`, no wait when moving the stream's own free pieces
-        // (and settled ones) keeps the growth within the peak.
         // The groups that could serve the request, in parking order.
         let mut groups = self.groups_for(stream, kind);
         groups.retain(|&(i, _)| {
@@ -287,7 +285,7 @@ impl Arena {
         let mut waited = 0;
         for (i, b) in groups {
             let event = self.pending[i].event;
-            match call_work::timed(Phase::WaitParked, || {
+            match growth_phases::timed(Phase::WaitParked, || {
                 events.wait_for(event, PARKED_WAIT_LIMIT)
             }) {
                 Ok(true) => {}

@@ -6,8 +6,8 @@ use emm_driver::Context;
 use emm_sys::CUdeviceptr;
 
 use crate::arena::SegmentSource;
-use crate::call_work::{self, Phase};
 use crate::events::EventId;
+use crate::growth_phases::{self, Phase};
 use crate::host_copy::HostCopy;
 use crate::unmapper::{UnmapJob, Unmapper};
 use crate::vmm::VirtualMemory;
@@ -61,7 +61,7 @@ impl SegmentSource for SourceAdapter<'_> {
         match self.vmm("map_pieces") {
             Ok(v) => {
                 // The helper does not unmap in between (see `unmapper.rs`).
-                let _quiet = call_work::timed(Phase::Turn, || self.3.map(Unmapper::quiet));
+                let _quiet = growth_phases::timed(Phase::Turn, || self.3.map(Unmapper::quiet));
                 v.map_pieces(dst, pieces)
             }
             Err(e) => (0, Err(e)),
