@@ -148,8 +148,7 @@ mod tests {
         for (i, p) in Phase::ALL.iter().enumerate() {
             assert_eq!(*p as usize, i, "{p:?} is reported in its place");
         }
-        // Every variant is listed: `name` matches them all, and a new one
-        // would be past the last listed.
+        // The listed phases have distinct names (the report's keys).
         let names: std::collections::HashSet<_> = Phase::ALL.iter().map(|p| p.name()).collect();
         assert_eq!(names.len(), COUNT, "distinct names");
     }

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::growth_phases::{self, Phase};
 use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
 use emm_driver::{check, optional, Context};
@@ -14,6 +13,8 @@ use emm_sys::{
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED,
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_LOCATION_TYPE_DEVICE,
 };
+
+use crate::growth_phases::{self, Phase};
 
 /// Address-space reservation and mapping.
 pub trait VirtualMemory: Send + Sync {
