@@ -1,7 +1,8 @@
-//! [`Family`]: what a pool and its tag pools share: their reserved bytes, and the
-//! byte limit and release threshold those are held to. Both bounds may change
-//! while the pool serves (`pool_limit` and `pool_release_threshold` are run-time
-//! settings), so they are atomics read under each arena's own lock.
+//! [`Family`]: what a pool and its tag and stream pools share: their reserved
+//! bytes and the peaks of their sums, and the byte limit and release threshold
+//! those are held to. Both bounds may change while the pool serves
+//! (`pool_limit` and `pool_release_threshold` are run-time settings), so they
+//! are atomics read under each arena's own lock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -10,6 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub(crate) struct Family {
     /// Bytes the family reserves.
     reserved: AtomicUsize,
+    /// The most `reserved` has been since the last reset of peaks: the peak of
+    /// the sum, which the sum of each arena's peak only bounds.
+    peak_reserved: AtomicUsize,
+    /// Bytes of the family's arenas in blocks handed out (threads' cached
+    /// blocks included: the arenas' `live`).
+    active: AtomicUsize,
+    /// The most `active` has been since the last reset of peaks.
+    peak_active: AtomicUsize,
     /// The byte limit (`usize::MAX`: none).
     limit: AtomicUsize,
     /// Reserved bytes above which free memory goes back once idle
@@ -28,6 +37,9 @@ impl Family {
     pub(crate) fn new(limit: Option<usize>, release_threshold: usize) -> Family {
         Family {
             reserved: AtomicUsize::new(0),
+            peak_reserved: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            peak_active: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit.unwrap_or(usize::MAX)),
             release_threshold: AtomicUsize::new(release_threshold),
         }
@@ -40,16 +52,38 @@ impl Family {
 
     /// Counts `n` more bytes reserved.
     pub(crate) fn add(&self, n: usize) {
-        self.reserved.fetch_add(n, Ordering::Relaxed);
+        grow(&self.reserved, &self.peak_reserved, n);
     }
 
     /// Counts `n` bytes fewer (never below zero: every byte subtracted was added).
     pub(crate) fn sub(&self, n: usize) {
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(n))
-            });
+        shrink(&self.reserved, n);
+    }
+
+    /// Counts `n` more bytes in blocks handed out.
+    pub(crate) fn add_active(&self, n: usize) {
+        grow(&self.active, &self.peak_active, n);
+    }
+
+    /// Counts `n` bytes fewer in blocks handed out.
+    pub(crate) fn sub_active(&self, n: usize) {
+        shrink(&self.active, n);
+    }
+
+    /// The peaks of the sums over the family's arenas: `(reserved, active)`.
+    pub(crate) fn peaks(&self) -> (usize, usize) {
+        (
+            self.peak_reserved.load(Ordering::Relaxed),
+            self.peak_active.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Sets both peaks to the current sums.
+    pub(crate) fn reset_peaks(&self) {
+        self.peak_reserved
+            .store(self.reserved.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.peak_active
+            .store(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// The byte limit, if any.
@@ -80,4 +114,17 @@ impl Family {
     pub(crate) fn above_threshold(&self) -> bool {
         self.reserved() > self.release_threshold()
     }
+}
+
+/// Adds `n` to `now` and raises `peak` to the sum.
+fn grow(now: &AtomicUsize, peak: &AtomicUsize, n: usize) {
+    let v = now.fetch_add(n, Ordering::Relaxed).saturating_add(n);
+    peak.fetch_max(v, Ordering::Relaxed);
+}
+
+/// Takes `n` from `now`, never below zero (every byte taken was added).
+fn shrink(now: &AtomicUsize, n: usize) {
+    let _ = now.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
 }

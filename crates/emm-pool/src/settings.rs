@@ -119,6 +119,18 @@ pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
     parse::flag,
 );
 
+/// `pool_stream_pools` (`EMM_POOL_STREAM_POOLS`).
+pub static STREAM_POOLS: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_stream_pools",
+        "EMM_POOL_STREAM_POOLS",
+        ValueKind::Count,
+        "0",
+        "each created stream, up to n, allocates from a pool of its own in the pool's family; the default streams and streams past n share the pool (0: off)",
+    ),
+    parse::count,
+);
+
 /// Every setting of the pool, in the order the documentation lists them.
 pub static SETTINGS: &[&dyn AnySetting] = &[
     &LIMIT,
@@ -130,4 +142,5 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &ADOPT_PARKED,
     &WAIT_PARKED,
     &BACKGROUND_UNMAP,
+    &STREAM_POOLS,
 ];

@@ -433,3 +433,83 @@ fn a_stream_waits_for_a_busy_streams_parked_block_instead_of_growing() {
         pool.check().unwrap();
     }
 }
+
+/// Stream pools (`pool_stream_pools`) on a GPU: the conformance suite passes;
+/// blocks of three created streams and the default stream keep their data
+/// while freed across streams and trimmed; and a stream's request for more
+/// than the device has left takes another stream's free memory.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_pools_keep_data_and_share_memory_on_out_of_memory() {
+    const MIB: usize = 1 << 20;
+    let ctx = ctx();
+    let cfg = PoolConfig {
+        stream_pools: 4,
+        ..PoolConfig::default()
+    };
+    let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
+    let report = conformance::run(&pool, &ctx);
+    print!("stream pools:\n{report}");
+    assert!(report.all_passed());
+    let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&ctx).unwrap()).collect();
+    // The null stream (the pool's own) and three streams of their own pools.
+    let on: Vec<Option<&Stream>> = std::iter::once(None)
+        .chain(streams.iter().map(Some))
+        .collect();
+    let mut held = Vec::new();
+    for round in 0..6u8 {
+        for (i, s) in on.iter().enumerate() {
+            let size = (1 + (round as usize * 7 + i * 3) % 24) * MIB + 4096 * i;
+            let raw = s.map_or(emm_sys::CUstream(std::ptr::null_mut()), Stream::raw);
+            let a = pool.memalloc_async(size, raw).unwrap();
+            let byte = round.wrapping_mul(16).wrapping_add(i as u8 + 1);
+            match s {
+                // SAFETY: `a` is live and `size` bytes long, used on its stream.
+                Some(s) => unsafe { memory::memset_d8_async(a.ptr(), byte, size, s) }.unwrap(),
+                // SAFETY: as above, on the null stream.
+                None => unsafe { memory::memset_d8(&ctx, a.ptr(), byte, size) }.unwrap(),
+            }
+            held.push((a, byte));
+        }
+        // Every other block freed once its stream's work finished.
+        ctx.synchronize().unwrap();
+        let mut k = 0;
+        held.retain(|_| {
+            k += 1;
+            k % 2 == 0
+        });
+    }
+    ctx.synchronize().unwrap();
+    pool.trim();
+    pool.check().unwrap();
+    for (a, byte) in &held {
+        let mut back = vec![0u8; a.size()];
+        // SAFETY: `back` is as long as the live block `a`.
+        unsafe { memory::copy_dtoh(&ctx, &mut back, a.ptr()) }.unwrap();
+        assert!(
+            back.iter().all(|b| b == byte),
+            "a stream pool's block lost its data"
+        );
+    }
+    drop(held);
+    // Out of memory in one stream's pool: the other's free memory goes back.
+    pool.trim();
+    let (free, _) = ctx.mem_info().unwrap();
+    let big = free / 10 * 6 / MIB * MIB;
+    let a = pool.memalloc_async(big, streams[0].raw()).unwrap();
+    drop(a);
+    streams[0].synchronize().unwrap();
+    let b = pool
+        .memalloc_async(big, streams[1].raw())
+        .expect("the other stream's free memory serves the request");
+    // SAFETY: `b` is live and `big` bytes long.
+    unsafe { memory::memset_d8(&ctx, b.ptr(), 7, big) }.unwrap();
+    let s = pool.stats();
+    assert!(
+        s.reserved_bytes_peak < 2 * big,
+        "the peak is of the sum ({} for two {big}-byte requests at different times)",
+        s.reserved_bytes_peak
+    );
+    drop(b);
+    pool.check().unwrap();
+}

@@ -781,6 +781,7 @@ impl Arena {
         self.spare_copies.clear();
         let held = self.stats.reserved;
         self.sub_reserved(held);
+        self.family.sub_active(self.stats.live);
         self.stats.live = 0;
         self.stats.segments = self.segments.len();
         segs

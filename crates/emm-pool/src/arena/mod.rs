@@ -444,8 +444,9 @@ pub(crate) struct Arena {
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
     spare_copies: Vec<crate::host_copy::HostCopy>,
-    /// What the pool's family (a pool and its tag pools) shares: reserved
-    /// bytes, the byte limit and the release threshold.
+    /// What the pool's family (a pool and its tag and stream pools) shares:
+    /// reserved and active bytes and their peaks, the byte limit and the
+    /// release threshold.
     family: std::sync::Arc<Family>,
 }
 
@@ -474,7 +475,7 @@ impl Reservation {
 
 impl Arena {
     /// An arena of `family`, whose byte limit and release threshold it shares
-    /// with the family's other arenas (a pool and its tag pools). Arenas check
+    /// with the family's other arenas (a pool and its tag and stream pools). Arenas check
     /// the limit under their own locks: two growing at once can pass it by one
     /// growth.
     pub(crate) fn in_family(policy: SegmentPolicy, family: std::sync::Arc<Family>) -> Self {
@@ -686,6 +687,7 @@ impl Arena {
     ) -> (CUdeviceptr, CUdeviceptr, usize) {
         self.stats.live += size;
         self.stats.peak_live = self.stats.peak_live.max(self.stats.live);
+        self.family.add_active(size);
         let seg_size = self.segments.get(&segment).map_or(size, |s| s.size);
         (addr, segment, seg_size)
     }
@@ -705,6 +707,7 @@ impl Arena {
                 let b = *b;
                 self.stats.counts.locked_frees += 1;
                 self.stats.live -= b.size;
+                self.family.sub_active(b.size);
                 // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
                 // With a release threshold, frees on the default streams record

@@ -46,6 +46,15 @@ pub struct PoolConfig {
     /// started by its first move. An unmap costs the driver 20-30 us a mapping on an H100
     /// (`python/gpu/benchmarks/vmm_moves.cu`), about a fifth of a move.
     pub background_unmap: bool,
+    /// Each created stream, up to this many, allocates from a pool of its own
+    /// in the pool's family (sharing its byte limit and release threshold); the
+    /// default streams and the streams past the bound share the pool itself
+    /// (`pool_stream_pools`; 0, the default: off). See `pool/streams.rs` for
+    /// why: streams that allocate in different rhythms then keep no holes in
+    /// each other's memory. Statistics, snapshots, trim, reset and the release
+    /// threshold cover every stream's pool; on out of memory, the other pools'
+    /// free memory goes back before the request fails.
+    pub stream_pools: usize,
 }
 
 impl PoolConfig {
@@ -57,7 +66,7 @@ impl PoolConfig {
     /// large segments when live bytes fall to 1/n of reserved; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
-    /// `pool_background_unmap`, `pool_limit` and
+    /// `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
     /// `pool_release_threshold`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
@@ -75,6 +84,7 @@ impl PoolConfig {
         c.segments.adopt_parked = settings::ADOPT_PARKED.get(c.segments.adopt_parked)?;
         c.segments.wait_parked = settings::WAIT_PARKED.get(c.segments.wait_parked)?;
         c.background_unmap = settings::BACKGROUND_UNMAP.get(c.background_unmap)?;
+        c.stream_pools = settings::STREAM_POOLS.get(c.stream_pools)?;
         c.limit = settings::LIMIT.get(c.limit)?;
         c.release_threshold = settings::RELEASE_THRESHOLD.get(c.release_threshold)?;
         Ok(c)
@@ -91,6 +101,7 @@ impl Default for PoolConfig {
             release_threshold: usize::MAX,
             exportable: false,
             background_unmap: true,
+            stream_pools: 0,
         }
     }
 }

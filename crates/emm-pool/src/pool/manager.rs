@@ -16,8 +16,10 @@ use emm_sys::CUstream;
 
 use super::config::PoolConfig;
 use super::shared::Core;
+use super::siblings::{Recipe, Siblings};
 use super::stats::PoolStats;
-use super::tagged::{Recipe, TagPools};
+use super::streams::StreamPools;
+use super::tagged::TagPools;
 use super::upstream::{make_core, PoolUpstream};
 use crate::arena::Arena;
 use crate::family::Family;
@@ -60,8 +62,13 @@ pub struct PoolManager {
     core: Arc<Core>,
     /// The pools of tagged allocations (see `tagged.rs`).
     tags: TagPools,
-    /// Reserved bytes, byte limit and release threshold, shared with the tag
-    /// pools.
+    /// The pools of created streams, with `pool_stream_pools` (see
+    /// `streams.rs`).
+    streams: StreamPools,
+    /// How tag and stream pools are made.
+    siblings: Arc<Siblings>,
+    /// Reserved bytes, their peak, byte limit and release threshold, shared
+    /// with the tag and stream pools.
     family: Arc<Family>,
 }
 
@@ -93,16 +100,28 @@ impl PoolManager {
     }
 
     /// A pool over `upstream` with `config`.
+    /// A pool over `upstream` with `config`. Over a custom upstream, which
+    /// cannot be made again, the pool keeps no tag or stream pools (tagged
+    /// allocations and every stream come from the pool itself).
     pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
         let recipe = match &upstream {
             PoolUpstream::Driver(ctx) => Recipe::Driver(ctx.clone()),
             &PoolUpstream::Host { capacity, touch } => Recipe::Host { capacity, touch },
             PoolUpstream::Custom(..) => Recipe::None,
         };
+        Self::build(upstream, config, recipe)
+    }
+
+    /// A pool over `upstream` with `config`, whose tag and stream pools are
+    /// made by `recipe`.
+    fn build(upstream: PoolUpstream, config: PoolConfig, recipe: Recipe) -> Result<PoolManager> {
         let family = Arc::new(Family::new(config.limit, config.release_threshold));
+        let siblings = Arc::new(Siblings::new(recipe, family.clone()));
         Ok(PoolManager {
             core: make_core(upstream, config, family.clone())?,
-            tags: TagPools::new(recipe, family.clone()),
+            tags: TagPools::new(siblings.clone()),
+            streams: StreamPools::new(siblings.clone(), config.stream_pools),
+            siblings,
             family,
         })
     }
@@ -121,8 +140,8 @@ impl PoolManager {
     /// A pool over the host stand-in of `capacity` bytes whose device runs
     /// `clock.lag()` requests behind the host (see [`emm_core::HostClock`]): its
     /// events complete only once the clock has moved that far, as a GPU's do
-    /// while the host queues work ahead. Without tag pools (a replay needs none),
-    /// and without the helper thread that unmaps moved pieces
+    /// while the host queues work ahead. Its tag and stream pools run on the same
+    /// clock. Without the helper thread that unmaps moved pieces
     /// ([`PoolConfig::background_unmap`]): a replay gives the same figures every time.
     pub fn host_lagged(
         capacity: usize,
@@ -137,9 +156,14 @@ impl PoolManager {
             background_unmap: false,
             ..config
         };
-        Self::with_config(
+        let recipe = Recipe::Lagged {
+            capacity,
+            clock: clock.clone(),
+        };
+        Self::build(
             PoolUpstream::Custom(host, Box::new(crate::LaggedEvents::new(clock)), vmm, None),
             config,
+            recipe,
         )
     }
 
@@ -150,7 +174,38 @@ impl PoolManager {
         if tag != Tag::DEFAULT && self.tags.enabled() {
             return self.tags.alloc(tag, &self.core.config, size, stream);
         }
-        self.core.alloc(size, stream)
+        let core = self
+            .streams
+            .pool_of(stream, &self.core.config)?
+            .unwrap_or(&self.core);
+        match core.alloc(size, stream) {
+            // Another stream's pool may hold the memory free: it goes back
+            // first (a trim of every other pool), then the request is tried once
+            // more.
+            Err(e) if e.is_out_of_memory() && self.streams.all().next().is_some() => {
+                let freed: usize = std::iter::once(&self.core)
+                    .chain(self.streams.all().map(|p| &p.core))
+                    .filter(|c| !Arc::ptr_eq(c, core))
+                    .map(trim_core)
+                    .sum();
+                if freed == 0 {
+                    return Err(e);
+                }
+                core.alloc(size, stream)
+            }
+            r => r,
+        }
+    }
+
+    /// The pools of the family other than the pool's own: its tag pools', then
+    /// its stream pools'.
+    fn sibling_cores(&self) -> Vec<Arc<Core>> {
+        self.tags
+            .all()
+            .into_iter()
+            .map(|t| t.core.clone())
+            .chain(self.streams.all().map(|p| p.core.clone()))
+            .collect()
     }
 
     /// How many threads' counters the pool keeps: the threads that have a cache for
@@ -164,17 +219,28 @@ impl PoolManager {
             .len()
     }
 
-    /// Statistics: the pool's own and its tag pools' summed (peaks too: with
-    /// tagged allocations a peak is the sum of each pool's peak, an upper bound of
-    /// the peak of the sum).
+    /// Statistics: the pool's own and its tag and stream pools' summed. Of the
+    /// peaks, reserved and active bytes are the peaks of the family's sums;
+    /// the other peaks are sums of each pool's peak (bounds of the peak of the
+    /// sum), allocated bytes' no more than the active peak.
     pub fn stats(&self) -> PoolStats {
         let mut s = {
             let mut arena = self.core.lock();
             self.stats_locked(&mut arena)
         };
-        for t in self.tags.all() {
-            let mut arena = t.core.lock();
-            s.absorb(&core_stats(&t.core, &mut arena));
+        let siblings = self.sibling_cores();
+        for c in &siblings {
+            let mut arena = c.lock();
+            s.absorb(&core_stats(c, &mut arena));
+        }
+        if !siblings.is_empty() {
+            let (reserved, active) = self.family.peaks();
+            s.reserved_bytes_peak = reserved.max(s.reserved_bytes);
+            s.active_bytes_peak = active.max(s.active_bytes);
+            s.allocated_bytes_peak = s
+                .allocated_bytes_peak
+                .min(s.active_bytes_peak)
+                .max(s.allocated_bytes);
         }
         s
     }
@@ -187,17 +253,14 @@ impl PoolManager {
 
 impl PoolManager {
     /// Sets every peak (allocated, active, reserved, segments) to its current
-    /// value, the tag pools' too.
+    /// value, the tag and stream pools' and the family's too.
     pub fn reset_peak_stats(&self) {
-        let mut arena = self.core.lock();
-        let (bytes, blocks) = self.core.allocated_now(&arena);
-        arena.stats.reset_peaks(bytes, blocks);
-        drop(arena);
-        for t in self.tags.all() {
-            let mut a = t.core.lock();
-            let (bytes, blocks) = t.core.allocated_now(&a);
+        for core in std::iter::once(self.core.clone()).chain(self.sibling_cores()) {
+            let mut a = core.lock();
+            let (bytes, blocks) = core.allocated_now(&a);
             a.stats.reset_peaks(bytes, blocks);
         }
+        self.family.reset_peaks();
     }
 
     /// Records the allocation history in a ring of the latest `max_entries`
@@ -205,15 +268,14 @@ impl PoolManager {
     /// takes the pool's lock to record itself; off, the lock-free path reads one
     /// relaxed flag.
     pub fn record_history(&self, max_entries: usize) {
-        for core in std::iter::once(self.core.clone())
-            .chain(self.tags.all().into_iter().map(|t| t.core.clone()))
-        {
+        // Tag and stream pools made from now on record too (set first: one
+        // made while this runs records as those listed below).
+        self.siblings.set_history(max_entries);
+        for core in std::iter::once(self.core.clone()).chain(self.sibling_cores()) {
             let mut arena = core.lock();
             arena.history.set_capacity(max_entries);
             core.recording.store(max_entries > 0, Ordering::Relaxed);
         }
-        // Tag pools made later record too.
-        self.tags.set_history(max_entries);
     }
 
     /// Segments, blocks, the recorded history and the statistics, taken under the
@@ -222,8 +284,8 @@ impl PoolManager {
     /// live to the pool and show as allocated, so the allocated blocks sum to
     /// `active_bytes`, and to `allocated_bytes` when no other thread caches any
     /// (`thread_cached_bytes` is 0). Segments sum to `reserved_bytes` (plus
-    /// `paused_bytes`: a paused tag's segment keeps its size). Tag pools are read
-    /// after the pool, each under its own lock.
+    /// `paused_bytes`: a paused tag's segment keeps its size). Tag and stream
+    /// pools are read after the pool, each under its own lock.
     pub fn snapshot(&self) -> MemorySnapshot {
         let mut arena = self.core.lock();
         self.core.flush_thread(&mut arena);
@@ -231,13 +293,23 @@ impl PoolManager {
         let mut segments = arena.snapshot_segments();
         let mut trace = arena.history.entries();
         drop(arena);
-        // Tag pools, each under its own lock after the pool's.
-        for t in self.tags.all() {
-            let mut a = t.core.lock();
-            t.core.flush_thread(&mut a);
-            stats.absorb(&core_stats(&t.core, &mut a));
+        // Tag and stream pools, each under its own lock after the pool's.
+        let siblings = self.sibling_cores();
+        for c in &siblings {
+            let mut a = c.lock();
+            c.flush_thread(&mut a);
+            stats.absorb(&core_stats(c, &mut a));
             segments.extend(a.snapshot_segments());
             trace.extend(a.history.entries());
+        }
+        if !siblings.is_empty() {
+            let (reserved, active) = self.family.peaks();
+            stats.reserved_bytes_peak = reserved.max(stats.reserved_bytes);
+            stats.active_bytes_peak = active.max(stats.active_bytes);
+            stats.allocated_bytes_peak = stats
+                .allocated_bytes_peak
+                .min(stats.active_bytes_peak)
+                .max(stats.allocated_bytes);
         }
         segments.sort_by_key(|s| s.address);
         // (Stable: each pool's entries keep their order at equal times.)
@@ -258,8 +330,8 @@ impl PoolManager {
         if emm_sys::forked() {
             return 0;
         }
-        let tagged: usize = self.tags.all().iter().map(|t| trim_core(&t.core)).sum();
-        tagged + trim_core(&self.core)
+        let siblings: usize = self.sibling_cores().iter().map(trim_core).sum();
+        siblings + trim_core(&self.core)
     }
 
     /// The byte limit of the pool and its tag pools (`None`: the device's memory).
@@ -295,7 +367,7 @@ impl PoolManager {
     pub fn set_release_threshold(&self, bytes: usize) -> usize {
         self.family.set_release_threshold(bytes);
         let mut released = 0;
-        for core in self.tags.all().iter().map(|t| &t.core).chain([&self.core]) {
+        for core in self.sibling_cores().iter().chain([&self.core]) {
             if !self.family.above_threshold() {
                 break;
             }
@@ -349,10 +421,9 @@ impl PoolManager {
     pub fn refused_bytes(&self) -> usize {
         self.core.refused.bytes()
             + self
-                .tags
-                .all()
+                .sibling_cores()
                 .iter()
-                .map(|t| t.core.refused.bytes())
+                .map(|c| c.refused.bytes())
                 .sum::<usize>()
     }
 
@@ -364,6 +435,12 @@ impl PoolManager {
                 .lock()
                 .check()
                 .map_err(|e| format!("tag `{}`: {e}", t.tag.name()))?;
+        }
+        for p in self.streams.all() {
+            p.core
+                .lock()
+                .check()
+                .map_err(|e| format!("the pool of stream {:#x}: {e}", p.stream))?;
         }
         Ok(())
     }
@@ -391,6 +468,9 @@ impl Drop for PoolManager {
         retire_core(&self.core, "pool");
         for t in self.tags.all() {
             retire_core(&t.core, "tag pool");
+        }
+        for p in self.streams.all() {
+            retire_core(&p.core, "stream pool");
         }
     }
 }
@@ -496,9 +576,14 @@ impl MemoryManager for PoolManager {
                 "blocks allocated under a tag other than `default` cannot be exported to another process: a pause would take their memory from under the importer",
             ));
         }
-        if let Some(vmm) = self.core.vmm.as_deref() {
-            if self.core.lock().is_expandable(base) {
-                if !self.core.config.exportable {
+        // The pool whose expandable segment holds the block: the pool's own or
+        // a stream's.
+        let owner = std::iter::once(&self.core)
+            .chain(self.streams.all().map(|p| &p.core))
+            .find(|c| c.vmm.is_some() && c.lock().is_expandable(base));
+        if let Some(core) = owner {
+            if let Some(vmm) = core.vmm.as_deref() {
+                if !core.config.exportable {
                     return Err(EmmError::Unsupported {
                         manager: "pool (a block of its expandable segment, which legacy IPC cannot export: build it with exportable: true, EMM_POOL_EXPORTABLE=1, to export it by file descriptor (emm.numba_plugin does), or with expandable: false, EMM_POOL_EXPANDABLE=0, for legacy IPC of every block)".into(),
                         operation: "get_ipc_handle",
@@ -527,9 +612,14 @@ impl MemoryManager for PoolManager {
         self.core.events.synchronize_all()?;
         self.core.generation.fetch_add(1, Ordering::AcqRel);
         self.core.give_back_all("reset");
-        for t in self.tags.all() {
-            t.core.generation.fetch_add(1, Ordering::AcqRel);
-            t.core.give_back_all("reset");
+        for c in self.sibling_cores() {
+            // Each pool's own streams' work too (the pool's own events may not
+            // know a stream pool's).
+            if let Err(e) = c.events.synchronize_all() {
+                tracing::error!(error = %e, "synchronizing a tag or stream pool before its reset failed; resetting it anyway");
+            }
+            c.generation.fetch_add(1, Ordering::AcqRel);
+            c.give_back_all("reset");
         }
         if let Some(h) = &self.core.host {
             h.flush();

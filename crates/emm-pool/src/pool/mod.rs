@@ -7,20 +7,25 @@
 //!   registry; knows the pool only as a [`CacheOwner`](threads::CacheOwner).
 //! - `shared.rs`: the pool's shared state (`Core`) and its allocation and free
 //!   paths.
+//! - `siblings.rs`: how a pool makes further pools of its family (the
+//!   parent's upstream again, in its `Family`).
 //! - `tagged.rs`: the pools of tagged allocations, one per tag, and their
 //!   pause and resume.
+//! - `streams.rs`: the pools of created streams (`pool_stream_pools`).
 //! - `upstream.rs`: [`PoolUpstream`], and the shared state made over it.
 //! - `manager.rs`: [`PoolManager`] over it.
 //!
-//! Files point one way: `manager` -> `tagged` -> `upstream` -> `shared` -> `threads`,
-//! `source`, `config`;
+//! Files point one way: `manager` -> `tagged`, `streams` -> `siblings` ->
+//! `upstream` -> `shared` -> `threads`, `source`, `config`;
 //! `stats` and `config` import no other file of the pool.
 
 mod config;
 mod manager;
 mod shared;
+mod siblings;
 mod source;
 mod stats;
+mod streams;
 mod tagged;
 mod threads;
 mod upstream;

@@ -11,30 +11,14 @@
 //! exclusively, so once the tag is marked paused no allocation under it is in
 //! flight when its memory goes.
 
-use std::sync::atomic::AtomicUsize;
-
 use std::sync::{Arc, RwLock};
 
 use emm_core::{DeviceAllocation, PauseReport, Result, Tag, TagStats};
-use emm_driver::Context;
 use emm_sys::CUstream;
 
 use super::config::PoolConfig;
 use super::shared::Core;
-use super::upstream::{make_core, PoolUpstream};
-use crate::family::Family;
-
-/// How to make a tag's pool: the parent's upstream, again.
-#[derive(Clone)]
-pub(super) enum Recipe {
-    /// `cuMemAlloc` and virtual memory in this context.
-    Driver(Context),
-    /// The host stand-in.
-    Host { capacity: usize, touch: bool },
-    /// A custom upstream cannot be made again: tags are not kept (allocations
-    /// under a tag come from the parent, untagged).
-    None,
-}
+use super::siblings::Siblings;
 
 /// One tag's pool.
 pub(super) struct TagPool {
@@ -50,33 +34,22 @@ pub(super) struct TagPool {
 
 /// A pool's tag pools, indexed by [`Tag::index`].
 pub(super) struct TagPools {
-    recipe: Recipe,
-    /// The parent's family: reserved bytes, byte limit, release threshold.
-    family: Arc<Family>,
-    /// History entries each tag pool records (the parent's `record_history`).
-    history: AtomicUsize,
+    /// How each tag's pool is made (shared with the stream pools).
+    siblings: Arc<Siblings>,
     pools: RwLock<Vec<Option<Arc<TagPool>>>>,
 }
 
 impl TagPools {
-    pub(super) fn new(recipe: Recipe, family: Arc<Family>) -> TagPools {
+    pub(super) fn new(siblings: Arc<Siblings>) -> TagPools {
         TagPools {
-            recipe,
-            family,
-            history: AtomicUsize::new(0),
+            siblings,
             pools: RwLock::new(Vec::new()),
         }
     }
 
-    /// Tag pools made from now on record `max_entries` history entries.
-    pub(super) fn set_history(&self, max_entries: usize) {
-        self.history
-            .store(max_entries, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Whether tags are kept (the parent's upstream can be made again).
     pub(super) fn enabled(&self) -> bool {
-        !matches!(self.recipe, Recipe::None)
+        self.siblings.enabled()
     }
 
     /// The tag pools made so far.
@@ -111,23 +84,7 @@ impl TagPools {
         }
         let mut config = *config;
         config.segments.one_range = true;
-        let upstream = match &self.recipe {
-            Recipe::Driver(ctx) => PoolUpstream::Driver(ctx.clone()),
-            &Recipe::Host { capacity, touch } => PoolUpstream::Host { capacity, touch },
-            Recipe::None => {
-                return Err(emm_core::EmmError::Internal {
-                    operation: "tagged allocation",
-                    detail: "a tag pool asked of a pool whose upstream cannot be made again".into(),
-                })
-            }
-        };
-        let core = make_core(upstream, config, self.family.clone())?;
-        let history = self.history.load(std::sync::atomic::Ordering::Relaxed);
-        if history > 0 {
-            core.lock().history.set_capacity(history);
-            core.recording
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+        let core = self.siblings.make(config, "tagged allocation")?;
         let pool = Arc::new(TagPool {
             tag,
             core,

@@ -1,5 +1,6 @@
 //! [`PoolUpstream`]: what a pool is built over, and how its shared state
-//! ([`Core`]) is made from it (a pool's own, or a tag pool's: `tagged.rs`).
+//! ([`Core`]) is made from it (a pool's own, or a tag or stream pool's:
+//! `siblings.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,9 +39,6 @@ pub enum PoolUpstream {
     ),
 }
 
-/// The shared state of a pool over `upstream` with `config` (a pool's own, or
-/// a tag pool's), in `family` (shared by a pool and its tag pools: reserved
-/// bytes, the byte limit and the release threshold).
 /// The host stand-in's memory of `capacity` bytes (backed by real memory with
 /// `touch`) and, with `expandable` and without `touch`, its virtual memory.
 pub(super) fn host_standin(
@@ -57,6 +55,9 @@ pub(super) fn host_standin(
     (Box::new(host), vmm)
 }
 
+/// The shared state of a pool over `upstream` with `config` (a pool's own, or
+/// a tag or stream pool's), in `family` (shared by a pool and its tag and
+/// stream pools: reserved bytes, the byte limit and the release threshold).
 pub(super) fn make_core(
     upstream: PoolUpstream,
     config: PoolConfig,

@@ -1,0 +1,160 @@
+//! Stream pools (`pool_stream_pools`): each created stream, up to a bound,
+//! allocates from a pool of its own in the parent's family.
+//!
+//! In one pool every stream's blocks share one expandable segment, and a
+//! stream's free blocks serve another stream only once the device has passed
+//! the free. A job whose streams allocate in different rhythms (FSDP2: the
+//! compute stream's activations against the all-gather stream's parameter
+//! buffers) then leaves holes of one stream beside blocks of another, and each
+//! pass's best fits see the layout the last pass's moves left: over many
+//! passes the pool keeps moving pieces. Pools kept apart by stream each hold
+//! their own steady layout (replayed, the four-GPU FSDP2 Llama trace held
+//! 1.038x of live against 1.058-1.068x shared, with a third fewer moves; see
+//! `docs/benchmarks.md`).
+//!
+//! The default streams (the null stream, `CU_STREAM_LEGACY` and
+//! `CU_STREAM_PER_THREAD`) and the streams past the bound stay in the parent's
+//! pool, so a program that cycles through many streams does not strand memory
+//! in a pool per stream. A pool is made on its stream's first allocation, with
+//! the parent's configuration (its blocks in segments of their own, as the
+//! parent's), and kept while the parent lives; a block is freed into the pool
+//! that made it, whatever stream frees it. Reads take no lock: the slots are
+//! filled once, in order, under `making`.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use emm_core::Result;
+use emm_sys::CUstream;
+
+use super::config::PoolConfig;
+use super::shared::Core;
+use super::siblings::Siblings;
+
+/// One stream's pool.
+pub(super) struct StreamPool {
+    /// The stream's handle.
+    pub(super) stream: usize,
+    pub(super) core: Arc<Core>,
+}
+
+/// A pool's stream pools.
+pub(super) struct StreamPools {
+    siblings: Arc<Siblings>,
+    /// At most `pool_stream_pools` slots, filled in order.
+    slots: Box<[OnceLock<StreamPool>]>,
+    /// Held while a slot is filled.
+    making: Mutex<()>,
+}
+
+impl StreamPools {
+    /// Up to `bound` stream pools made by `siblings` (0: none).
+    pub(super) fn new(siblings: Arc<Siblings>, bound: usize) -> StreamPools {
+        let bound = if siblings.enabled() { bound } else { 0 };
+        StreamPools {
+            siblings,
+            slots: (0..bound).map(|_| OnceLock::new()).collect(),
+            making: Mutex::new(()),
+        }
+    }
+
+    /// The pool of `stream`, made with `config` (the parent's) on its first
+    /// allocation; `None` for a default stream, a stream past the bound, or
+    /// with stream pools off (the parent serves those).
+    pub(super) fn pool_of(
+        &self,
+        stream: CUstream,
+        config: &PoolConfig,
+    ) -> Result<Option<&Arc<Core>>> {
+        if self.slots.is_empty() || is_default_stream(stream) {
+            return Ok(None);
+        }
+        let key = stream.0 as usize;
+        if let Some(p) = self.find(key) {
+            return Ok(Some(p));
+        }
+        let _making = self.making.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in self.slots.iter() {
+            match slot.get() {
+                Some(p) if p.stream == key => return Ok(Some(&p.core)),
+                Some(_) => continue,
+                None => {
+                    let mut config = *config;
+                    config.segments.one_range = false;
+                    let core = self.siblings.make(config, "a stream pool")?;
+                    let _ = slot.set(StreamPool { stream: key, core });
+                    return Ok(slot.get().map(|p| &p.core));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The pool of the stream with handle `key`, if made.
+    fn find(&self, key: usize) -> Option<&Arc<Core>> {
+        for slot in self.slots.iter() {
+            match slot.get() {
+                Some(p) if p.stream == key => return Some(&p.core),
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+        None
+    }
+
+    /// The stream pools made so far.
+    pub(super) fn all(&self) -> impl Iterator<Item = &StreamPool> {
+        self.slots.iter().map_while(OnceLock::get)
+    }
+}
+
+/// Whether `stream` is a default stream (null, legacy or per-thread).
+fn is_default_stream(stream: CUstream) -> bool {
+    (stream.0 as usize) <= emm_sys::CU_STREAM_PER_THREAD.0 as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::Family;
+    use crate::pool::siblings::Recipe;
+
+    fn pools(bound: usize) -> StreamPools {
+        let siblings = Siblings::new(
+            Recipe::Host {
+                capacity: 1 << 30,
+                touch: false,
+            },
+            Arc::new(Family::default()),
+        );
+        StreamPools::new(Arc::new(siblings), bound)
+    }
+
+    #[test]
+    fn default_streams_and_streams_past_the_bound_stay_with_the_parent() {
+        let p = pools(2);
+        let c = PoolConfig::default();
+        for s in [0usize, 1, 2] {
+            assert!(p.pool_of(CUstream(s as *mut _), &c).unwrap().is_none());
+        }
+        let a = Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap().unwrap());
+        let b = Arc::as_ptr(p.pool_of(CUstream(0x200 as *mut _), &c).unwrap().unwrap());
+        assert_ne!(a, b, "two streams, two pools");
+        assert_eq!(
+            a,
+            Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap().unwrap()),
+            "a stream keeps its pool"
+        );
+        assert!(
+            p.pool_of(CUstream(0x300 as *mut _), &c).unwrap().is_none(),
+            "past the bound"
+        );
+        assert_eq!(p.all().count(), 2);
+        assert!(
+            pools(0)
+                .pool_of(CUstream(0x100 as *mut _), &c)
+                .unwrap()
+                .is_none(),
+            "off"
+        );
+    }
+}

@@ -1,0 +1,300 @@
+//! Stream pools (`pool_stream_pools`) over the host stand-in: each created
+//! stream up to the bound allocates from a pool of its own; statistics,
+//! trim and the byte limit cover them all; a request that one pool cannot
+//! serve takes the other pools' free memory first.
+
+use emm_core::{DeviceAllocation, MemoryManager};
+use emm_pool::{round_size, PoolConfig, PoolManager};
+use emm_sys::CUstream;
+use proptest::prelude::*;
+use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
+
+const MIB: usize = 1 << 20;
+
+fn stream(n: usize) -> CUstream {
+    CUstream(n as *mut core::ffi::c_void)
+}
+
+fn pool(stream_pools: usize, limit: Option<usize>) -> PoolManager {
+    let config = PoolConfig {
+        stream_pools,
+        limit,
+        ..PoolConfig::default()
+    };
+    PoolManager::host(1 << 34, config).unwrap()
+}
+
+#[test]
+fn each_created_stream_allocates_from_memory_of_its_own() {
+    let p = pool(2, None);
+    let a = p.memalloc_async(8 * MIB, stream(0x10)).unwrap();
+    let b = p.memalloc_async(8 * MIB, stream(0x20)).unwrap();
+    let c = p.memalloc_async(8 * MIB, stream(0x30)).unwrap();
+    let d = p.memalloc_async(8 * MIB, stream(0)).unwrap();
+    let segment_of = |x: &DeviceAllocation| {
+        p.snapshot()
+            .segments
+            .iter()
+            .find(|s| s.address <= x.ptr() && x.ptr() < s.address + s.total_size as u64)
+            .map(|s| s.address)
+            .unwrap()
+    };
+    let (sa, sb, sc, sd) = (
+        segment_of(&a),
+        segment_of(&b),
+        segment_of(&c),
+        segment_of(&d),
+    );
+    assert_ne!(sa, sb, "two created streams share no segment");
+    assert_ne!(sa, sc);
+    assert_ne!(sb, sc);
+    // The stream past the bound (0x30) and the null stream share the pool's own.
+    assert_eq!(
+        sc, sd,
+        "past the bound, a stream shares the pool's own memory"
+    );
+    drop((a, b, c, d));
+    p.check().unwrap();
+    assert_eq!(p.stats().allocated_bytes, 0);
+    p.trim();
+    assert_eq!(
+        p.stats().reserved_bytes,
+        0,
+        "trim covers every stream's pool"
+    );
+}
+
+#[test]
+fn the_reserved_peak_is_the_peak_of_the_sum() {
+    let p = pool(4, None);
+    let a = p.memalloc_async(64 * MIB, stream(0x10)).unwrap();
+    drop(a);
+    p.trim();
+    let b = p.memalloc_async(64 * MIB, stream(0x20)).unwrap();
+    let s = p.stats();
+    assert!(s.reserved_bytes_peak >= 64 * MIB);
+    assert!(
+        s.reserved_bytes_peak < 96 * MIB,
+        "two pools' 64 MiB at different times peak once, not twice: {}",
+        s.reserved_bytes_peak
+    );
+    assert!(
+        s.allocated_bytes_peak < 96 * MIB,
+        "{}",
+        s.allocated_bytes_peak
+    );
+    drop(b);
+    p.reset_peak_stats();
+    assert_eq!(p.stats().reserved_bytes_peak, p.stats().reserved_bytes);
+}
+
+#[test]
+fn a_request_takes_another_streams_free_memory_under_the_limit() {
+    let p = pool(4, Some(100 * MIB));
+    let a = p.memalloc_async(70 * MIB, stream(0x10)).unwrap();
+    drop(a);
+    assert!(
+        p.stats().reserved_bytes >= 70 * MIB,
+        "kept cached by stream 0x10's pool"
+    );
+    let b = p
+        .memalloc_async(70 * MIB, stream(0x20))
+        .expect("stream 0x10's free memory goes back for stream 0x20");
+    assert!(p.stats().reserved_bytes <= 100 * MIB);
+    // A request no trim can make room for is still refused, typed.
+    let e = p.memalloc_async(70 * MIB, stream(0x10)).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    drop(b);
+    p.check().unwrap();
+}
+
+#[test]
+fn the_setting_turns_stream_pools_on() {
+    // (No other test of this binary reads the environment.)
+    std::env::set_var("EMM_POOL_STREAM_POOLS", "3");
+    assert_eq!(PoolConfig::from_env().unwrap().stream_pools, 3);
+    std::env::set_var("EMM_POOL_STREAM_POOLS", "many");
+    let e = PoolConfig::from_env().unwrap_err().to_string();
+    std::env::remove_var("EMM_POOL_STREAM_POOLS");
+    assert!(e.contains("EMM_POOL_STREAM_POOLS"), "{e}");
+}
+
+// Model: blocks on the null stream, two created streams with pools of their
+// own and one past the bound, under a byte limit.
+
+const LIMIT: usize = 96 * MIB;
+const STREAMS: [usize; 4] = [0, 0x10, 0x20, 0x30];
+
+#[derive(Clone, Debug)]
+enum Step {
+    Alloc(usize, usize),
+    Free(usize),
+    Trim,
+    ResetPeaks,
+}
+
+#[derive(Clone, Debug)]
+struct Model {
+    cache: bool,
+    live: usize,
+}
+
+struct Reference;
+
+impl ReferenceStateMachine for Reference {
+    type State = Model;
+    type Transition = Step;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        any::<bool>()
+            .prop_map(|cache| Model { cache, live: 0 })
+            .boxed()
+    }
+
+    fn transitions(state: &Model) -> BoxedStrategy<Step> {
+        let n = state.live.max(1);
+        let size = prop_oneof![1usize..(1 << 20), (1usize << 20)..(30 << 20)];
+        prop_oneof![
+            6 => (size, 0..STREAMS.len()).prop_map(|(s, i)| Step::Alloc(s, STREAMS[i])),
+            5 => (0..n).prop_map(Step::Free),
+            1 => Just(Step::Trim),
+            1 => Just(Step::ResetPeaks),
+        ]
+        .boxed()
+    }
+
+    fn preconditions(state: &Model, step: &Step) -> bool {
+        match step {
+            Step::Free(i) => *i < state.live,
+            _ => true,
+        }
+    }
+
+    fn apply(mut m: Model, step: &Step) -> Model {
+        match step {
+            Step::Alloc(..) => m.live += 1,
+            Step::Free(_) => m.live -= 1,
+            _ => {}
+        }
+        m
+    }
+}
+
+struct Sut {
+    pool: PoolManager,
+    live: Vec<DeviceAllocation>,
+}
+
+impl StateMachineTest for Sut {
+    type SystemUnderTest = Sut;
+    type Reference = Reference;
+
+    fn init_test(m: &Model) -> Sut {
+        let config = PoolConfig {
+            stream_pools: 2,
+            limit: Some(LIMIT),
+            thread_cache_blocks: if m.cache { 4 } else { 0 },
+            ..PoolConfig::default()
+        };
+        Sut {
+            pool: PoolManager::host(1 << 34, config).unwrap(),
+            live: Vec::new(),
+        }
+    }
+
+    fn apply(mut sut: Sut, _m: &Model, step: Step) -> Sut {
+        match step {
+            Step::Alloc(size, st) => match sut.pool.memalloc_async(size, stream(st)) {
+                Ok(a) => {
+                    assert_eq!(a.size(), size);
+                    sut.live.push(a);
+                }
+                Err(e) => {
+                    assert!(e.is_out_of_memory(), "{e}");
+                    let live: usize = sut.live.iter().map(|a| round_size(a.size())).sum();
+                    // Refused only near the limit: every other pool's free
+                    // memory went back first.
+                    assert!(
+                        live + round_size(size) > LIMIT / 2,
+                        "{size} bytes refused with {live} live under a {LIMIT}-byte limit"
+                    );
+                    // SAFETY: owns nothing (keeps the model's count).
+                    sut.live.push(unsafe {
+                        DeviceAllocation::from_raw_parts(0, 0, stream(st), |_, _, _| {})
+                    });
+                }
+            },
+            Step::Free(i) => drop(sut.live.remove(i)),
+            Step::Trim => {
+                sut.pool.trim();
+            }
+            Step::ResetPeaks => sut.pool.reset_peak_stats(),
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, m: &Model) {
+        sut.pool.check().unwrap();
+        let mut ranges: Vec<(u64, u64)> = sut
+            .live
+            .iter()
+            .filter(|a| a.size() > 0)
+            .map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64))
+            .collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "live blocks overlap: {:#x?} {:#x?}",
+                w[0],
+                w[1]
+            );
+        }
+        let user: usize = sut
+            .live
+            .iter()
+            .filter(|a| a.size() > 0)
+            .map(|a| round_size(a.size()))
+            .sum();
+        let s = sut.pool.stats();
+        if m.cache {
+            assert!(s.allocated_bytes >= user);
+        } else {
+            assert_eq!(
+                s.allocated_bytes, user,
+                "allocated bytes add up over the pools"
+            );
+        }
+        assert!(s.reserved_bytes >= s.allocated_bytes);
+        assert!(
+            s.reserved_bytes <= LIMIT,
+            "the family's limit holds: {}",
+            s.reserved_bytes
+        );
+        assert!(s.reserved_bytes_peak >= s.reserved_bytes);
+        assert!(s.active_bytes_peak >= s.active_bytes);
+        assert!(s.allocated_bytes_peak >= s.allocated_bytes);
+        let segments: usize = sut
+            .pool
+            .snapshot()
+            .segments
+            .iter()
+            .map(|x| x.total_size)
+            .sum();
+        assert_eq!(segments, s.reserved_bytes, "segments sum to reserved bytes");
+    }
+
+    fn teardown(mut sut: Sut, _m: Model) {
+        sut.live.clear();
+        sut.pool.trim();
+        let s = sut.pool.stats();
+        assert_eq!(s.allocated_bytes, 0, "every block came back");
+        assert_eq!(s.reserved_bytes, 0, "trim gave every pool's memory back");
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+    #[test]
+    fn stream_pools_match_their_model(sequential 1..60 => Sut);
+}
