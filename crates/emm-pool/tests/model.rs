@@ -15,6 +15,8 @@ use emm_sys::CUstream;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
+mod common;
+
 const CAPACITY: usize = 256 << 20;
 
 #[derive(Clone, Debug)]
@@ -196,37 +198,8 @@ impl StateMachineTest for Sut {
     fn check_invariants(sut: &Sut, m: &Model) {
         sut.pool.check().unwrap();
         assert_eq!(sut.live.len(), m.live.len());
-        let mut ranges: Vec<(u64, u64)> = sut
-            .live
-            .iter()
-            .filter(|a| a.size() > 0)
-            .map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64))
-            .collect();
-        ranges.sort();
-        for w in ranges.windows(2) {
-            assert!(
-                w[0].1 <= w[1].0,
-                "live blocks overlap: {:#x?} {:#x?}",
-                w[0],
-                w[1]
-            );
-        }
-        let user_live: usize = sut
-            .live
-            .iter()
-            .filter(|a| a.size() > 0)
-            .map(|a| round_size(a.size()))
-            .sum();
+        common::check_live_blocks(&sut.pool, &sut.live, m.cache);
         let stats = sut.pool.stats();
-        if m.cache {
-            assert!(
-                stats.allocated_bytes >= user_live,
-                "allocated {} < live {user_live}",
-                stats.allocated_bytes
-            );
-        } else {
-            assert_eq!(stats.allocated_bytes, user_live, "allocated bytes add up");
-        }
         assert!(stats.reserved_bytes >= stats.allocated_bytes);
         assert_eq!(
             stats.reserved_bytes,

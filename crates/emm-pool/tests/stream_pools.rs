@@ -9,6 +9,8 @@ use emm_sys::CUstream;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
+mod common;
+
 const MIB: usize = 1 << 20;
 
 fn stream(n: usize) -> CUstream {
@@ -235,36 +237,8 @@ impl StateMachineTest for Sut {
 
     fn check_invariants(sut: &Sut, m: &Model) {
         sut.pool.check().unwrap();
-        let mut ranges: Vec<(u64, u64)> = sut
-            .live
-            .iter()
-            .filter(|a| a.size() > 0)
-            .map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64))
-            .collect();
-        ranges.sort();
-        for w in ranges.windows(2) {
-            assert!(
-                w[0].1 <= w[1].0,
-                "live blocks overlap: {:#x?} {:#x?}",
-                w[0],
-                w[1]
-            );
-        }
-        let user: usize = sut
-            .live
-            .iter()
-            .filter(|a| a.size() > 0)
-            .map(|a| round_size(a.size()))
-            .sum();
+        common::check_live_blocks(&sut.pool, &sut.live, m.cache);
         let s = sut.pool.stats();
-        if m.cache {
-            assert!(s.allocated_bytes >= user);
-        } else {
-            assert_eq!(
-                s.allocated_bytes, user,
-                "allocated bytes add up over the pools"
-            );
-        }
         assert!(s.reserved_bytes >= s.allocated_bytes);
         assert!(
             s.reserved_bytes <= LIMIT,

@@ -234,13 +234,7 @@ impl PoolManager {
             s.absorb(&core_stats(c, &mut arena));
         }
         if !siblings.is_empty() {
-            let (reserved, active) = self.family.peaks();
-            s.reserved_bytes_peak = reserved.max(s.reserved_bytes);
-            s.active_bytes_peak = active.max(s.active_bytes);
-            s.allocated_bytes_peak = s
-                .allocated_bytes_peak
-                .min(s.active_bytes_peak)
-                .max(s.allocated_bytes);
+            family_peaks(&mut s, &self.family);
         }
         s
     }
@@ -303,13 +297,7 @@ impl PoolManager {
             trace.extend(a.history.entries());
         }
         if !siblings.is_empty() {
-            let (reserved, active) = self.family.peaks();
-            stats.reserved_bytes_peak = reserved.max(stats.reserved_bytes);
-            stats.active_bytes_peak = active.max(stats.active_bytes);
-            stats.allocated_bytes_peak = stats
-                .allocated_bytes_peak
-                .min(stats.active_bytes_peak)
-                .max(stats.allocated_bytes);
+            family_peaks(&mut stats, &self.family);
         }
         segments.sort_by_key(|s| s.address);
         // (Stable: each pool's entries keep their order at equal times.)
@@ -383,6 +371,19 @@ impl PoolManager {
         }
         released
     }
+}
+
+/// Puts the family's peaks into `s`, the summed statistics of its pools:
+/// reserved and active bytes peak at the family's sums (a sum of each pool's
+/// peak only bounds those), and allocated bytes never above active ones.
+fn family_peaks(s: &mut PoolStats, family: &Family) {
+    let (reserved, active) = family.peaks();
+    s.reserved_bytes_peak = reserved.max(s.reserved_bytes);
+    s.active_bytes_peak = active.max(s.active_bytes);
+    s.allocated_bytes_peak = s
+        .allocated_bytes_peak
+        .min(s.active_bytes_peak)
+        .max(s.allocated_bytes);
 }
 
 /// Trims `core` (see [`PoolManager::trim`]); a paused arena holds no memory to

@@ -2,13 +2,17 @@
 
 use std::sync::Arc;
 
+use emm_core::DeviceAllocation;
 use emm_default::HostUpstream;
-use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
+use emm_pool::{
+    round_size, HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy,
+};
 
 /// A pool over 4 GiB of host memory whose events complete only when the test
 /// says so (`HostEvents::manual`), with the expandable segment or without,
 /// `thread_cache_blocks` per thread and stream, and the segment policy as
 /// `policy` leaves it.
+#[allow(dead_code)] // the model tests make their own pools
 pub fn manual_pool(
     expandable: bool,
     thread_cache_blocks: usize,
@@ -33,4 +37,36 @@ pub fn manual_pool(
     )
     .unwrap();
     (pool, events)
+}
+
+/// Checks the blocks a model test holds (`live`; empty stand-ins for refused
+/// requests have size 0) against `pool`: no two overlap, and the pool counts
+/// them allocated (at least them where threads `cache`, which keeps freed
+/// blocks allocated to the pool). Returns their rounded bytes.
+#[allow(dead_code)] // only the model tests hold blocks this way
+pub fn check_live_blocks(pool: &PoolManager, live: &[DeviceAllocation], cache: bool) -> usize {
+    let held = || live.iter().filter(|a| a.size() > 0);
+    let mut ranges: Vec<(u64, u64)> = held()
+        .map(|a| (a.ptr(), a.ptr() + round_size(a.size()) as u64))
+        .collect();
+    ranges.sort();
+    for w in ranges.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "live blocks overlap: {:#x?} {:#x?}",
+            w[0],
+            w[1]
+        );
+    }
+    let user_live: usize = held().map(|a| round_size(a.size())).sum();
+    let allocated = pool.stats().allocated_bytes;
+    if cache {
+        assert!(
+            allocated >= user_live,
+            "allocated {allocated} < live {user_live}"
+        );
+    } else {
+        assert_eq!(allocated, user_live, "allocated bytes add up");
+    }
+    user_live
 }
