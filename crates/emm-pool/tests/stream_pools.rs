@@ -272,3 +272,42 @@ prop_state_machine! {
     #[test]
     fn stream_pools_match_their_model(sequential 1..60 => Sut);
 }
+
+/// Pieces moved by a growth of stream 0x10 that a freed block cannot serve,
+/// with `big` bytes live on the null stream beside it.
+fn moves_of_a_growth(stream_pools: usize, big: usize) -> usize {
+    let config = PoolConfig {
+        stream_pools,
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    let p = PoolManager::host(1 << 34, config).unwrap();
+    let _big = (big > 0).then(|| p.memalloc_async(big, stream(0)).unwrap());
+    let a = p.memalloc_async(8 * MIB, stream(0x10)).unwrap();
+    let _b = p.memalloc_async(8 * MIB, stream(0x10)).unwrap();
+    drop(a);
+    let before = p.stats().counts.pieces_moved;
+    let _c = p.memalloc_async(24 * MIB, stream(0x10)).unwrap();
+    p.check().unwrap();
+    p.stats().counts.pieces_moved - before
+}
+
+#[test]
+fn a_pool_holding_a_small_share_of_its_family_maps_new_memory_instead_of_moving() {
+    // One pool: the growth moves the freed block's pieces to join the new memory.
+    assert!(
+        moves_of_a_growth(0, 1 << 30) > 0,
+        "a family of one pool moves"
+    );
+    // The stream's own pool, alone in the family: it moves too.
+    assert!(
+        moves_of_a_growth(2, 0) > 0,
+        "a pool that is its family's bulk moves"
+    );
+    // The stream's pool beside a pool 30 times its size: new memory instead.
+    assert_eq!(
+        moves_of_a_growth(2, 1 << 30),
+        0,
+        "a pool under a 32nd of the family moves nothing"
+    );
+}
