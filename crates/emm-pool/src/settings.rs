@@ -126,7 +126,7 @@ pub static STREAM_POOLS: Setting<usize> = Setting::new(
         "EMM_POOL_STREAM_POOLS",
         ValueKind::Count,
         "0",
-        "each created stream, up to n, allocates from a pool of its own in the pool's family; the default streams and streams past n share the pool (0: off)",
+        "each created stream, up to n, allocates its large blocks from a pool of its own in the pool's family; small blocks, the default streams and streams past n share the pool (0: off)",
     ),
     parse::count,
 );

@@ -67,6 +67,31 @@ fn each_created_stream_allocates_from_memory_of_its_own() {
 }
 
 #[test]
+fn a_stream_of_small_blocks_makes_no_pool_of_its_own() {
+    let p = pool(1, None);
+    let segment_of = |x: &DeviceAllocation| {
+        p.snapshot()
+            .segments
+            .iter()
+            .find(|s| s.address <= x.ptr() && x.ptr() < s.address + s.total_size as u64)
+            .map(|s| (s.address, s.large))
+            .unwrap()
+    };
+    let own = p.memalloc_async(8 * MIB, stream(0)).unwrap();
+    let small = p.memalloc_async(4096, stream(0x50)).unwrap();
+    assert!(!segment_of(&small).1, "in one of the pool's small segments");
+    // The one slot is still free: the next stream's large block gets it.
+    let large = p.memalloc_async(8 * MIB, stream(0x60)).unwrap();
+    assert_ne!(
+        segment_of(&large).0,
+        segment_of(&own).0,
+        "stream 0x60 has a pool of its own"
+    );
+    drop((own, small, large));
+    p.check().unwrap();
+}
+
+#[test]
 fn the_reserved_peak_is_the_peak_of_the_sum() {
     let p = pool(4, None);
     let a = p.memalloc_async(64 * MIB, stream(0x10)).unwrap();

@@ -46,9 +46,10 @@ pub struct PoolConfig {
     /// started by its first move. An unmap costs the driver 20-30 us a mapping on an H100
     /// (`python/gpu/benchmarks/vmm_moves.cu`), about a fifth of a move.
     pub background_unmap: bool,
-    /// Each created stream, up to this many, allocates from a pool of its own
-    /// in the pool's family (sharing its byte limit and release threshold); the
-    /// default streams and the streams past the bound share the pool itself
+    /// Each created stream, up to this many, allocates its large blocks (over
+    /// [`SMALL_MAX`](crate::SMALL_MAX)) from a pool of its own in the pool's
+    /// family (sharing its byte limit and release threshold); small blocks,
+    /// the default streams and the streams past the bound share the pool itself
     /// (`pool_stream_pools`; 0, the default: off). See `pool/streams.rs` for
     /// why: streams that allocate in different rhythms then keep no holes in
     /// each other's memory. Statistics, snapshots, trim, reset and the release

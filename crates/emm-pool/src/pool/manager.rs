@@ -21,7 +21,7 @@ use super::stats::PoolStats;
 use super::streams::StreamPools;
 use super::tagged::TagPools;
 use super::upstream::{make_core, PoolUpstream};
-use crate::arena::Arena;
+use crate::arena::{round_size, Arena, SMALL_MAX};
 use crate::family::Family;
 use crate::settings;
 
@@ -174,10 +174,15 @@ impl PoolManager {
         if tag != Tag::DEFAULT && self.tags.enabled() {
             return self.tags.alloc(tag, &self.core.config, size, stream);
         }
-        let core = self
-            .streams
-            .pool_of(stream, &self.core.config)?
-            .unwrap_or(&self.core);
+        // Small requests stay in the pool's own small segments (see
+        // `streams.rs`).
+        let core = if round_size(size) <= SMALL_MAX {
+            &self.core
+        } else {
+            self.streams
+                .pool_of(stream, &self.core.config)?
+                .unwrap_or(&self.core)
+        };
         match core.alloc(size, stream) {
             // Another stream's pool may hold the memory free: it goes back
             // first (a trim of every other pool), then the request is tried once

@@ -45,16 +45,28 @@ pub fn standin_stream(n: u64) -> emm_sys::CUstream {
 /// --device-lag`): the pool's events complete that late.
 #[allow(dead_code)] // only the footprint tests replay through the pool
 pub fn pool_ratios(path: &str, passes: u32, at: &[usize], lag: u64) -> Vec<f64> {
+    pool_ratios_with(path, passes, at, lag, emm_pool::PoolConfig::default())
+}
+
+/// [`pool_ratios`] of a pool built with `config`.
+#[allow(dead_code)] // only the footprint tests replay through the pool
+pub fn pool_ratios_with(
+    path: &str,
+    passes: u32,
+    at: &[usize],
+    lag: u64,
+    config: emm_pool::PoolConfig,
+) -> Vec<f64> {
     use std::sync::Arc;
 
-    use emm_pool::{PoolConfig, PoolManager};
+    use emm_pool::PoolManager;
     use emm_trace::{replay, ReplayOptions};
 
     let t = Trace::open(&data(path), None).unwrap().remove(0);
     let clock = (lag > 0).then(|| Arc::new(emm_core::HostClock::new(lag)));
     let pool = match &clock {
-        Some(c) => PoolManager::host_lagged(1 << 40, PoolConfig::default(), c.clone()),
-        None => PoolManager::host(1 << 40, PoolConfig::default()),
+        Some(c) => PoolManager::host_lagged(1 << 40, config, c.clone()),
+        None => PoolManager::host(1 << 40, config),
     }
     .unwrap();
     let options = ReplayOptions {
