@@ -60,6 +60,11 @@ impl Family {
         shrink(&self.reserved, n);
     }
 
+    /// Bytes in blocks handed out, over the family's arenas.
+    pub(crate) fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
     /// Counts `n` more bytes in blocks handed out.
     pub(crate) fn add_active(&self, n: usize) {
         grow(&self.active, &self.peak_active, n);

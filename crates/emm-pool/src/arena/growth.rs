@@ -268,7 +268,8 @@ impl Arena {
 
     /// Whether this arena's growth moves free pieces: not when it holds less
     /// than a [`MOVE_SHARE`]th of its family's reserved bytes (a stream's or a
-    /// tag's pool beside a larger one). A move costs the driver about what
+    /// tag's pool beside a larger one, or the pool's own beside larger tag
+    /// pools). A move costs the driver about what
     /// mapping new memory does (a map and an access a piece, an unmap later),
     /// and only spares new memory; such a pool's moves spare at most a
     /// [`MOVE_SHARE`]th of the family's footprint, and the pool moves again once

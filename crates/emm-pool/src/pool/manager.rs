@@ -21,7 +21,7 @@ use super::stats::PoolStats;
 use super::streams::StreamPools;
 use super::tagged::TagPools;
 use super::upstream::{make_core, PoolUpstream};
-use crate::arena::{round_size, Arena, SMALL_MAX};
+use crate::arena::{Arena, SMALL_MAX};
 use crate::family::Family;
 use crate::settings;
 
@@ -99,7 +99,6 @@ impl PoolManager {
         Self::with_config(PoolUpstream::Driver(ctx.clone()), PoolConfig::from_env()?)
     }
 
-    /// A pool over `upstream` with `config`.
     /// A pool over `upstream` with `config`. Over a custom upstream, which
     /// cannot be made again, the pool keeps no tag or stream pools (tagged
     /// allocations and every stream come from the pool itself).
@@ -172,31 +171,53 @@ impl PoolManager {
     pub fn alloc(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
         let tag = Tag::current();
         if tag != Tag::DEFAULT && self.tags.enabled() {
-            return self.tags.alloc(tag, &self.core.config, size, stream);
+            let owner = || self.tags.get(tag).map(|t| t.core.clone());
+            return self.with_family_memory(&owner, || {
+                self.tags.alloc(tag, &self.core.config, size, stream)
+            });
         }
         // Small requests stay in the pool's own small segments (see
-        // `streams.rs`).
-        let core = if round_size(size) <= SMALL_MAX {
+        // `streams.rs`; `SMALL_MAX` is a multiple of the rounding, so the
+        // unrounded size decides the same).
+        let core = if size <= SMALL_MAX {
             &self.core
         } else {
             self.streams
-                .pool_of(stream, &self.core.config)?
+                .pool_of(stream, &self.core.config)
                 .unwrap_or(&self.core)
         };
-        match core.alloc(size, stream) {
-            // Another stream's pool may hold the memory free: it goes back
-            // first (a trim of every other pool), then the request is tried once
-            // more.
-            Err(e) if e.is_out_of_memory() && self.streams.all().next().is_some() => {
-                let freed: usize = std::iter::once(&self.core)
-                    .chain(self.streams.all().map(|p| &p.core))
-                    .filter(|c| !Arc::ptr_eq(c, core))
-                    .map(trim_core)
-                    .sum();
+        self.with_family_memory(&|| Some(core.clone()), || core.alloc(size, stream))
+    }
+
+    /// Runs `allocate`, an allocation from the pool `owner` names (the tag's
+    /// pool may be made by the allocation itself). Where it runs out of memory
+    /// and the family has other pools (tag or stream pools), their free memory
+    /// goes back first (a trim of each; paused tags keep theirs) and
+    /// `allocate` runs once more: one stream's or tag's cache never makes
+    /// another's request fail. The refused first try is not counted in
+    /// `num_ooms` (its `oom` history entry stays): only the outcome is.
+    fn with_family_memory(
+        &self,
+        owner: &dyn Fn() -> Option<Arc<Core>>,
+        allocate: impl Fn() -> Result<DeviceAllocation>,
+    ) -> Result<DeviceAllocation> {
+        match allocate() {
+            Err(e) if e.is_out_of_memory() => {
+                let owner = owner();
+                let others: Vec<Arc<Core>> = std::iter::once(self.core.clone())
+                    .chain(self.sibling_cores())
+                    .filter(|c| owner.as_ref().is_none_or(|o| !Arc::ptr_eq(c, o)))
+                    .collect();
+                let freed: usize = others.iter().map(trim_core).sum();
                 if freed == 0 {
                     return Err(e);
                 }
-                core.alloc(size, stream)
+                let r = allocate();
+                if let Some(o) = owner {
+                    let mut arena = o.lock();
+                    arena.stats.ooms = arena.stats.ooms.saturating_sub(1);
+                }
+                r
             }
             r => r,
         }
@@ -433,9 +454,27 @@ impl PoolManager {
                 .sum::<usize>()
     }
 
-    /// Checks the pool's internal consistency (for tests); returns what is wrong.
+    /// Checks the pool's internal consistency (for tests): each pool's, and the
+    /// family's reserved and active bytes against the sums over its pools
+    /// (call it while no other thread allocates or frees). Returns what is
+    /// wrong.
     pub fn check(&self) -> std::result::Result<(), String> {
-        self.core.lock().check()?;
+        let (mut reserved, mut active) = {
+            let a = self.core.lock();
+            a.check()?;
+            (a.stats.reserved, a.stats.live)
+        };
+        for c in self.sibling_cores() {
+            let a = c.lock();
+            reserved += a.stats.reserved;
+            active += a.stats.live;
+        }
+        let (family_reserved, family_active) = (self.family.reserved(), self.family.active());
+        if (family_reserved, family_active) != (reserved, active) {
+            return Err(format!(
+                "the family counts {family_reserved} bytes reserved and {family_active} active; its pools sum to {reserved} and {active}"
+            ));
+        }
         for t in self.tags.all() {
             t.core
                 .lock()
@@ -615,15 +654,14 @@ impl MemoryManager for PoolManager {
         // First: a reset that fails here has changed nothing (its blocks are
         // still the callers', and come back when freed), rather than invalidated
         // blocks it never gave back.
+        // Every pool's event source (a stand-in's may know only its own
+        // pool's streams), before any memory goes back.
+        let siblings = self.sibling_cores();
         self.core.events.synchronize_all()?;
-        self.core.generation.fetch_add(1, Ordering::AcqRel);
-        self.core.give_back_all("reset");
-        for c in self.sibling_cores() {
-            // Each pool's own streams' work too (the pool's own events may not
-            // know a stream pool's).
-            if let Err(e) = c.events.synchronize_all() {
-                tracing::error!(error = %e, "synchronizing a tag or stream pool before its reset failed; resetting it anyway");
-            }
+        for c in &siblings {
+            c.events.synchronize_all()?;
+        }
+        for c in std::iter::once(&self.core).chain(&siblings) {
             c.generation.fetch_add(1, Ordering::AcqRel);
             c.give_back_all("reset");
         }

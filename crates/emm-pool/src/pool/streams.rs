@@ -26,10 +26,18 @@
 //! parent's), and kept while the parent lives; a block is freed into the pool
 //! that made it, whatever stream frees it. Reads take no lock: the slots are
 //! filled once, in order, under `making`.
+//!
+//! What a stream's pool holds stays there until a trim, the release
+//! threshold or another pool's out-of-memory takes it back (as PyTorch's
+//! allocator keeps each stream's cached blocks for that stream): streams that
+//! peak at different times reserve the sum of their peaks. The first streams
+//! to allocate large blocks keep the slots for the pool's life. A stream
+//! handle the driver reuses after a destroy names the same pool, as it names
+//! the same stream's blocks in a shared pool.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use emm_core::Result;
 use emm_sys::CUstream;
 
 use super::config::PoolConfig;
@@ -50,6 +58,19 @@ pub(super) struct StreamPools {
     slots: Box<[OnceLock<StreamPool>]>,
     /// Held while a slot is filled.
     making: Mutex<()>,
+    /// A pool could not be made (logged once): no more are tried, and the
+    /// streams without one share the parent's.
+    gave_up: AtomicBool,
+}
+
+/// What the slots say of a stream.
+enum Lookup<'a> {
+    /// Its pool.
+    Found(&'a Arc<Core>),
+    /// Not there, and every slot is taken.
+    Full,
+    /// Not there; a slot is free.
+    Missing,
 }
 
 impl StreamPools {
@@ -60,51 +81,60 @@ impl StreamPools {
             siblings,
             slots: (0..bound).map(|_| OnceLock::new()).collect(),
             making: Mutex::new(()),
+            gave_up: AtomicBool::new(false),
         }
     }
 
     /// The pool of `stream`, made with `config` (the parent's) on its first
-    /// allocation; `None` for a default stream, a stream past the bound, or
-    /// with stream pools off (the parent serves those).
-    pub(super) fn pool_of(
-        &self,
-        stream: CUstream,
-        config: &PoolConfig,
-    ) -> Result<Option<&Arc<Core>>> {
+    /// large allocation; `None` for a default stream, a stream past the bound,
+    /// with stream pools off, or once a pool could not be made (the parent
+    /// serves those). A stream past the bound takes no lock.
+    pub(super) fn pool_of(&self, stream: CUstream, config: &PoolConfig) -> Option<&Arc<Core>> {
         if self.slots.is_empty() || is_default_stream(stream) {
-            return Ok(None);
+            return None;
         }
         let key = stream.0 as usize;
-        if let Some(p) = self.find(key) {
-            return Ok(Some(p));
+        match self.find(key) {
+            Lookup::Found(p) => return Some(p),
+            Lookup::Full => return None,
+            Lookup::Missing if self.gave_up.load(Ordering::Relaxed) => return None,
+            Lookup::Missing => {}
         }
         let _making = self.making.lock().unwrap_or_else(|p| p.into_inner());
         for slot in self.slots.iter() {
             match slot.get() {
-                Some(p) if p.stream == key => return Ok(Some(&p.core)),
+                Some(p) if p.stream == key => return Some(&p.core),
                 Some(_) => continue,
                 None => {
                     let mut config = *config;
                     config.segments.one_range = false;
-                    let core = self.siblings.make(config, "a stream pool")?;
+                    let core = match self.siblings.make(config, "a stream pool") {
+                        Ok(c) => c,
+                        Err(e) => {
+                            if !self.gave_up.swap(true, Ordering::Relaxed) {
+                                tracing::warn!(error = %e, stream = key, "making a stream's pool failed; streams without one share the pool's own from now on");
+                            }
+                            return None;
+                        }
+                    };
                     let _ = slot.set(StreamPool { stream: key, core });
-                    return Ok(slot.get().map(|p| &p.core));
+                    return slot.get().map(|p| &p.core);
                 }
             }
         }
-        Ok(None)
+        None
     }
 
-    /// The pool of the stream with handle `key`, if made.
-    fn find(&self, key: usize) -> Option<&Arc<Core>> {
+    /// What the slots say of the stream with handle `key`.
+    fn find(&self, key: usize) -> Lookup<'_> {
         for slot in self.slots.iter() {
             match slot.get() {
-                Some(p) if p.stream == key => return Some(&p.core),
+                Some(p) if p.stream == key => return Lookup::Found(&p.core),
                 Some(_) => continue,
-                None => return None,
+                None => return Lookup::Missing,
             }
         }
-        None
+        Lookup::Full
     }
 
     /// The stream pools made so far.
@@ -140,26 +170,23 @@ mod tests {
         let p = pools(2);
         let c = PoolConfig::default();
         for s in [0usize, 1, 2] {
-            assert!(p.pool_of(CUstream(s as *mut _), &c).unwrap().is_none());
+            assert!(p.pool_of(CUstream(s as *mut _), &c).is_none());
         }
-        let a = Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap().unwrap());
-        let b = Arc::as_ptr(p.pool_of(CUstream(0x200 as *mut _), &c).unwrap().unwrap());
+        let a = Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap());
+        let b = Arc::as_ptr(p.pool_of(CUstream(0x200 as *mut _), &c).unwrap());
         assert_ne!(a, b, "two streams, two pools");
         assert_eq!(
             a,
-            Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap().unwrap()),
+            Arc::as_ptr(p.pool_of(CUstream(0x100 as *mut _), &c).unwrap()),
             "a stream keeps its pool"
         );
         assert!(
-            p.pool_of(CUstream(0x300 as *mut _), &c).unwrap().is_none(),
+            p.pool_of(CUstream(0x300 as *mut _), &c).is_none(),
             "past the bound"
         );
         assert_eq!(p.all().count(), 2);
         assert!(
-            pools(0)
-                .pool_of(CUstream(0x100 as *mut _), &c)
-                .unwrap()
-                .is_none(),
+            pools(0).pool_of(CUstream(0x100 as *mut _), &c).is_none(),
             "off"
         );
     }
