@@ -360,3 +360,18 @@ fn a_pool_holding_a_small_share_of_its_family_maps_new_memory_instead_of_moving(
         "a pool under a 32nd of the family moves nothing"
     );
 }
+
+#[test]
+fn a_huge_request_on_a_created_stream_is_a_typed_error() {
+    for n in [0, 4] {
+        let p = pool(n, None);
+        for size in [usize::MAX, usize::MAX / 2, 1 << 62] {
+            let e = p.memalloc_async(size, stream(0x10)).unwrap_err();
+            assert!(
+                matches!(e, emm_core::EmmError::InvalidSize { .. }) || e.is_out_of_memory(),
+                "{size}: {e}"
+            );
+        }
+        p.check().unwrap();
+    }
+}
