@@ -27,7 +27,7 @@ use common::sweep::{max_k, sweep, Kind, Probe, Tally};
 use common::{fixture, snapshot, Fixture};
 
 use emm::core::conformance;
-use emm::{DeviceAllocation, Stream};
+use emm::{DeviceAllocation, MemoryManager, Stream};
 use emm_driver::memory;
 
 /// Positions tried per check and kind in CI (see `EMM_FAULT_SWEEP_MAX_K`).
@@ -133,9 +133,13 @@ fn run(f: &Fixture, name: &str, check: &str, p: &mut Probe<'_>) -> Result<(), St
             }
 
             p.arm();
-            let outcome = conformance::run_check(m.as_ref(), ctx, check)
-                .expect("a check of check_names")
-                .outcome;
+            let outcome = if check == STREAM_POOLS {
+                stream_pools_scenario(m.as_ref(), ctx)
+            } else {
+                conformance::run_check(m.as_ref(), ctx, check)
+                    .expect("a check of check_names")
+                    .outcome
+            };
             p.clear()?;
             // Errors of releases in `Drop` under the fault, kept for the next call
             // to report (a typed outcome, as any other): taken here.
@@ -217,6 +221,54 @@ fn run(f: &Fixture, name: &str, check: &str, p: &mut Probe<'_>) -> Result<(), St
     Ok(())
 }
 
+/// The scenario of stream pools, swept as a check of its own.
+const STREAM_POOLS: &str = "stream_pools";
+
+/// Large blocks on two created streams (a pool of its own each) and on the
+/// null stream, written and read back; the first stream's freed on the
+/// second; a trim; large blocks again on both. Any call may fail under the
+/// fault: a typed error ends the scenario (the caller checks what is left).
+fn stream_pools_scenario(m: &dyn MemoryManager, ctx: &emm::Context) -> Result<(), String> {
+    let streams = [
+        Stream::new(ctx).map_err(e2s)?,
+        Stream::new(ctx).map_err(e2s)?,
+    ];
+    let mut held = Vec::new();
+    for (i, &n) in [(2 << 20) + 9, 6 << 20, (3 << 20) + 1].iter().enumerate() {
+        for (j, s) in streams.iter().enumerate() {
+            let a = m.memalloc_async(n, s.raw()).map_err(e2s)?;
+            let seed = (i * 2 + j) as u64 + 70;
+            fill(ctx, &a, seed)?;
+            held.push((a, seed));
+        }
+    }
+    let big = m.memalloc(4 << 20).map_err(e2s)?;
+    for s in &streams {
+        s.synchronize().map_err(e2s)?;
+    }
+    let all: Vec<&DeviceAllocation> = held.iter().map(|(a, _)| a).chain([&big]).collect();
+    no_overlap(&all)?;
+    for (a, seed) in &held {
+        verify(ctx, a, *seed)?;
+    }
+    // Stream 0's blocks freed after stream 1's work (record_stream's pattern).
+    held.retain(|(a, _)| a.stream() != streams[0].raw());
+    m.release_cached().map_err(e2s)?;
+    for (j, s) in streams.iter().enumerate() {
+        let a = m.memalloc_async(5 << 20, s.raw()).map_err(e2s)?;
+        fill(ctx, &a, 90 + j as u64)?;
+        held.push((a, 90 + j as u64));
+    }
+    for s in &streams {
+        s.synchronize().map_err(e2s)?;
+    }
+    for (a, seed) in &held {
+        verify(ctx, a, *seed)?;
+    }
+    drop(big);
+    Ok(())
+}
+
 fn check_held(ctx: &emm::Context, a: &DeviceAllocation, seed: u64) -> Result<(), String> {
     verify(ctx, a, seed).map_err(|e| format!("a block held across the fault: {e}"))
 }
@@ -249,6 +301,26 @@ fn faults_in_the_conformance_checks_of_default() {
 #[test]
 fn faults_in_the_conformance_checks_of_pool() {
     sweep_manager("pool");
+}
+
+/// Stream pools under every fault of their scenario ([`stream_pools_scenario`]):
+/// the pools' making (events, reservations), growth and trim.
+#[test]
+fn faults_in_stream_pools() {
+    let f = fixture();
+    let started = Instant::now();
+    let mut tally = Tally {
+        known: KNOWN.to_vec(),
+        ..Tally::default()
+    };
+    sweep(
+        "pool-streams/stream_pools",
+        f.s,
+        max_k(CI_MAX_K),
+        &mut tally,
+        |p| run(&f, "pool-streams", STREAM_POOLS, p),
+    );
+    tally.finish("stream pools", started);
 }
 
 #[test]

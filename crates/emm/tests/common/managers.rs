@@ -3,16 +3,24 @@
 use emm::{Context, MemoryManager};
 use emm_default::DefaultManager;
 use emm_hostonly::HostOnlyManager;
-use emm_pool::PoolManager;
+use emm_pool::{PoolConfig, PoolManager, PoolUpstream};
 
 /// Every built-in manager.
 pub const MANAGERS: [&str; 3] = ["default", "pool", "hostonly"];
 
-/// A fresh, initialized manager `name` (one of [`MANAGERS`]) on `ctx`.
+/// A fresh, initialized manager `name` (one of [`MANAGERS`], or
+/// `"pool-streams"`: the pool with four stream pools) on `ctx`.
 pub fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
     let m: Box<dyn MemoryManager> = match name {
         "default" => Box::new(DefaultManager::new(ctx).unwrap()),
         "pool" => Box::new(PoolManager::new(ctx).unwrap()),
+        "pool-streams" => {
+            let config = PoolConfig {
+                stream_pools: 4,
+                ..PoolConfig::from_env().unwrap()
+            };
+            Box::new(PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), config).unwrap())
+        }
         _ => Box::new(HostOnlyManager::new(ctx).unwrap()),
     };
     m.initialize().unwrap();
