@@ -14,13 +14,15 @@
 //! - `streams.rs`: the pools of created streams (`pool_stream_pools`).
 //! - `upstream.rs`: [`PoolUpstream`], and the shared state made over it.
 //! - `manager.rs`: [`PoolManager`] over it.
+//! - `plugin.rs`: [`PoolManager`]'s `MemoryManager` interface.
 //!
-//! Files point one way: `manager` -> `tagged`, `streams` -> `siblings` ->
+//! Files point one way: `plugin` -> `manager` -> `tagged`, `streams` -> `siblings` ->
 //! `upstream` -> `shared` -> `threads`, `source`, `config`;
 //! `stats` and `config` import no other file of the pool.
 
 mod config;
 mod manager;
+mod plugin;
 mod shared;
 mod siblings;
 mod source;
