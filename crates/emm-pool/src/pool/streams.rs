@@ -1,5 +1,5 @@
 //! Stream pools (`pool_stream_pools`): each created stream, up to a bound,
-//! allocates from a pool of its own in the parent's family.
+//! allocates its large blocks from a pool of its own in the parent's family.
 //!
 //! In one pool every stream's blocks share one expandable segment, and a
 //! stream's free blocks serve another stream only once the device has passed
@@ -8,8 +8,9 @@
 //! buffers) then leaves holes of one stream beside blocks of another, and each
 //! pass's best fits see the layout the last pass's moves left: over many
 //! passes the pool keeps moving pieces. Pools kept apart by stream each hold
-//! their own steady layout (replayed, the four-GPU FSDP2 Llama trace held
-//! 1.038x of live against 1.058-1.068x shared, with a third fewer moves; see
+//! their own steady layout (replayed, the four-GPU FSDP2 Llama trace holds
+//! 1.043x of live against 1.058-1.068x shared, with a quarter of the moves
+//! once a small pool stops moving, `Arena::moves_worth_their_calls`; see
 //! `docs/benchmarks.md`).
 //!
 //! Only large requests (over [`SMALL_MAX`](crate::SMALL_MAX)) go to a stream's
