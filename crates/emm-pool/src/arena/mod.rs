@@ -350,7 +350,7 @@ pub(crate) fn stream_id(s: StreamKey) -> usize {
 /// every thread, so an event can be recorded on it at any time. (The per-thread
 /// default stream's keys are [`per_thread_key`]s: the stream of one thread, with
 /// events recorded by that thread at its frees, like a created stream.)
-fn is_default_stream(s: StreamKey) -> bool {
+pub(crate) fn is_default_stream(s: StreamKey) -> bool {
     s <= 1
 }
 

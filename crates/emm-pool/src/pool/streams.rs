@@ -44,6 +44,7 @@ use emm_sys::CUstream;
 use super::config::PoolConfig;
 use super::shared::Core;
 use super::siblings::Siblings;
+use crate::arena;
 
 /// One stream's pool.
 pub(super) struct StreamPool {
@@ -144,9 +145,10 @@ impl StreamPools {
     }
 }
 
-/// Whether `stream` is a default stream (null, legacy or per-thread).
+/// Whether `stream` is a default stream (null, legacy or per-thread), as the
+/// arena judges them.
 fn is_default_stream(stream: CUstream) -> bool {
-    (stream.0 as usize) <= emm_sys::CU_STREAM_PER_THREAD.0 as usize
+    arena::is_default_stream(stream.0 as usize) || arena::is_per_thread(stream)
 }
 
 #[cfg(test)]
