@@ -64,6 +64,22 @@ def test_allocator_work_gives_each_counters_median_and_total_over_the_timed_step
                            "cache_reclaims 2.5 (9), events_recorded 0 (9), pieces_moved 0 (120)"), out
 
 
+def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_by_driver_work(rounds, capsys):
+    # Round 0: expandable is the faster peer (total 6 against native's 9); the
+    # warm-up's change comes first and is left out.
+    results = {
+        ("gpt2", "native"): [{"round": 0, "total_ms": 9.0, "step_ms": [3.0, 3.0, 3.0]}],
+        ("gpt2", "expandable"): [{"round": 0, "total_ms": 6.0, "step_ms": [2.0, 2.0, 2.0]}],
+        ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 9.0, "step_ms": [2.0, 2.2, 5.0],
+                                "step_changes": [{"pieces_moved": 9}, {}, {"events_recorded": 3},
+                                                 {"pieces_moved": 40}]}],
+    }
+    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool | 2 | 1.050 / 1.050 (1.050) | 1 | 2.500 / 2.500 |" in out, out
+    assert "| native |" not in out
+
+
 def _log(path, rounds_and_variants, first):
     """A train_rounds log of one run (started at round `first`) whose processes
     each printed a RESULT line; an earlier, abandoned run comes first."""

@@ -315,10 +315,14 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
     let p = temp("lag.csv", csv.as_bytes());
     // (The thread's cache off: it would keep the freed block for its own stream
     // whatever the lag. Stream 2 grows rather than wait on the host for stream
-    // 1's event, `pool_wait_parked` off, so that the lag shows; with it, below.)
+    // 1's event, `pool_wait_parked` off, so that the lag shows; with it, below.
+    // One shared pool, `pool_stream_pools` 0: with stream pools, on by default,
+    // each stream's large blocks come from a pool of its own and stream 2 never
+    // takes stream 1's block, lag or not; that too is checked below.)
     let replay_with = |lag: &str, json: bool, wait: &str| {
         let mut c = emm();
         c.env("EMM_POOL_THREAD_CACHE", "0")
+            .env("EMM_POOL_STREAM_POOLS", "0")
             .env("EMM_POOL_WAIT_PARKED", wait)
             .args(["replay", "-m", "pool", "--passes", "1", "--device-lag", lag]);
         if json {
@@ -366,6 +370,19 @@ fn device_lag_makes_cross_stream_reuse_wait_as_on_a_gpu() {
         serde_json::from_slice(&replay_with("1000", true, "1").stdout).unwrap();
     let m = &v["traces"][0]["managers"][0];
     assert_eq!(m["peak_reserved_bytes"], 64 << 20, "{m}");
+    // Stream pools (the default): each stream's 64 MiB block comes from its own
+    // pool, so the replay reserves both even with events that complete at once.
+    let o = emm()
+        .env("EMM_POOL_THREAD_CACHE", "0")
+        .args(["replay", "-m", "pool", "--passes", "1", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &v["traces"][0]["managers"][0];
+    assert_eq!(m["peak_reserved_bytes"], 128 << 20, "{m}");
 }
 
 /// Without `--passes`, each manager replays the trace until its peak reserved

@@ -47,7 +47,9 @@ pub use graph::{
     GRAPH_SMALL_MAX, GRAPH_SMALL_SEGMENT,
 };
 pub use lagged_events::LaggedEvents;
-pub use pool::{PoolConfig, PoolManager, PoolStats, PoolUpstream, MAX_STREAM_CACHES};
+pub use pool::{
+    PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES,
+};
 pub use slack::PeakSlack;
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};
 

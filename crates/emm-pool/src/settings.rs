@@ -125,7 +125,7 @@ pub static STREAM_POOLS: Setting<usize> = Setting::new(
         "pool_stream_pools",
         "EMM_POOL_STREAM_POOLS",
         ValueKind::Count,
-        "0",
+        "8",
         "each created stream, up to n, allocates its large blocks from a pool of its own in the pool's family; small blocks, the default streams and streams past n share the pool (0: off)",
     ),
     parse::count,

@@ -317,6 +317,18 @@ def last_run_of(path, args):
     return results
 
 
+# Counters whose change over a step means the allocator called the driver for
+# memory in it (allocations, frees, pieces mapped or moved, synchronizations).
+DRIVER_WORK = ("num_device_alloc", "num_device_free", "pieces_mapped", "pieces_moved", "pieces_unmapped",
+               "device_syncs", "num_alloc_retries")
+
+
+def driver_work(change):
+    """Whether a step's counter changes (`step_changes`) show driver work: where an
+    allocator's own cost can show in a step."""
+    return any(change.get(k) for k in DRIVER_WORK)
+
+
 def tables(args, results):
     world = (f", {args.ddp} GPUs ({'FSDP2' if getattr(args, 'fsdp', False) else 'DDP'})" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
@@ -337,9 +349,7 @@ def tables(args, results):
             # Timed steps whose allocator counters show driver work (allocations,
             # frees, pieces mapped or moved, synchronizations): where an allocator's
             # own cost can show in a step.
-            busy = sum(1 for x in rs for c in x.get("step_changes", [])[-len(x["step_ms"]):]
-                       if any(c.get(k) for k in ("num_device_alloc", "num_device_free", "pieces_mapped",
-                                                 "pieces_moved", "pieces_unmapped", "device_syncs", "num_alloc_retries")))
+            busy = sum(1 for x in rs for c in x.get("step_changes", [])[-len(x["step_ms"]):] if driver_work(c))
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
@@ -353,6 +363,7 @@ def tables(args, results):
         device_time(w, args, results)
         steady(w, args, results)
         fastest_of_rounds(w, args, results)
+        quiet_and_busy(w, args, results)
         hook_time(w, args, results)
         allocator_work(w, args, results)
         paired(w, args, results)
@@ -440,6 +451,48 @@ def fastest_of_rounds(w, args, results):
         total = sum(sums[v][:n])
         rel = f"{total / peer:.3f}" if peer and not is_peer(v) else "-"
         print(f"| {v} | {len(results[(w, v)])} | {total:.1f} | {rel} |")
+
+
+def quiet_and_busy(w, args, results):
+    """Each variant's timed steps against the faster PyTorch variant's step of the
+    same index in the same round (the same shapes, adjacent in time), split by
+    whether the variant's allocator did driver work in the step: what a step that
+    maps or moves memory costs, and what the allocator costs in the steps that do
+    not (there only its host time on the allocation path can differ). Per
+    variant: the median ratio of each kind of step (each round's median of the
+    steps without driver work), and the mean."""
+    peers = [v for v in args.variants if is_peer(v)]
+    others = [v for v in args.variants if v not in peers]
+    if not peers or not others:
+        return
+    lines = []
+    for v in others:
+        quiet, busy, per_round = [], [], []
+        for x in results.get((w, v), []):
+            mates = [y for p in peers for y in results.get((w, p), []) if y["round"] == x["round"]]
+            if not mates:
+                continue
+            best = min(mates, key=lambda y: y["total_ms"])["step_ms"]
+            changes = x.get("step_changes", [])[-len(x["step_ms"]):]
+            if len(changes) != len(x["step_ms"]):
+                continue
+            q = []
+            for t, b, c in zip(x["step_ms"], best, changes):
+                (busy if driver_work(c) else q).append(t / b)
+            quiet += q
+            if q:
+                per_round.append(statistics.median(q))
+        if quiet:
+            lines.append(f"| {v} | {len(quiet)} | {statistics.median(quiet):.3f} / {statistics.mean(quiet):.3f} "
+                         f"({', '.join(f'{m:.3f}' for m in per_round)}) | {len(busy)} | "
+                         + (f"{statistics.median(busy):.3f} / {statistics.mean(busy):.3f} |" if busy else "- |"))
+    if lines:
+        print(f"\n{w}, each timed step / the faster PyTorch variant's step of the same index and round, "
+              f"by whether the allocator did driver work in it:")
+        print("| variant | steps without driver work | their ratio: median / mean (each round's median) "
+              "| steps with driver work | their ratio: median / mean |")
+        print("|---|---|---|---|---|")
+        print("\n".join(lines))
 
 
 SLOW_KINDS = ("locked", "reclaim", "events", "parked", "grew", "none")
