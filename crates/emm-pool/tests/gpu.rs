@@ -216,8 +216,11 @@ fn trim_gives_back_the_idle_middle_and_live_blocks_keep_their_data() {
 #[ignore = "needs a CUDA GPU"]
 fn a_block_freed_on_one_stream_is_reused_on_another_only_after_its_event() {
     let ctx = ctx();
+    // One shared pool: stream pools (the default) keep each created stream's
+    // large blocks apart, so no block would pass between s1 and s2.
     let cfg = PoolConfig {
         thread_cache_blocks: 0,
+        stream_pools: 0,
         ..PoolConfig::default()
     };
     let pool = PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), cfg).unwrap();
@@ -395,8 +398,10 @@ fn a_stream_waits_for_a_busy_streams_parked_block_instead_of_growing() {
     let ctx = ctx();
     let module = emm_driver::Module::load_ptx(&ctx, PTX).unwrap();
     for wait in [false, true] {
+        // One shared pool, as above (stream pools keep s1's block from s2).
         let cfg = PoolConfig {
             thread_cache_blocks: 0,
+            stream_pools: 0,
             segments: SegmentPolicy {
                 wait_parked: wait,
                 ..SegmentPolicy::default()
