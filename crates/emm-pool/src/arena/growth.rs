@@ -82,8 +82,11 @@ impl Arena {
         let base = match self.grow_base {
             Reservation::Unavailable => return Ok(false),
             Reservation::At(b) => b,
-            Reservation::NotYet => match source.reserve(self.policy.expandable_reserve)? {
-                Some(b) => {
+            Reservation::NotYet => match self.reserve_range(size, source) {
+                // Refused: this request takes a segment of its own; the next
+                // growth asks again.
+                Reserved::Refused => return Ok(false),
+                Reserved::At(b, reserve) => {
                     self.grow_base = Reservation::At(b);
                     self.segments.insert(
                         b,
@@ -91,7 +94,7 @@ impl Arena {
                             size: 0,
                             kind: Kind::Large,
                             expandable: Some(Expandable {
-                                reserve: self.policy.expandable_reserve,
+                                reserve,
                                 pieces: Vec::new(),
                             }),
                             retired: 0,
@@ -102,7 +105,7 @@ impl Arena {
                     self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
                     b
                 }
-                None => {
+                Reserved::NoVirtualMemory => {
                     self.grow_base = Reservation::Unavailable;
                     return Ok(false);
                 }
@@ -237,6 +240,43 @@ impl Arena {
         }
         result?;
         Ok(true)
+    }
+
+    /// Reserves the expandable segment's address space for a first growth of
+    /// `request` bytes: [`SegmentPolicy::expandable_reserve`], or where the
+    /// driver refuses that, a quarter of it, and so on while it holds the
+    /// request ([`RESERVE_TRIES`]). A process's address space is finite and
+    /// every pool of every device reserves its own (a stream's and a tag's
+    /// pools too), so a refusal must not fail the request: when every size is
+    /// refused the request is served from a segment of its own (`cuMemAlloc`),
+    /// logged the first time, and the next growth asks again.
+    fn reserve_range(&mut self, request: usize, source: &dyn SegmentSource) -> Reserved {
+        let page = self.policy.large_round.max(1);
+        let mut refused = None;
+        for div in RESERVE_TRIES {
+            let size = self.policy.expandable_reserve / div / page * page;
+            if size < request || size == 0 {
+                break;
+            }
+            match source.reserve(size) {
+                Ok(Some(b)) => return Reserved::At(b, size),
+                Ok(None) => return Reserved::NoVirtualMemory,
+                Err(e) => refused = Some((size, e)),
+            }
+        }
+        match refused {
+            Some((size, e)) if !self.reserve_refused => {
+                self.reserve_refused = true;
+                tracing::warn!(
+                    error = %e,
+                    smallest = size,
+                    "the driver refused the expandable segment's address space; large blocks take segments of their own until a reservation succeeds"
+                );
+            }
+            // No size held the request: the request takes a segment of its own.
+            _ => {}
+        }
+        Reserved::Refused
     }
 
     /// Where growth for `size` bytes of `stream` maps memory, the free pieces it
@@ -843,6 +883,21 @@ fn fresh_pieces(bytes: usize, page: usize, request: usize) -> Vec<usize> {
         out.push((pages % per) * page);
     }
     out
+}
+
+/// Divisors of [`SegmentPolicy::expandable_reserve`] tried, in order, when the
+/// driver refuses a reservation (`Arena::reserve_range`): 1 TiB by default,
+/// then 256, 64 and 16 GiB.
+const RESERVE_TRIES: [usize; 4] = [1, 4, 16, 64];
+
+/// What `Arena::reserve_range` got.
+enum Reserved {
+    /// Address space at this base, of this many bytes.
+    At(CUdeviceptr, usize),
+    /// The upstream has no virtual memory: never ask again.
+    NoVirtualMemory,
+    /// The driver refused every size tried: ask again at the next growth.
+    Refused,
 }
 
 /// Pages in a piece of new memory, at most (see `fresh_pieces`).

@@ -428,6 +428,9 @@ pub(crate) struct Arena {
     pub policy: SegmentPolicy,
     /// The expandable segment's address space.
     grow_base: Reservation,
+    /// The driver refused the expandable segment's address space once (logged
+    /// then; see `Arena::reserve_range`).
+    reserve_refused: bool,
     /// Old mappings of moved pieces, waiting for the work queued on them (see
     /// `retire.rs`).
     retiring: Vec<retire::Retiring>,
@@ -456,8 +459,7 @@ enum Reservation {
     /// Not asked for yet: the first growth reserves it.
     #[default]
     NotYet,
-    /// None to be had (no virtual memory, or the driver refused the
-    /// reservation): not asked for again.
+    /// None to be had (no virtual memory): not asked for again.
     Unavailable,
     /// Reserved at this base.
     At(CUdeviceptr),

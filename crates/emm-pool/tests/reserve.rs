@@ -1,0 +1,157 @@
+//! The expandable segment's address space when the driver refuses it: a
+//! process's address space is finite, and every pool of every device (a
+//! stream's and a tag's pools too) reserves its own. A refused reservation
+//! never fails the request: the pool takes a smaller reservation, or serves the
+//! request from a segment of its own and asks again at its next growth.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emm_core::{MemoryManager, Result};
+use emm_default::HostUpstream;
+use emm_pool::{
+    HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy, VirtualMemory,
+};
+use emm_sys::{CUdeviceptr, CUstream};
+
+const MIB: usize = 1 << 20;
+const GIB: usize = 1 << 30;
+
+/// Host virtual memory that refuses any reservation above `cap` bytes, as a
+/// driver out of address space does, and notes every reservation asked for
+/// and every one made.
+struct Capped {
+    inner: HostVmm,
+    cap: Arc<AtomicUsize>,
+    asked: Arc<Mutex<Vec<usize>>>,
+    made: Arc<Mutex<Vec<(CUdeviceptr, usize)>>>,
+}
+
+impl VirtualMemory for Capped {
+    fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
+        self.asked.lock().unwrap().push(size);
+        if size > self.cap.load(Ordering::Relaxed) {
+            return Err(emm_core::EmmError::OutOfMemory {
+                what: "address space",
+                manager: "test".into(),
+                requested: size,
+                free: 0,
+                total: 0,
+                detail: "a refusal the test injects".into(),
+            });
+        }
+        let b = self.inner.reserve(size)?;
+        self.made.lock().unwrap().push((b, size));
+        Ok(b)
+    }
+    fn map(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.inner.map(addr, len)
+    }
+    fn alias(&self, src: CUdeviceptr, dst: CUdeviceptr, len: usize) -> Result<()> {
+        self.inner.alias(src, dst, len)
+    }
+    fn unmap(&self, addr: CUdeviceptr, len: usize) -> Result<()> {
+        self.inner.unmap(addr, len)
+    }
+}
+
+struct Setup {
+    pool: PoolManager,
+    cap: Arc<AtomicUsize>,
+    asked: Arc<Mutex<Vec<usize>>>,
+    made: Arc<Mutex<Vec<(CUdeviceptr, usize)>>>,
+}
+
+/// A pool reserving `reserve` bytes of address space for its expandable
+/// segment, over host virtual memory that refuses reservations above `cap`.
+fn setup(reserve: usize, cap: usize) -> Setup {
+    let host = Arc::new(HostUpstream::new(4 << 30, false));
+    let (cap, asked, made) = (
+        Arc::new(AtomicUsize::new(cap)),
+        Arc::default(),
+        Arc::default(),
+    );
+    let vmm = Capped {
+        inner: HostVmm::new(host.clone()),
+        cap: Arc::clone(&cap),
+        asked: Arc::clone(&asked),
+        made: Arc::clone(&made),
+    };
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expandable_reserve: reserve,
+            ..SegmentPolicy::default()
+        },
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    let pool = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(host),
+            Box::new(Arc::new(HostEvents::immediate())),
+            Some(Box::new(vmm)),
+            None,
+        ),
+        config,
+    )
+    .unwrap();
+    Setup {
+        pool,
+        cap,
+        asked,
+        made,
+    }
+}
+
+/// The legacy default stream.
+fn stream() -> CUstream {
+    CUstream(std::ptr::null_mut())
+}
+
+/// Whether `addr` lies in a reservation `made` holds.
+fn in_reservation(made: &[(CUdeviceptr, usize)], addr: CUdeviceptr) -> bool {
+    made.iter()
+        .any(|&(b, len)| addr >= b && addr < b + len as u64)
+}
+
+#[test]
+fn a_refused_reservation_is_asked_again_a_quarter_the_size() {
+    let s = setup(64 * GIB, 20 * GIB);
+    let a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    // 64 GiB refused, 16 GiB made: the block is in the expandable segment.
+    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB, 16 * GIB]);
+    let made = s.made.lock().unwrap().clone();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].1, 16 * GIB);
+    assert!(in_reservation(&made, a.ptr()), "{:#x} {made:?}", a.ptr());
+    assert_eq!(s.pool.stats().num_ooms, 0);
+    s.pool.check().unwrap();
+}
+
+#[test]
+fn with_no_address_space_a_request_takes_a_segment_and_the_next_growth_asks_again() {
+    let s = setup(64 * GIB, 0);
+    // Every size refused (64, 16, 4 and 1 GiB): a segment of its own, no error.
+    let a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    assert_eq!(
+        *s.asked.lock().unwrap(),
+        vec![64 * GIB, 16 * GIB, 4 * GIB, GIB]
+    );
+    assert!(s.made.lock().unwrap().is_empty());
+    assert_eq!(s.pool.stats().num_ooms, 0);
+    // A reservation smaller than the request is not asked for.
+    s.asked.lock().unwrap().clear();
+    let big = s.pool.memalloc_async(2 * GIB, stream()).unwrap();
+    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB, 16 * GIB, 4 * GIB]);
+    drop(big);
+    // The address space comes back: the next growth reserves and maps there.
+    s.cap.store(usize::MAX, Ordering::Relaxed);
+    let b = s.pool.memalloc_async(128 * MIB, stream()).unwrap();
+    let made = s.made.lock().unwrap().clone();
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert!(in_reservation(&made, b.ptr()));
+    assert!(!in_reservation(&made, a.ptr()));
+    s.pool.check().unwrap();
+    drop((a, b));
+    s.pool.check().unwrap();
+}
