@@ -55,23 +55,26 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // rank 0, recorded under expandable segments (`train_bench.py --ddp --fsdp
     // --snapshot`, run 196) through `snapshot_to_csv.py`. PyTorch's figure is its
     // peak reserved in that recording (16 and 28 steps), not a 100-pass replay.
-    // The 1.1 B-parameter Llama (TinyLlama's shape) reaches 1.056 after 100
-    // passes with events that complete at once (1.047 after 10); with a device
-    // behind the host, as on the GPU, it holds 1.05 (`device_lag.rs`).
+    // The 1.1 B-parameter Llama (TinyLlama's shape): with stream pools (the
+    // default) 1.039 / 1.041 / 1.042 after 1 / 10 / 100 passes; with one shared
+    // pool it reaches 1.056 after 100 passes with events that complete at once
+    // (`with_one_shared_pool_the_multi_stream_traces_hold_todays_ceilings`).
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
         1.062,
-        Some(1.057),
+        None,
     ),
     ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122, None),
     // The same model under FSDP2 on four H100s, rank 0 (run 219: 12 steps under
     // expandable segments, `train_bench.py --ddp --fsdp --snapshot`, through
     // `snapshot_to_csv.py`); PyTorch's figure is its peak reserved in that
-    // recording. The pool drifts from 1.029 after one pass to 1.068 after 100.
+    // recording. With stream pools (the default) 1.042 / 1.043 / 1.044 after 1 /
+    // 10 / 100 passes; one shared pool drifts from 1.029 after one pass to 1.068
+    // after 100.
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
         1.069,
-        Some(1.068),
+        None,
     ),
 ];
 
@@ -118,39 +121,53 @@ fn every_recorded_trace_holds_its_footprint_at_1_10_and_100_passes() {
 }
 
 /// The traces of jobs whose streams allocate apart (FSDP2's all-gather and
-/// reduce-scatter streams; the midway snapshot's side stream), with stream
-/// pools (`pool_stream_pools`, off by default): each holds the bound at 1, 10
-/// and 100 passes, the two Llama traces where the shared pool does not
-/// (their ceilings in [`TRACES`]).
+/// reduce-scatter streams; the midway snapshot's side stream) with one shared
+/// pool (`pool_stream_pools` 0, the setting for streams that share memory by
+/// turns): held at 1, 10 and 100 passes to the bound, or to today's ceiling
+/// where the shared pool misses it (the two Llama traces, which stream pools,
+/// the default, hold to the bound in
+/// [`every_recorded_trace_holds_its_footprint_at_1_10_and_100_passes`]).
 #[test]
-fn with_stream_pools_the_multi_stream_traces_hold_the_bound() {
-    const MULTI_STREAM: &[&str] = &[
-        "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
-        "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
-        "emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv",
-        "emm-trace/tests/fixtures/h200_train_midway.pickle",
+fn with_one_shared_pool_the_multi_stream_traces_hold_todays_ceilings() {
+    const MULTI_STREAM: &[(&str, Option<f64>)] = &[
+        (
+            "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
+            Some(1.057),
+        ),
+        (
+            "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
+            Some(1.068),
+        ),
+        ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", None),
+        ("emm-trace/tests/fixtures/h200_train_midway.pickle", None),
     ];
     let config = emm_pool::PoolConfig {
-        stream_pools: 8,
+        stream_pools: 0,
         ..emm_pool::PoolConfig::default()
     };
-    let results: Vec<(&str, Vec<f64>)> = std::thread::scope(|s| {
+    let results: Vec<(&str, Option<f64>, Vec<f64>)> = std::thread::scope(|s| {
         let handles: Vec<_> = MULTI_STREAM
             .iter()
-            .map(|&path| {
-                s.spawn(move || (path, pool_ratios_with(path, 100, &[1, 10, 100], 0, config)))
+            .map(|&(path, known)| {
+                s.spawn(move || {
+                    (
+                        path,
+                        known,
+                        pool_ratios_with(path, 100, &[1, 10, 100], 0, config),
+                    )
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut failures = Vec::new();
-    for (path, r) in results {
+    for (path, known, r) in results {
         let expandable = TRACES.iter().find(|t| t.0 == path).map(|t| t.1).unwrap();
         println!(
-            "{path} with stream pools: reserved/live {:.3} (1 pass), {:.3} (10), {:.3} (100); expandable segments {expandable:.3}",
+            "{path} with one shared pool: reserved/live {:.3} (1 pass), {:.3} (10), {:.3} (100); expandable segments {expandable:.3}",
             r[0], r[1], r[2]
         );
-        let ceiling = BOUND.min(expandable * TIE);
+        let ceiling = known.unwrap_or(BOUND).min(expandable * TIE);
         for (passes, ratio) in [1, 10, 100].into_iter().zip(r) {
             if ratio > ceiling {
                 failures.push(format!(
