@@ -80,6 +80,17 @@ def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_b
     assert "| native |" not in out
 
 
+def test_a_variant_with_driver_work_in_every_step_still_has_its_row(rounds, capsys):
+    results = {
+        ("gpt2", "expandable"): [{"round": 0, "total_ms": 4.0, "step_ms": [2.0, 2.0]}],
+        ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 6.0, "step_ms": [3.0, 3.0],
+                                "step_changes": [{"pieces_moved": 1}, {"pieces_mapped": 2}]}],
+    }
+    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool | 0 | - | 2 | 1.500 / 1.500 |" in out, out
+
+
 def _log(path, rounds_and_variants, first):
     """A train_rounds log of one run (started at round `first`) whose processes
     each printed a RESULT line; an earlier, abandoned run comes first."""

@@ -1,10 +1,11 @@
 //! The expandable segment's address space when the driver refuses it: a
 //! process's address space is finite, and every pool of every device (a
-//! stream's and a tag's pools too) reserves its own. A refused reservation
-//! never fails the request: the pool takes a smaller reservation, or serves the
-//! request from a segment of its own and asks again at its next growth.
+//! stream's and a tag's pools too) reserves its own. A refusal for want of
+//! address space never fails the request: the pool takes a smaller
+//! reservation, or serves requests from segments of their own until a trim or
+//! a reset asks again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{MemoryManager, Result};
@@ -23,6 +24,10 @@ const GIB: usize = 1 << 30;
 struct Capped {
     inner: HostVmm,
     cap: Arc<AtomicUsize>,
+    /// Every reservation fails as a driver without virtual memory management.
+    unsupported: Arc<AtomicBool>,
+    /// Every reservation fails with an error that is not for want of memory.
+    other: Arc<AtomicBool>,
     asked: Arc<Mutex<Vec<usize>>>,
     made: Arc<Mutex<Vec<(CUdeviceptr, usize)>>>,
 }
@@ -30,6 +35,19 @@ struct Capped {
 impl VirtualMemory for Capped {
     fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
         self.asked.lock().unwrap().push(size);
+        if self.unsupported.load(Ordering::Relaxed) {
+            return Err(emm_core::EmmError::Unsupported {
+                manager: "test".into(),
+                operation: "cuMemAddressReserve",
+            });
+        }
+        if self.other.load(Ordering::Relaxed) {
+            return Err(emm_core::EmmError::InvalidArgument {
+                what: "reservation (a failure the test injects)",
+                found: "a context lost".into(),
+                expected: "a live context".into(),
+            });
+        }
         if size > self.cap.load(Ordering::Relaxed) {
             return Err(emm_core::EmmError::OutOfMemory {
                 what: "address space",
@@ -58,6 +76,8 @@ impl VirtualMemory for Capped {
 struct Setup {
     pool: PoolManager,
     cap: Arc<AtomicUsize>,
+    unsupported: Arc<AtomicBool>,
+    other: Arc<AtomicBool>,
     asked: Arc<Mutex<Vec<usize>>>,
     made: Arc<Mutex<Vec<(CUdeviceptr, usize)>>>,
 }
@@ -71,9 +91,15 @@ fn setup(reserve: usize, cap: usize) -> Setup {
         Arc::default(),
         Arc::default(),
     );
+    let (unsupported, other) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let vmm = Capped {
         inner: HostVmm::new(host.clone()),
         cap: Arc::clone(&cap),
+        unsupported: Arc::clone(&unsupported),
+        other: Arc::clone(&other),
         asked: Arc::clone(&asked),
         made: Arc::clone(&made),
     };
@@ -98,6 +124,8 @@ fn setup(reserve: usize, cap: usize) -> Setup {
     Setup {
         pool,
         cap,
+        unsupported,
+        other,
         asked,
         made,
     }
@@ -129,7 +157,7 @@ fn a_refused_reservation_is_asked_again_a_quarter_the_size() {
 }
 
 #[test]
-fn with_no_address_space_a_request_takes_a_segment_and_the_next_growth_asks_again() {
+fn with_no_address_space_requests_take_segments_until_a_trim_asks_again() {
     let s = setup(64 * GIB, 0);
     // Every size refused (64, 16, 4 and 1 GiB): a segment of its own, no error.
     let a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
@@ -139,14 +167,17 @@ fn with_no_address_space_a_request_takes_a_segment_and_the_next_growth_asks_agai
     );
     assert!(s.made.lock().unwrap().is_empty());
     assert_eq!(s.pool.stats().num_ooms, 0);
-    // A reservation smaller than the request is not asked for.
+    // Later growths do not ask again (four failing driver calls a growth).
     s.asked.lock().unwrap().clear();
     let big = s.pool.memalloc_async(2 * GIB, stream()).unwrap();
-    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB, 16 * GIB, 4 * GIB]);
+    assert!(s.asked.lock().unwrap().is_empty());
     drop(big);
-    // The address space comes back: the next growth reserves and maps there.
+    // The address space comes back; a trim asks again at the next growth,
+    // which reserves and maps there.
     s.cap.store(usize::MAX, Ordering::Relaxed);
+    s.pool.trim();
     let b = s.pool.memalloc_async(128 * MIB, stream()).unwrap();
+    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB]);
     let made = s.made.lock().unwrap().clone();
     assert_eq!(made.len(), 1, "{made:?}");
     assert!(in_reservation(&made, b.ptr()));
@@ -154,4 +185,60 @@ fn with_no_address_space_a_request_takes_a_segment_and_the_next_growth_asks_agai
     s.pool.check().unwrap();
     drop((a, b));
     s.pool.check().unwrap();
+}
+
+#[test]
+fn a_reservation_smaller_than_the_request_is_not_asked_for() {
+    let s = setup(64 * GIB, 0);
+    // 3 GiB: 64, 16 and 4 GiB asked for, not 1 GiB.
+    let _big = s.pool.memalloc_async(3 * GIB, stream()).unwrap();
+    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB, 16 * GIB, 4 * GIB]);
+}
+
+#[test]
+fn a_driver_without_virtual_memory_is_not_asked_again() {
+    let s = setup(64 * GIB, 0);
+    s.unsupported.store(true, Ordering::Relaxed);
+    let _a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    s.pool.trim();
+    let _b = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    assert_eq!(*s.asked.lock().unwrap(), vec![64 * GIB]);
+}
+
+#[test]
+fn any_other_refusal_is_the_requests_error() {
+    let s = setup(64 * GIB, 0);
+    s.other.store(true, Ordering::Relaxed);
+    let e = s.pool.memalloc_async(64 * MIB, stream()).unwrap_err();
+    assert!(e.to_string().contains("lost"), "{e}");
+    // Once the fault clears, the pool reserves and serves.
+    s.other.store(false, Ordering::Relaxed);
+    s.cap.store(usize::MAX, Ordering::Relaxed);
+    let a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    assert!(in_reservation(&s.made.lock().unwrap(), a.ptr()));
+}
+
+#[test]
+fn a_reservation_smaller_than_a_page_is_a_configuration_error() {
+    let host = Arc::new(HostUpstream::new(1 << 30, false));
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expandable_reserve: MIB,
+            ..SegmentPolicy::default()
+        },
+        ..PoolConfig::default()
+    };
+    let made = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(host.clone()),
+            Box::new(Arc::new(HostEvents::immediate())),
+            Some(Box::new(HostVmm::new(host))),
+            None,
+        ),
+        config,
+    );
+    let Err(e) = made else {
+        panic!("a 1 MiB reservation under 2 MiB pages was accepted");
+    };
+    assert!(e.to_string().contains("segments.expandable_reserve"), "{e}");
 }

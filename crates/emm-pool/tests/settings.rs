@@ -12,10 +12,16 @@ const MIB: usize = 1 << 20;
 /// A pool whose frees all reach the shared arena (no thread caches), so that the
 /// counts below do not depend on what a thread keeps.
 fn pool(release_threshold: usize) -> PoolManager {
+    pool_with(release_threshold, PoolConfig::default().stream_pools)
+}
+
+/// [`pool`] with `stream_pools` pools of created streams (0: one shared pool).
+fn pool_with(release_threshold: usize, stream_pools: usize) -> PoolManager {
     let config = PoolConfig {
         thread_cache_blocks: 0,
         thread_cache_bytes: 0,
         release_threshold,
+        stream_pools,
         ..PoolConfig::default()
     };
     PoolManager::host(64 << 30, config).unwrap()
@@ -40,8 +46,10 @@ fn without_a_threshold_the_pool_keeps_what_it_reserved() {
 
 #[test]
 fn frees_give_back_memory_above_the_threshold_on_every_stream() {
-    for on in [SYNC_STREAM, stream(0x5000)] {
-        let p = pool(64 * MIB);
+    // A created stream's blocks in a pool of its own (stream pools, the
+    // default) and in the one shared pool.
+    for (on, stream_pools) in [(SYNC_STREAM, 8), (stream(0x5000), 8), (stream(0x5000), 0)] {
+        let p = pool_with(64 * MIB, stream_pools);
         let blocks: Vec<_> = (0..8)
             .map(|_| p.memalloc_async(32 * MIB, on).unwrap())
             .collect();

@@ -163,8 +163,22 @@ fn tag_and_stream_pools_give_each_other_their_free_memory() {
 }
 
 #[test]
-fn the_setting_turns_stream_pools_on() {
+fn the_setting_sets_how_many_streams_get_pools() {
     // (No other test of this binary reads the environment.)
+    std::env::remove_var("EMM_POOL_STREAM_POOLS");
+    assert_eq!(
+        PoolConfig::from_env().unwrap().stream_pools,
+        emm_pool::DEFAULT_STREAM_POOLS
+    );
+    assert_eq!(
+        PoolConfig::default().stream_pools,
+        emm_pool::DEFAULT_STREAM_POOLS
+    );
+    // The setting's documented default is the constant.
+    let key = emm_pool::settings::STREAM_POOLS.key();
+    assert_eq!(key.default, emm_pool::DEFAULT_STREAM_POOLS.to_string());
+    std::env::set_var("EMM_POOL_STREAM_POOLS", "0");
+    assert_eq!(PoolConfig::from_env().unwrap().stream_pools, 0);
     std::env::set_var("EMM_POOL_STREAM_POOLS", "3");
     assert_eq!(PoolConfig::from_env().unwrap().stream_pools, 3);
     std::env::set_var("EMM_POOL_STREAM_POOLS", "many");

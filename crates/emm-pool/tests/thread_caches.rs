@@ -82,8 +82,12 @@ fn out_of_memory_takes_back_every_threads_cached_blocks_of_any_stream() {
     // A 64 MiB pool: thread A leaves 48 MiB cached on its own stream; the main
     // thread then asks for 48 MiB on another stream, which fits only once A's
     // blocks are back.
+    // One shared pool: with stream pools (the default) A's blocks would be in
+    // the other stream's pool, which the family's out-of-memory path trims,
+    // not the arena's ladder this tests.
     let config = PoolConfig {
         limit: Some(64 * MIB),
+        stream_pools: 0,
         ..PoolConfig::default()
     };
     let pool = std::sync::Arc::new(PoolManager::host(1 << 36, config).unwrap());
@@ -160,7 +164,14 @@ impl Worker {
 fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
     let size = 8 * MIB;
     let other = CUstream(0x7000_0000 as *mut std::ffi::c_void);
-    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    // One shared pool: with stream pools (the default) the other stream's
+    // blocks would be cached for a pool of their own, and no thread of this
+    // pool could be claimed for them.
+    let config = PoolConfig {
+        stream_pools: 0,
+        ..PoolConfig::default()
+    };
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, config).unwrap());
     let cache = |stream: CUstream| {
         let p = pool.clone();
         move || {

@@ -12,12 +12,15 @@
 //! 1.1 B-parameter Llama on two H100s reached 1.083x of live that way (run 188)
 //! where the replay said 1.024x; this replay of its recording said 1.088x at a
 //! lag of 300 and 1.210x at 3,000. The pool now gives a stream its own parked
-//! blocks back (`emm.parked_taken_back`): 1.055x on the GPU (run 197). Where the
-//! pool does not meet the bound yet (the same model on four GPUs), the test holds
-//! it to today's figure, so the gap cannot widen unseen.
+//! blocks back (`emm.parked_taken_back`): 1.055x on the GPU (run 197). Each
+//! trace replays twice: with stream pools (the default: each created stream's
+//! large blocks in a pool of its own) and with one shared pool
+//! (`pool_stream_pools` 0). Where a configuration does not meet the bound yet
+//! (the shared pool on the same model on four GPUs), the test holds it to
+//! today's figure, so the gap cannot widen unseen.
 
 mod common;
-use common::pool_ratios;
+use common::{pool_ratios, pool_ratios_with};
 
 /// The bound the steady-state issue sets.
 const BOUND: f64 = 1.05;
@@ -27,8 +30,9 @@ const TIE: f64 = 1.005;
 const LAGS: [u64; 2] = [300, 3_000];
 
 /// (trace under `crates/`, PyTorch's expandable segments on that recording (see
-/// `steady_state.rs` for where each comes from), today's ceiling where the pool
-/// misses [`BOUND`]: `None` where it meets it).
+/// `steady_state.rs` for where each comes from), today's ceiling where one
+/// shared pool misses [`BOUND`]: `None` where it meets it). Stream pools meet
+/// it on every one.
 const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
     (
         "emm-trace/tests/fixtures/h200_train_midway.pickle",
@@ -47,7 +51,9 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
     // were live and 22.4 GiB parked for another stream, whose event had not
     // completed. Now the stream waits for that event instead of growing, and the
     // peak comes at the peak of live bytes, for want of a hole: 1.058-1.059x
-    // here, 1.053-1.062x on the GPU (run 224, every rank of three rounds).
+    // here, 1.053-1.062x on the GPU (run 224, every rank of three rounds), all
+    // with one shared pool; stream pools hold 1.043x here (1.043-1.044x of
+    // PyTorch's allocated peak on the GPU, runs 236-238).
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
         1.069,
@@ -56,26 +62,39 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
 ];
 
 /// One replay's result: trace, expandable segments' figure, today's ceiling,
-/// lag, and the pool's ratios after 1 and 10 passes.
-type Lagged = (&'static str, f64, Option<f64>, u64, Vec<f64>);
+/// lag, stream pools, and the pool's ratios after 1 and 10 passes.
+type Lagged = (&'static str, f64, Option<f64>, u64, usize, Vec<f64>);
 
 #[test]
 fn multi_stream_traces_hold_their_footprint_with_a_device_behind_the_host() {
+    let default = emm_pool::PoolConfig::default();
     let results: Vec<Lagged> = std::thread::scope(|s| {
         let handles: Vec<_> = MULTI_STREAM
             .iter()
-            .flat_map(|&(path, expandable, known)| LAGS.map(|lag| (path, expandable, known, lag)))
-            .map(|(path, expandable, known, lag)| {
+            .flat_map(|&(path, expandable, known)| {
+                // Stream pools (the default) meet the bound on every trace.
+                [(None, default.stream_pools), (known, 0)]
+                    .into_iter()
+                    .flat_map(move |(known, pools)| {
+                        LAGS.map(|lag| (path, expandable, known, lag, pools))
+                    })
+            })
+            .map(|(path, expandable, known, lag, pools)| {
                 s.spawn(move || {
-                    let r = pool_ratios(path, 10, &[1, 10], lag);
-                    (path, expandable, known, lag, r)
+                    let config = emm_pool::PoolConfig {
+                        stream_pools: pools,
+                        ..emm_pool::PoolConfig::default()
+                    };
+                    let r = pool_ratios_with(path, 10, &[1, 10], lag, config);
+                    (path, expandable, known, lag, pools, r)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut failures = Vec::new();
-    for (path, expandable, known, lag, r) in results {
+    for (path, expandable, known, lag, pools, r) in results {
+        let path = format!("{path} ({pools} stream pools)");
         println!(
             "{path}, device {lag} requests behind: reserved/live {:.3} (1 pass), {:.3} (10); expandable segments {expandable:.3}",
             r[0], r[1]

@@ -303,6 +303,14 @@ fn faults_in_the_conformance_checks_of_pool() {
     sweep_manager("pool");
 }
 
+/// The pool with one shared arena for every stream (`pool_stream_pools` 0):
+/// created streams' blocks then share the arena's free sets, events and
+/// parked blocks, which stream pools (the default) keep apart.
+#[test]
+fn faults_in_the_conformance_checks_of_the_shared_pool() {
+    sweep_manager("pool-shared");
+}
+
 /// Stream pools under every fault of their scenario ([`stream_pools_scenario`]):
 /// the pools' making (events, reservations), growth and trim.
 #[test]
@@ -313,13 +321,9 @@ fn faults_in_stream_pools() {
         known: KNOWN.to_vec(),
         ..Tally::default()
     };
-    sweep(
-        "pool-streams/stream_pools",
-        f.s,
-        max_k(CI_MAX_K),
-        &mut tally,
-        |p| run(&f, "pool-streams", STREAM_POOLS, p),
-    );
+    sweep("pool/stream_pools", f.s, max_k(CI_MAX_K), &mut tally, |p| {
+        run(&f, "pool", STREAM_POOLS, p)
+    });
     tally.finish("stream pools", started);
 }
 

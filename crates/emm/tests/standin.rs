@@ -223,7 +223,15 @@ fn pool_with_fault(f: &Fixture, function: &str, nth: u64, sizes: &[usize]) -> Re
     let before = snapshot(&f.s);
     // On a thread of its own: see `pool_drop_destroys_its_events_on_a_live_thread`.
     let outcome = on_thread(|| {
-        let pool = PoolManager::new(&f.ctx).unwrap();
+        // One shared arena (`stream_pools` 0): with stream pools (the default)
+        // the blocks warmed on s1 would sit in s1's own pool, and the arena's
+        // ladder under test would have nothing to give back.
+        let config = emm_pool::PoolConfig {
+            stream_pools: 0,
+            ..emm_pool::PoolConfig::from_env().unwrap()
+        };
+        let pool = PoolManager::with_config(emm_pool::PoolUpstream::Driver(f.ctx.clone()), config)
+            .unwrap();
         let s1 = Stream::new(&f.ctx).unwrap();
         // Warm: cached blocks on a stream and in segments, so every rung has work.
         let warm: Vec<_> = sizes

@@ -482,9 +482,12 @@ def quiet_and_busy(w, args, results):
             quiet += q
             if q:
                 per_round.append(statistics.median(q))
-        if quiet:
-            lines.append(f"| {v} | {len(quiet)} | {statistics.median(quiet):.3f} / {statistics.mean(quiet):.3f} "
-                         f"({', '.join(f'{m:.3f}' for m in per_round)}) | {len(busy)} | "
+        if quiet or busy:
+            # (A variant may do driver work in every step, or in none.)
+            lines.append(f"| {v} | {len(quiet)} | "
+                         + (f"{statistics.median(quiet):.3f} / {statistics.mean(quiet):.3f} "
+                            f"({', '.join(f'{m:.3f}' for m in per_round)})" if quiet else "-")
+                         + f" | {len(busy)} | "
                          + (f"{statistics.median(busy):.3f} / {statistics.mean(busy):.3f} |" if busy else "- |"))
     if lines:
         print(f"\n{w}, each timed step / the faster PyTorch variant's step of the same index and round, "

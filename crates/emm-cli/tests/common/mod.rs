@@ -10,15 +10,14 @@ pub fn emm() -> Command {
     // EMM_BIN: the GPU bundle's `emm` (set by its run.sh); else the one cargo built.
     let bin = std::env::var_os("EMM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_emm").into());
     let mut c = Command::new(bin);
-    for v in [
-        "EMM_POOL_LIMIT",
-        "EMM_POOL_EXPANDABLE",
-        "EMM_RECORD",
-        "EMM_MEMORY_MANAGER",
-        "PYTORCH_ALLOC_CONF",
-        "PYTORCH_CUDA_ALLOC_CONF",
-    ] {
-        c.env_remove(v);
+    // Every `EMM_*` setting (the pool's `EMM_POOL_STREAM_POOLS` among them)
+    // and PyTorch's allocator settings, which the models read.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str()
+            .is_some_and(|k| k.starts_with("EMM_") || k.starts_with("PYTORCH_"))
+        {
+            c.env_remove(k);
+        }
     }
     c.env("EMM_CUDA_DRIVER", "/nonexistent/libcuda.so.1");
     c

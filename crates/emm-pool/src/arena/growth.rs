@@ -70,8 +70,9 @@ impl Arena {
     /// bytes: by mapping memory into a gap (address space whose memory moved away,
     /// see `retire.rs`) between free blocks of the stream, or at its end, whichever
     /// of the two needs the least new memory once free pieces have moved there
-    /// (see `growth_targets`). `Ok(false)`: no virtual memory here, or its
-    /// address space is used up.
+    /// (see `growth_targets`). `Ok(false)`: no virtual memory here, the driver
+    /// refused its address space (`reserve_range`), or its address space is
+    /// used up.
     pub(super) fn expand(
         &mut self,
         size: usize,
@@ -80,12 +81,15 @@ impl Arena {
         source: &dyn SegmentSource,
     ) -> Result<bool> {
         let base = match self.grow_base {
-            Reservation::Unavailable => return Ok(false),
+            Reservation::Unavailable | Reservation::Refused => return Ok(false),
             Reservation::At(b) => b,
-            Reservation::NotYet => match self.reserve_range(size, source) {
-                // Refused: this request takes a segment of its own; the next
-                // growth asks again.
-                Reserved::Refused => return Ok(false),
+            Reservation::NotYet => match self.reserve_range(size, source)? {
+                // Refused: this request takes a segment of its own, and so do
+                // later ones until a trim or a reset asks again.
+                Reserved::Refused => {
+                    self.grow_base = Reservation::Refused;
+                    return Ok(false);
+                }
                 Reserved::At(b, reserve) => {
                     self.grow_base = Reservation::At(b);
                     self.segments.insert(
@@ -244,13 +248,16 @@ impl Arena {
 
     /// Reserves the expandable segment's address space for a first growth of
     /// `request` bytes: [`SegmentPolicy::expandable_reserve`], or where the
-    /// driver refuses that, a quarter of it, and so on while it holds the
-    /// request ([`RESERVE_TRIES`]). A process's address space is finite and
-    /// every pool of every device reserves its own (a stream's and a tag's
-    /// pools too), so a refusal must not fail the request: when every size is
-    /// refused the request is served from a segment of its own (`cuMemAlloc`),
-    /// logged the first time, and the next growth asks again.
-    fn reserve_range(&mut self, request: usize, source: &dyn SegmentSource) -> Reserved {
+    /// driver refuses that for want of memory or address space, a quarter of it,
+    /// and so on while it holds the request ([`RESERVE_TRIES`]). A process's
+    /// address space is finite and every pool of every device reserves its own
+    /// (a stream's and a tag's pools too), so a refusal must not fail the
+    /// request: when every size is refused (logged once until a reservation
+    /// succeeds) the request is served from a segment of its own, and so are
+    /// later ones until a trim or a reset asks again. A driver without virtual
+    /// memory management is [`Reserved::NoVirtualMemory`]; any other error
+    /// (a lost context) is the request's.
+    fn reserve_range(&mut self, request: usize, source: &dyn SegmentSource) -> Result<Reserved> {
         let page = self.policy.large_round.max(1);
         let mut refused = None;
         for div in RESERVE_TRIES {
@@ -259,9 +266,21 @@ impl Arena {
                 break;
             }
             match source.reserve(size) {
-                Ok(Some(b)) => return Reserved::At(b, size),
-                Ok(None) => return Reserved::NoVirtualMemory,
-                Err(e) => refused = Some((size, e)),
+                Ok(Some(b)) => {
+                    if size < self.policy.expandable_reserve {
+                        tracing::info!(
+                            asked = self.policy.expandable_reserve,
+                            reserved = size,
+                            "the driver refused the expandable segment's address space; a smaller reservation took its place"
+                        );
+                    }
+                    self.reserve_refused = false;
+                    return Ok(Reserved::At(b, size));
+                }
+                Ok(None) => return Ok(Reserved::NoVirtualMemory),
+                Err(EmmError::Unsupported { .. }) => return Ok(Reserved::NoVirtualMemory),
+                Err(e) if e.is_out_of_memory() => refused = Some((size, e)),
+                Err(e) => return Err(e),
             }
         }
         match refused {
@@ -270,13 +289,21 @@ impl Arena {
                 tracing::warn!(
                     error = %e,
                     smallest = size,
-                    "the driver refused the expandable segment's address space; large blocks take segments of their own until a reservation succeeds"
+                    "the driver refused the expandable segment's address space; large blocks take segments of their own until a trim or a reset asks again"
                 );
             }
-            // No size held the request: the request takes a segment of its own.
+            // Logged already, or no size held the request.
             _ => {}
         }
-        Reserved::Refused
+        Ok(Reserved::Refused)
+    }
+
+    /// After a trim or a reset, a refused reservation is asked for again by the
+    /// next growth (address space may have come free).
+    fn ask_reservation_again(&mut self) {
+        if self.grow_base == Reservation::Refused {
+            self.grow_base = Reservation::NotYet;
+        }
     }
 
     /// Where growth for `size` bytes of `stream` maps memory, the free pieces it
@@ -658,6 +685,7 @@ impl Arena {
         let released = self.release_whole_segments(source, None);
         // A merge after this sizes the pool afresh (see `merge.rs`).
         self.forget_merges();
+        self.ask_reservation_again();
         let whole = self.reset_expandable(source);
         released
             + if whole > 0 {
@@ -816,6 +844,7 @@ impl Arena {
                 }
             }
         }
+        self.ask_reservation_again();
         if stuck {
             // A mapping the driver kept: its address space is not used again (growth
             // there would fail with `CUDA_ERROR_ALREADY_MAPPED`); the virtual memory
@@ -896,7 +925,7 @@ enum Reserved {
     At(CUdeviceptr, usize),
     /// The upstream has no virtual memory: never ask again.
     NoVirtualMemory,
-    /// The driver refused every size tried: ask again at the next growth.
+    /// The driver refused every size tried for want of memory or address space.
     Refused,
 }
 

@@ -237,7 +237,9 @@ pub struct SegmentPolicy {
     /// reserved once, memory mapped in pieces as it grows), when the upstream has
     /// virtual memory management: best fit over one contiguous range.
     pub expandable: bool,
-    /// Address space reserved for the expandable segment.
+    /// Address space asked for the expandable segment: where the driver
+    /// refuses it, a quarter of it and so on (`Arena::reserve_range`). At
+    /// least [`SegmentPolicy::large_round`].
     pub expandable_reserve: usize,
     /// The expandable segment grows by at least this much at a time, or by a
     /// 32nd of what the pool reserves when that is less (`growth.rs`).
@@ -428,8 +430,8 @@ pub(crate) struct Arena {
     pub policy: SegmentPolicy,
     /// The expandable segment's address space.
     grow_base: Reservation,
-    /// The driver refused the expandable segment's address space once (logged
-    /// then; see `Arena::reserve_range`).
+    /// A refusal of the expandable segment's address space was logged (see
+    /// `Arena::reserve_range`); cleared when a reservation succeeds.
     reserve_refused: bool,
     /// Old mappings of moved pieces, waiting for the work queued on them (see
     /// `retire.rs`).
@@ -456,11 +458,16 @@ pub(crate) struct Arena {
 /// Where the expandable segment's address space stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Reservation {
-    /// Not asked for yet: the first growth reserves it.
+    /// Not asked for yet (or asked again after a refusal): the next growth
+    /// reserves it.
     #[default]
     NotYet,
     /// None to be had (no virtual memory): not asked for again.
     Unavailable,
+    /// The driver refused every size asked for (`Arena::reserve_range`): growth
+    /// takes segments of their own, as without virtual memory, until a trim or
+    /// a reset makes it [`Reservation::NotYet`] again.
+    Refused,
     /// Reserved at this base.
     At(CUdeviceptr),
 }
@@ -470,8 +477,14 @@ impl Reservation {
     fn base(self) -> Option<CUdeviceptr> {
         match self {
             Reservation::At(b) => Some(b),
-            Reservation::NotYet | Reservation::Unavailable => None,
+            Reservation::NotYet | Reservation::Unavailable | Reservation::Refused => None,
         }
+    }
+
+    /// Whether large blocks may come from the expandable segment: reserved, or
+    /// to be reserved by the next growth.
+    fn usable(self) -> bool {
+        matches!(self, Reservation::NotYet | Reservation::At(_))
     }
 }
 
@@ -555,7 +568,7 @@ impl Arena {
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
-        let kind = if self.policy.one_range && self.grow_base != Reservation::Unavailable {
+        let kind = if self.policy.one_range && self.grow_base.usable() {
             Kind::Large
         } else {
             Kind::of(size)

@@ -71,7 +71,7 @@ impl Arena {
         });
         if let Some((&base, _)) = outside {
             return Err(refuse(&format!(
-                "it holds live blocks outside virtual memory (a segment at {base:#x} from cuMemAlloc: the pool has no virtual memory management here, or made the segment on an out-of-memory path)"
+                "it holds live blocks outside virtual memory (a segment at {base:#x} from cuMemAlloc: the pool has no virtual memory management here, the driver refused its address space, or it made the segment on an out-of-memory path)"
             )));
         }
         Ok(())

@@ -268,7 +268,7 @@ impl Arena {
             return Ok(false);
         }
         self.stats.counts.scan_steps += self.pending.len();
-        let joins = self.policy.expandable && self.grow_base != Reservation::Unavailable;
+        let joins = self.policy.expandable && self.grow_base.usable();
         // The groups that could serve the request, in parking order.
         let mut groups = self.groups_for(stream, kind);
         groups.retain(|&(i, _)| {

@@ -109,15 +109,16 @@ impl Default for PoolConfig {
 
 /// Created streams that get a pool of their own by default
 /// ([`PoolConfig::stream_pools`]). FSDP2 of a 1.1 B Llama on four GPUs, five
-/// rotated rounds of 100 steps (runs 236-239): peak reserved 1.028x of
-/// allocated with them against 1.073x without (expandable segments: 1.069x),
-/// 28.07 against 28.71 GiB at the device, and the steps' totals 1.104x of
-/// expandable segments' (median of rounds) against 1.143x without. Where
-/// streams share memory by turns instead (`random_traces.py`'s three-stream
-/// traces) they hold 1.11-1.25x of live where one shared arena holds
-/// 1.06-1.13x; PyTorch's allocator, which keeps each stream's blocks apart as
-/// they do, 1.24-1.60x. Eight covers FSDP2's and DDP's streams with room;
-/// streams past it share the pool's own arena.
+/// rotated rounds of 100 steps (runs 236-238): peak reserved 1.043-1.044x of
+/// PyTorch's allocated peak of the job with them against 1.067-1.073x without
+/// (expandable segments: 1.069x), 28.04-28.07 against 28.65-28.71 GiB at the
+/// device, and the steps' totals 1.104x of expandable segments' (median of
+/// rounds) against 1.143x without (by the mean of round medians 1.074x against
+/// 1.058x). Where streams share memory by turns instead (`random_traces.py`'s
+/// three-stream traces) they hold 1.11-1.25x of live where one shared arena
+/// holds 1.06-1.13x; PyTorch's allocator, which keeps each stream's blocks
+/// apart as they do, 1.24-1.60x. Eight covers FSDP2's and DDP's streams with
+/// room; streams past it share the pool's own arena.
 pub const DEFAULT_STREAM_POOLS: usize = 8;
 
 /// Streams a thread keeps cached blocks for, per pool. A thread that frees on more

@@ -78,6 +78,16 @@ pub(super) fn make_core(
             });
         }
     }
+    if seg.expandable && seg.expandable_reserve < seg.large_round {
+        return Err(EmmError::InvalidConfig {
+            name: "segments.expandable_reserve".into(),
+            value: seg.expandable_reserve.to_string(),
+            reason: format!(
+                "at least segments.large_round ({}) bytes of address space for the expandable segment",
+                seg.large_round
+            ),
+        });
+    }
     if let Some(p) = seg.tight_percent.filter(|&p| p < 100) {
         return Err(EmmError::InvalidConfig {
             name: "segments.tight_percent".into(),

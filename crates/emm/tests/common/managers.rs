@@ -9,14 +9,15 @@ use emm_pool::{PoolConfig, PoolManager, PoolUpstream};
 pub const MANAGERS: [&str; 3] = ["default", "pool", "hostonly"];
 
 /// A fresh, initialized manager `name` (one of [`MANAGERS`], or
-/// `"pool-streams"`: the pool with four stream pools) on `ctx`.
+/// `"pool-shared"`: the pool without stream pools, every stream in one arena)
+/// on `ctx`.
 pub fn manager(name: &str, ctx: &Context) -> Box<dyn MemoryManager> {
     let m: Box<dyn MemoryManager> = match name {
         "default" => Box::new(DefaultManager::new(ctx).unwrap()),
         "pool" => Box::new(PoolManager::new(ctx).unwrap()),
-        "pool-streams" => {
+        "pool-shared" => {
             let config = PoolConfig {
-                stream_pools: 4,
+                stream_pools: 0,
                 ..PoolConfig::from_env().unwrap()
             };
             Box::new(PoolManager::with_config(PoolUpstream::Driver(ctx.clone()), config).unwrap())
