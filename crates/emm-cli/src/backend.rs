@@ -58,6 +58,24 @@ impl Backend {
         }
     }
 
+    /// A fresh pool with `config` on the GPU, or over the host stand-in.
+    pub fn build_pool(
+        &self,
+        config: emm::emm_pool::PoolConfig,
+    ) -> Result<Arc<dyn MemoryManager>, EmmError> {
+        use emm::emm_pool::{PoolManager, PoolUpstream};
+        Ok(match self {
+            Backend::Gpu { ctx, .. } => {
+                ctx.set_current()?;
+                Arc::new(PoolManager::with_config(
+                    PoolUpstream::Driver(ctx.clone()),
+                    config,
+                )?)
+            }
+            Backend::Host { .. } => Arc::new(PoolManager::host(HOST_CAPACITY, config)?),
+        })
+    }
+
     /// The streams of one replay: the trace's stream `n` (dense, 0 the default
     /// stream) gets its own stream, created on first use and kept until the
     /// [`Streams`] drop (after the replay and a synchronization).

@@ -136,6 +136,10 @@ enum ManagerArg {
     All,
     Default,
     Pool,
+    /// The pool with every stream in one shared arena (as with
+    /// `EMM_POOL_STREAM_POOLS=0`): `all` adds it for a trace of several streams
+    /// while stream pools are on.
+    PoolShared,
     Hostonly,
     /// A model of PyTorch's caching allocator, its defaults (no GPU needed).
     PytorchNative,
@@ -159,11 +163,14 @@ fn managers(chosen: &[ManagerArg]) -> Vec<String> {
         let names: Vec<&str> = match m {
             ManagerArg::All => {
                 let mut all = emm::BUILTIN_MANAGERS.to_vec();
+                // Only where it differs from `pool` (see `replay::Args::shared_where_streams`).
+                all.push(replay::POOL_SHARED);
                 all.extend(replay::TORCH_MODELS);
                 all
             }
             ManagerArg::Default => vec!["default"],
             ManagerArg::Pool => vec!["pool"],
+            ManagerArg::PoolShared => vec![replay::POOL_SHARED],
             ManagerArg::Hostonly => vec!["hostonly"],
             ManagerArg::PytorchNative => vec!["pytorch-native"],
             ManagerArg::PytorchExpandable => vec!["pytorch-expandable"],
@@ -250,6 +257,7 @@ fn main() -> ExitCode {
             ranks,
         } => {
             let mut managers = managers(&manager);
+            let shared_where_streams = !manager.contains(&ManagerArg::PoolShared);
             let wants_models = managers
                 .iter()
                 .any(|m| replay::TORCH_MODELS.contains(&m.as_str()));
@@ -291,6 +299,7 @@ fn main() -> ExitCode {
                     overhead,
                     device_lag,
                     ranks,
+                    shared_where_streams,
                 }),
             }
         }

@@ -64,6 +64,10 @@ pub struct Args {
     /// `--ranks`: processes on the host whose pools grow in the same steps (the
     /// driver-time estimates of the pieces' calls are multiplied by it).
     pub ranks: u32,
+    /// [`POOL_SHARED`] came with `all`, not by name: replay it only for a trace
+    /// of more than one stream, and only while the pool's stream pools are on
+    /// (elsewhere it replays exactly as `pool`).
+    pub shared_where_streams: bool,
 }
 
 impl Args {
@@ -102,6 +106,10 @@ fn build_target(
             None => (DEFAULT_DEVICE_BYTES, None),
         };
         return Ok(Target::Torch(TorchModel::with_device(conf, device, limit)));
+    }
+    if m == POOL_SHARED {
+        let capacity = cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX));
+        return build_shared_pool(backend, capacity, clock).map(Target::Emm);
     }
     let standin = |capacity: usize| match clock {
         Some(c) => emm::build_host_standin_lagged(m, capacity, c),
@@ -183,6 +191,38 @@ fn fit_manager(
 /// The models of PyTorch's caching allocator `emm replay` offers beside emm's
 /// managers.
 pub const TORCH_MODELS: [&str; 2] = ["pytorch-native", "pytorch-expandable"];
+
+/// The pool with every stream in one shared arena (`pool_stream_pools` 0), as a
+/// manager of the replay: stream pools (the pool's default) lose where streams
+/// share memory by turns, and a user's trace says which suits their job.
+pub const POOL_SHARED: &str = "pool-shared";
+
+/// The pool's configuration from the environment, with one shared arena.
+fn shared_pool_config() -> Result<emm::emm_pool::PoolConfig, EmmError> {
+    Ok(emm::emm_pool::PoolConfig {
+        stream_pools: 0,
+        ..emm::emm_pool::PoolConfig::from_env()?
+    })
+}
+
+/// A fresh [`POOL_SHARED`]: over the host stand-in of `capacity` bytes (its
+/// device `clock` behind, when given), or on the GPU.
+fn build_shared_pool(
+    backend: &Backend,
+    capacity: Option<usize>,
+    clock: Option<Arc<HostClock>>,
+) -> Result<Arc<dyn emm::MemoryManager>, EmmError> {
+    use emm::emm_pool::PoolManager;
+    let config = shared_pool_config()?;
+    let host = capacity.or(backend.is_host().then_some(crate::backend::HOST_CAPACITY));
+    let m: Arc<dyn emm::MemoryManager> = match (host, clock) {
+        (Some(c), Some(clock)) => Arc::new(PoolManager::host_lagged(c, config, clock)?),
+        (Some(c), None) => Arc::new(PoolManager::host(c, config)?),
+        (None, _) => backend.build_pool(config)?,
+    };
+    m.initialize()?;
+    Ok(m)
+}
 
 /// What a manager name replays through.
 enum Target {
@@ -342,6 +382,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
+            if m == POOL_SHARED && args.shared_where_streams && !shared_differs(&summary) {
+                continue;
+            }
             let clock = args.clock();
             let manager = match build_target(
                 &backend,
@@ -647,4 +690,10 @@ fn at_peak(t: &Trace, events: u64, p: &emm::trace::PeakMap, m: &peak::Map) -> At
         stranded_bytes: m.totals.stranded,
         held_bytes: m.totals.held,
     }
+}
+
+/// Whether [`POOL_SHARED`] can differ from `pool` on a trace of `summary`: it
+/// has more than one stream, and the pool's stream pools are on.
+fn shared_differs(summary: &Summary) -> bool {
+    summary.streams > 1 && emm::emm_pool::PoolConfig::from_env().is_ok_and(|c| c.stream_pools > 0)
 }

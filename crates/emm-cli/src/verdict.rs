@@ -50,6 +50,29 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
             diff.unsigned_abs() as f64 * 100.0 / (*bytes).max(1) as f64
         );
     }
+    // A trace of several streams: the pool with one shared arena beside it,
+    // and the setting that gives it.
+    if let Some(shared) = f
+        .ran
+        .iter()
+        .find(|m| m.manager == crate::replay::POOL_SHARED && !m.failed)
+    {
+        let (a, b) = (pool.peak_reserved_bytes, shared.peak_reserved_bytes);
+        s += &format!(
+            "; with one shared pool for every stream {}{}",
+            units::bytes(u128::from(b)),
+            // (Less by a hundredth or more: a smaller difference is the
+            // placement's noise, not a reason to change the setting.)
+            if (b as f64) < a as f64 * 0.99 {
+                format!(
+                    ", {} less: set EMM_POOL_STREAM_POOLS=0 for this job",
+                    units::bytes(u128::from(a - b))
+                )
+            } else {
+                " (stream pools, the default, suit this job)".to_owned()
+            }
+        );
+    }
     let needs = |name: &str| f.fit.iter().find(|x| x.0 == name).and_then(|x| x.1);
     if let Some(n) = needs("pool") {
         s += &format!("; the pool fits on {}", units::bytes(u128::from(n)));

@@ -159,8 +159,9 @@ fn a_person_sees_the_verdict_the_curves_and_the_maps_and_can_hover_and_zoom() {
         "{seen}"
     );
     let chart = &seen["charts"][0];
-    // Live, four managers' reserved bytes and PyTorch's as recorded.
-    assert_eq!(chart["drawn"], 6, "{chart}");
+    // Live, five managers' reserved bytes (the snapshot has a side stream:
+    // `pool-shared` too) and PyTorch's as recorded.
+    assert_eq!(chart["drawn"], 7, "{chart}");
     assert_eq!(chart["below"], 0);
     assert!(chart["width"].as_f64().unwrap() >= 900.0);
     let tip = chart["tip"].as_str().unwrap();
@@ -168,6 +169,7 @@ fn a_person_sees_the_verdict_the_curves_and_the_maps_and_can_hover_and_zoom() {
         "live",
         "pool reserved",
         "pytorch-native reserved",
+        "pool-shared reserved",
         "(pass 2)",
     ] {
         assert!(tip.contains(m), "{tip}");
@@ -179,7 +181,13 @@ fn a_person_sees_the_verdict_the_curves_and_the_maps_and_can_hover_and_zoom() {
         .collect();
     assert_eq!(
         names,
-        ["default", "pool", "pytorch-native", "pytorch-expandable"]
+        [
+            "default",
+            "pool",
+            "pool-shared",
+            "pytorch-native",
+            "pytorch-expandable"
+        ]
     );
     for m in maps {
         let tip = m["tip"].as_str().unwrap();

@@ -1369,3 +1369,76 @@ fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
         "{v}"
     );
 }
+
+/// `all` adds `pool-shared` (the pool with one shared arena for every stream)
+/// for a trace of several streams while stream pools are on, and the verdict
+/// says which suits the job; a single-stream trace, or stream pools off, leave
+/// it out (it would replay exactly as `pool`); asked by name, it always runs.
+#[test]
+fn a_trace_of_several_streams_is_replayed_through_one_shared_pool_too() {
+    // Stream 1 frees 64 MiB; stream 2 then asks for 64 MiB: one shared pool
+    // reuses the block, stream pools reserve both.
+    let two = temp(
+        "shared_two.csv",
+        b"op,id,size,stream\na,0,67108864,1\nf,0,0,1\na,1,67108864,2\nf,1,0,2\n",
+    );
+    let one = temp(
+        "shared_one.csv",
+        b"op,id,size,stream\na,0,67108864,0\nf,0,0,0\na,1,67108864,0\nf,1,0,0\n",
+    );
+    let replay = |path: &Path, args: &[&str], env: &[(&str, &str)]| {
+        let mut c = emm();
+        c.env("EMM_POOL_THREAD_CACHE", "0");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c
+            .args(["replay", "--passes", "1"])
+            .args(args)
+            .arg(path)
+            .output()
+            .unwrap();
+        no_panic(&o);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        o
+    };
+    let peaks = |o: &Output| -> Vec<(String, u64)> {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["traces"][0]["managers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["manager"].as_str().unwrap().to_owned(),
+                    m["peak_reserved_bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let of = |p: &[(String, u64)], name: &str| p.iter().find(|m| m.0 == name).map(|m| m.1);
+    let p = peaks(&replay(&two, &["--json"], &[]));
+    assert_eq!(of(&p, "pool"), Some(128 << 20), "{p:?}");
+    assert_eq!(of(&p, "pool-shared"), Some(64 << 20), "{p:?}");
+    let o = replay(&two, &[], &[]);
+    assert!(
+        text(&o.stdout).contains("with one shared pool for every stream 64.0 MiB, 64.0 MiB less: set EMM_POOL_STREAM_POOLS=0 for this job"),
+        "{}",
+        text(&o.stdout)
+    );
+    // One stream: the same as `pool`, left out.
+    let p = peaks(&replay(&one, &["--json"], &[]));
+    assert_eq!(of(&p, "pool"), Some(64 << 20), "{p:?}");
+    assert_eq!(of(&p, "pool-shared"), None, "{p:?}");
+    // Stream pools off: `pool` is the shared pool already.
+    let p = peaks(&replay(
+        &two,
+        &["--json"],
+        &[("EMM_POOL_STREAM_POOLS", "0")],
+    ));
+    assert_eq!(of(&p, "pool"), Some(64 << 20), "{p:?}");
+    assert_eq!(of(&p, "pool-shared"), None, "{p:?}");
+    // By name, it runs on any trace.
+    let p = peaks(&replay(&one, &["--json", "-m", "pool-shared"], &[]));
+    assert_eq!(p, vec![("pool-shared".to_owned(), 64 << 20)]);
+}

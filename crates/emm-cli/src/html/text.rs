@@ -23,6 +23,7 @@ pub fn color(manager: &str) -> &'static str {
     match manager {
         "default" => "#d62728",
         "pool" => "#1f77b4",
+        "pool-shared" => "#17becf",
         "hostonly" => "#2ca02c",
         "pytorch" => "#ff7f0e",
         "pytorch-native" => "#e377c2",
