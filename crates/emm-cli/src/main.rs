@@ -11,6 +11,7 @@ mod bench;
 mod fit;
 mod html;
 mod info;
+mod names;
 mod out;
 mod peak;
 mod replay;
@@ -164,13 +165,13 @@ fn managers(chosen: &[ManagerArg]) -> Vec<String> {
             ManagerArg::All => {
                 let mut all = emm::BUILTIN_MANAGERS.to_vec();
                 // Only where it differs from `pool` (see `replay::Args::shared_where_streams`).
-                all.push(replay::POOL_SHARED);
-                all.extend(replay::TORCH_MODELS);
+                all.push(names::POOL_SHARED);
+                all.extend(names::TORCH_MODELS);
                 all
             }
             ManagerArg::Default => vec!["default"],
             ManagerArg::Pool => vec!["pool"],
-            ManagerArg::PoolShared => vec![replay::POOL_SHARED],
+            ManagerArg::PoolShared => vec![names::POOL_SHARED],
             ManagerArg::Hostonly => vec!["hostonly"],
             ManagerArg::PytorchNative => vec!["pytorch-native"],
             ManagerArg::PytorchExpandable => vec!["pytorch-expandable"],
@@ -260,7 +261,7 @@ fn main() -> ExitCode {
             let shared_where_streams = !manager.contains(&ManagerArg::PoolShared);
             let wants_models = managers
                 .iter()
-                .any(|m| replay::TORCH_MODELS.contains(&m.as_str()));
+                .any(|m| names::TORCH_MODELS.contains(&m.as_str()));
             // PyTorch's settings matter only to its models: read (and refused) only
             // when one is asked for. A value from the environment the models cannot
             // follow (e.g. `backend:cudaMallocAsync`) skips them with a note instead
@@ -272,7 +273,7 @@ fn main() -> ExitCode {
                     out::note(format_args!(
                         "emm replay: the models of PyTorch's allocator are skipped: {e}"
                     ));
-                    managers.retain(|m| !replay::TORCH_MODELS.contains(&m.as_str()));
+                    managers.retain(|m| !names::TORCH_MODELS.contains(&m.as_str()));
                     TorchConf::default()
                 })),
             };

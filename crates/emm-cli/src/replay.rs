@@ -17,6 +17,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::{Backend, Streams};
 use crate::fit;
+use crate::names::{POOL_SHARED, TORCH_MODELS};
 use crate::out::{note, Out};
 use crate::peak;
 use crate::report::{
@@ -187,15 +188,6 @@ fn fit_manager(
         Ok(r.failures == 0)
     })
 }
-
-/// The models of PyTorch's caching allocator `emm replay` offers beside emm's
-/// managers.
-pub const TORCH_MODELS: [&str; 2] = ["pytorch-native", "pytorch-expandable"];
-
-/// The pool with every stream in one shared arena (`pool_stream_pools` 0), as a
-/// manager of the replay: stream pools (the pool's default) lose where streams
-/// share memory by turns, and a user's trace says which suits their job.
-pub const POOL_SHARED: &str = "pool-shared";
 
 /// The pool's configuration from the environment, with one shared arena.
 fn shared_pool_config() -> Result<emm::emm_pool::PoolConfig, EmmError> {

@@ -55,7 +55,7 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
     if let Some(shared) = f
         .ran
         .iter()
-        .find(|m| m.manager == crate::replay::POOL_SHARED && !m.failed)
+        .find(|m| m.manager == crate::names::POOL_SHARED && !m.failed)
     {
         let (a, b) = (pool.peak_reserved_bytes, shared.peak_reserved_bytes);
         s += &format!(
