@@ -133,7 +133,8 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ManagerArg {
-    /// emm's managers and both models of PyTorch's allocator.
+    /// emm's managers and both models of PyTorch's allocator (and
+    /// `pool-shared` for a trace of several streams while stream pools are on).
     All,
     Default,
     Pool,

@@ -68,8 +68,10 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
                     ", {} less: set EMM_POOL_STREAM_POOLS=0 for this job",
                     units::bytes(u128::from(a - b))
                 )
+            } else if (b as f64) > a as f64 * 1.01 {
+                " (stream pools suit this job)".to_owned()
             } else {
-                " (stream pools, the default, suit this job)".to_owned()
+                " (the same within 1 %)".to_owned()
             }
         );
     }

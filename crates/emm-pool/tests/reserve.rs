@@ -36,16 +36,21 @@ impl VirtualMemory for Capped {
     fn reserve(&self, size: usize) -> Result<CUdeviceptr> {
         self.asked.lock().unwrap().push(size);
         if self.unsupported.load(Ordering::Relaxed) {
-            return Err(emm_core::EmmError::Unsupported {
-                manager: "test".into(),
-                operation: "cuMemAddressReserve",
-            });
+            // What `DriverVmm` gives for a driver without the entry point.
+            return Err(emm_core::EmmError::Driver(
+                emm_driver::DriverError::Unsupported {
+                    symbol: "cuMemAddressReserve",
+                    version: 10_000,
+                },
+            ));
         }
         if self.other.load(Ordering::Relaxed) {
+            // Drivers refuse too large a reservation with codes other than out
+            // of memory too (invalid value, not supported).
             return Err(emm_core::EmmError::InvalidArgument {
                 what: "reservation (a failure the test injects)",
-                found: "a context lost".into(),
-                expected: "a live context".into(),
+                found: "CUDA_ERROR_NOT_SUPPORTED".into(),
+                expected: "a reservation".into(),
             });
         }
         if size > self.cap.load(Ordering::Relaxed) {
@@ -206,16 +211,34 @@ fn a_driver_without_virtual_memory_is_not_asked_again() {
 }
 
 #[test]
-fn any_other_refusal_is_the_requests_error() {
-    let s = setup(64 * GIB, 0);
+fn a_refusal_with_another_error_is_a_refusal_too() {
+    let s = setup(64 * GIB, usize::MAX);
     s.other.store(true, Ordering::Relaxed);
-    let e = s.pool.memalloc_async(64 * MIB, stream()).unwrap_err();
-    assert!(e.to_string().contains("lost"), "{e}");
-    // Once the fault clears, the pool reserves and serves.
-    s.other.store(false, Ordering::Relaxed);
-    s.cap.store(usize::MAX, Ordering::Relaxed);
     let a = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
-    assert!(in_reservation(&s.made.lock().unwrap(), a.ptr()));
+    assert_eq!(
+        *s.asked.lock().unwrap(),
+        vec![64 * GIB, 16 * GIB, 4 * GIB, GIB]
+    );
+    // Once it clears, a trim asks again and the pool reserves.
+    s.other.store(false, Ordering::Relaxed);
+    s.pool.trim();
+    let b = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    let made = s.made.lock().unwrap().clone();
+    assert!(!in_reservation(&made, a.ptr()));
+    assert!(in_reservation(&made, b.ptr()), "{made:?}");
+}
+
+#[test]
+fn a_request_larger_than_the_reservation_leaves_it_for_the_next_growth() {
+    let s = setup(GIB, usize::MAX);
+    // 2 GiB: no reservation holds it; nothing is asked, a segment of its own.
+    let big = s.pool.memalloc_async(2 * GIB, stream()).unwrap();
+    assert!(s.asked.lock().unwrap().is_empty());
+    // The next growth reserves (no trim needed: nothing was refused).
+    let small = s.pool.memalloc_async(64 * MIB, stream()).unwrap();
+    assert_eq!(*s.asked.lock().unwrap(), vec![GIB]);
+    assert!(in_reservation(&s.made.lock().unwrap(), small.ptr()));
+    drop((big, small));
 }
 
 #[test]

@@ -26,6 +26,37 @@ fn pool(stream_pools: usize, limit: Option<usize>) -> PoolManager {
     PoolManager::host(1 << 34, config).unwrap()
 }
 
+/// Over the host stand-in the pools of a family share one device: blocks live
+/// in two streams' pools count against the same capacity (each pool had a
+/// stand-in of its own, so `emm replay --device-memory` let stream pools
+/// hold more than the device).
+#[test]
+fn stream_pools_over_the_stand_in_share_one_device() {
+    for lagged in [false, true] {
+        let config = PoolConfig {
+            stream_pools: 2,
+            thread_cache_blocks: 0,
+            ..PoolConfig::default()
+        };
+        let p = if lagged {
+            let clock = std::sync::Arc::new(emm_core::HostClock::new(10));
+            PoolManager::host_lagged(100 * MIB, config, clock).unwrap()
+        } else {
+            PoolManager::host(100 * MIB, config).unwrap()
+        };
+        let a = p.memalloc_async(64 * MIB, stream(0x10)).unwrap();
+        let e = p
+            .memalloc_async(64 * MIB, stream(0x20))
+            .expect_err("128 MiB live on a 100 MiB device");
+        assert!(e.is_out_of_memory(), "{e}");
+        drop(a);
+        // The first stream's pool gives its free memory back for the second.
+        let b = p.memalloc_async(64 * MIB, stream(0x20)).unwrap();
+        drop(b);
+        p.check().unwrap();
+    }
+}
+
 #[test]
 fn each_created_stream_allocates_from_memory_of_its_own() {
     let p = pool(2, None);

@@ -85,11 +85,15 @@ impl Arena {
             Reservation::At(b) => b,
             Reservation::NotYet => match self.reserve_range(size, source)? {
                 // Refused: this request takes a segment of its own, and so do
-                // later ones until a trim or a reset asks again.
+                // later ones until a trim, a reset or the out-of-memory path
+                // (which gives free segments back) asks again.
                 Reserved::Refused => {
                     self.grow_base = Reservation::Refused;
                     return Ok(false);
                 }
+                // Larger than the reservation: a segment of its own; the next
+                // growth asks.
+                Reserved::TooSmall => return Ok(false),
                 Reserved::At(b, reserve) => {
                     self.grow_base = Reservation::At(b);
                     self.segments.insert(
@@ -248,21 +252,27 @@ impl Arena {
 
     /// Reserves the expandable segment's address space for a first growth of
     /// `request` bytes: [`SegmentPolicy::expandable_reserve`], or where the
-    /// driver refuses that for want of memory or address space, a quarter of it,
-    /// and so on while it holds the request ([`RESERVE_TRIES`]). A process's
-    /// address space is finite and every pool of every device reserves its own
-    /// (a stream's and a tag's pools too), so a refusal must not fail the
-    /// request: when every size is refused (logged once until a reservation
-    /// succeeds) the request is served from a segment of its own, and so are
-    /// later ones until a trim or a reset asks again. A driver without virtual
-    /// memory management is [`Reserved::NoVirtualMemory`]; any other error
-    /// (a lost context) is the request's.
+    /// driver refuses that, a quarter of it, and so on while it holds the
+    /// request ([`RESERVE_TRIES`]). A process's address space is finite and
+    /// every pool of every device reserves its own (a stream's and a tag's
+    /// pools too), and drivers refuse a reservation too large for them with
+    /// out of memory, invalid value or not supported alike, so no refusal fails
+    /// the request: when every size is refused (logged once until a
+    /// reservation succeeds) the request is served from a segment of its own,
+    /// and so are later ones until a trim, a reset or the out-of-memory path
+    /// asks again (a lost context then fails that segment's `cuMemAlloc` with
+    /// its own error). A driver without the virtual memory entry points is
+    /// [`Reserved::NoVirtualMemory`]; a request larger than the reservation,
+    /// [`Reserved::TooSmall`] (nothing asked).
     fn reserve_range(&mut self, request: usize, source: &dyn SegmentSource) -> Result<Reserved> {
         let page = self.policy.large_round.max(1);
         let mut refused = None;
         for div in RESERVE_TRIES {
             let size = self.policy.expandable_reserve / div / page * page;
             if size < request || size == 0 {
+                if refused.is_none() {
+                    return Ok(Reserved::TooSmall);
+                }
                 break;
             }
             match source.reserve(size) {
@@ -278,9 +288,11 @@ impl Arena {
                     return Ok(Reserved::At(b, size));
                 }
                 Ok(None) => return Ok(Reserved::NoVirtualMemory),
-                Err(EmmError::Unsupported { .. }) => return Ok(Reserved::NoVirtualMemory),
-                Err(e) if e.is_out_of_memory() => refused = Some((size, e)),
-                Err(e) => return Err(e),
+                Err(EmmError::Unsupported { .. })
+                | Err(EmmError::Driver(emm_driver::DriverError::Unsupported { .. })) => {
+                    return Ok(Reserved::NoVirtualMemory)
+                }
+                Err(e) => refused = Some((size, e)),
             }
         }
         match refused {
@@ -289,7 +301,7 @@ impl Arena {
                 tracing::warn!(
                     error = %e,
                     smallest = size,
-                    "the driver refused the expandable segment's address space; large blocks take segments of their own until a trim or a reset asks again"
+                    "the driver refused the expandable segment's address space; large blocks take segments of their own until a trim, a reset or an out-of-memory asks again"
                 );
             }
             // Logged already, or no size held the request.
@@ -298,8 +310,9 @@ impl Arena {
         Ok(Reserved::Refused)
     }
 
-    /// After a trim or a reset, a refused reservation is asked for again by the
-    /// next growth (address space may have come free).
+    /// After a trim, a reset or the out-of-memory path's release of free
+    /// segments, a refused reservation is asked for again by the next growth
+    /// (address space may have come free).
     fn ask_reservation_again(&mut self) {
         if self.grow_base == Reservation::Refused {
             self.grow_base = Reservation::NotYet;
@@ -925,8 +938,10 @@ enum Reserved {
     At(CUdeviceptr, usize),
     /// The upstream has no virtual memory: never ask again.
     NoVirtualMemory,
-    /// The driver refused every size tried for want of memory or address space.
+    /// The driver refused every size tried.
     Refused,
+    /// The request is larger than the reservation: nothing was asked.
+    TooSmall,
 }
 
 /// Pages in a piece of new memory, at most (see `fresh_pieces`).

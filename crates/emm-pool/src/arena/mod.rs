@@ -465,8 +465,8 @@ enum Reservation {
     /// None to be had (no virtual memory): not asked for again.
     Unavailable,
     /// The driver refused every size asked for (`Arena::reserve_range`): growth
-    /// takes segments of their own, as without virtual memory, until a trim or
-    /// a reset makes it [`Reservation::NotYet`] again.
+    /// takes segments of their own, as without virtual memory, until a trim, a
+    /// reset or the out-of-memory path makes it [`Reservation::NotYet`] again.
     Refused,
     /// Reserved at this base.
     At(CUdeviceptr),

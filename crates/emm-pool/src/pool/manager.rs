@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use emm_core::{DeviceAllocation, EmmError, MemorySnapshot, Result, Tag};
-use emm_default::HostOnly;
+use emm_default::{HostOnly, HostUpstream};
 use emm_driver::Context;
 use emm_sys::CUstream;
 
@@ -16,8 +16,9 @@ use super::siblings::{Recipe, Siblings};
 use super::stats::PoolStats;
 use super::streams::StreamPools;
 use super::tagged::TagPools;
-use super::upstream::{make_core, PoolUpstream};
+use super::upstream::{host_parts, make_core, PoolUpstream};
 use crate::arena::{Arena, SMALL_MAX};
+use crate::events::HostEvents;
 use crate::family::Family;
 
 /// The caching pool: a stream-aware best-fit allocator over segments, with
@@ -98,9 +99,25 @@ impl PoolManager {
     /// cannot be made again, the pool keeps no tag or stream pools (tagged
     /// allocations and every stream come from the pool itself).
     pub fn with_config(upstream: PoolUpstream, config: PoolConfig) -> Result<PoolManager> {
-        let recipe = match &upstream {
-            PoolUpstream::Driver(ctx) => Recipe::Driver(ctx.clone()),
-            &PoolUpstream::Host { capacity, touch } => Recipe::Host { capacity, touch },
+        let recipe = match upstream {
+            PoolUpstream::Driver(ref ctx) => Recipe::Driver(ctx.clone()),
+            PoolUpstream::Host { capacity, touch } => {
+                // One stand-in device for the pool and its tag and stream
+                // pools. Over it, moved pieces are unmapped on the allocating
+                // thread (its events complete when waited for: a helper's
+                // timing would move a replay's figures).
+                let host = Arc::new(HostUpstream::new(capacity, touch));
+                let (up, vmm) = host_parts(&host, touch, config.segments.expandable);
+                let config = PoolConfig {
+                    background_unmap: false,
+                    ..config
+                };
+                return Self::build(
+                    PoolUpstream::Custom(up, Box::new(HostEvents::immediate()), vmm, None),
+                    config,
+                    Recipe::Host { host, touch },
+                );
+            }
             PoolUpstream::Custom(..) => Recipe::None,
         };
         Self::build(upstream, config, recipe)
@@ -142,8 +159,8 @@ impl PoolManager {
         config: PoolConfig,
         clock: Arc<emm_core::HostClock>,
     ) -> Result<PoolManager> {
-        let (host, vmm) =
-            super::upstream::host_standin(capacity, false, config.segments.expandable);
+        let host = Arc::new(HostUpstream::new(capacity, false));
+        let (up, vmm) = host_parts(&host, false, config.segments.expandable);
         // As over the plain stand-in, moved pieces are unmapped on the replaying
         // thread, so a replay gives the same figures every time.
         let config = PoolConfig {
@@ -151,11 +168,11 @@ impl PoolManager {
             ..config
         };
         let recipe = Recipe::Lagged {
-            capacity,
+            host,
             clock: clock.clone(),
         };
         Self::build(
-            PoolUpstream::Custom(host, Box::new(crate::LaggedEvents::new(clock)), vmm, None),
+            PoolUpstream::Custom(up, Box::new(crate::LaggedEvents::new(clock)), vmm, None),
             config,
             recipe,
         )

@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use emm_core::{HostClock, Result};
+use emm_default::HostUpstream;
 use emm_driver::Context;
 
 use super::config::PoolConfig;
 use super::shared::Core;
-use super::upstream::{host_standin, make_core, PoolUpstream};
+use super::upstream::{host_parts, make_core, PoolUpstream};
+use crate::events::HostEvents;
 use crate::family::Family;
 
 /// How to make a sibling pool: the parent's upstream, again.
@@ -19,12 +21,17 @@ use crate::family::Family;
 pub(super) enum Recipe {
     /// `cuMemAlloc` and virtual memory in this context.
     Driver(Context),
-    /// The host stand-in.
-    Host { capacity: usize, touch: bool },
+    /// The host stand-in: the parent's, so that the family counts against one
+    /// device's capacity (`--device-memory`).
+    Host {
+        host: Arc<HostUpstream>,
+        touch: bool,
+    },
     /// The host stand-in whose device runs behind the host by `clock`
-    /// ([`PoolManager::host_lagged`](super::PoolManager::host_lagged)).
+    /// ([`PoolManager::host_lagged`](super::PoolManager::host_lagged)), the
+    /// parent's as above.
     Lagged {
-        capacity: usize,
+        host: Arc<HostUpstream>,
         clock: Arc<HostClock>,
     },
     /// A custom upstream cannot be made again: no siblings are made
@@ -65,11 +72,14 @@ impl Siblings {
     pub(super) fn make(&self, config: PoolConfig, what: &'static str) -> Result<Arc<Core>> {
         let upstream = match &self.recipe {
             Recipe::Driver(ctx) => PoolUpstream::Driver(ctx.clone()),
-            &Recipe::Host { capacity, touch } => PoolUpstream::Host { capacity, touch },
-            Recipe::Lagged { capacity, clock } => {
-                let (host, vmm) = host_standin(*capacity, false, config.segments.expandable);
+            Recipe::Host { host, touch } => {
+                let (up, vmm) = host_parts(host, *touch, config.segments.expandable);
+                PoolUpstream::Custom(up, Box::new(HostEvents::immediate()), vmm, None)
+            }
+            Recipe::Lagged { host, clock } => {
+                let (up, vmm) = host_parts(host, false, config.segments.expandable);
                 PoolUpstream::Custom(
-                    host,
+                    up,
                     Box::new(crate::LaggedEvents::new(clock.clone())),
                     vmm,
                     None,

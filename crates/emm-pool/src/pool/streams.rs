@@ -160,7 +160,7 @@ mod tests {
     fn pools(bound: usize) -> StreamPools {
         let siblings = Siblings::new(
             Recipe::Host {
-                capacity: 1 << 30,
+                host: Arc::new(emm_default::HostUpstream::new(1 << 30, false)),
                 touch: false,
             },
             Arc::new(Family::default()),

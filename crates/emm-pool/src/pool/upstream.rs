@@ -46,13 +46,27 @@ pub(super) fn host_standin(
     touch: bool,
     expandable: bool,
 ) -> (Box<dyn Upstream>, Option<Box<dyn VirtualMemory>>) {
-    let host = Arc::new(HostUpstream::new(capacity, touch));
+    host_parts(
+        &Arc::new(HostUpstream::new(capacity, touch)),
+        touch,
+        expandable,
+    )
+}
+
+/// The upstream and virtual memory of a pool over the host stand-in `host`,
+/// which a pool and its tag and stream pools share: one device, whose capacity
+/// they all count against.
+pub(super) fn host_parts(
+    host: &Arc<HostUpstream>,
+    touch: bool,
+    expandable: bool,
+) -> (Box<dyn Upstream>, Option<Box<dyn VirtualMemory>>) {
     let vmm: Option<Box<dyn VirtualMemory>> = if expandable && !touch {
         Some(Box::new(HostVmm::new(host.clone())))
     } else {
         None
     };
-    (Box::new(host), vmm)
+    (Box::new(host.clone()), vmm)
 }
 
 /// The shared state of a pool over `upstream` with `config` (a pool's own, or
