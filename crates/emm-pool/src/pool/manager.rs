@@ -471,33 +471,27 @@ impl PoolManager {
     /// (call it while no other thread allocates or frees). Returns what is
     /// wrong.
     pub fn check(&self) -> std::result::Result<(), String> {
-        let (mut reserved, mut active) = {
-            let a = self.core.lock();
-            a.check()?;
-            (a.stats.reserved, a.stats.live)
-        };
-        for c in self.sibling_cores() {
-            let a = c.lock();
+        // Each pool locked once: checked, and its bytes summed.
+        let (mut reserved, mut active) = (0, 0);
+        let mut check = |core: &Arc<Core>, what: &dyn Fn() -> String| {
+            let a = core.lock();
+            a.check().map_err(|e| format!("{}{e}", what()))?;
             reserved += a.stats.reserved;
             active += a.stats.live;
+            Ok::<(), String>(())
+        };
+        check(&self.core, &String::new)?;
+        for t in self.tags.all() {
+            check(&t.core, &|| format!("tag `{}`: ", t.tag.name()))?;
+        }
+        for p in self.streams.all() {
+            check(&p.core, &|| format!("the pool of stream {:#x}: ", p.stream))?;
         }
         let (family_reserved, family_active) = (self.family.reserved(), self.family.active());
         if (family_reserved, family_active) != (reserved, active) {
             return Err(format!(
                 "the family counts {family_reserved} bytes reserved and {family_active} active; its pools sum to {reserved} and {active}"
             ));
-        }
-        for t in self.tags.all() {
-            t.core
-                .lock()
-                .check()
-                .map_err(|e| format!("tag `{}`: {e}", t.tag.name()))?;
-        }
-        for p in self.streams.all() {
-            p.core
-                .lock()
-                .check()
-                .map_err(|e| format!("the pool of stream {:#x}: {e}", p.stream))?;
         }
         Ok(())
     }

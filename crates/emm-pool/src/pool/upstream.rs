@@ -39,20 +39,6 @@ pub enum PoolUpstream {
     ),
 }
 
-/// The host stand-in's memory of `capacity` bytes (backed by real memory with
-/// `touch`) and, with `expandable` and without `touch`, its virtual memory.
-pub(super) fn host_standin(
-    capacity: usize,
-    touch: bool,
-    expandable: bool,
-) -> (Box<dyn Upstream>, Option<Box<dyn VirtualMemory>>) {
-    host_parts(
-        &Arc::new(HostUpstream::new(capacity, touch)),
-        touch,
-        expandable,
-    )
-}
-
 /// The upstream and virtual memory of a pool over the host stand-in `host`,
 /// which a pool and its tag and stream pools share: one device, whose capacity
 /// they all count against.
@@ -144,7 +130,8 @@ pub(super) fn make_core(
             )
         }
         PoolUpstream::Host { capacity, touch } => {
-            let (host, vmm) = host_standin(capacity, touch, config.segments.expandable);
+            let host = Arc::new(HostUpstream::new(capacity, touch));
+            let (host, vmm) = host_parts(&host, touch, config.segments.expandable);
             (host, Box::new(HostEvents::immediate()), vmm, None)
         }
         PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
