@@ -2,6 +2,10 @@
 # Builds and runs torch_pair.cpp against the PyTorch installed on the GPU machine and
 # gpu-bundle/lib/libemm_capi.so: the raw pairs of every variant in one process, then
 # ROUNDS (default 5) interleaved rounds of tensor pairs, one process per variant.
+# With TRACES (paths of recorded traces, space-separated), instead: ROUNDS rounds
+# of `torch_pair trace` over each trace (PASSES passes, default 20), one process
+# per variant (native, expandable segments, emm's object), the order rotated each
+# round; every line names its round.
 # Usage (repository root): python/gpu/benchmarks/torch_pair.sh
 set -eu
 T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
@@ -9,8 +13,25 @@ ABI=$(python3 -c "import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=$ABI python/gpu/benchmarks/torch_pair.cpp -o /tmp/torch_pair \
   -I$T/include -I$T/include/torch/csrc/api/include -I/usr/local/cuda/include \
   -L$T/lib -ltorch_cuda -ltorch -ltorch_cpu -lc10_cuda -lc10 -Lgpu-bundle/lib -lemm_capi \
-  -L/usr/local/cuda/lib64 -lcudart \
+  -L/usr/local/cuda/lib64 -lcudart -ldl \
   -Wl,-rpath,$T/lib -Wl,-rpath,$PWD/gpu-bundle/lib
+if [ -n "${TRACES:-}" ]; then
+  variants=(native expandable emm-object)
+  for r in $(seq "${ROUNDS:-5}"); do
+    for t in $TRACES; do
+      for i in 0 1 2; do
+        v=${variants[$(( (i + r) % 3 ))]}
+        if [ "$v" = expandable ]; then
+          out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /tmp/torch_pair trace native "$t" "${PASSES:-20}" 2>&1) || true
+        else
+          out=$(/tmp/torch_pair trace "$v" "$t" "${PASSES:-20}" 2>&1) || true
+        fi
+        echo "$out" | sed "s/^/round $r $v /"
+      done
+    done
+  done
+  exit 0
+fi
 /tmp/torch_pair
 for r in $(seq "${ROUNDS:-5}"); do
   for v in native pluggable-emm emm-object; do
