@@ -91,6 +91,29 @@ def test_a_variant_with_driver_work_in_every_step_still_has_its_row(rounds, caps
     assert "| emm-pool | 0 | - | 2 | 1.500 / 1.500 |" in out, out
 
 
+def test_a_step_in_which_another_rank_did_driver_work_is_not_quiet(rounds, capsys):
+    # Rank 0 moved nothing in the second step, rank 1 did: a step of DDP or FSDP2
+    # waits for its slowest rank, so the step counts as one with driver work.
+    results = {
+        ("gpt2", "expandable"): [{"round": 0, "total_ms": 6.0, "step_ms": [2.0, 2.0, 2.0]}],
+        ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 9.0, "step_ms": [2.0, 4.0, 2.2],
+                                "step_changes": [{}, {}, {}],
+                                "step_changes_ranks": [[{}, {}, {}],
+                                                       [{}, {"pieces_moved": 7}, {}]]}],
+    }
+    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool | 2 | 1.050 / 1.050 (1.050) | 1 | 2.000 / 2.000 |" in out, out
+    assert rounds.busy_steps(results[("gpt2", "emm-pool")][0]) == [False, True, False]
+
+
+def test_a_log_without_every_ranks_counters_falls_back_to_rank_0s(rounds):
+    x = {"step_ms": [1.0, 1.0], "step_changes": [{"pieces_moved": 3}, {"num_device_alloc": 1}, {}]}
+    assert rounds.busy_steps(x) == [True, False]
+    # Counters that do not cover every timed step say nothing.
+    assert rounds.busy_steps({"step_ms": [1.0, 1.0], "step_changes": [{}]}) is None
+
+
 def _log(path, rounds_and_variants, first):
     """A train_rounds log of one run (started at round `first`) whose processes
     each printed a RESULT line; an earlier, abandoned run comes first."""

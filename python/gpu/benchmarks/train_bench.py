@@ -348,6 +348,10 @@ def main():
             # when every rank's did: the probe of a step is the slowest rank's.
             result["probe_ms_ranks"] = [r["probe_ms"] for r in everyone]
             result["probe_ms"] = [max(ps) for ps in zip(*result["probe_ms_ranks"])]
+            # Every rank's counter changes a step: a step waits for the slowest
+            # rank, so a growth on any rank shows in rank 0's time
+            # (train_rounds.busy_steps).
+            result["step_changes_ranks"] = [r["step_changes"] for r in everyone]
             result["peak_reserved"] = max(r["peak_reserved"] for r in everyone)
             result["peak_allocated"] = max(r["peak_allocated"] for r in everyone)
         dist.destroy_process_group()

@@ -329,6 +329,21 @@ def driver_work(change):
     return any(change.get(k) for k in DRIVER_WORK)
 
 
+def busy_steps(x):
+    """For each timed step of the process `x`, whether any rank's allocator did
+    driver work in it (a step of DDP or FSDP2 waits for its slowest rank at the
+    collectives, so another rank's growth shows in rank 0's time); rank 0's own
+    counters where the log has no other rank's (`step_changes_ranks`: single-GPU
+    runs, and logs from before the benchmark gathered them). None when the counters
+    do not cover every timed step."""
+    n = len(x["step_ms"])
+    per_rank = x.get("step_changes_ranks") or [x.get("step_changes", [])]
+    per_rank = [changes[-n:] for changes in per_rank]
+    if n == 0 or any(len(changes) != n for changes in per_rank):
+        return None
+    return [any(driver_work(changes[i]) for changes in per_rank) for i in range(n)]
+
+
 def tables(args, results):
     world = (f", {args.ddp} GPUs ({'FSDP2' if getattr(args, 'fsdp', False) else 'DDP'})" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
@@ -349,7 +364,7 @@ def tables(args, results):
             # Timed steps whose allocator counters show driver work (allocations,
             # frees, pieces mapped or moved, synchronizations): where an allocator's
             # own cost can show in a step.
-            busy = sum(1 for x in rs for c in x.get("step_changes", [])[-len(x["step_ms"]):] if driver_work(c))
+            busy = sum(sum(busy_steps(x) or []) for x in rs)
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
@@ -473,12 +488,12 @@ def quiet_and_busy(w, args, results):
             if not mates:
                 continue
             best = min(mates, key=lambda y: y["total_ms"])["step_ms"]
-            changes = x.get("step_changes", [])[-len(x["step_ms"]):]
-            if len(changes) != len(x["step_ms"]):
+            work = busy_steps(x)
+            if work is None:
                 continue
             q = []
-            for t, b, c in zip(x["step_ms"], best, changes):
-                (busy if driver_work(c) else q).append(t / b)
+            for t, b, w_ in zip(x["step_ms"], best, work):
+                (busy if w_ else q).append(t / b)
             quiet += q
             if q:
                 per_round.append(statistics.median(q))
@@ -491,7 +506,7 @@ def quiet_and_busy(w, args, results):
                          + (f"{statistics.median(busy):.3f} / {statistics.mean(busy):.3f} |" if busy else "- |"))
     if lines:
         print(f"\n{w}, each timed step / the faster PyTorch variant's step of the same index and round, "
-              f"by whether the allocator did driver work in it:")
+              f"by whether the allocator did driver work in it (on any rank, where the log has every rank's counters):")
         print("| variant | steps without driver work | their ratio: median / mean (each round's median) "
               "| steps with driver work | their ratio: median / mean |")
         print("|---|---|---|---|---|")
