@@ -207,7 +207,7 @@ for bin in bin/*; do
     $CS --tool memcheck --leak-check full --report-api-errors $api --error-exitcode 86       "$bin" --exact "$t" --include-ignored --test-threads=1 > "$log" 2>&1
     rc=$?
     errs=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -n1 | grep -oE '[0-9]+$')
-    leaks=$(grep -cE 'Leaked [0-9]+ bytes' "$log")
+    leaks=$(grep -cE 'Leaked [0-9,]+ bytes' "$log")
     if [ $rc -eq 0 ] && [ "${errs:-0}" = 0 ] && [ "$leaks" = 0 ]; then
       pass=$((pass+1)); echo "ok    $name $t$tag"
       [ -n "$tag" ] && expected=$((expected+1))

@@ -2,7 +2,9 @@
 //! device (`cuMemGetInfo`): lowering `pool_limit` below what the pool reserves
 //! gives the cache back, keeps live bytes, and refuses what would pass it;
 //! `pool_release_threshold` gives memory above it back when set and after frees
-//! whose streams are idle. (This binary holds only this test: configuration is
+//! whose streams are idle; and `release_cached` gives every byte back, the
+//! created stream's own pool's too, so the process ends holding nothing (the
+//! sanitizer's leak check). (This binary holds only this test: configuration is
 //! process-wide.)
 
 use emm::core::SYNC_STREAM;
@@ -106,4 +108,21 @@ fn run_time_settings_give_memory_to_the_device() {
     assert!(after <= 768 * MIB + 512 * MIB + 256 * MIB, "{after}");
     emm::configure("pool_release_threshold", "max").unwrap();
     drop(live);
+
+    // Nothing live: a release gives every pool's memory back to the device.
+    ctx.synchronize().unwrap();
+    let (free4, _) = ctx.mem_info().unwrap();
+    let cached = reserved(m.as_ref());
+    assert!(cached > 0, "the pool cached nothing to release");
+    let released = m.release_cached().unwrap();
+    let (free5, _) = ctx.mem_info().unwrap();
+    println!(
+        "release_cached: {} MiB released of {} MiB reserved; the device's free memory rose by {} MiB",
+        released / MIB,
+        cached / MIB,
+        (free5 - free4) / MIB
+    );
+    assert_eq!(reserved(m.as_ref()), 0, "a pool kept memory");
+    assert_eq!(released, cached);
+    assert!(free5 - free4 + 4 * MIB >= cached);
 }
