@@ -168,6 +168,14 @@ fn a_request_takes_another_streams_free_memory_under_the_limit() {
     let e = p.memalloc_async(70 * MIB, stream(0x10)).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert_eq!(p.stats().num_ooms, 1, "counted once");
+    // The message says what the refusing pool holds (stream 0x10's: nothing
+    // live) and what the family holds together (stream 0x20's 70 MiB).
+    let msg = e.to_string();
+    assert!(msg.contains("live 0 B"), "{msg}");
+    assert!(
+        msg.contains("all 3 pools of this manager (its own, its stream and tag pools) together: live 70.0 MiB"),
+        "{msg}"
+    );
     drop(b);
     p.check().unwrap();
 }

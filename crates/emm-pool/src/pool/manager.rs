@@ -207,7 +207,9 @@ impl PoolManager {
     /// goes back first (a trim of each; paused tags keep theirs) and
     /// `allocate` runs once more: one stream's or tag's cache never makes
     /// another's request fail. The refused first try is not counted in
-    /// `num_ooms` (its `oom` history entry stays): only the outcome is.
+    /// `num_ooms` (its `oom` history entry stays): only the outcome is. An
+    /// out-of-memory error that stands says what the pool that refused held
+    /// and, where the family has other pools, what they all hold together.
     fn with_family_memory(
         &self,
         owner: &dyn Fn() -> Option<Arc<Core>>,
@@ -222,16 +224,46 @@ impl PoolManager {
                     .collect();
                 let freed: usize = others.iter().map(trim_core).sum();
                 if freed == 0 {
-                    return Err(e);
+                    return Err(self.with_family_figures(e, others.len()));
                 }
                 let r = allocate();
                 if let Some(o) = owner {
                     let mut arena = o.lock();
                     arena.stats.ooms = arena.stats.ooms.saturating_sub(1);
                 }
-                r
+                r.map_err(|e| self.with_family_figures(e, others.len()))
             }
             r => r,
+        }
+    }
+
+    /// `e`, an out-of-memory error of one of the family's pools, with the
+    /// family's figures added to its detail where `others` other pools share
+    /// the device with the one that refused (its own live and reserved bytes
+    /// leave theirs out); any other error, or a pool alone, unchanged.
+    fn with_family_figures(&self, e: EmmError, others: usize) -> EmmError {
+        match e {
+            EmmError::OutOfMemory {
+                what,
+                manager,
+                requested,
+                free,
+                total,
+                detail,
+            } if others > 0 => EmmError::OutOfMemory {
+                what,
+                manager,
+                requested,
+                free,
+                total,
+                detail: format!(
+                    "{detail} (of the pool that refused); all {} pools of this manager (its own, its stream and tag pools) together: live {}, reserved {}",
+                    others + 1,
+                    emm_core::fmt_bytes(self.family.active()),
+                    emm_core::fmt_bytes(self.family.reserved()),
+                ),
+            },
+            e => e,
         }
     }
 
