@@ -374,8 +374,14 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         say_diagnostics(t, &summary);
         let mut tr = trace_report(t, &summary);
         for m in &args.managers {
-            if m == POOL_SHARED && args.shared_where_streams && !shared_differs(&summary) {
-                continue;
+            if m == POOL_SHARED && args.shared_where_streams {
+                if let Some(why) = shared_repeats_pool(&summary) {
+                    tr.left_out.push(Skipped {
+                        manager: m.clone(),
+                        why: why.to_owned(),
+                    });
+                    continue;
+                }
             }
             let clock = args.clock();
             let manager = match build_target(
@@ -659,6 +665,7 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         }),
         managers: Vec::new(),
         skipped: Vec::new(),
+        left_out: Vec::new(),
         fit: Vec::new(),
         source: Some(t.clone()),
     }
@@ -684,8 +691,14 @@ fn at_peak(t: &Trace, events: u64, p: &emm::trace::PeakMap, m: &peak::Map) -> At
     }
 }
 
-/// Whether [`POOL_SHARED`] can differ from `pool` on a trace of `summary`: it
-/// has more than one stream, and the pool's stream pools are on.
-fn shared_differs(summary: &Summary) -> bool {
-    summary.streams > 1 && emm::emm_pool::PoolConfig::from_env().is_ok_and(|c| c.stream_pools > 0)
+/// Why [`POOL_SHARED`] would repeat `pool` on a trace of `summary`, if it
+/// would: the trace has one stream, or the pool's stream pools are off.
+fn shared_repeats_pool(summary: &Summary) -> Option<&'static str> {
+    if summary.streams <= 1 {
+        Some("the trace has one stream: one shared pool is the pool")
+    } else if !emm::emm_pool::PoolConfig::from_env().is_ok_and(|c| c.stream_pools > 0) {
+        Some("stream pools are off (EMM_POOL_STREAM_POOLS=0): the pool is one shared pool")
+    } else {
+        None
+    }
 }

@@ -89,6 +89,11 @@ pub struct TraceReport {
     pub pytorch: Option<TorchReport>,
     pub managers: Vec<ManagerReport>,
     pub skipped: Vec<Skipped>,
+    /// Managers `--manager all` names that were not replayed because they would
+    /// repeat another here (`pool-shared` on a trace of one stream, or with
+    /// stream pools off), and why: in the JSON only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<Skipped>,
     /// `--fit`'s answers, one per manager that ran.
     pub fit: Vec<FitReport>,
     /// The trace itself, for what the page shows of it (times, stacks,
@@ -836,6 +841,7 @@ mod tests {
                 pytorch: None,
                 managers: vec![m],
                 skipped: Vec::new(),
+                left_out: Vec::new(),
                 fit: Vec::new(),
                 source: None,
             }],

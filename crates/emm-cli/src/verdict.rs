@@ -21,9 +21,28 @@ pub struct Facts<'a> {
     pub device_memory: Option<u64>,
 }
 
-/// The verdict, or `None` when emm's pool did not run (or failed).
+/// The verdict, or `None` when emm's pool did not run (or failed), in neither
+/// of its forms (`pool`, and `pool-shared`: one pool for every stream).
 pub fn headline(f: &Facts<'_>) -> Option<String> {
-    let pool = f.ran.iter().find(|m| m.manager == "pool" && !m.failed)?;
+    let ran = |name: &str| f.ran.iter().find(|m| m.manager == name && !m.failed);
+    let shared = ran(crate::names::POOL_SHARED);
+    // The pool as configured leads; where it failed (or was not asked for) and
+    // one shared pool ran, that leads, named with the setting that gives it.
+    let (pool, lead) = match (ran("pool"), shared) {
+        (Some(p), _) => (p, "emm pool".to_owned()),
+        (None, Some(s)) => (
+            s,
+            format!(
+                "emm pool with one shared pool for every stream (EMM_POOL_STREAM_POOLS=0){}",
+                if f.ran.iter().any(|m| m.manager == "pool") {
+                    ", as the pool with stream pools does not run,"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        (None, None) => return None,
+    };
     let peer = |name: &str| {
         f.ran
             .iter()
@@ -37,7 +56,7 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
         .chain(recorded)
         .collect();
     let mut s = format!(
-        "emm pool {} at peak",
+        "{lead} {} at peak",
         units::bytes(u128::from(pool.peak_reserved_bytes))
     );
     for (name, bytes) in &peers {
@@ -52,11 +71,7 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
     }
     // A trace of several streams: the pool with one shared arena beside it,
     // and the setting that gives it.
-    if let Some(shared) = f
-        .ran
-        .iter()
-        .find(|m| m.manager == crate::names::POOL_SHARED && !m.failed)
-    {
+    if let Some(shared) = shared.filter(|s| !std::ptr::eq(*s, pool)) {
         let (a, b) = (pool.peak_reserved_bytes, shared.peak_reserved_bytes);
         s += &format!(
             "; with one shared pool for every stream {}{}",
@@ -76,8 +91,16 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
         );
     }
     let needs = |name: &str| f.fit.iter().find(|x| x.0 == name).and_then(|x| x.1);
-    if let Some(n) = needs("pool") {
-        s += &format!("; the pool fits on {}", units::bytes(u128::from(n)));
+    let fits = [
+        ("the pool", needs("pool")),
+        ("one shared pool", needs(crate::names::POOL_SHARED)),
+    ];
+    let mut said = fits.iter().filter_map(|&(who, n)| Some((who, n?)));
+    if let Some((who, n)) = said.next() {
+        s += &format!("; {who} fits on {}", units::bytes(u128::from(n)));
+        for (who, n) in said {
+            s += &format!(", {who} on {}", units::bytes(u128::from(n)));
+        }
         for name in ["pytorch-expandable", "pytorch-native"] {
             if let Some(n) = needs(name) {
                 s += &format!(", {name} needs {}", units::bytes(u128::from(n)));
@@ -102,4 +125,95 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
         );
     }
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn ran(manager: &str, gib: u64, failed: bool) -> Ran<'_> {
+        Ran {
+            manager,
+            peak_reserved_bytes: gib * GIB,
+            failed,
+        }
+    }
+
+    fn facts<'a>(ran: Vec<Ran<'a>>, fit: Vec<(&'a str, Option<u64>)>) -> Facts<'a> {
+        Facts {
+            ran,
+            recorded: None,
+            fit,
+            device_memory: None,
+        }
+    }
+
+    #[test]
+    fn the_pool_leads_and_one_shared_pool_is_set_beside_it() {
+        let f = facts(
+            vec![
+                ran("pool", 10, false),
+                ran("pool-shared", 8, false),
+                ran("pytorch-expandable", 12, false),
+            ],
+            vec![],
+        );
+        let s = headline(&f).unwrap();
+        assert!(s.starts_with("emm pool 10.0 GiB at peak; pytorch-expandable 12.0 GiB: the pool saves 2.00 GiB (17 %)"), "{s}");
+        assert!(
+            s.contains("with one shared pool for every stream 8.00 GiB, 2.00 GiB less: set EMM_POOL_STREAM_POOLS=0 for this job"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn where_the_pool_fails_one_shared_pool_leads_named_with_its_setting() {
+        let f = facts(
+            vec![
+                ran("pool", 10, true),
+                ran("pool-shared", 8, false),
+                ran("pytorch-expandable", 12, false),
+            ],
+            vec![],
+        );
+        let s = headline(&f).unwrap();
+        assert!(
+            s.starts_with("emm pool with one shared pool for every stream (EMM_POOL_STREAM_POOLS=0), as the pool with stream pools does not run, 8.00 GiB at peak; pytorch-expandable 12.0 GiB: the pool saves 4.00 GiB"),
+            "{s}"
+        );
+        assert!(!s.contains("less: set"), "not set beside itself: {s}");
+        // Asked for alone, it leads without the clause on the pool.
+        let f = facts(vec![ran("pool-shared", 8, false)], vec![]);
+        assert_eq!(
+            headline(&f).unwrap(),
+            "emm pool with one shared pool for every stream (EMM_POOL_STREAM_POOLS=0) 8.00 GiB at peak"
+        );
+        // Neither ran: no verdict.
+        let f = facts(vec![ran("pool", 10, true), ran("pool-shared", 8, true)], vec![]);
+        assert_eq!(headline(&f), None);
+    }
+
+    #[test]
+    fn the_fit_names_each_form_of_the_pool_that_has_an_answer() {
+        let f = facts(
+            vec![ran("pool", 10, false), ran("pool-shared", 8, false)],
+            vec![
+                ("pool", Some(11 * GIB)),
+                ("pool-shared", Some(9 * GIB)),
+                ("pytorch-native", Some(14 * GIB)),
+            ],
+        );
+        let s = headline(&f).unwrap();
+        assert!(
+            s.ends_with("; the pool fits on 11.0 GiB, one shared pool on 9.00 GiB, pytorch-native needs 14.0 GiB"),
+            "{s}"
+        );
+        let f = facts(
+            vec![ran("pool", 10, true), ran("pool-shared", 8, false)],
+            vec![("pool", None), ("pool-shared", Some(9 * GIB))],
+        );
+        assert!(headline(&f).unwrap().ends_with("; one shared pool fits on 9.00 GiB"));
+    }
 }

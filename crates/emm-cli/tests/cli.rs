@@ -1426,18 +1426,50 @@ fn a_trace_of_several_streams_is_replayed_through_one_shared_pool_too() {
         "{}",
         text(&o.stdout)
     );
+    // Why it was left out, in the JSON only.
+    let left_out = |o: &Output| -> Vec<(String, String)> {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["traces"][0]["left_out"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|m| {
+                        (
+                            m["manager"].as_str().unwrap().to_owned(),
+                            m["why"].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(left_out(&replay(&two, &["--json"], &[])), vec![]);
     // One stream: the same as `pool`, left out.
-    let p = peaks(&replay(&one, &["--json"], &[]));
+    let o = replay(&one, &["--json"], &[]);
+    let p = peaks(&o);
     assert_eq!(of(&p, "pool"), Some(64 << 20), "{p:?}");
     assert_eq!(of(&p, "pool-shared"), None, "{p:?}");
+    assert_eq!(
+        left_out(&o),
+        vec![(
+            "pool-shared".to_owned(),
+            "the trace has one stream: one shared pool is the pool".to_owned()
+        )]
+    );
+    assert!(
+        !text(&replay(&one, &[], &[]).stdout).contains("pool-shared"),
+        "a table says nothing of it"
+    );
     // Stream pools off: `pool` is the shared pool already.
-    let p = peaks(&replay(
-        &two,
-        &["--json"],
-        &[("EMM_POOL_STREAM_POOLS", "0")],
-    ));
+    let o = replay(&two, &["--json"], &[("EMM_POOL_STREAM_POOLS", "0")]);
+    let p = peaks(&o);
     assert_eq!(of(&p, "pool"), Some(64 << 20), "{p:?}");
     assert_eq!(of(&p, "pool-shared"), None, "{p:?}");
+    assert!(
+        left_out(&o)[0].1.starts_with("stream pools are off"),
+        "{:?}",
+        left_out(&o)
+    );
     // By name, it runs on any trace.
     let p = peaks(&replay(&one, &["--json", "-m", "pool-shared"], &[]));
     assert_eq!(p, vec![("pool-shared".to_owned(), 64 << 20)]);
