@@ -207,6 +207,17 @@ impl EmmError {
         }
     }
 
+    /// `true` for a driver error that says the driver is shutting down
+    /// ([`DriverError::is_shutting_down`]): at process exit, where what is left
+    /// to release goes with the driver.
+    pub fn is_driver_shutting_down(&self) -> bool {
+        match self {
+            EmmError::Driver(d) => d.is_shutting_down(),
+            EmmError::FreeFailed { source, .. } => source.is_shutting_down(),
+            _ => false,
+        }
+    }
+
     /// The fork this process came from, when the error is that CUDA cannot be
     /// used in a forked child ([`EmmError::Forked`], or the driver refusing to
     /// load for that reason).

@@ -266,9 +266,16 @@ impl Context {
     }
 
     /// Records an error raised while releasing something in `Drop`: logged now,
-    /// returned by the next fallible call.
+    /// returned by the next fallible call. A driver shutting down
+    /// ([`DriverError::is_shutting_down`]: the process is exiting, and the
+    /// driver frees what is left) is recorded too, but logged at debug level:
+    /// a drop after the driver's teardown is no fault of the program.
     pub fn record_drop_error(&self, error: DriverError) {
-        tracing::warn!(error = %error, "driver error during drop; it will be reported on the next call");
+        if error.is_shutting_down() {
+            tracing::debug!(error = %error, "driver shutting down during drop");
+        } else {
+            tracing::warn!(error = %error, "driver error during drop; it will be reported on the next call");
+        }
         if let Ok(mut list) = self.inner.deferred.lock() {
             list.push(error);
             self.inner.has_deferred.store(true, Ordering::Release);

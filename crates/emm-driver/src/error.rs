@@ -59,6 +59,13 @@ impl DriverError {
         self.code() == Some(CUresult::ERROR_OUT_OF_MEMORY)
     }
 
+    /// `true` when the driver reported `CUDA_ERROR_DEINITIALIZED`: it is shutting
+    /// down (the process is exiting and the driver's own teardown has run), and
+    /// it frees every allocation, mapping and event itself.
+    pub fn is_shutting_down(&self) -> bool {
+        self.code() == Some(CUresult::ERROR_DEINITIALIZED)
+    }
+
     pub(crate) fn invalid(what: &'static str, asked: impl ToString, found: impl ToString) -> Self {
         DriverError::InvalidArgument {
             what,

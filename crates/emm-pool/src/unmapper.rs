@@ -281,20 +281,36 @@ fn do_job(
 ) -> JobState {
     if let Some(id) = job.event {
         if let Err(e) = events.wait(id) {
-            tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
+            // At process exit the driver shuts down under the thread: what is
+            // still mapped goes with it, and nobody is left to warn.
+            if e.is_driver_shutting_down() {
+                tracing::debug!(error = %e, "the driver is shutting down; moved pieces are left to it");
+            } else {
+                tracing::warn!(error = %e, "waiting for moved pieces' work failed on the unmapping thread; the allocating thread unmaps them");
+            }
             return JobState::Returned;
         }
     }
+    let mut shutting_down = false;
     JobState::Done(
         job.maps
             .iter()
             .map(|&(addr, len)| {
+                if shutting_down {
+                    return false;
+                }
                 let unmapped = {
                     let _turn = turn.for_helper();
                     vmm.unmap_done(addr, len)
                 };
                 match unmapped {
                     Ok(()) => true,
+                    // One line for the job, not one a piece (thousands at exit).
+                    Err(e) if e.is_driver_shutting_down() => {
+                        tracing::debug!(error = %e, "the driver is shutting down; moved pieces are left to it");
+                        shutting_down = true;
+                        false
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, addr, len, "unmapping a moved piece's old mapping failed; it stays mapped");
                         false
@@ -340,5 +356,51 @@ mod tests {
         drop(unmapper);
         // Unmapped once, by the job (the claimed job did not run).
         assert!(v.unmap_done(base, 2 << 20).is_err());
+    }
+
+    /// A driver that has shut down (the process exiting): every unmap fails
+    /// with `CUDA_ERROR_DEINITIALIZED`.
+    struct ShutDown {
+        unmaps: std::sync::atomic::AtomicUsize,
+    }
+
+    impl VirtualMemory for ShutDown {
+        fn reserve(&self, _: usize) -> emm_core::Result<CUdeviceptr> {
+            unreachable!("the job only unmaps")
+        }
+        fn map(&self, _: CUdeviceptr, _: usize) -> emm_core::Result<()> {
+            unreachable!("the job only unmaps")
+        }
+        fn unmap(&self, _: CUdeviceptr, _: usize) -> emm_core::Result<()> {
+            self.unmaps
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(emm_core::EmmError::Driver(emm_driver::DriverError::Call {
+                call: "cuMemUnmap",
+                code: emm_sys::CUresult::ERROR_DEINITIALIZED,
+                name: "CUDA_ERROR_DEINITIALIZED".into(),
+                text: "driver shutting down".into(),
+            }))
+        }
+    }
+
+    #[test]
+    fn a_driver_shutting_down_ends_the_job_at_its_first_refusal() {
+        let v = ShutDown {
+            unmaps: std::sync::atomic::AtomicUsize::new(0),
+        };
+        let maps: Vec<_> = (0..1000u64).map(|i| (i << 21, 2 << 20)).collect();
+        let job = UnmapJob::new(maps, None);
+        assert!(job.start());
+        let state = do_job(&job, &v, &HostEvents::immediate(), &Turn::default());
+        // One call, not a thousand (each was an error line at exit); every
+        // mapping reported as not unmapped.
+        assert_eq!(v.unmaps.load(std::sync::atomic::Ordering::Relaxed), 1);
+        match state {
+            JobState::Done(done) => {
+                assert_eq!(done.len(), 1000);
+                assert!(done.iter().all(|&d| !d));
+            }
+            _ => panic!("the job is done"),
+        }
     }
 }

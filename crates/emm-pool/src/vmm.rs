@@ -606,11 +606,13 @@ impl Drop for DriverVmm {
         let mut first = None;
         let mut failed = 0usize;
         let mut stuck = Vec::new();
+        // A driver shutting down (the process exiting) frees it all itself:
+        // its refusals are not logged one by one.
         let mut note = |e: emm_driver::DriverError| {
             failed += 1;
             if first.is_none() {
                 first = Some(e);
-            } else {
+            } else if !e.is_shutting_down() {
                 tracing::error!(error = %e, "releasing the pool's virtual memory failed");
             }
         };
@@ -646,7 +648,7 @@ impl Drop for DriverVmm {
             }
         }
         if let Some(e) = first {
-            if failed > 1 {
+            if failed > 1 && !e.is_shutting_down() {
                 tracing::error!(
                     failed,
                     "{failed} driver calls failed releasing the pool's virtual memory; the first is reported"

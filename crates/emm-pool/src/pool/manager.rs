@@ -584,8 +584,14 @@ fn retire_core(core: &Arc<Core>, what: &str) {
     // entries go stale with the generation): wait for the device's work on
     // them, then give every segment back.
     core.generation.fetch_add(1, Ordering::AcqRel);
-    if let Err(e) = core.events.synchronize_all() {
-        tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
+    match core.events.synchronize_all() {
+        Err(e) if e.is_driver_shutting_down() => {
+            tracing::debug!(error = %e, "the driver is shutting down as the pool goes");
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "synchronizing before dropping a pool failed; freeing its segments anyway");
+        }
+        Ok(()) => {}
     }
     core.give_back_all("dropping a pool");
 }
