@@ -191,7 +191,10 @@ mod tests {
             "emm pool with one shared pool for every stream (EMM_POOL_STREAM_POOLS=0) 8.00 GiB at peak"
         );
         // Neither ran: no verdict.
-        let f = facts(vec![ran("pool", 10, true), ran("pool-shared", 8, true)], vec![]);
+        let f = facts(
+            vec![ran("pool", 10, true), ran("pool-shared", 8, true)],
+            vec![],
+        );
         assert_eq!(headline(&f), None);
     }
 
@@ -214,6 +217,8 @@ mod tests {
             vec![ran("pool", 10, true), ran("pool-shared", 8, false)],
             vec![("pool", None), ("pool-shared", Some(9 * GIB))],
         );
-        assert!(headline(&f).unwrap().ends_with("; one shared pool fits on 9.00 GiB"));
+        assert!(headline(&f)
+            .unwrap()
+            .ends_with("; one shared pool fits on 9.00 GiB"));
     }
 }
