@@ -619,6 +619,12 @@ impl Drop for DriverVmm {
         for (addr, (_, len)) in mapped {
             // SAFETY: each mapping is undone once.
             if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(addr, len) }) {
+                if e.is_shutting_down() {
+                    // The driver has torn down with everything it held (the
+                    // process is exiting): nothing is left to undo or report.
+                    self.ctx.record_drop_error(e);
+                    return;
+                }
                 stuck.push(addr);
                 note(e);
             }

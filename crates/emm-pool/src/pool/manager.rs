@@ -224,24 +224,25 @@ impl PoolManager {
                     .collect();
                 let freed: usize = others.iter().map(trim_core).sum();
                 if freed == 0 {
-                    return Err(self.with_family_figures(e, others.len()));
+                    return Err(self.with_family_figures(e));
                 }
                 let r = allocate();
                 if let Some(o) = owner {
                     let mut arena = o.lock();
                     arena.stats.ooms = arena.stats.ooms.saturating_sub(1);
                 }
-                r.map_err(|e| self.with_family_figures(e, others.len()))
+                r.map_err(|e| self.with_family_figures(e))
             }
             r => r,
         }
     }
 
     /// `e`, an out-of-memory error of one of the family's pools, with the
-    /// family's figures added to its detail where `others` other pools share
-    /// the device with the one that refused (its own live and reserved bytes
-    /// leave theirs out); any other error, or a pool alone, unchanged.
-    fn with_family_figures(&self, e: EmmError, others: usize) -> EmmError {
+    /// family's figures added to its detail where other pools share the device
+    /// with the one that refused (its own live and reserved bytes leave theirs
+    /// out); any other error, or a pool alone, unchanged.
+    fn with_family_figures(&self, e: EmmError) -> EmmError {
+        let pools = 1 + self.sibling_cores().len();
         match e {
             EmmError::OutOfMemory {
                 what,
@@ -250,15 +251,14 @@ impl PoolManager {
                 free,
                 total,
                 detail,
-            } if others > 0 => EmmError::OutOfMemory {
+            } if pools > 1 => EmmError::OutOfMemory {
                 what,
                 manager,
                 requested,
                 free,
                 total,
                 detail: format!(
-                    "{detail} (of the pool that refused); all {} pools of this manager (its own, its stream and tag pools) together: live {}, reserved {}",
-                    others + 1,
+                    "{detail} (of the pool that refused); all {pools} pools of this manager (its own, its stream and tag pools) together: live {}, reserved {}",
                     emm_core::fmt_bytes(self.family.active()),
                     emm_core::fmt_bytes(self.family.reserved()),
                 ),
