@@ -120,7 +120,11 @@ pub fn headline(f: &Facts<'_>) -> Option<String> {
             if not.is_empty() {
                 "every manager runs".to_owned()
             } else {
-                format!("{} do not run", not.join(", "))
+                format!(
+                    "{} {} not run",
+                    not.join(", "),
+                    if not.len() == 1 { "does" } else { "do" }
+                )
             }
         );
     }

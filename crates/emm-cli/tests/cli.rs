@@ -1344,7 +1344,7 @@ fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
     ]);
     let out = text(&o.stdout);
     assert!(
-        out.contains("; on 3.50 GiB: pytorch-native do not run"),
+        out.contains("; on 3.50 GiB: pytorch-native does not run"),
         "{out}"
     );
     let o = run(&[
