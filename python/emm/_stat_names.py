@@ -43,6 +43,7 @@ SCAN_STEPS = "emm.scan_steps"
 PIECES_MAPPED = "emm.pieces_mapped"
 PIECES_MOVED = "emm.pieces_moved"
 PIECES_UNMAPPED = "emm.pieces_unmapped"
+PIECES_REPLACED = "emm.pieces_replaced"
 RETIRE_WAITS = "emm.retire_waits"
 TIGHTENINGS = "emm.tightenings"
 MERGES = "emm.merges"
@@ -103,6 +104,7 @@ NAMES = (
     PIECES_MAPPED,
     PIECES_MOVED,
     PIECES_UNMAPPED,
+    PIECES_REPLACED,
     RETIRE_WAITS,
     TIGHTENINGS,
     MERGES,

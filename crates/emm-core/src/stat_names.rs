@@ -90,6 +90,8 @@ stat_names! {
     PIECES_MOVED = "emm.pieces_moved";
     /// Pieces of the expandable segment unmapped (memory given back).
     PIECES_UNMAPPED = "emm.pieces_unmapped";
+    /// Pieces of the expandable segment that growth gave back instead of moving them (idle, smaller than the request's new pieces; counted in `emm.pieces_unmapped` too).
+    PIECES_REPLACED = "emm.pieces_replaced";
     /// Times the pool waited for the work on old mappings of moved pieces (growth
     /// past the number it lets wait, or a trim or pause unmapping them all): a
     /// host stall until the device caught up.

@@ -70,6 +70,11 @@ counters! {
     /// Mappings unmapped once the work queued on them was done (one driver call
     /// each): old mappings of moved pieces, and idle pieces `trim` gave back.
     pieces_unmapped => PIECES_UNMAPPED,
+    /// Pieces of the expandable segment that growth gave back instead of
+    /// moving them: idle, and smaller than the pieces new memory for the
+    /// request comes in (`SegmentPolicy::replace_pieces`; counted in
+    /// `pieces_unmapped` too).
+    pieces_replaced => PIECES_REPLACED,
     /// Times the pool waited for the work queued on old mappings of moved pieces
     /// (growth past the number it lets wait, or a trim or pause unmapping them
     /// all): host stalls until the device caught up.

@@ -107,6 +107,18 @@ pub static WAIT_PARKED: Setting<bool> = Setting::new(
     parse::flag,
 );
 
+/// `pool_replace_pieces` (`EMM_POOL_REPLACE_PIECES`).
+pub static REPLACE_PIECES: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_replace_pieces",
+        "EMM_POOL_REPLACE_PIECES",
+        ValueKind::Count,
+        "0",
+        "n > 0: growth gives back the pieces under n pages lying in free holes that no queued work uses and maps new memory in pieces of up to n pages, instead of moving them (0: off)",
+    ),
+    parse::count,
+);
+
 /// `pool_background_unmap` (`EMM_POOL_BACKGROUND_UNMAP`).
 pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
     Key::new(
@@ -141,6 +153,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &THREAD_CACHE,
     &ADOPT_PARKED,
     &WAIT_PARKED,
+    &REPLACE_PIECES,
     &BACKGROUND_UNMAP,
     &STREAM_POOLS,
 ];

@@ -394,7 +394,7 @@ def calibrate(dev):
 
 
 COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "device_syncs", "events_recorded",
-            "event_queries", "misses", "pieces_mapped", "pieces_moved", "pieces_unmapped", "retire_waits",
+            "event_queries", "misses", "pieces_mapped", "pieces_moved", "pieces_unmapped", "pieces_replaced", "retire_waits",
             "cross_stream_reuses", "parked_taken_back", "parked_adopted", "parked_waited", "cache_reclaims", "reserved_bytes", "num_ooms",
             # Only from a library built with `--features call-timing` (emm-capi):
             # time inside PyTorch's allocator hooks.

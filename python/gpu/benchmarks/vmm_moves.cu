@@ -13,6 +13,11 @@
 //           bytes in 64 MiB handles), alone and with peer access to the other
 //           GPUs enabled: does the cost grow with the mappings a process holds?
 //           (VMM_MOVES_ONLY=scale runs only this one.)
+//   threads: a run of pieces moved (cuMemMap and cuMemSetAccess at a second
+//           reservation, then cuMemUnmap of the first) by 1, 2, 4 or 8 threads
+//           at once, each a contiguous share of the run: do a process's
+//           threads move pieces in parallel, or does the driver serialize them?
+//           (VMM_MOVES_ONLY=threads runs only this one.)
 //
 // VMM_MOVES_ONLY=batch runs only the first; with VMM_MOVES_POLL=1 a second
 // thread polls a stream (cuStreamQuery, as PyTorch's NCCL watchdog polls
@@ -33,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #define CK(x)                                                              \
@@ -104,6 +110,54 @@ static void batch() {
       for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
       CK(cuMemAddressFree(a, kPage * n));
       CK(cuMemAddressFree(b, kPage * n));
+    }
+  }
+}
+
+// Moves pieces [lo, hi) of `h` from `a` to `b` (map, grant access) in this thread.
+static void move_share(CUdeviceptr b, const std::vector<CUmemGenericAllocationHandle>* h, int lo, int hi) {
+  CK(cuCtxSetCurrent(g_ctx));
+  for (int i = lo; i < hi; i++) {
+    CK(cuMemMap(b + i * kPage, kPage, 0, (*h)[i], 0));
+    CK(cuMemSetAccess(b + i * kPage, kPage, &g_access, 1));
+  }
+}
+
+static void unmap_share(CUdeviceptr a, int lo, int hi) {
+  CK(cuCtxSetCurrent(g_ctx));
+  for (int i = lo; i < hi; i++) CK(cuMemUnmap(a + i * kPage, kPage));
+}
+
+static void threads() {
+  int counts[] = {256, 1024};
+  int widths[] = {1, 2, 4, 8, 1};
+  for (int rep = 0; rep < 2; rep++) {
+    for (int n : counts) {
+      for (int t : widths) {
+        CUdeviceptr a, b;
+        std::vector<CUmemGenericAllocationHandle> h;
+        make_pieces(n, &a, &b, &h);
+        CK(cuCtxSynchronize());
+        std::vector<std::thread> ts;
+        double t0 = now_ns();
+        for (int k = 0; k < t; k++) ts.emplace_back(move_share, b, &h, n * k / t, n * (k + 1) / t);
+        for (auto& x : ts) x.join();
+        double tm = now_ns() - t0;
+        ts.clear();
+        t0 = now_ns();
+        for (int k = 0; k < t; k++) ts.emplace_back(unmap_share, a, n * k / t, n * (k + 1) / t);
+        for (auto& x : ts) x.join();
+        double tu = now_ns() - t0;
+        // The moved pieces hold what was written before the move.
+        CK(cuMemsetD8(b, 7, kPage * n));
+        CK(cuCtxSynchronize());
+        printf("threads n=%5d t=%d | wall per piece: map+setAccess %.2f us, unmap %.2f us\n", n, t,
+               tm / 1e3 / n, tu / 1e3 / n);
+        CK(cuMemUnmap(b, kPage * n));
+        for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+        CK(cuMemAddressFree(a, kPage * n));
+        CK(cuMemAddressFree(b, kPage * n));
+      }
     }
   }
 }
@@ -308,6 +362,10 @@ int main() {
   for (int i = 0; i < 1000; i++) tiny<<<1, 32, 0, s>>>(d);
   cudaStreamSynchronize(s);
   const char* only = getenv("VMM_MOVES_ONLY");
+  if (only && !strcmp(only, "threads")) {
+    threads();
+    return 0;
+  }
   if (!only || !strcmp(only, "scale")) {
     scale("alone");
     // Peer access to the other GPUs, as NCCL's processes have it.

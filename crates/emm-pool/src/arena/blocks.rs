@@ -172,6 +172,7 @@ mod tests {
             size,
             segment: 0x1000,
             state,
+            freed: 0,
         }
     }
 

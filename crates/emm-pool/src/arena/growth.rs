@@ -124,7 +124,26 @@ impl Arena {
             self.unmap_retired(base, events, source, false)
         });
         let page = self.policy.large_round;
-        let plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
+        let mut plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
+        // Small idle pieces the plan would move go back instead, and the plan is
+        // made again over what is left (`replace.rs`): their ranges are gaps now,
+        // which new memory may fill. A few rounds at most: each gives back only
+        // what the plan before it would have moved.
+        let mut piece = fresh_piece(page, size);
+        if self.policy.replace_pieces > 0 {
+            piece = piece.min(self.policy.replace_pieces * page);
+            self.refresh_idle(stream, events);
+        }
+        for _ in 0..REPLACE_ROUNDS {
+            let runs = match &plan {
+                Some((_, p, _)) => self.replaceable(p, piece),
+                None => break,
+            };
+            if runs.is_empty() || self.replace_runs(base, &runs, source) == 0 {
+                break;
+            }
+            plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
+        }
         let Some((target, plan, movable_bytes)) = plan else {
             return Ok(false);
         };
@@ -180,7 +199,7 @@ impl Arena {
         let mut pieces = movable.clone();
         if over_limit.is_none() {
             pieces.extend(
-                fresh_pieces(fresh, page, size)
+                fresh_pieces(fresh, page, piece)
                     .into_iter()
                     .map(|len| (None, len)),
             );
@@ -203,7 +222,7 @@ impl Arena {
                 over_limit = limit;
                 result = Ok(());
             } else {
-                let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page, size)
+                let rest: Vec<(Option<CUdeviceptr>, usize)> = fresh_pieces(want, page, piece)
                     .into_iter()
                     .map(|len| (None, len))
                     .collect();
@@ -466,6 +485,7 @@ impl Arena {
                         size: target.room - grown,
                         segment: base,
                         state: State::Gap,
+                        freed: 0,
                     },
                 );
             }
@@ -659,6 +679,8 @@ impl Arena {
                         size: rest,
                         segment: base,
                         state: State::Free(stream),
+                        // (Not known idle: this path has no event for it.)
+                        freed: u64::MAX,
                     },
                 );
                 self.free_set(stream, Kind::Large).insert((rest, a));
@@ -834,6 +856,7 @@ impl Arena {
         events: &dyn EventSource,
     ) -> Vec<(CUdeviceptr, usize)> {
         self.forget_merges();
+        self.drop_idle_marks(events);
         if let Some(base) = self.grow_base.base() {
             self.settle_jobs(base);
         }
@@ -916,16 +939,25 @@ impl Arena {
 /// and the Llama-style trace at 1.063 and 1.050), with about twice the moves a
 /// pass (bucketed inference about 1,200 instead of 400-500). On an H100 neither
 /// change showed in the step times (runs 138, 139, 146).
-fn fresh_pieces(bytes: usize, page: usize, request: usize) -> Vec<usize> {
+fn fresh_pieces(bytes: usize, page: usize, piece: usize) -> Vec<usize> {
     let pages = bytes / page;
-    let cap = (request / page / PIECES_PER_REQUEST).clamp(1, PIECE_PAGES);
-    let per = pages.clamp(1, cap);
+    let per = pages.clamp(1, piece / page);
     let mut out = vec![per * page; pages / per];
     if pages % per > 0 {
         out.push((pages % per) * page);
     }
     out
 }
+
+/// The size new memory for a request of `request` bytes comes in (see
+/// `fresh_pieces`): a 64th of the request, at least a page, at most 8.
+fn fresh_piece(page: usize, request: usize) -> usize {
+    (request / page / PIECES_PER_REQUEST).clamp(1, PIECE_PAGES) * page
+}
+
+/// Rounds of giving small idle pieces back and planning again, at most, in one
+/// growth (see `Arena::expand`).
+const REPLACE_ROUNDS: usize = 3;
 
 /// Divisors of [`SegmentPolicy::expandable_reserve`] tried, in order, when the
 /// driver refuses a reservation (`Arena::reserve_range`): 1 TiB by default,

@@ -40,12 +40,14 @@ impl Arena {
                 size += n.size;
             }
         }
+        self.free_clock += 1;
         self.blocks.insert(
             addr,
             Block {
                 size,
                 segment,
                 state: State::Free(stream),
+                freed: self.free_clock,
             },
         );
         self.free_set(stream, kind).insert((size, addr));
@@ -134,6 +136,8 @@ impl Arena {
     ) -> Option<(CUdeviceptr, CUdeviceptr)> {
         let (bsize, addr) = self.fit_in(size, kind, stream, only)?;
         self.free_set(stream, kind).remove(&(bsize, addr));
+        // (The rest stays free since the block's free.)
+        let freed = self.blocks.get(&addr).map_or(u64::MAX, |b| b.freed);
         // The free block's entry becomes the live block's, in place.
         let segment = match self.blocks.reshape(addr, size, State::Live) {
             Some(b) => b.segment,
@@ -144,6 +148,7 @@ impl Arena {
                         size,
                         segment: addr,
                         state: State::Live,
+                        freed: 0,
                     },
                 );
                 addr
@@ -157,6 +162,7 @@ impl Arena {
                     size: bsize - size,
                     segment,
                     state: State::Free(stream),
+                    freed,
                 },
             );
             self.free_set(stream, kind).insert((bsize - size, rest));

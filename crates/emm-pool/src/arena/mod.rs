@@ -26,6 +26,7 @@ mod merge;
 mod oom;
 mod pause;
 mod release;
+mod replace;
 mod retire;
 mod streams;
 
@@ -86,6 +87,9 @@ struct Block {
     size: usize,
     segment: CUdeviceptr,
     state: State,
+    /// For a free block: the arena's free clock when it became free (joined
+    /// blocks take the latest; see `replace.rs`). Meaningless in other states.
+    freed: u64,
 }
 
 /// The expandable segment's own part of its [`Segment`].
@@ -294,6 +298,15 @@ pub struct SegmentPolicy {
     /// (runs 227-229). It runs before [`SegmentPolicy::adopt_parked`], which
     /// then finds nothing parked where the wait settled it.
     pub wait_parked: bool,
+    /// With `n` > 0, growth replaces, instead of moving, the pieces smaller than
+    /// `n` pages (and than the request's own new pieces) lying in free holes that
+    /// no queued work uses any more: it unmaps them (their memory goes back
+    /// first) and maps new memory in pieces of up to `n` pages (`replace.rs`).
+    /// A moved piece costs its driver calls every time its hole is needed, and
+    /// the pieces made for small requests (one page) are what the largest
+    /// requests of a step are assembled from, pass after pass. 0 (the default):
+    /// off (`EMM_POOL_REPLACE_PIECES`).
+    pub replace_pieces: usize,
 }
 
 impl Default for SegmentPolicy {
@@ -311,6 +324,7 @@ impl Default for SegmentPolicy {
             one_range: false,
             adopt_parked: false,
             wait_parked: true,
+            replace_pieces: 0,
         }
     }
 }
@@ -453,6 +467,12 @@ pub(crate) struct Arena {
     /// reserved and active bytes and their peaks, the byte limit and the
     /// release threshold.
     family: std::sync::Arc<Family>,
+    /// Counts the blocks made free, to order frees against events (see
+    /// `replace.rs`).
+    free_clock: u64,
+    /// Per stream, what is known of which free blocks no queued work uses (see
+    /// `replace.rs`).
+    idle: FastMap<StreamKey, replace::IdleMarks>,
 }
 
 /// Where the expandable segment's address space stands.
@@ -725,6 +745,9 @@ impl Arena {
                 self.family.sub_active(b.size);
                 // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
+                if let Some(ev) = events {
+                    self.mark_free(stream, ev);
+                }
                 // With a release threshold, frees on the default streams record
                 // events too, so that their blocks settle without waiting.
                 if (!is_default_stream(stream) || self.threshold_set()) && stream != SETTLED {

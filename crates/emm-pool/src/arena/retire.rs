@@ -46,9 +46,14 @@ pub(super) struct Retiring {
     /// The same mappings handed to the helper thread that unmaps them (see
     /// `unmapper.rs`); `None`: the arena unmaps them itself.
     job: Option<std::sync::Arc<UnmapJob>>,
+    /// The stream the event was recorded on and the arena's free clock then:
+    /// once the event completes, that stream's blocks freed before are idle
+    /// (`Arena::note_idle`).
+    mark: Option<(StreamKey, u64)>,
 }
 
 /// Whole pieces of one free block of the expandable segment that growth may move.
+#[derive(Clone, Debug)]
 pub(super) struct HolePieces {
     /// The free block: address, size and stream.
     pub block: CUdeviceptr,
@@ -78,6 +83,7 @@ impl Arena {
             maps: Vec::new(),
             done: Done::Now,
             job: None,
+            mark: None,
         };
         let mut queued: Option<Retiring> = None;
         for h in plan {
@@ -97,6 +103,7 @@ impl Arena {
                     maps: Vec::new(),
                     done: self.done_after(h.owner, events),
                     job: None,
+                    mark: Some((h.owner, self.free_clock)),
                 })
             };
             entry.blocks.push(h.first);
@@ -157,40 +164,62 @@ impl Arena {
         let plan = self.hole_pieces(base, &[None, None], usize::MAX, usize::MAX, SETTLED);
         let mut released = 0;
         for h in plan {
-            // The free block around the runs still to retire (it starts past the
-            // last run retired), and the run of pieces unmapped so far.
-            let mut block = (h.block, h.size);
-            let (mut run_start, mut run) = (h.first, Vec::new());
-            let mut at = h.first;
-            for &len in &h.pieces {
-                if self.family_reserved() <= until {
-                    break;
-                }
-                if self.unmap_piece(base, at, len, source) {
-                    if run.is_empty() {
-                        run_start = at;
-                    }
-                    run.push(len);
-                } else if !run.is_empty() {
-                    released +=
-                        self.retire_unmapped(base, &mut block, run_start, std::mem::take(&mut run));
-                }
-                at += len as u64;
+            released += self.release_run(base, &h, source, until);
+        }
+        released
+    }
+
+    /// Unmaps the pieces of `h` (a run in a free block that no queued work
+    /// uses) while the family reserves more than `until` bytes; each run of them
+    /// that went becomes a gap. A piece that fails to unmap stays mapped in its
+    /// free block (the error is logged). Returns the bytes released.
+    pub(super) fn release_run(
+        &mut self,
+        base: CUdeviceptr,
+        h: &HolePieces,
+        source: &dyn SegmentSource,
+        until: usize,
+    ) -> usize {
+        let mut released = 0;
+        // The free block around the runs still to retire (it starts past the
+        // last run retired), and the run of pieces unmapped so far.
+        let mut block = (h.block, h.size);
+        let (mut run_start, mut run) = (h.first, Vec::new());
+        let mut at = h.first;
+        for &len in &h.pieces {
+            if self.family_reserved() <= until {
+                break;
             }
-            if !run.is_empty() {
-                released += self.retire_unmapped(base, &mut block, run_start, run);
+            if self.unmap_piece(base, at, len, source) {
+                if run.is_empty() {
+                    run_start = at;
+                }
+                run.push(len);
+            } else if !run.is_empty() {
+                released += self.retire_unmapped(
+                    base,
+                    &mut block,
+                    h.owner,
+                    run_start,
+                    std::mem::take(&mut run),
+                );
             }
+            at += len as u64;
+        }
+        if !run.is_empty() {
+            released += self.retire_unmapped(base, &mut block, h.owner, run_start, run);
         }
         released
     }
 
     /// Makes the run of `pieces` from `first`, unmapped now, a gap of the free
-    /// block `block` (address, size), which becomes what is left of it past the
-    /// run; returns the run's bytes, which the pool no longer holds.
+    /// block `block` (address, size) of `owner`, which becomes what is left of it
+    /// past the run; returns the run's bytes, which the pool no longer holds.
     fn retire_unmapped(
         &mut self,
         base: CUdeviceptr,
         block: &mut (CUdeviceptr, usize),
+        owner: StreamKey,
         first: CUdeviceptr,
         pieces: Vec<usize>,
     ) -> usize {
@@ -199,7 +228,7 @@ impl Arena {
         let run = HolePieces {
             block: block.0,
             size: block.1,
-            owner: SETTLED,
+            owner,
             first,
             pieces,
         };
@@ -262,7 +291,8 @@ impl Arena {
     fn retire(&mut self, base: CUdeviceptr, h: &HolePieces, to: CUdeviceptr) {
         let (a, n, owner, from) = (h.block, h.size, h.owner, h.first);
         self.free_set(owner, Kind::Large).remove(&(n, a));
-        self.blocks.remove(&a);
+        // The free parts left stay free since the hole's free.
+        let freed = self.blocks.remove(&a).map_or(u64::MAX, |b| b.freed);
         let put = |me: &mut Self, at: CUdeviceptr, len: usize, state: State| {
             if len > 0 {
                 me.blocks.insert(
@@ -271,6 +301,7 @@ impl Arena {
                         size: len,
                         segment: base,
                         state,
+                        freed,
                     },
                 );
                 if let State::Free(s) = state {
@@ -317,6 +348,9 @@ impl Arena {
                         if let Done::After(id) = r.done {
                             events.recycle(id);
                         }
+                        if let Some((s, clock)) = r.mark {
+                            self.note_idle(s, clock);
+                        }
                         if let Some(again) = self.finish_retiring(base, r, &unmapped) {
                             keep.push(again);
                         }
@@ -353,6 +387,9 @@ impl Arena {
             excess = excess.saturating_sub(r.maps.len());
             if let Done::After(id) = r.done {
                 events.recycle(id);
+            }
+            if let Some((s, clock)) = r.mark {
+                self.note_idle(s, clock);
             }
             if let Some(again) = self.unmap_retiring(base, r, source) {
                 keep.push(again);
@@ -410,6 +447,7 @@ impl Arena {
             // Its work was done when the unmap was first tried.
             done: Done::Now,
             job: None,
+            mark: None,
         })
     }
 
@@ -455,6 +493,7 @@ impl Arena {
                 size,
                 segment: b.segment,
                 state: State::Gap,
+                freed: 0,
             },
         );
     }
