@@ -24,17 +24,20 @@ fn pool(replace_pieces: usize, clock: &Arc<HostClock>) -> PoolManager {
     PoolManager::host_lagged(1 << 40, config, clock.clone()).unwrap()
 }
 
-/// 160 blocks of 2 MiB (one page each), every other one freed (80 frees, each
-/// a tick of the device's clock), then a 1 GiB request (new memory for it comes
-/// in 8-page pieces): the counters after it, and the reserved bytes.
+/// 160 blocks of 2 MiB (one page each), every other run of 8 freed (80 frees,
+/// each a tick of the device's clock: ten holes of 8 pieces between live
+/// blocks), then a 1 GiB request (new memory for it comes in 8-page pieces): the
+/// counters after it, and the reserved bytes.
 fn scatter_then_grow(p: &PoolManager, clock: &HostClock) -> (emm_pool::PoolStats, usize) {
     let s = emm_core::SYNC_STREAM;
     let mut blocks: Vec<_> = (0..160)
         .map(|_| Some(p.memalloc_async(2 * MIB, s).unwrap()))
         .collect();
-    for b in blocks.iter_mut().step_by(2) {
-        drop(b.take());
-        clock.tick();
+    for (i, b) in blocks.iter_mut().enumerate() {
+        if (i / 8) % 2 == 0 {
+            drop(b.take());
+            clock.tick();
+        }
     }
     let before = p.stats();
     let big = p.memalloc_async(1 << 30, s).unwrap();
@@ -59,8 +62,8 @@ fn idle_small_pieces_are_replaced_not_moved_at_the_same_footprint() {
     assert_eq!(off.counts.pieces_replaced, 0);
     assert_eq!(off.counts.pieces_moved, 80, "{:?}", off.counts);
     // On: the marker recorded at the 64th free completed at once (no lag), so
-    // the 64 holes freed up to it are idle and go back; the 16 freed after it
-    // may still be in use on the device and move.
+    // the 8 holes freed up to it are idle and their 64 pieces go back; the 2
+    // freed after it may still be in use on the device and move.
     assert_eq!(on.counts.pieces_replaced, 64, "{:?}", on.counts);
     assert_eq!(on.counts.pieces_moved, 16, "{:?}", on.counts);
     // The memory went back before the new was made: the same footprint.
@@ -76,6 +79,27 @@ fn pieces_whose_work_may_still_run_move() {
     let (on, _) = scatter_then_grow(&pool(8, &clock), &clock);
     assert_eq!(on.counts.pieces_replaced, 0, "{:?}", on.counts);
     assert_eq!(on.counts.pieces_moved, 80, "{:?}", on.counts);
+}
+
+#[test]
+fn holes_shorter_than_a_new_piece_move() {
+    // Every other 2 MiB block freed: eighty holes of one piece, none a run of
+    // eight, all idle; they move as with the policy off.
+    let clock = Arc::new(HostClock::new(0));
+    let p = pool(8, &clock);
+    let s = emm_core::SYNC_STREAM;
+    let mut blocks: Vec<_> = (0..160)
+        .map(|_| Some(p.memalloc_async(2 * MIB, s).unwrap()))
+        .collect();
+    for b in blocks.iter_mut().step_by(2) {
+        drop(b.take());
+        clock.tick();
+    }
+    let before = p.stats().counts;
+    let _big = p.memalloc_async(1 << 30, s).unwrap();
+    let after = p.stats().counts;
+    assert_eq!(after.pieces_replaced, before.pieces_replaced);
+    assert_eq!(after.pieces_moved - before.pieces_moved, 80);
 }
 
 #[test]

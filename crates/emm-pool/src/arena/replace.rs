@@ -136,15 +136,21 @@ impl Arena {
     }
 
     /// The runs of `plan` (a growth's pieces to move) that growth gives back
-    /// instead: idle, and every piece smaller than `piece` (the size new memory
-    /// for the request comes in). None with the policy off, or while old
-    /// mappings wait to be unmapped.
+    /// instead: idle, at least `replace_pieces` pieces long (a hole holding a
+    /// new piece's worth of them: shorter runs, scattered among live blocks,
+    /// would gather into new pieces that small blocks then pin, and the
+    /// Llama-style trace went past 1.05x of live), and every piece smaller than
+    /// `piece` (the size new memory for the request comes in). None with the
+    /// policy off, or while old mappings wait to be unmapped.
     pub(super) fn replaceable(&self, plan: &[HolePieces], piece: usize) -> Vec<HolePieces> {
-        if self.policy.replace_pieces == 0 || !self.retiring.is_empty() {
+        let min_run = self.policy.replace_pieces;
+        if min_run == 0 || !self.retiring.is_empty() {
             return Vec::new();
         }
         plan.iter()
-            .filter(|h| h.pieces.iter().all(|&len| len < piece) && self.idle(h))
+            .filter(|h| {
+                h.pieces.len() >= min_run && h.pieces.iter().all(|&len| len < piece) && self.idle(h)
+            })
             .cloned()
             .collect()
     }
