@@ -1,7 +1,10 @@
 //! Model-based test of the pool's bookkeeping over the host stand-in: live blocks
 //! never overlap, every byte comes back, statistics add up, and a block freed on
 //! one stream is never handed to another before an event recorded on the first
-//! stream (after the free) has completed.
+//! stream (after the free) has completed. With `replace` the pool replaces small
+//! idle pieces instead of moving them (`SegmentPolicy::replace_pieces`), and the
+//! steps include requests large enough (256 MiB and up: new memory in pieces of
+//! two pages) for it to happen.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,11 +21,14 @@ use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMac
 mod common;
 
 const CAPACITY: usize = 256 << 20;
+/// With `replace`: room for the large requests.
+const REPLACE_CAPACITY: usize = 4 << 30;
 
 #[derive(Clone, Debug)]
 struct Model {
     cache: bool,
     expandable: bool,
+    replace: bool,
     live: Vec<(usize, usize)>,
 }
 
@@ -41,10 +47,11 @@ impl ReferenceStateMachine for Reference {
     type Transition = Step;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (any::<bool>(), any::<bool>())
-            .prop_map(|(cache, expandable)| Model {
+        (any::<bool>(), any::<bool>(), any::<bool>())
+            .prop_map(|(cache, expandable, replace)| Model {
                 cache,
                 expandable,
+                replace,
                 live: vec![],
             })
             .boxed()
@@ -52,10 +59,16 @@ impl ReferenceStateMachine for Reference {
 
     fn transitions(state: &Model) -> BoxedStrategy<Step> {
         let n = state.live.len().max(1);
+        let large = if state.replace {
+            256usize << 20
+        } else {
+            1 << 20
+        };
         let size = prop_oneof![
-            1usize..2048,
-            2048usize..(1 << 20),
-            (1usize << 20)..(24 << 20)
+            4 => 1usize..2048,
+            4 => 2048usize..(1 << 20),
+            4 => (1usize << 20)..(24 << 20),
+            1 => large..(large + (64 << 20)),
         ];
         prop_oneof![
             6 => (size, 1usize..4).prop_map(|(s, st)| Step::Alloc(s, st)),
@@ -104,7 +117,12 @@ impl StateMachineTest for Sut {
     type Reference = Reference;
 
     fn init_test(m: &Model) -> Sut {
-        let host = Arc::new(HostUpstream::new(CAPACITY, false));
+        let capacity = if m.replace {
+            REPLACE_CAPACITY
+        } else {
+            CAPACITY
+        };
+        let host = Arc::new(HostUpstream::new(capacity, false));
         let events = Arc::new(HostEvents::manual());
         let vmm: Option<Box<dyn emm_pool::VirtualMemory>> = if m.expandable {
             Some(Box::new(HostVmm::new(host.clone())))
@@ -114,6 +132,7 @@ impl StateMachineTest for Sut {
         let config = PoolConfig {
             segments: SegmentPolicy {
                 expandable: m.expandable,
+                replace_pieces: if m.replace { 2 } else { 0 },
                 ..SegmentPolicy::default()
             },
             thread_cache_blocks: if m.cache { 4 } else { 0 },
@@ -233,6 +252,7 @@ fn replay_steps(cache: bool, expandable: bool, steps: &[Step]) {
     let mut m = Model {
         cache,
         expandable,
+        replace: false,
         live: vec![],
     };
     let mut sut = <Sut as StateMachineTest>::init_test(&m);
