@@ -136,11 +136,10 @@ impl Arena {
     ) -> Option<(CUdeviceptr, CUdeviceptr)> {
         let (bsize, addr) = self.fit_in(size, kind, stream, only)?;
         self.free_set(stream, kind).remove(&(bsize, addr));
-        // (The rest stays free since the block's free.)
-        let freed = self.blocks.get(&addr).map_or(u64::MAX, |b| b.freed);
-        // The free block's entry becomes the live block's, in place.
-        let segment = match self.blocks.reshape(addr, size, State::Live) {
-            Some(b) => b.segment,
+        // The free block's entry becomes the live block's, in place; the rest
+        // stays free since the block's free (`freed`).
+        let (segment, freed) = match self.blocks.reshape(addr, size, State::Live) {
+            Some(b) => (b.segment, b.freed),
             None => {
                 self.blocks.insert(
                     addr,
@@ -151,7 +150,7 @@ impl Arena {
                         freed: 0,
                     },
                 );
-                addr
+                (addr, u64::MAX)
             }
         };
         if bsize > size {
