@@ -41,6 +41,11 @@ use crate::events::{EventId, EventSource};
 const MARK_EVERY: u32 = 64;
 /// Markers kept per stream, newest last; the oldest goes when a new one comes.
 const MARKS: usize = 8;
+/// Streams that keep markers, at most: a program that makes a stream per
+/// request would otherwise hold [`MARKS`] events for every stream it ever
+/// freed on (until the arena drains). Later streams' blocks are idle only once
+/// settled or after a move's event.
+const MARKED_STREAMS: usize = 64;
 
 /// What is known of which of a stream's free blocks no queued work uses.
 #[derive(Debug, Default)]
@@ -64,6 +69,9 @@ impl Arena {
             return;
         }
         let clock = self.free_clock;
+        if self.idle.len() >= MARKED_STREAMS && !self.idle.contains_key(&stream) {
+            return;
+        }
         let marks = self.idle.entry(stream).or_default();
         marks.since += 1;
         if marks.since < MARK_EVERY {
