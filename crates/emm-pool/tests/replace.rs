@@ -102,6 +102,28 @@ fn holes_shorter_than_a_new_piece_move() {
     assert_eq!(after.pieces_moved - before.pieces_moved, 80);
 }
 
+/// Events recorded while each of `streams` created streams frees 64 blocks.
+fn events_for_streams(replace_pieces: usize, streams: usize) -> usize {
+    let clock = Arc::new(HostClock::new(0));
+    let p = pool(replace_pieces, &clock);
+    for n in 1..=streams {
+        let s = emm_sys::CUstream((0x1000 * n) as *mut core::ffi::c_void);
+        let blocks: Vec<_> = (0..64)
+            .map(|_| p.memalloc_async(2 * MIB, s).unwrap())
+            .collect();
+        drop(blocks);
+    }
+    p.stats().counts.events_recorded
+}
+
+#[test]
+fn markers_are_kept_for_at_most_64_streams() {
+    // Every free on a created stream records an event anyway; with the policy a
+    // stream's 64th free records a marker too, on the first 64 streams only.
+    assert_eq!(events_for_streams(8, 10) - events_for_streams(0, 10), 10);
+    assert_eq!(events_for_streams(8, 70) - events_for_streams(0, 70), 64);
+}
+
 #[test]
 fn the_setting_reads_a_page_count() {
     std::env::set_var("EMM_POOL_REPLACE_PIECES", "4");
