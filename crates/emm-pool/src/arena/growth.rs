@@ -133,16 +133,16 @@ impl Arena {
         if self.policy.replace_pieces > 0 {
             piece = piece.min(self.policy.replace_pieces * page);
             self.refresh_idle(stream, events);
-        }
-        for _ in 0..REPLACE_ROUNDS {
-            let runs = match &plan {
-                Some((_, p, _)) => self.replaceable(p, piece),
-                None => break,
-            };
-            if runs.is_empty() || self.replace_runs(base, &runs, source) == 0 {
-                break;
+            for _ in 0..REPLACE_ROUNDS {
+                let runs = match &plan {
+                    Some((_, p, _)) => self.replaceable(p, piece),
+                    None => break,
+                };
+                if runs.is_empty() || self.replace_runs(base, &runs, source) == 0 {
+                    break;
+                }
+                plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
             }
-            plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));
         }
         let Some((target, plan, movable_bytes)) = plan else {
             return Ok(false);
@@ -922,9 +922,10 @@ impl Arena {
     }
 }
 
-/// New memory of `bytes` (a multiple of `page`) for a request of `request` bytes,
-/// in pieces of a 64th of the request, at least a page and at most 8 pages (16 MiB
-/// of 2 MiB pages), the remainder one smaller piece. A piece is the unit the pool
+/// New memory of `bytes` (a multiple of `page`) in pieces of `piece` bytes
+/// (`fresh_piece`: a 64th of the request, at least a page and at most 8 pages,
+/// 16 MiB of 2 MiB pages; at most `SegmentPolicy::replace_pieces` pages where
+/// that is set), the remainder one smaller piece. A piece is the unit the pool
 /// moves and unmaps, and it moves only when wholly free: the piece where a block
 /// ends is shared with the free rest of its hole and stays put, so a piece in
 /// proportion to the block bounds what a hole strands beside the blocks around
