@@ -38,7 +38,9 @@ mod unmapper;
 mod vmm;
 mod vmm_export;
 
-pub use arena::{round_size, ArenaStats, Kind, SegmentPolicy, ROUND, SMALL_MAX};
+pub use arena::{
+    round_size, ArenaStats, Kind, SegmentPolicy, DEFAULT_LEGACY_MERGE, ROUND, SMALL_MAX,
+};
 pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use export::ExportedRange;

@@ -65,7 +65,7 @@ pub static LEGACY_MERGE: Setting<usize> = Setting::new(
         "pool_legacy_merge",
         "EMM_POOL_LEGACY_MERGE",
         ValueKind::Count,
-        "0",
+        "6",
         "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved after a new segment (0: off)",
     ),
     parse::count,

@@ -132,6 +132,14 @@ fn merging_is_off_by_default_and_needs_a_quiet_pool() {
 }
 
 #[test]
-fn the_default_policy_does_not_merge() {
-    assert_eq!(PoolConfig::default().segments.merge_quiet, None);
+fn the_default_policy_merges_at_a_sixth_and_the_setting_turns_it_off() {
+    assert_eq!(
+        PoolConfig::default().segments.merge_quiet,
+        Some(emm_pool::DEFAULT_LEGACY_MERGE)
+    );
+    assert_eq!(emm_pool::DEFAULT_LEGACY_MERGE, 6);
+    std::env::set_var("EMM_POOL_LEGACY_MERGE", "0");
+    let off = PoolConfig::from_env();
+    std::env::remove_var("EMM_POOL_LEGACY_MERGE");
+    assert_eq!(off.unwrap().segments.merge_quiet, None);
 }

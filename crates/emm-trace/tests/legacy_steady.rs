@@ -1,7 +1,8 @@
 //! The pool without its expandable segment (`expandable: false`,
-//! `EMM_POOL_EXPANDABLE=0`: the path legacy CUDA IPC and Numba's plugin use), with
-//! free segments merged when the pool is quiet (`merge_quiet`,
-//! `EMM_POOL_LEGACY_MERGE=6`): every recorded trace of at least 64 MiB peak live,
+//! `EMM_POOL_EXPANDABLE=0`: the path of legacy CUDA IPC, and of a driver without
+//! virtual memory management), with its default policy, which merges free
+//! segments when the pool is quiet (`merge_quiet`, `EMM_POOL_LEGACY_MERGE=6`,
+//! [`emm_pool::DEFAULT_LEGACY_MERGE`]): every recorded trace of at least 64 MiB peak live,
 //! replayed pass after pass over the host stand-in, makes no driver allocation in
 //! a steady pass (after pass [`SETTLED_BY`]) and holds its footprint after 1, 10
 //! and the last pass to the steady-state bound of 1.15x of peak live, or to
@@ -25,8 +26,6 @@ const BOUND: f64 = 1.15;
 const TIE: f64 = 1.005;
 /// The last pass that may allocate from the driver.
 const SETTLED_BY: usize = 10;
-/// `merge_quiet`: merge when live bytes are at most a sixth of reserved.
-const QUIET: usize = 6;
 
 /// (trace under `crates/`, today's ceiling where the pool misses [`BOUND`] at any
 /// of the passes checked: `None` where it meets it).
@@ -81,7 +80,6 @@ fn replay_legacy(path: &str) -> ([f64; 3], Vec<u64>) {
     let config = PoolConfig {
         segments: SegmentPolicy {
             expandable: false,
-            merge_quiet: Some(QUIET),
             ..SegmentPolicy::default()
         },
         ..PoolConfig::default()
@@ -160,6 +158,7 @@ fn without_merging_the_legacy_path_keeps_allocating() {
     let config = PoolConfig {
         segments: SegmentPolicy {
             expandable: false,
+            merge_quiet: None,
             ..SegmentPolicy::default()
         },
         ..PoolConfig::default()
