@@ -113,7 +113,7 @@ fn a_merge_sets_no_new_peak() {
 }
 
 #[test]
-fn merging_is_off_by_default_and_needs_a_quiet_pool() {
+fn merging_turned_off_never_merges_and_on_needs_a_quiet_pool() {
     let p = pool(None);
     for _ in 0..3 {
         step(&p);

@@ -49,8 +49,7 @@ const TRACES: &[(&str, Option<f64>)] = &[
     // 165 MiB live: a 20 MiB shared segment and the small segments are an eighth
     // of it.
     ("emm-trace/tests/fixtures/h200_infer.pickle", Some(1.600)),
-    // FSDP2 (four streams): the per-layer all-gather and reduce-scatter
-    // buffers of a 6-layer GPT-2 get segments of their own in the first pass.
+    // FSDP2 (four streams); its peak is set in the first pass.
     ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", Some(1.600)),
     ("emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv", None),
     ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", None),
