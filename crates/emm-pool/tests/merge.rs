@@ -6,8 +6,11 @@
 //! peak of reserved bytes), and the steps after it fit there without a driver
 //! call.
 
+use std::sync::Arc;
+
 use emm_core::MemoryManager;
-use emm_pool::{PoolConfig, PoolManager, SegmentPolicy};
+use emm_default::HostUpstream;
+use emm_pool::{HostEvents, HostVmm, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
 
 const MIB: usize = 1 << 20;
 
@@ -142,4 +145,51 @@ fn the_default_policy_merges_at_a_sixth_and_the_setting_turns_it_off() {
     let off = PoolConfig::from_env();
     std::env::remove_var("EMM_POOL_LEGACY_MERGE");
     assert_eq!(off.unwrap().segments.merge_quiet, None);
+}
+
+/// A pool that has its expandable segment gives a request larger than the
+/// segment's address space a segment of its own; those are not merged (a merge
+/// synchronizes the device, and the path it serves is the one without virtual
+/// memory), even with two of them wholly free and the pool quiet.
+#[test]
+fn a_pool_with_its_expandable_segment_does_not_merge() {
+    let host = Arc::new(HostUpstream::new(4 << 30, false));
+    let vmm = Box::new(HostVmm::new(host.clone()));
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expandable_reserve: 64 * MIB,
+            ..SegmentPolicy::default()
+        },
+        thread_cache_blocks: 0,
+        ..PoolConfig::default()
+    };
+    let p = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(host),
+            Box::new(HostEvents::immediate()),
+            Some(vmm),
+            None,
+        ),
+        config,
+    )
+    .unwrap();
+    let s = emm_core::SYNC_STREAM;
+    let a = p.memalloc_async(100 * MIB, s).unwrap();
+    let b = p.memalloc_async(120 * MIB, s).unwrap();
+    drop(a);
+    drop(b);
+    let c = p.memalloc_async(110 * MIB, s).unwrap();
+    let st = p.stats();
+    assert_eq!(st.counts.merges, 0, "{st:?}");
+    drop(c);
+    p.check().unwrap();
+}
+
+/// The setting's documented default is the policy's.
+#[test]
+fn the_settings_default_is_the_policys() {
+    assert_eq!(
+        emm_pool::settings::LEGACY_MERGE.key().default,
+        emm_pool::DEFAULT_LEGACY_MERGE.to_string()
+    );
 }

@@ -6,10 +6,10 @@
 //! replayed pass after pass over the host stand-in, makes no driver allocation in
 //! a steady pass (after pass [`SETTLED_BY`]) and holds its footprint after 1, 10
 //! and the last pass to the steady-state bound of 1.15x of peak live, or to
-//! today's figure where it misses the bound (the third field of [`TRACES`]), so the
+//! today's figure where it misses the bound (the second field of [`TRACES`]), so the
 //! gap cannot widen unseen.
 //!
-//! 100 passes in an optimized build (`cargo test --release`); 12 in a debug build,
+//! 100 passes in an optimized build (`cargo test --release`); 12 in a debug build
 //! (written when each pass of the largest traces took about a second there;
 //! `emm-pool` and `emm-trace` are optimized in dev builds now). Every trace
 //! settles by pass 10.
@@ -31,9 +31,9 @@ const SETTLED_BY: usize = 10;
 /// of the passes checked: `None` where it meets it).
 ///
 /// Beside the model of PyTorch's own allocator (also without virtual memory;
-/// `emm replay TRACE -m pytorch-native --passes 30`, in this order): 2.024,
-/// 1.851, 2.007, 1.390, 1.674, 1.301, 1.861, 2.315, 1.561, 1.288, 1.222, 1.275
-/// and 1.372x. The pool is looser on two: the FSDP2 GPT-2 (1.600) and the
+/// `emm replay TRACE -m pytorch-native --passes 30`, flat over the passes, in
+/// this order): 2.024, 1.851, 2.007, 1.390, 1.674, 1.301, 1.861, 2.315, 1.561,
+/// 1.288, 1.222, 1.275 and 1.372x. The pool is looser on two: the FSDP2 GPT-2 (1.600) and the
 /// generation (1.416).
 const TRACES: &[(&str, Option<f64>)] = &[
     ("emm-cli/traces/gpt2_h200.csv", Some(1.449)),

@@ -81,6 +81,20 @@ impl Arena {
         }
     }
 
+    /// Whether plain large segments are merged: with `merge_quiet` set, where
+    /// the pool has no expandable segment (turned off, or none to be had from
+    /// the driver). A pool that has one makes plain segments only for a request
+    /// its address space cannot hold, and its steps are served by the expandable
+    /// segment: a merge's synchronization would buy nothing there.
+    pub(super) fn merges(&self) -> bool {
+        self.policy.merge_quiet.is_some()
+            && (!self.policy.expandable
+                || matches!(
+                    self.grow_base,
+                    Reservation::Unavailable | Reservation::Refused
+                ))
+    }
+
     /// Forgets the last merge's size and what grew since (a trim or reset gave
     /// segments back): the next merge sizes the pool from the peak of live bytes.
     pub(super) fn forget_merges(&mut self) {

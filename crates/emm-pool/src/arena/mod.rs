@@ -46,11 +46,11 @@ pub fn round_size(size: usize) -> usize {
 /// passes of every recorded trace of 64 MiB or more (`legacy_steady.rs`),
 /// merging makes no driver allocation after pass 10 on any of the thirteen;
 /// without it the pool kept allocating and freeing segments every pass on eight
-/// of them (12-905 `cuMemAlloc` a pass, each with a `cuMemFree`, which
-/// synchronizes) and reached 3.38x of live on `gpt_train.csv` and 1.96x on
+/// of them (12-905 `cuMemAlloc` a pass; the segments they replace go back with
+/// `cuMemFree`, which synchronizes) and reached 3.38x of live on `gpt_train.csv` and 1.96x on
 /// `h200_train_midway.pickle` (1.25x and 1.14x merged). Without merging it is
 /// tighter on five traces (GPT-2 training and inference, the FSDP2 GPT-2 and
-/// the Llama-style training: 1.24-1.36x against 1.43-1.82x) at that price.
+/// the Llama-style training: 1.24-1.36x against 1.44-1.82x) at that price.
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
 /// Small and large blocks live in different segments (as in PyTorch's allocator):
@@ -608,7 +608,8 @@ impl Arena {
             Kind::of(size)
         };
         self.stats.counts.locked_allocs += 1;
-        // (Only ever set without the expandable segment, with merging on.)
+        // (Only ever set where the pool has no expandable segment, with merging
+        // on: `Arena::merges`.)
         if self.merge_due && kind == Kind::Large {
             self.merge_if_quiet(events, source);
         }
@@ -718,8 +719,8 @@ impl Arena {
         };
         self.stats.counts.misses += 1;
         call_work::note(Work::Grew);
-        self.merge_due |= kind == Kind::Large && self.policy.merge_quiet.is_some();
-        if kind == Kind::Large && self.policy.merge_quiet.is_some() {
+        if kind == Kind::Large && self.merges() {
+            self.merge_due = true;
             self.grown_since_merge = self.grown_since_merge.saturating_add(seg);
         }
         let _ = self.cover_fresh(stream, events);
