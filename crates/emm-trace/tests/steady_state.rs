@@ -76,6 +76,17 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
         1.069,
         None,
     ),
+    // A Numba job through emm's NBEP 7 plugin: 400 particle batches of variable
+    // size with a growing history buffer (`python/gpu/benchmarks/numba_long.py`,
+    // recorded with `EMM_RECORD` on an H200, run 255). PyTorch's figure is its
+    // real allocator replaying the trace (run 256, H200: 1.151 after 1 and 100
+    // passes). On the GPU the pool replayed it at 1.005x / 1.017x after 1 / 100
+    // passes (run 257).
+    (
+        "emm-trace/tests/fixtures/numba_particles_h200.csv",
+        1.151,
+        None,
+    ),
 ];
 
 /// Peak reserved over peak live after pass 1, 10 and 100 of `path`.

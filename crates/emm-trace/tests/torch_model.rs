@@ -40,6 +40,13 @@ const REAL: &[(&str, f64, f64)] = &[
         1.372,
         1.094,
     ),
+    // A Numba job through emm's plugin, replayed by PyTorch's allocator on an
+    // H200 (gpu-verification run 256).
+    (
+        "emm-trace/tests/fixtures/numba_particles_h200.csv",
+        3.927,
+        1.151,
+    ),
 ];
 
 /// Random traces (`fixtures/random_traces.py`): (trace, streams honoured,

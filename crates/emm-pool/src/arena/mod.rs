@@ -45,8 +45,8 @@ pub fn round_size(size: usize) -> usize {
 /// fall to a sixth of reserved after it made a new one
 /// ([`SegmentPolicy::merge_quiet`], `pool_legacy_merge`). Over 100 passes of
 /// every recorded trace of 64 MiB or more (`legacy_steady.rs`), merging makes
-/// no driver allocation after pass 10 on any of the thirteen; without it the
-/// pool kept allocating and freeing segments every pass on eight of them
+/// no driver allocation after pass 10 on any of the fourteen; without it the
+/// pool kept allocating and freeing segments every pass on nine of them
 /// (12-905 `cuMemAlloc` a pass; the segments they replace go back with
 /// `cuMemFree`, which synchronizes) and reached 3.38x of live on
 /// `gpt_train.csv` and 1.96x on `h200_train_midway.pickle` (1.25x and 1.14x
