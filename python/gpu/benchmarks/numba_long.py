@@ -9,7 +9,7 @@ and time are at steady state, beside Numba's own manager (issue 33, item 4).
 The job is a particle simulation in batches of variable size, the pattern that
 splits a pool's memory: every batch (its particle count drawn log-uniformly
 between 1/64 of the maximum and the maximum, the same seeded sequence in every
-process) uploads positions, makes velocities, runs three substeps that each make
+process) uploads positions (from pinned host memory), makes velocities, runs three substeps that each make
 and drop a force array and a cell grid, reduces the kinetic energy with
 ``cuda.reduce`` (which makes its own temporaries) and drops the batch. Beside it
 lives a 128 MiB table made once, and a history buffer that grows every batch
@@ -28,14 +28,17 @@ Variants, one process each, rotated between rounds:
 - ``VARIANT:NAME=VALUE[,NAME=VALUE]``: one of those with more environment set.
 
 Per process: each batch's time (host clock around the batch; the energy's copy
-to the host ends it), the device's used memory above the context's own
+to the host ends it), the host time inside the manager's allocation calls
+(``cuda.device_array``; Numba's own manager also frees its deferred
+deallocations there), the device's used memory above the context's own
 (``cuMemGetInfo`` straight from libcuda, not the manager, at each substep, the
 batch's peak), the live bytes of the job's own arrays (counted as they are made
 and collected), and for emm its own statistics and its driver allocations in
 the second half of the run. Prints per variant the mean of round medians, each
 round's median, the device peak and its ratio to the job's live peak at the
-first tenth of the batches and at the end (drift), and the driver allocations of
-the run's second half.
+first tenth of the batches and at the end (drift), the driver allocations of
+the run's second half, the allocation time a batch, and each variant's round
+medians over Numba's own manager's of the same round.
 
 Run from the repository root on a GPU machine with ``PYTHONPATH=python`` and
 ``EMM_LIBRARY`` naming ``libemm_capi.so`` for the emm variants.
@@ -117,8 +120,13 @@ def child(args):
         weakref.finalize(arr, _drop, live, arr.nbytes)
         return arr
 
+    alloc_ns = [0]  # host time inside the manager's allocations, this batch
+
     def empty(shape, dtype):
-        return counted(cuda.device_array(shape, dtype=dtype))
+        t = time.perf_counter_ns()
+        arr = cuda.device_array(shape, dtype=dtype)
+        alloc_ns[0] += time.perf_counter_ns() - t
+        return counted(arr)
 
     @cuda.jit
     def init_vel(vel, scale):
@@ -164,7 +172,10 @@ def child(args):
     threads = 256
     sizes = batch_sizes(args.batches, args.max_particles)
     rng = np.random.default_rng(11)
-    host_pos = rng.standard_normal((args.max_particles, 3), dtype=np.float32)
+    # Pinned, so that uploads run at the copy engine's speed rather than the
+    # host's (pageable uploads of up to 288 MiB made the host's noise the batch's).
+    host_pos = cuda.pinned_array((args.max_particles, 3), dtype=np.float32)
+    host_pos[:] = rng.standard_normal((args.max_particles, 3), dtype=np.float32)
     k, dt, scale = np.float32(0.5), np.float32(0.01), np.float32(0.001)
 
     def host_energy(n):
@@ -172,7 +183,7 @@ def child(args):
         i = np.arange(n)
         vel = np.stack([scale * ((i % 97) - 48), scale * ((i % 89) - 44),
                         scale * ((i % 83) - 41)], axis=1).astype(np.float32)
-        pos = host_pos[:n].copy()
+        pos = np.array(host_pos[:n])
         for _ in range(SUBSTEPS):
             vel += dt * (-k * pos)
             pos += dt * vel
@@ -181,7 +192,8 @@ def child(args):
     def run_batch(n, history):
         blocks = (n + threads - 1) // threads
         peak = 0
-        pos = counted(cuda.to_device(host_pos[:n]))
+        pos = empty((n, 3), np.float32)
+        pos.copy_to_device(host_pos[:n])
         vel = empty((n, 3), np.float32)
         init_vel[blocks, threads](vel, scale)
         for _ in range(SUBSTEPS):
@@ -206,19 +218,22 @@ def child(args):
     # Compile every kernel on a small batch first, so no batch times the JIT.
     run_batch(4096, history)
     cuda.synchronize()
-    times, peaks, lives, allocs, checks = [], [], [], [], []
+    times, alloc_us, peaks, lives, allocs, checks = [], [], [], [], [], []
     stats = None
     if manager == "EmmNumbaManager":
         from emm._lib import Manager
 
-        stats = Manager(None, 0).stats
+        emm_manager = Manager(None, 0)
+        stats = emm_manager.stats
     for b, n in enumerate(sizes):
         if b % HISTORY_RESET == 0:
             history = empty(1, np.float32)
+        alloc_ns[0] = 0
         t0 = time.perf_counter()
         energy, history, peak = run_batch(n, history)
         cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
+        alloc_us.append(alloc_ns[0] / 1e3)
         peaks.append(peak - base_used)
         lives.append(live[1])
         if stats is not None:
@@ -229,6 +244,7 @@ def child(args):
     out = {
         "manager": manager,
         "times_ms": times,
+        "alloc_us": alloc_us,
         "device_peaks": peaks,
         "live_peaks": lives,
         "checks_passed": sum(checks),
@@ -240,6 +256,8 @@ def child(args):
         out["emm"] = {k: s[k] for k in ("allocated_bytes_peak", "reserved_bytes_peak", "upstream_allocs")}
         half = len(allocs) // 2
         out["emm"]["driver_allocs_second_half"] = allocs[-1] - allocs[half - 1] if half else 0
+        # Every counter the pool keeps (pieces moved and unmapped among them).
+        out["emm"]["report"] = emm_manager.report()
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -276,12 +294,23 @@ def summarize(results, variants):
         rounds = ", ".join("%.2f" % m for m in medians) + f" (spread {spread:.1f} %)"
         print(f"{v:<36} {mean:>24.2f} {rounds:<44} {peak:>15.2f} {early:>9.3f} {end:>9.3f} "
               f"{ratio:>13} {late:>23} {checks}{'' if table else ' TABLE CHANGED'}")
+    print("host time inside the manager's allocations, us a batch: mean of round medians (each round)")
+    for v in variants:
+        rs = results.get(v, [])
+        if rs and all("alloc_us" in r for r in rs):
+            medians = [statistics.median(r["alloc_us"]) for r in rs]
+            print(f"  {v:<34} {statistics.mean(medians):8.1f} ({', '.join('%.1f' % m for m in medians)})")
     if faster:
+        base = {r.get("round"): statistics.median(r["times_ms"]) for r in results.get("numba", [])}
         for v in variants:
             rs = results.get(v, [])
             if rs and v.partition(":")[0] != "numba":
                 mean = statistics.mean(statistics.median(r["times_ms"]) for r in rs)
-                print(f"{v}: {mean / faster:.3f} x Numba's own manager's time a batch")
+                paired = [statistics.median(r["times_ms"]) / base[r["round"]] for r in rs
+                          if r.get("round") in base]
+                each = ", ".join("%.3f" % x for x in paired)
+                print(f"{v}: {mean / faster:.3f} x Numba's own manager's time a batch "
+                      f"(round by round: {each})")
 
 
 def main():
@@ -327,10 +356,11 @@ def main():
                 print(f"round {r + 1} {v}: failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
                 continue
             res = json.loads(line[len("RESULT "):])
+            res["round"] = r + 1
             results.setdefault(v, []).append(res)
             if args.log:
                 with open(args.log, "a") as f:
-                    f.write(json.dumps({"round": r + 1, "variant": v, **res}) + "\n")
+                    f.write(json.dumps({"variant": v, **res}) + "\n")
             print(f"round {r + 1} {v}: {res['manager']}, median {statistics.median(res['times_ms']):.2f} ms, "
                   f"device peak {max(res['device_peaks']) / (1 << 30):.2f} GiB, "
                   f"checks {res['checks_passed']}/{res['checks']} ({time.time() - t0:.0f} s)", flush=True)
