@@ -33,8 +33,8 @@ const SETTLED_BY: usize = 10;
 /// Beside the model of PyTorch's own allocator (also without virtual memory;
 /// `emm replay TRACE -m pytorch-native --passes 30`, flat over the passes, in
 /// this order): 2.024, 1.851, 2.007, 1.390, 1.674, 1.301, 1.861, 2.315, 1.561,
-/// 1.288, 1.222, 1.275, 1.372 and 3.927x. The pool is looser on two: the FSDP2
-/// GPT-2 (1.600) and the generation (1.416).
+/// 1.288, 1.222, 1.275, 1.372, 3.927, 2.031 and 1.491x. The pool is looser on
+/// two: the FSDP2 GPT-2 (1.600) and the generation (1.416).
 const TRACES: &[(&str, Option<f64>)] = &[
     ("emm-cli/traces/gpt2_h200.csv", Some(1.449)),
     ("emm-cli/traces/gpt2_infer_bucketed_h200.csv", Some(1.597)),
@@ -59,15 +59,19 @@ const TRACES: &[(&str, Option<f64>)] = &[
         Some(1.416),
     ),
     // The Numba job (`numba_long.py`), the workload of the path's own users; its
-    // peak is set in the first pass, as on the GPU (1.916x in run 257). A small
-    // block that outlives its batch (the history buffer) pins a segment made for
-    // the batch's arrays, and the batch's two largest arrays split the merged
-    // range (662 MiB free in it at the peak, its largest hole 265 MiB for a
-    // request of 267 MiB).
+    // peak is set in the first pass, as on the GPU (1.916x in run 258). The
+    // history buffer, which outlives its batch, pins a segment made for the
+    // batch's arrays, and the batch's two largest arrays split the merged range
+    // (662 MiB free in it at the peak, its largest hole 265 MiB for a request of
+    // 267 MiB).
     (
         "emm-trace/tests/fixtures/numba_particles_h200.csv",
         Some(1.916),
     ),
+    // ViT-B/16 inference and BERT-base masked-LM training (`train_bench.py
+    // --snapshot`, run 261).
+    ("emm-trace/tests/fixtures/vit_infer_h200.csv", Some(1.691)),
+    ("emm-trace/tests/fixtures/bert_h200.csv", Some(1.470)),
 ];
 
 /// A trace's path, its ceiling, its ratios and its driver allocations per pass.

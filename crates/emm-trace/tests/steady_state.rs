@@ -87,6 +87,14 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
         1.151,
         None,
     ),
+    // Two of issue 33's workloads that had no trace here, recorded on an H200
+    // with `train_bench.py --variant native --snapshot` (run 261) through
+    // `snapshot_to_csv.py`: ViT-B/16 inference, 100 batches of 1-127 images, and
+    // BERT-base masked-LM training, 30 steps of sequence 32-512 and batch 8-39.
+    // PyTorch's figures: its allocator replaying each on that H200 (1.129x after
+    // one pass of the BERT trace, 1.130x after 100).
+    ("emm-trace/tests/fixtures/vit_infer_h200.csv", 1.122, None),
+    ("emm-trace/tests/fixtures/bert_h200.csv", 1.130, None),
 ];
 
 /// Peak reserved over peak live after pass 1, 10 and 100 of `path`.

@@ -47,6 +47,10 @@ const REAL: &[(&str, f64, f64)] = &[
         3.927,
         1.151,
     ),
+    // ViT-B/16 inference and BERT-base training on an H200 (run 261; BERT under
+    // expandable segments 1.129x after one pass, 1.130x after 100).
+    ("emm-trace/tests/fixtures/vit_infer_h200.csv", 2.031, 1.122),
+    ("emm-trace/tests/fixtures/bert_h200.csv", 1.491, 1.130),
 ];
 
 /// Random traces (`fixtures/random_traces.py`): (trace, streams honoured,

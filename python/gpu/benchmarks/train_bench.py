@@ -35,6 +35,10 @@ seeded generator, so every variant sees the same sequence of shapes and data):
                heads) under torch.no_grad(): one `generate` of 48 new tokens a step
                (greedy, transformers' dynamic KV cache, which grows by one token a
                step in every layer), prompts of 16-768 tokens, batch 1-23
+  bert         transformers BERT-base masked-LM training (12 layers, 768 wide),
+               bf16 autocast, AdamW; sequence 32-512, batch 8-39 per step
+  vit-infer    torchvision ViT-B/16 under torch.no_grad(), bf16 autocast;
+               224-pixel images, batch 1-127 per step
 
 Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.
@@ -51,7 +55,8 @@ import time
 VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
-WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate")
+WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate", "bert",
+             "vit-infer")
 
 
 def parse():
@@ -148,6 +153,14 @@ def build(workload, dev):
                           num_attention_heads=16, num_key_value_heads=kv_heads, vocab_size=32000,
                           max_position_embeddings=1024)
         model = LlamaForCausalLM(cfg)
+    elif workload == "bert":
+        from transformers import BertConfig, BertForMaskedLM
+
+        model = BertForMaskedLM(BertConfig())  # BERT-base's shape
+    elif workload == "vit-infer":
+        import torchvision
+
+        model = torchvision.models.vit_b_16(weights=None)
     else:
         import torchvision
 
@@ -194,6 +207,10 @@ def shapes(workload, n, seed, mode="fresh"):
             return (r.randint(1, 32), r.randint(16, 1024))
         if workload == "llama-generate":
             return (r.randint(1, 23), r.randint(16, 768))
+        if workload == "bert":
+            return (r.randint(8, 39), r.randint(32, 512))
+        if workload == "vit-infer":
+            return (r.randint(1, 127), 224)
         return (r.randint(8, 96), r.randint(128, 256))
 
     if mode == "fresh":
@@ -258,8 +275,12 @@ def main():
             y = torch.randint(0, 1000, (b,), generator=gen, device=dev)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
+        elif args.workload == "vit-infer":
+            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                return model(x).float().mean()
         else:
-            vocab = 50257 if args.workload.startswith("gpt2") else 32000
+            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "bert": 30522}.get(args.workload, 32000)
             ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
             if args.workload == "llama-generate":
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):

@@ -45,14 +45,14 @@ pub fn round_size(size: usize) -> usize {
 /// fall to a sixth of reserved after it made a new one
 /// ([`SegmentPolicy::merge_quiet`], `pool_legacy_merge`). Over 100 passes of
 /// every recorded trace of 64 MiB or more (`legacy_steady.rs`), merging makes
-/// no driver allocation after pass 10 on any of the fourteen; without it the
-/// pool kept allocating and freeing segments every pass on nine of them
+/// no driver allocation after pass 10 on any of the sixteen; without it the
+/// pool kept allocating and freeing segments every pass on ten of them
 /// (12-905 `cuMemAlloc` a pass; the segments they replace go back with
 /// `cuMemFree`, which synchronizes) and reached 3.38x of live on
 /// `gpt_train.csv` and 1.96x on `h200_train_midway.pickle` (1.25x and 1.14x
 /// merged). Without merging it is
-/// tighter on five traces (GPT-2 training and inference, the FSDP2 GPT-2 and
-/// the Llama-style training: 1.24-1.36x against 1.44-1.82x) at that price.
+/// tighter on six traces (GPT-2 training and inference, the FSDP2 GPT-2, the
+/// Llama-style and BERT training: 1.24-1.36x against 1.44-1.82x) at that price.
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
 /// Small and large blocks live in different segments (as in PyTorch's allocator):
