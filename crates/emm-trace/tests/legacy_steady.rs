@@ -68,8 +68,8 @@ const TRACES: &[(&str, Option<f64>)] = &[
         "emm-trace/tests/fixtures/numba_particles_h200.csv",
         Some(1.916),
     ),
-    // ViT-B/16 inference and BERT-base masked-LM training (`train_bench.py
-    // --snapshot`, run 261).
+    // ViT-B/16 inference and BERT-base trained with its masked-LM head
+    // (`train_bench.py --snapshot`, run 261).
     ("emm-trace/tests/fixtures/vit_infer_h200.csv", Some(1.691)),
     ("emm-trace/tests/fixtures/bert_h200.csv", Some(1.470)),
 ];

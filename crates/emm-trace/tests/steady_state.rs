@@ -9,8 +9,9 @@
 //! (`torch_replay TRACE 1 --passes 100 --streams` with
 //! `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, H100, PyTorch 2.11;
 //! `docs/gpu-verification.md` run 137; the snapshots through
-//! `python/gpu/benchmarks/snapshot_to_csv.py`). Its peak was the same after 1 and 100 passes
-//! on every trace.
+//! `python/gpu/benchmarks/snapshot_to_csv.py`; the traces recorded since on an
+//! H200, runs 257 and 261, as each entry says). Its peak was the same after 1
+//! and 100 passes on every trace but BERT's (1.129x, then 1.130x).
 //!
 //! Where the pool does not meet 1.05 yet, the test holds it to today's figure
 //! instead (the third field of [`TRACES`]), so the gap cannot widen unseen; the
@@ -78,10 +79,10 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     ),
     // A Numba job through emm's NBEP 7 plugin: 400 particle batches of variable
     // size with a growing history buffer (`python/gpu/benchmarks/numba_long.py`,
-    // recorded with `EMM_RECORD` on an H200, run 255). PyTorch's figure is its
-    // real allocator replaying the trace (run 256, H200: 1.151 after 1 and 100
+    // recorded with `EMM_RECORD` on an H200, run 256). PyTorch's figure is its
+    // real allocator replaying the trace (run 257, H200: 1.151 after 1 and 100
     // passes). On the GPU the pool replayed it at 1.005x / 1.017x after 1 / 100
-    // passes (run 257).
+    // passes (run 258).
     (
         "emm-trace/tests/fixtures/numba_particles_h200.csv",
         1.151,
@@ -90,7 +91,8 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // Two of issue 33's workloads that had no trace here, recorded on an H200
     // with `train_bench.py --variant native --snapshot` (run 261) through
     // `snapshot_to_csv.py`: ViT-B/16 inference, 100 batches of 1-127 images, and
-    // BERT-base masked-LM training, 30 steps of sequence 32-512 and batch 8-39.
+    // BERT-base with its masked-LM head trained, 30 steps of sequence 32-512 and
+    // batch 8-39.
     // PyTorch's figures: its allocator replaying each on that H200 (1.129x after
     // one pass of the BERT trace, 1.130x after 100).
     ("emm-trace/tests/fixtures/vit_infer_h200.csv", 1.122, None),

@@ -41,7 +41,7 @@ const REAL: &[(&str, f64, f64)] = &[
         1.094,
     ),
     // A Numba job through emm's plugin, replayed by PyTorch's allocator on an
-    // H200 (gpu-verification run 256).
+    // H200 (gpu-verification run 257).
     (
         "emm-trace/tests/fixtures/numba_particles_h200.csv",
         3.927,

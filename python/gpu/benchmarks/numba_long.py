@@ -19,18 +19,23 @@ energy is checked against NumPy on the host (outside the timed part).
 
 Variants, one process each, rotated between rounds:
 
-- ``numba``: Numba's own manager (``cuMemAlloc`` per array, frees deferred in
-  batches of ten).
+- ``numba``: Numba's own manager (``cuMemAlloc`` per array; a dropped array's
+  finalizer queues its free, and the queue is flushed, a ``cuMemFree`` each,
+  once more than ten are pending).
 - ``emm``: ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin``, the pool's defaults
   (the plugin keeps the expandable segment).
 - ``emm-novmm``: the same with ``EMM_POOL_EXPANDABLE=0`` (plain ``cuMemAlloc``
   segments, what consumers of legacy IPC handles get; merging on, the default).
 - ``VARIANT:NAME=VALUE[,NAME=VALUE]``: one of those with more environment set.
 
+Each process gets its variant's environment and no other ``EMM_POOL_*`` or
+``NUMBA_CUDA_MEMORY_MANAGER`` setting; it refuses to run when Numba's manager is
+not the variant's.
+
 Per process: each batch's time (host clock around the batch; the energy's copy
 to the host ends it), the host time inside the manager's allocation calls
-(``cuda.device_array``; Numba's own manager also frees its deferred
-deallocations there), the device's used memory above the context's own
+(``cuda.device_array``; Numba's own manager's frees run when a dropped array is
+collected, outside these calls), the device's used memory above the context's own
 (``cuMemGetInfo`` straight from libcuda, not the manager, at each substep, the
 batch's peak), the live bytes of the job's own arrays (counted as they are made
 and collected), and for emm its own statistics and its driver allocations in
@@ -38,7 +43,9 @@ the second half of the run. Prints per variant the mean of round medians, each
 round's median, the device peak and its ratio to the job's live peak at the
 first tenth of the batches and at the end (drift), the driver allocations of
 the run's second half, the allocation time a batch, and each variant's round
-medians over Numba's own manager's of the same round.
+medians over Numba's own manager's of the same round. ``--from-log`` tables each
+file as a run of its own. Exits 1 when a process failed, an energy check failed
+or the table changed.
 
 Run from the repository root on a GPU machine with ``PYTHONPATH=python`` and
 ``EMM_LIBRARY`` naming ``libemm_capi.so`` for the emm variants.
@@ -63,6 +70,8 @@ CHECK_EVERY = 100
 HISTORY_RESET = 25
 TABLE_BYTES = 128 << 20
 SUBSTEPS = 3
+# The environment this process started with (a child replaces its own from it).
+ENVIRON = dict(os.environ)
 
 
 def variant_env(spec):
@@ -102,14 +111,27 @@ class DeviceMemory:
         return self.total.value - self.free.value
 
 
+def clean_env(env):
+    """`env` without the settings a variant sets (so an exported one does not turn
+    one variant into another)."""
+    return {k: v for k, v in env.items()
+            if k != "NUMBA_CUDA_MEMORY_MANAGER" and not k.startswith("EMM_POOL_")}
+
+
 def child(args):
-    """One process: the whole job through the manager its environment names."""
+    """One process: the whole job through the manager of variant `args.child`."""
+    os.environ.clear()
+    os.environ.update(clean_env(ENVIRON))
+    os.environ.update(variant_env(args.child))
     import numpy as np
     from numba import cuda
 
     device = DeviceMemory()
     ctx = cuda.current_context()
     manager = type(ctx.memory_manager).__name__
+    want = "NumbaCUDAMemoryManager" if args.child.partition(":")[0] == "numba" else "EmmNumbaManager"
+    if manager != want:
+        raise SystemExit(f"variant {args.child}: Numba's memory manager is {manager}, not {want}")
     base_used = device.used()
 
     live = [0, 0]  # now, peak
@@ -223,7 +245,7 @@ def child(args):
     if manager == "EmmNumbaManager":
         from emm._lib import Manager
 
-        emm_manager = Manager(None, 0)
+        emm_manager = Manager(None, ctx.device.id)
         stats = emm_manager.stats
     for b, n in enumerate(sizes):
         if b % HISTORY_RESET == 0:
@@ -266,12 +288,13 @@ def _drop(live, nbytes):
 
 
 def summarize(results, variants):
-    """One table: per variant, each round and the figures over rounds."""
+    """One table: per variant, each round and the figures over rounds. Returns
+    whether every process passed its checks and kept its table."""
     gib = 1 << 30
     print(f"{'variant':<36} {'mean of round medians ms':>24} {'rounds (median ms)':<44} "
           f"{'device peak GiB':>15} {'/live 10%':>9} {'/live end':>9} {'emm res/alloc':>13} "
           f"{'driver allocs, 2nd half':>23} checks")
-    faster = None
+    faster, ok = None, True
     for v in variants:
         rs = results.get(v, [])
         if not rs:
@@ -279,8 +302,8 @@ def summarize(results, variants):
             continue
         medians = [statistics.median(r["times_ms"]) for r in rs]
         mean = statistics.mean(medians)
-        if v.partition(":")[0] == "numba":
-            faster = mean if faster is None else min(faster, mean)
+        if v.partition(":")[0] == "numba" and (faster is None or mean < faster[1]):
+            faster = (v, mean)
         tenth = max(1, len(rs[0]["device_peaks"]) // 10)
         early = max(max(r["device_peaks"][:tenth]) / max(r["live_peaks"][:tenth]) for r in rs)
         end = max(max(r["device_peaks"]) / max(r["live_peaks"]) for r in rs)
@@ -291,17 +314,19 @@ def summarize(results, variants):
         late = "-" if not all(e) else ",".join(str(x["driver_allocs_second_half"]) for x in e)
         checks = "%d/%d" % (sum(r["checks_passed"] for r in rs), sum(r["checks"] for r in rs))
         table = all(r["table_ok"] for r in rs)
+        ok = ok and table and all(r["checks_passed"] == r["checks"] for r in rs)
         rounds = ", ".join("%.2f" % m for m in medians) + f" (spread {spread:.1f} %)"
         print(f"{v:<36} {mean:>24.2f} {rounds:<44} {peak:>15.2f} {early:>9.3f} {end:>9.3f} "
               f"{ratio:>13} {late:>23} {checks}{'' if table else ' TABLE CHANGED'}")
-    print("host time inside the manager's allocations, us a batch: mean of round medians (each round)")
-    for v in variants:
-        rs = results.get(v, [])
-        if rs and all("alloc_us" in r for r in rs):
-            medians = [statistics.median(r["alloc_us"]) for r in rs]
-            print(f"  {v:<34} {statistics.mean(medians):8.1f} ({', '.join('%.1f' % m for m in medians)})")
+    timed = [v for v in variants if results.get(v) and all("alloc_us" in r for r in results[v])]
+    if timed:
+        print("host time inside the manager's allocations, us a batch: mean of round medians (each round)")
+    for v in timed:
+        medians = [statistics.median(r["alloc_us"]) for r in results[v]]
+        print(f"  {v:<34} {statistics.mean(medians):8.1f} ({', '.join('%.1f' % m for m in medians)})")
     if faster:
-        base = {r.get("round"): statistics.median(r["times_ms"]) for r in results.get("numba", [])}
+        name, mean_faster = faster
+        base = {r.get("round"): statistics.median(r["times_ms"]) for r in results[name]}
         for v in variants:
             rs = results.get(v, [])
             if rs and v.partition(":")[0] != "numba":
@@ -309,8 +334,9 @@ def summarize(results, variants):
                 paired = [statistics.median(r["times_ms"]) / base[r["round"]] for r in rs
                           if r.get("round") in base]
                 each = ", ".join("%.3f" % x for x in paired)
-                print(f"{v}: {mean / faster:.3f} x Numba's own manager's time a batch "
+                print(f"{v}: {mean / mean_faster:.3f} x {name}'s time a batch "
                       f"(round by round: {each})")
+    return ok
 
 
 def main():
@@ -325,34 +351,42 @@ def main():
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.from_log:
-        results, seen = {}, []
-        for path in args.from_log:
+        ok = True
+        for path in args.from_log:  # each file is a run of its own
+            results, seen = {}, []
             with open(path) as f:
                 for line in f:
-                    res = json.loads(line)
+                    if not line.strip():
+                        continue
+                    try:
+                        res = json.loads(line)
+                    except json.JSONDecodeError:
+                        print(f"{path}: skipping a line that is not JSON (a run cut short?)")
+                        continue
                     results.setdefault(res["variant"], []).append(res)
                     if res["variant"] not in seen:
                         seen.append(res["variant"])
-        summarize(results, seen)
-        return
+            print(f"== {path}")
+            ok = summarize(results, seen) and ok
+        sys.exit(0 if ok else 1)
     if args.batches < 1 or args.rounds < 1 or args.max_particles < 4096:
         raise SystemExit("--batches and --rounds must be at least 1, --max-particles at least 4096")
+    for v in [args.child] if args.child else args.variants:
+        variant_env(v)  # every variant checked before the first process runs
     if args.child:
         child(args)
         return
-    results = {}
+    results, failed = {}, 0
     for r in range(args.rounds):
         order = args.variants[r % len(args.variants):] + args.variants[:r % len(args.variants)]
         for v in order:
-            env = dict(os.environ)
-            env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-            env.update(variant_env(v))
             cmd = [sys.executable, __file__, "--child", v, "--batches", str(args.batches),
                    "--max-particles", str(args.max_particles)]
             t0 = time.time()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
+                failed += 1
                 print(f"round {r + 1} {v}: failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
                 continue
             res = json.loads(line[len("RESULT "):])
@@ -364,7 +398,8 @@ def main():
             print(f"round {r + 1} {v}: {res['manager']}, median {statistics.median(res['times_ms']):.2f} ms, "
                   f"device peak {max(res['device_peaks']) / (1 << 30):.2f} GiB, "
                   f"checks {res['checks_passed']}/{res['checks']} ({time.time() - t0:.0f} s)", flush=True)
-    summarize(results, args.variants)
+    ok = summarize(results, args.variants)
+    sys.exit(0 if ok and not failed else 1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
 g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
   -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o /tmp/torch_replay || exit 1
-TR="$(ls crates/emm-cli/traces/*.csv) .peers/h200_infer.csv .peers/h200_train_midway.csv"
+TR="$(ls crates/emm-cli/traces/*.csv crates/emm-trace/tests/fixtures/*.csv) .peers/h200_infer.csv .peers/h200_train_midway.csv"
 for t in $TR; do for conf in "expandable_segments:True" ""; do for p in 1 100; do
   PYTORCH_CUDA_ALLOC_CONF=$conf timeout 120 /tmp/torch_replay "$t" 1 --passes $p --streams 2>&1 | grep "run=0" | sed "s|^|conf=${conf:-native} |"
 done; done; done > "$OUT/torch_replay.txt"

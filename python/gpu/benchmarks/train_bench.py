@@ -35,8 +35,10 @@ seeded generator, so every variant sees the same sequence of shapes and data):
                heads) under torch.no_grad(): one `generate` of 48 new tokens a step
                (greedy, transformers' dynamic KV cache, which grows by one token a
                step in every layer), prompts of 16-768 tokens, batch 1-23
-  bert         transformers BERT-base masked-LM training (12 layers, 768 wide),
-               bf16 autocast, AdamW; sequence 32-512, batch 8-39 per step
+  bert         transformers BERT-base with its masked-LM head (12 layers, 768
+               wide), every token its own label (no token masked: the memory of
+               masked-LM training, not its task), bf16 autocast, AdamW; sequence
+               32-512, batch 8-39 per step
   vit-infer    torchvision ViT-B/16 under torch.no_grad(), bf16 autocast;
                224-pixel images, batch 1-127 per step
 
