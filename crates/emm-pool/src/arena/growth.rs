@@ -22,6 +22,12 @@ pub(super) const GROWTH_SHARE: usize = 32;
 pub(super) const MOVE_SHARE: usize = 32;
 
 impl Arena {
+    /// The `Segment::made` of a segment being made now.
+    fn next_segment(&mut self) -> u64 {
+        self.segments_made += 1;
+        self.segments_made
+    }
+
     pub(super) fn grow(
         &mut self,
         seg: usize,
@@ -46,6 +52,7 @@ impl Arena {
             }
         }
         let base = source.alloc_segment(seg)?;
+        let made = self.next_segment();
         self.segments.insert(
             base,
             Segment {
@@ -54,6 +61,7 @@ impl Arena {
                 expandable: None,
                 retired: 0,
                 merged: false,
+                made,
             },
         );
         self.add_reserved(seg);
@@ -96,6 +104,7 @@ impl Arena {
                 Reserved::TooSmall => return Ok(false),
                 Reserved::At(b, reserve) => {
                     self.grow_base = Reservation::At(b);
+                    let made = self.next_segment();
                     self.segments.insert(
                         b,
                         Segment {
@@ -107,6 +116,7 @@ impl Arena {
                             }),
                             retired: 0,
                             merged: false,
+                            made,
                         },
                     );
                     self.stats.segments += 1;

@@ -87,12 +87,17 @@ impl Arena {
     /// its address space cannot hold, and its steps are served by the expandable
     /// segment: a merge's synchronization would buy nothing there.
     pub(super) fn merges(&self) -> bool {
-        self.policy.merge_quiet.is_some()
-            && (!self.policy.expandable
-                || matches!(
-                    self.grow_base,
-                    Reservation::Unavailable | Reservation::Refused
-                ))
+        self.policy.merge_quiet.is_some() && self.plain_segments_only()
+    }
+
+    /// Whether the pool has no expandable segment: turned off, or none to be had
+    /// from the driver. Its large blocks then live in plain segments only.
+    pub(super) fn plain_segments_only(&self) -> bool {
+        !self.policy.expandable
+            || matches!(
+                self.grow_base,
+                Reservation::Unavailable | Reservation::Refused
+            )
     }
 
     /// Forgets the last merge's size and what grew since (a trim or reset gave

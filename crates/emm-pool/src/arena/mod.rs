@@ -130,6 +130,11 @@ pub(crate) struct Segment {
     /// Made by merging wholly free large segments (see `merge.rs`): it holds
     /// blocks of every size, so the exclusive rule does not apply to it.
     pub merged: bool,
+    /// The order it was made in (the arena's count of segments made before it):
+    /// without the expandable segment, best fit breaks ties between equal free
+    /// blocks of different segments by it rather than by address (see
+    /// `Arena::fit_in`).
+    pub made: u64,
 }
 
 /// Counters kept under the lock.
@@ -475,6 +480,8 @@ pub(crate) struct Arena {
     merge_target: Option<usize>,
     /// Bytes of large segments made since the last merge (see `merge.rs`).
     grown_since_merge: usize,
+    /// Segments made so far (`Segment::made` of the next).
+    segments_made: u64,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
