@@ -6,6 +6,11 @@ use emm_sys::CUdeviceptr;
 
 use super::*;
 
+/// How many more free blocks of the best fit's size best fit compares by
+/// segment age and offset, without the expandable segment (see
+/// `Arena::fit_in`).
+const TIES: usize = 64;
+
 impl Arena {
     /// Makes `size` bytes at `addr` a free block of `stream`, coalesced with a free
     /// neighbour of the same stream and segment on each side. A block entry
@@ -118,8 +123,11 @@ impl Arena {
                 })
                 .unwrap_or((u64::MAX, addr))
         };
+        // (At most the first TIES of them, by address: the walk stays bounded on
+        // a pool with very many free blocks of one size.)
         Some(
             fits.take_while(|&(bsize, _)| bsize == first.0)
+                .take(TIES)
                 .fold(
                     first,
                     |best, c| if order(&c) < order(&best) { c } else { best },
