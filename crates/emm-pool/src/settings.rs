@@ -66,7 +66,7 @@ pub static LEGACY_MERGE: Setting<usize> = Setting::new(
         "EMM_POOL_LEGACY_MERGE",
         ValueKind::Count,
         "6",
-        "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved after a new segment (0: off)",
+        "without the expandable segment: n merges wholly free large segments into one when live bytes fall to 1/n of reserved, or to within 1/n of the way from their low to reserved after a step, once a new segment was made (0: off)",
     ),
     parse::count,
 );

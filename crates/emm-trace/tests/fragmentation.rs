@@ -111,8 +111,9 @@ fn recorded_h200_traces_stay_within_their_bounds() {
     }
 }
 
-/// Without the expandable segment (what IPC of every block needs), in one pass
-/// and without merging, the recorded
+/// Without the expandable segment (what IPC of every block needs), in one pass,
+/// without merging and with exclusive segments of 256 MiB (off by default since
+/// the pool merges after a step: `SegmentPolicy::exclusive`), the recorded
 /// traces stay well below PyTorch's default allocator's looseness (1.57-2.02 on the
 /// same workloads on an H200): a large segment made for one big tensor serves only
 /// tensors of about its size (so it comes free whole), and wholly free large
@@ -139,6 +140,7 @@ fn without_virtual_memory_the_recorded_traces_stay_below_pytorch_defaults() {
         // These two policies alone: the default also merges free segments when
         // the pool is quiet, which `legacy_steady.rs` measures over 100 passes.
         config.segments.merge_quiet = None;
+        config.segments.exclusive = 256 << 20;
         let pool = PoolManager::host(1 << 40, config).unwrap();
         let opts = ReplayOptions {
             total_events: summary.events,

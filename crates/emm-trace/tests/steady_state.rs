@@ -97,6 +97,12 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // one pass of the BERT trace, 1.130x after 100).
     ("emm-trace/tests/fixtures/vit_infer_h200.csv", 1.122, None),
     ("emm-trace/tests/fixtures/bert_h200.csv", 1.130, None),
+    // Held out from every policy until they were recorded (runs 265-266): a
+    // Mixtral-style mixture of experts and T5, trained (`train_bench.py
+    // --workload moe|t5 --snapshot`); PyTorch's allocator replaying each on that
+    // H200 held the same figure after 1 and 100 passes.
+    ("emm-trace/tests/fixtures/moe_h200.csv", 1.080, None),
+    ("emm-trace/tests/fixtures/t5_h200.csv", 1.076, None),
 ];
 
 /// Peak reserved over peak live after pass 1, 10 and 100 of `path`.

@@ -51,6 +51,10 @@ const REAL: &[(&str, f64, f64)] = &[
     // expandable segments 1.129x after one pass, 1.130x after 100).
     ("emm-trace/tests/fixtures/vit_infer_h200.csv", 2.031, 1.122),
     ("emm-trace/tests/fixtures/bert_h200.csv", 1.491, 1.130),
+    // A Mixtral-style mixture of experts and T5, trained on an H200 (runs 265-266;
+    // T5 native 1.249x after one pass and after 100).
+    ("emm-trace/tests/fixtures/moe_h200.csv", 1.407, 1.080),
+    ("emm-trace/tests/fixtures/t5_h200.csv", 1.249, 1.076),
 ];
 
 /// Random traces (`fixtures/random_traces.py`): (trace, streams honoured,

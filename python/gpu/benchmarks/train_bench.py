@@ -41,6 +41,13 @@ seeded generator, so every variant sees the same sequence of shapes and data):
                32-512, batch 8-39 per step
   vit-infer    torchvision ViT-B/16 under torch.no_grad(), bf16 autocast;
                224-pixel images, batch 1-127 per step
+  moe          transformers Mixtral-style mixture of experts (8 layers, 768 wide,
+               8 experts, 2 a token, grouped-query attention), bf16 autocast,
+               AdamW; sequence 32-1024, batch 2-12: how many tokens each expert
+               gets changes every step, whatever the shapes
+  t5           transformers T5 (T5-small's shape: 6 + 6 layers, 512 wide),
+               encoder-decoder training, bf16 autocast, AdamW; source 32-512
+               tokens, target half of it, batch 8-48
 
 Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.
@@ -58,7 +65,7 @@ VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-plugg
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate", "bert",
-             "vit-infer")
+             "vit-infer", "moe", "t5")
 
 
 def parse():
@@ -163,6 +170,19 @@ def build(workload, dev):
         import torchvision
 
         model = torchvision.models.vit_b_16(weights=None)
+    elif workload == "moe":
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        cfg = MixtralConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
+                            num_attention_heads=12, num_key_value_heads=4, num_local_experts=8,
+                            num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=1024)
+        model = MixtralForCausalLM(cfg)
+    elif workload == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        model = T5ForConditionalGeneration(T5Config(d_model=512, d_ff=2048, num_layers=6,
+                                                    num_decoder_layers=6, num_heads=8,
+                                                    vocab_size=32128, decoder_start_token_id=0))
     else:
         import torchvision
 
@@ -203,7 +223,7 @@ def shapes(workload, n, seed, mode="fresh"):
     r = random.Random(seed)
 
     def draw():
-        if workload in ("gpt2", "llama", "llama-1b"):
+        if workload in ("gpt2", "llama", "llama-1b", "moe"):
             return (r.randint(2, 12), r.randint(32, 1024))
         if workload == "gpt2-infer":
             return (r.randint(1, 32), r.randint(16, 1024))
@@ -211,6 +231,8 @@ def shapes(workload, n, seed, mode="fresh"):
             return (r.randint(1, 23), r.randint(16, 768))
         if workload == "bert":
             return (r.randint(8, 39), r.randint(32, 512))
+        if workload == "t5":
+            return (r.randint(8, 48), r.randint(32, 512))
         if workload == "vit-infer":
             return (r.randint(1, 127), 224)
         return (r.randint(8, 96), r.randint(128, 256))
@@ -282,7 +304,7 @@ def main():
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                 return model(x).float().mean()
         else:
-            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "bert": 30522}.get(args.workload, 32000)
+            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "bert": 30522, "t5": 32128}.get(args.workload, 32000)
             ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
             if args.workload == "llama-generate":
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -297,7 +319,10 @@ def main():
                     loss = logits.float().mean()
                 return loss
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
+                if args.workload == "t5":  # the target: half the source's length
+                    loss = model(input_ids=ids, labels=ids[:, : max(8, s // 2)].contiguous()).loss
+                else:
+                    loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -69,7 +69,7 @@ impl Arena {
     /// The best-fitting free block of `stream` and `kind` for `size` bytes: the
     /// smallest that holds it, except that a block of an exclusive segment (a
     /// large segment of one request's size, made without the expandable segment,
-    /// of at least [`SegmentPolicy::exclusive`] bytes) serves only a request that
+    /// of at least [`SegmentPolicy::exclusive`] bytes; off by default) serves only a request that
     /// wastes at most an eighth of the segment, or a shared segment's size.
     /// Splitting one for a smaller tensor pins the whole segment under that tensor,
     /// so it is never wholly free and cannot be given back when the shapes change:
@@ -125,14 +125,9 @@ impl Arena {
         };
         // (At most the first TIES of them, by address: the walk stays bounded on
         // a pool with very many free blocks of one size.)
-        Some(
-            fits.take_while(|&(bsize, _)| bsize == first.0)
-                .take(TIES)
-                .fold(
-                    first,
-                    |best, c| if order(&c) < order(&best) { c } else { best },
-                ),
-        )
+        std::iter::once(first)
+            .chain(fits.take_while(|&(bsize, _)| bsize == first.0).take(TIES))
+            .min_by_key(order)
     }
 
     /// The size of the segment holding the block at `addr` when that segment

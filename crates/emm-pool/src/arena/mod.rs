@@ -41,18 +41,19 @@ pub fn round_size(size: usize) -> usize {
 }
 
 /// Where the pool has no expandable segment (turned off, or refused by the
-/// driver), it merges its wholly free large segments into one when live bytes
-/// fall to a sixth of reserved after it made a new one
+/// driver), it merges its wholly free large segments into one when the program
+/// is quiet after the pool made a new one: live bytes at a sixth of reserved,
+/// or back within a sixth of the way from their low to reserved after a step
 /// ([`SegmentPolicy::merge_quiet`], `pool_legacy_merge`). Over 100 passes of
-/// every recorded trace of 64 MiB or more (`legacy_steady.rs`), merging makes
-/// no driver allocation after pass 10 on any of the sixteen; without it the
-/// pool kept allocating and freeing segments every pass on ten of them
-/// (12-905 `cuMemAlloc` a pass; the segments they replace go back with
-/// `cuMemFree`, which synchronizes) and reached 3.38x of live on
-/// `gpt_train.csv` and 1.96x on `h200_train_midway.pickle` (1.25x and 1.14x
-/// merged). Without merging it is
-/// tighter on six traces (GPT-2 training and inference, the FSDP2 GPT-2, the
-/// Llama-style and BERT training: 1.24-1.36x against 1.44-1.82x) at that price.
+/// every recorded trace of 64 MiB or more (`legacy_steady.rs`), it makes no
+/// driver allocation after pass 10 on any of the eighteen. Without merging it
+/// makes none either (since large segments serve requests of any size,
+/// `SegmentPolicy::exclusive`), but holds looser footprints: after 12 passes
+/// 1.96x of live on `h200_train_midway.pickle` against 1.15x merged, 1.87x
+/// against 1.21x on `gpt2_infer_h200.csv`, 1.74x against 1.29x on
+/// `bert_h200.csv`; only the FSDP2 GPT-2 trace and the inference snapshot
+/// `h200_infer.pickle` are tighter unmerged (1.26x and 1.60x against 1.49x and
+/// 1.81x).
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
 /// Small and large blocks live in different segments (as in PyTorch's allocator):
@@ -281,11 +282,22 @@ pub struct SegmentPolicy {
     pub tight_percent: Option<u32>,
     /// Without the expandable segment: a large segment made for one request of at
     /// least this many bytes serves only requests of about its size, so that it
-    /// comes free whole and can be given back (see `Arena::fit_in`).
+    /// comes free whole and can be given back (see `Arena::fit_in`). Off
+    /// (`usize::MAX`) by default: at 256 MiB (the default before), the pool gave
+    /// back and made 240-320 segments in every pass of a mixture of experts'
+    /// trace, whose logits and experts' shares of the tokens change size every
+    /// step (`moe_h200.csv`: 1.31x of live and rising at pass 100; off, 1.31x
+    /// and no driver allocation after pass 10), merging as it does now or not;
+    /// and with merging as it does now, turning it off took the recorded
+    /// traces' mean footprint from 1.343x to 1.337x of live
+    /// (`docs/benchmarks.md`, thirty-eighth session).
     pub exclusive: usize,
     /// Without the expandable segment: once a large segment has been made, the
     /// first large request that finds the pool quiet (live bytes at most
-    /// 1/`merge_quiet` of reserved) synchronizes, gives back every wholly free
+    /// 1/`merge_quiet` of reserved, or back within 1/`merge_quiet` of the way
+    /// from their low since that segment to reserved after a step rose half of
+    /// it: weights and optimizer state that stay live between steps keep live
+    /// bytes above a fixed share) synchronizes, gives back every wholly free
     /// large segment and makes one sized to what the steps need, so that the
     /// blocks of the next steps share one range instead of pinning many (see
     /// `merge.rs`). `None`: never (`EMM_POOL_LEGACY_MERGE=0`); the default is
@@ -340,7 +352,7 @@ impl Default for SegmentPolicy {
             large_segment: 20 << 20,
             large_round: 2 << 20,
             tight_percent: Some(115),
-            exclusive: 256 << 20,
+            exclusive: usize::MAX,
             merge_quiet: Some(DEFAULT_LEGACY_MERGE),
             one_range: false,
             adopt_parked: false,
@@ -473,13 +485,9 @@ pub(crate) struct Arena {
     retiring: Vec<retire::Retiring>,
     /// The allocation history (off unless asked for).
     pub history: History,
-    /// A large segment was made since the last merge (see `merge.rs`).
-    merge_due: bool,
-    /// What the last merge sized the pool's reserved bytes to (see `merge.rs`);
-    /// `None` before the first.
-    merge_target: Option<usize>,
-    /// Bytes of large segments made since the last merge (see `merge.rs`).
-    grown_since_merge: usize,
+    /// When a merge of free segments is due and what it sizes the pool to (see
+    /// `merge.rs`).
+    merge: merge::MergeClock,
     /// Segments made so far (`Segment::made` of the next).
     segments_made: u64,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
@@ -547,6 +555,16 @@ impl Arena {
     /// The byte limit of the family, if any (it may change while the pool serves).
     pub(crate) fn limit(&self) -> Option<usize> {
         self.family.limit()
+    }
+
+    /// Whether the pool has no expandable segment: turned off, or none to be had
+    /// from the driver. Its large blocks then live in plain segments only.
+    pub(super) fn plain_segments_only(&self) -> bool {
+        !self.policy.expandable
+            || matches!(
+                self.grow_base,
+                Reservation::Unavailable | Reservation::Refused
+            )
     }
 
     /// Reserved bytes the byte limit is checked against: the family's.
@@ -619,7 +637,7 @@ impl Arena {
         self.stats.counts.locked_allocs += 1;
         // (Only ever set where the pool has no expandable segment, with merging
         // on: `Arena::merges`.)
-        if self.merge_due && kind == Kind::Large {
+        if self.merge.due() && kind == Kind::Large {
             self.merge_if_quiet(events, source);
         }
         if let Some(a) = self.take_fit(size, kind, stream) {
@@ -729,8 +747,7 @@ impl Arena {
         self.stats.counts.misses += 1;
         call_work::note(Work::Grew);
         if kind == Kind::Large && self.merges() {
-            self.merge_due = true;
-            self.grown_since_merge = self.grown_since_merge.saturating_add(seg);
+            self.merge.grew(seg, self.stats.live);
         }
         let _ = self.cover_fresh(stream, events);
         let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
@@ -746,6 +763,7 @@ impl Arena {
     ) -> (CUdeviceptr, CUdeviceptr, usize) {
         self.stats.live += size;
         self.stats.peak_live = self.stats.peak_live.max(self.stats.live);
+        self.merge.saw_live(self.stats.live, self.stats.reserved);
         self.family.add_active(size);
         let seg_size = self.segments.get(&segment).map_or(size, |s| s.size);
         (addr, segment, seg_size)
@@ -766,6 +784,7 @@ impl Arena {
                 let b = *b;
                 self.stats.counts.locked_frees += 1;
                 self.stats.live -= b.size;
+                self.merge.saw_live(self.stats.live, self.stats.reserved);
                 self.family.sub_active(b.size);
                 // Replaces the live entry at `addr` (no separate removal).
                 self.insert_free(addr, b.size, b.segment, stream);
