@@ -80,8 +80,8 @@ fn quiet_merge_gives_steps_one_range_and_no_more_driver_calls() {
 
 /// A trim gives the segments back and the merges' sizing with them: the first
 /// merge after it sizes the pool from the peak of live bytes again (to 308 MiB,
-/// a tenth above 280, with the 180 MiB tensor in a segment of its own), not to
-/// the last merged size (380 MiB, one range).
+/// a tenth above 280: the 100 MiB tensor's segment and a merged one of 208 MiB,
+/// which the 180 MiB tensor fits), not to the last merged size (380 MiB).
 #[test]
 fn a_trim_forgets_the_last_merge() {
     let p = pool(Some(6));

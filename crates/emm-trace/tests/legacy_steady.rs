@@ -74,7 +74,7 @@ const TRACES: &[(&str, Option<f64>)] = &[
     // experts and T5, trained. The experts' share of the tokens changes every
     // step; before merges followed the program's low and every large segment
     // served any request, the pool gave back and made about 250 segments in every
-    // pass of the first (1.23-1.25x of live, still rising at pass 100).
+    // pass of the first (1.31x of live at pass 100, still rising).
     ("emm-trace/tests/fixtures/moe_h200.csv", Some(1.309)),
     ("emm-trace/tests/fixtures/t5_h200.csv", Some(1.202)),
 ];

@@ -286,8 +286,9 @@ pub struct SegmentPolicy {
     /// (`usize::MAX`) by default: at 256 MiB (the default before), the pool gave
     /// back and made 240-320 segments in every pass of a mixture of experts'
     /// trace, whose logits and experts' shares of the tokens change size every
-    /// step (`moe_h200.csv`: 1.31x of live and rising at pass 100; off, 1.31x
-    /// and no driver allocation after pass 10), merging as it does now or not;
+    /// step (`moe_h200.csv`: 1.31x of live and rising at pass 100 with the
+    /// earlier merging, 1.25x at pass 30 with today's; off, 1.31x and no driver
+    /// allocation after pass 10);
     /// and with merging as it does now, turning it off took the recorded
     /// traces' mean footprint from 1.343x to 1.337x of live
     /// (`docs/benchmarks.md`, thirty-eighth session).

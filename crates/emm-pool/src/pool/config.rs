@@ -64,7 +64,8 @@ impl PoolConfig {
     /// [`crate::settings`]): `pool_expandable` (`0` turns the expandable segment
     /// off, e.g. for legacy IPC of every block), `pool_exportable`,
     /// `pool_legacy_merge` (without the expandable segment: merge wholly free
-    /// large segments when live bytes fall to 1/n of reserved; 0 off, see
+    /// large segments when live bytes fall to 1/n of reserved, or back within
+    /// 1/n of the way from their low to reserved after a step; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
     /// `pool_replace_pieces`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
