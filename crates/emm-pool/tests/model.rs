@@ -4,7 +4,9 @@
 //! stream (after the free) has completed. With `replace` the pool replaces small
 //! idle pieces instead of moving them (`SegmentPolicy::replace_pieces`), and the
 //! steps include requests large enough (256 MiB and up: new memory in pieces of
-//! two pages) for it to happen.
+//! two pages) for it to happen. With `exclusive` (off by default) a plain large
+//! segment of 4 MiB or more serves only requests of about its size
+//! (`SegmentPolicy::exclusive`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ struct Model {
     cache: bool,
     expandable: bool,
     replace: bool,
+    exclusive: bool,
     live: Vec<(usize, usize)>,
 }
 
@@ -47,11 +50,12 @@ impl ReferenceStateMachine for Reference {
     type Transition = Step;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (any::<bool>(), any::<bool>(), any::<bool>())
-            .prop_map(|(cache, expandable, replace)| Model {
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
+            .prop_map(|(cache, expandable, replace, exclusive)| Model {
                 cache,
                 expandable,
                 replace,
+                exclusive,
                 live: vec![],
             })
             .boxed()
@@ -133,6 +137,7 @@ impl StateMachineTest for Sut {
             segments: SegmentPolicy {
                 expandable: m.expandable,
                 replace_pieces: if m.replace { 2 } else { 0 },
+                exclusive: if m.exclusive { 4 << 20 } else { usize::MAX },
                 ..SegmentPolicy::default()
             },
             thread_cache_blocks: if m.cache { 4 } else { 0 },
@@ -253,6 +258,7 @@ fn replay_steps(cache: bool, expandable: bool, steps: &[Step]) {
         cache,
         expandable,
         replace: false,
+        exclusive: false,
         live: vec![],
     };
     let mut sut = <Sut as StateMachineTest>::init_test(&m);
