@@ -1,0 +1,141 @@
+//! How the pool sizes its segments and which of its policies are on
+//! ([`SegmentPolicy`]).
+
+use super::kind::Kind;
+
+/// Where the pool has no expandable segment (turned off, or refused by the
+/// driver), it merges its wholly free large segments into one when the program
+/// is quiet after the pool made a new one: live bytes at a sixth of reserved,
+/// or back within a sixth of the way from their low to reserved after a step
+/// ([`SegmentPolicy::merge_quiet`], `pool_legacy_merge`). Over 100 passes of
+/// every recorded trace of 64 MiB or more (`legacy_steady.rs`), it makes no
+/// driver allocation after pass 10 on any of the eighteen. Without merging it
+/// makes none either (since large segments serve requests of any size,
+/// `SegmentPolicy::exclusive`), but holds looser footprints: after 12 passes
+/// 1.96x of live on `h200_train_midway.pickle` against 1.15x merged, 1.87x
+/// against 1.21x on `gpt2_infer_h200.csv`, 1.74x against 1.29x on
+/// `bert_h200.csv`; only the FSDP2 GPT-2 trace and the inference snapshot
+/// `h200_infer.pickle` are tighter unmerged (1.26x and 1.60x against 1.49x and
+/// 1.81x).
+pub const DEFAULT_LEGACY_MERGE: usize = 6;
+
+/// Segment sizes: few upstream calls for many small requests, exact-ish segments
+/// for large ones so that reserved memory tracks live memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentPolicy {
+    /// Large blocks live in one expandable segment per pool (address space
+    /// reserved once, memory mapped in pieces as it grows), when the upstream has
+    /// virtual memory management: best fit over one contiguous range.
+    pub expandable: bool,
+    /// Address space asked for the expandable segment: where the driver
+    /// refuses it, a quarter of it and so on (`Arena::reserve_range`). At
+    /// least [`SegmentPolicy::large_round`].
+    pub expandable_reserve: usize,
+    /// The expandable segment grows by at least this much at a time, or by a
+    /// 32nd of what the pool reserves when that is less (`growth.rs`).
+    pub expand_step: usize,
+    /// Size of a small-block segment.
+    pub small_segment: usize,
+    /// Large requests below this share segments of this size.
+    pub large_segment: usize,
+    /// Large segments are rounded up to this.
+    pub large_round: usize,
+    /// Without the expandable segment: a large request that would take a new
+    /// segment while reserved exceeds this percentage of the peak of live bytes
+    /// (or of live plus the request, when more) first synchronizes and gives back
+    /// wholly free large segments (`None`: never; see `Arena::tighten`).
+    pub tight_percent: Option<u32>,
+    /// Without the expandable segment: a large segment made for one request of at
+    /// least this many bytes serves only requests of about its size, so that it
+    /// comes free whole and can be given back (see `Arena::fit_in`). Off
+    /// (`usize::MAX`) by default: at 256 MiB (the default before), the pool gave
+    /// back and made 240-320 segments in every pass of a mixture of experts'
+    /// trace, whose logits and experts' shares of the tokens change size every
+    /// step (`moe_h200.csv`: 1.31x of live and rising at pass 100 with the
+    /// earlier merging, 1.25x at pass 30 with today's; off, 1.31x and no driver
+    /// allocation after pass 10);
+    /// and with merging as it does now, turning it off took the recorded
+    /// traces' mean footprint from 1.343x to 1.337x of live
+    /// (`docs/benchmarks.md`, thirty-eighth session).
+    pub exclusive: usize,
+    /// Without the expandable segment: once a large segment has been made, the
+    /// first large request that finds the pool quiet (live bytes at most
+    /// 1/`merge_quiet` of reserved, or back within 1/`merge_quiet` of the way
+    /// from their low since that segment to reserved after a step rose half of
+    /// it: weights and optimizer state that stay live between steps keep live
+    /// bytes above a fixed share) synchronizes, gives back every wholly free
+    /// large segment and makes one sized to what the steps need, so that the
+    /// blocks of the next steps share one range instead of pinning many (see
+    /// `merge.rs`). `None`: never (`EMM_POOL_LEGACY_MERGE=0`); the default is
+    /// [`DEFAULT_LEGACY_MERGE`].
+    pub merge_quiet: Option<usize>,
+    /// Every request, small ones too, is served from the expandable segment (where
+    /// there is one): every block is then virtual memory, which a pause can unmap
+    /// (the pools of tagged allocations; see `pause.rs`).
+    pub one_range: bool,
+    /// Before growing past the peak of reserved bytes while live bytes are well
+    /// below their peak, a stream adopts free blocks parked for other streams
+    /// whose events have not completed: its work is made to wait for those
+    /// events on the device (`cuStreamWaitEvent`, no host wait), then the blocks
+    /// are its own (CUDA's stream-ordered pools reuse across streams so by
+    /// default). On a GPU the host runs ahead and such events are seldom
+    /// complete when asked: on FSDP2 of a 1.1 B Llama every rank's peak came
+    /// from a stream growing by 250 MiB while 8.9 GiB was live and 22.8-23.1 GiB
+    /// waited parked (runs 202-203). Off by default: there it took the footprint from
+    /// 1.064-1.069x of allocated to 1.051-1.054x, but the steps ran 5-11 %
+    /// slower in both rounds (run 204); `streams.rs`, `Arena::adopt_parked`;
+    /// `pool_adopt_parked`.
+    pub adopt_parked: bool,
+    /// Before growing past the peak of reserved bytes, a stream waits on the
+    /// host for the events of free blocks parked for other streams (oldest
+    /// first, until they hold the request), and takes them settled instead of
+    /// reserving more (`streams.rs`, `Arena::wait_parked`; `pool_wait_parked`).
+    /// On by default: on FSDP2 of a 1.1 B Llama on four H100s it took the
+    /// footprint from 1.078-1.116x of allocated to 1.053-1.062x over 40 timed
+    /// steps, with steps no slower (run 224); over six rounds of 100 steps
+    /// 1.060-1.075x, the device's peak within 0.2 % of expandable segments'
+    /// (runs 227-229). It runs before [`SegmentPolicy::adopt_parked`], which
+    /// then finds nothing parked where the wait settled it.
+    pub wait_parked: bool,
+    /// With `n` > 0, growth replaces, instead of moving, the pieces smaller than
+    /// `n` pages (and than the request's own new pieces) lying in free holes that
+    /// no queued work uses any more: it unmaps them (their memory goes back
+    /// first) and maps new memory in pieces of up to `n` pages (`replace.rs`).
+    /// A moved piece costs its driver calls every time its hole is needed, and
+    /// the pieces made for small requests (one page) are what the largest
+    /// requests of a step are assembled from, pass after pass. 0 (the default):
+    /// off (`EMM_POOL_REPLACE_PIECES`).
+    pub replace_pieces: usize,
+}
+
+impl Default for SegmentPolicy {
+    fn default() -> Self {
+        SegmentPolicy {
+            expandable: true,
+            expandable_reserve: 1 << 40,
+            expand_step: 20 << 20,
+            small_segment: 2 << 20,
+            large_segment: 20 << 20,
+            large_round: 2 << 20,
+            tight_percent: Some(115),
+            exclusive: usize::MAX,
+            merge_quiet: Some(DEFAULT_LEGACY_MERGE),
+            one_range: false,
+            adopt_parked: false,
+            wait_parked: true,
+            replace_pieces: 0,
+        }
+    }
+}
+
+impl SegmentPolicy {
+    /// The size of the segment made for a request of `size` bytes of `kind`: a
+    /// small segment, a shared large one, or the request rounded.
+    pub(super) fn segment_for(&self, size: usize, kind: Kind) -> usize {
+        match kind {
+            Kind::Small => self.small_segment.max(size),
+            Kind::Large if size < self.large_segment / 2 => self.large_segment,
+            Kind::Large => size.div_ceil(self.large_round) * self.large_round,
+        }
+    }
+}
