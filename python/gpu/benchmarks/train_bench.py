@@ -320,7 +320,7 @@ def main():
                 return loss
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 if args.workload == "t5":  # the target: half the source's length
-                    loss = model(input_ids=ids, labels=ids[:, : max(8, s // 2)].contiguous()).loss
+                    loss = model(input_ids=ids, labels=ids[:, : s // 2].contiguous()).loss
                 else:
                     loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)

@@ -29,6 +29,7 @@
 //! (469 MiB of weights against 1.1-1.7 GiB reserved) never merged, and GPT-2
 //! inference merged three times in 100 passes (1.82x of live; 1.21x with both).
 
+use super::merge_clock::MergeClock;
 use super::*;
 use crate::events::EventSource;
 
@@ -42,7 +43,7 @@ impl Arena {
     /// merged one (growth makes what is missing later).
     pub(super) fn merge_if_quiet(&mut self, events: &dyn EventSource, source: &dyn SegmentSource) {
         let Some(quiet) = self.policy.merge_quiet else {
-            self.merge.due = false;
+            self.merge.settle();
             return;
         };
         if !self
@@ -51,7 +52,7 @@ impl Arena {
         {
             return;
         }
-        self.merge.due = false;
+        self.merge.settle();
         if let Err(e) = self.consolidate(events) {
             tracing::warn!(error = %e, "synchronizing to merge free segments failed; not merging");
             return;
@@ -67,19 +68,16 @@ impl Arena {
         // one to the last merge's size plus what the steps since had to grow by
         // (a merged range a step outgrew).
         let floor = self.stats.peak_live / 10 * 11;
-        let target = match self.merge.target {
-            None => floor,
-            Some(t) => t.saturating_add(self.merge.grown),
-        };
+        let target = self.merge.target(floor);
         // It may take more than it gave back (a merged range the steps outgrew is
         // pinned by a block or two, and the new one must hold what overflowed),
         // never past the peak of reserved bytes: a merge sets no new peak.
         let room = self.stats.peak_reserved.saturating_sub(self.stats.reserved);
         let size = target.saturating_sub(self.stats.reserved).min(room) / self.policy.large_round
             * self.policy.large_round;
-        self.merge.grown = 0;
+        self.merge.forget_growth();
         if size == 0 {
-            self.merge.target = Some(self.stats.reserved);
+            self.merge.sized(self.stats.reserved);
             return;
         }
         match self.grow(size, Kind::Large, SETTLED, source) {
@@ -88,7 +86,7 @@ impl Arena {
                     seg.merged = true;
                 }
                 self.stats.counts.merges += 1;
-                self.merge.target = Some(self.stats.reserved);
+                self.merge.sized(self.stats.reserved);
             }
             Err(e) => {
                 tracing::warn!(error = %e, size, "allocating a merged segment failed; growing by request instead");
@@ -123,66 +121,5 @@ impl Arena {
                 matches!(self.blocks.get(&base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
             .count()
-    }
-}
-
-/// When a merge is due, whether the program is quiet, and what the last merge
-/// sized the pool to: the state [`Arena::merge_if_quiet`] keeps between calls.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct MergeClock {
-    /// A large segment was made since the last merge.
-    due: bool,
-    /// What the last merge sized the pool's reserved bytes to; `None` before the
-    /// first (or after a trim).
-    target: Option<usize>,
-    /// Bytes of large segments made since the last merge.
-    grown: usize,
-    /// The fewest live bytes since the last new large segment was made (at
-    /// first, those live then).
-    low: usize,
-    /// Live bytes rose half the way from `low` to reserved after it: what needed
-    /// the segment, or a step since, came and went once they are back.
-    rose: bool,
-}
-
-impl MergeClock {
-    /// Whether a merge is due (a large segment was made since the last).
-    pub(super) fn due(&self) -> bool {
-        self.due
-    }
-
-    /// A large segment of `bytes` was made while `live` bytes were live.
-    pub(super) fn grew(&mut self, bytes: usize, live: usize) {
-        self.due = true;
-        self.low = live;
-        self.rose = false;
-        self.grown = self.grown.saturating_add(bytes);
-    }
-
-    /// Live bytes changed to `live` (of `reserved`); only followed while a merge
-    /// is due.
-    pub(super) fn saw_live(&mut self, live: usize, reserved: usize) {
-        if !self.due {
-            return;
-        }
-        if live < self.low {
-            self.low = live;
-            self.rose = false;
-        } else if !self.rose && live - self.low >= reserved.saturating_sub(self.low) / 2 {
-            self.rose = true;
-        }
-    }
-
-    /// Whether the program is quiet with `live` of `reserved` bytes live: they
-    /// are at most 1/`quiet` of reserved, or (a program whose weights and
-    /// optimizer state stay live between steps) back within 1/`quiet` of the way
-    /// from their low to reserved after a step rose half of it.
-    fn quiet(&self, live: usize, reserved: usize, quiet: usize) -> bool {
-        if live.saturating_mul(quiet) <= reserved {
-            return true;
-        }
-        self.rose
-            && live.saturating_sub(self.low).saturating_mul(quiet)
-                <= reserved.saturating_sub(self.low)
     }
 }

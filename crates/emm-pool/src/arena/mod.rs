@@ -23,6 +23,7 @@ mod growth;
 mod heap;
 mod inspect;
 mod merge;
+mod merge_clock;
 mod oom;
 mod pause;
 mod release;
@@ -328,7 +329,7 @@ pub(crate) struct Arena {
     pub history: History,
     /// When a merge of free segments is due and what it sizes the pool to (see
     /// `merge.rs`).
-    merge: merge::MergeClock,
+    merge: merge_clock::MergeClock,
     /// Segments made so far (`Segment::made` of the next).
     segments_made: u64,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
