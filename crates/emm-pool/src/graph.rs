@@ -25,12 +25,15 @@
 //! the same call the same way during captures: a capture leaves such memory to
 //! the graph, which is safe as long as it is not freed before the graph is).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use emm_core::{DeviceAllocation, DeviceRelease, EmmError, Released, Result};
 use emm_default::Upstream;
 use emm_sys::{CUdeviceptr, CUstream};
+
+use crate::heap::{BlockHeap, State};
+use crate::kind::Kind;
 
 /// Blocks are multiples of this many bytes (as the caching pool's are).
 pub const GRAPH_ROUND: usize = 512;
@@ -67,35 +70,40 @@ pub struct GraphPoolStats {
     pub segment_frees: usize,
 }
 
-/// One block of a segment, free or handed out.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    size: usize,
-    segment: CUdeviceptr,
-    free: bool,
-    /// The stream the block was handed out on, or freed on (a free block is
-    /// reusable on that stream only).
-    stream: usize,
-}
+/// The one kind of a graph pool's blocks: every request looks in one free set
+/// per stream (the segment sizes keep small requests among small ones).
+const GRAPH_KIND: Kind = Kind::Large;
 
-#[derive(Debug, Default)]
-struct State {
+#[derive(Default)]
+struct PoolState {
     /// Base address to size.
     segments: BTreeMap<CUdeviceptr, usize>,
-    /// Every block by address, free or not.
-    blocks: BTreeMap<CUdeviceptr, Block>,
-    /// Free blocks as (stream, size, address): the best fit on a stream is the
-    /// first at or after (stream, size, 0).
-    free: BTreeSet<(usize, usize, CUdeviceptr)>,
+    /// Every block, free or handed out; a free block is reusable on the stream it
+    /// was freed on only (the stream handle is its key).
+    heap: BlockHeap,
     released: bool,
     stats: GraphPoolStats,
+}
+
+impl PoolState {
+    /// Whether every block of the segment at `base` (of `size` bytes) is free.
+    fn idle(&self, base: CUdeviceptr, size: usize) -> bool {
+        let mut free = 0;
+        for (_, b) in self.heap.blocks().walk(base, base + size as CUdeviceptr) {
+            if !matches!(b.state, State::Free(_)) {
+                return false;
+            }
+            free += b.size;
+        }
+        free == size
+    }
 }
 
 /// A private pool for the memory of CUDA graphs; see the module documentation.
 /// Shared through an `Arc`: the allocations it hands out keep it alive.
 pub struct GraphPool {
     upstream: Box<dyn Upstream>,
-    state: Mutex<State>,
+    state: Mutex<PoolState>,
     /// Held for a whole `reclaim`, so two never give the same segment back.
     reclaiming: Mutex<()>,
 }
@@ -129,12 +137,12 @@ impl GraphPool {
     pub fn new(upstream: Box<dyn Upstream>) -> Arc<GraphPool> {
         Arc::new(GraphPool {
             upstream,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(PoolState::default()),
             reclaiming: Mutex::new(()),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
         // The state is consistent between statements that can panic, so a
         // poisoned lock's data is still good.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -167,17 +175,9 @@ impl GraphPool {
                 expected: "a pool that is still in use (begin a new one)".into(),
             });
         }
-        let fit = st
-            .free
-            .range((key, rounded, 0)..=(key, usize::MAX, CUdeviceptr::MAX))
-            .next()
-            .copied();
-        let (ptr, segment) = match fit {
-            Some(entry @ (_, _, ptr)) => {
-                st.free.remove(&entry);
-                let segment = st.blocks.get(&ptr).map_or(ptr, |b| b.segment);
-                (ptr, segment)
-            }
+        let fit = st.heap.fits(rounded, GRAPH_KIND, key).next();
+        let ptr = match fit {
+            Some((_, ptr)) => ptr,
             None => {
                 let seg_size = segment_size(rounded)
                     .ok_or_else(|| invalid_size("larger than the address space"))?;
@@ -192,48 +192,24 @@ impl GraphPool {
                 };
                 let base = self.upstream.alloc(seg_size)?;
                 st.segments.insert(base, seg_size);
-                st.blocks.insert(
-                    base,
-                    Block {
-                        size: seg_size,
-                        segment: base,
-                        free: true,
-                        stream: key,
-                    },
-                );
+                st.heap.insert_free(base, seg_size, base, key, GRAPH_KIND);
                 let s = &mut st.stats;
                 s.segments += 1;
                 s.segment_allocs += 1;
                 s.reserved_bytes += seg_size;
                 s.peak_reserved_bytes = s.peak_reserved_bytes.max(s.reserved_bytes);
-                (base, base)
+                base
             }
         };
-        let seg_size = st.segments.get(&segment).copied().unwrap_or(0);
-        let Some(block) = st.blocks.get_mut(&ptr) else {
+        // Sizes and segments are multiples of GRAPH_ROUND: any rest stays a free
+        // block of the stream.
+        let Some(segment) = st.heap.take(ptr, rounded) else {
             return Err(EmmError::Internal {
                 operation: "graph pool allocation",
-                detail: format!("free block {ptr:#x} is not in the pool's block map"),
+                detail: format!("free block {ptr:#x} of {rounded} bytes is not in the pool's heap"),
             });
         };
-        // Sizes and segments are multiples of GRAPH_ROUND: any rest is a block.
-        let rest = block.size - rounded;
-        block.size = rounded;
-        block.free = false;
-        block.stream = key;
-        if rest > 0 {
-            let tail = ptr + rounded as CUdeviceptr;
-            st.blocks.insert(
-                tail,
-                Block {
-                    size: rest,
-                    segment,
-                    free: true,
-                    stream: key,
-                },
-            );
-            st.free.insert((key, rest, tail));
-        }
+        let seg_size = st.segments.get(&segment).copied().unwrap_or(0);
         let s = &mut st.stats;
         s.live_bytes += rounded;
         s.live_blocks += 1;
@@ -257,18 +233,25 @@ impl GraphPool {
     /// Whether `ptr` is the address of a block this pool handed out and that is
     /// not yet freed.
     pub fn owns(&self, ptr: CUdeviceptr) -> bool {
-        self.lock().blocks.get(&ptr).is_some_and(|b| !b.free)
+        self.lock()
+            .heap
+            .get(ptr)
+            .is_some_and(|b| b.state == State::Live)
     }
 
     /// The addresses of the blocks handed out and not yet freed, in address
     /// order.
     pub fn live_blocks(&self) -> Vec<CUdeviceptr> {
-        self.lock()
-            .blocks
+        let mut live: Vec<CUdeviceptr> = self
+            .lock()
+            .heap
+            .blocks()
             .iter()
-            .filter(|(_, b)| !b.free)
+            .filter(|(_, b)| b.state == State::Live)
             .map(|(&a, _)| a)
-            .collect()
+            .collect();
+        live.sort_unstable();
+        live
     }
 
     /// Marks the pool as released by every user: it takes no new allocations, and
@@ -296,11 +279,7 @@ impl GraphPool {
             }
             st.segments
                 .iter()
-                .filter(|&(&base, &size)| {
-                    st.blocks
-                        .range(base..base + size as CUdeviceptr)
-                        .all(|(_, b)| b.free)
-                })
+                .filter(|&(&base, &size)| st.idle(base, size))
                 .map(|(&b, &s)| (b, s))
                 .collect()
         };
@@ -318,16 +297,14 @@ impl GraphPool {
                 let end = base + size as CUdeviceptr;
                 // Still there and still idle (a block cannot be handed out of a
                 // released pool, but check rather than free a live one).
-                let idle_now = st.segments.get(&base) == Some(&size)
-                    && st.blocks.range(base..end).all(|(_, b)| b.free);
+                let idle_now = st.segments.get(&base) == Some(&size) && st.idle(base, size);
                 if !idle_now {
                     continue;
                 }
-                let gone: Vec<(CUdeviceptr, Block)> =
-                    st.blocks.range(base..end).map(|(&a, &b)| (a, b)).collect();
-                for (addr, b) in gone {
-                    st.blocks.remove(&addr);
-                    st.free.remove(&(b.stream, b.size, addr));
+                let gone: Vec<CUdeviceptr> =
+                    st.heap.blocks().walk(base, end).map(|(a, _)| a).collect();
+                for addr in gone {
+                    st.heap.remove(addr);
                 }
                 st.segments.remove(&base);
                 let s = &mut st.stats;
@@ -358,13 +335,65 @@ impl GraphPool {
     pub fn stats(&self) -> GraphPoolStats {
         self.lock().stats
     }
+
+    /// Checks the pool's bookkeeping: the heap's indexes agree, every segment is
+    /// tiled by its blocks and no block lies outside one, and the live and
+    /// reserved counters match the blocks and segments. Returns what is wrong (for
+    /// tests; it walks every block).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let st = self.lock();
+        st.heap.check()?;
+        let (mut tiled, mut live, mut live_blocks) = (0, 0, 0);
+        for (&base, &size) in &st.segments {
+            let mut at = base;
+            for (a, b) in st.heap.blocks().walk(base, base + size as CUdeviceptr) {
+                if b.segment != base {
+                    return Err(format!(
+                        "block {a:#x} names segment {:#x}, lies in {base:#x}",
+                        b.segment
+                    ));
+                }
+                if b.state == State::Live {
+                    live += b.size;
+                    live_blocks += 1;
+                }
+                tiled += 1;
+                at = a + b.size as CUdeviceptr;
+            }
+            if at != base + size as CUdeviceptr {
+                return Err(format!(
+                    "segment {base:#x} of {size} bytes: its blocks end at {at:#x}"
+                ));
+            }
+        }
+        if tiled != st.heap.blocks().len() {
+            return Err(format!(
+                "{} blocks, {tiled} of them in a segment",
+                st.heap.blocks().len()
+            ));
+        }
+        let reserved: usize = st.segments.values().sum();
+        let s = &st.stats;
+        if (live, live_blocks, reserved) != (s.live_bytes, s.live_blocks, s.reserved_bytes) {
+            return Err(format!(
+                "blocks say {live} bytes live in {live_blocks} blocks of {reserved} reserved; counters {} in {} of {}",
+                s.live_bytes, s.live_blocks, s.reserved_bytes
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl DeviceRelease for GraphPool {
     fn release(&self, r: Released) {
         let mut st = self.lock();
         let key = r.stream.0 as usize;
-        let Some(block) = st.blocks.get(&r.ptr).copied().filter(|b| !b.free) else {
+        let Some(block) = st
+            .heap
+            .get(r.ptr)
+            .copied()
+            .filter(|b| b.state == State::Live)
+        else {
             tracing::error!(
                 "a graph pool was handed back {:#x}, which is not one of its live blocks; ignored",
                 r.ptr
@@ -374,39 +403,9 @@ impl DeviceRelease for GraphPool {
         let s = &mut st.stats;
         s.live_bytes -= block.size;
         s.live_blocks -= 1;
-        let (mut start, mut size) = (r.ptr, block.size);
-        // Merge with the free neighbours of the same segment freed on the same
+        // Joined with the free neighbours of the same segment freed on the same
         // stream (other streams' blocks are reusable only on theirs).
-        let before = st.blocks.range(..start).next_back().map(|(&a, &b)| (a, b));
-        if let Some((a, b)) = before {
-            if b.free
-                && b.segment == block.segment
-                && b.stream == key
-                && a + b.size as CUdeviceptr == start
-            {
-                st.free.remove(&(key, b.size, a));
-                st.blocks.remove(&start);
-                start = a;
-                size += b.size;
-            }
-        }
-        let next = start + size as CUdeviceptr;
-        if let Some(b) = st.blocks.get(&next).copied() {
-            if b.free && b.segment == block.segment && b.stream == key {
-                st.free.remove(&(key, b.size, next));
-                st.blocks.remove(&next);
-                size += b.size;
-            }
-        }
-        st.blocks.insert(
-            start,
-            Block {
-                size,
-                segment: block.segment,
-                free: true,
-                stream: key,
-            },
-        );
-        st.free.insert((key, size, start));
+        st.heap
+            .insert_free(r.ptr, block.size, block.segment, key, GRAPH_KIND);
     }
 }

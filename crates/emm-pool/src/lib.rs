@@ -25,22 +25,23 @@ mod family;
 mod fasthash;
 mod graph;
 pub mod growth_phases;
+mod heap;
 mod history;
 mod host_copy;
+mod kind;
 mod lagged_events;
 mod owner_lock;
 mod pool;
 mod refused;
 pub mod settings;
 mod slack;
+mod stream_key;
 mod thread_cache;
 mod unmapper;
 mod vmm;
 mod vmm_export;
 
-pub use arena::{
-    round_size, ArenaStats, Kind, SegmentPolicy, DEFAULT_LEGACY_MERGE, ROUND, SMALL_MAX,
-};
+pub use arena::{ArenaStats, SegmentPolicy, DEFAULT_LEGACY_MERGE};
 pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use export::ExportedRange;
@@ -48,6 +49,7 @@ pub use graph::{
     GraphPool, GraphPoolStats, GRAPH_MEDIUM_MAX, GRAPH_MEDIUM_SEGMENT, GRAPH_ROUND,
     GRAPH_SMALL_MAX, GRAPH_SMALL_SEGMENT,
 };
+pub use kind::{round_size, Kind, ROUND, SMALL_MAX};
 pub use lagged_events::LaggedEvents;
 pub use pool::{
     PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES,

@@ -11,8 +11,8 @@
 
 use emm_sys::CUdeviceptr;
 
-use crate::arena::StreamKey;
 use crate::fasthash::FastMap;
+use crate::stream_key::StreamKey;
 
 /// A cached block: what the allocation handed out for it needs again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

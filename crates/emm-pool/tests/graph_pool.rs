@@ -226,6 +226,7 @@ proptest! {
                     prop_assert_eq!(pool.stats().reserved_bytes, before - n);
                 }
             }
+            prop_assert_eq!(pool.check(), Ok(()));
             let st = pool.stats();
             prop_assert_eq!(st.live_blocks, live.len());
             let rounded: usize = live.iter().map(|(a, _)| a.size().div_ceil(GRAPH_ROUND) * GRAPH_ROUND).sum();

@@ -415,7 +415,8 @@ impl Arena {
         // The segment's own last block when it is free (a block of another
         // segment may end where this one starts).
         let tail = self
-            .blocks
+            .heap
+            .blocks()
             .ending_at(end)
             .filter(|(_, b)| b.segment == base && b.state == State::Free(stream))
             .map(|(a, b)| (a, b.size));
@@ -487,16 +488,11 @@ impl Arena {
         }
         if let Some(gap) = target.gap {
             // The gap's address space now has memory: what is left of it stays a gap.
-            self.blocks.remove(&gap);
+            self.heap.remove(gap);
             if target.room > grown {
-                self.blocks.insert(
+                self.heap.put(
                     gap + grown as u64,
-                    Block {
-                        size: target.room - grown,
-                        segment: base,
-                        state: State::Gap,
-                        freed: 0,
-                    },
+                    Block::new(target.room - grown, base, State::Gap, Kind::Large),
                 );
             }
         }
@@ -537,7 +533,7 @@ impl Arena {
         };
         let mut left = want;
         let mut taken = 0usize;
-        for (a, b) in self.blocks.walk(base, base + *mapped as u64) {
+        for (a, b) in self.heap.blocks().walk(base, base + *mapped as u64) {
             if left == 0 {
                 break;
             }
@@ -599,7 +595,8 @@ impl Arena {
         if seg.size == seg.retired
             || !self.retiring.is_empty()
             || self
-                .blocks
+                .heap
+                .blocks()
                 .walk(base, end)
                 .any(|(_, b)| matches!(b.state, State::Live | State::Pending))
         {
@@ -618,13 +615,9 @@ impl Arena {
         }
         // Nothing is mapped any more: only gaps (and free blocks without a whole
         // piece) are left; the segment starts again at its base.
-        let blocks: Vec<(CUdeviceptr, Block)> =
-            self.blocks.walk(base, end).map(|(a, &b)| (a, b)).collect();
-        for (a, b) in blocks {
-            if let State::Free(s) = b.state {
-                self.free_set(s, Kind::Large).remove(&(b.size, a));
-            }
-            self.blocks.remove(&a);
+        let blocks: Vec<CUdeviceptr> = self.heap.blocks().walk(base, end).map(|(a, _)| a).collect();
+        for a in blocks {
+            self.heap.remove(a);
         }
         if let Some(Segment {
             size,
@@ -668,7 +661,7 @@ impl Arena {
             let mapped = *mapped;
             let end = base + mapped as u64;
             let piece_start = base + off as u64;
-            let Some((a, &b)) = self.blocks.ending_at(end) else {
+            let Some((a, &b)) = self.heap.blocks().ending_at(end) else {
                 break;
             };
             let State::Free(stream) = b.state else { break };
@@ -679,21 +672,12 @@ impl Arena {
                 tracing::error!(error = %e, "unmapping a piece of the expandable segment failed");
                 break;
             }
-            self.free_set(stream, Kind::Large).remove(&(b.size, a));
-            self.blocks.remove(&a);
+            self.heap.remove(a);
             if a < piece_start {
                 let rest = (piece_start - a) as usize;
-                self.blocks.insert(
-                    a,
-                    Block {
-                        size: rest,
-                        segment: base,
-                        state: State::Free(stream),
-                        // (Not known idle: this path has no event for it.)
-                        freed: u64::MAX,
-                    },
-                );
-                self.free_set(stream, Kind::Large).insert((rest, a));
+                // (Not known idle: this path has no event for it.)
+                self.heap
+                    .put(a, Block::new(rest, base, State::Free(stream), Kind::Large));
             }
             if let Some(Segment {
                 size,
@@ -795,7 +779,7 @@ impl Arena {
             .iter()
             .filter(|(_, seg)| seg.expandable.is_none() && seg.kind == kind)
             .filter(|(&base, seg)| {
-                matches!(self.blocks.get(&base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
+                matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
             .map(|(_, seg)| seg.size)
             .sum()
@@ -821,22 +805,20 @@ impl Arena {
         stream: Option<StreamKey>,
         until: usize,
     ) -> usize {
-        let whole: Vec<(CUdeviceptr, usize, StreamKey, Kind)> = self
+        let whole: Vec<(CUdeviceptr, usize, StreamKey)> = self
             .segments
             .iter()
             .filter(|(_, seg)| seg.expandable.is_none() && only.is_none_or(|k| seg.kind == k))
-            .filter_map(|(&base, seg)| match self.blocks.get(&base) {
+            .filter_map(|(&base, seg)| match self.heap.get(base) {
                 Some(b) if b.size == seg.size => match b.state {
-                    State::Free(s) if stream.is_none_or(|t| t == s) => {
-                        Some((base, seg.size, s, seg.kind))
-                    }
+                    State::Free(s) if stream.is_none_or(|t| t == s) => Some((base, seg.size, s)),
                     _ => None,
                 },
                 _ => None,
             })
             .collect();
         let mut released = 0;
-        for (base, size, stream, kind) in whole {
+        for (base, size, stream) in whole {
             if self.family_reserved() <= until {
                 break;
             }
@@ -844,8 +826,7 @@ impl Arena {
                 tracing::error!(error = %e, base, size, "returning a segment to the upstream failed; keeping it");
                 continue;
             }
-            self.free_set(stream, kind).remove(&(size, base));
-            self.blocks.remove(&base);
+            self.heap.remove(base);
             self.segments.remove(&base);
             self.sub_reserved(size);
             self.stats.upstream_frees += 1;
@@ -909,8 +890,7 @@ impl Arena {
             }
         }
         self.segments.retain(|_, s| s.expandable.is_some());
-        self.blocks.clear();
-        self.free.clear();
+        self.heap.clear();
         for parked in std::mem::take(&mut self.pending) {
             events.recycle(parked.event);
         }

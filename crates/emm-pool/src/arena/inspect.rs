@@ -8,7 +8,8 @@ impl Arena {
     /// Bytes of free blocks that are not a whole segment (PyTorch's
     /// `inactive_split_bytes`): one pass over the free blocks.
     pub fn inactive_split_bytes(&self) -> usize {
-        self.blocks
+        self.heap
+            .blocks()
             .values()
             .filter(|b| matches!(b.state, State::Free(_) | State::Pending))
             .filter(|b| {
@@ -32,7 +33,7 @@ impl Arena {
             request_bytes: request,
             ..Default::default()
         };
-        for (&(key, kind), set) in &self.free {
+        for (key, kind, set) in self.heap.free_sets() {
             let bytes: usize = set.iter().map(|&(size, _)| size).sum();
             if bytes == 0 {
                 continue;
@@ -67,7 +68,7 @@ impl Arena {
         let mut out = Vec::new();
         for (&base, seg) in self.segments.iter().filter(|(_, seg)| seg.size > 0) {
             let mut run: Option<SnapshotSegment> = None;
-            for (a, b) in self.blocks.walk(base, base + seg.size as u64) {
+            for (a, b) in self.heap.blocks().walk(base, base + seg.size as u64) {
                 if matches!(b.state, State::Retired | State::Gap) {
                     out.extend(run.take());
                     continue;
@@ -100,7 +101,7 @@ impl Arena {
 
     /// Checks the arena's internal consistency; returns what is wrong.
     pub fn check(&self) -> std::result::Result<(), String> {
-        self.blocks.check()?;
+        self.heap.check()?;
         let mut live = 0;
         let mut tiled = 0;
         for (&base, seg) in &self.segments {
@@ -109,7 +110,7 @@ impl Arena {
             let end = base + seg.size as u64;
             // Gaps of the segment, in address order (no piece is mapped in one).
             let mut gaps = Vec::new();
-            for (a, b) in self.blocks.walk(base, end) {
+            for (a, b) in self.heap.blocks().walk(base, end) {
                 tiled += 1;
                 if a != at {
                     return Err(format!(
@@ -122,14 +123,11 @@ impl Arena {
                         b.segment
                     ));
                 }
-                if let State::Free(s) = b.state {
-                    if !self
-                        .free
-                        .get(&(s, seg.kind))
-                        .is_some_and(|set| set.contains(&(b.size, a)))
-                    {
-                        return Err(format!("free block {a:#x} missing from its free set"));
-                    }
+                if b.kind != seg.kind {
+                    return Err(format!(
+                        "block {a:#x} is {:?}, its segment {base:#x} {:?}",
+                        b.kind, seg.kind
+                    ));
                 }
                 if b.state == State::Live {
                     live += b.size;
@@ -150,7 +148,12 @@ impl Arena {
             if let Some(Expandable { reserve, pieces }) = &seg.expandable {
                 // Past its end, the segment's address space holds no block.
                 let past = base + *reserve as u64;
-                if let Some((&a, _)) = self.blocks.iter().find(|(&a, _)| a >= end && a < past) {
+                if let Some((&a, _)) = self
+                    .heap
+                    .blocks()
+                    .iter()
+                    .find(|(&a, _)| a >= end && a < past)
+                {
                     return Err(format!(
                         "block {a:#x} past the end {end:#x} of the expandable segment {base:#x}"
                     ));
@@ -182,10 +185,10 @@ impl Arena {
                 ));
             }
         }
-        if tiled != self.blocks.len() {
+        if tiled != self.heap.blocks().len() {
             return Err(format!(
                 "{} blocks, {tiled} of them tiling a segment",
-                self.blocks.len()
+                self.heap.blocks().len()
             ));
         }
         if live != self.stats.live {

@@ -118,7 +118,7 @@ impl Arena {
             .iter()
             .filter(|(_, seg)| seg.expandable.is_none() && seg.kind == kind)
             .filter(|(&base, seg)| {
-                matches!(self.blocks.get(&base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
+                matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
             .count()
     }

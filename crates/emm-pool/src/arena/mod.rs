@@ -1,12 +1,13 @@
-//! The shared part of the pool: segments from the upstream, best fit with
-//! splitting and coalescing inside them, per-stream free sets, and the events that
-//! order cross-stream reuse. Callers hold the pool's lock around every method.
+//! The shared part of the pool: segments from the upstream, their blocks in a
+//! [`BlockHeap`] (best fit with splitting and coalescing, per-stream free sets),
+//! and the events that order cross-stream reuse. Callers hold the pool's lock
+//! around every method.
 //!
 //! Blocks are found by address in constant time (hashed by start and end, see
-//! `blocks.rs`); free blocks by size in logarithmic time (a B-tree per stream and
+//! `heap/blocks.rs`); free blocks by size in logarithmic time (a B-tree per stream and
 //! kind), so lookups stay flat as live blocks grow.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
@@ -16,11 +17,11 @@ use crate::events::{EventId, EventSource};
 use crate::family::Family;
 use crate::fasthash::FastMap;
 use crate::growth_phases::{self, Phase};
+use crate::heap::{Block, BlockHeap, State};
 use crate::history::History;
 
-mod blocks;
+mod fit;
 mod growth;
-mod heap;
 mod inspect;
 mod merge;
 mod merge_clock;
@@ -31,42 +32,11 @@ mod replace;
 mod retire;
 mod streams;
 
-mod kind;
 mod policy;
 
-pub use kind::{round_size, Kind, ROUND, SMALL_MAX};
+use crate::kind::Kind;
+use crate::stream_key::{is_default_stream, stream_id, stream_of_key, StreamKey, SETTLED};
 pub use policy::{SegmentPolicy, DEFAULT_LEGACY_MERGE};
-
-/// A stream as the pool keys it.
-pub type StreamKey = usize;
-
-/// The key of free blocks whose last stream's work is known to be complete: any
-/// stream may take them.
-pub const SETTLED: StreamKey = usize::MAX;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    Live,
-    Free(StreamKey),
-    /// Freed on a stream, waiting for an event before another stream may use it.
-    Pending,
-    /// Address space of the expandable segment whose memory growth moved elsewhere
-    /// (see `retire.rs`): still mapped until the work queued on it is done.
-    Retired,
-    /// Address space of the expandable segment with no memory behind it (a
-    /// retired range, unmapped): growth may map memory there again.
-    Gap,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    size: usize,
-    segment: CUdeviceptr,
-    state: State,
-    /// For a free block: the arena's free clock when it became free (joined
-    /// blocks take the latest; see `replace.rs`). Meaningless in other states.
-    freed: u64,
-}
 
 /// The expandable segment's own part of its [`Segment`].
 #[derive(Clone, Debug, Default)]
@@ -225,85 +195,11 @@ struct StreamState {
     uncovered: bool,
 }
 
-/// A stream key as snapshots show it (the stream handle as an integer; 0 for
-/// blocks settled on no stream; 2^48 + n for thread n's per-thread stream).
-pub(crate) fn stream_id(s: StreamKey) -> usize {
-    match per_thread_number(s) {
-        // A thread's per-thread stream: 2^48 plus the thread's number, above every
-        // user-space handle and exact as a JavaScript number (PyTorch's viewer).
-        Some(n) => (1 << 48) + n,
-        None if s == SETTLED => 0,
-        None => s,
-    }
-}
-
-/// The legacy default stream (and null): never destroyed, and the same stream on
-/// every thread, so an event can be recorded on it at any time. (The per-thread
-/// default stream's keys are [`per_thread_key`]s: the stream of one thread, with
-/// events recorded by that thread at its frees, like a created stream.)
-pub(crate) fn is_default_stream(s: StreamKey) -> bool {
-    s <= 1
-}
-
-/// The tag of keys that stand for one thread's per-thread default stream
-/// (`CU_STREAM_PER_THREAD`): no stream handle (a user-space address) has it.
-const PER_THREAD_TAG: StreamKey = 1 << (usize::BITS - 1);
-
-/// The key of `stream` in the pool: its handle, except for the per-thread default
-/// stream, which names a different stream on every thread: the calling thread's
-/// own key then (`PER_THREAD_TAG` and an index of the thread).
-pub(crate) fn stream_key(stream: emm_sys::CUstream) -> StreamKey {
-    if is_per_thread(stream) {
-        per_thread_key()
-    } else {
-        stream.0 as StreamKey
-    }
-}
-
-fn per_thread_key() -> StreamKey {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    /// Threads numbered in the order they first use the per-thread stream, below
-    /// 2^31 (a number fits in an allocation's token beside its generation).
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static KEY: StreamKey = PER_THREAD_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) % PER_THREAD_THREADS);
-    }
-    KEY.with(|k| *k)
-}
-
-/// How many per-thread keys there are (numbers wrap past it).
-pub(crate) const PER_THREAD_THREADS: usize = 1 << 31;
-
-/// Whether `stream` is the per-thread default stream handle.
-pub(crate) fn is_per_thread(stream: emm_sys::CUstream) -> bool {
-    std::ptr::eq(stream.0, emm_sys::CU_STREAM_PER_THREAD.0)
-}
-
-/// The thread number behind a per-thread key, `None` for any other key.
-pub(crate) fn per_thread_number(key: StreamKey) -> Option<usize> {
-    (key != SETTLED && key & PER_THREAD_TAG != 0).then_some(key & !PER_THREAD_TAG)
-}
-
-/// The per-thread key of thread number `n`.
-pub(crate) fn per_thread_key_of(n: usize) -> StreamKey {
-    PER_THREAD_TAG | n
-}
-
-/// The stream handle behind `key`: the per-thread default stream for a thread's
-/// key (only the thread it stands for records events with it).
-pub(crate) fn stream_of_key(key: StreamKey) -> emm_sys::CUstream {
-    if key != SETTLED && key & PER_THREAD_TAG != 0 {
-        emm_sys::CU_STREAM_PER_THREAD
-    } else {
-        emm_sys::CUstream(key as *mut core::ffi::c_void)
-    }
-}
-
 #[derive(Default)]
 pub(crate) struct Arena {
-    blocks: blocks::BlockMap,
+    /// The blocks of every segment and the free sets (see `heap/`).
+    heap: BlockHeap,
     streams: FastMap<StreamKey, StreamState>,
-    free: FastMap<(StreamKey, Kind), BTreeSet<(usize, CUdeviceptr)>>,
     /// Free blocks of streams another stream asked for, until their events
     /// complete (see `streams.rs`).
     pending: Vec<streams::Parked>,
@@ -340,9 +236,6 @@ pub(crate) struct Arena {
     /// reserved and active bytes and their peaks, the byte limit and the
     /// release threshold.
     family: std::sync::Arc<Family>,
-    /// Counts the blocks made free, to order frees against events (see
-    /// `replace.rs`).
-    free_clock: u64,
     /// Per stream, what is known of which free blocks no queued work uses (see
     /// `replace.rs`).
     idle: FastMap<StreamKey, replace::IdleMarks>,
@@ -621,7 +514,7 @@ impl Arena {
         stream: StreamKey,
         events: Option<&dyn EventSource>,
     ) -> bool {
-        match self.blocks.get(&addr) {
+        match self.heap.get(addr) {
             Some(b) if b.state == State::Live => {
                 let b = *b;
                 self.stats.counts.locked_frees += 1;

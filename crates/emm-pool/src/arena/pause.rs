@@ -67,7 +67,7 @@ impl Arena {
         }
         let outside = self.segments.iter().find(|(&base, s)| {
             s.expandable.is_none()
-                && !matches!(self.blocks.get(&base), Some(b) if b.size == s.size && !matches!(b.state, State::Live))
+                && !matches!(self.heap.get(base), Some(b) if b.size == s.size && !matches!(b.state, State::Live))
         });
         if let Some((&base, _)) = outside {
             return Err(refuse(&format!(
@@ -127,7 +127,8 @@ impl Arena {
         let mut report = PauseReport::default();
         if keep {
             let live: Vec<(CUdeviceptr, usize)> = self
-                .blocks
+                .heap
+                .blocks()
                 .iter()
                 .filter(|(_, b)| b.state == State::Live && b.segment == base)
                 .map(|(&a, b)| (a, b.size))

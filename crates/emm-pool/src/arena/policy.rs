@@ -1,7 +1,7 @@
 //! How the pool sizes its segments and which of its policies are on
 //! ([`SegmentPolicy`]).
 
-use super::kind::Kind;
+use crate::kind::Kind;
 
 /// Where the pool has no expandable segment (turned off, or refused by the
 /// driver), it merges its wholly free large segments into one when the program

@@ -81,11 +81,7 @@ impl Arena {
             self.streams.remove(&stream);
             events.recycle(id);
             for kind in [Kind::Small, Kind::Large] {
-                for (size, a) in self.free.remove(&(stream, kind)).unwrap_or_default() {
-                    if let Some(b) = self.blocks.remove(&a) {
-                        self.insert_free(a, size, b.segment, SETTLED);
-                    }
-                }
+                self.heap.move_free(stream, kind, SETTLED);
             }
         }
         Ok(())

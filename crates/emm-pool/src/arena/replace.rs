@@ -68,7 +68,7 @@ impl Arena {
         if self.policy.replace_pieces == 0 || stream == SETTLED {
             return;
         }
-        let clock = self.free_clock;
+        let clock = self.heap.clock();
         if self.idle.len() >= MARKED_STREAMS && !self.idle.contains_key(&stream) {
             return;
         }
@@ -138,8 +138,8 @@ impl Arena {
             return true;
         }
         let through = self.idle.get(&h.owner).map_or(0, |m| m.through);
-        self.blocks
-            .get(&h.block)
+        self.heap
+            .get(h.block)
             .is_some_and(|b| b.state == State::Free(h.owner) && b.freed <= through)
     }
 

@@ -103,7 +103,7 @@ impl Arena {
                     maps: Vec::new(),
                     done: self.done_after(h.owner, events),
                     job: None,
-                    mark: Some((h.owner, self.free_clock)),
+                    mark: Some((h.owner, self.heap.clock())),
                 })
             };
             entry.blocks.push(h.first);
@@ -290,24 +290,16 @@ impl Arena {
     /// Splits the free block of `h` around `[h.first, to)`, which is retired.
     fn retire(&mut self, base: CUdeviceptr, h: &HolePieces, to: CUdeviceptr) {
         let (a, n, owner, from) = (h.block, h.size, h.owner, h.first);
-        self.free_set(owner, Kind::Large).remove(&(n, a));
         // The free parts left stay free since the hole's free.
-        let freed = self.blocks.remove(&a).map_or(u64::MAX, |b| b.freed);
+        let freed = self.heap.remove(a).map_or(u64::MAX, |b| b.freed);
         let put = |me: &mut Self, at: CUdeviceptr, len: usize, state: State| {
-            if len > 0 {
-                me.blocks.insert(
-                    at,
-                    Block {
-                        size: len,
-                        segment: base,
-                        state,
-                        freed,
-                    },
-                );
-                if let State::Free(s) = state {
-                    me.free_set(s, Kind::Large).insert((len, at));
-                }
-            }
+            me.heap.put(
+                at,
+                Block {
+                    freed,
+                    ..Block::new(len, base, state, Kind::Large)
+                },
+            );
         };
         put(self, a, (from - a) as usize, State::Free(owner));
         put(self, from, (to - from) as usize, State::Retired);
@@ -454,25 +446,25 @@ impl Arena {
     /// The retired block at `addr` (unmapped now) becomes a gap, joined with the
     /// gaps beside it.
     fn make_gap(&mut self, addr: CUdeviceptr) {
-        let Some(b) = self.blocks.get(&addr).copied() else {
+        let Some(b) = self.heap.get(addr).copied() else {
             return;
         };
         if b.state != State::Retired {
             return;
         }
         let (mut at, mut size) = (addr, b.size);
-        if let Some((pa, p)) = self.blocks.ending_at(addr).map(|(a, &p)| (a, p)) {
+        if let Some((pa, p)) = self.heap.blocks().ending_at(addr).map(|(a, &p)| (a, p)) {
             // (`ending_at` gives only a block that ends exactly at `addr`.)
             if p.state == State::Gap && p.segment == b.segment {
-                self.blocks.remove(&addr);
+                self.heap.remove(addr);
                 at = pa;
                 size += p.size;
             }
         }
         let next = addr + b.size as u64;
-        if let Some(n) = self.blocks.get(&next).copied() {
+        if let Some(n) = self.heap.get(next).copied() {
             if n.state == State::Gap && n.segment == b.segment {
-                self.blocks.remove(&next);
+                self.heap.remove(next);
                 size += n.size;
             }
         }
@@ -483,19 +475,12 @@ impl Arena {
             if b.segment + seg.size as u64 == at + size as u64 {
                 seg.size -= size;
                 seg.retired -= size;
-                self.blocks.remove(&at);
+                self.heap.remove(at);
                 return;
             }
         }
-        self.blocks.insert(
-            at,
-            Block {
-                size,
-                segment: b.segment,
-                state: State::Gap,
-                freed: 0,
-            },
-        );
+        self.heap
+            .put(at, Block::new(size, b.segment, State::Gap, Kind::Large));
     }
 
     /// The gap whose memory would join free blocks of `stream` into one of `size`
@@ -513,7 +498,7 @@ impl Arena {
         let free_of = |b: &Block| b.segment == base && b.state == State::Free(stream);
         let mut best: Option<Target> = None;
         let mut prev: Option<(CUdeviceptr, Block)> = None;
-        for (ga, g) in self.blocks.walk(base, end) {
+        for (ga, g) in self.heap.blocks().walk(base, end) {
             let before = prev.replace((ga, *g));
             if g.state != State::Gap {
                 continue;
@@ -521,8 +506,8 @@ impl Arena {
             let a = before.filter(|(pa, p)| free_of(p) && pa + p.size as u64 == ga);
             let gend = ga + g.size as u64;
             let b = self
-                .blocks
-                .get(&gend)
+                .heap
+                .get(gend)
                 .filter(|n| free_of(n))
                 .map(|n| (gend, n.size));
             let asz = a.map_or(0, |(_, p)| p.size);

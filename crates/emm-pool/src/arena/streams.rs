@@ -40,7 +40,12 @@ impl Arena {
                 let parked = self.pending.swap_remove(i);
                 events.recycle(parked.event);
                 for a in parked.blocks {
-                    if let Some(b) = self.blocks.remove(&a) {
+                    if let Some(b) = self
+                        .heap
+                        .get(a)
+                        .copied()
+                        .filter(|b| b.state == State::Pending)
+                    {
                         self.stats.counts.cross_stream_reuses += 1;
                         self.insert_free(a, b.size, b.segment, SETTLED);
                         moved = true;
@@ -62,14 +67,13 @@ impl Arena {
         events: &dyn EventSource,
         stream: StreamKey,
     ) -> Result<bool> {
-        self.stats.counts.scan_steps += self.free.len();
-        self.free
-            .retain(|(s, _), set| *s == SETTLED || !set.is_empty());
+        self.stats.counts.scan_steps += self.heap.free_set_count();
+        self.heap.prune_empty_sets(SETTLED);
         let donors: Vec<StreamKey> = self
-            .free
-            .iter()
-            .filter(|((s, _), set)| *s != stream && *s != SETTLED && !set.is_empty())
-            .map(|((s, _), _)| *s)
+            .heap
+            .free_sets()
+            .filter(|&(s, _, _)| s != stream && s != SETTLED)
+            .map(|(s, _, _)| s)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -90,12 +94,7 @@ impl Arena {
             };
             let mut addrs = Vec::new();
             for kind in [Kind::Small, Kind::Large] {
-                if let Some(set) = self.free.get_mut(&(donor, kind)) {
-                    for (_, a) in std::mem::take(set) {
-                        self.blocks.set_state(a, State::Pending);
-                        addrs.push(a);
-                    }
-                }
+                addrs.extend(self.heap.mark_all(donor, kind, State::Pending));
             }
             self.parks += 1;
             self.pending.push(Parked {
@@ -329,8 +328,7 @@ impl Arena {
     fn unpark_to(&mut self, blocks: &[CUdeviceptr], stream: StreamKey) -> usize {
         let mut n = 0;
         for &a in blocks {
-            if let Some(&b) = self.blocks.get(&a).filter(|b| b.state == State::Pending) {
-                self.blocks.remove(&a);
+            if let Some(&b) = self.heap.get(a).filter(|b| b.state == State::Pending) {
                 self.insert_free(a, b.size, b.segment, stream);
                 n += 1;
             }
@@ -353,7 +351,7 @@ impl Arena {
     ) -> impl Iterator<Item = usize> + 'a {
         blocks
             .iter()
-            .filter_map(|a| self.blocks.get(a))
+            .filter_map(|&a| self.heap.get(a))
             .filter(|b| b.state == State::Pending)
             .filter(move |b| {
                 kind.is_none() || self.segments.get(&b.segment).map(|s| s.kind) == kind
@@ -385,14 +383,12 @@ impl Arena {
         size: usize,
         events: &dyn EventSource,
     ) -> Result<bool> {
-        self.stats.counts.scan_steps += self.free.len();
+        self.stats.counts.scan_steps += self.heap.free_set_count();
         let stranded: usize = self
-            .free
-            .iter()
-            .filter(|((s, _), _)| {
-                *s != SETTLED && self.streams.get(s).is_some_and(|st| st.uncovered)
-            })
-            .flat_map(|(_, set)| set.iter().map(|&(n, _)| n))
+            .heap
+            .free_sets()
+            .filter(|(s, _, _)| *s != SETTLED && self.streams.get(s).is_some_and(|st| st.uncovered))
+            .flat_map(|(_, _, set)| set.iter().map(|&(n, _)| n))
             .sum();
         if stranded == 0 || stranded < size.max(self.stats.reserved / 8) {
             return Ok(false);
@@ -429,7 +425,7 @@ impl Arena {
         // is most of the time a refusal takes. The streams' last events go back
         // all the same (nothing refers to them once their streams' entries go; a
         // later record reuses them), so a trim can destroy them.
-        if self.pending.is_empty() && self.free.keys().all(|(s, _)| *s == SETTLED) {
+        if self.pending.is_empty() && self.heap.free_sets().all(|(s, _, _)| s == SETTLED) {
             for (_, st) in self.streams.drain() {
                 if let Some(id) = st.last_event {
                     events.recycle(id);
@@ -443,25 +439,27 @@ impl Arena {
         for parked in std::mem::take(&mut self.pending) {
             events.recycle(parked.event);
             for a in parked.blocks {
-                if let Some(b) = self.blocks.remove(&a) {
+                if let Some(b) = self
+                    .heap
+                    .get(a)
+                    .copied()
+                    .filter(|b| b.state == State::Pending)
+                {
                     self.insert_free(a, b.size, b.segment, SETTLED);
                 }
             }
         }
-        self.stats.counts.scan_steps += self.free.len();
+        self.stats.counts.scan_steps += self.heap.free_set_count();
         let keys: Vec<(StreamKey, Kind)> = self
-            .free
-            .keys()
-            .filter(|(s, _)| *s != SETTLED)
-            .copied()
+            .heap
+            .free_sets()
+            .filter(|&(s, _, _)| s != SETTLED)
+            .map(|(s, k, _)| (s, k))
             .collect();
-        for key in keys {
-            for (size, a) in self.free.remove(&key).unwrap_or_default() {
-                if let Some(b) = self.blocks.remove(&a) {
-                    self.insert_free(a, size, b.segment, SETTLED);
-                }
-            }
+        for (s, kind) in keys {
+            self.heap.move_free(s, kind, SETTLED);
         }
+        self.heap.prune_empty_sets(SETTLED);
         for (_, st) in self.streams.drain() {
             if let Some(id) = st.last_event {
                 events.recycle(id);

@@ -17,9 +17,10 @@ use super::stats::PoolStats;
 use super::streams::StreamPools;
 use super::tagged::TagPools;
 use super::upstream::{host_parts, make_core, PoolUpstream};
-use crate::arena::{Arena, SMALL_MAX};
+use crate::arena::Arena;
 use crate::events::HostEvents;
 use crate::family::Family;
+use crate::kind::SMALL_MAX;
 
 /// The caching pool: a stream-aware best-fit allocator over segments, with
 /// per-thread caches so that a same-stream allocate+free pair takes no lock and

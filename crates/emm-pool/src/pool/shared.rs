@@ -18,13 +18,14 @@ use super::threads::{
     add, add_cached, bump, caches_of, mark_cached, remark_cached, stream_bit, CacheOwner, Local,
     ThreadCounters, LOCALS,
 };
-use crate::arena::{
-    is_per_thread, per_thread_key_of, per_thread_number, round_size, stream_id, stream_key, Arena,
-    StreamKey,
-};
+use crate::arena::Arena;
 use crate::call_work::{self, Work};
 use crate::events::EventSource;
+use crate::kind::round_size;
 use crate::owner_lock;
+use crate::stream_key::{
+    is_per_thread, per_thread_key_of, per_thread_number, stream_id, stream_key, StreamKey,
+};
 use crate::thread_cache::{Entry, StreamCache};
 use crate::vmm::VirtualMemory;
 

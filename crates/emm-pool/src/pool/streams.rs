@@ -44,7 +44,7 @@ use emm_sys::CUstream;
 use super::config::PoolConfig;
 use super::shared::Core;
 use super::siblings::Siblings;
-use crate::arena;
+use crate::stream_key;
 
 /// One stream's pool.
 pub(super) struct StreamPool {
@@ -148,7 +148,7 @@ impl StreamPools {
 /// Whether `stream` is a default stream (null, legacy or per-thread), as the
 /// arena judges them.
 fn is_default_stream(stream: CUstream) -> bool {
-    arena::is_default_stream(stream.0 as usize) || arena::is_per_thread(stream)
+    stream_key::is_default_stream(stream.0 as usize) || stream_key::is_per_thread(stream)
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use crate::arena::StreamKey;
 use crate::owner_lock::{self, OwnerLock};
+use crate::stream_key::StreamKey;
 use crate::thread_cache::StreamCache;
 
 /// What takes a thread's cached blocks back when the thread exits.

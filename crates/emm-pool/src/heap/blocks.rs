@@ -2,7 +2,7 @@
 //! ends, so a block's neighbours are found in constant time.
 //!
 //! Every segment's address range is tiled by its blocks (live, free, pending,
-//! retired, gaps; see `Arena::check`), so the block after one starts at its end and
+//! retired, gaps; see `BlockHeap::check`), so the block after one starts at its end and
 //! the block before it ends at its start: a free coalesces with both neighbours
 //! through two hash probes, and a segment's blocks are walked in address order
 //! from its base. An ordered map of every block (a B-tree, before) made each of
@@ -17,7 +17,7 @@ use crate::fasthash::FastMap;
 
 /// The blocks of every segment, by start and by end address.
 #[derive(Default)]
-pub(super) struct BlockMap {
+pub(crate) struct BlockMap {
     by_start: FastMap<CUdeviceptr, Block>,
     /// The start of the block ending at each address.
     by_end: FastMap<CUdeviceptr, CUdeviceptr>,
@@ -99,7 +99,7 @@ impl BlockMap {
     /// The blocks from the one starting at `from`, each starting where the one
     /// before ends, while they start below `to`: a segment's blocks in address
     /// order when `from` is its base. Stops early where no block starts (which
-    /// `Arena::check` reports as a hole in the tiling).
+    /// `BlockHeap::check` reports as a hole in the tiling).
     pub fn walk(
         &self,
         from: CUdeviceptr,
@@ -168,12 +168,7 @@ mod tests {
     use super::*;
 
     fn block(size: usize, state: State) -> Block {
-        Block {
-            size,
-            segment: 0x1000,
-            state,
-            freed: 0,
-        }
+        Block::new(size, 0x1000, state, crate::kind::Kind::Large)
     }
 
     #[test]

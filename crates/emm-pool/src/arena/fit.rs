@@ -1,6 +1,5 @@
-//! The block heap: free sets per stream and kind, best fit with splitting, coalescing.
-
-use std::collections::BTreeSet;
+//! Which free block a request takes: best fit among a stream's free blocks of a
+//! kind, with the arena's rules on exclusive segments and ties.
 
 use emm_sys::CUdeviceptr;
 
@@ -13,9 +12,9 @@ const TIES: usize = 64;
 
 impl Arena {
     /// Makes `size` bytes at `addr` a free block of `stream`, coalesced with a free
-    /// neighbour of the same stream and segment on each side. A block entry
-    /// already at `addr` (the live block being freed) is replaced, so a caller need
-    /// not remove it first.
+    /// neighbour of the same stream and segment on each side (see
+    /// [`BlockHeap::insert_free`]). A block entry already at `addr` (the live block
+    /// being freed) is replaced, so a caller need not remove it first.
     pub(super) fn insert_free(
         &mut self,
         addr: CUdeviceptr,
@@ -24,46 +23,7 @@ impl Arena {
         stream: StreamKey,
     ) {
         let kind = self.segments.get(&segment).map_or(Kind::Large, |s| s.kind);
-        // Coalesce with a free neighbour of the same stream and segment on each side.
-        let (mut addr, mut size) = (addr, size);
-        // (`ending_at` gives only a block that ends exactly at `addr`.)
-        if let Some((paddr, &p)) = self.blocks.ending_at(addr) {
-            if p.segment == segment && p.state == State::Free(stream) {
-                self.free_set(stream, kind).remove(&(p.size, paddr));
-                // The merged block takes the neighbour's entry (overwritten below);
-                // any entry at `addr` goes.
-                self.blocks.remove(&addr);
-                addr = paddr;
-                size += p.size;
-            }
-        }
-        let next_addr = addr + size as u64;
-        if let Some(&n) = self.blocks.get(&next_addr) {
-            if n.segment == segment && n.state == State::Free(stream) {
-                self.free_set(stream, kind).remove(&(n.size, next_addr));
-                self.blocks.remove(&next_addr);
-                size += n.size;
-            }
-        }
-        self.free_clock += 1;
-        self.blocks.insert(
-            addr,
-            Block {
-                size,
-                segment,
-                state: State::Free(stream),
-                freed: self.free_clock,
-            },
-        );
-        self.free_set(stream, kind).insert((size, addr));
-    }
-
-    pub(super) fn free_set(
-        &mut self,
-        stream: StreamKey,
-        kind: Kind,
-    ) -> &mut BTreeSet<(usize, CUdeviceptr)> {
-        self.free.entry((stream, kind)).or_default()
+        self.heap.insert_free(addr, size, segment, stream, kind);
     }
 
     /// The best-fitting free block of `stream` and `kind` for `size` bytes: the
@@ -84,24 +44,23 @@ impl Arena {
         stream: StreamKey,
         only: Option<CUdeviceptr>,
     ) -> Option<(usize, CUdeviceptr)> {
-        let set = self.free.get(&(stream, kind))?;
         let shared = self.policy.large_segment;
         // A block that wastes at most a shared segment qualifies anywhere (every
         // small block does): only a looser fit looks its segment up. Exclusive
         // blocks that do not qualify are skipped: blocks of the expandable segment
         // or of shared segments may follow them.
-        let mut fits = set
-            .range((size, 0)..)
-            .filter(|&&(_, addr)| {
-                only.is_none_or(|seg| self.blocks.get(&addr).is_some_and(|b| b.segment == seg))
+        let mut fits = self
+            .heap
+            .fits(size, kind, stream)
+            .filter(|&(_, addr)| {
+                only.is_none_or(|seg| self.heap.get(addr).is_some_and(|b| b.segment == seg))
             })
-            .filter(|&&(bsize, addr)| {
+            .filter(|&(bsize, addr)| {
                 bsize - size <= shared
                     || self
                         .exclusive_segment(addr)
                         .is_none_or(|seg| bsize - size <= seg / 8)
-            })
-            .copied();
+            });
         let first = fits.next()?;
         if !self.plain_segments_only() {
             return Some(first);
@@ -114,8 +73,8 @@ impl Arena {
         // on the host and 1.532x on an H200 (`gpt2_h200.csv`; 1.460-1.615x with
         // the stand-in's addresses in three other orders).
         let order = |&(_, addr): &(usize, CUdeviceptr)| {
-            self.blocks
-                .get(&addr)
+            self.heap
+                .get(addr)
                 .and_then(|b| {
                     self.segments
                         .get(&b.segment)
@@ -134,7 +93,7 @@ impl Arena {
     /// serves only requests of about its size (see [`SegmentPolicy::exclusive`]; a
     /// merged segment never does).
     fn exclusive_segment(&self, addr: CUdeviceptr) -> Option<usize> {
-        let b = self.blocks.get(&addr)?;
+        let b = self.heap.get(addr)?;
         self.segments
             .get(&b.segment)
             .filter(|s| {
@@ -166,47 +125,13 @@ impl Arena {
         stream: StreamKey,
         only: Option<CUdeviceptr>,
     ) -> Option<(CUdeviceptr, CUdeviceptr)> {
-        let (bsize, addr) = self.fit_in(size, kind, stream, only)?;
-        self.free_set(stream, kind).remove(&(bsize, addr));
-        // The free block's entry becomes the live block's, in place; the rest
-        // stays free since the block's free (`freed`).
-        let (segment, freed) = match self.blocks.reshape(addr, size, State::Live) {
-            Some(b) => (b.segment, b.freed),
-            None => {
-                self.blocks.insert(
-                    addr,
-                    Block {
-                        size,
-                        segment: addr,
-                        state: State::Live,
-                        freed: 0,
-                    },
-                );
-                (addr, u64::MAX)
-            }
-        };
-        if bsize > size {
-            let rest = addr + size as u64;
-            self.blocks.insert(
-                rest,
-                Block {
-                    size: bsize - size,
-                    segment,
-                    state: State::Free(stream),
-                    freed,
-                },
-            );
-            self.free_set(stream, kind).insert((bsize - size, rest));
-        }
+        let (_, addr) = self.fit_in(size, kind, stream, only)?;
+        let segment = self.heap.take(addr, size)?;
         Some((addr, segment))
     }
 
     /// The largest free block, any stream.
     pub fn largest_free(&self) -> usize {
-        self.free
-            .values()
-            .filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz))
-            .max()
-            .unwrap_or(0)
+        self.heap.largest_free()
     }
 }
