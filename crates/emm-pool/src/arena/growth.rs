@@ -891,14 +891,7 @@ impl Arena {
         }
         self.segments.retain(|_, s| s.expandable.is_some());
         self.heap.clear();
-        for parked in std::mem::take(&mut self.pending) {
-            events.recycle(parked.event);
-        }
-        for (_, st) in std::mem::take(&mut self.streams) {
-            if let Some(id) = st.last_event {
-                events.recycle(id);
-            }
-        }
+        self.order.clear(events);
         self.drop_retiring(events);
         // A pause's unmapped pieces and kept bytes go with the blocks they held.
         self.paused = None;

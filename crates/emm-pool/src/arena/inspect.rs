@@ -52,7 +52,8 @@ impl Arena {
             }
         }
         s.parked_bytes = self
-            .pending
+            .order
+            .parked()
             .iter()
             .map(|p| self.parked_bytes(&p.blocks, None))
             .sum();
@@ -96,7 +97,7 @@ impl Arena {
 
     /// Pending event groups (for tests and statistics).
     pub fn pending_groups(&self) -> usize {
-        self.pending.len()
+        self.order.parked().len()
     }
 
     /// Checks the arena's internal consistency; returns what is wrong.

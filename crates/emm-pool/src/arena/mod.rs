@@ -30,6 +30,7 @@ mod pause;
 mod release;
 mod replace;
 mod retire;
+mod stream_order;
 mod streams;
 
 mod policy;
@@ -184,27 +185,13 @@ pub(crate) trait SegmentSource {
     }
 }
 
-/// What is known of a stream's free blocks.
-#[derive(Clone, Copy, Debug, Default)]
-struct StreamState {
-    /// An event recorded on the stream after its latest free (created streams).
-    last_event: Option<EventId>,
-    /// Some free block of the stream was given back without an event (its stream
-    /// may be gone): none of its blocks can move to another stream before a
-    /// device-wide synchronization.
-    uncovered: bool,
-}
-
 #[derive(Default)]
 pub(crate) struct Arena {
     /// The blocks of every segment and the free sets (see `heap/`).
     heap: BlockHeap,
-    streams: FastMap<StreamKey, StreamState>,
-    /// Free blocks of streams another stream asked for, until their events
-    /// complete (see `streams.rs`).
-    pending: Vec<streams::Parked>,
-    /// Groups parked so far (each group's `seq`).
-    parks: u64,
+    /// Each stream's latest event, and the free blocks of streams another
+    /// stream asked for, until their events complete (see `stream_order.rs`).
+    order: stream_order::StreamOrder,
     /// The most bytes reserved at once since the pool began: the peak of
     /// reserved bytes that a reset of the statistics' peaks
     /// (`reset_peak_memory_stats`, which training loops may call every step)
@@ -528,32 +515,18 @@ impl Arena {
                 }
                 // With a release threshold, frees on the default streams record
                 // events too, so that their blocks settle without waiting.
-                if (!is_default_stream(stream) || self.threshold_set()) && stream != SETTLED {
+                // Without one, an event recorded before this free (while a
+                // release threshold was set) does not cover it, so it must not
+                // settle the stream's blocks.
+                let covers =
+                    (!is_default_stream(stream) || self.threshold_set()) && stream != SETTLED;
+                let recorded = if covers {
                     self.stats.counts.events_recorded += usize::from(events.is_some());
-                    let recorded = events.map(|ev| ev.record(stream_of_key(stream)));
-                    let st = self.streams.entry(stream).or_default();
-                    match recorded {
-                        Some(Ok(id)) => {
-                            if let (Some(old), Some(ev)) = (st.last_event.replace(id), events) {
-                                ev.recycle(old);
-                            }
-                        }
-                        _ => st.uncovered = true,
-                    }
-                } else if let Some(st) = self.streams.get_mut(&stream) {
-                    // No event for this free: one recorded before it (while a
-                    // release threshold was set) does not cover it, so it must
-                    // not settle the stream's blocks.
-                    if let Some(old) = st.last_event.take() {
-                        match events {
-                            Some(ev) => ev.recycle(old),
-                            None => {
-                                st.last_event = Some(old);
-                                st.uncovered = true;
-                            }
-                        }
-                    }
-                }
+                    events.map(|ev| ev.record(stream_of_key(stream)))
+                } else {
+                    None
+                };
+                self.order.after_free(stream, covers, recorded, events);
                 true
             }
             _ => false,

@@ -67,18 +67,13 @@ impl Arena {
     /// Settles the free blocks of every stream whose event recorded at its latest
     /// free has completed: no work queued before it can touch them.
     fn settle_idle_streams(&mut self, events: &dyn EventSource) -> Result<()> {
-        let idle: Vec<(StreamKey, EventId)> = self
-            .streams
-            .iter()
-            .filter(|(_, st)| !st.uncovered)
-            .filter_map(|(&s, st)| st.last_event.map(|id| (s, id)))
-            .collect();
+        let idle: Vec<(StreamKey, EventId)> = self.order.covered_streams();
         for (stream, id) in idle {
             self.stats.counts.event_queries += 1;
             if !events.is_complete(id)? {
                 continue;
             }
-            self.streams.remove(&stream);
+            self.order.forget(stream);
             events.recycle(id);
             for kind in [Kind::Small, Kind::Large] {
                 self.heap.move_free(stream, kind, SETTLED);

@@ -19,7 +19,7 @@
 //! every [`MARK_EVERY`] frees on the arena (the newest [`MARKS`] kept), and each
 //! growth that moves pieces records one anyway; once one has completed, the
 //! blocks of that stream that became free before it have no work queued on
-//! them ([`IdleMarks`], against each block's `freed` stamp of the arena's free
+//! them ([`IdleMarks`], against each block's `freed` stamp of the heap's free
 //! clock). Settled blocks are idle. Nothing is replaced while old mappings of
 //! moved pieces still wait to be unmapped: one of them may map the same memory,
 //! which would then not go back before the new is made (as `trim` does,
@@ -50,7 +50,7 @@ const MARKED_STREAMS: usize = 64;
 /// What is known of which of a stream's free blocks no queued work uses.
 #[derive(Debug, Default)]
 pub(super) struct IdleMarks {
-    /// Markers recorded on the stream, oldest first, each with the arena's free
+    /// Markers recorded on the stream, oldest first, each with the heap's free
     /// clock when it was recorded.
     ring: VecDeque<(EventId, u64)>,
     /// Frees on the arena since the newest marker.

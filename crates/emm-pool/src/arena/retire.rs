@@ -46,7 +46,7 @@ pub(super) struct Retiring {
     /// The same mappings handed to the helper thread that unmaps them (see
     /// `unmapper.rs`); `None`: the arena unmaps them itself.
     job: Option<std::sync::Arc<UnmapJob>>,
-    /// The stream the event was recorded on and the arena's free clock then:
+    /// The stream the event was recorded on and the heap's free clock then:
     /// once the event completes, that stream's blocks freed before are idle
     /// (`Arena::note_idle`).
     mark: Option<(StreamKey, u64)>,

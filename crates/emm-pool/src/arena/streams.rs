@@ -15,29 +15,15 @@ use crate::events::EventSource;
 /// the arena's lock from other threads for long.
 pub(crate) const PARKED_WAIT_LIMIT: Duration = Duration::from_secs(1);
 
-/// Free blocks of one stream that another stream asked for: once `event` (on
-/// `owner`, after their last use) completes they are settled, any stream's. Until
-/// then they are out of every free set, and `owner` may take them back.
-#[derive(Debug)]
-pub(super) struct Parked {
-    pub event: EventId,
-    pub owner: StreamKey,
-    pub blocks: Vec<CUdeviceptr>,
-    /// When it was parked, in the arena's order of parking (an older group's
-    /// event was most often recorded earlier, though not always: a created
-    /// stream's group waits for the event of its latest free).
-    pub seq: u64,
-}
-
 impl Arena {
     /// Moves blocks whose event completed to the settled free set.
     pub(super) fn collect_pending(&mut self, events: &dyn EventSource) -> Result<bool> {
         let mut moved = false;
         let mut i = 0;
-        while i < self.pending.len() {
+        while i < self.order.parked().len() {
             self.stats.counts.event_queries += 1;
-            if events.is_complete(self.pending[i].event)? {
-                let parked = self.pending.swap_remove(i);
+            if events.is_complete(self.order.parked()[i].event)? {
+                let parked = self.order.unpark(i);
                 events.recycle(parked.event);
                 for a in parked.blocks {
                     if let Some(b) = self
@@ -83,11 +69,7 @@ impl Arena {
                 self.stats.counts.events_recorded += 1;
                 events.record(stream_of_key(donor))?
             } else {
-                let st = self.streams.entry(donor).or_default();
-                if st.uncovered {
-                    continue;
-                }
-                match st.last_event.take() {
+                match self.order.take_event(donor) {
                     Some(id) => id,
                     None => continue,
                 }
@@ -96,13 +78,7 @@ impl Arena {
             for kind in [Kind::Small, Kind::Large] {
                 addrs.extend(self.heap.mark_all(donor, kind, State::Pending));
             }
-            self.parks += 1;
-            self.pending.push(Parked {
-                event: id,
-                owner: donor,
-                blocks: addrs,
-                seq: self.parks,
-            });
+            self.order.park(id, donor, addrs);
             call_work::note(Work::Parked);
             any = true;
         }
@@ -118,15 +94,15 @@ impl Arena {
     /// replay of its recording with events that complete at once says 1.047x after
     /// 10 passes). Returns whether any block came back.
     pub(super) fn take_back_parked(&mut self, stream: StreamKey, events: &dyn EventSource) -> bool {
-        self.stats.counts.scan_steps += self.pending.len();
+        self.stats.counts.scan_steps += self.order.parked().len();
         let mut any = false;
         let mut i = 0;
-        while i < self.pending.len() {
-            if self.pending[i].owner != stream {
+        while i < self.order.parked().len() {
+            if self.order.parked()[i].owner != stream {
                 i += 1;
                 continue;
             }
-            let parked = self.pending.swap_remove(i);
+            let parked = self.order.unpark(i);
             let n = self.unpark_to(&parked.blocks, stream);
             self.stats.counts.parked_taken_back += n;
             any |= n > 0;
@@ -175,7 +151,7 @@ impl Arena {
         {
             return false;
         }
-        self.stats.counts.scan_steps += self.pending.len();
+        self.stats.counts.scan_steps += self.order.parked().len();
         let groups = self.groups_for(stream, kind);
         if groups.iter().map(|&(_, b)| b).sum::<usize>() < size {
             return false;
@@ -184,7 +160,7 @@ impl Arena {
         let mut bytes = 0;
         for (i, b) in groups {
             if events
-                .stream_wait(stream_of_key(stream), self.pending[i].event)
+                .stream_wait(stream_of_key(stream), self.order.parked()[i].event)
                 .is_err()
             {
                 // This group stays parked; its event still orders it.
@@ -200,7 +176,7 @@ impl Arena {
         chosen.sort_unstable_by(|a, b| b.cmp(a));
         let mut any = false;
         for i in chosen {
-            let parked = self.pending.swap_remove(i);
+            let parked = self.order.unpark(i);
             let n = self.unpark_to(&parked.blocks, stream);
             self.stats.counts.parked_adopted += n;
             any |= n > 0;
@@ -211,11 +187,7 @@ impl Arena {
             // it, must not let another stream take these blocks while their
             // owner's work may still run. They wait for a device-wide
             // synchronization (a default stream gets its event when asked).
-            let st = self.streams.entry(stream).or_default();
-            if let Some(old) = st.last_event.take() {
-                events.recycle(old);
-            }
-            st.uncovered = true;
+            self.order.uncover(stream, events);
         }
         any
     }
@@ -261,29 +233,29 @@ impl Arena {
     ) -> Result<bool> {
         if !self.policy.wait_parked
             || kind != Kind::Large
-            || self.pending.is_empty()
+            || self.order.parked().is_empty()
             || self.stats.reserved.saturating_add(size) <= self.most_reserved
         {
             return Ok(false);
         }
-        self.stats.counts.scan_steps += self.pending.len();
+        self.stats.counts.scan_steps += self.order.parked().len();
         let joins = self.policy.expandable && self.grow_base.usable();
         // The groups that could serve the request, in parking order.
         let mut groups = self.groups_for(stream, kind);
         groups.retain(|&(i, _)| {
             joins
                 || self
-                    .parked_sizes(&self.pending[i].blocks, Some(kind))
+                    .parked_sizes(&self.order.parked()[i].blocks, Some(kind))
                     .any(|n| n >= size)
         });
         if groups.is_empty() {
             return Ok(false);
         }
-        groups.sort_unstable_by_key(|&(i, _)| self.pending[i].seq);
+        groups.sort_unstable_by_key(|&(i, _)| self.order.parked()[i].seq);
         let mut bytes = 0;
         let mut waited = 0;
         for (i, b) in groups {
-            let event = self.pending[i].event;
+            let event = self.order.parked()[i].event;
             match growth_phases::timed(Phase::WaitParked, || {
                 events.wait_for(event, PARKED_WAIT_LIMIT)
             }) {
@@ -360,9 +332,11 @@ impl Arena {
     }
 
     /// Each group parked for a stream other than `stream`'s own that holds
-    /// blocks of `kind`: its index in `pending` and those blocks' bytes.
+    /// blocks of `kind`: its index among the parked groups and those blocks'
+    /// bytes.
     fn groups_for(&self, stream: StreamKey, kind: Kind) -> Vec<(usize, usize)> {
-        self.pending
+        self.order
+            .parked()
             .iter()
             .enumerate()
             .filter(|(_, p)| p.owner != stream)
@@ -387,7 +361,7 @@ impl Arena {
         let stranded: usize = self
             .heap
             .free_sets()
-            .filter(|(s, _, _)| *s != SETTLED && self.streams.get(s).is_some_and(|st| st.uncovered))
+            .filter(|(s, _, _)| *s != SETTLED && self.order.is_uncovered(*s))
             .flat_map(|(_, _, set)| set.iter().map(|&(n, _)| n))
             .sum();
         if stranded == 0 || stranded < size.max(self.stats.reserved / 8) {
@@ -410,10 +384,7 @@ impl Arena {
         let Ok(id) = events.record(stream_of_key(stream)) else {
             return false; // the rest of the segment stays with the stream, as before
         };
-        let st = self.streams.entry(stream).or_default();
-        if let Some(old) = st.last_event.replace(id) {
-            events.recycle(old);
-        }
+        self.order.cover(stream, id, events);
         true
     }
 
@@ -425,18 +396,14 @@ impl Arena {
         // is most of the time a refusal takes. The streams' last events go back
         // all the same (nothing refers to them once their streams' entries go; a
         // later record reuses them), so a trim can destroy them.
-        if self.pending.is_empty() && self.heap.free_sets().all(|(s, _, _)| s == SETTLED) {
-            for (_, st) in self.streams.drain() {
-                if let Some(id) = st.last_event {
-                    events.recycle(id);
-                }
-            }
+        if self.order.parked().is_empty() && self.heap.free_sets().all(|(s, _, _)| s == SETTLED) {
+            self.order.forget_streams(events);
             return Ok(());
         }
         // One device-wide synchronization covers every stream, destroyed ones too.
         self.stats.counts.device_syncs += 1;
         events.synchronize_all()?;
-        for parked in std::mem::take(&mut self.pending) {
+        for parked in self.order.unpark_all() {
             events.recycle(parked.event);
             for a in parked.blocks {
                 if let Some(b) = self
@@ -460,11 +427,7 @@ impl Arena {
             self.heap.move_free(s, kind, SETTLED);
         }
         self.heap.prune_empty_sets(SETTLED);
-        for (_, st) in self.streams.drain() {
-            if let Some(id) = st.last_event {
-                events.recycle(id);
-            }
-        }
+        self.order.forget_streams(events);
         Ok(())
     }
 }
