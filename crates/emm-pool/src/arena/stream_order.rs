@@ -177,3 +177,115 @@ impl StreamOrder {
         self.forget_streams(events);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use emm_sys::CUstream;
+
+    use super::*;
+
+    /// Hands out numbered events and counts each one's returns.
+    #[derive(Default)]
+    struct Counting {
+        next: Mutex<usize>,
+        returned: Mutex<Vec<usize>>,
+    }
+
+    impl Counting {
+        fn returned(&self) -> Vec<usize> {
+            let mut r = self.returned.lock().unwrap().clone();
+            r.sort_unstable();
+            r
+        }
+    }
+
+    impl EventSource for Counting {
+        fn record(&self, _stream: CUstream) -> emm_core::Result<EventId> {
+            let mut n = self.next.lock().unwrap();
+            *n += 1;
+            Ok(EventId(*n))
+        }
+        fn is_complete(&self, _id: EventId) -> emm_core::Result<bool> {
+            Ok(true)
+        }
+        fn wait(&self, _id: EventId) -> emm_core::Result<()> {
+            Ok(())
+        }
+        fn stream_wait(&self, _stream: CUstream, _id: EventId) -> emm_core::Result<()> {
+            Ok(())
+        }
+        fn recycle(&self, id: EventId) {
+            self.returned.lock().unwrap().push(id.0);
+        }
+        fn synchronize_all(&self) -> emm_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn event(ev: &Counting) -> EventId {
+        ev.record(CUstream(std::ptr::null_mut())).unwrap()
+    }
+
+    #[test]
+    fn a_streams_latest_event_replaces_the_one_before_and_each_goes_back_once() {
+        let ev = Counting::default();
+        let mut o = StreamOrder::default();
+        o.after_free(7, true, Some(Ok(event(&ev))), Some(&ev));
+        o.after_free(7, true, Some(Ok(event(&ev))), Some(&ev));
+        assert_eq!(
+            ev.returned(),
+            vec![1],
+            "the first event went back when the second came"
+        );
+        assert_eq!(o.covered_streams(), vec![(7, EventId(2))]);
+        // A free that could not record an event leaves the stream uncovered: its
+        // blocks wait for a synchronization, and no group parks behind it.
+        o.after_free(7, true, None, None);
+        assert!(o.is_uncovered(7));
+        assert!(o.covered_streams().is_empty());
+        assert_eq!(o.take_event(7), None);
+        o.cover(8, event(&ev), &ev);
+        o.uncover(8, &ev);
+        assert_eq!(ev.returned(), vec![1, 3]);
+        o.clear(&ev);
+        assert_eq!(ev.returned(), vec![1, 2, 3], "every event went back once");
+    }
+
+    #[test]
+    fn a_free_without_an_event_drops_the_cover_of_the_one_before() {
+        let ev = Counting::default();
+        let mut o = StreamOrder::default();
+        o.after_free(1, true, Some(Ok(event(&ev))), Some(&ev));
+        // The default stream without a release threshold: no event for this free.
+        o.after_free(1, false, None, Some(&ev));
+        assert_eq!(ev.returned(), vec![1]);
+        assert_eq!(o.take_event(1), None);
+        // Without an event source to give it to, the old event stays, uncovered.
+        o.after_free(2, true, Some(Ok(event(&ev))), Some(&ev));
+        o.after_free(2, false, None, None);
+        assert!(o.is_uncovered(2));
+        o.clear(&ev);
+        assert_eq!(ev.returned(), vec![1, 2]);
+    }
+
+    #[test]
+    fn parked_groups_keep_their_order_and_their_events() {
+        let ev = Counting::default();
+        let mut o = StreamOrder::default();
+        o.park(event(&ev), 5, vec![0x1000]);
+        o.park(event(&ev), 6, vec![0x2000, 0x3000]);
+        o.park(event(&ev), 5, vec![0x4000]);
+        let seqs: Vec<(StreamKey, u64)> = o.parked().iter().map(|p| (p.owner, p.seq)).collect();
+        assert_eq!(seqs, vec![(5, 1), (6, 2), (5, 3)]);
+        let first = o.unpark(0);
+        assert_eq!((first.owner, first.seq, first.blocks), (5, 1, vec![0x1000]));
+        // The last group took the index.
+        assert_eq!(o.parked()[0].seq, 3);
+        ev.recycle(first.event);
+        o.clear(&ev);
+        assert!(o.parked().is_empty());
+        assert_eq!(ev.returned(), vec![1, 2, 3]);
+    }
+}
