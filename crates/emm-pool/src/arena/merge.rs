@@ -58,7 +58,7 @@ impl Arena {
             return;
         }
         // Fewer than two wholly free segments: nothing to merge.
-        if self.whole_free_segments(Kind::Large) < 2 {
+        if self.whole_free(Kind::Large).count() < 2 {
             return;
         }
         self.release_whole_segments(source, Some(Kind::Large));
@@ -110,16 +110,5 @@ impl Arena {
     /// large request and grow the pool back at once.)
     pub(super) fn forget_merges(&mut self) {
         self.merge = MergeClock::default();
-    }
-
-    /// How many large segments (not the expandable one) are wholly free.
-    fn whole_free_segments(&self, kind: Kind) -> usize {
-        self.segments
-            .iter()
-            .filter(|(_, seg)| seg.expandable.is_none() && seg.kind == kind)
-            .filter(|(&base, seg)| {
-                matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
-            })
-            .count()
     }
 }

@@ -20,6 +20,7 @@ use crate::growth_phases::{self, Phase};
 use crate::heap::{Block, BlockHeap, State};
 use crate::history::History;
 
+mod address_space;
 mod fit;
 mod growth;
 mod inspect;
@@ -30,6 +31,7 @@ mod pause;
 mod release;
 mod replace;
 mod retire;
+mod shrink;
 mod stream_order;
 mod streams;
 
@@ -200,11 +202,8 @@ pub(crate) struct Arena {
     segments: BTreeMap<CUdeviceptr, Segment>,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
-    /// The expandable segment's address space.
-    grow_base: Reservation,
-    /// A refusal of the expandable segment's address space was logged (see
-    /// `Arena::reserve_range`); cleared when a reservation succeeds.
-    reserve_refused: bool,
+    /// The expandable segment's address space (see `address_space.rs`).
+    space: address_space::AddressSpace,
     /// Old mappings of moved pieces, waiting for the work queued on them (see
     /// `retire.rs`).
     retiring: Vec<retire::Retiring>,
@@ -228,39 +227,6 @@ pub(crate) struct Arena {
     idle: FastMap<StreamKey, replace::IdleMarks>,
 }
 
-/// Where the expandable segment's address space stands.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Reservation {
-    /// Not asked for yet (or asked again after a refusal): the next growth
-    /// reserves it.
-    #[default]
-    NotYet,
-    /// None to be had (no virtual memory): not asked for again.
-    Unavailable,
-    /// The driver refused every size asked for (`Arena::reserve_range`): growth
-    /// takes segments of their own, as without virtual memory, until a trim, a
-    /// reset or the out-of-memory path makes it [`Reservation::NotYet`] again.
-    Refused,
-    /// Reserved at this base.
-    At(CUdeviceptr),
-}
-
-impl Reservation {
-    /// The base, when reserved.
-    fn base(self) -> Option<CUdeviceptr> {
-        match self {
-            Reservation::At(b) => Some(b),
-            Reservation::NotYet | Reservation::Unavailable | Reservation::Refused => None,
-        }
-    }
-
-    /// Whether large blocks may come from the expandable segment: reserved, or
-    /// to be reserved by the next growth.
-    fn usable(self) -> bool {
-        matches!(self, Reservation::NotYet | Reservation::At(_))
-    }
-}
-
 impl Arena {
     /// An arena of `family`, whose byte limit and release threshold it shares
     /// with the family's other arenas (a pool and its tag and stream pools). Arenas check
@@ -282,11 +248,7 @@ impl Arena {
     /// Whether the pool has no expandable segment: turned off, or none to be had
     /// from the driver. Its large blocks then live in plain segments only.
     pub(super) fn plain_segments_only(&self) -> bool {
-        !self.policy.expandable
-            || matches!(
-                self.grow_base,
-                Reservation::Unavailable | Reservation::Refused
-            )
+        !self.policy.expandable || self.space.none_to_be_had()
     }
 
     /// Reserved bytes the byte limit is checked against: the family's.
@@ -311,7 +273,7 @@ impl Arena {
     /// Whether `base` is the expandable segment's base (a block there is virtual
     /// memory).
     pub fn is_expandable(&self, base: CUdeviceptr) -> bool {
-        self.grow_base.base() == Some(base)
+        self.space.base() == Some(base)
     }
 
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
@@ -351,7 +313,7 @@ impl Arena {
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
-        let kind = if self.policy.one_range && self.grow_base.usable() {
+        let kind = if self.policy.one_range && self.space.usable() {
             Kind::Large
         } else {
             Kind::of(size)
@@ -441,7 +403,7 @@ impl Arena {
         // lower, with fewer pieces moved). Only with the expandable segment:
         // without it a small block would keep an exact-size segment from coming
         // free whole (the inference snapshot went from 1.60x to 1.90x).
-        if let Some(base) = self.grow_base.base().filter(|_| kind == Kind::Small) {
+        if let Some(base) = self.space.base().filter(|_| kind == Kind::Small) {
             for s in [stream, SETTLED] {
                 // (Only there: a plain large segment, which the out-of-memory
                 // ladder may make, must be able to come free whole.)

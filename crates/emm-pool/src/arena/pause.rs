@@ -106,7 +106,7 @@ impl Arena {
         // Wholly free segments outside the expandable one go back.
         self.release_whole_segments(source, None);
         self.check_pausable(refuse)?;
-        let Some(base) = self.grow_base.base() else {
+        let Some(base) = self.space.base() else {
             // No memory to give back; paused all the same (no allocation here
             // until the resume).
             self.paused = Some(Paused {
@@ -213,7 +213,7 @@ impl Arena {
         let Some(paused) = self.paused.take() else {
             return Ok(PauseReport::default());
         };
-        let Some(base) = self.grow_base.base() else {
+        let Some(base) = self.space.base() else {
             return Ok(PauseReport::default());
         };
         let fresh = coalesce(&paused.pieces, RESUME_PIECE);

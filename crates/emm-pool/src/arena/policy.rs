@@ -28,7 +28,7 @@ pub struct SegmentPolicy {
     /// virtual memory management: best fit over one contiguous range.
     pub expandable: bool,
     /// Address space asked for the expandable segment: where the driver
-    /// refuses it, a quarter of it and so on (`Arena::reserve_range`). At
+    /// refuses it, a quarter of it and so on (`AddressSpace::reserve_range`). At
     /// least [`SegmentPolicy::large_round`].
     pub expandable_reserve: usize,
     /// The expandable segment grows by at least this much at a time, or by a

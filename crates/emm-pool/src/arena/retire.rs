@@ -155,7 +155,7 @@ impl Arena {
         source: &dyn SegmentSource,
         until: usize,
     ) -> usize {
-        let Some(base) = self.grow_base.base() else {
+        let Some(base) = self.space.base() else {
             return 0;
         };
         if !self.retiring.is_empty() {

@@ -143,7 +143,8 @@ impl BlockHeap {
     }
 
     /// Puts `block` at `addr` as it is (no coalescing), replacing the block that
-    /// started there; a free block joins its free set.
+    /// started there; a free block joins its free set. A block of no size is not
+    /// put, and nothing changes.
     pub fn put(&mut self, addr: CUdeviceptr, block: Block) {
         if block.size == 0 {
             return;
