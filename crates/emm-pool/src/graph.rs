@@ -192,7 +192,8 @@ impl GraphPool {
                 };
                 let base = self.upstream.alloc(seg_size)?;
                 st.segments.insert(base, seg_size);
-                st.heap.insert_free(base, seg_size, base, key, GRAPH_KIND);
+                st.heap
+                    .insert_free(base, seg_size, base, key, GRAPH_KIND, None);
                 let s = &mut st.stats;
                 s.segments += 1;
                 s.segment_allocs += 1;
@@ -406,6 +407,6 @@ impl DeviceRelease for GraphPool {
         // Joined with the free neighbours of the same segment freed on the same
         // stream (other streams' blocks are reusable only on theirs).
         st.heap
-            .insert_free(r.ptr, block.size, block.segment, key, GRAPH_KIND);
+            .insert_free(r.ptr, block.size, block.segment, key, GRAPH_KIND, None);
     }
 }

