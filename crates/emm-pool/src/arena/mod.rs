@@ -470,8 +470,11 @@ impl Arena {
                 self.stats.live -= b.size;
                 self.merge.saw_live(self.stats.live, self.stats.reserved);
                 self.family.sub_active(b.size);
-                // Replaces the live entry at `addr` (no separate removal).
-                self.insert_free(addr, b.size, b.segment, stream);
+                // Replaces the live entry at `addr` (no separate removal). A free
+                // without an event leaves the stream's blocks waiting for a
+                // synchronization: settled neighbours stay out of that.
+                let join = events.is_some() && self.joins_settled(stream);
+                self.insert_free_joining(addr, b.size, b.segment, stream, join);
                 if let Some(ev) = events {
                     self.mark_free(stream, ev);
                 }

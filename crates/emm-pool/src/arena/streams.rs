@@ -85,7 +85,7 @@ impl Arena {
         Ok(any)
     }
 
-    /// Gives `stream` back its own parked blocks (see [`Parked`]; those whose
+    /// Gives `stream` back its own parked blocks (see `stream_order::Parked`; those whose
     /// events completed were settled by `collect_pending` before): stream order
     /// makes them safe for it to reuse at once, as before they were parked.
     /// Without this, a stream that another one asked while the device ran behind
@@ -120,7 +120,7 @@ impl Arena {
 
     /// Before `stream` grows past the peak of reserved bytes for `size` bytes of
     /// `kind` while live bytes (with the request) are at most 7/8 of their peak:
-    /// when blocks of that kind parked for other streams (see [`Parked`]) hold
+    /// when blocks of that kind parked for other streams (see `stream_order::Parked`) hold
     /// at least `size` bytes, makes `stream` wait on the device for their events
     /// (in parking order, until the groups taken hold `size` bytes) and gives
     /// their blocks to it, with an event recorded on it after the wait so that
@@ -194,7 +194,7 @@ impl Arena {
 
     /// Before `stream` grows past the peak of reserved bytes for `size` bytes of
     /// `kind`: when blocks of that kind are parked for other streams (see
-    /// [`Parked`]), waits on the host for their events, in parking order, until
+    /// `stream_order::Parked`), waits on the host for their events, in parking order, until
     /// the groups waited for hold `size` bytes or none is left, and settles them
     /// (any stream's, coalesced), instead of reserving more: what they lack,
     /// growth then moves from them rather than mapping anew (at the four-GPU
@@ -396,7 +396,7 @@ impl Arena {
         // is most of the time a refusal takes. The streams' last events go back
         // all the same (nothing refers to them once their streams' entries go; a
         // later record reuses them), so a trim can destroy them.
-        if self.order.parked().is_empty() && self.heap.free_sets().all(|(s, _, _)| s == SETTLED) {
+        if self.order.parked().is_empty() && self.heap.only_sets_of(SETTLED) {
             self.order.forget_streams(events);
             return Ok(());
         }

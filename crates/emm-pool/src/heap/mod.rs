@@ -218,10 +218,10 @@ impl BlockHeap {
     /// Hands out `size` bytes from the start of the free block at `addr` (at
     /// least `size` bytes long), which becomes live; the rest stays a free block
     /// of the same stream, free since the block was. Returns the block's segment,
-    /// or `None` when `addr` starts no free block that large.
+    /// or `None` when `addr` starts no free block that large (or `size` is 0).
     pub fn take(&mut self, addr: CUdeviceptr, size: usize) -> Option<CUdeviceptr> {
         let b = *self.blocks.get(&addr)?;
-        if !matches!(b.state, State::Free(_)) || b.size < size {
+        if !matches!(b.state, State::Free(_)) || b.size < size || size == 0 {
             return None;
         }
         self.unlist(addr, &b);
@@ -255,8 +255,11 @@ impl BlockHeap {
     }
 
     /// Makes every free block of `stream` and `kind` a free block of `to`
-    /// (coalesced there); how many moved.
+    /// (coalesced there); how many moved. Nothing moves when `to` is `stream`.
     pub fn move_free(&mut self, stream: StreamKey, kind: Kind, to: StreamKey) -> usize {
+        if to == stream {
+            return 0;
+        }
         let Some(set) = self.free.remove(&(stream, kind)) else {
             return 0;
         };
@@ -281,6 +284,11 @@ impl BlockHeap {
     /// Free sets kept (the empty ones too: what a scan over them walks).
     pub fn free_set_count(&self) -> usize {
         self.free.len()
+    }
+
+    /// Whether every free set kept, the empty ones too, is `stream`'s.
+    pub fn only_sets_of(&self, stream: StreamKey) -> bool {
+        self.free.keys().all(|&(s, _)| s == stream)
     }
 
     /// Drops the empty free sets of streams (the settled ones stay).
@@ -427,6 +435,12 @@ mod tests {
         assert_eq!(h.take(SEG, 512), None);
         h.set_state(SEG, State::Free(3));
         assert_eq!(h.take(SEG, 1024), None);
+        assert_eq!(
+            h.take(SEG, 0),
+            None,
+            "a take of no bytes would lose the block"
+        );
+        assert_eq!(h.move_free(3, Kind::Small, 3), 0);
         h.check().unwrap();
     }
 }
