@@ -20,11 +20,13 @@ impl Arena {
     /// `stream`'s): a block freed on a stream beside settled ones (those a
     /// synchronization left free) otherwise stays apart from them, and free
     /// space that no request can span piles up in the plain segments, which
-    /// cannot be remapped. Over 30 passes of the eighteen recorded traces the
-    /// footprint's mean fell from 1.337x to 1.224x of live and its worst from
-    /// 1.806x to 1.576x, with no driver allocation in a steady pass (sixteen
-    /// tighter, `gpt2_infer_h200.csv` looser, 1.213 to 1.506; joining only
-    /// large or only small blocks did worse; `docs/benchmarks.md`). With the
+    /// cannot be remapped. Over 100 passes of the eighteen recorded traces (with
+    /// tightening at 120 %, `SegmentPolicy::tight_percent`) the footprint's mean
+    /// fell from 1.337x to 1.207x of live and its worst from 1.806x to 1.576x,
+    /// with no driver allocation after pass 10 (sixteen tighter; looser
+    /// `gpt2_infer_h200.csv`, 1.213 to 1.506, and `h200_train_midway.pickle`,
+    /// 1.145 to 1.159; joining only large or only small blocks did worse;
+    /// `docs/benchmarks.md`, thirty-ninth session). With the
     /// expandable segment nothing changes: moving pieces already joins free
     /// space there, and the traces' figures held or rose (one from 1.041x to
     /// 1.051x).

@@ -134,7 +134,7 @@ impl BlockHeap {
             }
         }
         self.clock += 1;
-        self.blocks.insert(
+        self.insert_new(
             addr,
             Block {
                 size,
@@ -144,10 +144,6 @@ impl BlockHeap {
                 kind,
             },
         );
-        self.free
-            .entry((stream, kind))
-            .or_default()
-            .insert((size, addr));
         (addr, size)
     }
 
@@ -159,13 +155,24 @@ impl BlockHeap {
             return;
         }
         self.remove(addr);
-        if let State::Free(s) = block.state {
-            self.free
-                .entry((s, block.kind))
-                .or_default()
-                .insert((block.size, addr));
-        }
+        self.insert_new(addr, block);
+    }
+
+    /// Puts `block` at `addr`, where no block starts (a free one joins its free
+    /// set).
+    fn insert_new(&mut self, addr: CUdeviceptr, block: Block) {
+        self.list(addr, &block);
         self.blocks.insert(addr, block);
+    }
+
+    /// Adds a free block to its free set (not to the block map).
+    fn list(&mut self, addr: CUdeviceptr, b: &Block) {
+        if let State::Free(s) = b.state {
+            self.free
+                .entry((s, b.kind))
+                .or_default()
+                .insert((b.size, addr));
+        }
     }
 
     /// Takes out the block starting at `addr` (a free one leaves its free set).
@@ -182,23 +189,6 @@ impl BlockHeap {
                 set.remove(&(b.size, addr));
             }
         }
-    }
-
-    /// Gives the block at `addr` a new state (leaving or joining a free set, not
-    /// coalesced); false when there is none.
-    pub fn set_state(&mut self, addr: CUdeviceptr, state: State) -> bool {
-        let Some(&b) = self.blocks.get(&addr) else {
-            return false;
-        };
-        self.unlist(addr, &b);
-        self.blocks.set_state(addr, state);
-        if let State::Free(s) = state {
-            self.free
-                .entry((s, b.kind))
-                .or_default()
-                .insert((b.size, addr));
-        }
-        true
     }
 
     /// The free blocks of `stream` and `kind` of at least `size` bytes, smallest
@@ -228,7 +218,8 @@ impl BlockHeap {
         // The free block's entry becomes the live block's, in place.
         self.blocks.reshape(addr, size, State::Live);
         if b.size > size {
-            self.put(
+            // (No block starts inside the free block: the rest is new.)
+            self.insert_new(
                 addr + size as u64,
                 Block {
                     size: b.size - size,
@@ -248,7 +239,11 @@ impl BlockHeap {
         let taken = std::mem::take(set);
         let mut addrs = Vec::with_capacity(taken.len());
         for (_, a) in taken {
-            self.set_state(a, state);
+            // Out of its set already: only the block map, and a new state's set.
+            self.blocks.set_state(a, state);
+            if let Some(&b) = self.blocks.get(&a) {
+                self.list(a, &b);
+            }
             addrs.push(a);
         }
         addrs
@@ -424,16 +419,15 @@ mod tests {
         assert_eq!(h.mark_all(7, Kind::Large, State::Pending), vec![SEG]);
         assert!(h.fits(1, Kind::Large, 7).next().is_none());
         h.check().unwrap();
-        assert!(h.set_state(SEG, State::Free(3)));
+        h.put(SEG, Block::new(4096, SEG, State::Free(3), Kind::Large));
         assert_eq!(h.fits(1, Kind::Large, 3).next(), Some((4096, SEG)));
         h.check().unwrap();
         assert!(h.remove(SEG).is_some());
         assert!(h.fits(1, Kind::Large, 3).next().is_none());
-        assert!(!h.set_state(SEG, State::Live));
         // A take of a block that is not free, or too small, takes nothing.
         h.put(SEG, Block::new(512, SEG, State::Live, Kind::Small));
         assert_eq!(h.take(SEG, 512), None);
-        h.set_state(SEG, State::Free(3));
+        h.put(SEG, Block::new(512, SEG, State::Free(3), Kind::Small));
         assert_eq!(h.take(SEG, 1024), None);
         assert_eq!(
             h.take(SEG, 0),
