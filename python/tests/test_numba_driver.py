@@ -103,7 +103,9 @@ def test_device_array_is_emms_memory(ctx, mgr):
 
 def test_to_device_and_back_round_trips_through_the_driver(ctx, mgr):
     host = np.arange(3 * 1000, dtype=np.int32).reshape(3, 1000)
-    htod, dtoh = _calls("cuMemcpyHtoD_v2"), _calls("cuMemcpyDtoH_v2")
+    # The stand-in counts driver calls; a GPU's driver does not.
+    htod = _calls("cuMemcpyHtoD_v2") if ON_STANDIN else None
+    dtoh = _calls("cuMemcpyDtoH_v2") if ON_STANDIN else None
     d = cuda.to_device(host)
     assert d.shape == (3, 1000) and d.dtype == np.int32
     back = d.copy_to_host()
@@ -112,7 +114,7 @@ def test_to_device_and_back_round_trips_through_the_driver(ctx, mgr):
         assert _calls("cuMemcpyHtoD_v2") > htod and _calls("cuMemcpyDtoH_v2") > dtoh
     # Device to device (another emm block), a strided slice, into a given array.
     other = cuda.device_array_like(d)
-    dtod = _calls("cuMemcpyDtoD_v2")
+    dtod = _calls("cuMemcpyDtoD_v2") if ON_STANDIN else None
     other.copy_to_device(d)
     if ON_STANDIN:
         assert _calls("cuMemcpyDtoD_v2") > dtod

@@ -164,9 +164,12 @@ def test_managed_memory_round_trips_and_is_counted_apart(mgr):
 
 def test_managed_out_of_memory_is_typed(mgr):
     _, total = mgr.memory_info()
-    with pytest.raises(emm.OutOfMemoryError) as e:
-        mgr.alloc_managed(total + (1 << 30))
-    assert e.value.requested == total + (1 << 30)
+    if ON_STANDIN:
+        # (A GPU's driver lets managed memory oversubscribe the device: more
+        # than its total is no error there.)
+        with pytest.raises(emm.OutOfMemoryError) as e:
+            mgr.alloc_managed(total + (1 << 30))
+        assert e.value.requested == total + (1 << 30)
     with pytest.raises(emm.EmmError) as e:
         mgr.alloc_managed(2**63)  # no machine holds it: refused before the driver
     assert e.value.code in (1, 2)
