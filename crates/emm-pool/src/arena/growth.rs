@@ -103,7 +103,7 @@ impl Arena {
                         kind: Kind::Large,
                         expandable: Some(Expandable {
                             reserve,
-                            pieces: Vec::new(),
+                            pieces: Pieces::default(),
                         }),
                         retired: 0,
                         merged: false,
@@ -233,7 +233,7 @@ impl Arena {
         let mut new_pieces = Vec::with_capacity(mapped);
         let (mut moved, mut fresh_mapped) = (0, 0);
         for (i, &(_, len)) in pieces[..mapped].iter().enumerate() {
-            new_pieces.push((off, len));
+            new_pieces.push(Piece::new(off, len));
             if i < moved_pieces {
                 moved += len;
             } else {
@@ -381,7 +381,7 @@ impl Arena {
         target: &Target,
         moved: usize,
         fresh: usize,
-        new_pieces: &[(usize, usize)],
+        new_pieces: &[Piece],
         stream: StreamKey,
     ) {
         let grown = moved + fresh;
@@ -395,9 +395,8 @@ impl Arena {
             ..
         }) = self.segments.get_mut(&base)
         {
-            // Pieces stay in address order.
-            let at = pieces.partition_point(|&(off, _)| off < (target.dst - base) as usize);
-            pieces.splice(at..at, new_pieces.iter().copied());
+            // (At `target.dst`: pieces stay in address order.)
+            pieces.insert_run(new_pieces);
             match target.gap {
                 None => *size += grown,
                 Some(_) => *retired -= grown,
@@ -465,20 +464,18 @@ impl Arena {
                 _ => continue,
             };
             let (lo, hi) = ((a - base) as usize, (a - base) as usize + b.size);
-            let mut i = pieces.partition_point(|&(off, _)| off < lo);
             let mut run = Vec::new();
             let mut first = None;
-            while let Some(&(off, len)) = pieces.get(i) {
-                if off + len > hi || left == 0 || taken + len > cap {
+            for p in pieces.starting_at(lo) {
+                if p.end() > hi || left == 0 || taken + p.len > cap {
                     // (A piece past `cap` ends this block's run; a later block
                     // may hold smaller pieces that fit.)
                     break;
                 }
-                first.get_or_insert(off);
-                run.push(len);
-                left = left.saturating_sub(len);
-                taken += len;
-                i += 1;
+                first.get_or_insert(p.offset);
+                run.push(p.len);
+                left = left.saturating_sub(p.len);
+                taken += p.len;
             }
             if let Some(first) = first {
                 plan.push(HolePieces {

@@ -160,7 +160,7 @@ impl Arena {
                     ));
                 }
                 let mut at = 0;
-                for &(off, len) in pieces {
+                for &Piece { offset: off, len } in pieces.as_slice() {
                     if off < at || off + len > seg.size {
                         return Err(format!(
                             "segment {base:#x}: piece at offset {off} ({len} bytes) out of order or past its {} bytes",

@@ -28,6 +28,7 @@ mod merge;
 mod merge_clock;
 mod oom;
 mod pause;
+mod pieces;
 mod release;
 mod replace;
 mod retire;
@@ -39,6 +40,7 @@ mod policy;
 
 use crate::kind::Kind;
 use crate::stream_key::{is_default_stream, stream_id, stream_of_key, StreamKey, SETTLED};
+use pieces::{Piece, Pieces};
 pub use policy::{SegmentPolicy, DEFAULT_LEGACY_MERGE};
 
 /// The expandable segment's own part of its [`Segment`].
@@ -46,9 +48,9 @@ pub use policy::{SegmentPolicy, DEFAULT_LEGACY_MERGE};
 pub(crate) struct Expandable {
     /// Bytes of address space reserved.
     pub reserve: usize,
-    /// The pieces of memory mapped, `(offset, len)` in address order; each is
-    /// one physical allocation, which growth may move whole (see `retire.rs`).
-    pub pieces: Vec<(usize, usize)>,
+    /// The pieces of memory mapped, in address order; each is one physical
+    /// allocation, which growth may move whole (see `retire.rs`).
+    pub pieces: Pieces,
 }
 
 #[derive(Clone, Debug)]

@@ -18,6 +18,7 @@
 use emm_core::{PauseReport, Result};
 use emm_sys::CUdeviceptr;
 
+use super::pieces::{self, Piece};
 use super::*;
 use crate::events::EventSource;
 use crate::host_copy::HostCopy;
@@ -38,8 +39,8 @@ pub(crate) const RESUME_PIECE: usize = 256 << 20;
 
 /// What a pause took away, for the resume to put back.
 pub(crate) struct Paused {
-    /// The pieces unmapped: `(offset, len)` in address order.
-    pieces: Vec<(usize, usize)>,
+    /// The pieces unmapped, in address order.
+    pieces: Vec<Piece>,
     /// The live blocks' bytes, when the pause kept them: address and copy.
     kept: Vec<(CUdeviceptr, HostCopy)>,
 }
@@ -52,9 +53,7 @@ impl Arena {
 
     /// Bytes a pause holds away (0 when not paused).
     pub fn paused_bytes(&self) -> usize {
-        self.paused
-            .as_ref()
-            .map_or(0, |p| p.pieces.iter().map(|&(_, l)| l).sum())
+        self.paused.as_ref().map_or(0, |p| pieces::bytes(&p.pieces))
     }
 
     /// Whether a pause could take the arena's memory now: `Err` (built by
@@ -151,7 +150,7 @@ impl Arena {
         // Spare buffers no block of this pause needed go back: pinned memory
         // does not pile up when the blocks' sizes change from pause to pause.
         self.spare_copies.clear();
-        for (i, &(off, len)) in pieces.iter().enumerate() {
+        for (i, &Piece { offset: off, len }) in pieces.iter().enumerate() {
             if let Err(e) = source.unmap_done(base + off as u64, len) {
                 let gone = &pieces[..i];
                 match self.map_runs(base, gone, source) {
@@ -163,7 +162,7 @@ impl Arena {
                         }
                         self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
                     }
-                    Err((again, left)) => {
+                    Err(MapFailed { error: again, left }) => {
                         // (Pieces the failed remap mapped and could not unmap
                         // again stay the segment's, as those not reached.)
                         tracing::error!(error = %again, "mapping memory again after a failed pause failed; the pool stays paused over what is unmapped, for a resume");
@@ -186,19 +185,18 @@ impl Arena {
     fn hold_paused(
         &mut self,
         base: CUdeviceptr,
-        pieces: Vec<(usize, usize)>,
+        pieces: Vec<Piece>,
         kept: Vec<(CUdeviceptr, HostCopy)>,
         counted: bool,
     ) {
         if counted {
-            let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
-            self.sub_reserved(bytes);
+            self.sub_reserved(pieces::bytes(&pieces));
             if let Some(e) = self
                 .segments
                 .get_mut(&base)
                 .and_then(|s| s.expandable.as_mut())
             {
-                e.pieces.retain(|p| pieces.binary_search(p).is_err());
+                e.pieces.remove_all(&pieces);
             }
         }
         self.paused = Some(Paused { pieces, kept });
@@ -217,7 +215,7 @@ impl Arena {
             return Ok(PauseReport::default());
         };
         let fresh = coalesce(&paused.pieces, RESUME_PIECE);
-        let bytes: usize = fresh.iter().map(|&(_, l)| l).sum();
+        let bytes = pieces::bytes(&fresh);
         if let Some(limit) = self.limit() {
             if self.family_reserved() + bytes > limit {
                 let free = limit.saturating_sub(self.family_reserved());
@@ -235,13 +233,13 @@ impl Arena {
                 });
             }
         }
-        if let Err((e, left)) = self.map_runs(base, &fresh, source) {
+        if let Err(MapFailed { error, left }) = self.map_runs(base, &fresh, source) {
             if left.is_empty() {
                 self.paused = Some(paused);
             } else {
                 self.settle_paused(base, fresh, left, paused.kept, false);
             }
-            return Err(e);
+            return Err(error);
         }
         let mut report = PauseReport::new(bytes, 0, 0);
         for (addr, copy) in &paused.kept {
@@ -260,8 +258,7 @@ impl Arena {
             .and_then(|s| s.expandable.as_mut())
         {
             // (Nothing was mapped while paused: no growth serves a paused arena.)
-            e.pieces.extend_from_slice(&fresh);
-            e.pieces.sort_unstable();
+            e.pieces.add_missing(&fresh);
         }
         self.add_reserved(bytes);
         self.stats.counts.pieces_mapped += fresh.len();
@@ -305,43 +302,43 @@ impl Arena {
     }
 
     /// The pieces mapped in the expandable segment at `base`.
-    fn expandable_pieces(&self, base: CUdeviceptr) -> &[(usize, usize)] {
+    fn expandable_pieces(&self, base: CUdeviceptr) -> &[Piece] {
         match self.segments.get(&base).and_then(|s| s.expandable.as_ref()) {
-            Some(e) => &e.pieces,
+            Some(e) => e.pieces.as_slice(),
             None => &[],
         }
     }
 
-    /// Maps fresh memory under `pieces` (`(offset, len)` of the segment at `base`,
-    /// in address order), one `map_pieces` call per run of adjacent pieces. On a
-    /// failure, unmaps what this call mapped and returns the error with the
-    /// pieces that would not unmap (still mapped).
+    /// Maps fresh memory under `pieces` (of the segment at `base`, in address
+    /// order), one `map_pieces` call per run of adjacent pieces. On a failure,
+    /// unmaps what this call mapped and returns the error with the pieces that
+    /// would not unmap (still mapped).
     fn map_runs(
         &mut self,
         base: CUdeviceptr,
-        pieces: &[(usize, usize)],
+        pieces: &[Piece],
         source: &dyn SegmentSource,
-    ) -> std::result::Result<(), (EmmError, Vec<(usize, usize)>)> {
-        let mut mapped: Vec<(usize, usize)> = Vec::new();
+    ) -> std::result::Result<(), MapFailed> {
+        let mut mapped: Vec<Piece> = Vec::new();
         let mut i = 0;
         while i < pieces.len() {
-            let start = pieces[i].0;
+            let start = pieces[i].offset;
             let mut end = start;
             let mut run = Vec::new();
-            while i < pieces.len() && pieces[i].0 == end {
-                run.push((None, pieces[i].1));
-                end += pieces[i].1;
+            while i < pieces.len() && pieces[i].offset == end {
+                run.push((None, pieces[i].len));
+                end = pieces[i].end();
                 i += 1;
             }
             let (n, r) = source.map_pieces(base + start as u64, &run);
             let mut at = start;
             for &(_, len) in run.iter().take(n) {
-                mapped.push((at, len));
+                mapped.push(Piece::new(at, len));
                 at += len;
             }
-            if let Err(e) = r {
+            if let Err(error) = r {
                 let left = unmap_pieces(base, &mapped, source);
-                return Err((e, left));
+                return Err(MapFailed { error, left });
             }
         }
         Ok(())
@@ -354,12 +351,12 @@ impl Arena {
     fn settle_paused(
         &mut self,
         base: CUdeviceptr,
-        unmapped: Vec<(usize, usize)>,
-        left: Vec<(usize, usize)>,
+        unmapped: Vec<Piece>,
+        left: Vec<Piece>,
         kept: Vec<(CUdeviceptr, HostCopy)>,
         counted: bool,
     ) {
-        let still: Vec<(usize, usize)> = unmapped
+        let still: Vec<Piece> = unmapped
             .into_iter()
             .filter(|p| left.binary_search(p).is_err())
             .collect();
@@ -371,13 +368,7 @@ impl Arena {
             .get_mut(&base)
             .and_then(|s| s.expandable.as_mut())
         {
-            for p in &left {
-                if e.pieces.binary_search(p).is_err() {
-                    e.pieces.push(*p);
-                    joined += p.1;
-                }
-            }
-            e.pieces.sort_unstable();
+            joined = e.pieces.add_missing(&left);
         }
         self.add_reserved(joined);
         self.hold_paused(base, still, kept, counted);
@@ -386,37 +377,44 @@ impl Arena {
 
 /// Unmaps `pieces` of the segment at `base` (the device is done with them);
 /// returns those the driver would not unmap (still mapped), in address order.
-fn unmap_pieces(
-    base: CUdeviceptr,
-    pieces: &[(usize, usize)],
-    source: &dyn SegmentSource,
-) -> Vec<(usize, usize)> {
+fn unmap_pieces(base: CUdeviceptr, pieces: &[Piece], source: &dyn SegmentSource) -> Vec<Piece> {
     let mut left = Vec::new();
-    for &(off, len) in pieces {
-        if let Err(e) = source.unmap_done(base + off as u64, len) {
-            tracing::error!(error = %e, off, len, "unmapping a piece after a failed pause or resume failed; it stays mapped");
-            left.push((off, len));
+    for &p in pieces {
+        if let Err(e) = source.unmap_done(base + p.offset as u64, p.len) {
+            tracing::error!(error = %e, off = p.offset, len = p.len, "unmapping a piece after a failed pause or resume failed; it stays mapped");
+            left.push(p);
         }
     }
     left
 }
 
-/// `pieces` (`(offset, len)`, address order) with adjacent ones joined while the
-/// joined piece stays within `max` bytes (a piece already larger stays whole).
-fn coalesce(pieces: &[(usize, usize)], max: usize) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::with_capacity(pieces.len());
-    for &(off, len) in pieces {
+/// `pieces` (address order) with adjacent ones joined while the joined piece
+/// stays within `max` bytes (a piece already larger stays whole).
+fn coalesce(pieces: &[Piece], max: usize) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::with_capacity(pieces.len());
+    for &p in pieces {
         match out.last_mut() {
-            Some((o, l)) if *o + *l == off && *l + len <= max => *l += len,
-            _ => out.push((off, len)),
+            Some(last) if last.end() == p.offset && last.len + p.len <= max => last.len += p.len,
+            _ => out.push(p),
         }
     }
     out
 }
 
+/// A `map_runs` that failed: the driver's error, and the pieces it had mapped
+/// that would not unmap again (still mapped, in address order).
+struct MapFailed {
+    error: EmmError,
+    left: Vec<Piece>,
+}
+
 #[cfg(test)]
 mod tests {
-    use super::coalesce;
+    use super::{coalesce, Piece};
+
+    fn p(list: &[(usize, usize)]) -> Vec<Piece> {
+        list.iter().map(|&(o, l)| Piece::new(o, l)).collect()
+    }
 
     #[test]
     fn adjacent_pieces_join_up_to_the_limit() {
@@ -429,13 +427,13 @@ mod tests {
             (82 * m, 100 * m),
         ];
         assert_eq!(
-            coalesce(&pieces, 64 * m),
-            vec![
+            coalesce(&p(&pieces), 64 * m),
+            p(&[
                 (0, 32 * m),
                 (32 * m, 40 * m),
                 (80 * m, 2 * m),
                 (82 * m, 100 * m)
-            ]
+            ])
         );
         assert_eq!(coalesce(&[], 64 * m), vec![]);
     }

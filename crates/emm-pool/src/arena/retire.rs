@@ -267,10 +267,7 @@ impl Arena {
             ..
         }) = self.segments.get_mut(&base)
         {
-            let off = (addr - base) as usize;
-            if let Ok(i) = pieces.binary_search_by_key(&off, |&(o, _)| o) {
-                pieces.remove(i);
-            }
+            pieces.remove_at((addr - base) as usize);
         }
     }
 

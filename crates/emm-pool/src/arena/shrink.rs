@@ -88,7 +88,7 @@ impl Arena {
             else {
                 break;
             };
-            let Some(&(off, len)) = pieces.last() else {
+            let Some(Piece { offset: off, len }) = pieces.last() else {
                 break;
             };
             let mapped = *mapped;
@@ -293,7 +293,7 @@ impl Arena {
                     segs.push((b, s.size));
                 }
                 Some(Expandable { pieces, .. }) => {
-                    for &(off, len) in pieces.iter().rev() {
+                    for &Piece { offset: off, len } in pieces.as_slice().iter().rev() {
                         self.history
                             .push(TraceAction::SegmentUnmap, b + off as u64, len, 0);
                         if let Err(e) = source.unmap(b + off as u64, len) {
