@@ -25,12 +25,6 @@ pub(super) const GROWTH_SHARE: usize = 32;
 pub(super) const MOVE_SHARE: usize = 32;
 
 impl Arena {
-    /// The `Segment::made` of a segment being made now.
-    fn next_segment(&mut self) -> u64 {
-        self.segments_made += 1;
-        self.segments_made
-    }
-
     pub(super) fn grow(
         &mut self,
         seg: usize,
@@ -55,22 +49,10 @@ impl Arena {
             }
         }
         let base = source.alloc_segment(seg)?;
-        let made = self.next_segment();
-        self.segments.insert(
-            base,
-            Segment {
-                size: seg,
-                kind,
-                expandable: None,
-                retired: 0,
-                merged: false,
-                made,
-            },
-        );
+        self.segments.add_plain(base, seg, kind);
+        self.count_segments();
         self.add_reserved(seg);
         self.stats.upstream_allocs += 1;
-        self.stats.segments += 1;
-        self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
         self.history
             .push(TraceAction::SegmentAlloc, base, seg, stream_id(stream));
         self.insert_free(base, seg, base, stream);
@@ -95,23 +77,8 @@ impl Arena {
             Obtained::None => return Ok(false),
             Obtained::Have(b) => b,
             Obtained::New(b, reserve) => {
-                let made = self.next_segment();
-                self.segments.insert(
-                    b,
-                    Segment {
-                        size: 0,
-                        kind: Kind::Large,
-                        expandable: Some(Expandable {
-                            reserve,
-                            pieces: Pieces::default(),
-                        }),
-                        retired: 0,
-                        merged: false,
-                        made,
-                    },
-                );
-                self.stats.segments += 1;
-                self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
+                self.segments.add_expandable(b, reserve);
+                self.count_segments();
                 b
             }
         };

@@ -7,8 +7,6 @@
 //! `heap/blocks.rs`); free blocks by size in logarithmic time (a B-tree per stream and
 //! kind), so lookups stay flat as live blocks grow.
 
-use std::collections::BTreeMap;
-
 use emm_core::{EmmError, Result};
 use emm_sys::CUdeviceptr;
 
@@ -32,6 +30,7 @@ mod pieces;
 mod release;
 mod replace;
 mod retire;
+mod segments;
 mod shrink;
 mod stream_order;
 mod streams;
@@ -40,38 +39,9 @@ mod policy;
 
 use crate::kind::Kind;
 use crate::stream_key::{is_default_stream, stream_id, stream_of_key, StreamKey, SETTLED};
-use pieces::{Piece, Pieces};
+use pieces::Piece;
 pub use policy::{SegmentPolicy, DEFAULT_LEGACY_MERGE};
-
-/// The expandable segment's own part of its [`Segment`].
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Expandable {
-    /// Bytes of address space reserved.
-    pub reserve: usize,
-    /// The pieces of memory mapped, in address order; each is one physical
-    /// allocation, which growth may move whole (see `retire.rs`).
-    pub pieces: Pieces,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Segment {
-    /// Bytes backed by memory (for an expandable segment: mapped so far).
-    pub size: usize,
-    pub kind: Kind,
-    /// For the expandable segment: its address space and pieces.
-    pub expandable: Option<Expandable>,
-    /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
-    /// gaps): the memory behind the segment is `size - retired`.
-    pub retired: usize,
-    /// Made by merging wholly free large segments (see `merge.rs`): it holds
-    /// blocks of every size, so the exclusive rule does not apply to it.
-    pub merged: bool,
-    /// The order it was made in (the arena's count of segments made before it):
-    /// without the expandable segment, best fit breaks ties between equal free
-    /// blocks of different segments by it rather than by address (see
-    /// `Arena::fit_in`).
-    pub made: u64,
-}
+use segments::{Expandable, Segment, Segments};
 
 /// Counters kept under the lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -201,7 +171,8 @@ pub(crate) struct Arena {
     /// (`reset_peak_memory_stats`, which training loops may call every step)
     /// leaves alone. The parked-block policies judge "past the peak" by it.
     most_reserved: usize,
-    segments: BTreeMap<CUdeviceptr, Segment>,
+    /// The segments, by base address (see `segments.rs`).
+    segments: Segments,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
     /// The expandable segment's address space (see `address_space.rs`).
@@ -214,8 +185,6 @@ pub(crate) struct Arena {
     /// When a merge of free segments is due and what it sizes the pool to (see
     /// `merge.rs`).
     merge: merge_clock::MergeClock,
-    /// Segments made so far (`Segment::made` of the next).
-    segments_made: u64,
     /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
     paused: Option<pause::Paused>,
     /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
@@ -256,6 +225,13 @@ impl Arena {
     /// Reserved bytes the byte limit is checked against: the family's.
     pub(crate) fn family_reserved(&self) -> usize {
         self.family.reserved()
+    }
+
+    /// Brings the count of segments held (and its peak) up to date after one
+    /// was made or given back.
+    fn count_segments(&mut self) {
+        self.stats.segments = self.segments.len();
+        self.stats.peak_segments = self.stats.peak_segments.max(self.stats.segments);
     }
 
     /// Counts `n` more bytes reserved (here and in the family).

@@ -261,9 +261,9 @@ impl Arena {
             }
             self.heap.remove(base);
             self.segments.remove(&base);
+            self.count_segments();
             self.sub_reserved(size);
             self.stats.upstream_frees += 1;
-            self.stats.segments -= 1;
             self.history
                 .push(TraceAction::SegmentFree, base, size, stream_id(stream));
             released += size;
@@ -322,7 +322,7 @@ impl Arena {
                 }
             }
         }
-        self.segments.retain(|_, s| s.expandable.is_some());
+        self.segments.keep_expandable_only();
         self.heap.clear();
         self.order.clear(events);
         self.drop_retiring(events);
@@ -333,7 +333,7 @@ impl Arena {
         self.sub_reserved(held);
         self.family.sub_active(self.stats.live);
         self.stats.live = 0;
-        self.stats.segments = self.segments.len();
+        self.count_segments();
         segs
     }
 }

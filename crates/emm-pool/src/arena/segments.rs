@@ -1,0 +1,162 @@
+//! The arena's segments by base address ([`Segments`]): what each one holds,
+//! whether it is the expandable segment, and the order they were made in.
+
+use std::collections::BTreeMap;
+
+use emm_sys::CUdeviceptr;
+
+use super::pieces::Pieces;
+use crate::kind::Kind;
+
+/// The expandable segment's own part of its [`Segment`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Expandable {
+    /// Bytes of address space reserved.
+    pub reserve: usize,
+    /// The pieces of memory mapped, in address order; each is one physical
+    /// allocation, which growth may move whole (see `retire.rs`).
+    pub pieces: Pieces,
+}
+
+/// One segment: a plain allocation from the upstream, or the expandable
+/// segment's address space.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    /// Bytes backed by memory (for an expandable segment: mapped so far).
+    pub size: usize,
+    pub kind: Kind,
+    /// For the expandable segment: its address space and pieces.
+    pub expandable: Option<Expandable>,
+    /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
+    /// gaps): the memory behind the segment is `size - retired`.
+    pub retired: usize,
+    /// Made by merging wholly free large segments (see `merge.rs`): it holds
+    /// blocks of every size, so the exclusive rule does not apply to it.
+    pub merged: bool,
+    /// The order it was made in (how many segments the table had made before
+    /// it): without the expandable segment, best fit breaks ties between equal
+    /// free blocks of different segments by it rather than by address (see
+    /// `Arena::fit_in`).
+    pub made: u64,
+}
+
+/// The segments an arena holds, by base address, and a count of those it has
+/// made (each new one's [`Segment::made`]).
+#[derive(Debug, Default)]
+pub(super) struct Segments {
+    by_base: BTreeMap<CUdeviceptr, Segment>,
+    made: u64,
+}
+
+impl Segments {
+    /// Notes a plain segment of `size` bytes of `kind` at `base`, made now.
+    pub(super) fn add_plain(&mut self, base: CUdeviceptr, size: usize, kind: Kind) {
+        self.add(base, size, kind, None);
+    }
+
+    /// Notes the expandable segment's address space of `reserve` bytes at
+    /// `base`, with nothing mapped yet.
+    pub(super) fn add_expandable(&mut self, base: CUdeviceptr, reserve: usize) {
+        let space = Expandable {
+            reserve,
+            pieces: Pieces::default(),
+        };
+        self.add(base, 0, Kind::Large, Some(space));
+    }
+
+    fn add(&mut self, base: CUdeviceptr, size: usize, kind: Kind, space: Option<Expandable>) {
+        self.made += 1;
+        self.by_base.insert(
+            base,
+            Segment {
+                size,
+                kind,
+                expandable: space,
+                retired: 0,
+                merged: false,
+                made: self.made,
+            },
+        );
+    }
+
+    /// The segment at `base`.
+    pub(super) fn get(&self, base: &CUdeviceptr) -> Option<&Segment> {
+        self.by_base.get(base)
+    }
+
+    /// The segment at `base`, to change.
+    pub(super) fn get_mut(&mut self, base: &CUdeviceptr) -> Option<&mut Segment> {
+        self.by_base.get_mut(base)
+    }
+
+    /// Forgets the segment at `base` (given back, or its address space given up).
+    pub(super) fn remove(&mut self, base: &CUdeviceptr) -> Option<Segment> {
+        self.by_base.remove(base)
+    }
+
+    /// Every segment, by base address.
+    pub(super) fn iter(&self) -> std::collections::btree_map::Iter<'_, CUdeviceptr, Segment> {
+        self.by_base.iter()
+    }
+
+    /// Every segment, in the order of their base addresses.
+    pub(super) fn values(&self) -> impl Iterator<Item = &Segment> + '_ {
+        self.by_base.values()
+    }
+
+    /// How many segments there are.
+    pub(super) fn len(&self) -> usize {
+        self.by_base.len()
+    }
+
+    /// Forgets every plain segment (their memory went back in a reset); the
+    /// expandable segment's address space stays.
+    pub(super) fn keep_expandable_only(&mut self) {
+        self.by_base.retain(|_, s| s.expandable.is_some());
+    }
+}
+
+impl<'a> IntoIterator for &'a Segments {
+    type Item = (&'a CUdeviceptr, &'a Segment);
+    type IntoIter = std::collections::btree_map::Iter<'a, CUdeviceptr, Segment>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.by_base.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large plain segment, the expandable one and a small one, made in
+    /// that order at descending addresses.
+    fn three() -> Segments {
+        let mut s = Segments::default();
+        s.add_plain(0x3000, 4096, Kind::Large);
+        s.add_expandable(0x1000, 1 << 30);
+        s.add_plain(0x2000, 512, Kind::Small);
+        s
+    }
+
+    #[test]
+    fn segments_are_numbered_in_the_order_they_were_made() {
+        let mut s = three();
+        let made: Vec<(CUdeviceptr, u64)> = s.iter().map(|(&b, seg)| (b, seg.made)).collect();
+        assert_eq!(made, vec![(0x1000, 2), (0x2000, 3), (0x3000, 1)]);
+        // A number is never given twice, even after a segment goes.
+        assert!(s.remove(&0x3000).is_some());
+        s.add_plain(0x4000, 4096, Kind::Large);
+        assert_eq!(s.get(&0x4000).map(|seg| seg.made), Some(4));
+    }
+
+    #[test]
+    fn a_reset_keeps_only_the_expandable_segment() {
+        let mut s = three();
+        s.keep_expandable_only();
+        assert_eq!(s.len(), 1);
+        let only = s.get(&0x1000).expect("the expandable segment stays");
+        assert_eq!(only.expandable.as_ref().map(|e| e.reserve), Some(1 << 30));
+        assert_eq!((only.size, only.kind), (0, Kind::Large));
+    }
+}
