@@ -33,8 +33,8 @@ pub(crate) struct Segment {
     /// Made by merging wholly free large segments (see `merge.rs`): it holds
     /// blocks of every size, so the exclusive rule does not apply to it.
     pub merged: bool,
-    /// The order it was made in (how many segments the table had made before
-    /// it): without the expandable segment, best fit breaks ties between equal
+    /// Its number in the order the table made segments (the first is 1, and
+    /// no number is given twice): without the expandable segment, best fit breaks ties between equal
     /// free blocks of different segments by it rather than by address (see
     /// `Arena::fit_in`).
     pub made: u64,
