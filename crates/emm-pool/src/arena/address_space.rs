@@ -28,8 +28,8 @@ enum Reservation {
     /// trim, a reset or the out-of-memory path makes it [`Reservation::NotYet`]
     /// again.
     Refused,
-    /// Reserved at this base.
-    At(CUdeviceptr),
+    /// Reserved at this base, this many bytes.
+    At(CUdeviceptr, usize),
 }
 
 /// What `AddressSpace::reserve_range` got.
@@ -48,9 +48,8 @@ enum Reserved {
 pub(super) enum Obtained {
     /// The address space reserved before, at this base.
     Have(CUdeviceptr),
-    /// Address space reserved now: its base and bytes (the arena makes its
-    /// segment).
-    New(CUdeviceptr, usize),
+    /// Address space reserved now, at this base (the arena makes its segment).
+    New(CUdeviceptr),
     /// None: no virtual memory, refused, or the request is larger than any
     /// reservation; the request takes a segment of its own.
     None,
@@ -69,15 +68,23 @@ impl AddressSpace {
     /// The base, when reserved.
     pub fn base(&self) -> Option<CUdeviceptr> {
         match self.state {
-            Reservation::At(b) => Some(b),
+            Reservation::At(b, _) => Some(b),
             Reservation::NotYet | Reservation::Unavailable | Reservation::Refused => None,
+        }
+    }
+
+    /// Bytes of address space reserved (0 when none is).
+    pub fn reserved_bytes(&self) -> usize {
+        match self.state {
+            Reservation::At(_, size) => size,
+            Reservation::NotYet | Reservation::Unavailable | Reservation::Refused => 0,
         }
     }
 
     /// Whether large blocks may come from the expandable segment: reserved, or
     /// to be reserved by the next growth.
     pub fn usable(&self) -> bool {
-        matches!(self.state, Reservation::NotYet | Reservation::At(_))
+        matches!(self.state, Reservation::NotYet | Reservation::At(..))
     }
 
     /// Whether there is none to be had now: no virtual memory, or refused.
@@ -96,7 +103,7 @@ impl AddressSpace {
     ) -> Result<Obtained> {
         match self.state {
             Reservation::Unavailable | Reservation::Refused => Ok(Obtained::None),
-            Reservation::At(b) => Ok(Obtained::Have(b)),
+            Reservation::At(b, _) => Ok(Obtained::Have(b)),
             Reservation::NotYet => Ok(match self.reserve_range(request, policy, source)? {
                 // Refused: this request takes a segment of its own, and so do
                 // later ones until a trim, a reset or the out-of-memory path
@@ -109,8 +116,8 @@ impl AddressSpace {
                 // growth asks.
                 Reserved::TooSmall => Obtained::None,
                 Reserved::At(b, reserve) => {
-                    self.state = Reservation::At(b);
-                    Obtained::New(b, reserve)
+                    self.state = Reservation::At(b, reserve);
+                    Obtained::New(b)
                 }
                 Reserved::NoVirtualMemory => {
                     self.state = Reservation::Unavailable;
@@ -133,7 +140,7 @@ impl AddressSpace {
     /// growth there would fail); the next growth reserves anew. Its base.
     pub fn give_up(&mut self) -> Option<CUdeviceptr> {
         match std::mem::take(&mut self.state) {
-            Reservation::At(b) => Some(b),
+            Reservation::At(b, _) => Some(b),
             _ => None,
         }
     }

@@ -137,7 +137,7 @@ impl Arena {
         self.segments
             .get(&b.segment)
             .filter(|s| {
-                s.expandable.is_none()
+                !s.expandable
                     && !s.merged
                     && s.kind == Kind::Large
                     && s.size > self.policy.large_segment

@@ -73,11 +73,11 @@ impl Arena {
         events: &dyn EventSource,
         source: &dyn SegmentSource,
     ) -> Result<bool> {
-        let base = match self.space.obtain(size, &self.policy, source)? {
+        let base = match self.expandable.obtain(size, &self.policy, source)? {
             Obtained::None => return Ok(false),
             Obtained::Have(b) => b,
-            Obtained::New(b, reserve) => {
-                self.segments.add_expandable(b, reserve);
+            Obtained::New(b) => {
+                self.segments.add_expandable(b);
                 self.count_segments();
                 b
             }
@@ -287,13 +287,13 @@ impl Arena {
     fn growth_targets(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Vec<Target> {
         let Some(Segment {
             size: mapped,
-            expandable: Some(Expandable { reserve, .. }),
+            expandable: true,
             ..
         }) = self.segments.get(&base)
         else {
             return Vec::new();
         };
-        let (mapped, reserve) = (*mapped, *reserve);
+        let (mapped, reserve) = (*mapped, self.expandable.reserve());
         let page = self.policy.large_round;
         let end = base + mapped as u64;
         // The segment's own last block when it is free (a block of another
@@ -358,12 +358,12 @@ impl Arena {
         if let Some(Segment {
             size,
             retired,
-            expandable: Some(Expandable { pieces, .. }),
+            expandable: true,
             ..
         }) = self.segments.get_mut(&base)
         {
             // (At `target.dst`: pieces stay in address order.)
-            pieces.insert_run(new_pieces);
+            self.expandable.pieces.insert_run(new_pieces);
             match target.gap {
                 None => *size += grown,
                 Some(_) => *retired -= grown,
@@ -408,12 +408,13 @@ impl Arena {
         let mut plan = Vec::new();
         let Some(Segment {
             size: mapped,
-            expandable: Some(Expandable { pieces, .. }),
+            expandable: true,
             ..
         }) = self.segments.get(&base)
         else {
             return plan;
         };
+        let pieces = &self.expandable.pieces;
         let mut left = want;
         let mut taken = 0usize;
         for (a, b) in self.heap.blocks().walk(base, base + *mapped as u64) {

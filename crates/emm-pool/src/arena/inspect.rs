@@ -79,7 +79,7 @@ impl Arena {
                     total_size: 0,
                     stream: 0,
                     large: seg.kind == Kind::Large,
-                    expandable: seg.expandable.is_some(),
+                    expandable: seg.expandable,
                     blocks: Vec::new(),
                 });
                 r.total_size += b.size;
@@ -146,9 +146,16 @@ impl Arena {
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
                 ));
             }
-            if let Some(Expandable { reserve, pieces }) = &seg.expandable {
+            if seg.expandable {
+                if self.expandable.base() != Some(base) {
+                    return Err(format!(
+                        "segment {base:#x} is marked expandable; the expandable segment is at {:?}",
+                        self.expandable.base()
+                    ));
+                }
+                let (reserve, pieces) = (self.expandable.reserve(), &self.expandable.pieces);
                 // Past its end, the segment's address space holds no block.
-                let past = base + *reserve as u64;
+                let past = base + reserve as u64;
                 if let Some((&a, _)) = self
                     .heap
                     .blocks()
@@ -185,6 +192,17 @@ impl Arena {
                     seg.retired
                 ));
             }
+        }
+        let listed = self
+            .expandable
+            .base()
+            .and_then(|b| self.segments.get(&b))
+            .is_some_and(|s| s.expandable);
+        if !listed && !self.expandable.pieces.is_empty() {
+            return Err(format!(
+                "{} pieces mapped in no expandable segment of the table",
+                self.expandable.pieces.as_slice().len()
+            ));
         }
         if tiled != self.heap.blocks().len() {
             return Err(format!(

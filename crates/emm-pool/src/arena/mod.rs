@@ -19,6 +19,7 @@ use crate::heap::{Block, BlockHeap, State};
 use crate::history::History;
 
 mod address_space;
+mod expandable;
 mod fit;
 mod growth;
 mod inspect;
@@ -41,7 +42,7 @@ use crate::kind::Kind;
 use crate::stream_key::{is_default_stream, stream_id, stream_of_key, StreamKey, SETTLED};
 use pieces::Piece;
 pub use policy::{SegmentPolicy, DEFAULT_LEGACY_MERGE};
-use segments::{Expandable, Segment, Segments};
+use segments::{Segment, Segments};
 
 /// Counters kept under the lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,20 +176,14 @@ pub(crate) struct Arena {
     segments: Segments,
     pub stats: ArenaStats,
     pub policy: SegmentPolicy,
-    /// The expandable segment's address space (see `address_space.rs`).
-    space: address_space::AddressSpace,
-    /// Old mappings of moved pieces, waiting for the work queued on them (see
-    /// `retire.rs`).
-    retiring: Vec<retire::Retiring>,
+    /// The expandable segment: its address space, pieces, old mappings of
+    /// moved pieces waiting for their work, and pause (see `expandable.rs`).
+    expandable: expandable::ExpandableSegment,
     /// The allocation history (off unless asked for).
     pub history: History,
     /// When a merge of free segments is due and what it sizes the pool to (see
     /// `merge.rs`).
     merge: merge_clock::MergeClock,
-    /// The pieces a pause unmapped and the contents it kept (see `pause.rs`).
-    paused: Option<pause::Paused>,
-    /// Pinned buffers a resume emptied, for the next pause (see `host_copy.rs`).
-    spare_copies: Vec<crate::host_copy::HostCopy>,
     /// What the pool's family (a pool and its tag and stream pools) shares:
     /// reserved and active bytes and their peaks, the byte limit and the
     /// release threshold.
@@ -219,7 +214,7 @@ impl Arena {
     /// Whether the pool has no expandable segment: turned off, or none to be had
     /// from the driver. Its large blocks then live in plain segments only.
     pub(super) fn plain_segments_only(&self) -> bool {
-        !self.policy.expandable || self.space.none_to_be_had()
+        !self.policy.expandable || self.expandable.none_to_be_had()
     }
 
     /// Reserved bytes the byte limit is checked against: the family's.
@@ -251,7 +246,7 @@ impl Arena {
     /// Whether `base` is the expandable segment's base (a block there is virtual
     /// memory).
     pub fn is_expandable(&self, base: CUdeviceptr) -> bool {
-        self.space.base() == Some(base)
+        self.expandable.base() == Some(base)
     }
 
     /// Allocates `size` (rounded) bytes for `stream`. Returns the address and the
@@ -291,7 +286,7 @@ impl Arena {
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
-        let kind = if self.policy.one_range && self.space.usable() {
+        let kind = if self.policy.one_range && self.expandable.usable() {
             Kind::Large
         } else {
             Kind::of(size)
@@ -381,7 +376,7 @@ impl Arena {
         // lower, with fewer pieces moved). Only with the expandable segment:
         // without it a small block would keep an exact-size segment from coming
         // free whole (the inference snapshot went from 1.60x to 1.90x).
-        if let Some(base) = self.space.base().filter(|_| kind == Kind::Small) {
+        if let Some(base) = self.expandable.base().filter(|_| kind == Kind::Small) {
             for s in [stream, SETTLED] {
                 // (Only there: a plain large segment, which the out-of-memory
                 // ladder may make, must be able to come free whole.)

@@ -45,15 +45,76 @@ pub(crate) struct Paused {
     kept: Vec<(CUdeviceptr, HostCopy)>,
 }
 
-impl Arena {
-    /// Whether a pause holds the arena's memory away.
-    pub fn is_paused(&self) -> bool {
+/// The expandable segment's pause: what a pause holds away, and the pinned
+/// buffers a resume emptied, kept for the next pause (see `host_copy.rs`).
+#[derive(Default)]
+pub(super) struct PauseState {
+    paused: Option<Paused>,
+    spare: Vec<HostCopy>,
+}
+
+impl PauseState {
+    /// Whether a pause holds the memory away.
+    pub(super) fn is_paused(&self) -> bool {
         self.paused.is_some()
     }
 
     /// Bytes a pause holds away (0 when not paused).
-    pub fn paused_bytes(&self) -> usize {
+    pub(super) fn paused_bytes(&self) -> usize {
         self.paused.as_ref().map_or(0, |p| pieces::bytes(&p.pieces))
+    }
+
+    /// Pinned host memory held for copies: the buffers a pause fills and the
+    /// spare ones kept for the next.
+    pub(super) fn host_copy_bytes(&self) -> usize {
+        let kept = self
+            .paused
+            .as_ref()
+            .map_or(0, |p| p.kept.iter().map(|(_, c)| c.capacity()).sum());
+        kept + self.spare.iter().map(HostCopy::capacity).sum::<usize>()
+    }
+
+    /// Frees the spare pinned buffers; returns their bytes.
+    pub(super) fn release_spare(&mut self) -> usize {
+        let n = self.spare.iter().map(HostCopy::capacity).sum();
+        self.spare.clear();
+        n
+    }
+
+    /// The smallest spare pinned buffer with room for `size` bytes, taken.
+    fn take_spare(&mut self, size: usize) -> Option<HostCopy> {
+        let i = self
+            .spare
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.capacity() >= size)
+            .min_by_key(|(_, c)| c.capacity())
+            .map(|(i, _)| i)?;
+        Some(self.spare.swap_remove(i))
+    }
+
+    /// Keeps the buffers of `kept` for the next pause.
+    fn keep_spare(&mut self, kept: Vec<(CUdeviceptr, HostCopy)>) {
+        self.spare.extend(kept.into_iter().map(|(_, c)| c));
+    }
+
+    /// Forgets what a pause holds and the spare buffers (a reset: the blocks
+    /// they held are gone).
+    pub(super) fn clear(&mut self) {
+        self.paused = None;
+        self.spare.clear();
+    }
+}
+
+impl Arena {
+    /// Whether a pause holds the arena's memory away.
+    pub fn is_paused(&self) -> bool {
+        self.expandable.pause.is_paused()
+    }
+
+    /// Bytes a pause holds away (0 when not paused).
+    pub fn paused_bytes(&self) -> usize {
+        self.expandable.pause.paused_bytes()
     }
 
     /// Whether a pause could take the arena's memory now: `Err` (built by
@@ -61,11 +122,11 @@ impl Arena {
     /// virtual memory management, or a segment an out-of-memory path made) or is
     /// paused already. Nothing changes; [`Arena::pause`] checks the same again.
     pub fn check_pausable(&self, refuse: &dyn Fn(&str) -> EmmError) -> Result<()> {
-        if self.paused.is_some() {
+        if self.is_paused() {
             return Err(refuse("its memory is already paused"));
         }
         let outside = self.segments.iter().find(|(&base, s)| {
-            s.expandable.is_none()
+            !s.expandable
                 && !matches!(self.heap.get(base), Some(b) if b.size == s.size && !matches!(b.state, State::Live))
         });
         if let Some((&base, _)) = outside {
@@ -105,23 +166,23 @@ impl Arena {
         // Wholly free segments outside the expandable one go back.
         self.release_whole_segments(source, None);
         self.check_pausable(refuse)?;
-        let Some(base) = self.space.base() else {
+        let Some(base) = self.expandable.base() else {
             // No memory to give back; paused all the same (no allocation here
             // until the resume).
-            self.paused = Some(Paused {
+            self.expandable.pause.paused = Some(Paused {
                 pieces: Vec::new(),
                 kept: Vec::new(),
             });
             return Ok(PauseReport::default());
         };
         self.unmap_retired(base, events, source, true);
-        if !self.retiring.is_empty() {
+        if !self.expandable.retiring.is_empty() {
             return Err(refuse(
                 "old mappings of moved pieces could not be unmapped (the driver refused; see the log)",
             ));
         }
         self.release_free_pieces(source);
-        let pieces = self.expandable_pieces(base).to_vec();
+        let pieces = self.expandable.pieces.as_slice().to_vec();
         let mut kept = Vec::new();
         let mut report = PauseReport::default();
         if keep {
@@ -133,7 +194,7 @@ impl Arena {
                 .map(|(&a, b)| (a, b.size))
                 .collect();
             for (addr, size) in live {
-                let spare = self.take_spare(size);
+                let spare = self.expandable.pause.take_spare(size);
                 match source.save(addr, size, spare) {
                     Ok(copy) => {
                         report.copied_bytes += copy.len();
@@ -141,7 +202,7 @@ impl Arena {
                         kept.push((addr, copy));
                     }
                     Err(e) => {
-                        self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
+                        self.expandable.pause.keep_spare(kept);
                         return Err(e);
                     }
                 }
@@ -149,7 +210,7 @@ impl Arena {
         }
         // Spare buffers no block of this pause needed go back: pinned memory
         // does not pile up when the blocks' sizes change from pause to pause.
-        self.spare_copies.clear();
+        self.expandable.pause.spare.clear();
         for (i, &Piece { offset: off, len }) in pieces.iter().enumerate() {
             if let Err(e) = source.unmap_done(base + off as u64, len) {
                 let gone = &pieces[..i];
@@ -160,13 +221,13 @@ impl Arena {
                                 tracing::error!(error = %e, addr, "restoring a block after a failed pause failed");
                             }
                         }
-                        self.spare_copies.extend(kept.into_iter().map(|(_, c)| c));
+                        self.expandable.pause.keep_spare(kept);
                     }
                     Err(MapFailed { error: again, left }) => {
                         // (Pieces the failed remap mapped and could not unmap
                         // again stay the segment's, as those not reached.)
                         tracing::error!(error = %again, "mapping memory again after a failed pause failed; the pool stays paused over what is unmapped, for a resume");
-                        self.settle_paused(base, gone.to_vec(), left, kept, true);
+                        self.settle_paused(gone.to_vec(), left, kept, true);
                     }
                 }
                 return Err(e);
@@ -174,7 +235,7 @@ impl Arena {
             self.stats.counts.pieces_unmapped += 1;
             report.bytes += len;
         }
-        self.hold_paused(base, pieces, kept, true);
+        self.hold_paused(pieces, kept, true);
         Ok(report)
     }
 
@@ -184,22 +245,15 @@ impl Arena {
     /// without (fresh pieces of a failed resume) they were never in either.
     fn hold_paused(
         &mut self,
-        base: CUdeviceptr,
         pieces: Vec<Piece>,
         kept: Vec<(CUdeviceptr, HostCopy)>,
         counted: bool,
     ) {
         if counted {
             self.sub_reserved(pieces::bytes(&pieces));
-            if let Some(e) = self
-                .segments
-                .get_mut(&base)
-                .and_then(|s| s.expandable.as_mut())
-            {
-                e.pieces.remove_all(&pieces);
-            }
+            self.expandable.pieces.remove_all(&pieces);
         }
-        self.paused = Some(Paused { pieces, kept });
+        self.expandable.pause.paused = Some(Paused { pieces, kept });
     }
 
     /// Maps fresh memory under the pieces the pause unmapped, at the same
@@ -208,10 +262,10 @@ impl Arena {
     /// limit, out of memory, or a failed copy back leaves the arena paused as it
     /// was (what this call mapped is unmapped again), to be tried again.
     pub fn resume(&mut self, source: &dyn SegmentSource) -> Result<PauseReport> {
-        let Some(paused) = self.paused.take() else {
+        let Some(paused) = self.expandable.pause.paused.take() else {
             return Ok(PauseReport::default());
         };
-        let Some(base) = self.space.base() else {
+        let Some(base) = self.expandable.base() else {
             return Ok(PauseReport::default());
         };
         let fresh = coalesce(&paused.pieces, RESUME_PIECE);
@@ -219,7 +273,7 @@ impl Arena {
         if let Some(limit) = self.limit() {
             if self.family_reserved() + bytes > limit {
                 let free = limit.saturating_sub(self.family_reserved());
-                self.paused = Some(paused);
+                self.expandable.pause.paused = Some(paused);
                 return Err(EmmError::OutOfMemory {
                     what: "device",
                     manager: "pool".into(),
@@ -235,9 +289,9 @@ impl Arena {
         }
         if let Err(MapFailed { error, left }) = self.map_runs(base, &fresh, source) {
             if left.is_empty() {
-                self.paused = Some(paused);
+                self.expandable.pause.paused = Some(paused);
             } else {
-                self.settle_paused(base, fresh, left, paused.kept, false);
+                self.settle_paused(fresh, left, paused.kept, false);
             }
             return Err(error);
         }
@@ -246,67 +300,30 @@ impl Arena {
             if let Err(e) = copy.restore(*addr) {
                 // Back to paused: unmap what was mapped (the kept bytes stay).
                 let left = unmap_pieces(base, &fresh, source);
-                self.settle_paused(base, fresh, left, paused.kept, false);
+                self.settle_paused(fresh, left, paused.kept, false);
                 return Err(e);
             }
             report.copied_bytes += copy.len();
             report.blocks_copied += 1;
         }
-        if let Some(e) = self
-            .segments
-            .get_mut(&base)
-            .and_then(|s| s.expandable.as_mut())
-        {
-            // (Nothing was mapped while paused: no growth serves a paused arena.)
-            e.pieces.add_missing(&fresh);
-        }
+        // (Nothing was mapped while paused: no growth serves a paused arena.)
+        self.expandable.pieces.add_missing(&fresh);
         self.add_reserved(bytes);
         self.stats.counts.pieces_mapped += fresh.len();
         // Kept for the next pause (see `host_copy.rs`).
-        self.spare_copies
-            .extend(paused.kept.into_iter().map(|(_, c)| c));
+        self.expandable.pause.keep_spare(paused.kept);
         Ok(report)
-    }
-
-    /// The smallest spare pinned buffer with room for `size` bytes, taken.
-    fn take_spare(&mut self, size: usize) -> Option<HostCopy> {
-        let i = self
-            .spare_copies
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.capacity() >= size)
-            .min_by_key(|(_, c)| c.capacity())
-            .map(|(i, _)| i)?;
-        Some(self.spare_copies.swap_remove(i))
     }
 
     /// Pinned host memory held for copies: the buffers a pause fills and the
     /// spare ones kept for the next.
     pub fn host_copy_bytes(&self) -> usize {
-        let kept = self
-            .paused
-            .as_ref()
-            .map_or(0, |p| p.kept.iter().map(|(_, c)| c.capacity()).sum());
-        kept + self
-            .spare_copies
-            .iter()
-            .map(HostCopy::capacity)
-            .sum::<usize>()
+        self.expandable.pause.host_copy_bytes()
     }
 
     /// Frees the spare pinned buffers (a trim); returns their bytes.
     pub fn release_spare_copies(&mut self) -> usize {
-        let n = self.spare_copies.iter().map(HostCopy::capacity).sum();
-        self.spare_copies.clear();
-        n
-    }
-
-    /// The pieces mapped in the expandable segment at `base`.
-    fn expandable_pieces(&self, base: CUdeviceptr) -> &[Piece] {
-        match self.segments.get(&base).and_then(|s| s.expandable.as_ref()) {
-            Some(e) => e.pieces.as_slice(),
-            None => &[],
-        }
+        self.expandable.pause.release_spare()
     }
 
     /// Maps fresh memory under `pieces` (of the segment at `base`, in address
@@ -350,7 +367,6 @@ impl Arena {
     /// (`counted`: as [`Arena::hold_paused`]).
     fn settle_paused(
         &mut self,
-        base: CUdeviceptr,
         unmapped: Vec<Piece>,
         left: Vec<Piece>,
         kept: Vec<(CUdeviceptr, HostCopy)>,
@@ -362,16 +378,9 @@ impl Arena {
             .collect();
         // `left` pieces may not be in the segment's list (fresh pieces of a
         // resume): they are mapped memory, so they join it and count.
-        let mut joined = 0;
-        if let Some(e) = self
-            .segments
-            .get_mut(&base)
-            .and_then(|s| s.expandable.as_mut())
-        {
-            joined = e.pieces.add_missing(&left);
-        }
+        let joined = self.expandable.pieces.add_missing(&left);
         self.add_reserved(joined);
-        self.hold_paused(base, still, kept, counted);
+        self.hold_paused(still, kept, counted);
     }
 }
 

@@ -51,7 +51,7 @@ impl Arena {
         let mut released =
             self.release_whole_segments_until(source, None, Some(SETTLED), threshold);
         if self.family_reserved() > threshold {
-            if let Some(base) = self.space.base() {
+            if let Some(base) = self.expandable.base() {
                 // Old mappings of moved pieces whose work is done go first (without
                 // waiting); while some still wait, no piece is unmapped.
                 self.unmap_retired(base, events, source, false);

@@ -152,7 +152,7 @@ impl Arena {
     /// policy off, or while old mappings wait to be unmapped.
     pub(super) fn replaceable(&self, plan: &[HolePieces], piece: usize) -> Vec<HolePieces> {
         let min_run = self.policy.replace_pieces;
-        if min_run == 0 || !self.retiring.is_empty() {
+        if min_run == 0 || !self.expandable.retiring.is_empty() {
             return Vec::new();
         }
         plan.iter()

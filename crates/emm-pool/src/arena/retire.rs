@@ -52,6 +52,57 @@ pub(super) struct Retiring {
     mark: Option<(StreamKey, u64)>,
 }
 
+/// The old mappings of moved pieces still waiting, one [`Retiring`] per growth
+/// (or trim) that left them, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Retirements(Vec<Retiring>);
+
+impl Retirements {
+    /// Whether no old mapping waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The old mappings waiting.
+    fn waiting(&self) -> usize {
+        self.0.iter().map(|r| r.maps.len()).sum()
+    }
+
+    /// Takes every entry out, oldest first (for [`Arena::unmap_retired`], which
+    /// puts back those still waiting).
+    fn take(&mut self) -> Vec<Retiring> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// Settles every job handed to the helper thread (a queued one taken back, a
+    /// started one waited for) and calls `gone` with each old mapping the helper
+    /// unmapped; those not unmapped stay, for the caller.
+    pub(super) fn settle_jobs(&mut self, mut gone: impl FnMut(CUdeviceptr)) {
+        for r in &mut self.0 {
+            let Some(job) = r.job.take() else {
+                continue;
+            };
+            if let Outcome::Done(unmapped) = job.settle() {
+                for (&(addr, _), ok) in r.maps.iter().zip(unmapped) {
+                    if ok {
+                        gone(addr);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets every entry (a reset: the caller unmaps the mappings with the
+    /// segment's pieces); their events go back to `events`.
+    pub(super) fn forget(&mut self, events: &dyn EventSource) {
+        for r in self.take() {
+            if let Done::After(id) = r.done {
+                events.recycle(id);
+            }
+        }
+    }
+}
+
 /// Whole pieces of one free block of the expandable segment that growth may move.
 #[derive(Clone, Debug)]
 pub(super) struct HolePieces {
@@ -128,7 +179,7 @@ impl Arena {
             if let Some(event) = event {
                 r.job = source.unmap_later(&r.maps, event);
             }
-            self.retiring.push(r);
+            self.expandable.retiring.0.push(r);
         }
     }
 
@@ -155,10 +206,10 @@ impl Arena {
         source: &dyn SegmentSource,
         until: usize,
     ) -> usize {
-        let Some(base) = self.space.base() else {
+        let Some(base) = self.expandable.base() else {
             return 0;
         };
-        if !self.retiring.is_empty() {
+        if !self.expandable.retiring.is_empty() {
             return 0;
         }
         let plan = self.hole_pieces(base, &[None, None], usize::MAX, usize::MAX, SETTLED);
@@ -262,13 +313,7 @@ impl Arena {
     /// and drops it from the segment's pieces.
     fn forget_piece(&mut self, base: CUdeviceptr, addr: CUdeviceptr) {
         self.stats.counts.pieces_unmapped += 1;
-        if let Some(Segment {
-            expandable: Some(Expandable { pieces, .. }),
-            ..
-        }) = self.segments.get_mut(&base)
-        {
-            pieces.remove_at((addr - base) as usize);
-        }
+        self.expandable.forget_piece(base, addr);
     }
 
     /// When the work queued so far on `owner` (the stream growing now, whose
@@ -316,14 +361,14 @@ impl Arena {
         source: &dyn SegmentSource,
         all: bool,
     ) {
-        let waiting: usize = self.retiring.iter().map(|r| r.maps.len()).sum();
+        let waiting = self.expandable.retiring.waiting();
         let mut excess = if all {
             waiting
         } else {
             waiting.saturating_sub(MAX_RETIRING)
         };
         let mut keep = Vec::new();
-        for mut r in std::mem::take(&mut self.retiring) {
+        for mut r in self.expandable.retiring.take() {
             if let Some(job) = r.job.clone() {
                 // Needed now: a queued job is taken back, a started one waited for.
                 let outcome = if excess > 0 { job.settle() } else { job.poll() };
@@ -384,7 +429,7 @@ impl Arena {
                 keep.push(again);
             }
         }
-        self.retiring = keep;
+        self.expandable.retiring.0 = keep;
     }
 
     /// Unmaps `r`'s old mappings (their work is done) and makes its blocks gaps.
@@ -528,41 +573,6 @@ impl Arena {
             }
         }
         best
-    }
-
-    /// Before a reset unmaps the expandable segment's pieces (the old mappings of
-    /// moved pieces among them): every job handed to the helper thread is settled
-    /// (a queued one taken back, a started one waited for), and the mappings the
-    /// helper unmapped leave the segment's pieces, so the reset unmaps each
-    /// mapping once and none the helper is unmapping at the same time.
-    pub(super) fn settle_jobs(&mut self, base: CUdeviceptr) {
-        for i in 0..self.retiring.len() {
-            let Some(job) = self.retiring[i].job.take() else {
-                continue;
-            };
-            if let Outcome::Done(unmapped) = job.settle() {
-                let gone: Vec<CUdeviceptr> = self.retiring[i]
-                    .maps
-                    .iter()
-                    .zip(unmapped)
-                    .filter_map(|(&(addr, _), ok)| ok.then_some(addr))
-                    .collect();
-                for addr in gone {
-                    self.forget_piece(base, addr);
-                }
-            }
-        }
-    }
-
-    /// Forgets every old mapping still waiting: the caller unmaps them with the
-    /// segment's pieces (reset, after [`Arena::settle_jobs`]), and their blocks go
-    /// with the segment's.
-    pub(super) fn drop_retiring(&mut self, events: &dyn EventSource) {
-        for r in std::mem::take(&mut self.retiring) {
-            if let Done::After(id) = r.done {
-                events.recycle(id);
-            }
-        }
     }
 }
 

@@ -5,18 +5,7 @@ use std::collections::BTreeMap;
 
 use emm_sys::CUdeviceptr;
 
-use super::pieces::Pieces;
 use crate::kind::Kind;
-
-/// The expandable segment's own part of its [`Segment`].
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Expandable {
-    /// Bytes of address space reserved.
-    pub reserve: usize,
-    /// The pieces of memory mapped, in address order; each is one physical
-    /// allocation, which growth may move whole (see `retire.rs`).
-    pub pieces: Pieces,
-}
 
 /// One segment: a plain allocation from the upstream, or the expandable
 /// segment's address space.
@@ -25,8 +14,9 @@ pub(crate) struct Segment {
     /// Bytes backed by memory (for an expandable segment: mapped so far).
     pub size: usize,
     pub kind: Kind,
-    /// For the expandable segment: its address space and pieces.
-    pub expandable: Option<Expandable>,
+    /// Whether it is the expandable segment (its address space, pieces and
+    /// the rest are the arena's `ExpandableSegment`).
+    pub expandable: bool,
     /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
     /// gaps): the memory behind the segment is `size - retired`.
     pub retired: usize,
@@ -51,27 +41,23 @@ pub(super) struct Segments {
 impl Segments {
     /// Notes a plain segment of `size` bytes of `kind` at `base`, made now.
     pub(super) fn add_plain(&mut self, base: CUdeviceptr, size: usize, kind: Kind) {
-        self.add(base, size, kind, None);
+        self.add(base, size, kind, false);
     }
 
-    /// Notes the expandable segment's address space of `reserve` bytes at
-    /// `base`, with nothing mapped yet.
-    pub(super) fn add_expandable(&mut self, base: CUdeviceptr, reserve: usize) {
-        let space = Expandable {
-            reserve,
-            pieces: Pieces::default(),
-        };
-        self.add(base, 0, Kind::Large, Some(space));
+    /// Notes the expandable segment's address space at `base`, with nothing
+    /// mapped yet.
+    pub(super) fn add_expandable(&mut self, base: CUdeviceptr) {
+        self.add(base, 0, Kind::Large, true);
     }
 
-    fn add(&mut self, base: CUdeviceptr, size: usize, kind: Kind, space: Option<Expandable>) {
+    fn add(&mut self, base: CUdeviceptr, size: usize, kind: Kind, expandable: bool) {
         self.made += 1;
         self.by_base.insert(
             base,
             Segment {
                 size,
                 kind,
-                expandable: space,
+                expandable,
                 retired: 0,
                 merged: false,
                 made: self.made,
@@ -112,7 +98,7 @@ impl Segments {
     /// Forgets every plain segment (their memory went back in a reset); the
     /// expandable segment's address space stays.
     pub(super) fn keep_expandable_only(&mut self) {
-        self.by_base.retain(|_, s| s.expandable.is_some());
+        self.by_base.retain(|_, s| s.expandable);
     }
 }
 
@@ -134,7 +120,7 @@ mod tests {
     fn three() -> Segments {
         let mut s = Segments::default();
         s.add_plain(0x3000, 4096, Kind::Large);
-        s.add_expandable(0x1000, 1 << 30);
+        s.add_expandable(0x1000);
         s.add_plain(0x2000, 512, Kind::Small);
         s
     }
@@ -156,7 +142,7 @@ mod tests {
         s.keep_expandable_only();
         assert_eq!(s.len(), 1);
         let only = s.get(&0x1000).expect("the expandable segment stays");
-        assert_eq!(only.expandable.as_ref().map(|e| e.reserve), Some(1 << 30));
+        assert!(only.expandable);
         assert_eq!((only.size, only.kind), (0, Kind::Large));
     }
 }

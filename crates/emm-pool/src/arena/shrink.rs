@@ -18,7 +18,7 @@ impl Arena {
     /// segment been reset over it, growth would map there again and the driver
     /// answer `CUDA_ERROR_ALREADY_MAPPED` for good).
     fn reset_expandable(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.space.base() else {
+        let Some(base) = self.expandable.base() else {
             return 0;
         };
         let Some(seg) = self.segments.get(&base) else {
@@ -26,7 +26,7 @@ impl Arena {
         };
         let end = base + seg.size as u64;
         if seg.size == seg.retired
-            || !self.retiring.is_empty()
+            || !self.expandable.retiring.is_empty()
             || self
                 .heap
                 .blocks()
@@ -40,8 +40,7 @@ impl Arena {
             return released;
         };
         let end = base + seg.size as u64;
-        if !self.retiring.is_empty() || seg.expandable.as_ref().is_none_or(|e| !e.pieces.is_empty())
-        {
+        if !self.expandable.retiring.is_empty() || !self.expandable.pieces.is_empty() {
             // A mapping stayed (a piece that failed to unmap, one in a block of a
             // stream not settled, or an old mapping of a moved piece waiting).
             return released;
@@ -52,16 +51,9 @@ impl Arena {
         for a in blocks {
             self.heap.remove(a);
         }
-        if let Some(Segment {
-            size,
-            retired,
-            expandable: Some(Expandable { pieces, .. }),
-            ..
-        }) = self.segments.get_mut(&base)
-        {
-            *size = 0;
-            *retired = 0;
-            pieces.clear();
+        if let Some(seg) = self.segments.get_mut(&base) {
+            seg.size = 0;
+            seg.retired = 0;
         }
         released
     }
@@ -72,26 +64,20 @@ impl Arena {
     /// addresses, and unmapping one would give nothing back.
     #[allow(clippy::while_let_loop)] // reason: the loop stops at any of several checks
     pub(super) fn shrink_expandable(&mut self, source: &dyn SegmentSource) -> usize {
-        let Some(base) = self.space.base() else {
+        let Some(base) = self.expandable.base() else {
             return 0;
         };
-        if !self.retiring.is_empty() {
+        if !self.expandable.retiring.is_empty() {
             return 0;
         }
         let mut released = 0;
         loop {
-            let Some(Segment {
-                size: mapped,
-                expandable: Some(Expandable { pieces, .. }),
-                ..
-            }) = self.segments.get(&base)
-            else {
+            let Some(&Segment { size: mapped, .. }) = self.segments.get(&base) else {
                 break;
             };
-            let Some(Piece { offset: off, len }) = pieces.last() else {
+            let Some(Piece { offset: off, len }) = self.expandable.pieces.last() else {
                 break;
             };
-            let mapped = *mapped;
             let end = base + mapped as u64;
             let piece_start = base + off as u64;
             let Some((a, &b)) = self.heap.blocks().ending_at(end) else {
@@ -112,14 +98,9 @@ impl Arena {
                 self.heap
                     .put(a, Block::new(rest, base, State::Free(stream), Kind::Large));
             }
-            if let Some(Segment {
-                size,
-                expandable: Some(Expandable { pieces, .. }),
-                ..
-            }) = self.segments.get_mut(&base)
-            {
-                pieces.pop();
-                *size -= len;
+            self.expandable.pieces.pop();
+            if let Some(seg) = self.segments.get_mut(&base) {
+                seg.size -= len;
             }
             self.sub_reserved(len);
             self.stats.upstream_frees += 1;
@@ -141,13 +122,13 @@ impl Arena {
         source: &dyn SegmentSource,
         events: &dyn EventSource,
     ) -> usize {
-        if let Some(base) = self.space.base() {
+        if let Some(base) = self.expandable.base() {
             self.unmap_retired(base, events, source, true);
         }
         let released = self.release_whole_segments(source, None);
         // A merge after this sizes the pool afresh (see `merge.rs`).
         self.forget_merges();
-        self.space.ask_again();
+        self.expandable.ask_again();
         let whole = self.reset_expandable(source);
         released
             + if whole > 0 {
@@ -211,7 +192,7 @@ impl Arena {
     pub(super) fn whole_free(&self, kind: Kind) -> impl Iterator<Item = &Segment> + '_ {
         self.segments
             .iter()
-            .filter(move |(_, seg)| seg.expandable.is_none() && seg.kind == kind)
+            .filter(move |(_, seg)| !seg.expandable && seg.kind == kind)
             .filter(|(&base, seg)| {
                 matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
@@ -241,7 +222,7 @@ impl Arena {
         let whole: Vec<(CUdeviceptr, usize, StreamKey)> = self
             .segments
             .iter()
-            .filter(|(_, seg)| seg.expandable.is_none() && only.is_none_or(|k| seg.kind == k))
+            .filter(|(_, seg)| !seg.expandable && only.is_none_or(|k| seg.kind == k))
             .filter_map(|(&base, seg)| match self.heap.get(base) {
                 Some(b) if b.size == seg.size => match b.state {
                     State::Free(s) if stream.is_none_or(|t| t == s) => Some((base, seg.size, s)),
@@ -281,18 +262,17 @@ impl Arena {
     ) -> Vec<(CUdeviceptr, usize)> {
         self.forget_merges();
         self.drop_idle_marks(events);
-        if let Some(base) = self.space.base() {
-            self.settle_jobs(base);
-        }
+        self.stats.counts.pieces_unmapped += self.expandable.settle_jobs();
         let mut segs = Vec::new();
         let mut stuck = false;
         for (&b, s) in &self.segments {
-            match &s.expandable {
-                None => {
+            match s.expandable {
+                false => {
                     self.history.push(TraceAction::SegmentFree, b, s.size, 0);
                     segs.push((b, s.size));
                 }
-                Some(Expandable { pieces, .. }) => {
+                true => {
+                    let pieces = &self.expandable.pieces;
                     for &Piece { offset: off, len } in pieces.as_slice().iter().rev() {
                         self.history
                             .push(TraceAction::SegmentUnmap, b + off as u64, len, 0);
@@ -304,31 +284,27 @@ impl Arena {
                 }
             }
         }
-        self.space.ask_again();
+        self.expandable.ask_again();
         if stuck {
             // A mapping the driver kept: its address space is not used again (growth
             // there would fail with `CUDA_ERROR_ALREADY_MAPPED`); the virtual memory
             // keeps it and retries on drop, and the next growth reserves anew.
-            if let Some(b) = self.space.give_up() {
+            if let Some(b) = self.expandable.give_up() {
                 self.segments.remove(&b);
             }
         }
-        if let Some(b) = self.space.base() {
+        if let Some(b) = self.expandable.base() {
             if let Some(seg) = self.segments.get_mut(&b) {
                 seg.size = 0;
                 seg.retired = 0;
-                if let Some(e) = &mut seg.expandable {
-                    e.pieces.clear();
-                }
             }
         }
         self.segments.keep_expandable_only();
         self.heap.clear();
         self.order.clear(events);
-        self.drop_retiring(events);
-        // A pause's unmapped pieces and kept bytes go with the blocks they held.
-        self.paused = None;
-        self.spare_copies.clear();
+        // Its pieces were unmapped above; the old mappings waiting go with them,
+        // and a pause's unmapped pieces and kept bytes with the blocks they held.
+        self.expandable.clear(events);
         let held = self.stats.reserved;
         self.sub_reserved(held);
         self.family.sub_active(self.stats.live);

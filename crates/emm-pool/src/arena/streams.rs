@@ -239,7 +239,7 @@ impl Arena {
             return Ok(false);
         }
         self.stats.counts.scan_steps += self.order.parked().len();
-        let joins = self.policy.expandable && self.space.usable();
+        let joins = self.policy.expandable && self.expandable.usable();
         // The groups that could serve the request, in parking order.
         let mut groups = self.groups_for(stream, kind);
         groups.retain(|&(i, _)| {
