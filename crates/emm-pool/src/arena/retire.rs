@@ -68,10 +68,22 @@ impl Retirements {
         self.0.iter().map(|r| r.maps.len()).sum()
     }
 
+    /// Adds the old mappings one growth (or trim) left, the newest.
+    fn push(&mut self, r: Retiring) {
+        self.0.push(r);
+    }
+
     /// Takes every entry out, oldest first (for [`Arena::unmap_retired`], which
-    /// puts back those still waiting).
+    /// puts back those still waiting with [`Retirements::put_back`]).
     fn take(&mut self) -> Vec<Retiring> {
         std::mem::take(&mut self.0)
+    }
+
+    /// Puts back the entries [`Retirements::take`] took that still wait, oldest
+    /// first, before any added since.
+    fn put_back(&mut self, mut waiting: Vec<Retiring>) {
+        waiting.append(&mut self.0);
+        self.0 = waiting;
     }
 
     /// Settles every job handed to the helper thread (a queued one taken back, a
@@ -179,7 +191,7 @@ impl Arena {
             if let Some(event) = event {
                 r.job = source.unmap_later(&r.maps, event);
             }
-            self.expandable.retiring.0.push(r);
+            self.expandable.retiring.push(r);
         }
     }
 
@@ -429,7 +441,7 @@ impl Arena {
                 keep.push(again);
             }
         }
-        self.expandable.retiring.0 = keep;
+        self.expandable.retiring.put_back(keep);
     }
 
     /// Unmaps `r`'s old mappings (their work is done) and makes its blocks gaps.
