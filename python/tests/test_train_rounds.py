@@ -193,3 +193,18 @@ def test_the_bench_reads_every_phase_the_pool_times():
     read = {c[len("pool_"):-len("_calls")] for c in bench.COUNTERS
             if c.startswith("pool_") and c.endswith("_calls")}
     assert read == set(names)
+
+
+def test_growth_phases_sum_each_phase_over_the_timed_steps_only(rounds, capsys):
+    warm = {"pool_expand_calls": 50, "pool_expand_ns": 900_000_000}
+    step = {"pool_expand_calls": 1, "pool_expand_ns": 2_000_000, "pool_access_calls": 1,
+            "pool_access_ns": 1_500_000, "pool_create_calls": 4, "pool_create_ns": 60_000,
+            "pieces_mapped": 4, "pieces_moved": 6}
+    results = {("gpt2", "emm-pool"): [{"step_changes": [warm, step, {}], "step_ms": [20.0, 30.0]}],
+               ("gpt2", "native"): [{"step_changes": [{"num_device_alloc": 1}], "step_ms": [1.0]}]}
+    rounds.growth_phases("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert out.rstrip() == (
+        "emm-pool: growth phases over 2 timed steps (nested; `unmap` on the helper thread): "
+        "expand 1 calls 2.0 ms (1.000 ms a step), create 4 calls 0.1 ms (0.030 ms a step), "
+        "access 1 calls 1.5 ms (0.750 ms a step); pieces mapped new 4, moved 6"), out

@@ -381,6 +381,7 @@ def tables(args, results):
         quiet_and_busy(w, args, results)
         hook_time(w, args, results)
         allocator_work(w, args, results)
+        growth_phases(w, args, results)
         paired(w, args, results)
 
 
@@ -581,6 +582,35 @@ def allocator_work(w, args, results):
         parts = [f"{k} {statistics.median(c.get(k, 0) for c in per_step):g} "
                  f"({sum(c.get(k, 0) for c in per_step)})" for k in present]
         print(f"{v}: allocator work per timed step, median (total over {len(per_step)} steps): " + ", ".join(parts))
+
+
+# The phases of the pool's growths that its call-timing build times
+# (`emm_pool::growth_phases::Phase`), in the order they are printed. They nest
+# (`expand` holds the others but `unmap`, which the helper thread runs), so
+# they are not added up.
+GROWTH_PHASES = ("expand", "plan", "create", "map", "access", "retire", "unmap_retired", "turn",
+                 "unmap", "wait_parked")
+
+
+def growth_phases(w, args, results):
+    """For a library built with emm-capi's `call-timing` feature: what the pool's
+    growths spent over every timed step, phase by phase (calls and ms in all, and ms
+    a step), beside the pieces they mapped new and moved."""
+    for v in args.variants:
+        per_step = [c for x in results.get((w, v), [])
+                    for c in x.get("step_changes", [])[-len(x["step_ms"]):]]
+        if not any(f"pool_{p}_calls" in c for c in per_step for p in GROWTH_PHASES):
+            continue
+        steps = len(per_step)
+        total = {k: sum(c.get(k, 0) for c in per_step)
+                 for k in [f"pool_{p}_{u}" for p in GROWTH_PHASES for u in ("calls", "ns")]
+                 + ["pieces_mapped", "pieces_moved"]}
+        parts = [f"{p} {total[f'pool_{p}_calls']} calls {total[f'pool_{p}_ns'] / 1e6:.1f} ms "
+                 f"({total[f'pool_{p}_ns'] / 1e6 / steps:.3f} ms a step)"
+                 for p in GROWTH_PHASES if total[f"pool_{p}_calls"]]
+        print(f"{v}: growth phases over {steps} timed steps (nested; `unmap` on the helper thread): "
+              + ", ".join(parts) + f"; pieces mapped new {total['pieces_mapped']}, "
+              f"moved {total['pieces_moved']}")
 
 
 def paired(w, args, results):
