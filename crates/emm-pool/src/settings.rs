@@ -119,6 +119,18 @@ pub static REPLACE_PIECES: Setting<usize> = Setting::new(
     parse::count,
 );
 
+/// `pool_piece_share` (`EMM_POOL_PIECE_SHARE`).
+pub static PIECE_SHARE: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_piece_share",
+        "EMM_POOL_PIECE_SHARE",
+        ValueKind::Count,
+        "0",
+        "n > 0: new memory of the expandable segment comes in pieces of at least an nth of what the pool reserves (at most 8 pages), so a large pool maps and moves fewer pieces (0: off)",
+    ),
+    parse::count,
+);
+
 /// `pool_background_unmap` (`EMM_POOL_BACKGROUND_UNMAP`).
 pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
     Key::new(
@@ -154,6 +166,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &ADOPT_PARKED,
     &WAIT_PARKED,
     &REPLACE_PIECES,
+    &PIECE_SHARE,
     &BACKGROUND_UNMAP,
     &STREAM_POOLS,
 ];

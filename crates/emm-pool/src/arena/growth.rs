@@ -93,6 +93,11 @@ impl Arena {
         // which new memory may fill. A few rounds at most: each gives back only
         // what the plan before it would have moved.
         let mut piece = fresh_piece(page, size);
+        if let Some(share) = std::num::NonZeroUsize::new(self.policy.piece_share) {
+            // At least an nth of what the arena reserves (`SegmentPolicy::piece_share`).
+            let pages = (self.stats.reserved / share.get() / page).clamp(1, PIECE_PAGES);
+            piece = piece.max(pages * page);
+        }
         if self.policy.replace_pieces > 0 {
             piece = piece.min(self.policy.replace_pieces * page);
             self.refresh_idle(stream, events);

@@ -68,7 +68,7 @@ impl PoolConfig {
     /// 1/n of the way from their low to reserved after a step; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
-    /// `pool_replace_pieces`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
+    /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
     /// `pool_release_threshold`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
@@ -86,6 +86,7 @@ impl PoolConfig {
         c.segments.adopt_parked = settings::ADOPT_PARKED.get(c.segments.adopt_parked)?;
         c.segments.wait_parked = settings::WAIT_PARKED.get(c.segments.wait_parked)?;
         c.segments.replace_pieces = settings::REPLACE_PIECES.get(c.segments.replace_pieces)?;
+        c.segments.piece_share = settings::PIECE_SHARE.get(c.segments.piece_share)?;
         c.background_unmap = settings::BACKGROUND_UNMAP.get(c.background_unmap)?;
         c.stream_pools = settings::STREAM_POOLS.get(c.stream_pools)?;
         c.limit = settings::LIMIT.get(c.limit)?;
