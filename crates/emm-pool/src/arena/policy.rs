@@ -112,7 +112,7 @@ pub struct SegmentPolicy {
     /// the arena reserves (rounded down to pages; at most 8 pages, and never
     /// below a 64th of the request), so a large pool maps, grants access to and
     /// later moves fewer pieces. The driver charges each mapping, not each byte:
-    /// on one H200 (runs 286-289) a T5 step spent 1.6-1.9 ms in its growths with
+    /// on one H200 (run 289) a T5 step spent 1.6-1.9 ms in its growths with
     /// `n` = 2048 against 2.5-2.7 ms without, a mixture of experts' 0.95 against
     /// 1.2 ms, at the same footprint there and in the replay of every recorded
     /// trace. 0 (the default): off (`EMM_POOL_PIECE_SHARE`).
