@@ -81,10 +81,12 @@ impl ExpandableSegment {
         self.space.give_up()
     }
 
-    /// Drops the piece mapped at `addr` (unmapped now) from its pieces; `base`
-    /// is its base.
-    pub(super) fn forget_piece(&mut self, base: CUdeviceptr, addr: CUdeviceptr) {
-        self.pieces.remove_at((addr - base) as usize);
+    /// Drops the piece mapped at `addr` (unmapped now) from its pieces; with no
+    /// address space (given up) it holds no pieces and there is nothing to drop.
+    pub(super) fn forget_piece(&mut self, addr: CUdeviceptr) {
+        if let Some(base) = self.base() {
+            self.pieces.remove_at((addr - base) as usize);
+        }
     }
 
     /// Before a reset unmaps its pieces (the old mappings of moved pieces among
@@ -165,7 +167,7 @@ mod tests {
         ));
         e.pieces
             .insert_run(&[Piece::new(0, 2 << 20), Piece::new(2 << 20, 4 << 20)]);
-        e.forget_piece(base, base + (2 << 20));
+        e.forget_piece(base + (2 << 20));
         assert_eq!(e.pieces.as_slice(), &[Piece::new(0, 2 << 20)]);
         // Given up, its pieces are the virtual memory's to unmap, not its own.
         assert_eq!(e.give_up(), Some(base));

@@ -84,7 +84,7 @@ impl Arena {
         };
         // Old mappings whose work is done become gaps first, so growth can use them.
         growth_phases::timed(Phase::UnmapRetired, || {
-            self.unmap_retired(base, events, source, false)
+            self.unmap_retired(events, source, false)
         });
         let page = self.policy.large_round;
         let mut plan = growth_phases::timed(Phase::Plan, || self.growth_plan(base, size, stream));

@@ -175,7 +175,7 @@ impl Arena {
             });
             return Ok(PauseReport::default());
         };
-        self.unmap_retired(base, events, source, true);
+        self.unmap_retired(events, source, true);
         if !self.expandable.retiring.is_empty() {
             return Err(refuse(
                 "old mappings of moved pieces could not be unmapped (the driver refused; see the log)",

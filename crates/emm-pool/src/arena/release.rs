@@ -51,11 +51,9 @@ impl Arena {
         let mut released =
             self.release_whole_segments_until(source, None, Some(SETTLED), threshold);
         if self.family_reserved() > threshold {
-            if let Some(base) = self.expandable.base() {
-                // Old mappings of moved pieces whose work is done go first (without
-                // waiting); while some still wait, no piece is unmapped.
-                self.unmap_retired(base, events, source, false);
-            }
+            // Old mappings of moved pieces whose work is done go first (without
+            // waiting); while some still wait, no piece is unmapped.
+            self.unmap_retired(events, source, false);
             released += self.release_free_pieces_until(source, threshold);
         }
         if released > 0 {

@@ -253,7 +253,7 @@ impl Arena {
             if self.family_reserved() <= until {
                 break;
             }
-            if self.unmap_piece(base, at, len, source) {
+            if self.unmap_piece(at, len, source) {
                 if run.is_empty() {
                     run_start = at;
                 }
@@ -304,28 +304,22 @@ impl Arena {
         len
     }
 
-    /// Unmaps the mapping of `len` bytes at `addr` of the expandable segment at
-    /// `base` (the device is done with it) and drops it from the segment's
-    /// pieces; whether it went (a failure is logged and leaves it mapped).
-    fn unmap_piece(
-        &mut self,
-        base: CUdeviceptr,
-        addr: CUdeviceptr,
-        len: usize,
-        source: &dyn SegmentSource,
-    ) -> bool {
+    /// Unmaps the mapping of `len` bytes at `addr` of the expandable segment
+    /// (the device is done with it) and drops it from the segment's pieces;
+    /// whether it went (a failure is logged and leaves it mapped).
+    fn unmap_piece(&mut self, addr: CUdeviceptr, len: usize, source: &dyn SegmentSource) -> bool {
         let gone = unmap_mapping(addr, len, source);
         if gone {
-            self.forget_piece(base, addr);
+            self.forget_piece(addr);
         }
         gone
     }
 
-    /// Counts the mapping at `addr` of the expandable segment at `base` unmapped
-    /// and drops it from the segment's pieces.
-    fn forget_piece(&mut self, base: CUdeviceptr, addr: CUdeviceptr) {
+    /// Counts the mapping at `addr` of the expandable segment unmapped and drops
+    /// it from the segment's pieces.
+    fn forget_piece(&mut self, addr: CUdeviceptr) {
         self.stats.counts.pieces_unmapped += 1;
-        self.expandable.forget_piece(base, addr);
+        self.expandable.forget_piece(addr);
     }
 
     /// When the work queued so far on `owner` (the stream growing now, whose
@@ -368,7 +362,6 @@ impl Arena {
     /// oldest (for all).
     pub(super) fn unmap_retired(
         &mut self,
-        base: CUdeviceptr,
         events: &dyn EventSource,
         source: &dyn SegmentSource,
         all: bool,
@@ -397,7 +390,7 @@ impl Arena {
                         if let Some((s, clock)) = r.mark {
                             self.note_idle(s, clock);
                         }
-                        if let Some(again) = self.finish_retiring(base, r, &unmapped) {
+                        if let Some(again) = self.finish_retiring(r, &unmapped) {
                             keep.push(again);
                         }
                         continue;
@@ -437,7 +430,7 @@ impl Arena {
             if let Some((s, clock)) = r.mark {
                 self.note_idle(s, clock);
             }
-            if let Some(again) = self.unmap_retiring(base, r, source) {
+            if let Some(again) = self.unmap_retiring(r, source) {
                 keep.push(again);
             }
         }
@@ -448,18 +441,13 @@ impl Arena {
     /// A mapping that fails to go keeps its blocks retired and is returned, to be
     /// tried again by the next growth or trim (the error is logged); until then
     /// the segment is not reset over it and no piece is unmapped by `trim`.
-    fn unmap_retiring(
-        &mut self,
-        base: CUdeviceptr,
-        r: Retiring,
-        source: &dyn SegmentSource,
-    ) -> Option<Retiring> {
+    fn unmap_retiring(&mut self, r: Retiring, source: &dyn SegmentSource) -> Option<Retiring> {
         let unmapped: Vec<bool> = r
             .maps
             .iter()
             .map(|&(addr, len)| unmap_mapping(addr, len, source))
             .collect();
-        self.finish_retiring(base, r, &unmapped)
+        self.finish_retiring(r, &unmapped)
     }
 
     /// After `r`'s old mappings were unmapped, here or by the helper thread
@@ -467,16 +455,11 @@ impl Arena {
     /// segment's pieces, and once every mapping is gone its blocks become gaps.
     /// Those that failed are returned, to be tried again by the next growth or
     /// trim.
-    fn finish_retiring(
-        &mut self,
-        base: CUdeviceptr,
-        r: Retiring,
-        unmapped: &[bool],
-    ) -> Option<Retiring> {
+    fn finish_retiring(&mut self, r: Retiring, unmapped: &[bool]) -> Option<Retiring> {
         let mut failed = Vec::new();
         for (i, &(addr, len)) in r.maps.iter().enumerate() {
             if unmapped.get(i) == Some(&true) {
-                self.forget_piece(base, addr);
+                self.forget_piece(addr);
             } else {
                 failed.push((addr, len));
             }

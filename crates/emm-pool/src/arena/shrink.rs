@@ -122,9 +122,7 @@ impl Arena {
         source: &dyn SegmentSource,
         events: &dyn EventSource,
     ) -> usize {
-        if let Some(base) = self.expandable.base() {
-            self.unmap_retired(base, events, source, true);
-        }
+        self.unmap_retired(events, source, true);
         let released = self.release_whole_segments(source, None);
         // A merge after this sizes the pool afresh (see `merge.rs`).
         self.forget_merges();
