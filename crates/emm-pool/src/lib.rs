@@ -41,7 +41,7 @@ mod unmapper;
 mod vmm;
 mod vmm_export;
 
-pub use arena::{ArenaStats, SegmentPolicy, DEFAULT_LEGACY_MERGE};
+pub use arena::{ArenaStats, SegmentPolicy, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_SHARE};
 pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use export::ExportedRange;

@@ -125,8 +125,8 @@ pub static PIECE_SHARE: Setting<usize> = Setting::new(
         "pool_piece_share",
         "EMM_POOL_PIECE_SHARE",
         ValueKind::Count,
-        "0",
-        "n > 0: new memory of the expandable segment comes in pieces of at least an nth of what the pool reserves (at most 8 pages), so a large pool maps and moves fewer pieces (0: off)",
+        "4096",
+        "n > 0: new memory of the expandable segment comes in pieces of at least an nth of what the pool reserves (at most 8 pages), so a large pool maps and moves fewer pieces (0: off, pieces by the request alone)",
     ),
     parse::count,
 );

@@ -3,7 +3,7 @@
 //! growths map fewer, larger pieces for the same bytes.
 
 use emm_core::MemoryManager;
-use emm_pool::{PoolConfig, PoolManager, SegmentPolicy};
+use emm_pool::{PoolConfig, PoolManager, SegmentPolicy, DEFAULT_PIECE_SHARE};
 
 const MIB: usize = 1 << 20;
 
@@ -68,11 +68,19 @@ fn a_small_pool_keeps_the_requests_own_pieces() {
 }
 
 #[test]
-fn the_setting_reads_a_count() {
-    std::env::set_var("EMM_POOL_PIECE_SHARE", "2048");
+fn the_setting_reads_a_count_and_is_on_by_default() {
+    assert_eq!(
+        PoolConfig::default().segments.piece_share,
+        DEFAULT_PIECE_SHARE
+    );
+    assert_eq!(
+        PoolConfig::from_env().unwrap().segments.piece_share,
+        DEFAULT_PIECE_SHARE
+    );
+    std::env::set_var("EMM_POOL_PIECE_SHARE", "0");
     let c = PoolConfig::from_env();
     std::env::remove_var("EMM_POOL_PIECE_SHARE");
-    assert_eq!(c.unwrap().segments.piece_share, 2048);
+    assert_eq!(c.unwrap().segments.piece_share, 0);
     std::env::set_var("EMM_POOL_PIECE_SHARE", "half");
     let e = PoolConfig::from_env();
     std::env::remove_var("EMM_POOL_PIECE_SHARE");

@@ -21,6 +21,17 @@ use crate::kind::Kind;
 /// `h200_train_midway.pickle`, now 1.18x against 1.16x.)
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
+/// The default [`SegmentPolicy::piece_share`]: new memory of the expandable
+/// segment comes in pieces of at least a 4096th of what the arena reserves: two
+/// 2 MiB pages from 16 GiB reserved, the most (eight pages) from 64 GiB. The
+/// GPU measured 2048 first (runs 289, 291-292); replayed, 2048 took one shared
+/// pool (`pool_stream_pools` 0) on the FSDP2 Llama past 1.05x of live at a
+/// device lag (1.066x after 10 passes, 1.043x without the setting), which 4096
+/// holds (1.049x), with the same footprint on the eighteen traces and fewer
+/// driver calls where the device lags (`docs/benchmarks.md`, forty-third
+/// session).
+pub const DEFAULT_PIECE_SHARE: usize = 4096;
+
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
 /// for large ones so that reserved memory tracks live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +127,12 @@ pub struct SegmentPolicy {
     /// growths with `n` = 2048 against 2.5-2.7 ms without, a mixture of experts'
     /// 0.95 against 1.2 ms, at the same footprint at the device; replayed, the
     /// recorded traces held 1.0303x of live on the mean against 1.0302x (T5
-    /// 1.033x against 1.030x). 0 (the default): off (`EMM_POOL_PIECE_SHARE`).
+    /// 1.033x against 1.030x). On FSDP2 of the 1.1 B Llama on one H200 (runs
+    /// 291-292, five rotated rounds) it moved 60 % fewer pieces and its steps
+    /// took 1.005 times expandable segments' device time instead of 1.091
+    /// (mean of round medians), 39.51 GiB at the device against 39.43 (and
+    /// expandable segments' 40.19). [`DEFAULT_PIECE_SHARE`] by default; 0 turns
+    /// it off (`EMM_POOL_PIECE_SHARE`).
     pub piece_share: usize,
 }
 
@@ -136,7 +152,7 @@ impl Default for SegmentPolicy {
             adopt_parked: false,
             wait_parked: true,
             replace_pieces: 0,
-            piece_share: 0,
+            piece_share: DEFAULT_PIECE_SHARE,
         }
     }
 }
