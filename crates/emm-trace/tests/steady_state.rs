@@ -156,14 +156,18 @@ fn every_recorded_trace_holds_its_footprint_at_1_10_and_100_passes() {
 /// [`every_recorded_trace_holds_its_footprint_at_1_10_and_100_passes`]).
 #[test]
 fn with_one_shared_pool_the_multi_stream_traces_hold_todays_ceilings() {
+    // New pieces by the pool's size (`pool_piece_share`, on by default since
+    // runs 291-292) moved these from 1.056x and 1.068x after 100 passes to
+    // 1.065x and 1.062x: one looser, one tighter, in a setting that is not the
+    // default; with stream pools both hold the bound, with fewer moves.
     const MULTI_STREAM: &[(&str, Option<f64>)] = &[
         (
             "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
-            Some(1.057),
+            Some(1.066),
         ),
         (
             "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
-            Some(1.068),
+            Some(1.063),
         ),
         ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", None),
         ("emm-trace/tests/fixtures/h200_train_midway.pickle", None),
