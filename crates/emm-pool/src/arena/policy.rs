@@ -28,8 +28,10 @@ pub const DEFAULT_LEGACY_MERGE: usize = 6;
 /// pool (`pool_stream_pools` 0) on the FSDP2 Llama past 1.05x of live at a
 /// device lag (1.066x after 10 passes, 1.043x without the setting), which 4096
 /// holds (1.049x), with the same footprint on the eighteen traces and fewer
-/// driver calls where the device lags (`docs/benchmarks.md`, forty-third
-/// session).
+/// driver calls where the device lags. On the GPU, though, 4096 moved twice
+/// 2048's pieces in that job (run 294: 3,092 against 1,608 in 80 timed steps,
+/// the pool about 40 GiB), so the value is open (`docs/benchmarks.md`,
+/// forty-third session).
 pub const DEFAULT_PIECE_SHARE: usize = 4096;
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
@@ -128,7 +130,7 @@ pub struct SegmentPolicy {
     /// 0.95 against 1.2 ms, at the same footprint at the device; replayed, the
     /// recorded traces held 1.0303x of live on the mean against 1.0302x (T5
     /// 1.033x against 1.030x). On FSDP2 of the 1.1 B Llama on one H200 (runs
-    /// 291-292, five rotated rounds) it moved 60 % fewer pieces and its steps
+    /// 291-292, five rotated rounds) `n` = 2048 moved 60 % fewer pieces and its steps
     /// took 1.005 times expandable segments' device time instead of 1.091
     /// (mean of round medians), 39.51 GiB at the device against 39.43 (and
     /// expandable segments' 40.19). [`DEFAULT_PIECE_SHARE`] by default; 0 turns
