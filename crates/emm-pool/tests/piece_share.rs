@@ -87,3 +87,12 @@ fn the_setting_reads_a_count_and_is_on_by_default() {
     let msg = e.unwrap_err().to_string();
     assert!(msg.contains("EMM_POOL_PIECE_SHARE"), "{msg}");
 }
+
+/// The setting's documented default is the policy's.
+#[test]
+fn the_settings_default_is_the_policys() {
+    assert_eq!(
+        emm_pool::settings::PIECE_SHARE.key().default,
+        DEFAULT_PIECE_SHARE.to_string()
+    );
+}
