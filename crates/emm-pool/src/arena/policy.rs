@@ -28,10 +28,12 @@ pub const DEFAULT_LEGACY_MERGE: usize = 6;
 /// pool (`pool_stream_pools` 0) on the FSDP2 Llama past 1.05x of live at a
 /// device lag (1.066x after 10 passes, 1.043x without the setting), which 4096
 /// holds (1.049x), with the same footprint on the eighteen traces and fewer
-/// driver calls where the device lags. On the GPU, though, 4096 moved twice
-/// 2048's pieces in that job (run 294: 3,092 against 1,608 in 80 timed steps,
-/// the pool about 40 GiB), so the value is open (`docs/benchmarks.md`,
-/// forty-third session).
+/// driver calls where the device lags. On the GPU (FSDP2 of the 1.1 B Llama,
+/// the pool about 40 GiB, five rotated rounds, runs 295-296) 4096 moved twice
+/// 2048's pieces (6,418 against 3,403 in 200 timed steps), yet its steps took
+/// 1.011 times expandable segments' device time against 2048's 1.029; over five
+/// rounds of 300 steps (runs 297-298) 0.995, at 39.47 GiB at the device
+/// against their 40.19 (`docs/benchmarks.md`, forty-fourth session).
 pub const DEFAULT_PIECE_SHARE: usize = 4096;
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
