@@ -10,7 +10,7 @@
 // A call that takes about SPIN_MS while busy waits for the device.
 //
 //   nvcc -O2 -o vb vmm_busy.cu -lcuda && ./vb
-#include "check.h"
+#include "vmm_setup.h"
 
 #include <chrono>
 #include <cstdio>
@@ -64,16 +64,9 @@ static Times cycle() {
 }
 
 int main() {
-  CK(cuInit(0));
-  RK(cudaSetDevice(0));
-  RK(cudaFree(nullptr));  // the primary context, current
-  CUdevice dev;
-  CK(cuCtxGetDevice(&dev));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  desc.location = prop.location;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  Vmm v = vmm_device0();
+  prop = v.prop;
+  desc = v.desc;
   int clock_khz = 0;
   RK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   long long cycles = static_cast<long long>(SPIN_MS * clock_khz);

@@ -14,7 +14,7 @@
 // access a new page: the one most exposed to the GPU's address translation).
 //
 //   nvcc -O2 -std=c++17 -o vs vmm_stall.cu -lcuda -lpthread && ./vs [rounds] [kernels]
-#include "check.h"
+#include "vmm_setup.h"
 
 #include <algorithm>
 #include <atomic>
@@ -116,18 +116,9 @@ static void helper(CUcontext ctx) {
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 4;
   int kernels = argc > 2 ? std::atoi(argv[2]) : 400;
-  CK(cuInit(0));
-  RK(cudaSetDevice(0));
-  RK(cudaFree(nullptr));
-  CUcontext ctx;
-  CK(cuCtxGetCurrent(&ctx));
-  CUdevice dev;
-  CK(cuCtxGetDevice(&dev));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  desc.location = prop.location;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  Vmm v = vmm_device0();
+  prop = v.prop;
+  desc = v.desc;
 
   const size_t bytes = 4ull << 30;
   void *a, *b;
@@ -140,7 +131,7 @@ int main(int argc, char** argv) {
   RK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> ev(kernels + 1);
   for (auto& e : ev) RK(cudaEventCreate(&e));
-  std::thread t(helper, ctx);
+  std::thread t(helper, v.ctx);
 
   const size_t copy_n = (1ull << 30) / sizeof(float4);
   const size_t gather_n = 64ull << 20;  // 64 Mi random words a kernel
