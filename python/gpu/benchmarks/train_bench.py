@@ -65,7 +65,9 @@ VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-plugg
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate", "bert",
-             "vit-infer", "moe", "t5")
+             "vit-infer", "moe", "t5", "detect-infer", "segment", "gpt2-beam")
+# Workloads that train nothing: no optimizer, eval mode, no_grad.
+SERVING = ("gpt2-infer", "vit-infer", "llama-generate", "detect-infer", "gpt2-beam")
 
 
 def parse():
@@ -141,7 +143,7 @@ def floor_library():
 def build(workload, dev):
     import torch
 
-    if workload in ("gpt2", "gpt2-infer"):
+    if workload in ("gpt2", "gpt2-infer", "gpt2-beam"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
@@ -183,6 +185,19 @@ def build(workload, dev):
         model = T5ForConditionalGeneration(T5Config(d_model=512, d_ff=2048, num_layers=6,
                                                     num_decoder_layers=6, num_heads=8,
                                                     vocab_size=32128, decoder_start_token_id=0))
+    elif workload == "detect-infer":
+        import torchvision
+
+        # Faster R-CNN with a ResNet-50 FPN backbone, random weights (nothing
+        # downloaded): images of many sizes, proposals and detections whose
+        # number changes with every image.
+        model = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+    elif workload == "segment":
+        import torchvision
+
+        model = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None,
+                                                                   num_classes=21)
+        model = model.to(memory_format=torch.channels_last)
     else:
         import torchvision
 
@@ -212,8 +227,10 @@ def shard(model, workload):
 
 
 BUCKETS = 8
-# New tokens per generation (llama-generate).
+# New tokens per generation (llama-generate, gpt2-beam).
 GENERATED = 48
+# Beams of gpt2-beam's search.
+BEAMS = 4
 
 
 def shapes(workload, n, seed, mode="fresh"):
@@ -235,6 +252,12 @@ def shapes(workload, n, seed, mode="fresh"):
             return (r.randint(8, 48), r.randint(32, 512))
         if workload == "vit-infer":
             return (r.randint(1, 127), 224)
+        if workload == "detect-infer":
+            return (r.randint(1, 8), r.randint(320, 1024))  # images, each 480 high and this wide
+        if workload == "segment":
+            return (r.randint(2, 16), r.randint(256, 512))
+        if workload == "gpt2-beam":
+            return (r.randint(1, 8), r.randint(16, 512))
         return (r.randint(8, 96), r.randint(128, 256))
 
     if mode == "fresh":
@@ -270,7 +293,7 @@ def main():
     device_peak = device_base
     torch.manual_seed(args.seed)
     model = build(args.workload, dev)
-    infer = args.workload.endswith("-infer") or args.workload == "llama-generate"
+    infer = args.workload in SERVING
     if args.ddp and args.fsdp:
         model = shard(model, args.workload)
     elif args.ddp:
@@ -303,14 +326,27 @@ def main():
             x = torch.randn(b, 3, s, s, generator=gen, device=dev)
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                 return model(x).float().mean()
+        elif args.workload == "detect-infer":
+            images = [torch.rand(3, 480, s, generator=gen, device=dev) for _ in range(b)]
+            with torch.no_grad():
+                found = model(images)
+            # The boxes kept, as a number every variant must agree on.
+            return torch.tensor(float(sum(len(d["boxes"]) for d in found)), device=dev)
+        elif args.workload == "segment":
+            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
+            x = x.contiguous(memory_format=torch.channels_last)
+            y = torch.randint(0, 21, (b, s, s), generator=gen, device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
         else:
-            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "bert": 30522, "t5": 32128}.get(args.workload, 32000)
+            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "gpt2-beam": 50257, "bert": 30522, "t5": 32128}.get(args.workload, 32000)
             ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
-            if args.workload == "llama-generate":
+            if args.workload in ("llama-generate", "gpt2-beam"):
+                beams = BEAMS if args.workload == "gpt2-beam" else 1
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                          max_new_tokens=GENERATED, min_new_tokens=GENERATED,
-                                         do_sample=False, pad_token_id=0)
+                                         do_sample=False, num_beams=beams, pad_token_id=0)
                 # The generated tokens, as a number every variant must agree on.
                 return out[:, s:].float().mean()
             if infer:
