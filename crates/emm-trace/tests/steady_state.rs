@@ -103,6 +103,20 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // H200 held the same figure after 1 and 100 passes.
     ("emm-trace/tests/fixtures/moe_h200.csv", 1.080, None),
     ("emm-trace/tests/fixtures/t5_h200.csv", 1.076, None),
+    // Three more held out from every policy until they were recorded (runs
+    // 300-301, `train_bench.py --variant native --snapshot` on an H200, through
+    // `snapshot_to_csv.py`): Faster R-CNN inference (60 batches of 1-8 images,
+    // 480 high and 320-1024 wide), DeepLabV3 trained (60 steps, batch 2-16 of
+    // 256-512 square images) and GPT-2's beam search (4 beams, 10 generations of
+    // 48 tokens). PyTorch's allocator replaying each there: DeepLabV3 1.035x
+    // after one pass, 1.040x after 100; the others the same after both.
+    (
+        "emm-trace/tests/fixtures/detect_infer_h200.csv",
+        1.118,
+        None,
+    ),
+    ("emm-trace/tests/fixtures/deeplab_h200.csv", 1.040, None),
+    ("emm-trace/tests/fixtures/gpt2_beam_h200.csv", 1.042, None),
 ];
 
 /// Peak reserved over peak live after pass 1, 10 and 100 of `path`.

@@ -55,6 +55,16 @@ const REAL: &[(&str, f64, f64)] = &[
     // T5 native 1.249x after one pass and after 100).
     ("emm-trace/tests/fixtures/moe_h200.csv", 1.407, 1.080),
     ("emm-trace/tests/fixtures/t5_h200.csv", 1.249, 1.076),
+    // Faster R-CNN inference, DeepLabV3 training and GPT-2's beam search on an
+    // H200 (runs 300-301; DeepLabV3 under expandable segments 1.035x after one
+    // pass, 1.040x after 100).
+    (
+        "emm-trace/tests/fixtures/detect_infer_h200.csv",
+        2.064,
+        1.118,
+    ),
+    ("emm-trace/tests/fixtures/deeplab_h200.csv", 1.499, 1.040),
+    ("emm-trace/tests/fixtures/gpt2_beam_h200.csv", 1.119, 1.042),
 ];
 
 /// Random traces (`fixtures/random_traces.py`): (trace, streams honoured,

@@ -24,5 +24,5 @@ run() { # TRACE STREAMS(yes|no)
 }
 {
   for t in crates/emm-trace/tests/fixtures/random/*.csv; do run "$t" yes; run "$t" no; done
-  for t in crates/emm-cli/traces/*.csv crates/emm-trace/tests/fixtures/llama_generate_h100.csv crates/emm-trace/tests/fixtures/numba_particles_h200.csv crates/emm-trace/tests/fixtures/vit_infer_h200.csv crates/emm-trace/tests/fixtures/bert_h200.csv crates/emm-trace/tests/fixtures/moe_h200.csv crates/emm-trace/tests/fixtures/t5_h200.csv .peers/h200_infer.csv .peers/h200_train_midway.csv; do run "$t" no; done
+  for t in crates/emm-cli/traces/*.csv crates/emm-trace/tests/fixtures/llama_generate_h100.csv crates/emm-trace/tests/fixtures/numba_particles_h200.csv crates/emm-trace/tests/fixtures/vit_infer_h200.csv crates/emm-trace/tests/fixtures/bert_h200.csv crates/emm-trace/tests/fixtures/moe_h200.csv crates/emm-trace/tests/fixtures/t5_h200.csv crates/emm-trace/tests/fixtures/detect_infer_h200.csv crates/emm-trace/tests/fixtures/deeplab_h200.csv crates/emm-trace/tests/fixtures/gpt2_beam_h200.csv .peers/h200_infer.csv .peers/h200_train_midway.csv; do run "$t" no; done
 } | tee "$OUT/model_check.txt"

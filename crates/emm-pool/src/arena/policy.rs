@@ -9,14 +9,14 @@ use crate::kind::Kind;
 /// or back within a sixth of the way from their low to reserved after a step
 /// ([`SegmentPolicy::merge_quiet`], `pool_legacy_merge`). Over 100 passes of
 /// every recorded trace of 64 MiB or more (`legacy_steady.rs`), it makes no
-/// driver allocation after pass 10 on any of the eighteen. Without merging it
+/// driver allocation after pass 10 on any of the twenty-one. Without merging it
 /// makes none either (since large segments serve requests of any size,
 /// `SegmentPolicy::exclusive`), but holds looser footprints: after 100 passes
-/// 1.255x of live on the mean against 1.207x merged, 1.643x against 1.180x on
+/// 1.247x of live on the mean against 1.203x merged, 1.643x against 1.180x on
 /// `gpt2_infer_bucketed_h200.csv`, 1.511x against 1.240x on ViT inference,
-/// 1.291x against 1.152x on `bert_h200.csv`; four traces are tighter unmerged,
-/// most `gpt2_infer_h200.csv` and the FSDP2 GPT-2 trace (1.179x and 1.140x
-/// against 1.506x and 1.288x). (Before a free joined its settled neighbours,
+/// 1.291x against 1.152x on `bert_h200.csv`; five traces are tighter unmerged,
+/// most `gpt2_infer_h200.csv`, the FSDP2 GPT-2 trace and GPT-2's beam search
+/// (1.179x, 1.140x and 1.119x against 1.506x, 1.288x and 1.182x). (Before a free joined its settled neighbours,
 /// merging mattered more: 1.96x unmerged against 1.15x on
 /// `h200_train_midway.pickle`, now 1.18x against 1.16x.)
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
