@@ -48,6 +48,16 @@ seeded generator, so every variant sees the same sequence of shapes and data):
   t5           transformers T5 (T5-small's shape: 6 + 6 layers, 512 wide),
                encoder-decoder training, bf16 autocast, AdamW; source 32-512
                tokens, target half of it, batch 8-48
+  detect-infer torchvision Faster R-CNN (ResNet-50 FPN) under torch.no_grad(),
+               fp32: 1-8 images a step, each 480 high and 320-1024 wide (the
+               model resizes them); proposals and kept boxes vary per image; the
+               "loss" is the number of boxes kept
+  segment      torchvision DeepLabV3 (ResNet-50, 21 classes), channels-last, bf16
+               autocast, AdamW; batch 2-16 of 256-512 square images, a label per
+               pixel
+  gpt2-beam    the GPT-2 of gpt2-infer under torch.no_grad(): one `generate` of
+               48 new tokens a step with 4 beams (the KV caches are reordered for
+               the surviving beams at every token), prompts of 16-512, batch 1-8
 
 Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.

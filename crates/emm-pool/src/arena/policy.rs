@@ -16,9 +16,9 @@ use crate::kind::Kind;
 /// `gpt2_infer_bucketed_h200.csv`, 1.511x against 1.240x on ViT inference,
 /// 1.291x against 1.152x on `bert_h200.csv`; five traces are tighter unmerged,
 /// most `gpt2_infer_h200.csv`, the FSDP2 GPT-2 trace and GPT-2's beam search
-/// (1.179x, 1.140x and 1.119x against 1.506x, 1.288x and 1.182x). (Before a free joined its settled neighbours,
-/// merging mattered more: 1.96x unmerged against 1.15x on
-/// `h200_train_midway.pickle`, now 1.18x against 1.16x.)
+/// (1.179x, 1.140x and 1.119x against 1.506x, 1.288x and 1.182x). (Before a
+/// free joined its settled neighbours, merging mattered more: 1.96x unmerged
+/// against 1.15x on `h200_train_midway.pickle`, now 1.18x against 1.16x.)
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
 /// The default [`SegmentPolicy::piece_share`]: new memory of the expandable
