@@ -1,5 +1,6 @@
 // Does a kernel launch cost more on the host when the context holds many VMM mappings?
-#include <cuda.h>
+#include "vmm_setup.h"
+
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -8,7 +9,7 @@ static double launches(CUstream s, int n) {
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < n; i++) noop<<<1, 32, 0, (cudaStream_t)s>>>(nullptr);
   auto t1 = std::chrono::steady_clock::now();
-  cuStreamSynchronize(s);
+  CK(cuStreamSynchronize(s));
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
 }
 static void report(const char* what, CUstream s) {
@@ -17,23 +18,28 @@ static void report(const char* what, CUstream s) {
   printf("%-44s launch %.3f-%.3f us\n", what, best, worst);
 }
 int main() {
-  cuInit(0); CUdevice d; cuDeviceGet(&d, 0); CUcontext c; cuDevicePrimaryCtxRetain(&c, d); cuCtxSetCurrent(c);
-  CUstream s; cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  Vmm v = vmm_device0();
+  CUstream s;
+  CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   report("nothing allocated", s);
-  CUmemAllocationProp prop = {}; prop.type = CU_MEM_ALLOCATION_TYPE_PINNED; prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE; prop.location.id = 0;
-  size_t page = 2 << 20; CUmemAccessDesc acc = {}; acc.location = prop.location; acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CUdeviceptr base; cuMemAddressReserve(&base, (size_t)8192 * page, 0, 0, 0);
+  size_t page = 2 << 20;
+  CUdeviceptr base;
+  CK(cuMemAddressReserve(&base, (size_t)8192 * page, 0, 0, 0));
   int mapped = 0;
   for (int target : {256, 1024, 4096, 8192}) {
     for (; mapped < target; mapped++) {
-      CUmemGenericAllocationHandle h; if (cuMemCreate(&h, page, &prop, 0)) { printf("create failed at %d\n", mapped); break; }
-      cuMemMap(base + mapped * page, page, 0, h, 0); cuMemRelease(h);
-      cuMemSetAccess(base + mapped * page, page, &acc, 1);
+      CUmemGenericAllocationHandle h;
+      CK(cuMemCreate(&h, page, &v.prop, 0));
+      CK(cuMemMap(base + mapped * page, page, 0, h, 0));
+      CK(cuMemRelease(h));  // the mapping keeps the memory
+      CK(cuMemSetAccess(base + mapped * page, page, &v.desc, 1));
     }
-    char what[64]; snprintf(what, sizeof what, "%d VMM pages of 2 MiB mapped one by one", mapped); report(what, s);
+    char what[64];
+    snprintf(what, sizeof what, "%d VMM pages of 2 MiB mapped one by one", mapped);
+    report(what, s);
   }
   std::vector<CUdeviceptr> ps(200);
-  for (auto& p : ps) cuMemAlloc(&p, 20 << 20);
+  for (auto& p : ps) CK(cuMemAlloc(&p, 20 << 20));
   report("and 200 cuMemAlloc of 20 MiB", s);
   return 0;
 }

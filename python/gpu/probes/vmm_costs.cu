@@ -12,7 +12,7 @@
 // 1 MiB cudaMemcpyAsync between two of them and of an empty kernel's launch.
 //
 //   nvcc -O2 -o /tmp/vmm_costs vmm_costs.cu -lcuda && /tmp/vmm_costs
-#include "check.h"
+#include "vmm_setup.h"
 
 #include <algorithm>
 #include <chrono>
@@ -63,17 +63,9 @@ static Range make(size_t n, size_t piece, const char* label) {
 }
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  desc.location = prop.location;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  Vmm v = vmm_device0();
+  prop = v.prop;
+  desc = v.desc;
   cudaStream_t s;
   cudaStreamCreate(&s);
   empty<<<1, 1, 0, s>>>();

@@ -19,7 +19,7 @@
 // layout's median over malloc's.
 //
 //   nvcc -O2 -o /tmp/vmm_kernels vmm_kernels.cu -lcuda && /tmp/vmm_kernels [GiB] [rounds]
-#include "check.h"
+#include "vmm_setup.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -70,21 +70,15 @@ static Layout make_vmm(const char* name, size_t size, size_t piece, int dev) {
   Layout l{name};
   l.size = size;
   l.vmm = true;
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
+  VmmDesc d = vmm_desc(dev);
   CK(cuMemAddressReserve(&l.ptr, size, 0, 0, 0));
   for (size_t off = 0; off < size; off += piece) {
     CUmemGenericAllocationHandle h;
-    CK(cuMemCreate(&h, piece, &prop, 0));
+    CK(cuMemCreate(&h, piece, &d.prop, 0));
     CK(cuMemMap(l.ptr + off, piece, 0, h, 0));
     l.handles.push_back(h);
   }
-  CUmemAccessDesc desc = {};
-  desc.location = prop.location;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CK(cuMemSetAccess(l.ptr, size, &desc, 1));
+  CK(cuMemSetAccess(l.ptr, size, &d.desc, 1));
   return l;
 }
 

@@ -1,8 +1,26 @@
-// What the vmm_* probes set up first: device 0's primary context, current, and
-// the descriptors they create and map 2 MiB pieces with (pinned device memory
-// of that device, read-write access from it).
+// What the VMM probes set up first: device 0's primary context, current, and
+// the descriptors they create and map pieces with (pinned device memory of
+// that device, read-write access from it).
 #pragma once
 #include "check.h"
+
+// How pieces are created (pinned memory of one device) and the access granted
+// to their mappings (read-write from that device).
+struct VmmDesc {
+  CUmemAllocationProp prop;
+  CUmemAccessDesc desc;
+};
+
+// The descriptors for pieces of device `dev`'s memory.
+inline VmmDesc vmm_desc(CUdevice dev) {
+  VmmDesc d{};
+  d.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  d.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.prop.location.id = dev;
+  d.desc.location = d.prop.location;
+  d.desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return d;
+}
 
 struct Vmm {
   CUcontext ctx;
@@ -19,10 +37,8 @@ inline Vmm vmm_device0() {
   CK(cuCtxGetCurrent(&v.ctx));
   CUdevice dev;
   CK(cuCtxGetDevice(&dev));
-  v.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  v.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  v.prop.location.id = dev;
-  v.desc.location = v.prop.location;
-  v.desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  VmmDesc d = vmm_desc(dev);
+  v.prop = d.prop;
+  v.desc = d.desc;
   return v;
 }
