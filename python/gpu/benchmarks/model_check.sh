@@ -24,5 +24,10 @@ run() { # TRACE STREAMS(yes|no)
 }
 {
   for t in crates/emm-trace/tests/fixtures/random/*.csv; do run "$t" yes; run "$t" no; done
-  for t in crates/emm-cli/traces/*.csv crates/emm-trace/tests/fixtures/llama_generate_h100.csv crates/emm-trace/tests/fixtures/numba_particles_h200.csv crates/emm-trace/tests/fixtures/vit_infer_h200.csv crates/emm-trace/tests/fixtures/bert_h200.csv crates/emm-trace/tests/fixtures/moe_h200.csv crates/emm-trace/tests/fixtures/t5_h200.csv crates/emm-trace/tests/fixtures/detect_infer_h200.csv crates/emm-trace/tests/fixtures/deeplab_h200.csv crates/emm-trace/tests/fixtures/gpt2_beam_h200.csv .peers/h200_infer.csv .peers/h200_train_midway.csv; do run "$t" no; done
+  # The recorded traces the models are checked on, from the test's own table (a
+  # snapshot as its CSV in .peers/), so a fixture added there is run here too.
+  recorded=$(grep -o '"emm-[a-z]*/[^"]*\.\(csv\|pickle\)"' crates/emm-trace/tests/torch_model.rs | tr -d '"' \
+    | grep -v /random/ | sort -u | sed 's|^.*/\([^/]*\)\.pickle$|.peers/\1.csv|; s|^emm-|crates/emm-|')
+  [ -n "$recorded" ] || { echo "model_check.sh: no recorded traces found in torch_model.rs" >&2; exit 1; }
+  for t in $recorded; do run "$t" no; done
 } | tee "$OUT/model_check.txt"
