@@ -208,3 +208,17 @@ def test_growth_phases_sum_each_phase_over_the_timed_steps_only(rounds, capsys):
         "emm-pool: growth phases over 2 timed steps (nested; `unmap` on the helper thread): "
         "expand 1 calls 2.0 ms (1.000 ms a step), create 4 calls 0.1 ms (0.030 ms a step), "
         "access 1 calls 1.5 ms (0.750 ms a step); pieces mapped new 4, moved 6"), out
+
+
+def test_steady_steps_that_share_no_index_are_said_to_be_none(rounds, capsys):
+    # Native's probes are all fast (the bound is 1.15 x 1.0 ms); emm's steps ran on
+    # a slow host except its second, at an index where native's was slow too.
+    results = {
+        ("gpt2", "native"): [{"step_ms": [2.0, 2.0, 2.0], "probe_ms": [1.0, 2.0, 1.0]}],
+        ("gpt2", "emm-pool"): [{"step_ms": [2.0, 2.0, 2.0], "probe_ms": [2.0, 1.1, 2.0]}],
+    }
+    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "compared at the 0 step indices" in out, out
+    assert "none: no step index has a steady step in every variant (steady steps: native 2, emm-pool 1)" in out, out
+    assert "| variant |" not in out

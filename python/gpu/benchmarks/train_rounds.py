@@ -432,6 +432,11 @@ def steady(w, args, results):
           f"probe of the workload), compared at the {len(common)} step indices (same shapes) where every "
           f"variant has one:")
     if not common:
+        # Say why the table is missing: every variant needs a steady step at an
+        # index, and a process that ran on a slow host all along has none.
+        counts = ", ".join(f"{v} {sum(len(t) for t in at[v].values())}" for v in args.variants)
+        print(f"  none: no step index has a steady step in every variant (steady steps: {counts}); "
+              "the rounds' other comparisons stand alone")
         return
     print("| variant | steady steps | sum over those indices of the median step, ms | / faster peer's |")
     print("|---|---|---|---|")

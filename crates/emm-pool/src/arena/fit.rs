@@ -134,11 +134,13 @@ impl Arena {
     /// merged segment never does).
     fn exclusive_segment(&self, addr: CUdeviceptr) -> Option<usize> {
         let b = self.heap.get(addr)?;
+        if self.is_expandable(b.segment) {
+            return None;
+        }
         self.segments
             .get(&b.segment)
             .filter(|s| {
-                !s.expandable
-                    && !s.merged
+                !s.merged
                     && s.kind == Kind::Large
                     && s.size > self.policy.large_segment
                     && s.size >= self.policy.exclusive

@@ -281,6 +281,15 @@ impl Arena {
         self.stats.reserved.saturating_mul(MOVE_SHARE) >= self.family_reserved()
     }
 
+    /// The bytes mapped so far in the expandable segment, when `base` is its
+    /// base; `None` for any other segment.
+    fn expandable_mapped(&self, base: CUdeviceptr) -> Option<usize> {
+        self.segments
+            .get(&base)
+            .filter(|_| self.is_expandable(base))
+            .map(|seg| seg.size)
+    }
+
     /// Where growth for `size` bytes of `stream` may map memory, preferred first:
     /// the gap that joins free blocks of the stream into one of `size` bytes with
     /// the fewest bytes mapped, when it needs no more than the segment's end would,
@@ -290,15 +299,10 @@ impl Arena {
     /// small for the whole pieces that could fill it, while the end has room for
     /// all of them.
     fn growth_targets(&self, base: CUdeviceptr, size: usize, stream: StreamKey) -> Vec<Target> {
-        let Some(Segment {
-            size: mapped,
-            expandable: true,
-            ..
-        }) = self.segments.get(&base)
-        else {
+        let Some(mapped) = self.expandable_mapped(base) else {
             return Vec::new();
         };
-        let (mapped, reserve) = (*mapped, self.expandable.reserve());
+        let reserve = self.expandable.reserve();
         let page = self.policy.large_round;
         let end = base + mapped as u64;
         // The segment's own last block when it is free (a block of another
@@ -360,12 +364,9 @@ impl Arena {
         if grown == 0 {
             return;
         }
-        if let Some(Segment {
-            size,
-            retired,
-            expandable: true,
-            ..
-        }) = self.segments.get_mut(&base)
+        let expandable = self.is_expandable(base);
+        if let Some(Segment { size, retired, .. }) =
+            self.segments.get_mut(&base).filter(|_| expandable)
         {
             // (At `target.dst`: pieces stay in address order.)
             self.expandable.pieces.insert_run(new_pieces);
@@ -411,18 +412,13 @@ impl Arena {
         stream: StreamKey,
     ) -> Vec<HolePieces> {
         let mut plan = Vec::new();
-        let Some(Segment {
-            size: mapped,
-            expandable: true,
-            ..
-        }) = self.segments.get(&base)
-        else {
+        let Some(mapped) = self.expandable_mapped(base) else {
             return plan;
         };
         let pieces = &self.expandable.pieces;
         let mut left = want;
         let mut taken = 0usize;
-        for (a, b) in self.heap.blocks().walk(base, base + *mapped as u64) {
+        for (a, b) in self.heap.blocks().walk(base, base + mapped as u64) {
             if left == 0 {
                 break;
             }

@@ -79,7 +79,7 @@ impl Arena {
                     total_size: 0,
                     stream: 0,
                     large: seg.kind == Kind::Large,
-                    expandable: seg.expandable,
+                    expandable: self.is_expandable(base),
                     blocks: Vec::new(),
                 });
                 r.total_size += b.size;
@@ -146,13 +146,7 @@ impl Arena {
                     "segment {base:#x} blocks end at {at:#x}, segment ends at {end:#x}"
                 ));
             }
-            if seg.expandable {
-                if self.expandable.base() != Some(base) {
-                    return Err(format!(
-                        "segment {base:#x} is marked expandable; the expandable segment is at {:?}",
-                        self.expandable.base()
-                    ));
-                }
+            if self.is_expandable(base) {
                 let (reserve, pieces) = (self.expandable.reserve(), &self.expandable.pieces);
                 // Past its end, the segment's address space holds no block.
                 let past = base + reserve as u64;
@@ -196,8 +190,7 @@ impl Arena {
         let listed = self
             .expandable
             .base()
-            .and_then(|b| self.segments.get(&b))
-            .is_some_and(|s| s.expandable);
+            .is_some_and(|b| self.segments.get(&b).is_some());
         if !listed && !self.expandable.pieces.is_empty() {
             return Err(format!(
                 "{} pieces mapped in no expandable segment of the table",

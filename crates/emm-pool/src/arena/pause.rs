@@ -126,7 +126,7 @@ impl Arena {
             return Err(refuse("its memory is already paused"));
         }
         let outside = self.segments.iter().find(|(&base, s)| {
-            !s.expandable
+            !self.is_expandable(base)
                 && !matches!(self.heap.get(base), Some(b) if b.size == s.size && !matches!(b.state, State::Live))
         });
         if let Some((&base, _)) = outside {

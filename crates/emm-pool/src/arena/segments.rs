@@ -1,5 +1,6 @@
-//! The arena's segments by base address ([`Segments`]): what each one holds,
-//! whether it is the expandable segment, and the order they were made in.
+//! The arena's segments by base address ([`Segments`]): what each one holds and
+//! the order they were made in. Which one is the expandable segment is the
+//! arena's `ExpandableSegment`'s to say (its base), not a mark here.
 
 use std::collections::BTreeMap;
 
@@ -14,9 +15,6 @@ pub(crate) struct Segment {
     /// Bytes backed by memory (for an expandable segment: mapped so far).
     pub size: usize,
     pub kind: Kind,
-    /// Whether it is the expandable segment (its address space, pieces and
-    /// the rest are the arena's `ExpandableSegment`).
-    pub expandable: bool,
     /// Bytes of `size` whose memory was moved elsewhere (retired ranges and
     /// gaps): the memory behind the segment is `size - retired`.
     pub retired: usize,
@@ -41,23 +39,22 @@ pub(super) struct Segments {
 impl Segments {
     /// Notes a plain segment of `size` bytes of `kind` at `base`, made now.
     pub(super) fn add_plain(&mut self, base: CUdeviceptr, size: usize, kind: Kind) {
-        self.add(base, size, kind, false);
+        self.add(base, size, kind);
     }
 
     /// Notes the expandable segment's address space at `base`, with nothing
     /// mapped yet.
     pub(super) fn add_expandable(&mut self, base: CUdeviceptr) {
-        self.add(base, 0, Kind::Large, true);
+        self.add(base, 0, Kind::Large);
     }
 
-    fn add(&mut self, base: CUdeviceptr, size: usize, kind: Kind, expandable: bool) {
+    fn add(&mut self, base: CUdeviceptr, size: usize, kind: Kind) {
         self.made += 1;
         self.by_base.insert(
             base,
             Segment {
                 size,
                 kind,
-                expandable,
                 retired: 0,
                 merged: false,
                 made: self.made,
@@ -95,10 +92,11 @@ impl Segments {
         self.by_base.len()
     }
 
-    /// Forgets every plain segment (their memory went back in a reset); the
-    /// expandable segment's address space stays.
-    pub(super) fn keep_expandable_only(&mut self) {
-        self.by_base.retain(|_, s| s.expandable);
+    /// Forgets every segment but the one at `keep` (the plain segments' memory
+    /// went back in a reset; the expandable segment's address space, at `keep`
+    /// when there is one, stays).
+    pub(super) fn keep_only(&mut self, keep: Option<CUdeviceptr>) {
+        self.by_base.retain(|&base, _| Some(base) == keep);
     }
 }
 
@@ -139,10 +137,13 @@ mod tests {
     #[test]
     fn a_reset_keeps_only_the_expandable_segment() {
         let mut s = three();
-        s.keep_expandable_only();
+        s.keep_only(Some(0x1000));
         assert_eq!(s.len(), 1);
         let only = s.get(&0x1000).expect("the expandable segment stays");
-        assert!(only.expandable);
-        assert_eq!((only.size, only.kind), (0, Kind::Large));
+        assert_eq!((only.size, only.kind, only.made), (0, Kind::Large, 2));
+        // Without an expandable segment a reset forgets every segment.
+        let mut s = three();
+        s.keep_only(None);
+        assert_eq!(s.len(), 0);
     }
 }

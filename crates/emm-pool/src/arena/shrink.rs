@@ -190,7 +190,7 @@ impl Arena {
     pub(super) fn whole_free(&self, kind: Kind) -> impl Iterator<Item = &Segment> + '_ {
         self.segments
             .iter()
-            .filter(move |(_, seg)| !seg.expandable && seg.kind == kind)
+            .filter(move |(&base, seg)| !self.is_expandable(base) && seg.kind == kind)
             .filter(|(&base, seg)| {
                 matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
@@ -220,7 +220,7 @@ impl Arena {
         let whole: Vec<(CUdeviceptr, usize, StreamKey)> = self
             .segments
             .iter()
-            .filter(|(_, seg)| !seg.expandable && only.is_none_or(|k| seg.kind == k))
+            .filter(|(&base, seg)| !self.is_expandable(base) && only.is_none_or(|k| seg.kind == k))
             .filter_map(|(&base, seg)| match self.heap.get(base) {
                 Some(b) if b.size == seg.size => match b.state {
                     State::Free(s) if stream.is_none_or(|t| t == s) => Some((base, seg.size, s)),
@@ -263,8 +263,9 @@ impl Arena {
         self.stats.counts.pieces_unmapped += self.expandable.settle_jobs();
         let mut segs = Vec::new();
         let mut stuck = false;
+        let expandable = self.expandable.base();
         for (&b, s) in &self.segments {
-            match s.expandable {
+            match Some(b) == expandable {
                 false => {
                     self.history.push(TraceAction::SegmentFree, b, s.size, 0);
                     segs.push((b, s.size));
@@ -297,7 +298,7 @@ impl Arena {
                 seg.retired = 0;
             }
         }
-        self.segments.keep_expandable_only();
+        self.segments.keep_only(self.expandable.base());
         self.heap.clear();
         self.order.clear(events);
         // Its pieces were unmapped above; the old mappings waiting go with them,
