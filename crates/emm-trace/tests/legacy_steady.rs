@@ -86,9 +86,11 @@ const TRACES: &[(&str, Option<f64>)] = &[
     ("emm-trace/tests/fixtures/t5_h200.csv", None),
     // Held out until they were recorded (runs 300-301): Faster R-CNN inference,
     // DeepLabV3 trained, GPT-2's beam search. The beam search's peak (1.182x,
-    // set in the first pass while the first generations' KV caches grow, each
-    // new 132 MiB block in a segment of its own) is looser than the model of
-    // PyTorch's own allocator (1.120x): the one trace where it is.
+    // set in the first pass) is looser than the model of PyTorch's own
+    // allocator (1.120x), the one trace where it is: a merge at a false quiet
+    // in the middle of a chain of KV caches gives back the segment the next
+    // cache needs (`MergeClock::grew` takes live bytes before the growing
+    // request as the low; docs/ARCHITECTURE.md, forty-sixth session).
     (
         "emm-trace/tests/fixtures/detect_infer_h200.csv",
         Some(1.284),
