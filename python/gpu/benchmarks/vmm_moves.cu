@@ -27,8 +27,8 @@
 //
 // Build and run on a GPU machine (docs/benchmarks.md, twenty-ninth session):
 //   nvcc -O2 -std=c++17 python/gpu/benchmarks/vmm_moves.cu -lcuda -lpthread -o vmm_moves && ./vmm_moves
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "../probes/vmm_setup.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,21 +41,10 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_;                                                      \
-      cuGetErrorString(r_, &s_);                                           \
-      printf("%s:%d %s -> %s\n", __FILE__, __LINE__, #x, s_);              \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
-
 static const size_t kPage = 2ul << 20;
-static CUcontext g_ctx;
-static CUmemAllocationProp g_prop;
-static CUmemAccessDesc g_access;
+// Device 0's primary context and the descriptors of its pieces (vmm_setup.h),
+// set once in main before any thread starts.
+static Vmm g_vmm;
 
 static double now_ns() {
   struct timespec t;
@@ -70,10 +59,10 @@ static void make_pieces(int n, CUdeviceptr* a, CUdeviceptr* b, std::vector<CUmem
   CK(cuMemAddressReserve(b, kPage * n, 0, 0, 0));
   h->resize(n);
   for (int i = 0; i < n; i++) {
-    CK(cuMemCreate(&(*h)[i], kPage, &g_prop, 0));
+    CK(cuMemCreate(&(*h)[i], kPage, &g_vmm.mem.prop, 0));
     CK(cuMemMap(*a + i * kPage, kPage, 0, (*h)[i], 0));
   }
-  CK(cuMemSetAccess(*a, kPage * n, &g_access, 1));
+  CK(cuMemSetAccess(*a, kPage * n, &g_vmm.mem.desc, 1));
 }
 
 static void batch() {
@@ -89,7 +78,7 @@ static void batch() {
       for (int i = 0; i < n; i++) CK(cuMemMap(b + i * kPage, kPage, 0, h[i], 0));
       double tm = now_ns() - t0;
       t0 = now_ns();
-      for (int i = 0; i < n; i++) CK(cuMemSetAccess(b + i * kPage, kPage, &g_access, 1));
+      for (int i = 0; i < n; i++) CK(cuMemSetAccess(b + i * kPage, kPage, &g_vmm.mem.desc, 1));
       double ta = now_ns() - t0;
       t0 = now_ns();
       for (int i = 0; i < n; i++) CK(cuMemUnmap(a + i * kPage, kPage));
@@ -99,7 +88,7 @@ static void batch() {
       for (int i = 0; i < n; i++) CK(cuMemMap(a + i * kPage, kPage, 0, h[i], 0));
       double bm = now_ns() - t0;
       t0 = now_ns();
-      CK(cuMemSetAccess(a, kPage * n, &g_access, 1));
+      CK(cuMemSetAccess(a, kPage * n, &g_vmm.mem.desc, 1));
       double ba = now_ns() - t0;
       t0 = now_ns();
       CK(cuMemUnmap(b, kPage * n));
@@ -116,15 +105,15 @@ static void batch() {
 
 // Moves pieces [lo, hi) of `h` from `a` to `b` (map, grant access) in this thread.
 static void move_share(CUdeviceptr b, const std::vector<CUmemGenericAllocationHandle>* h, int lo, int hi) {
-  CK(cuCtxSetCurrent(g_ctx));
+  CK(cuCtxSetCurrent(g_vmm.ctx));
   for (int i = lo; i < hi; i++) {
     CK(cuMemMap(b + i * kPage, kPage, 0, (*h)[i], 0));
-    CK(cuMemSetAccess(b + i * kPage, kPage, &g_access, 1));
+    CK(cuMemSetAccess(b + i * kPage, kPage, &g_vmm.mem.desc, 1));
   }
 }
 
 static void unmap_share(CUdeviceptr a, int lo, int hi) {
-  CK(cuCtxSetCurrent(g_ctx));
+  CK(cuCtxSetCurrent(g_vmm.ctx));
   for (int i = lo; i < hi; i++) CK(cuMemUnmap(a + i * kPage, kPage));
 }
 
@@ -187,7 +176,7 @@ static void busy(float* d, cudaStream_t s) {
       double t0 = now_ns();
       CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
       double t1 = now_ns();
-      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_vmm.mem.desc, 1));
       double t2 = now_ns();
       CK(cuMemUnmap(src + i * kPage, kPage));
       double t3 = now_ns();
@@ -219,9 +208,9 @@ static void scale_one(int background, size_t handle, const char* label) {
   if (nb > 0) {
     CK(cuMemAddressReserve(&bg, handle * nb, 0, 0, 0));
     for (int i = 0; i < nb; i++) {
-      CK(cuMemCreate(&bh[i], handle, &g_prop, 0));
+      CK(cuMemCreate(&bh[i], handle, &g_vmm.mem.prop, 0));
       CK(cuMemMap(bg + i * handle, handle, 0, bh[i], 0));
-      CK(cuMemSetAccess(bg + i * handle, handle, &g_access, 1));
+      CK(cuMemSetAccess(bg + i * handle, handle, &g_vmm.mem.desc, 1));
     }
   }
   CUdeviceptr a, b;
@@ -234,7 +223,7 @@ static void scale_one(int background, size_t handle, const char* label) {
       double t0 = now_ns();
       CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
       double t1 = now_ns();
-      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+      CK(cuMemSetAccess(dst + i * kPage, kPage, &g_vmm.mem.desc, 1));
       double t2 = now_ns();
       CK(cuMemUnmap(src + i * kPage, kPage));
       double t3 = now_ns();
@@ -268,7 +257,7 @@ static std::atomic<long> g_polls{0};
 
 // Polls an idle stream until told to stop.
 static void* poller(void*) {
-  CK(cuCtxSetCurrent(g_ctx));
+  CK(cuCtxSetCurrent(g_vmm.ctx));
   CUstream st;
   CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
   while (!g_stop.load()) {
@@ -281,7 +270,7 @@ static void* poller(void*) {
 
 // Moves 64 pieces back and forth between two reservations until told to stop.
 static void* mover(void*) {
-  CK(cuCtxSetCurrent(g_ctx));
+  CK(cuCtxSetCurrent(g_vmm.ctx));
   const int n = 64;
   CUdeviceptr a, b;
   std::vector<CUmemGenericAllocationHandle> h;
@@ -290,7 +279,7 @@ static void* mover(void*) {
   int i = 0;
   while (!g_stop.load()) {
     CK(cuMemMap(dst + i * kPage, kPage, 0, h[i], 0));
-    CK(cuMemSetAccess(dst + i * kPage, kPage, &g_access, 1));
+    CK(cuMemSetAccess(dst + i * kPage, kPage, &g_vmm.mem.desc, 1));
     CK(cuMemUnmap(src + i * kPage, kPage));
     g_moves++;
     if (++i == n) {
@@ -338,22 +327,14 @@ static void helper(float* d, cudaStream_t s) {
 }
 
 int main() {
-  CK(cuInit(0));
+  g_vmm = vmm_device0();
   CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
-  CK(cuCtxSetCurrent(g_ctx));
+  CK(cuCtxGetDevice(&dev));
   char name[256];
   CK(cuDeviceGetName(name, sizeof name, dev));
   int version = 0;
   CK(cuDriverGetVersion(&version));
   printf("device %s, driver API %d\n", name, version);
-  g_prop = CUmemAllocationProp{};
-  g_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  g_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  g_prop.location.id = 0;
-  g_access.location = g_prop.location;
-  g_access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   float* d;
   cudaMalloc(&d, 1 << 20);
   cudaMemset(d, 0, 1 << 20);

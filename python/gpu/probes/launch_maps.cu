@@ -29,10 +29,10 @@ int main() {
   for (int target : {256, 1024, 4096, 8192}) {
     for (; mapped < target; mapped++) {
       CUmemGenericAllocationHandle h;
-      CK(cuMemCreate(&h, page, &v.prop, 0));
+      CK(cuMemCreate(&h, page, &v.mem.prop, 0));
       CK(cuMemMap(base + mapped * page, page, 0, h, 0));
       CK(cuMemRelease(h));  // the mapping keeps the memory
-      CK(cuMemSetAccess(base + mapped * page, page, &v.desc, 1));
+      CK(cuMemSetAccess(base + mapped * page, page, &v.mem.desc, 1));
     }
     char what[64];
     snprintf(what, sizeof what, "%d VMM pages of 2 MiB mapped one by one", mapped);

@@ -32,28 +32,25 @@ __global__ void spin(long long cycles, int* sink) {
   *sink = 1;
 }
 
-static CUmemAllocationProp prop;
-static CUmemAccessDesc desc;
-
 struct Times {
   double create, map, access, unmap;
 };
 
 // PIECES pieces created, mapped at one range, given access, unmapped; the host
 // time of each step (all pieces).
-static Times cycle() {
+static Times cycle(const VmmDesc& d) {
   Times t{};
   CUdeviceptr base = 0;
   CK(cuMemAddressReserve(&base, PIECES * PAGE, 0, 0, 0));
   std::vector<CUmemGenericAllocationHandle> h(PIECES);
   auto s = Clock::now();
-  for (auto& x : h) CK(cuMemCreate(&x, PAGE, &prop, 0));
+  for (auto& x : h) CK(cuMemCreate(&x, PAGE, &d.prop, 0));
   t.create = ms_since(s);
   s = Clock::now();
   for (int i = 0; i < PIECES; i++) CK(cuMemMap(base + i * PAGE, PAGE, 0, h[i], 0));
   t.map = ms_since(s);
   s = Clock::now();
-  CK(cuMemSetAccess(base, PIECES * PAGE, &desc, 1));
+  CK(cuMemSetAccess(base, PIECES * PAGE, &d.desc, 1));
   t.access = ms_since(s);
   s = Clock::now();
   for (int i = 0; i < PIECES; i++) CK(cuMemUnmap(base + i * PAGE, PAGE));
@@ -64,9 +61,7 @@ static Times cycle() {
 }
 
 int main() {
-  Vmm v = vmm_device0();
-  prop = v.prop;
-  desc = v.desc;
+  const VmmDesc d = vmm_device0().mem;
   int clock_khz = 0;
   RK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   long long cycles = static_cast<long long>(SPIN_MS * clock_khz);
@@ -74,16 +69,16 @@ int main() {
   RK(cudaMalloc(&sink, sizeof(int)));
   cudaStream_t stream;
   RK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cycle();  // warm the calls up
+  cycle(d);  // warm the calls up
   for (int round = 0; round < 3; round++) {
-    Times idle = cycle();
+    Times idle = cycle(d);
     cudaEvent_t a, b;
     RK(cudaEventCreate(&a));
     RK(cudaEventCreate(&b));
     RK(cudaEventRecord(a, stream));
     spin<<<1, 1, 0, stream>>>(cycles, sink);
     RK(cudaEventRecord(b, stream));
-    Times busy = cycle();
+    Times busy = cycle(d);
     auto s = Clock::now();
     RK(cudaStreamSynchronize(stream));
     double left = ms_since(s);

@@ -27,8 +27,6 @@ static double us_since(Clock::time_point t) {
 
 __global__ void empty() {}
 
-static CUmemAllocationProp prop;
-static CUmemAccessDesc desc;
 static const size_t PAGE = 2u << 20;
 
 struct Range {
@@ -39,14 +37,14 @@ struct Range {
 
 // `n` pieces of `piece` bytes created and mapped at a fresh reservation;
 // prints the per-piece times when `label` is set.
-static Range make(size_t n, size_t piece, const char* label) {
+static Range make(const VmmDesc& d, size_t n, size_t piece, const char* label) {
   Range r;
   r.size = n * piece;
   CK(cuMemAddressReserve(&r.base, r.size, 0, 0, 0));
   auto t = Clock::now();
   for (size_t i = 0; i < n; i++) {
     CUmemGenericAllocationHandle h;
-    CK(cuMemCreate(&h, piece, &prop, 0));
+    CK(cuMemCreate(&h, piece, &d.prop, 0));
     r.handles.push_back(h);
   }
   double create = us_since(t);
@@ -54,7 +52,7 @@ static Range make(size_t n, size_t piece, const char* label) {
   for (size_t i = 0; i < n; i++) CK(cuMemMap(r.base + i * piece, piece, 0, r.handles[i], 0));
   double map = us_since(t);
   t = Clock::now();
-  CK(cuMemSetAccess(r.base, r.size, &desc, 1));
+  CK(cuMemSetAccess(r.base, r.size, &d.desc, 1));
   double access = us_since(t);
   if (label)
     std::printf("%-8s %5zu pieces of %2zu MiB: create %7.1f us/piece, map %6.1f us/piece, access %8.1f us (one call)\n",
@@ -63,9 +61,7 @@ static Range make(size_t n, size_t piece, const char* label) {
 }
 
 int main() {
-  Vmm v = vmm_device0();
-  prop = v.prop;
-  desc = v.desc;
+  const VmmDesc d = vmm_device0().mem;
   cudaStream_t s;
   cudaStreamCreate(&s);
   empty<<<1, 1, 0, s>>>();
@@ -74,7 +70,7 @@ int main() {
   for (size_t piece : {PAGE, 8 * PAGE}) {
     for (size_t n : {64, 256}) {
       if (piece * n > (size_t(8) << 30)) continue;
-      Range a = make(n, piece, "fresh");
+      Range a = make(d, n, piece, "fresh");
       // The same memory again at a second range: what a move does.
       CUdeviceptr b;
       CK(cuMemAddressReserve(&b, a.size, 0, 0, 0));
@@ -82,7 +78,7 @@ int main() {
       for (size_t i = 0; i < n; i++) CK(cuMemMap(b + i * piece, piece, 0, a.handles[i], 0));
       double map = us_since(t);
       t = Clock::now();
-      CK(cuMemSetAccess(b, a.size, &desc, 1));
+      CK(cuMemSetAccess(b, a.size, &d.desc, 1));
       double access = us_since(t);
       t = Clock::now();
       for (size_t i = 0; i < n; i++) CK(cuMemUnmap(b + i * piece, piece));
@@ -93,7 +89,7 @@ int main() {
       t = Clock::now();
       for (size_t i = 0; i < n; i++) {
         CK(cuMemMap(b + i * piece, piece, 0, a.handles[i], 0));
-        CK(cuMemSetAccess(b + i * piece, piece, &desc, 1));
+        CK(cuMemSetAccess(b + i * piece, piece, &d.desc, 1));
       }
       std::printf("alias    %5zu pieces of %2zu MiB, access per piece: %6.1f us/piece\n", n, piece >> 20,
                   us_since(t) / n);
@@ -118,12 +114,12 @@ int main() {
   }
 
   // Calls a step makes, with more and more mappings alive.
-  Range pair = make(2, PAGE, nullptr);
+  Range pair = make(d, 2, PAGE, nullptr);
   std::vector<Range> extra;
   size_t alive = 0;
   for (size_t target : {0, 1024, 4096, 8192}) {
     while (alive < target) {
-      extra.push_back(make(256, PAGE, nullptr));
+      extra.push_back(make(d, 256, PAGE, nullptr));
       alive += 256;
     }
     std::vector<double> copy, launch;

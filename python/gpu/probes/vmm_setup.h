@@ -22,10 +22,10 @@ inline VmmDesc vmm_desc(CUdevice dev) {
   return d;
 }
 
+// Device 0's primary context and the descriptors for pieces of its memory.
 struct Vmm {
   CUcontext ctx;
-  CUmemAllocationProp prop;
-  CUmemAccessDesc desc;
+  VmmDesc mem;
 };
 
 // Makes device 0's primary context current; returns it and the descriptors.
@@ -37,8 +37,6 @@ inline Vmm vmm_device0() {
   CK(cuCtxGetCurrent(&v.ctx));
   CUdevice dev;
   CK(cuCtxGetDevice(&dev));
-  VmmDesc d = vmm_desc(dev);
-  v.prop = d.prop;
-  v.desc = d.desc;
+  v.mem = vmm_desc(dev);
   return v;
 }

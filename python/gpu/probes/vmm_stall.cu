@@ -50,8 +50,6 @@ __global__ void gather(const unsigned* buf, size_t words, unsigned* out, size_t 
 enum Mode { IDLE, MOVES, ALIAS, CREATE };
 static const char* NAMES[] = {"idle", "moves", "alias", "create"};
 
-static CUmemAllocationProp prop;
-static CUmemAccessDesc desc;
 static std::atomic<int> mode{IDLE};
 static std::atomic<bool> quit{false};
 static std::atomic<long> calls{0};
@@ -61,16 +59,17 @@ static std::atomic<long> calls{0};
 // growth and its helper's unmap make one); in ALIAS, a second mapping of a
 // piece made and unmapped without an access call; in CREATE, a handle created
 // and released. Counts the pieces handled.
-static void helper(CUcontext ctx) {
-  CK(cuCtxSetCurrent(ctx));
+static void helper(Vmm v) {
+  CK(cuCtxSetCurrent(v.ctx));
+  const VmmDesc& d = v.mem;
   CUdeviceptr r[2];
   for (auto& x : r) CK(cuMemAddressReserve(&x, PIECES * PAGE, 0, 0, 0));
   std::vector<CUmemGenericAllocationHandle> h(PIECES);
   for (int i = 0; i < PIECES; i++) {
-    CK(cuMemCreate(&h[i], PAGE, &prop, 0));
+    CK(cuMemCreate(&h[i], PAGE, &d.prop, 0));
     CK(cuMemMap(r[0] + i * PAGE, PAGE, 0, h[i], 0));
   }
-  CK(cuMemSetAccess(r[0], PIECES * PAGE, &desc, 1));
+  CK(cuMemSetAccess(r[0], PIECES * PAGE, &d.desc, 1));
   int at = 0;  // the reservation the pieces are mapped at
   int i = 0;  // the next piece to move
   int j = 0;  // the next piece to alias
@@ -82,7 +81,7 @@ static void helper(CUcontext ctx) {
       case MOVES: {
         CUdeviceptr dst = r[1 - at] + i * PAGE, src = r[at] + i * PAGE;
         CK(cuMemMap(dst, PAGE, 0, h[i], 0));
-        CK(cuMemSetAccess(dst, PAGE, &desc, 1));
+        CK(cuMemSetAccess(dst, PAGE, &d.desc, 1));
         CK(cuMemUnmap(src, PAGE));
         if (++i == PIECES) {
           i = 0;
@@ -100,7 +99,7 @@ static void helper(CUcontext ctx) {
       }
       case CREATE: {
         CUmemGenericAllocationHandle x;
-        CK(cuMemCreate(&x, PAGE, &prop, 0));
+        CK(cuMemCreate(&x, PAGE, &d.prop, 0));
         CK(cuMemRelease(x));
         break;
       }
@@ -117,8 +116,6 @@ int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 4;
   int kernels = argc > 2 ? std::atoi(argv[2]) : 400;
   Vmm v = vmm_device0();
-  prop = v.prop;
-  desc = v.desc;
 
   const size_t bytes = 4ull << 30;
   void *a, *b;
@@ -131,7 +128,7 @@ int main(int argc, char** argv) {
   RK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> ev(kernels + 1);
   for (auto& e : ev) RK(cudaEventCreate(&e));
-  std::thread t(helper, v.ctx);
+  std::thread t(helper, v);
 
   const size_t copy_n = (1ull << 30) / sizeof(float4);
   const size_t gather_n = 64ull << 20;  // 64 Mi random words a kernel
