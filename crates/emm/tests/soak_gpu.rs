@@ -40,7 +40,10 @@ fn soak_every_manager_on_the_gpu() {
         device.ballast = None;
         let r = r.unwrap_or_else(|e| panic!("{e}"));
         assert!(r.allocs > 0 && r.frees > 0, "{name}: nothing was churned");
-        // The ballast really exhausted the device now and then.
+        // The ballast really exhausted the device now and then (limits counts
+        // only phases whose ballast the device took: under compute-sanitizer a
+        // ballast of nearly all free memory can be refused, and such a phase
+        // runs unlimited).
         assert!(
             r.limits < 5 || r.refused > 0,
             "{name}: {} limits and not one refusal: {r:?}",
