@@ -11,8 +11,10 @@
 //!   hint.
 //! - `gpu`: builds every test binary (release, stripped) and the `emm` binary into
 //!   `gpu-bundle/` (git-ignored) with `run.sh`, which runs all of them with
-//!   `--include-ignored` on a GPU machine and prints one summary line per binary;
-//!   also the installed C/C++ tree (`gpu-bundle/prefix`) and `cpp.sh`.
+//!   `--include-ignored` on a GPU machine and prints one summary line per binary,
+//!   `sanitize.sh` (every GPU test under memcheck) and `suite.sh` (both, then
+//!   the Python tests: the whole GPU suite in one call); also the installed C/C++
+//!   tree (`gpu-bundle/prefix`) and `cpp.sh`.
 //! - `python`: the Python step of `ci` alone (`python.rs`): the package built from
 //!   source, then the binary wheel installed outside the checkout and tested there.
 //! - `wheel`: the binary wheel (`wheel.rs`): `target/wheels/emm_cuda-<version>-py3-
