@@ -38,6 +38,12 @@ pub(crate) struct StreamCache {
     /// The block freed last, when it has not been taken or filed since.
     last: Option<Entry>,
     by_size: FastMap<usize, Vec<Entry>>,
+    /// The sizes whose lists were empty when a block was filed there since the
+    /// last drain (a size may appear more than once): what a drain visits. A
+    /// drain over every list of the map visited up to [`KEPT_SIZES`] of them to
+    /// return a few blocks, most of an allocation's time when its miss emptied
+    /// the cache.
+    filed: Vec<usize>,
     blocks: usize,
     bytes: usize,
 }
@@ -48,6 +54,7 @@ impl StreamCache {
             stream,
             last: None,
             by_size: FastMap::default(),
+            filed: Vec::new(),
             blocks: 0,
             bytes: 0,
         }
@@ -86,7 +93,20 @@ impl StreamCache {
     /// Files a freed block.
     pub fn put(&mut self, e: Entry) {
         if let Some(prev) = self.last.replace(e) {
-            self.by_size.entry(prev.size).or_default().push(prev);
+            let list = self.by_size.entry(prev.size).or_default();
+            if list.is_empty() {
+                self.filed.push(prev.size);
+            }
+            list.push(prev);
+            if self.filed.len() > 2 * KEPT_SIZES {
+                // Filed, taken and filed again with no drain between: once per
+                // size with blocks is enough.
+                let by_size = &self.by_size;
+                self.filed
+                    .retain(|s| by_size.get(s).is_some_and(|l| !l.is_empty()));
+                self.filed.sort_unstable();
+                self.filed.dedup();
+            }
         }
         self.blocks += 1;
         self.bytes += e.size;
@@ -97,9 +117,11 @@ impl StreamCache {
         if let Some(e) = self.last.take() {
             f(e);
         }
-        for list in self.by_size.values_mut() {
-            for e in list.drain(..) {
-                f(e);
+        for size in self.filed.drain(..) {
+            if let Some(list) = self.by_size.get_mut(&size) {
+                for e in list.drain(..) {
+                    f(e);
+                }
             }
         }
         if self.by_size.len() > KEPT_SIZES {
@@ -152,6 +174,39 @@ mod tests {
         assert_eq!(out, [0x1000, 0x3000]);
         assert_eq!((c.blocks(), c.bytes()), (0, 0));
         assert_eq!(c.take(512, 0), None);
+    }
+
+    #[test]
+    fn a_drain_returns_every_block_however_often_sizes_were_filed_and_taken() {
+        let mut c = StreamCache::new(7);
+        // Sizes filed, emptied by takes and filed again, many times over, with
+        // no drain between: the record of filed sizes stays bounded.
+        for round in 0..(4 * KEPT_SIZES as u64) {
+            let size = 512 * (1 + (round % 3) as usize);
+            c.put(entry(0x1000 * (round + 1), size, 0));
+            c.put(entry(0x1000 * (round + 1) + 0x800, 4096, 0));
+            assert!(c.take(size, 0).is_some());
+            assert!(
+                c.filed.len() <= 2 * KEPT_SIZES + 1,
+                "{} sizes recorded",
+                c.filed.len()
+            );
+        }
+        // Some blocks of each kind stay: a drain finds every one, once.
+        c.put(entry(0x9000_0000, 512, 0));
+        c.put(entry(0x9100_0000, 1536, 0));
+        c.put(entry(0x9200_0000, 1024, 0));
+        let held = c.blocks();
+        let mut out = Vec::new();
+        c.drain(|e| out.push(e.ptr));
+        assert_eq!(out.len(), held);
+        out.sort_unstable();
+        out.dedup();
+        assert_eq!(out.len(), held, "a block returned twice");
+        assert_eq!((c.blocks(), c.bytes()), (0, 0));
+        let mut again = 0;
+        c.drain(|_| again += 1);
+        assert_eq!(again, 0);
     }
 
     #[test]
