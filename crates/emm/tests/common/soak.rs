@@ -103,7 +103,13 @@ impl Device for GpuDevice {
         self.used().saturating_sub(self.base)
     }
     fn limit(&mut self, room: u64) -> bool {
-        let (free, _) = self.ctx.mem_info().unwrap_or((0, 0));
+        let free = match self.ctx.mem_info() {
+            Ok((free, _)) => free,
+            Err(e) => {
+                println!("soak: no limit this phase: cuMemGetInfo failed: {e}");
+                return false;
+            }
+        };
         // The driver keeps some memory for itself: leave `room` plus a margin.
         let take = (free as u64).saturating_sub(room + (64 << 20)) & !((2 << 20) - 1);
         if take == 0 {
