@@ -139,7 +139,10 @@ fn main() -> ExitCode {
                 .map_err(|e| format!("argument {} ({s:?}): {e}", i + 1))
         })
     };
-    match run(Path::new(path), number(1, 20), number(2, 0)) {
+    let result = number(1, 20)
+        .and_then(|passes| Ok((passes, number(2, 0)?)))
+        .and_then(|(passes, cold_kib)| run(Path::new(path), passes, cold_kib));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("call_costs: {e}");
@@ -148,12 +151,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(
-    path: &Path,
-    passes: Result<usize, String>,
-    cold_kib: Result<usize, String>,
-) -> Result<(), String> {
-    let (passes, cold_kib) = (passes?, cold_kib?);
+fn run(path: &Path, passes: usize, cold_kib: usize) -> Result<(), String> {
     let trace = Trace::open(path, None)
         .map_err(|e| e.to_string())?
         .into_iter()
