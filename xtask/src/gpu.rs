@@ -242,7 +242,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 fail=0
 t=$(date +%s); ./run.sh > "$O/run.txt" 2>&1 || fail=1
 echo "run.sh: $(( $(date +%s) - t )) s"; cp summary.txt "$O/"; grep -v 'rc=0' summary.txt
-grep -hE '^test result' log-*.txt | awk '{n++; p+=$4; f+=$6; i+=$8} END {print "tests:", n, "binaries,", p, "passed,", f, "failed,", i, "ignored"}'
+grep ': rc=' summary.txt | awk '{n++; if (match($0, /[0-9]+ passed; [0-9]+ failed; [0-9]+ ignored/)) {split(substr($0, RSTART, RLENGTH), a, " "); p+=a[1]; f+=a[3]; i+=a[5]} else m++} END {print "tests:", n, "binaries,", p+0, "passed,", f+0, "failed,", i+0, "ignored,", m+0, "without a result line"}'
 for f in log-*.txt; do grep -qE '^test result: FAILED|panicked' "$f" && cp "$f" "$O/"; done
 t=$(date +%s); EMM_SOAK_SECS=${EMM_SOAK_SECS:-4} ./sanitize.sh sanitize-logs > "$O/sanitize.txt" 2>&1 || fail=1
 echo "sanitize.sh: $(( $(date +%s) - t )) s"; grep '^FAIL' "$O/sanitize.txt"; tail -n 1 "$O/sanitize.txt"
