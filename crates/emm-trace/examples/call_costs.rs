@@ -13,11 +13,18 @@
 //! timed): at 8192, DeepLabV3's recorded requests cost about what PyTorch's hooks
 //! measured in the job on an H200 (`docs/benchmarks.md`, forty-seventh session).
 //! The pool's settings come from the environment (`EMM_POOL_*`), as in a job.
+//!
+//! Each call's heap operations (the process allocator's allocations, frees and
+//! reallocations made inside it: a B-tree node split or merged, a list grown) are
+//! counted too, and the calls split by how many they made: a call that touches
+//! the heap touches memory no earlier call warmed.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::hint::black_box;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use emm_core::{DeviceAllocation, ManagerStats, MemoryManager};
@@ -25,24 +32,71 @@ use emm_pool::{PoolConfig, PoolManager};
 use emm_sys::CUstream;
 use emm_trace::{replay, DriverCalls, ReplayOptions, ReplayTarget, Trace};
 
+/// The system allocator, counting its operations.
+struct CountingAlloc;
+
+/// Heap operations (allocations, frees, reallocations) of the whole process so far.
+static HEAP_OPS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every method hands its arguments unchanged to `System`, which upholds
+// `GlobalAlloc`'s contract; the count is a relaxed atomic add, which neither
+// allocates nor unwinds.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HEAP_OPS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's `layout` obligations are passed on as they are.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HEAP_OPS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `ptr` came from this allocator, that is from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HEAP_OPS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`; `new_size` is the caller's, as `realloc` asks.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Times `f` and counts the heap operations made while it ran.
+fn measured<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
+    let ops = HEAP_OPS.load(Ordering::Relaxed);
+    let t = Instant::now();
+    let r = f();
+    let ns = t.elapsed().as_nanos() as u64;
+    (r, ns, HEAP_OPS.load(Ordering::Relaxed) - ops)
+}
+
 /// Upper bounds (ns) of the histogram's buckets; the last one is open.
 const BOUNDS: [u64; 7] = [500, 1_000, 2_000, 4_000, 8_000, 16_000, 64_000];
 
-/// Calls and nanoseconds per bucket of [`BOUNDS`].
+/// Calls and nanoseconds per bucket of [`BOUNDS`], and by heap operations made
+/// (0, 1, 2, 3 or more).
 #[derive(Default)]
 struct Histogram {
     calls: [u64; 8],
     ns: [u64; 8],
+    heap_calls: [u64; 4],
+    heap_ns: [u64; 4],
 }
 
 impl Histogram {
-    fn add(&mut self, ns: u64) {
+    fn add(&mut self, ns: u64, heap_ops: u64) {
         let b = BOUNDS
             .iter()
             .position(|&hi| ns < hi)
             .unwrap_or(BOUNDS.len());
         self.calls[b] += 1;
         self.ns[b] += ns;
+        let h = usize::try_from(heap_ops).map_or(3, |h| h.min(3));
+        self.heap_calls[h] += 1;
+        self.heap_ns[h] += ns;
     }
 
     fn print(&self, name: &str) {
@@ -60,6 +114,18 @@ impl Histogram {
             };
             println!("  {range:>14} {n:>9} calls {:>9.1} ms", t as f64 / 1e6);
             lo = BOUNDS.get(b).copied().unwrap_or(lo);
+        }
+        for (h, (&n, &t)) in self.heap_calls.iter().zip(&self.heap_ns).enumerate() {
+            let ops = if h == 3 {
+                "3+".to_string()
+            } else {
+                h.to_string()
+            };
+            println!(
+                "  {ops:>2} heap ops {n:>9} calls {:>9.1} ms, {:>7.0} ns on the mean",
+                t as f64 / 1e6,
+                t as f64 / n.max(1) as f64
+            );
         }
     }
 }
@@ -95,10 +161,9 @@ struct Block<'a> {
 impl Drop for Block<'_> {
     fn drop(&mut self) {
         self.owner.cold.touch();
-        let t = Instant::now();
-        drop(self.alloc.take());
-        let ns = t.elapsed().as_nanos() as u64;
-        self.owner.frees.borrow_mut().add(ns);
+        let alloc = self.alloc.take();
+        let ((), ns, ops) = measured(|| drop(alloc));
+        self.owner.frees.borrow_mut().add(ns, ops);
     }
 }
 
@@ -107,10 +172,8 @@ impl<'a> ReplayTarget for &'a Timed {
 
     fn alloc(&self, size: usize, stream: CUstream) -> Result<Block<'a>, String> {
         self.cold.touch();
-        let t = Instant::now();
-        let r = self.pool.memalloc_async(size, stream);
-        let ns = t.elapsed().as_nanos() as u64;
-        self.allocs.borrow_mut().add(ns);
+        let (r, ns, ops) = measured(|| self.pool.memalloc_async(size, stream));
+        self.allocs.borrow_mut().add(ns, ops);
         let alloc = r.map_err(|e| e.to_string())?;
         Ok(Block {
             alloc: Some(alloc),
