@@ -9,8 +9,6 @@
 //! block is in the free set of `(stream, kind)` exactly when its state is
 //! `Free(stream)` and its kind is `kind` ([`BlockHeap::check`]).
 
-use std::collections::BTreeSet;
-
 use emm_sys::CUdeviceptr;
 
 use crate::fasthash::FastMap;
@@ -18,6 +16,7 @@ use crate::kind::Kind;
 use crate::stream_key::StreamKey;
 
 mod blocks;
+mod free_set;
 
 pub(crate) use blocks::BlockMap;
 
@@ -68,7 +67,7 @@ impl Block {
 
 /// Free blocks of one stream and kind, as `(size, address)`: the best fit for
 /// `n` bytes is the first at or after `(n, 0)`.
-pub(crate) type FreeSet = BTreeSet<(usize, CUdeviceptr)>;
+pub(crate) use free_set::FreeSet;
 
 /// The blocks of a pool and its free sets; see the module documentation.
 #[derive(Default)]
@@ -202,7 +201,7 @@ impl BlockHeap {
         self.free
             .get(&(stream, kind))
             .into_iter()
-            .flat_map(move |set| set.range((size, 0)..).copied())
+            .flat_map(move |set| set.at_least(size))
     }
 
     /// Hands out `size` bytes from the start of the free block at `addr` (at
@@ -296,7 +295,7 @@ impl BlockHeap {
     pub fn largest_free(&self) -> usize {
         self.free
             .values()
-            .filter_map(|s| s.iter().next_back().map(|(sz, _)| *sz))
+            .filter_map(|s| s.last().map(|(sz, _)| sz))
             .max()
             .unwrap_or(0)
     }
@@ -313,7 +312,7 @@ impl BlockHeap {
         self.blocks.check()?;
         let mut listed = 0;
         for (&(s, kind), set) in &self.free {
-            for &(size, a) in set {
+            for &(size, a) in set.iter() {
                 match self.blocks.get(&a) {
                     Some(b) if b.size == size && b.state == State::Free(s) && b.kind == kind => {}
                     other => {
