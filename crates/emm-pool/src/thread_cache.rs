@@ -45,9 +45,9 @@ pub(crate) struct StreamCache {
     /// Empty lists that left the map, each with room for at most [`SPARE_ROOM`]
     /// blocks, at most [`KEPT_SIZES`] of them: a size filed anew takes one. With
     /// shapes that change every step, the lists of one step's sizes otherwise
-    /// went to the heap at a drain and the next step's came from it, about one
-    /// heap allocation and one free in ten of the pool's calls on DeepLabV3's
-    /// recorded trace.
+    /// went to the heap at a drain and the next step's came from it: one free in
+    /// thirty made a heap operation replaying DeepLabV3's recorded trace, one in
+    /// a hundred since.
     spare: Vec<Vec<Entry>>,
     /// The sizes whose lists were empty when a block was filed there since the
     /// last drain (a size may appear more than once): what a drain visits. A
