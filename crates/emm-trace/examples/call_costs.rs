@@ -17,7 +17,8 @@
 //! Each call's heap operations (the process allocator's allocations, frees and
 //! reallocations made inside it: a B-tree node split or merged, a list grown) are
 //! counted too, and the calls split by how many they made: a call that touches
-//! the heap touches memory no earlier call warmed.
+//! the heap touches memory no earlier call warmed. The count is the process's, so
+//! another thread's operations meanwhile (the pool's unmapping helper) count too.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
