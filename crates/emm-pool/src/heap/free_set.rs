@@ -21,6 +21,12 @@ const RUN: usize = 32;
 /// Emptied runs kept for later splits.
 const SPARE_RUNS: usize = 4;
 
+/// A run's storage: room for a full run and the key that splits it, so a run
+/// never reallocates.
+fn new_run() -> Vec<Key> {
+    Vec::with_capacity(RUN + 1)
+}
+
 /// Free blocks as `(size, address)`, in order; see the module documentation.
 #[derive(Debug, Default)]
 pub(crate) struct FreeSet {
@@ -53,7 +59,7 @@ impl FreeSet {
     /// Adds `key`; false when it was there already.
     pub fn insert(&mut self, key: Key) -> bool {
         if self.runs.is_empty() {
-            let mut run = self.spare.pop().unwrap_or_default();
+            let mut run = self.spare.pop().unwrap_or_else(new_run);
             run.push(key);
             self.runs.push(run);
             self.lasts.push(key);
@@ -69,7 +75,7 @@ impl FreeSet {
         run.insert(at, key);
         self.len += 1;
         if run.len() > RUN {
-            let mut upper = self.spare.pop().unwrap_or_default();
+            let mut upper = self.spare.pop().unwrap_or_else(new_run);
             upper.extend(run.drain(RUN / 2..));
             let (lower_last, upper_last) = (run[run.len() - 1], upper[upper.len() - 1]);
             self.lasts[i] = lower_last;
@@ -168,7 +174,8 @@ mod tests {
 
     proptest! {
         /// Every operation answers as a `BTreeSet` of the same keys does, and the
-        /// runs stay sorted, non-empty, at most [`RUN`] long, with their lasts.
+        /// runs stay sorted, non-empty, at most [`RUN`] long, with their lasts and
+        /// room for a split.
         #[test]
         fn behaves_as_an_ordered_set(ops in prop::collection::vec(op(), 1..600)) {
             let mut set = FreeSet::default();
@@ -190,6 +197,7 @@ mod tests {
                 prop_assert_eq!(set.runs.len(), set.lasts.len());
                 for (run, last) in set.runs.iter().zip(&set.lasts) {
                     prop_assert!(!run.is_empty() && run.len() <= RUN);
+                    prop_assert!(run.capacity() >= RUN + 1, "a run was made short");
                     prop_assert_eq!(run.last(), Some(last));
                 }
                 prop_assert!(set.spare.len() <= SPARE_RUNS);
