@@ -58,6 +58,13 @@ seeded generator, so every variant sees the same sequence of shapes and data):
   gpt2-beam    the GPT-2 of gpt2-infer under torch.no_grad(): one `generate` of
                48 new tokens a step with 4 beams (the KV caches are reordered for
                the surviving beams at every token), prompts of 16-512, batch 1-8
+  detect-train torchvision Mask R-CNN (ResNet-50 FPN, 91 classes) trained, fp32,
+               AdamW: 1-4 images a step, 320-1024 wide and 320-768 high, each
+               with 1-20 random boxes, their labels and box-shaped masks
+  speech       transformers Wav2Vec2 (base's shape) trained with its CTC head
+               (32 symbols), bf16 autocast, AdamW: batch 2-16 of 1-10 s of 16 kHz
+               audio, a quarter as many labels as frames; the feature encoder's
+               convolutions over the raw samples dominate
 
 Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.
@@ -75,7 +82,8 @@ VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-plugg
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
 WORKLOADS = ("gpt2", "llama", "llama-1b", "resnet50", "gpt2-infer", "llama-generate", "bert",
-             "vit-infer", "moe", "t5", "detect-infer", "segment", "gpt2-beam")
+             "vit-infer", "moe", "t5", "detect-infer", "segment", "gpt2-beam", "detect-train",
+             "speech")
 # Workloads that train nothing: no optimizer, eval mode, no_grad.
 SERVING = ("gpt2-infer", "vit-infer", "llama-generate", "detect-infer", "gpt2-beam")
 
@@ -202,6 +210,16 @@ def build(workload, dev):
         # downloaded): images of many sizes, proposals and detections whose
         # number changes with every image.
         model = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+    elif workload == "detect-train":
+        import torchvision
+
+        model = torchvision.models.detection.maskrcnn_resnet50_fpn(weights=None, weights_backbone=None,
+                                                                   num_classes=91)
+    elif workload == "speech":
+        from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+        model = Wav2Vec2ForCTC(Wav2Vec2Config(vocab_size=32, ctc_loss_reduction="mean",
+                                              ctc_zero_infinity=True))
     elif workload == "segment":
         import torchvision
 
@@ -268,6 +286,10 @@ def shapes(workload, n, seed, mode="fresh"):
             return (r.randint(2, 16), r.randint(256, 512))
         if workload == "gpt2-beam":
             return (r.randint(1, 8), r.randint(16, 512))
+        if workload == "detect-train":
+            return (r.randint(1, 4), r.randint(320, 1024))  # images, each this wide
+        if workload == "speech":
+            return (r.randint(2, 16), r.randint(16000, 160000))  # clips, samples each
         return (r.randint(8, 96), r.randint(128, 256))
 
     if mode == "fresh":
@@ -342,6 +364,30 @@ def main():
                 found = model(images)
             # The boxes kept, as a number every variant must agree on.
             return torch.tensor(float(sum(len(d["boxes"]) for d in found)), device=dev)
+        elif args.workload == "detect-train":
+            h = 320 + (s * 7919) % 449  # a height per step, 320-768, from the width
+            rr = random.Random(args.seed * 100003 + i)
+            ys = torch.arange(h, device=dev).view(1, h, 1)
+            xs = torch.arange(s, device=dev).view(1, 1, s)
+            scale = torch.tensor([s, h], dtype=torch.float32, device=dev)
+            images, targets = [], []
+            for _ in range(b):
+                images.append(torch.rand(3, h, s, generator=gen, device=dev))
+                n = rr.randint(1, 20)
+                corner = torch.rand(n, 2, generator=gen, device=dev) * scale * 0.7
+                extent = 16 + torch.rand(n, 2, generator=gen, device=dev) * scale * 0.3
+                boxes = torch.cat([corner, corner + extent], dim=1)
+                x0, y0, x1, y1 = (boxes[:, k].view(n, 1, 1) for k in range(4))
+                masks = ((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)).to(torch.uint8)
+                labels = torch.randint(1, 91, (n,), generator=gen, device=dev)
+                targets.append({"boxes": boxes, "labels": labels, "masks": masks})
+            losses = model(images, targets)
+            loss = sum(losses.values())
+        elif args.workload == "speech":
+            x = torch.randn(b, s, generator=gen, device=dev)
+            labels = torch.randint(1, 32, (b, max(2, s // 320 // 4)), generator=gen, device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_values=x, labels=labels).loss
         elif args.workload == "segment":
             x = torch.randn(b, 3, s, s, generator=gen, device=dev)
             x = x.contiguous(memory_format=torch.channels_last)
