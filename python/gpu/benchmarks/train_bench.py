@@ -261,36 +261,38 @@ GENERATED = 48
 BEAMS = 4
 
 
+# Each workload's shapes: the batch's range, then the range of its second
+# dimension (sequence length, image size or width, audio samples), or one fixed
+# value (drawn from no generator: the recorded traces depend on the draws' order).
+DRAWS = {
+    "gpt2": ((2, 12), (32, 1024)),
+    "llama": ((2, 12), (32, 1024)),
+    "llama-1b": ((2, 12), (32, 1024)),
+    "moe": ((2, 12), (32, 1024)),
+    "resnet50": ((8, 96), (128, 256)),
+    "gpt2-infer": ((1, 32), (16, 1024)),
+    "llama-generate": ((1, 23), (16, 768)),
+    "bert": ((8, 39), (32, 512)),
+    "t5": ((8, 48), (32, 512)),
+    "vit-infer": ((1, 127), 224),
+    "detect-infer": ((1, 8), (320, 1024)),  # images, each 480 high and this wide
+    "segment": ((2, 16), (256, 512)),
+    "gpt2-beam": ((1, 8), (16, 512)),
+    "detect-train": ((1, 4), (320, 1024)),  # images, each this wide
+    "speech": ((2, 16), (16000, 160000)),  # clips, samples each
+}
+
+
 def shapes(workload, n, seed, mode="fresh"):
     """The per-step shapes, the same for every variant. "fresh": drawn anew each
     step. "bucketed": BUCKETS shapes, in order for the first BUCKETS steps (all in
     warmup), then drawn from them."""
     r = random.Random(seed)
+    batch, second = DRAWS[workload]
 
     def draw():
-        if workload in ("gpt2", "llama", "llama-1b", "moe"):
-            return (r.randint(2, 12), r.randint(32, 1024))
-        if workload == "gpt2-infer":
-            return (r.randint(1, 32), r.randint(16, 1024))
-        if workload == "llama-generate":
-            return (r.randint(1, 23), r.randint(16, 768))
-        if workload == "bert":
-            return (r.randint(8, 39), r.randint(32, 512))
-        if workload == "t5":
-            return (r.randint(8, 48), r.randint(32, 512))
-        if workload == "vit-infer":
-            return (r.randint(1, 127), 224)
-        if workload == "detect-infer":
-            return (r.randint(1, 8), r.randint(320, 1024))  # images, each 480 high and this wide
-        if workload == "segment":
-            return (r.randint(2, 16), r.randint(256, 512))
-        if workload == "gpt2-beam":
-            return (r.randint(1, 8), r.randint(16, 512))
-        if workload == "detect-train":
-            return (r.randint(1, 4), r.randint(320, 1024))  # images, each this wide
-        if workload == "speech":
-            return (r.randint(2, 16), r.randint(16000, 160000))  # clips, samples each
-        return (r.randint(8, 96), r.randint(128, 256))
+        b = r.randint(*batch)
+        return (b, second if isinstance(second, int) else r.randint(*second))
 
     if mode == "fresh":
         return [draw() for _ in range(n)]
