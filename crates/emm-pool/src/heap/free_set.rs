@@ -34,6 +34,7 @@ pub(crate) struct FreeSet {
     runs: Vec<Vec<Key>>,
     /// The last (largest) key of each run, in the runs' order.
     lasts: Vec<Key>,
+    /// Keys held: the runs' lengths summed, kept so that `len` need not walk them.
     len: usize,
     /// Emptied runs' storage (each with room for a run), at most [`SPARE_RUNS`].
     spare: Vec<Vec<Key>>,
@@ -212,14 +213,16 @@ mod tests {
         for a in (0..(3 * RUN as u64)).rev() {
             assert!(set.insert((4096, a)));
         }
-        assert!(set.runs.len() >= 3, "{} runs", set.runs.len());
+        let runs = set.runs.len();
+        assert!(runs >= 3, "{runs} runs");
         assert_eq!(set.at_least(4096).next(), Some((4096, 0)));
         assert_eq!(set.at_least(4097).next(), None);
         for a in 0..(3 * RUN as u64) {
             assert!(set.remove(&(4096, a)));
         }
         assert!(set.is_empty() && set.runs.is_empty() && set.lasts.is_empty());
-        assert_eq!(set.spare.len(), SPARE_RUNS.min(set.spare.len()));
+        // Each emptied run became a spare until there were enough.
+        assert_eq!(set.spare.len(), runs.min(SPARE_RUNS));
         assert!(!set.remove(&(4096, 0)));
         assert!(set.insert((512, 7)));
         assert_eq!(set.last(), Some((512, 7)));
