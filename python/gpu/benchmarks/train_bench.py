@@ -300,6 +300,174 @@ def shapes(workload, n, seed, mode="fresh"):
     return (buckets + [r.choice(buckets) for _ in range(n)])[:n]
 
 
+class Run:
+    """What a workload's step needs besides its shape: the workload's name, the
+    model, the CUDA generator its data is drawn from, the device and the seed."""
+
+    def __init__(self, workload, model, gen, dev, seed):
+        self.workload = workload
+        self.model = model
+        self.gen = gen
+        self.dev = dev
+        self.seed = seed
+
+
+# A step's forward pass for batch `b` and second dimension `s` (see DRAWS) at step
+# `i`: a training workload's returns its loss (main's step then runs the backward
+# pass and the optimizer), a serving workload's (SERVING) a number every variant
+# must agree on. Each draws its data on the device from `run.gen`, in an order the
+# recorded traces depend on.
+
+
+def resnet50_step(run, i, b, s):
+    import torch
+
+    x = torch.randn(b, 3, s, s, generator=run.gen, device=run.dev)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (b,), generator=run.gen, device=run.dev)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return torch.nn.functional.cross_entropy(run.model(x), y)
+
+
+def vit_infer_step(run, i, b, s):
+    import torch
+
+    x = torch.randn(b, 3, s, s, generator=run.gen, device=run.dev)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        return run.model(x).float().mean()
+
+
+def detect_infer_step(run, i, b, s):
+    import torch
+
+    images = [torch.rand(3, 480, s, generator=run.gen, device=run.dev) for _ in range(b)]
+    with torch.no_grad():
+        found = run.model(images)
+    # The boxes kept, as a number every variant must agree on.
+    return torch.tensor(float(sum(len(d["boxes"]) for d in found)), device=run.dev)
+
+
+def detect_train_step(run, i, b, s):
+    import torch
+
+    dev, gen = run.dev, run.gen
+    h = 320 + (s * 7919) % 449  # a height per step, 320-768, from the width
+    rr = random.Random(run.seed * 100003 + i)
+    ys = torch.arange(h, device=dev).view(1, h, 1)
+    xs = torch.arange(s, device=dev).view(1, 1, s)
+    scale = torch.tensor([s, h], dtype=torch.float32, device=dev)
+    images, targets = [], []
+    for _ in range(b):
+        images.append(torch.rand(3, h, s, generator=gen, device=dev))
+        n = rr.randint(1, 20)
+        corner = torch.rand(n, 2, generator=gen, device=dev) * scale * 0.7
+        extent = 16 + torch.rand(n, 2, generator=gen, device=dev) * scale * 0.3
+        boxes = torch.cat([corner, corner + extent], dim=1)
+        x0, y0, x1, y1 = (boxes[:, k].view(n, 1, 1) for k in range(4))
+        masks = ((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)).to(torch.uint8)
+        labels = torch.randint(1, 91, (n,), generator=gen, device=dev)
+        targets.append({"boxes": boxes, "labels": labels, "masks": masks})
+    losses = run.model(images, targets)
+    return sum(losses.values())
+
+
+def speech_step(run, i, b, s):
+    import torch
+
+    x = torch.randn(b, s, generator=run.gen, device=run.dev)
+    labels = torch.randint(1, 32, (b, max(2, s // 320 // 4)), generator=run.gen, device=run.dev)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return run.model(input_values=x, labels=labels).loss
+
+
+def segment_step(run, i, b, s):
+    import torch
+
+    x = torch.randn(b, 3, s, s, generator=run.gen, device=run.dev)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 21, (b, s, s), generator=run.gen, device=run.dev)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return torch.nn.functional.cross_entropy(run.model(x)["out"], y)
+
+
+# The token models' vocabularies (the Llama-style ones and the mixture of
+# experts: 32000).
+VOCAB = {"gpt2": 50257, "gpt2-infer": 50257, "gpt2-beam": 50257, "bert": 30522, "t5": 32128}
+
+
+def token_ids(run, b, s):
+    import torch
+
+    return torch.randint(0, VOCAB.get(run.workload, 32000), (b, s), generator=run.gen, device=run.dev)
+
+
+def generate_step(run, i, b, s):
+    """llama-generate and gpt2-beam: one `generate` of GENERATED new tokens."""
+    import torch
+
+    ids = token_ids(run, b, s)
+    beams = BEAMS if run.workload == "gpt2-beam" else 1
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out = run.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=GENERATED, min_new_tokens=GENERATED,
+                                 do_sample=False, num_beams=beams, pad_token_id=0)
+    # The generated tokens, as a number every variant must agree on.
+    return out[:, s:].float().mean()
+
+
+def lm_infer_step(run, i, b, s):
+    import torch
+
+    ids = token_ids(run, b, s)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = run.model(input_ids=ids).logits
+        return logits.float().mean()
+
+
+def lm_train_step(run, i, b, s):
+    """The decoders, BERT's masked-LM head (every token its own label) and T5,
+    whose target is half the source's length."""
+    import torch
+
+    ids = token_ids(run, b, s)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if run.workload == "t5":
+            return run.model(input_ids=ids, labels=ids[:, : s // 2].contiguous()).loss
+        return run.model(input_ids=ids, labels=ids).loss
+
+
+STEPS = {
+    "gpt2": lm_train_step,
+    "llama": lm_train_step,
+    "llama-1b": lm_train_step,
+    "moe": lm_train_step,
+    "bert": lm_train_step,
+    "t5": lm_train_step,
+    "resnet50": resnet50_step,
+    "gpt2-infer": lm_infer_step,
+    "llama-generate": generate_step,
+    "gpt2-beam": generate_step,
+    "vit-infer": vit_infer_step,
+    "detect-infer": detect_infer_step,
+    "segment": segment_step,
+    "detect-train": detect_train_step,
+    "speech": speech_step,
+}
+
+
+def run_step(run, opt, i, b, s):
+    """Step `i` of `run`'s workload: its forward pass (STEPS), then, for a
+    training workload, the backward pass and `opt`'s step. Returns the loss, or
+    a serving workload's number."""
+    out = STEPS[run.workload](run, i, b, s)
+    if run.workload in SERVING:
+        return out
+    opt.zero_grad(set_to_none=True)
+    out.backward()
+    opt.step()
+    return out
+
+
 def main():
     args = parse()
     if args.shapes == "bucketed":
@@ -348,79 +516,11 @@ def main():
     gen = torch.Generator(device=dev)
     gen.manual_seed(args.seed + 1 + rank)
 
+    run = Run(workload=args.workload, model=model, gen=gen, dev=dev, seed=args.seed)
+
     def step(i):
         b, s = plan[i]
-        if args.workload == "resnet50":
-            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
-            x = x.contiguous(memory_format=torch.channels_last)
-            y = torch.randint(0, 1000, (b,), generator=gen, device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-        elif args.workload == "vit-infer":
-            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                return model(x).float().mean()
-        elif args.workload == "detect-infer":
-            images = [torch.rand(3, 480, s, generator=gen, device=dev) for _ in range(b)]
-            with torch.no_grad():
-                found = model(images)
-            # The boxes kept, as a number every variant must agree on.
-            return torch.tensor(float(sum(len(d["boxes"]) for d in found)), device=dev)
-        elif args.workload == "detect-train":
-            h = 320 + (s * 7919) % 449  # a height per step, 320-768, from the width
-            rr = random.Random(args.seed * 100003 + i)
-            ys = torch.arange(h, device=dev).view(1, h, 1)
-            xs = torch.arange(s, device=dev).view(1, 1, s)
-            scale = torch.tensor([s, h], dtype=torch.float32, device=dev)
-            images, targets = [], []
-            for _ in range(b):
-                images.append(torch.rand(3, h, s, generator=gen, device=dev))
-                n = rr.randint(1, 20)
-                corner = torch.rand(n, 2, generator=gen, device=dev) * scale * 0.7
-                extent = 16 + torch.rand(n, 2, generator=gen, device=dev) * scale * 0.3
-                boxes = torch.cat([corner, corner + extent], dim=1)
-                x0, y0, x1, y1 = (boxes[:, k].view(n, 1, 1) for k in range(4))
-                masks = ((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)).to(torch.uint8)
-                labels = torch.randint(1, 91, (n,), generator=gen, device=dev)
-                targets.append({"boxes": boxes, "labels": labels, "masks": masks})
-            losses = model(images, targets)
-            loss = sum(losses.values())
-        elif args.workload == "speech":
-            x = torch.randn(b, s, generator=gen, device=dev)
-            labels = torch.randint(1, 32, (b, max(2, s // 320 // 4)), generator=gen, device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_values=x, labels=labels).loss
-        elif args.workload == "segment":
-            x = torch.randn(b, 3, s, s, generator=gen, device=dev)
-            x = x.contiguous(memory_format=torch.channels_last)
-            y = torch.randint(0, 21, (b, s, s), generator=gen, device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
-        else:
-            vocab = {"gpt2": 50257, "gpt2-infer": 50257, "gpt2-beam": 50257, "bert": 30522, "t5": 32128}.get(args.workload, 32000)
-            ids = torch.randint(0, vocab, (b, s), generator=gen, device=dev)
-            if args.workload in ("llama-generate", "gpt2-beam"):
-                beams = BEAMS if args.workload == "gpt2-beam" else 1
-                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                         max_new_tokens=GENERATED, min_new_tokens=GENERATED,
-                                         do_sample=False, num_beams=beams, pad_token_id=0)
-                # The generated tokens, as a number every variant must agree on.
-                return out[:, s:].float().mean()
-            if infer:
-                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits = model(input_ids=ids).logits
-                    loss = logits.float().mean()
-                return loss
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                if args.workload == "t5":  # the target: half the source's length
-                    loss = model(input_ids=ids, labels=ids[:, : s // 2].contiguous()).loss
-                else:
-                    loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return run_step(run, opt, i, b, s)
 
     times = []
     # The current stream's time from the step's first call to its last (CUDA
