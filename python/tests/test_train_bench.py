@@ -4,6 +4,7 @@ and data (the rounds compare steps of the same index), and only training
 workloads step an optimizer. The steps run over a recording stand-in for torch:
 nothing here needs PyTorch or a GPU."""
 
+import re
 import sys
 
 import pytest
@@ -88,3 +89,29 @@ def test_steps_train_or_serve_as_their_workload_says(bench, monkeypatch, seed):
             for name, args, kwargs in draws:
                 assert kwargs.get("generator") is gen and kwargs.get("device") == "cuda:1", (workload, name)
             assert model.called or model.generate.called, workload
+
+
+def test_every_workload_builds_its_own_model(bench, monkeypatch):
+    """`build` names each workload (a workload it does not name is refused, not
+    built as another's model), with random weights: nothing is downloaded."""
+    from unittest import mock
+
+    made = {}
+    for workload in bench.WORKLOADS:
+        libs = {name: mock.MagicMock(name=name) for name in ("torch", "transformers", "torchvision")}
+        for name, lib in libs.items():
+            monkeypatch.setitem(sys.modules, name, lib)
+        bench.build(workload, "cuda:0")
+        calls = [re.sub(r" id='\d+'", "", str(c))
+                 for name in ("transformers", "torchvision") for c in libs[name].mock_calls]
+        assert calls, workload
+        # torchvision's constructors (not what is called on what they return).
+        constructors = [c for c in calls if c.startswith("call.models.") and "()." not in c]
+        assert all("weights=None" in c for c in constructors), (workload, constructors)
+        made[workload] = calls
+    # gpt2, gpt2-infer and gpt2-beam share one model; every other workload has its own.
+    assert made["gpt2"] == made["gpt2-infer"] == made["gpt2-beam"]
+    others = [tuple(c) for w, c in made.items() if w not in ("gpt2-infer", "gpt2-beam")]
+    assert len(set(others)) == len(others)
+    with pytest.raises(SystemExit, match="no model"):
+        bench.build("no-such-workload", "cuda:0")

@@ -226,10 +226,12 @@ def build(workload, dev):
         model = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None,
                                                                    num_classes=21)
         model = model.to(memory_format=torch.channels_last)
-    else:
+    elif workload == "resnet50":
         import torchvision
 
         model = torchvision.models.resnet50(weights=None).to(memory_format=torch.channels_last)
+    else:
+        raise SystemExit(f"train_bench.py builds no model for workload {workload!r}")
     return model.to(dev)
 
 
