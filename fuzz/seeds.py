@@ -11,7 +11,9 @@
   ids), plus the README's example;
 - ipc_handle: handle bytes (legacy and mempool), as bytes, as hex and with the
   checksum to be fixed up (the first byte picks the mode: see src/ipc.rs);
-- capi_args: short programs of the C ABI target (see src/capi.rs).
+- capi_args: short programs of the C ABI target (see src/capi.rs);
+- pool_ops: programs of the pool target (see src/pool.rs): a step of training
+  made and freed a few times, on each kind of pool the first bytes choose.
 
 Files the fuzzer found (crashes fixed, and its queue when kept) are added by hand
 and are not rewritten here.
@@ -140,8 +142,35 @@ def capi():
     out("capi_args", "history", bytes([18, 16, 0, 18, 0, 1, 19, 1, 0, 0, 0, 0, 0, 0, 0]))
 
 
+def pool():
+    # src/pool.rs: flags (1 expandable, 2 merging, 4 stream pools, 8 thread
+    # caches, 16 piece share, 32 replaced pieces, 64/128 a lagging device), the
+    # capacity (16 MiB << n), then steps: 0-2 allocate (size: 2^e plus e/256 of it
+    # times m; stream), 3-4 free (index), 5 trim, 6 limit or threshold, 7 stats,
+    # snapshot and peak reset.
+    def alloc(e, m, s):
+        return [0, e, m, s]
+
+    step = []
+    for k in range(6):  # activations of growing and shrinking sizes on two streams
+        step += alloc(20 + k % 5, 17 * k % 256, k % 2)
+    step += alloc(12, 3, 0) + alloc(9, 0, 0)  # small blocks among them
+    step += [3, 2, 4, 0, 3, 5, 3, 1]  # freed in another order
+    weights = alloc(24, 0, 0) + alloc(23, 128, 0)
+    program = weights + step * 3 + [7] + step + [5, 6, 1, 1] + step + [6, 0, 7]
+    for flags, name in ((0b0001_1101, "expandable"), (0b0000_1010, "plain_merging"),
+                        (0b0100_1101, "expandable_lagging"), (0b1011_0111, "everything")):
+        out("pool_ops", f"steps_{name}", bytes([flags, 4] + program))
+    # Out of memory: a 16 MiB pool asked for more, then for less after a limit.
+    # (Sizes 30 and 31: none, and more than any machine has.)
+    out("pool_ops", "out_of_memory", bytes([0b0000_1101, 0] + alloc(23, 0, 0) + alloc(24, 0, 1)
+                                           + alloc(29, 255, 0) + alloc(30, 0, 3) + alloc(31, 2, 1)
+                                           + [6, 1, 2] + alloc(22, 0, 2) + [4, 0, 5]))
+
+
 if __name__ == "__main__":
     pickles()
     text()
     ipc()
     capi()
+    pool()

@@ -7,11 +7,14 @@
 //! included) is a finding. See `docs/fuzzing.md`.
 
 mod capi;
+mod cursor;
 mod ipc;
+mod pool;
 mod trace;
 
 pub use capi::capi_args;
 pub use ipc::ipc_handle;
+pub use pool::pool_ops;
 pub use trace::{csv_trace, pickle_snapshot, rmm_log};
 
 /// A target: its name (also its corpus folder and binary) and its function.
@@ -24,6 +27,7 @@ pub const TARGETS: &[Target] = &[
     ("rmm_log", rmm_log),
     ("ipc_handle", ipc_handle),
     ("capi_args", capi_args),
+    ("pool_ops", pool_ops),
 ];
 
 /// Points emm at the stand-in driver when no driver was chosen: the

@@ -69,6 +69,11 @@ fn capi_args() {
 }
 
 #[test]
+fn pool_ops() {
+    replay("pool_ops");
+}
+
+#[test]
 fn every_target_has_a_test_and_a_binary() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     for (name, _) in emm_fuzz::TARGETS {
