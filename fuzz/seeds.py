@@ -13,7 +13,9 @@
   checksum to be fixed up (the first byte picks the mode: see src/ipc.rs);
 - capi_args: short programs of the C ABI target (see src/capi.rs);
 - pool_ops: programs of the pool target (see src/pool.rs): a step of training
-  made and freed a few times, on each kind of pool the first bytes choose.
+  made and freed a few times, on each kind of pool the first bytes choose;
+- torch_hooks: programs of PyTorch's hooks (see src/torch.rs): tensors made,
+  used on another stream and freed, a private pool's life, and bad arguments.
 
 Files the fuzzer found (crashes fixed, and its queue when kept) are added by hand
 and are not rewritten here.
@@ -168,9 +170,30 @@ def pool():
                                            + [6, 1, 2] + alloc(22, 0, 2) + [4, 0, 5]))
 
 
+def torch():
+    # src/torch.rs: 0-2 allocate (size, device, stream), 3 free, 4 release, 5
+    # record_stream, 6 statistics, 7 peaks/cacheInfo/empty_cache, 8 create a
+    # private pool, 9 begin or end routing, 10 allocate into it, 11 release it,
+    # list its live blocks or describe it. Sizes: 3 = 2^k + m, 4 = a * 4096 + b;
+    # devices: 3 = 0, 0 = -1, 1 = 1; streams: 0 none, 1 legacy, 2 per thread.
+    tensors = [0, 4, 255, 0, 3, 0, 1, 3, 22, 5, 3, 1, 2, 4, 7, 9, 3, 2]
+    use = [5, 1, 3, 2, 6, 3, 0, 1, 2, 3, 7, 3]
+    frees = [4, 1, 1, 3, 1, 1, 0, 4, 1, 0, 4, 1, 1]
+    out("torch_hooks", "tensors", bytes(tensors + use + frees + [7, 0]))
+    graph = [8, 1, 0, 9, 1, 0, 0, 10, 1, 0, 4, 16, 0, 0, 10, 1, 0, 3, 21, 9, 1,
+             11, 1, 0, 1, 4, 11, 1, 0, 2, 9, 1, 0, 1, 4, 1, 1, 11, 1, 0, 0]
+    out("torch_hooks", "private_pool", bytes(graph + tensors + frees))
+    bad = ([0, 1, 7, 3, 0, 0, 2, 0, 3, 0, 0, 4, 1, 1, 1, 0]
+           + [4, 0] + [0xEF, 0xBE, 0xAD, 0xDE, 0, 0, 0, 0] + [3]
+           + [3, 0] + [8, 0, 0, 0, 0, 0, 0, 0] + [2] + [0xFF] * 8 + [1, 0, 1]
+           + [10, 2, 1, 4, 1, 1, 0] + [11, 2, 1, 0] + [9, 2, 1, 1])
+    out("torch_hooks", "bad_arguments", bytes(bad))
+
+
 if __name__ == "__main__":
     pickles()
     text()
     ipc()
     capi()
     pool()
+    torch()

@@ -29,7 +29,8 @@ fn manager() -> *mut emm_manager {
     }) as *mut emm_manager
 }
 
-fn message() -> String {
+/// `emm_last_error`'s message.
+pub(crate) fn message() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: `buf` holds 256 writable bytes.
     let n = unsafe { emm_last_error(buf.as_mut_ptr().cast(), buf.len()) };
@@ -38,7 +39,7 @@ fn message() -> String {
 
 /// A call's status is a typed one; a failure names itself.
 #[track_caller]
-fn status(what: &str, code: emm_status) {
+pub(crate) fn status(what: &str, code: emm_status) {
     static TRACE: OnceLock<bool> = OnceLock::new();
     if *TRACE.get_or_init(|| std::env::var_os("EMM_FUZZ_TRACE").is_some()) {
         eprintln!(
@@ -96,8 +97,17 @@ impl Held {
     }
 }
 
+/// One C ABI target at a time: the targets share the process's manager of
+/// device 0, whose allocated bytes each checks at its end (the replay test runs
+/// them on parallel threads).
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs the program in `data` against the C ABI.
 pub fn capi_args(data: &[u8]) {
+    let _one = serial();
     let m = manager();
     let before = allocated(m);
     let mut c = Cursor(data);

@@ -10,11 +10,13 @@ mod capi;
 mod cursor;
 mod ipc;
 mod pool;
+mod torch;
 mod trace;
 
 pub use capi::capi_args;
 pub use ipc::ipc_handle;
 pub use pool::pool_ops;
+pub use torch::torch_hooks;
 pub use trace::{csv_trace, pickle_snapshot, rmm_log};
 
 /// A target: its name (also its corpus folder and binary) and its function.
@@ -28,6 +30,7 @@ pub const TARGETS: &[Target] = &[
     ("ipc_handle", ipc_handle),
     ("capi_args", capi_args),
     ("pool_ops", pool_ops),
+    ("torch_hooks", torch_hooks),
 ];
 
 /// Points emm at the stand-in driver when no driver was chosen: the

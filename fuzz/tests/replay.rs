@@ -74,6 +74,11 @@ fn pool_ops() {
 }
 
 #[test]
+fn torch_hooks() {
+    replay("torch_hooks");
+}
+
+#[test]
 fn every_target_has_a_test_and_a_binary() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     for (name, _) in emm_fuzz::TARGETS {
