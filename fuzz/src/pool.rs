@@ -15,7 +15,6 @@
 //! byte, and the pool serves a request of half its capacity (the fault has
 //! cleared, so the pool works again).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use emm_core::{DeviceAllocation, HostClock, SYNC_STREAM};
@@ -77,16 +76,15 @@ fn pool(c: &mut Cursor<'_>) -> (PoolManager, Option<Arc<HostClock>>, usize) {
     (pool, clock, capacity)
 }
 
-/// The blocks an input holds: each allocation and its requested size, and the
-/// ranges they cover by start.
+/// The blocks an input holds.
 #[derive(Default)]
 struct Held {
-    blocks: Vec<(DeviceAllocation, usize)>,
-    ranges: BTreeMap<u64, u64>,
+    blocks: Vec<DeviceAllocation>,
 }
 
 impl Held {
-    /// Takes a new block, which must not overlap any live one.
+    /// Takes a new block for a request of `size` bytes: at least that large, and
+    /// overlapping no live block.
     fn take(&mut self, a: DeviceAllocation, size: usize) {
         let (start, end) = (a.ptr(), a.ptr() + a.size() as u64);
         assert!(
@@ -94,29 +92,21 @@ impl Held {
             "a block of {} bytes for a request of {size}",
             a.size()
         );
-        if let Some((&s, &e)) = self.ranges.range(..=start).next_back() {
+        for b in &self.blocks {
+            let (s, e) = (b.ptr(), b.ptr() + b.size() as u64);
             assert!(
-                e <= start,
+                e <= start || s >= end,
                 "[{start:#x}, {end:#x}) overlaps the live [{s:#x}, {e:#x})"
             );
         }
-        if let Some((&s, &e)) = self.ranges.range(start..).next() {
-            assert!(
-                s >= end,
-                "[{start:#x}, {end:#x}) overlaps the live [{s:#x}, {e:#x})"
-            );
-        }
-        self.ranges.insert(start, end);
-        self.blocks.push((a, size));
+        self.blocks.push(a);
     }
 
     /// Frees the block at `index` (any number: taken modulo the blocks held).
     fn free(&mut self, index: usize) {
-        if self.blocks.is_empty() {
-            return;
+        if !self.blocks.is_empty() {
+            self.blocks.swap_remove(index % self.blocks.len());
         }
-        let (a, _) = self.blocks.swap_remove(index % self.blocks.len());
-        self.ranges.remove(&a.ptr());
     }
 }
 

@@ -70,6 +70,7 @@ Prints one line 'RESULT {json}' per process (rank 0 under DDP): per-step times,
 peak reserved and allocated bytes, driver allocations, the final loss.
 """
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -302,16 +303,16 @@ def shapes(workload, n, seed, mode="fresh"):
     return (buckets + [r.choice(buckets) for _ in range(n)])[:n]
 
 
+@dataclasses.dataclass
 class Run:
     """What a workload's step needs besides its shape: the workload's name, the
     model, the CUDA generator its data is drawn from, the device and the seed."""
 
-    def __init__(self, workload, model, gen, dev, seed):
-        self.workload = workload
-        self.model = model
-        self.gen = gen
-        self.dev = dev
-        self.seed = seed
+    workload: str
+    model: object
+    gen: object
+    dev: object
+    seed: int
 
 
 # A step's forward pass for batch `b` and second dimension `s` (see DRAWS) at step
