@@ -15,7 +15,9 @@
 - pool_ops: programs of the pool target (see src/pool.rs): a step of training
   made and freed a few times, on each kind of pool the first bytes choose;
 - torch_hooks: programs of PyTorch's hooks (see src/torch.rs): tensors made,
-  used on another stream and freed, a private pool's life, and bad arguments.
+  used on another stream and freed, a private pool's life, and bad arguments;
+- cupy_hooks: programs of CuPy's allocator (see src/cupy.rs): arrays made on
+  each stream and freed, with hooks and before any, and failures of each kind.
 
 Files the fuzzer found (crashes fixed, and its queue when kept) are added by hand
 and are not rewritten here.
@@ -190,6 +192,26 @@ def torch():
     out("torch_hooks", "bad_arguments", bytes(bad))
 
 
+def cupy():
+    # src/cupy.rs: 0-3 malloc (stream: 0 none, 1 legacy, 2 per thread, 3 the
+    # stream function fails; size; device), 4-5 free (a held block by index, on
+    # its own device unless the next byte % 4 is 0; or pick % 4 == 0: any
+    # address and device), 6 set the hooks (type pair, pick: 0-3 a null, 4-7
+    # valid), 7 free null or the failure value. Sizes: 1 = MAX >> k, 2 = 2^k +
+    # m, 3 = a * 4096 + b; devices: 3 = 0, 0 = -1, 1 = 1, 2 = any (8 bytes).
+    hooks = [6, 0, 4]
+    arrays = ([0, 0, 3, 1, 0, 3] + [1, 1, 3, 16, 0, 3] + [2, 2, 2, 20, 5, 3]
+              + [3, 3, 3, 2, 0, 3] + [0, 0, 3, 0, 7, 3])
+    frees = [4, 1, 1] + [5, 2, 1] + [4, 3, 1] + [4, 1, 1]
+    out("cupy_hooks", "arrays", bytes([0, 0, 3, 1, 0, 3] + hooks + arrays + frees))
+    failures = ([6, 1, 5] + [0, 0, 1, 0, 3] + [0, 0, 2, 35, 0, 3] + [0, 0, 3, 1, 0, 0]
+                + [0, 1, 3, 1, 0, 1] + [0, 2, 3, 1, 0, 2] + [0xEF] * 8
+                + [6, 0, 0] + [6, 0, 1] + [6, 0, 2] + [6, 0, 3]
+                + [0, 0, 3, 4, 0, 3] + [4, 1, 0, 0] + [4, 0] + [0xEF, 0xBE, 0xAD, 0xDE, 0, 0, 0, 0] + [3]
+                + [7, 0, 3] + [7, 1, 0] + [6, 0, 4] + [0, 3, 3, 1, 0, 3] + [4, 1, 1])
+    out("cupy_hooks", "failures", bytes(failures))
+
+
 if __name__ == "__main__":
     pickles()
     text()
@@ -197,3 +219,4 @@ if __name__ == "__main__":
     capi()
     pool()
     torch()
+    cupy()

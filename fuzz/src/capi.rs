@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use emm_capi::*;
 
+use crate::abi::{message, serial, status};
 use crate::cursor::Cursor;
 
 /// The manager every input works on: the process's `pool` on device 0, made once.
@@ -27,37 +28,6 @@ fn manager() -> *mut emm_manager {
         assert_eq!(code, EMM_OK, "no manager on the stand-in: {}", message());
         m as usize
     }) as *mut emm_manager
-}
-
-/// `emm_last_error`'s message.
-pub(crate) fn message() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` holds 256 writable bytes.
-    let n = unsafe { emm_last_error(buf.as_mut_ptr().cast(), buf.len()) };
-    String::from_utf8_lossy(&buf[..n.min(255)]).into_owned()
-}
-
-/// A call's status is a typed one; a failure names itself.
-#[track_caller]
-pub(crate) fn status(what: &str, code: emm_status) {
-    static TRACE: OnceLock<bool> = OnceLock::new();
-    if *TRACE.get_or_init(|| std::env::var_os("EMM_FUZZ_TRACE").is_some()) {
-        eprintln!(
-            "{what}: {code} {}",
-            if code == EMM_OK {
-                String::new()
-            } else {
-                message()
-            }
-        );
-    }
-    assert_ne!(code, EMM_ERR_PANIC, "{what}: {}", message());
-    assert_ne!(code, EMM_ERR_INTERNAL, "{what}: {}", message());
-    if code != EMM_OK {
-        assert!((1..=10).contains(&code), "{what}: unknown status {code}");
-        assert_eq!(emm_last_error_code(), code, "{what}: last error code");
-        assert!(!message().is_empty(), "{what}: a failure without a message");
-    }
 }
 
 fn allocated(m: *mut emm_manager) -> u64 {
@@ -95,14 +65,6 @@ impl Held {
             _ => (c.u64() as usize) as *mut emm_array,
         }
     }
-}
-
-/// One C ABI target at a time: the targets share the process's manager of
-/// device 0, whose allocated bytes each checks at its end (the replay test runs
-/// them on parallel threads).
-pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs the program in `data` against the C ABI.

@@ -6,7 +6,9 @@
 //! Each target takes any bytes and must not panic: a panic (a failed invariant
 //! included) is a finding. See `docs/fuzzing.md`.
 
+mod abi;
 mod capi;
+mod cupy;
 mod cursor;
 mod ipc;
 mod pool;
@@ -14,6 +16,7 @@ mod torch;
 mod trace;
 
 pub use capi::capi_args;
+pub use cupy::cupy_hooks;
 pub use ipc::ipc_handle;
 pub use pool::pool_ops;
 pub use torch::torch_hooks;
@@ -31,6 +34,7 @@ pub const TARGETS: &[Target] = &[
     ("capi_args", capi_args),
     ("pool_ops", pool_ops),
     ("torch_hooks", torch_hooks),
+    ("cupy_hooks", cupy_hooks),
 ];
 
 /// Points emm at the stand-in driver when no driver was chosen: the

@@ -21,7 +21,7 @@ use std::ptr::null_mut;
 
 use emm_capi::*;
 
-use crate::capi::{serial, status};
+use crate::abi::{hooks_allocated, serial, status};
 use crate::cursor::Cursor;
 
 /// The statistics a program may ask for (and a name no manager keeps).
@@ -104,20 +104,10 @@ fn pool_id(c: &mut Cursor<'_>) -> (u64, u64) {
     (u64::from(c.u8() % 3), u64::from(c.u8() % 2))
 }
 
-/// Device 0's allocated bytes through the hooks' statistics.
-fn allocated() -> u64 {
-    let keys: [*const c_char; 1] = [NAMES[0].as_ptr()];
-    let mut value = 0u64;
-    // SAFETY: one name, one value.
-    let code = unsafe { emm_torch_memory_stats(0, keys.as_ptr(), &mut value, 1, null_mut()) };
-    status("emm_torch_memory_stats", code);
-    value
-}
-
 /// Runs the program in `data` against PyTorch's hooks.
 pub fn torch_hooks(data: &[u8]) {
     let _one = serial();
-    let before = allocated();
+    let before = hooks_allocated();
     let mut c = Cursor(data);
     let mut held = Held::default();
     let mut steps = 0;
@@ -147,7 +137,7 @@ pub fn torch_hooks(data: &[u8]) {
         emm_torch_empty_cache(-1, &mut released)
     });
     assert_eq!(
-        allocated(),
+        hooks_allocated(),
         before,
         "allocated bytes after freeing everything"
     );

@@ -79,6 +79,11 @@ fn torch_hooks() {
 }
 
 #[test]
+fn cupy_hooks() {
+    replay("cupy_hooks");
+}
+
+#[test]
 fn every_target_has_a_test_and_a_binary() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     for (name, _) in emm_fuzz::TARGETS {

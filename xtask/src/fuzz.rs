@@ -11,7 +11,7 @@
 //!    skipped.
 //! 3. The targets built with AFL++'s instrumentation (`cargo afl build`).
 //! 4. A smoke test: each target fuzzed for [`SMOKE_SECS`] seconds (at most
-//!    [`SMOKE_LIMIT_SECS`] with the start), so at most 2.8 minutes in all; a crash
+//!    [`SMOKE_LIMIT_SECS`] with the start), so at most 3.2 minutes in all; a crash
 //!    fails the step and names the input.
 
 use std::path::{Path, PathBuf};
@@ -27,6 +27,7 @@ const TARGETS: &[&str] = &[
     "capi_args",
     "pool_ops",
     "torch_hooks",
+    "cupy_hooks",
 ];
 
 /// The cargo-afl release installed (its `afl` crate is `fuzz/`'s dependency).
@@ -35,7 +36,7 @@ const CARGO_AFL: &str = "cargo-afl@0.18.2";
 /// Seconds of fuzzing per target in the smoke test (`afl-fuzz -V`).
 const SMOKE_SECS: u32 = 18;
 
-/// The hard limit per target, start-up included: 7 targets x 24 s = 2.8 minutes.
+/// The hard limit per target, start-up included: 8 targets x 24 s = 3.2 minutes.
 const SMOKE_LIMIT_SECS: u32 = 24;
 
 /// emm-sys's `DRIVER_PATH_ENV` (xtask does not depend on emm-sys).

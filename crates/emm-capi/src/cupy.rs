@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
 
 use emm_sys::CUstream;
 
@@ -29,9 +30,23 @@ struct CupyHooks {
     error_type: *mut c_void,
 }
 
-/// The hooks in force; replaced hooks are leaked on purpose (a few bytes once per
-/// `emm_cupy_set_hooks`), so a reader never sees freed hooks.
+impl CupyHooks {
+    /// Whether `self` holds the same functions and types as `other`, by address.
+    fn same(&self, other: &CupyHooks) -> bool {
+        self.current_stream as usize == other.current_stream as usize
+            && self.raise as usize == other.raise as usize
+            && self.oom_type == other.oom_type
+            && self.error_type == other.error_type
+    }
+}
+
+/// The hooks in force, one of [`MADE`]'s.
 static CUPY_HOOKS: AtomicPtr<CupyHooks> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Every set of hooks `emm_cupy_set_hooks` was given, each made once and never
+/// freed, so a reader never sees freed hooks: a few bytes for each different
+/// set, however often sets are given again.
+static MADE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// The address `emm_cupy_malloc` returns on failure, with a Python exception set
 /// (`(void *)EMM_CUPY_FAILED`): CuPy's `_call_malloc` returns `intptr_t` and checks
@@ -56,13 +71,27 @@ pub extern "C" fn emm_cupy_set_hooks(
         if oom_type.is_null() || error_type.is_null() {
             return invalid("emm_cupy_set_hooks: `oom_type` or `error_type` is null");
         }
-        let hooks = Box::into_raw(Box::new(CupyHooks {
+        let hooks = CupyHooks {
             current_stream,
             raise,
             oom_type,
             error_type,
-        }));
-        CUPY_HOOKS.store(hooks, Ordering::Release);
+        };
+        let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+        let known = made.iter().find(|&&p| {
+            // SAFETY: the addresses in MADE come from Box::into_raw and are never
+            // freed.
+            unsafe { &*(p as *const CupyHooks) }.same(&hooks)
+        });
+        let p = match known {
+            Some(&p) => p as *mut CupyHooks,
+            None => {
+                let p = Box::into_raw(Box::new(hooks));
+                made.push(p as usize);
+                p
+            }
+        };
+        CUPY_HOOKS.store(p, Ordering::Release);
         EMM_OK
     })
 }
@@ -87,8 +116,7 @@ pub extern "C" fn emm_cupy_malloc(param: *mut c_void, size: usize, device: c_int
         set_no_hooks();
         return core::ptr::null_mut();
     }
-    // SAFETY: non-null pointers in CUPY_HOOKS come from Box::into_raw and are never
-    // freed.
+    // SAFETY: non-null pointers in CUPY_HOOKS are MADE's, which are never freed.
     let hooks = unsafe { &*hooks };
     // SAFETY: the function was given by emm_cupy_set_hooks as CuPy's current-stream
     // function; CuPy calls this allocator with the GIL held, as that function needs.
@@ -147,5 +175,42 @@ pub extern "C" fn emm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_
     if code != EMM_OK {
         let msg = crate::status::last_error_message();
         tracing::error!("CuPy freed memory emm could not free: {msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "C" fn stream() -> isize {
+        0
+    }
+
+    unsafe extern "C" fn raise(_: *mut c_void, _: *const c_char) {}
+
+    #[test]
+    fn hooks_given_again_make_nothing_new_and_different_ones_replace_them() {
+        let (oom, error) = (8usize as *mut c_void, 16usize as *mut c_void);
+        let set = |error: *mut c_void| {
+            assert_eq!(
+                emm_cupy_set_hooks(Some(stream), Some(raise), oom, error),
+                EMM_OK
+            );
+            CUPY_HOOKS.load(Ordering::Acquire)
+        };
+        let first = set(error);
+        assert!(!first.is_null());
+        for _ in 0..3 {
+            assert_eq!(set(error), first, "the same hooks made new ones");
+        }
+        let other = set(oom);
+        assert_ne!(other, first, "different hooks did not replace the old");
+        // SAFETY: non-null pointers in CUPY_HOOKS are never freed.
+        assert_eq!(unsafe { &*other }.error_type, oom);
+        for _ in 0..3 {
+            assert_eq!(set(error), first, "a set given again was made again");
+            assert_eq!(set(oom), other, "a set given again was made again");
+        }
+        assert_eq!(MADE.lock().unwrap().len(), 2);
     }
 }
