@@ -56,6 +56,7 @@ pub mod fork;
 pub mod memory;
 pub mod mempool;
 mod os;
+mod recent;
 pub mod state;
 pub mod streams;
 pub mod vmm;

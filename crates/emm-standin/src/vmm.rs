@@ -4,12 +4,13 @@
 //! `MAP_FIXED | MAP_SHARED`. A mapping is reachable by copies only after
 //! `cuMemSetAccess`, as on a GPU.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use emm_sys::CUresult;
 
 use crate::memory::{Memory, Region, RegionKind};
 use crate::os;
+use crate::recent::Recent;
 
 /// The allocation granularity (minimum and recommended): 2 MiB, as on current GPUs.
 pub const GRANULARITY: usize = 2 << 20;
@@ -39,7 +40,8 @@ pub struct Physical {
 pub struct Vmm {
     reservations: BTreeMap<u64, usize>,
     handles: HashMap<u64, Physical>,
-    gone: HashSet<u64>,
+    /// Handles released last (a second release is a double free).
+    gone: Recent,
 }
 
 impl Vmm {
@@ -184,7 +186,7 @@ impl Vmm {
                 Ok(())
             }
             _ => {
-                if self.gone.contains(&handle) || self.handles.contains_key(&handle) {
+                if self.gone.contains(handle) || self.handles.contains_key(&handle) {
                     mem.double_frees += 1;
                 } else {
                     mem.invalid_frees += 1;
