@@ -392,7 +392,9 @@ uint64_t emm_array_deleters_run(struct emm_array *a);
  * Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
  * Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
  * of memory and `error_type` for other failures (Python type objects, which the
- * caller keeps alive for the life of the process).
+ * caller keeps alive for the life of the process). Giving the hooks in force
+ * again changes nothing; each different set given is kept for the life of the
+ * process (a few bytes), so a reader never sees freed hooks.
  */
 emm_status emm_cupy_set_hooks(emm_stream_fn current_stream,
                               emm_raise_fn raise,

@@ -56,7 +56,9 @@ pub const EMM_CUPY_FAILED: isize = -1;
 /// Gives `emm_cupy_malloc` CuPy's current-stream function and the means to raise
 /// Python exceptions: `raise` (CPython's `PyErr_SetString`) with `oom_type` for out
 /// of memory and `error_type` for other failures (Python type objects, which the
-/// caller keeps alive for the life of the process).
+/// caller keeps alive for the life of the process). Giving the hooks in force
+/// again changes nothing; each different set given is kept for the life of the
+/// process (a few bytes), so a reader never sees freed hooks.
 #[no_mangle]
 pub extern "C" fn emm_cupy_set_hooks(
     current_stream: emm_stream_fn,
