@@ -1,13 +1,16 @@
-//! What the targets that call the C ABI share: a call's status checked
-//! ([`status`]), `emm_last_error`'s message ([`message`]), one such target at a
-//! time ([`serial`]), and the framework hooks' allocated bytes
-//! ([`hooks_allocated`]).
+//! What the targets that call the C ABI share: a program of calls read from the
+//! input ([`program`]), a call's status checked ([`status`]), `emm_last_error`'s
+//! message ([`message`]), one such target at a time ([`serial`]), a device as a
+//! caller may pass one ([`device`]), the blocks an input holds ([`Blocks`]), and
+//! the framework hooks' allocated bytes ([`hooks_allocated`]).
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_int};
 use std::ptr::null_mut;
 use std::sync::OnceLock;
 
 use emm_capi::*;
+
+use crate::cursor::Cursor;
 
 /// `emm_last_error`'s message.
 pub(crate) fn message() -> String {
@@ -58,4 +61,41 @@ pub(crate) fn hooks_allocated() -> u64 {
     let code = unsafe { emm_torch_memory_stats(0, keys.as_ptr(), &mut value, 1, null_mut()) };
     status("emm_torch_memory_stats", code);
     value
+}
+
+/// Runs `step` over `data` until the input is read or 64 steps ran.
+pub(crate) fn program(data: &[u8], mut step: impl FnMut(&mut Cursor<'_>)) {
+    let mut c = Cursor(data);
+    let mut steps = 0;
+    while !c.done() && steps < 64 {
+        steps += 1;
+        step(&mut c);
+    }
+}
+
+/// A device: 0 most of the time, else one the stand-in may not have.
+pub(crate) fn device(c: &mut Cursor<'_>) -> c_int {
+    match c.u8() % 8 {
+        0 => -1,
+        1 => 1,
+        2 => c.u64() as c_int,
+        _ => 0,
+    }
+}
+
+/// The blocks an input holds: address, device, bytes.
+#[derive(Default)]
+pub(crate) struct Blocks(pub(crate) Vec<(u64, c_int, usize)>);
+
+impl Blocks {
+    /// A block handed out: it must not overlap any held on its device.
+    pub(crate) fn take(&mut self, ptr: u64, device: c_int, size: usize) {
+        for &(p, d, n) in &self.0 {
+            assert!(
+                d != device || ptr + size as u64 <= p || p + n as u64 <= ptr,
+                "[{ptr:#x}, +{size}) overlaps the held [{p:#x}, +{n}) on device {device}"
+            );
+        }
+        self.0.push((ptr, device, size));
+    }
 }

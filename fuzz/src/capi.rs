@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 use emm_capi::*;
 
-use crate::abi::{message, serial, status};
+use crate::abi::{message, program, serial, status};
 use crate::cursor::Cursor;
 
 /// The manager every input works on: the process's `pool` on device 0, made once.
@@ -72,16 +72,13 @@ pub fn capi_args(data: &[u8]) {
     let _one = serial();
     let m = manager();
     let before = allocated(m);
-    let mut c = Cursor(data);
     let mut held = Held::default();
-    let mut steps = 0;
-    while !c.done() && steps < 64 {
-        steps += 1;
+    program(data, |c| {
         // SAFETY: every pointer passed is null, a live local or buffer at least as
         // large as the length passed with it, or a handle/address value that the
         // C ABI looks up before any use (its contract for foreign values).
-        unsafe { step(m, &mut c, &mut held) };
-    }
+        unsafe { step(m, c, &mut held) };
+    });
     // SAFETY: as in the loop: each pointer and handle is this input's own.
     unsafe {
         for p in held.device.drain(..) {

@@ -15,14 +15,14 @@
 //! hooks refused leave the ones in force. At the end every block is freed and
 //! the devices' allocated bytes are back where they were.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Mutex;
 
 use emm_capi::*;
 
-use crate::abi::{hooks_allocated, serial, status};
+use crate::abi::{device, hooks_allocated, program, serial, status, Blocks};
 use crate::cursor::Cursor;
 
 /// The type objects a program may give, as (out of memory, other error):
@@ -57,16 +57,6 @@ unsafe extern "C" fn raise(exc_type: *mut c_void, msg: *const c_char) {
     lock(&RAISED).push((exc_type as usize, msg));
 }
 
-/// A device: 0 most of the time, else one the stand-in may not have.
-fn device(c: &mut Cursor<'_>) -> c_int {
-    match c.u8() % 8 {
-        0 => -1,
-        1 => 1,
-        2 => c.u64() as c_int,
-        _ => 0,
-    }
-}
-
 /// A size as CuPy passes it (`size_t`): none, small, large or past any device.
 fn size(c: &mut Cursor<'_>) -> usize {
     match c.u8() % 8 {
@@ -77,34 +67,12 @@ fn size(c: &mut Cursor<'_>) -> usize {
     }
 }
 
-/// The blocks an input holds: address, device, size.
-#[derive(Default)]
-struct Held(Vec<(u64, c_int, usize)>);
-
-impl Held {
-    /// A block handed out: it must not overlap any held on its device.
-    fn take(&mut self, ptr: u64, device: c_int, size: usize) {
-        for &(p, d, n) in &self.0 {
-            assert!(
-                d != device || ptr + size as u64 <= p || p + n as u64 <= ptr,
-                "[{ptr:#x}, +{size}) overlaps the held [{p:#x}, +{n}) on device {device}"
-            );
-        }
-        self.0.push((ptr, device, size));
-    }
-}
-
 /// Runs the program in `data` against CuPy's allocator.
 pub fn cupy_hooks(data: &[u8]) {
     let _one = serial();
     let before = hooks_allocated();
-    let mut c = Cursor(data);
-    let mut held = Held::default();
-    let mut steps = 0;
-    while !c.done() && steps < 64 {
-        steps += 1;
-        step(&mut c, &mut held);
-    }
+    let mut held = Blocks::default();
+    program(data, |c| step(c, &mut held));
     for (ptr, device, _) in held.0.drain(..) {
         emm_cupy_free(null_mut(), ptr as *mut c_void, device);
         let code = emm_last_error_code();
@@ -118,7 +86,7 @@ pub fn cupy_hooks(data: &[u8]) {
     );
 }
 
-fn step(c: &mut Cursor<'_>, held: &mut Held) {
+fn step(c: &mut Cursor<'_>, held: &mut Blocks) {
     match c.u8() % 8 {
         0..=3 => malloc(c, held),
         4 | 5 => free(c, held),
@@ -131,7 +99,7 @@ fn step(c: &mut Cursor<'_>, held: &mut Held) {
     }
 }
 
-fn malloc(c: &mut Cursor<'_>, held: &mut Held) {
+fn malloc(c: &mut Cursor<'_>, held: &mut Blocks) {
     let stream = [0, 1, 2, -1][usize::from(c.u8() % 4)];
     let (n, d) = (size(c), device(c));
     STREAM.store(stream, Ordering::Relaxed);
@@ -172,7 +140,7 @@ fn malloc(c: &mut Cursor<'_>, held: &mut Held) {
     }
 }
 
-fn free(c: &mut Cursor<'_>, held: &mut Held) {
+fn free(c: &mut Cursor<'_>, held: &mut Blocks) {
     let pick = c.u8();
     let (ptr, d, mine) = if pick % 4 != 0 && !held.0.is_empty() {
         let (p, d, _) = held.0[usize::from(pick) % held.0.len()];

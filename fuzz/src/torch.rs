@@ -16,12 +16,12 @@
 //! At the end every route is ended, every block freed, every use released, the
 //! caches emptied, and device 0's allocated bytes are back where they were.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_void};
 use std::ptr::null_mut;
 
 use emm_capi::*;
 
-use crate::abi::{hooks_allocated, serial, status};
+use crate::abi::{device, hooks_allocated, program, serial, status, Blocks};
 use crate::cursor::Cursor;
 
 /// The statistics a program may ask for (and a name no manager keeps).
@@ -39,42 +39,21 @@ const NAMES: [&std::ffi::CStr; 6] = [
 /// use, which a release gives back) and for each route begun and not ended.
 #[derive(Default)]
 struct Held {
-    blocks: Vec<(u64, c_int, usize)>,
+    blocks: Blocks,
     uses: Vec<(u64, u64)>,
     routes: Vec<(u64, u64)>,
 }
 
 impl Held {
-    /// A block handed out: it must not overlap any held.
-    fn take(&mut self, ptr: u64, device: c_int, size: usize) {
-        for &(p, d, n) in &self.blocks {
-            assert!(
-                d != device || ptr + size as u64 <= p || p + n as u64 <= ptr,
-                "[{ptr:#x}, +{size}) overlaps the held [{p:#x}, +{n}) on device {device}"
-            );
-        }
-        self.blocks.push((ptr, device, size));
-    }
-
     /// An address to pass: one this input holds, or any value.
     fn pointer(&self, c: &mut Cursor<'_>) -> (u64, Option<usize>) {
         let pick = c.u8();
-        if pick % 4 != 0 && !self.blocks.is_empty() {
-            let i = usize::from(pick) % self.blocks.len();
-            (self.blocks[i].0, Some(i))
+        if pick % 4 != 0 && !self.blocks.0.is_empty() {
+            let i = usize::from(pick) % self.blocks.0.len();
+            (self.blocks.0[i].0, Some(i))
         } else {
             (c.u64(), None)
         }
-    }
-}
-
-/// A device: 0 most of the time, else one the stand-in may not have.
-fn device(c: &mut Cursor<'_>) -> c_int {
-    match c.u8() % 8 {
-        0 => -1,
-        1 => 1,
-        2 => c.u64() as c_int,
-        _ => 0,
     }
 }
 
@@ -108,20 +87,15 @@ fn pool_id(c: &mut Cursor<'_>) -> (u64, u64) {
 pub fn torch_hooks(data: &[u8]) {
     let _one = serial();
     let before = hooks_allocated();
-    let mut c = Cursor(data);
     let mut held = Held::default();
-    let mut steps = 0;
-    while !c.done() && steps < 64 {
-        steps += 1;
-        step(&mut c, &mut held);
-    }
+    program(data, |c| step(c, &mut held));
     for (a, b) in held.routes.drain(..) {
         status(
             "emm_torch_graph_pool_end (end)",
             emm_torch_graph_pool_end(0, a, b),
         );
     }
-    for (ptr, device, _) in held.blocks.drain(..) {
+    for (ptr, device, _) in held.blocks.0.drain(..) {
         let code = emm_torch_release(ptr as *mut c_void, device);
         status("emm_torch_release (end)", code);
         assert_eq!(code, EMM_OK, "a held block of device {device} not freed");
@@ -159,37 +133,37 @@ fn step(c: &mut Cursor<'_>, held: &mut Held) {
                 }
             } else {
                 assert!(n > 0, "a block for a request of {n} bytes");
-                held.take(ptr as u64, d, n as usize);
+                held.blocks.take(ptr as u64, d, n as usize);
             }
         }
         3 => {
             let (ptr, i) = held.pointer(c);
             let (d, s) = match i {
-                Some(i) if c.u8() % 4 != 0 => (held.blocks[i].1, stream(c)),
+                Some(i) if c.u8() % 4 != 0 => (held.blocks.0[i].1, stream(c)),
                 _ => (device(c), stream(c)),
             };
             emm_torch_free(ptr as *mut c_void, size(c), d, s);
             let code = emm_last_error_code();
             status("emm_torch_free", code);
             if code == EMM_OK {
-                held.blocks.retain(|&(p, _, _)| p != ptr);
+                held.blocks.0.retain(|&(p, _, _)| p != ptr);
             }
         }
         4 => {
             let (ptr, i) = held.pointer(c);
             let d = match i {
-                Some(i) if c.u8() % 4 != 0 => held.blocks[i].1,
+                Some(i) if c.u8() % 4 != 0 => held.blocks.0[i].1,
                 _ => device(c),
             };
             let code = emm_torch_release(ptr as *mut c_void, d);
             status("emm_torch_release", code);
             if let Some(i) = i {
-                if d == held.blocks[i].1 || d == -1 {
+                if d == held.blocks.0[i].1 || d == -1 {
                     assert_eq!(code, EMM_OK, "a held block not freed on its device");
                 }
             }
             if code == EMM_OK {
-                held.blocks.retain(|&(p, _, _)| p != ptr);
+                held.blocks.0.retain(|&(p, _, _)| p != ptr);
             }
         }
         5 => {
@@ -261,7 +235,7 @@ fn step(c: &mut Cursor<'_>, held: &mut Held) {
                 }
             } else {
                 assert!(n > 0, "a graph block for a request of {n} bytes");
-                held.take(ptr as u64, 0, n as usize);
+                held.blocks.take(ptr as u64, 0, n as usize);
             }
         }
         _ => {
@@ -291,7 +265,7 @@ fn step(c: &mut Cursor<'_>, held: &mut Held) {
                     if code == EMM_OK {
                         for p in ptrs.iter().take(count.min(cap)) {
                             assert!(
-                                held.blocks.iter().any(|&(q, _, _)| q == *p as u64),
+                                held.blocks.0.iter().any(|&(q, _, _)| q == *p as u64),
                                 "a live graph block {p:p} this input does not hold"
                             );
                         }

@@ -190,6 +190,7 @@ mod tests {
 
     unsafe extern "C" fn raise(_: *mut c_void, _: *const c_char) {}
 
+    /// The only test of this binary that sets the (process-wide) hooks.
     #[test]
     fn hooks_given_again_make_nothing_new_and_different_ones_replace_them() {
         let (oom, error) = (8usize as *mut c_void, 16usize as *mut c_void);
