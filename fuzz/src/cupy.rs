@@ -107,7 +107,7 @@ fn malloc(c: &mut Cursor<'_>, held: &mut Blocks) {
     let p = emm_cupy_malloc(null_mut(), n, d);
     let raised = std::mem::take(&mut *lock(&RAISED));
     let Some((oom_type, error_type)) = *lock(&IN_FORCE) else {
-        // No hooks yet in this process (another target never sets them).
+        // No hooks yet in this process (no other target sets them).
         assert!(p.is_null(), "{p:p} without hooks");
         status("emm_cupy_malloc (no hooks)", emm_last_error_code());
         assert_eq!(emm_last_error_code(), EMM_ERR_INVALID_ARGUMENT);
