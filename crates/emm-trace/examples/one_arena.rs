@@ -16,7 +16,9 @@
 //! as the pool rounds them (to 512 B). Passes follow
 //! `emm replay`'s: what the trace never frees and made in its first half is kept
 //! from one pass to the next, and what it never frees but made later is freed at
-//! each pass's end.
+//! each pass's end. An id names one allocation at a time (a trace that makes an
+//! id again while its earlier allocation is kept would free that one here;
+//! none of the recorded traces does).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
