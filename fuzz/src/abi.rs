@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int};
 use std::ptr::null_mut;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use emm_capi::*;
 
@@ -47,9 +47,15 @@ pub(crate) fn status(what: &str, code: emm_status) {
 /// C ABI's pool on device 0, the framework hooks' devices), whose allocated
 /// bytes each checks at its end (the replay test runs them on parallel
 /// threads).
-pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    lock(&SERIAL)
+}
+
+/// `m`'s guard, also after a panic while it was held (a finding in another
+/// input must not fail every later one).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Device 0's allocated bytes of the devices behind the framework hooks (read

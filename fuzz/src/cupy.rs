@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use emm_capi::*;
 
-use crate::abi::{device, hooks_allocated, program, serial, status, Blocks};
+use crate::abi::{device, hooks_allocated, lock, program, serial, status, Blocks};
 use crate::cursor::Cursor;
 
 /// The type objects a program may give, as (out of memory, other error):
@@ -38,10 +38,6 @@ static RAISED: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
 
 /// The type pair of the hooks in force, once this process set any.
 static IN_FORCE: Mutex<Option<(usize, usize)>> = Mutex::new(None);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 unsafe extern "C" fn current_stream() -> isize {
     STREAM.load(Ordering::Relaxed)

@@ -43,9 +43,9 @@ struct Arena {
     by_size: BTreeSet<(u64, u64)>,
     /// Free blocks by address: their size.
     by_addr: BTreeMap<u64, u64>,
-    /// Where the range ends now, and the furthest it ever reached.
+    /// Where the range ends: it only grows (nothing is released, and it grows
+    /// only for a request no free block holds, a free block at its end included).
     end: u64,
-    reach: u64,
 }
 
 impl Arena {
@@ -82,7 +82,6 @@ impl Arena {
             _ => self.end,
         };
         self.end = start + size;
-        self.reach = self.reach.max(self.end);
         start
     }
 
@@ -168,7 +167,7 @@ fn simulate(trace: &Trace, passes: usize) -> Result<(Vec<u64>, u64), String> {
                 bytes -= asked;
             }
         }
-        reach.push(arena.reach);
+        reach.push(arena.end);
     }
     Ok((reach, peak))
 }
