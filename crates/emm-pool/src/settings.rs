@@ -71,6 +71,20 @@ pub static LEGACY_MERGE: Setting<usize> = Setting::new(
     parse::count,
 );
 
+/// `pool_initial_size` (`EMM_POOL_INITIAL_SIZE`): without the expandable segment,
+/// one segment of this many bytes made at the pool's first allocation, which
+/// every request tries first (see `SegmentPolicy::initial_size`).
+pub static INITIAL_SIZE: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_initial_size",
+        "EMM_POOL_INITIAL_SIZE",
+        ValueKind::Bytes,
+        "0",
+        "without the expandable segment (EMM_POOL_EXPANDABLE=0, or no virtual memory): one segment of this size made at the first allocation, which every request tries first by best fit, with no thread caches and no stream pools (as RMM's initial pool size; about 1.15x a previous run's peak of allocated bytes; 0: none)",
+    ),
+    parse::bytes,
+);
+
 /// `pool_thread_cache` (`EMM_POOL_THREAD_CACHE`).
 pub static THREAD_CACHE: Setting<usize> = Setting::new(
     Key::new(
@@ -162,6 +176,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &EXPANDABLE,
     &EXPORTABLE,
     &LEGACY_MERGE,
+    &INITIAL_SIZE,
     &THREAD_CACHE,
     &ADOPT_PARKED,
     &WAIT_PARKED,

@@ -32,6 +32,9 @@ struct Model {
     expandable: bool,
     replace: bool,
     exclusive: bool,
+    /// An initial size (`SegmentPolicy::initial_size`): a home segment where
+    /// the pool has no expandable segment.
+    home: bool,
     live: Vec<(usize, usize)>,
 }
 
@@ -50,12 +53,19 @@ impl ReferenceStateMachine for Reference {
     type Transition = Step;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
-            .prop_map(|(cache, expandable, replace, exclusive)| Model {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(cache, expandable, replace, exclusive, home)| Model {
                 cache,
                 expandable,
                 replace,
                 exclusive,
+                home,
                 live: vec![],
             })
             .boxed()
@@ -138,6 +148,7 @@ impl StateMachineTest for Sut {
                 expandable: m.expandable,
                 replace_pieces: if m.replace { 2 } else { 0 },
                 exclusive: if m.exclusive { 4 << 20 } else { usize::MAX },
+                initial_size: if m.home { 48 << 20 } else { 0 },
                 ..SegmentPolicy::default()
             },
             thread_cache_blocks: if m.cache { 4 } else { 0 },
@@ -259,6 +270,7 @@ fn replay_steps(cache: bool, expandable: bool, steps: &[Step]) {
         expandable,
         replace: false,
         exclusive: false,
+        home: false,
         live: vec![],
     };
     let mut sut = <Sut as StateMachineTest>::init_test(&m);

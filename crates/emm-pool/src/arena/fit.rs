@@ -134,7 +134,7 @@ impl Arena {
     /// merged segment never does).
     fn exclusive_segment(&self, addr: CUdeviceptr) -> Option<usize> {
         let b = self.heap.get(addr)?;
-        if self.is_expandable(b.segment) {
+        if self.is_expandable(b.segment) || self.segments.is_home(b.segment) {
             return None;
         }
         self.segments

@@ -25,12 +25,27 @@ pub(super) const GROWTH_SHARE: usize = 32;
 pub(super) const MOVE_SHARE: usize = 32;
 
 impl Arena {
+    /// Makes a plain segment of `seg` bytes of `kind` from the upstream, free
+    /// on `stream`; returns its base.
     pub(super) fn grow(
         &mut self,
         seg: usize,
         kind: Kind,
         stream: StreamKey,
         source: &dyn SegmentSource,
+    ) -> Result<CUdeviceptr> {
+        self.grow_plain(seg, kind, stream, source, false)
+    }
+
+    /// As [`Arena::grow`]; with `home`, the segment is the home segment
+    /// (`home.rs`).
+    pub(super) fn grow_plain(
+        &mut self,
+        seg: usize,
+        kind: Kind,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+        home: bool,
     ) -> Result<CUdeviceptr> {
         if let Some(limit) = self.limit() {
             if self.family_reserved() + seg > limit {
@@ -49,7 +64,11 @@ impl Arena {
             }
         }
         let base = source.alloc_segment(seg)?;
-        self.segments.add_plain(base, seg, kind);
+        if home {
+            self.segments.add_home(base, seg);
+        } else {
+            self.segments.add_plain(base, seg, kind);
+        }
         self.count_segments();
         self.add_reserved(seg);
         self.stats.upstream_allocs += 1;

@@ -22,6 +22,7 @@ mod address_space;
 mod expandable;
 mod fit;
 mod growth;
+mod home;
 mod inspect;
 mod merge;
 mod merge_clock;
@@ -191,6 +192,9 @@ pub(crate) struct Arena {
     /// Per stream, what is known of which free blocks no queued work uses (see
     /// `replace.rs`).
     idle: FastMap<StreamKey, replace::IdleMarks>,
+    /// The home segment (`home.rs`) could not be had for lack of memory: none
+    /// is asked for until a `trim` or reset.
+    home_refused: bool,
 }
 
 impl Arena {
@@ -296,6 +300,18 @@ impl Arena {
         // on: `Arena::merges`.)
         if self.merge.due() && kind == Kind::Large {
             self.merge_if_quiet(events, source);
+        }
+        if self.wants_home() {
+            let made = self.stats.upstream_allocs;
+            if let Some(a) = self.take_home(size, stream, source, grow)? {
+                // (Served by the home just made: a miss, as any growth.)
+                if self.stats.upstream_allocs > made {
+                    self.stats.counts.misses += 1;
+                } else {
+                    self.stats.hits += 1;
+                }
+                return Ok(Some(self.finish(a, size)));
+            }
         }
         if let Some(a) = self.take_fit(size, kind, stream) {
             self.stats.hits += 1;

@@ -138,6 +138,30 @@ pub struct SegmentPolicy {
     /// expandable segments' 40.19). [`DEFAULT_PIECE_SHARE`] by default; 0 turns
     /// it off (`EMM_POOL_PIECE_SHARE`).
     pub piece_share: usize,
+    /// Without the expandable segment (turned off, or none to be had from the
+    /// driver): with `n` > 0, the pool's first allocation makes one plain
+    /// segment of `n` bytes (rounded up to [`SegmentPolicy::large_round`]), its
+    /// home, as RMM's pool takes an initial size (`home.rs`). Every request,
+    /// small ones too, takes the best-fitting free block there first; other
+    /// segments come only for what it cannot hold, and tightening, merging and
+    /// the release threshold never give it back (`trim` does, when it is
+    /// wholly free; the next allocation makes it again). Without virtual
+    /// memory a segment cannot grow in place, so each trace's peak is set in
+    /// its first pass, before the pool knows how large the steps get (mean
+    /// 1.203x of live over the twenty-one recorded traces of 64 MiB or more);
+    /// sized from a previous run (1.15x of its peak of allocated bytes), one
+    /// home held all twenty-one at that 1.15x over 100 passes with no driver
+    /// allocation after the first: the smallest home each needed was
+    /// 1.009-1.141x of live (mean 1.081x; `legacy_steady.rs`,
+    /// `docs/benchmarks.md`, fifty-second session). The pool then keeps no
+    /// thread caches and makes no stream pools ([`crate::PoolConfig`]): blocks
+    /// held in a cache or a stream's own pool are not free in the home to
+    /// coalesce, and with them three of the traces grew a second segment
+    /// (ViT inference 1.264x of live). 0 (the default): no home
+    /// (`EMM_POOL_INITIAL_SIZE`). With the expandable segment it changes
+    /// nothing: that segment grows in place and places every large request by
+    /// best fit already.
+    pub initial_size: usize,
 }
 
 impl Default for SegmentPolicy {
@@ -157,6 +181,7 @@ impl Default for SegmentPolicy {
             wait_parked: true,
             replace_pieces: 0,
             piece_share: DEFAULT_PIECE_SHARE,
+            initial_size: 0,
         }
     }
 }

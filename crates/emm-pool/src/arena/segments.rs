@@ -28,18 +28,37 @@ pub(crate) struct Segment {
     pub made: u64,
 }
 
-/// The segments an arena holds, by base address, and a count of those it has
-/// made (each new one's [`Segment::made`]).
+/// The segments an arena holds, by base address, a count of those it has
+/// made (each new one's [`Segment::made`]) and which one is the home segment
+/// (`SegmentPolicy::initial_size`), when there is one.
 #[derive(Debug, Default)]
 pub(super) struct Segments {
     by_base: BTreeMap<CUdeviceptr, Segment>,
     made: u64,
+    home: Option<CUdeviceptr>,
 }
 
 impl Segments {
     /// Notes a plain segment of `size` bytes of `kind` at `base`, made now.
     pub(super) fn add_plain(&mut self, base: CUdeviceptr, size: usize, kind: Kind) {
         self.add(base, size, kind);
+    }
+
+    /// Notes the plain segment of `size` bytes at `base`, made now, as the
+    /// home segment (`home.rs`).
+    pub(super) fn add_home(&mut self, base: CUdeviceptr, size: usize) {
+        self.add(base, size, Kind::Large);
+        self.home = Some(base);
+    }
+
+    /// The home segment's base, when there is one.
+    pub(super) fn home(&self) -> Option<CUdeviceptr> {
+        self.home
+    }
+
+    /// Whether the segment at `base` is the home segment.
+    pub(super) fn is_home(&self, base: CUdeviceptr) -> bool {
+        self.home == Some(base)
     }
 
     /// Notes the expandable segment's address space at `base`, with nothing
@@ -74,6 +93,9 @@ impl Segments {
 
     /// Forgets the segment at `base` (given back, or its address space given up).
     pub(super) fn remove(&mut self, base: &CUdeviceptr) -> Option<Segment> {
+        if self.home == Some(*base) {
+            self.home = None;
+        }
         self.by_base.remove(base)
     }
 
@@ -97,6 +119,9 @@ impl Segments {
     /// when there is one, stays).
     pub(super) fn keep_only(&mut self, keep: Option<CUdeviceptr>) {
         self.by_base.retain(|&base, _| Some(base) == keep);
+        if self.home != keep {
+            self.home = None;
+        }
     }
 }
 
@@ -132,6 +157,28 @@ mod tests {
         assert!(s.remove(&0x3000).is_some());
         s.add_plain(0x4000, 4096, Kind::Large);
         assert_eq!(s.get(&0x4000).map(|seg| seg.made), Some(4));
+    }
+
+    #[test]
+    fn the_home_segment_is_forgotten_with_it() {
+        let mut s = three();
+        s.add_home(0x5000, 8192);
+        assert_eq!(s.home(), Some(0x5000));
+        assert!(s.is_home(0x5000) && !s.is_home(0x3000));
+        assert_eq!(
+            s.get(&0x5000).map(|seg| (seg.size, seg.kind)),
+            Some((8192, Kind::Large))
+        );
+        // Another segment going leaves it the home.
+        assert!(s.remove(&0x3000).is_some());
+        assert_eq!(s.home(), Some(0x5000));
+        assert!(s.remove(&0x5000).is_some());
+        assert_eq!(s.home(), None);
+        // A reset forgets it with the plain segments' memory.
+        s.add_home(0x6000, 8192);
+        s.keep_only(Some(0x1000));
+        assert_eq!(s.home(), None);
+        assert!(s.get(&0x6000).is_none());
     }
 
     #[test]

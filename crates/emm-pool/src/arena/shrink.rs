@@ -123,7 +123,7 @@ impl Arena {
         events: &dyn EventSource,
     ) -> usize {
         self.unmap_retired(events, source, true);
-        let released = self.release_whole_segments(source, None);
+        let released = self.release_whole_segments(source, None) + self.release_home(source);
         // A merge after this sizes the pool afresh (see `merge.rs`).
         self.forget_merges();
         self.expandable.ask_again();
@@ -186,11 +186,14 @@ impl Arena {
         Ok(None)
     }
 
-    /// The wholly free plain segments of `kind` (not the expandable one).
+    /// The wholly free plain segments of `kind` (not the expandable one, nor
+    /// the home segment: `home.rs`).
     pub(super) fn whole_free(&self, kind: Kind) -> impl Iterator<Item = &Segment> + '_ {
         self.segments
             .iter()
-            .filter(move |(&base, seg)| !self.is_expandable(base) && seg.kind == kind)
+            .filter(move |(&base, seg)| {
+                !self.is_expandable(base) && !self.segments.is_home(base) && seg.kind == kind
+            })
             .filter(|(&base, seg)| {
                 matches!(self.heap.get(base), Some(b) if b.size == seg.size && matches!(b.state, State::Free(_)))
             })
@@ -198,7 +201,8 @@ impl Arena {
     }
 
     /// Gives back the wholly free segments (of `only` kind, when given), not the
-    /// expandable one; returns the bytes released.
+    /// expandable one nor the home segment (`home.rs`); returns the bytes
+    /// released.
     pub(super) fn release_whole_segments(
         &mut self,
         source: &dyn SegmentSource,
@@ -220,13 +224,14 @@ impl Arena {
         let whole: Vec<(CUdeviceptr, usize, StreamKey)> = self
             .segments
             .iter()
-            .filter(|(&base, seg)| !self.is_expandable(base) && only.is_none_or(|k| seg.kind == k))
-            .filter_map(|(&base, seg)| match self.heap.get(base) {
-                Some(b) if b.size == seg.size => match b.state {
-                    State::Free(s) if stream.is_none_or(|t| t == s) => Some((base, seg.size, s)),
-                    _ => None,
-                },
-                _ => None,
+            .filter(|(&base, seg)| {
+                !self.is_expandable(base)
+                    && !self.segments.is_home(base)
+                    && only.is_none_or(|k| seg.kind == k)
+            })
+            .filter_map(|(&base, _)| {
+                let (size, s) = self.wholly_free(base)?;
+                stream.is_none_or(|t| t == s).then_some((base, size, s))
             })
             .collect();
         let mut released = 0;
@@ -234,20 +239,48 @@ impl Arena {
             if self.family_reserved() <= until {
                 break;
             }
-            if let Err(e) = source.free_segment(base, size) {
-                tracing::error!(error = %e, base, size, "returning a segment to the upstream failed; keeping it");
-                continue;
+            if self.give_back_segment(base, size, stream, source) {
+                released += size;
             }
-            self.heap.remove(base);
-            self.segments.remove(&base);
-            self.count_segments();
-            self.sub_reserved(size);
-            self.stats.upstream_frees += 1;
-            self.history
-                .push(TraceAction::SegmentFree, base, size, stream_id(stream));
-            released += size;
         }
         released
+    }
+
+    /// The size of the plain segment at `base` and the stream it is free on,
+    /// when it is one free block.
+    pub(super) fn wholly_free(&self, base: CUdeviceptr) -> Option<(usize, StreamKey)> {
+        let seg = self.segments.get(&base)?;
+        match self.heap.get(base) {
+            Some(b) if b.size == seg.size => match b.state {
+                State::Free(s) => Some((seg.size, s)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Gives the wholly free plain segment of `size` bytes at `base` (free on
+    /// `stream`) back to the upstream; false, keeping it, when the upstream
+    /// refuses.
+    pub(super) fn give_back_segment(
+        &mut self,
+        base: CUdeviceptr,
+        size: usize,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+    ) -> bool {
+        if let Err(e) = source.free_segment(base, size) {
+            tracing::error!(error = %e, base, size, "returning a segment to the upstream failed; keeping it");
+            return false;
+        }
+        self.heap.remove(base);
+        self.segments.remove(&base);
+        self.count_segments();
+        self.sub_reserved(size);
+        self.stats.upstream_frees += 1;
+        self.history
+            .push(TraceAction::SegmentFree, base, size, stream_id(stream));
+        true
     }
 
     /// Every segment, for reset: `(base, size)`.
@@ -299,6 +332,7 @@ impl Arena {
             }
         }
         self.segments.keep_only(self.expandable.base());
+        self.ask_home_again();
         self.heap.clear();
         self.order.clear(events);
         // Its pieces were unmapped above; the old mappings waiting go with them,

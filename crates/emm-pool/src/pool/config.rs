@@ -69,7 +69,7 @@ impl PoolConfig {
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
     /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
-    /// `pool_release_threshold`. An invalid value is an error naming the variable.
+    /// `pool_release_threshold`, `pool_initial_size`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
         c.segments.expandable = settings::EXPANDABLE.get(c.segments.expandable)?;
@@ -91,7 +91,20 @@ impl PoolConfig {
         c.stream_pools = settings::STREAM_POOLS.get(c.stream_pools)?;
         c.limit = settings::LIMIT.get(c.limit)?;
         c.release_threshold = settings::RELEASE_THRESHOLD.get(c.release_threshold)?;
+        c.segments.initial_size = settings::INITIAL_SIZE.get(c.segments.initial_size)?;
         Ok(c)
+    }
+
+    /// The stream pools the pool makes: none where it keeps a home segment
+    /// (an initial size without the expandable segment,
+    /// `SegmentPolicy::initial_size`), whose blocks every stream shares, else
+    /// [`PoolConfig::stream_pools`].
+    pub fn stream_pools_made(&self) -> usize {
+        if self.segments.initial_size > 0 && !self.segments.expandable {
+            0
+        } else {
+            self.stream_pools
+        }
     }
 }
 

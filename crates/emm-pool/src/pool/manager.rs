@@ -132,7 +132,7 @@ impl PoolManager {
         Ok(PoolManager {
             core: make_core(upstream, config, family.clone())?,
             tags: TagPools::new(siblings.clone()),
-            streams: StreamPools::new(siblings.clone(), config.stream_pools),
+            streams: StreamPools::new(siblings.clone(), config.stream_pools_made()),
             siblings,
             family,
         })

@@ -145,10 +145,15 @@ impl Core {
     /// blocks are whole segments of their exact size, which the pool gives back
     /// (instead of growing) only when they are free in the arena: a cache holding
     /// many of them counts as live there and let the recorded inference trace grow
-    /// to 1.71x of live; such a pool caches at most [`NO_VMM_CACHE_BYTES`].
+    /// to 1.71x of live; such a pool caches at most [`NO_VMM_CACHE_BYTES`], and
+    /// none with a home segment (`SegmentPolicy::initial_size`): a block held
+    /// in a cache is not free in the home to coalesce, and three recorded traces
+    /// then outgrew a home that held them without caches.
     pub(super) fn cache_bytes(&self) -> usize {
         if self.vmm.is_some() && self.config.segments.expandable {
             self.config.thread_cache_bytes
+        } else if self.config.segments.initial_size > 0 {
+            0
         } else {
             self.config.thread_cache_bytes.min(NO_VMM_CACHE_BYTES)
         }

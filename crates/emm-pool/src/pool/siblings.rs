@@ -68,8 +68,11 @@ impl Siblings {
     }
 
     /// A new pool over the parent's upstream with `config`, in the family, for
-    /// `what` (named in the error when no sibling can be made).
-    pub(super) fn make(&self, config: PoolConfig, what: &'static str) -> Result<Arc<Core>> {
+    /// `what` (named in the error when no sibling can be made). Without a home
+    /// segment (`SegmentPolicy::initial_size`): the parent's initial size is
+    /// the family's, which its own home holds.
+    pub(super) fn make(&self, mut config: PoolConfig, what: &'static str) -> Result<Arc<Core>> {
+        config.segments.initial_size = 0;
         let upstream = match &self.recipe {
             Recipe::Driver(ctx) => PoolUpstream::Driver(ctx.clone()),
             Recipe::Host { host, touch } => {

@@ -1,0 +1,89 @@
+//! The home segment: without the expandable segment, one plain segment sized up
+//! front (`SegmentPolicy::initial_size`, `EMM_POOL_INITIAL_SIZE`), as RMM's
+//! pool takes an initial size.
+//!
+//! Without virtual memory a segment cannot grow in place, so the pool makes
+//! segments for the first steps' shapes before it knows how large later steps
+//! get, and those segments set each recorded trace's peak in its first pass
+//! (`merge.rs`). Given its size from a previous run, one segment holds every
+//! step: each request takes the best-fitting free block there first, small
+//! ones too, so that every block shares one range and free space coalesces
+//! across all of it. Other segments come only for what the home cannot hold,
+//! and go as they do without one (tightening, merging); the home itself goes
+//! back only on `trim` (`Arena::release_free_segments`), when wholly free, and
+//! the next allocation makes it again.
+
+use emm_core::Result;
+use emm_sys::CUdeviceptr;
+
+use super::*;
+
+impl Arena {
+    /// Whether this arena keeps a home segment: an initial size is set and it
+    /// has no expandable segment (turned off, or none to be had).
+    pub(super) fn wants_home(&self) -> bool {
+        self.policy.initial_size > 0 && self.plain_segments_only()
+    }
+
+    /// The best-fitting free block of the home segment for `size` bytes on
+    /// `stream`, else a settled one there, split off as [`Arena::take_fit`]
+    /// does. With `grow`, makes the home first when there is none: a device
+    /// (or byte limit) that cannot hold it leaves the pool without one, with a
+    /// warning, until a `trim` or reset; another failure of the upstream is
+    /// returned, and the next allocation asks again.
+    pub(super) fn take_home(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+        source: &dyn SegmentSource,
+        grow: bool,
+    ) -> Result<Option<(CUdeviceptr, CUdeviceptr)>> {
+        let base = match self.segments.home() {
+            Some(base) => base,
+            None if grow && !self.home_refused => {
+                let want = self.policy.initial_size.div_ceil(self.policy.large_round)
+                    * self.policy.large_round;
+                match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
+                    Ok(base) => base,
+                    Err(e) if e.is_out_of_memory() => {
+                        tracing::warn!(
+                            error = %e,
+                            initial_size = want,
+                            "the pool's initial size (EMM_POOL_INITIAL_SIZE) cannot be had; going on without a home segment"
+                        );
+                        self.home_refused = true;
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => return Ok(None),
+        };
+        for s in [stream, SETTLED] {
+            if let Some(a) = self.take_fit_in(size, Kind::Large, s, Some(base)) {
+                return Ok(Some(a));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives the home segment back when it is wholly free (`trim`); returns the
+    /// bytes released. Either way the next allocation that finds none asks for
+    /// it again, also after the device could not hold it.
+    pub(super) fn release_home(&mut self, source: &dyn SegmentSource) -> usize {
+        self.ask_home_again();
+        let Some(base) = self.segments.home() else {
+            return 0;
+        };
+        match self.wholly_free(base) {
+            Some((size, stream)) if self.give_back_segment(base, size, stream, source) => size,
+            _ => 0,
+        }
+    }
+
+    /// Forgets that the home segment could not be had: the next allocation
+    /// asks for it again (after a `trim` or reset gave memory back).
+    pub(super) fn ask_home_again(&mut self) {
+        self.home_refused = false;
+    }
+}

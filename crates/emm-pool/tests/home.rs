@@ -1,0 +1,223 @@
+//! The home segment (`SegmentPolicy::initial_size`, `EMM_POOL_INITIAL_SIZE`)
+//! over the host stand-in: without the expandable segment, one plain segment of
+//! the initial size made at the first allocation, which every request tries
+//! first; other segments only for what it cannot hold; given back only by
+//! `trim`, and asked for again after; a device that cannot hold it leaves the
+//! pool working without one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use emm_core::{DeviceAllocation, EmmError, MemoryManager};
+use emm_default::{HostUpstream, Upstream};
+use emm_pool::{HostEvents, PoolConfig, PoolManager, PoolUpstream, SegmentPolicy};
+use emm_sys::{CUdeviceptr, CUstream};
+
+const MIB: usize = 1 << 20;
+const S: CUstream = emm_core::SYNC_STREAM;
+
+fn stream(n: usize) -> CUstream {
+    CUstream(n as *mut core::ffi::c_void)
+}
+
+/// The defaults without the expandable segment, with a home of `initial` bytes.
+fn config(initial: usize) -> PoolConfig {
+    PoolConfig {
+        segments: SegmentPolicy {
+            expandable: false,
+            initial_size: initial,
+            ..SegmentPolicy::default()
+        },
+        ..PoolConfig::default()
+    }
+}
+
+/// The base and size of the segment holding `a`.
+fn segment_of(p: &PoolManager, a: &DeviceAllocation) -> (CUdeviceptr, usize) {
+    p.snapshot()
+        .segments
+        .iter()
+        .find(|s| s.address <= a.ptr() && a.ptr() < s.address + s.total_size as u64)
+        .map(|s| (s.address, s.total_size))
+        .expect("every block lies in a segment")
+}
+
+#[test]
+fn every_request_of_every_size_and_stream_shares_the_home() {
+    // Rounded up to whole 2 MiB pages.
+    let p = PoolManager::host(1 << 30, config(63 * MIB + 5)).unwrap();
+    let blocks: Vec<DeviceAllocation> = [
+        (256, S),
+        (64 << 10, S),
+        (MIB + 1, S),
+        (21 * MIB, S),
+        // Created streams share it too: no pool of their own.
+        (8 * MIB, stream(0x10)),
+        (300, stream(0x20)),
+    ]
+    .into_iter()
+    .map(|(size, s)| p.memalloc_async(size, s).unwrap())
+    .collect();
+    let home = segment_of(&p, &blocks[0]);
+    assert_eq!(home.1, 64 * MIB);
+    for b in &blocks {
+        assert_eq!(segment_of(&p, b), home, "block of {} bytes", b.size());
+    }
+    let stats = p.stats();
+    assert_eq!((stats.segments, stats.num_device_alloc), (1, 1));
+    assert_eq!(stats.reserved_bytes, 64 * MIB);
+    drop(blocks);
+    // Threads cache nothing: a freed block is free in the home at once.
+    assert_eq!(p.stats().thread_cached_bytes, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn what_the_home_cannot_hold_comes_beside_it_and_goes_while_the_home_stays() {
+    let p = PoolManager::host(1 << 30, config(32 * MIB)).unwrap();
+    let small = p.memalloc_async(MIB, S).unwrap();
+    let home = segment_of(&p, &small);
+    // Larger than the home: a segment beside it.
+    let big = p.memalloc_async(40 * MIB, S).unwrap();
+    assert_ne!(segment_of(&p, &big).0, home.0);
+    assert_eq!(p.stats().segments, 2);
+    drop(big);
+    drop(small);
+    // A request the home holds goes there, not to the free segment beside it.
+    let again = p.memalloc_async(30 * MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &again), home);
+    drop(again);
+    // Tightening gives back wholly free segments but never the home: a
+    // request past 120 % of the peak of live bytes finds it there.
+    let bigger = p.memalloc_async(60 * MIB, S).unwrap();
+    let stats = p.stats();
+    assert!(
+        p.snapshot().segments.iter().any(|s| s.address == home.0),
+        "the home stays"
+    );
+    assert_eq!(
+        stats.reserved_bytes,
+        32 * MIB + 60 * MIB,
+        "the 40 MiB segment went back"
+    );
+    drop(bigger);
+    p.check().unwrap();
+}
+
+#[test]
+fn trim_gives_back_a_wholly_free_home_and_the_next_allocation_makes_it_again() {
+    let p = PoolManager::host(1 << 30, config(16 * MIB)).unwrap();
+    let a = p.memalloc_async(MIB, S).unwrap();
+    // Not while a block lives in it.
+    p.trim();
+    assert_eq!(p.stats().reserved_bytes, 16 * MIB);
+    drop(a);
+    p.trim();
+    assert_eq!(p.stats().reserved_bytes, 0);
+    let b = p.memalloc_async(MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &b).1, 16 * MIB);
+    assert_eq!(p.stats().num_device_alloc, 2);
+    drop(b);
+    p.check().unwrap();
+}
+
+#[test]
+fn a_home_the_device_cannot_hold_leaves_the_pool_working_without_one() {
+    // 64 MiB of device for a home of 128 MiB.
+    let p = PoolManager::host(64 * MIB, config(128 * MIB)).unwrap();
+    let a = p.memalloc_async(4 * MIB, S).unwrap();
+    let stats = p.stats();
+    assert!(
+        stats.reserved_bytes < 64 * MIB,
+        "{} reserved",
+        stats.reserved_bytes
+    );
+    // Not asked for at every allocation...
+    let b = p.memalloc_async(30 * MIB, S).unwrap();
+    assert!(segment_of(&p, &b).1 < 64 * MIB);
+    drop((a, b));
+    // ...but again after a trim, and the pool still serves.
+    p.trim();
+    let c = p.memalloc_async(4 * MIB, S).unwrap();
+    assert!(segment_of(&p, &c).1 < 64 * MIB);
+    drop(c);
+    p.check().unwrap();
+}
+
+/// The host stand-in, whose allocations fail with an error that is not for
+/// want of memory while `fail` is set, as a driver fault.
+struct Flaky {
+    host: HostUpstream,
+    fail: Arc<AtomicBool>,
+}
+
+impl Upstream for Flaky {
+    fn name(&self) -> &'static str {
+        "host, failing on demand"
+    }
+
+    fn alloc(&self, size: usize) -> emm_core::Result<CUdeviceptr> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(EmmError::InvalidArgument {
+                what: "segment allocation (a failure the test injects)",
+                found: "CUDA_ERROR_UNKNOWN".into(),
+                expected: "an allocation".into(),
+            });
+        }
+        self.host.alloc(size)
+    }
+
+    unsafe fn free(&self, ptr: CUdeviceptr, size: usize) -> emm_core::Result<()> {
+        // SAFETY: the caller's contract for `ptr`, which `self.host` lent.
+        unsafe { self.host.free(ptr, size) }
+    }
+
+    fn mem_info(&self) -> emm_core::Result<emm_core::MemoryInfo> {
+        self.host.mem_info()
+    }
+}
+
+#[test]
+fn a_driver_fault_making_the_home_is_returned_and_the_next_allocation_makes_it() {
+    let fail = Arc::new(AtomicBool::new(true));
+    let p = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(Flaky {
+                host: HostUpstream::new(1 << 30, false),
+                fail: fail.clone(),
+            }),
+            Box::new(HostEvents::immediate()),
+            None,
+            None,
+        ),
+        config(32 * MIB),
+    )
+    .unwrap();
+    let e = p.memalloc_async(MIB, S).expect_err("the fault is returned");
+    assert!(!e.is_out_of_memory(), "{e}");
+    assert!(e.to_string().contains("CUDA_ERROR_UNKNOWN"), "{e}");
+    assert_eq!(p.stats().reserved_bytes, 0);
+    fail.store(false, Ordering::Relaxed);
+    let a = p.memalloc_async(MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &a).1, 32 * MIB);
+    drop(a);
+    p.check().unwrap();
+}
+
+#[test]
+fn with_the_expandable_segment_an_initial_size_changes_nothing() {
+    let with = PoolConfig {
+        segments: SegmentPolicy {
+            initial_size: 64 * MIB,
+            ..SegmentPolicy::default()
+        },
+        ..PoolConfig::default()
+    };
+    let p = PoolManager::host(1 << 30, with).unwrap();
+    let q = PoolManager::host(1 << 30, PoolConfig::default()).unwrap();
+    let a = p.memalloc_async(24 * MIB, S).unwrap();
+    let b = q.memalloc_async(24 * MIB, S).unwrap();
+    assert_eq!(p.stats().reserved_bytes, q.stats().reserved_bytes);
+    assert!(p.stats().reserved_bytes < 64 * MIB);
+    drop((a, b));
+}
