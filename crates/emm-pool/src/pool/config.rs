@@ -98,7 +98,9 @@ impl PoolConfig {
     /// The stream pools the pool makes: none where it keeps a home segment
     /// (an initial size without the expandable segment,
     /// `SegmentPolicy::initial_size`), whose blocks every stream shares, else
-    /// [`PoolConfig::stream_pools`].
+    /// [`PoolConfig::stream_pools`]. Decided when the pool is made: with the
+    /// expandable segment turned on over a driver that turns out to lack
+    /// virtual memory, the home comes with stream pools beside it.
     pub fn stream_pools_made(&self) -> usize {
         if self.segments.initial_size > 0 && !self.segments.expandable {
             0
