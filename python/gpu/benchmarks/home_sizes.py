@@ -1,0 +1,86 @@
+"""The pool without virtual memory with and without a home segment
+(``EMM_POOL_INITIAL_SIZE``), over every trace ``legacy_steady.rs`` lists (issue
+33, item 4). Runs ``emm replay`` over the host stand-in, so no GPU is needed.
+
+    python3 python/gpu/benchmarks/home_sizes.py [--passes 10] [--factor 1.15]
+                                                [--bisect] [--emm target/release/emm]
+
+Per trace: peak reserved over peak live after ``--passes`` passes of the path's
+default (``EMM_POOL_EXPANDABLE=0``), then with a home of ``--factor`` times the
+peak live bytes of a first pass (what a user sets from a previous run) and the
+driver allocations of all passes; with ``--bisect``, the smallest factor (to
+within 0.4 %) whose home holds every pass without another segment.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PAGE = 2 << 20
+
+
+def traces():
+    src = open(os.path.join(ROOT, "crates/emm-trace/tests/legacy_steady.rs")).read()
+    return re.findall(r'\(\s*"([^"]+\.(?:csv|pickle))",\s*(?:None|Some\([\d.]+\))', src)
+
+
+def replay(emm, path, passes, extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMM_POOL_")}
+    env.update({"EMM_POOL_EXPANDABLE": "0"}, **extra)
+    out = subprocess.run([emm, "replay", os.path.join(ROOT, "crates", path), "-m", "pool",
+                          "--passes", str(passes), "--json"],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout)["traces"][0]["managers"][0]["passes"]
+
+
+def with_home(emm, path, passes, live, factor):
+    size = int(live * factor) // PAGE * PAGE
+    ps = replay(emm, path, passes, {"EMM_POOL_INITIAL_SIZE": str(size)})
+    peak = max(p["peak_reserved_bytes"] for p in ps)
+    return peak / live, sum(p["driver"]["allocs"] for p in ps), peak <= size
+
+
+def one(args, path):
+    default = replay(args.emm, path, args.passes, {})
+    live = default[0]["peak_live_bytes"]
+    base = max(p["peak_reserved_bytes"] for p in default) / live
+    ratio, allocs, _ = with_home(args.emm, path, args.passes, live, args.factor)
+    smallest = None
+    if args.bisect:
+        lo, hi = 1.0, 1.3
+        if with_home(args.emm, path, args.passes, live, hi)[2]:
+            while hi - lo > 0.004:
+                mid = (lo + hi) / 2
+                if with_home(args.emm, path, args.passes, live, mid)[2]:
+                    hi = mid
+                else:
+                    lo = mid
+            smallest = hi
+    return os.path.basename(path), base, ratio, allocs, smallest
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--passes", type=int, default=10)
+    p.add_argument("--factor", type=float, default=1.15)
+    p.add_argument("--bisect", action="store_true")
+    p.add_argument("--emm", default=os.path.join(ROOT, "target/release/emm"))
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args()
+    with ThreadPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(lambda t: one(args, t), traces()))
+    print(f"{'trace':36s} {'default':>8s} {'home':>7s} {'driver':>6s} {'smallest':>8s}")
+    for name, base, ratio, allocs, smallest in rows:
+        s = f"{smallest:.3f}" if smallest else "-"
+        print(f"{name:36s} {base:8.3f} {ratio:7.3f} {allocs:6d} {s:>8s}")
+    n = len(rows)
+    print(f"mean {sum(r[1] for r in rows) / n:.4f} default, {sum(r[2] for r in rows) / n:.4f} "
+          f"with a home of {args.factor}x; within 1.15x: {sum(r[1] <= 1.15 for r in rows)} and "
+          f"{sum(r[2] <= 1.15 for r in rows)} of {n}")
+
+
+if __name__ == "__main__":
+    main()
