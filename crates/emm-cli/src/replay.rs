@@ -692,13 +692,19 @@ fn at_peak(t: &Trace, events: u64, p: &emm::trace::PeakMap, m: &peak::Map) -> At
 }
 
 /// Why [`POOL_SHARED`] would repeat `pool` on a trace of `summary`, if it
-/// would: the trace has one stream, or the pool's stream pools are off.
+/// would: the trace has one stream, or the pool makes no stream pools.
 fn shared_repeats_pool(summary: &Summary) -> Option<&'static str> {
     if summary.streams <= 1 {
-        Some("the trace has one stream: one shared pool is the pool")
-    } else if !emm::emm_pool::PoolConfig::from_env().is_ok_and(|c| c.stream_pools > 0) {
-        Some("stream pools are off (EMM_POOL_STREAM_POOLS=0): the pool is one shared pool")
-    } else {
-        None
+        return Some("the trace has one stream: one shared pool is the pool");
+    }
+    match emm::emm_pool::PoolConfig::from_env() {
+        Ok(c) if c.stream_pools == 0 => {
+            Some("stream pools are off (EMM_POOL_STREAM_POOLS=0): the pool is one shared pool")
+        }
+        Ok(c) if c.stream_pools_made() == 0 => Some(
+            "the pool keeps a home segment (EMM_POOL_INITIAL_SIZE without the expandable segment), which every stream shares: the pool is one shared pool",
+        ),
+        Ok(_) => None,
+        Err(_) => Some("the pool's settings are invalid"),
     }
 }
