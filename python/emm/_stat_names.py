@@ -47,6 +47,7 @@ PIECES_REPLACED = "emm.pieces_replaced"
 RETIRE_WAITS = "emm.retire_waits"
 TIGHTENINGS = "emm.tightenings"
 MERGES = "emm.merges"
+HOME_OVERFLOWS = "emm.home_overflows"
 THRESHOLD_RELEASES = "emm.threshold_releases"
 CACHE_RECLAIMS = "emm.cache_reclaims"
 PAUSED_BYTES = "emm.paused_bytes"
@@ -108,6 +109,7 @@ NAMES = (
     RETIRE_WAITS,
     TIGHTENINGS,
     MERGES,
+    HOME_OVERFLOWS,
     THRESHOLD_RELEASES,
     CACHE_RECLAIMS,
     PAUSED_BYTES,

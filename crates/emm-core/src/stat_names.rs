@@ -100,6 +100,8 @@ stat_names! {
     TIGHTENINGS = "emm.tightenings";
     /// Wholly free large segments merged into one (no expandable segment).
     MERGES = "emm.merges";
+    /// Requests the home segment (`EMM_POOL_INITIAL_SIZE`) could not hold, which took a new segment beside it.
+    HOME_OVERFLOWS = "emm.home_overflows";
     /// Frees after which memory above the release threshold went back.
     THRESHOLD_RELEASES = "emm.threshold_releases";
     /// Times the pool claimed other threads' caches (one process-wide barrier

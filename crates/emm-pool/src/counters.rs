@@ -85,6 +85,10 @@ counters! {
     /// Wholly free large segments merged into one (without the expandable
     /// segment; `SegmentPolicy::merge_quiet`).
     merges => MERGES,
+    /// Requests the home segment could not hold (`SegmentPolicy::initial_size`),
+    /// which took a new segment beside it: the initial size is smaller than
+    /// the job needs.
+    home_overflows => HOME_OVERFLOWS,
     /// Frees after which memory above the release threshold went back
     /// (`pool_release_threshold`).
     threshold_releases => THRESHOLD_RELEASES,

@@ -65,6 +65,7 @@ fn every_request_of_every_size_and_stream_shares_the_home() {
     }
     let stats = p.stats();
     assert_eq!((stats.segments, stats.num_device_alloc), (1, 1));
+    assert_eq!(stats.counts.home_overflows, 0);
     assert_eq!(stats.reserved_bytes, 64 * MIB);
     drop(blocks);
     // Threads cache nothing: a freed block is free in the home at once.
@@ -81,6 +82,8 @@ fn what_the_home_cannot_hold_comes_beside_it_and_goes_while_the_home_stays() {
     let big = p.memalloc_async(40 * MIB, S).unwrap();
     assert_ne!(segment_of(&p, &big).0, home.0);
     assert_eq!(p.stats().segments, 2);
+    // Counted: the initial size is smaller than the job needs.
+    assert_eq!(p.stats().counts.home_overflows, 1);
     drop(big);
     drop(small);
     // A request the home holds goes there, not to the free segment beside it.
@@ -91,6 +94,7 @@ fn what_the_home_cannot_hold_comes_beside_it_and_goes_while_the_home_stays() {
     // request past 120 % of the peak of live bytes finds it there.
     let bigger = p.memalloc_async(60 * MIB, S).unwrap();
     let stats = p.stats();
+    assert_eq!(stats.counts.home_overflows, 2);
     assert!(
         p.snapshot().segments.iter().any(|s| s.address == home.0),
         "the home stays"

@@ -18,6 +18,17 @@ use emm_sys::CUdeviceptr;
 
 use super::*;
 
+/// What an arena knows of its home segment beyond its base (which `Segments`
+/// keeps).
+#[derive(Debug, Default)]
+pub(super) struct HomeState {
+    /// The home could not be had for lack of memory: none is asked for until
+    /// a `trim` or reset.
+    refused: bool,
+    /// A request the home could not hold was logged (once an arena).
+    warned: bool,
+}
+
 impl Arena {
     /// Whether this arena keeps a home segment: an initial size is set and it
     /// has no expandable segment (turned off, or none to be had).
@@ -40,7 +51,7 @@ impl Arena {
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr)>> {
         let base = match self.segments.home() {
             Some(base) => base,
-            None if grow && !self.home_refused => {
+            None if grow && !self.home.refused => {
                 let want = self.policy.initial_size.div_ceil(self.policy.large_round)
                     * self.policy.large_round;
                 match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
@@ -51,7 +62,7 @@ impl Arena {
                             initial_size = want,
                             "the pool's initial size (EMM_POOL_INITIAL_SIZE) cannot be had; going on without a home segment"
                         );
-                        self.home_refused = true;
+                        self.home.refused = true;
                         return Ok(None);
                     }
                     Err(e) => return Err(e),
@@ -84,6 +95,31 @@ impl Arena {
     /// Forgets that the home segment could not be had: the next allocation
     /// asks for it again (after a `trim` or reset gave memory back).
     pub(super) fn ask_home_again(&mut self) {
-        self.home_refused = false;
+        self.home.refused = false;
+    }
+
+    /// A request of `size` bytes is about to take a new segment while the
+    /// arena has a home: counted (`emm.home_overflows`), and the first one
+    /// logged as a warning, since the initial size is then smaller than the
+    /// job needs and every such request costs its whole size beside the home.
+    pub(super) fn note_home_overflow(&mut self, size: usize) {
+        let Some(base) = self.segments.home() else {
+            return;
+        };
+        self.stats.counts.home_overflows += 1;
+        if self.home.warned {
+            return;
+        }
+        self.home.warned = true;
+        let home = self.segments.get(&base).map_or(0, |s| s.size);
+        tracing::warn!(
+            request = size,
+            home,
+            live = self.stats.live,
+            "a request of {} did not fit in the pool's home segment of {} ({} live): it takes a segment of its own; EMM_POOL_INITIAL_SIZE is smaller than this job needs (emm.home_overflows counts such requests)",
+            emm_core::fmt_bytes(size),
+            emm_core::fmt_bytes(home),
+            emm_core::fmt_bytes(self.stats.live),
+        );
     }
 }

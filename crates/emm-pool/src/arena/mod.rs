@@ -192,9 +192,8 @@ pub(crate) struct Arena {
     /// Per stream, what is known of which free blocks no queued work uses (see
     /// `replace.rs`).
     idle: FastMap<StreamKey, replace::IdleMarks>,
-    /// The home segment (`home.rs`) could not be had for lack of memory: none
-    /// is asked for until a `trim` or reset.
-    home_refused: bool,
+    /// What the arena knows of its home segment beyond its base (`home.rs`).
+    home: home::HomeState,
 }
 
 impl Arena {
@@ -408,6 +407,7 @@ impl Arena {
             }
         }
         let seg = self.policy.segment_for(size, kind);
+        self.note_home_overflow(size);
         let base = match self.grow(seg, kind, stream, source) {
             Ok(b) => b,
             Err(e) if e.is_out_of_memory() => {
