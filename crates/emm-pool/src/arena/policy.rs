@@ -153,7 +153,10 @@ pub struct SegmentPolicy {
     /// home held all twenty-one at that 1.15x over 100 passes with no driver
     /// allocation after the first: the smallest home each needed was
     /// 1.009-1.141x of live (mean 1.081x; `legacy_steady.rs`,
-    /// `docs/benchmarks.md`, fifty-second session). The pool then keeps no
+    /// `docs/benchmarks.md`, fifty-second session), but one of two held-out
+    /// traces (Wav2Vec2 training) needed 1.18x: a request the home cannot
+    /// hold is counted (`home_overflows`) and the first logged as a warning.
+    /// The pool then keeps no
     /// thread caches and makes no stream pools ([`crate::PoolConfig`]): blocks
     /// held in a cache or a stream's own pool are not free in the home to
     /// coalesce, and with them three of the traces grew a second segment
