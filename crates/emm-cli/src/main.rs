@@ -9,6 +9,7 @@ use emm::trace::torch_model::TorchConf;
 mod backend;
 mod bench;
 mod fit;
+mod home;
 mod html;
 mod info;
 mod names;
@@ -89,6 +90,13 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// failed is reported).
         #[arg(long)]
         fit: bool,
+        /// For the pool without virtual memory (`EMM_POOL_EXPANDABLE=0`, legacy
+        /// IPC's path): search the smallest initial size (`EMM_POOL_INITIAL_SIZE`)
+        /// whose home segment holds the trace over the pool's passes with no
+        /// segment beside it, over the host stand-in (bisection, confirmed by a
+        /// run at the answer). Needs the pool among the managers.
+        #[arg(long)]
+        initial_size: bool,
         /// With `--device-memory` or `--fit`: cap the PyTorch models as
         /// `torch.cuda.set_per_process_memory_fraction` does (that many bytes of
         /// an 80 GB H100, checked against each new segment's rounded size before
@@ -253,6 +261,7 @@ fn main() -> ExitCode {
             pytorch_conf,
             device_memory,
             fit,
+            initial_size,
             as_fraction,
             overhead,
             device_lag,
@@ -297,6 +306,7 @@ fn main() -> ExitCode {
                     torch_conf,
                     device_memory,
                     fit,
+                    initial_size,
                     as_fraction,
                     overhead,
                     device_lag,

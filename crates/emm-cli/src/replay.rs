@@ -17,11 +17,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::{Backend, Streams};
 use crate::fit;
+use crate::home;
 use crate::names::{POOL_SHARED, TORCH_MODELS};
 use crate::out::{note, Out};
 use crate::peak;
 use crate::report::{
-    self, AtPeak, DriverReport, FitReport, ManagerReport, PassReport, Report, Skipped,
+    self, AtPeak, DriverReport, FitReport, HomeReport, ManagerReport, PassReport, Report, Skipped,
     SteadyRuleReport, TorchReport, TraceReport,
 };
 
@@ -54,6 +55,9 @@ pub struct Args {
     pub device_memory: Option<u64>,
     /// `--fit`: search each manager's smallest device.
     pub fit: bool,
+    /// `--initial-size`: search the smallest home segment of the pool without
+    /// virtual memory (`home.rs`).
+    pub initial_size: bool,
     /// `--as-fraction`: the PyTorch models are capped as
     /// `set_per_process_memory_fraction` caps, not as a device of that size.
     pub as_fraction: bool,
@@ -562,6 +566,38 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 }
             }
         }
+        if args.initial_size {
+            let pool = tr
+                .managers
+                .iter()
+                .find(|m| m.manager == "pool" && !m.failed)
+                .map(|m| u32::try_from(m.steady_passes.max(1)).unwrap_or(u32::MAX));
+            match pool {
+                None => note(format_args!(
+                    "emm replay: {}: --initial-size skipped: it needs a replay through the pool (-m pool) that ran",
+                    t.name()
+                )),
+                Some(passes) => {
+                    let live = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
+                    let mut streams = backend.streams();
+                    match home::smallest_home(t, live, summary.events, passes, &mut streams) {
+                        Ok(f) => {
+                            tr.initial_size = Some(HomeReport {
+                                bytes: f.needs,
+                                over_live: f.needs.map(|n| n as f64 / live.max(1) as f64),
+                                larger_failed_bytes: f.larger_failed,
+                                passes,
+                                runs: f.runs,
+                            })
+                        }
+                        Err(e) => fail(format!(
+                            "emm replay: {}: --initial-size: {e}",
+                            t.name()
+                        )),
+                    }
+                }
+            }
+        }
         report.traces.push(tr);
     }
     // Every manager asked for was skipped: nothing ran, and the run says so.
@@ -667,6 +703,7 @@ fn trace_report(t: &Trace, s: &Summary) -> TraceReport {
         skipped: Vec::new(),
         left_out: Vec::new(),
         fit: Vec::new(),
+        initial_size: None,
         source: Some(t.clone()),
     }
 }

@@ -62,6 +62,23 @@ pub struct FitReport {
     pub runs: u32,
 }
 
+/// `--initial-size`: the smallest home segment of the pool without virtual
+/// memory that held the trace.
+#[derive(Serialize)]
+pub struct HomeReport {
+    /// `EMM_POOL_INITIAL_SIZE` to set (`null`: not even twice the peak of live
+    /// bytes held it).
+    pub bytes: Option<u64>,
+    /// The same over the peak of live bytes.
+    pub over_live: Option<f64>,
+    /// A larger size that did not hold it (placement is not monotone).
+    pub larger_failed_bytes: Option<u64>,
+    /// Passes each size was judged on (the pool's in this replay).
+    pub passes: u32,
+    /// Replays the search made.
+    pub runs: u32,
+}
+
 /// emm-trace's `SteadyRule`, as the report gives it.
 #[derive(Serialize)]
 pub struct SteadyRuleReport {
@@ -96,6 +113,9 @@ pub struct TraceReport {
     pub left_out: Vec<Skipped>,
     /// `--fit`'s answers, one per manager that ran.
     pub fit: Vec<FitReport>,
+    /// `--initial-size`'s answer, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_size: Option<HomeReport>,
     /// The trace itself, for what the page shows of it (times, stacks,
     /// PyTorch's reserved bytes along it).
     #[serde(skip)]
@@ -500,6 +520,11 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     for t in &r.traces {
+        if let Some(l) = home_line(t) {
+            out.line(l)?;
+        }
+    }
+    for t in &r.traces {
         if let Some(l) = reused_line(t) {
             out.line(l)?;
         }
@@ -612,6 +637,30 @@ pub fn fit_line(r: &Report, t: &TraceReport) -> Option<String> {
         },
         fraction_note(r),
         parts.join("; ")
+    ))
+}
+
+/// `trace: without virtual memory, EMM_POOL_INITIAL_SIZE=…` (`--initial-size`).
+pub fn home_line(t: &TraceReport) -> Option<String> {
+    let h = t.initial_size.as_ref()?;
+    let what = match (h.bytes, h.over_live) {
+        (Some(b), Some(x)) => format!(
+            "EMM_POOL_INITIAL_SIZE={}M ({x:.3}x of peak live) is the smallest home segment that held it over {} passes with no segment beside it{}",
+            b.div_ceil(1 << 20),
+            h.passes,
+            h.larger_failed_bytes.map_or(String::new(), |l| format!(
+                " (but {} did not: placement is not monotone)",
+                units::bytes(u128::from(l))
+            )),
+        ),
+        _ => format!(
+            "no home segment up to twice the peak of live bytes held it over {} passes",
+            h.passes
+        ),
+    };
+    Some(format!(
+        "{}: without virtual memory (EMM_POOL_EXPANDABLE=0): {what}; {} replays",
+        t.trace, h.runs
     ))
 }
 
@@ -843,6 +892,7 @@ mod tests {
                 skipped: Vec::new(),
                 left_out: Vec::new(),
                 fit: Vec::new(),
+                initial_size: None,
                 source: None,
             }],
         }

@@ -1474,3 +1474,79 @@ fn a_trace_of_several_streams_is_replayed_through_one_shared_pool_too() {
     let p = peaks(&replay(&one, &["--json", "-m", "pool-shared"], &[]));
     assert_eq!(p, vec![("pool-shared".to_owned(), 64 << 20)]);
 }
+
+/// `--initial-size`: the smallest home segment of the pool without virtual
+/// memory. The answer holds the trace in one segment when set; a home 2 % smaller
+/// does not (a request goes beside it), and the path's default reserves more.
+#[test]
+fn initial_size_finds_the_home_that_holds_the_trace_in_one_segment() {
+    let pool = |env: &[(&str, String)], extra: &[&str]| {
+        let mut c = emm();
+        c.env("EMM_POOL_EXPANDABLE", "0");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c
+            .args(["replay", "-m", "pool", "--passes", "3", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        no_panic(&o);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let v = pool(&[], &["--initial-size"]);
+    let t = &v["traces"][0];
+    let home = &t["initial_size"];
+    let bytes = home["bytes"].as_u64().expect("an answer");
+    let live = t["peak_live_bytes"].as_f64().unwrap();
+    let default = t["managers"][0]["peak_reserved_bytes"].as_f64().unwrap();
+    assert_eq!(home["passes"], 3);
+    assert!(home["runs"].as_u64().unwrap() >= 2, "{home}");
+    assert!(
+        (bytes as f64) >= live && (bytes as f64) < default,
+        "{home}, default {default}"
+    );
+    assert!((home["over_live"].as_f64().unwrap() - bytes as f64 / live).abs() < 1e-9);
+    let with = |size: u64| {
+        let v = pool(&[("EMM_POOL_INITIAL_SIZE", size.to_string())], &[]);
+        let m = &v["traces"][0]["managers"][0];
+        let allocs: u64 = m["passes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["driver"]["allocs"].as_u64().unwrap())
+            .sum();
+        (m["peak_reserved_bytes"].as_u64().unwrap(), allocs)
+    };
+    // Set, it is the pool's only segment: rounded up to a 2 MiB page.
+    assert_eq!(with(bytes), (bytes.next_multiple_of(2 << 20), 1));
+    // 2 % smaller, a request goes beside it.
+    let (reserved, allocs) = with(bytes - bytes / 50);
+    assert!(
+        allocs > 1 && reserved > bytes,
+        "{reserved} reserved, {allocs} allocations"
+    );
+    // The line says what to set.
+    let o = emm()
+        .env("EMM_POOL_EXPANDABLE", "0")
+        .args(["replay", "-m", "pool", "--passes", "3", "--initial-size"])
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!(
+            "EMM_POOL_INITIAL_SIZE={}M",
+            bytes.div_ceil(1 << 20)
+        )),
+        "{out}"
+    );
+    // Without the pool among the managers it says so and runs the rest.
+    let o = run(&["replay", "-m", "default", "--passes", "1", "--initial-size"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--initial-size skipped: it needs a replay through the pool"),
+        "{}",
+        text(&o.stderr)
+    );
+}
