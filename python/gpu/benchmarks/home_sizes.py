@@ -80,6 +80,10 @@ def main():
     print(f"mean {sum(r[1] for r in rows) / n:.4f} default, {sum(r[2] for r in rows) / n:.4f} "
           f"with a home of {args.factor}x; within 1.15x: {sum(r[1] <= 1.15 for r in rows)} and "
           f"{sum(r[2] <= 1.15 for r in rows)} of {n}")
+    found = [r[4] for r in rows if r[4]]
+    if found:
+        print(f"smallest home: mean {sum(found) / len(found):.4f}, most {max(found):.3f} "
+              f"({len(found)} of {n} found)")
 
 
 if __name__ == "__main__":
