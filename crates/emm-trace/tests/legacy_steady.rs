@@ -7,7 +7,9 @@
 //! a steady pass (after pass [`SETTLED_BY`]) and holds its footprint after 1, 10
 //! and the last pass to the steady-state bound of 1.15x of peak live, or to
 //! today's figure where it misses the bound (the second field of [`TRACES`]), so the
-//! gap cannot widen unseen.
+//! gap cannot widen unseen. Given an initial size from a previous run
+//! (`EMM_POOL_INITIAL_SIZE`, the home segment), every trace holds the bound in
+//! one segment.
 //!
 //! 100 passes in an optimized build (`cargo test --release`); 12 in a debug build
 //! (written when each pass of the largest traces took about a second there;
