@@ -154,7 +154,7 @@ pub struct SegmentPolicy {
     /// allocation after the first: the smallest home each needed was
     /// 1.009-1.141x of live (mean 1.081x; `legacy_steady.rs`,
     /// `docs/benchmarks.md`, fifty-second session), but one of two held-out
-    /// traces (Wav2Vec2 training) needed 1.18x: a request the home cannot
+    /// traces (Wav2Vec2 training) needed 1.171x: a request the home cannot
     /// hold is counted (`home_overflows`) and the first logged as a warning.
     /// The pool then keeps no
     /// thread caches and makes no stream pools ([`crate::PoolConfig`]): blocks
