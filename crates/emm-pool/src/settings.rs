@@ -80,7 +80,7 @@ pub static INITIAL_SIZE: Setting<usize> = Setting::new(
         "EMM_POOL_INITIAL_SIZE",
         ValueKind::Bytes,
         "0",
-        "without the expandable segment (EMM_POOL_EXPANDABLE=0, or no virtual memory): one segment of this size made at the first allocation, which every request tries first by best fit, with no thread caches and no stream pools (as RMM's initial pool size; about 1.15x a previous run's peak of allocated bytes; 0: none)",
+        "without the expandable segment (EMM_POOL_EXPANDABLE=0, or no virtual memory): one segment of this size made at the first allocation, which every request tries first by best fit, with no thread caches and no stream pools (as RMM's initial pool size; `emm replay TRACE -m pool --initial-size` names the smallest that holds a trace; 0: none)",
     ),
     parse::bytes,
 );

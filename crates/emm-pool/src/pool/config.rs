@@ -68,8 +68,8 @@ impl PoolConfig {
     /// 1/n of the way from their low to reserved after a step; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
-    /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit` and
-    /// `pool_release_threshold`, `pool_initial_size`. An invalid value is an error naming the variable.
+    /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit`,
+    /// `pool_release_threshold` and `pool_initial_size`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
         c.segments.expandable = settings::EXPANDABLE.get(c.segments.expandable)?;

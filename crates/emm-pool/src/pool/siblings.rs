@@ -68,9 +68,9 @@ impl Siblings {
     }
 
     /// A new pool over the parent's upstream with `config`, in the family, for
-    /// `what` (named in the error when no sibling can be made). Without a home
-    /// segment (`SegmentPolicy::initial_size`): the parent's initial size is
-    /// the family's, which its own home holds.
+    /// `what` (named in the error when no sibling can be made). A sibling
+    /// keeps no home segment (`SegmentPolicy::initial_size`): the initial size
+    /// is the family's, and the parent's home holds it.
     pub(super) fn make(&self, mut config: PoolConfig, what: &'static str) -> Result<Arc<Core>> {
         config.segments.initial_size = 0;
         let upstream = match &self.recipe {
