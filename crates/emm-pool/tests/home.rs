@@ -6,7 +6,7 @@
 //! pool working without one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use emm_core::{DeviceAllocation, EmmError, MemoryManager};
 use emm_default::{HostUpstream, Upstream};
@@ -128,31 +128,65 @@ fn trim_gives_back_a_wholly_free_home_and_the_next_allocation_makes_it_again() {
 #[test]
 fn a_home_the_device_cannot_hold_leaves_the_pool_working_without_one() {
     // 64 MiB of device for a home of 128 MiB.
-    let p = PoolManager::host(64 * MIB, config(128 * MIB)).unwrap();
+    let (p, _, asked) = flaky(64 * MIB, config(128 * MIB));
+    let homes = || {
+        asked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&s| s == 128 * MIB)
+            .count()
+    };
     let a = p.memalloc_async(4 * MIB, S).unwrap();
-    let stats = p.stats();
-    assert!(
-        stats.reserved_bytes < 64 * MIB,
-        "{} reserved",
-        stats.reserved_bytes
-    );
-    // Not asked for at every allocation...
+    assert_eq!(homes(), 1, "the home was asked for");
+    assert!(segment_of(&p, &a).1 < 64 * MIB);
+    // Not asked for again at every allocation...
     let b = p.memalloc_async(30 * MIB, S).unwrap();
-    assert!(segment_of(&p, &b).1 < 64 * MIB);
+    assert_eq!(homes(), 1);
     drop((a, b));
     // ...but again after a trim, and the pool still serves.
     p.trim();
     let c = p.memalloc_async(4 * MIB, S).unwrap();
+    assert_eq!(homes(), 2);
     assert!(segment_of(&p, &c).1 < 64 * MIB);
     drop(c);
     p.check().unwrap();
 }
 
 /// The host stand-in, whose allocations fail with an error that is not for
-/// want of memory while `fail` is set, as a driver fault.
+/// want of memory while `fail` is set, as a driver fault, and which notes the
+/// size of every allocation asked of it.
 struct Flaky {
     host: HostUpstream,
     fail: Arc<AtomicBool>,
+    asked: Arc<Mutex<Vec<usize>>>,
+}
+
+/// The switch that makes a [`Flaky`] stand-in fail, and the sizes asked of it.
+type FlakyHandles = (Arc<AtomicBool>, Arc<Mutex<Vec<usize>>>);
+
+/// A pool with `config` over a [`Flaky`] stand-in of `capacity` bytes, with
+/// its switch and the sizes asked of it.
+fn flaky(
+    capacity: usize,
+    config: PoolConfig,
+) -> (PoolManager, Arc<AtomicBool>, Arc<Mutex<Vec<usize>>>) {
+    let (fail, asked): FlakyHandles = Default::default();
+    let p = PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(Flaky {
+                host: HostUpstream::new(capacity, false),
+                fail: fail.clone(),
+                asked: asked.clone(),
+            }),
+            Box::new(HostEvents::immediate()),
+            None,
+            None,
+        ),
+        config,
+    )
+    .unwrap();
+    (p, fail, asked)
 }
 
 impl Upstream for Flaky {
@@ -161,6 +195,7 @@ impl Upstream for Flaky {
     }
 
     fn alloc(&self, size: usize) -> emm_core::Result<CUdeviceptr> {
+        self.asked.lock().unwrap().push(size);
         if self.fail.load(Ordering::Relaxed) {
             return Err(EmmError::InvalidArgument {
                 what: "segment allocation (a failure the test injects)",
@@ -183,20 +218,8 @@ impl Upstream for Flaky {
 
 #[test]
 fn a_driver_fault_making_the_home_is_returned_and_the_next_allocation_makes_it() {
-    let fail = Arc::new(AtomicBool::new(true));
-    let p = PoolManager::with_config(
-        PoolUpstream::Custom(
-            Box::new(Flaky {
-                host: HostUpstream::new(1 << 30, false),
-                fail: fail.clone(),
-            }),
-            Box::new(HostEvents::immediate()),
-            None,
-            None,
-        ),
-        config(32 * MIB),
-    )
-    .unwrap();
+    let (p, fail, _) = flaky(1 << 30, config(32 * MIB));
+    fail.store(true, Ordering::Relaxed);
     let e = p.memalloc_async(MIB, S).expect_err("the fault is returned");
     assert!(!e.is_out_of_memory(), "{e}");
     assert!(e.to_string().contains("CUDA_ERROR_UNKNOWN"), "{e}");
