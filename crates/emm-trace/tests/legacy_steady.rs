@@ -202,8 +202,8 @@ const FROM_PREVIOUS_RUN: f64 = 1.15;
 /// (here a first pass of the same trace), every trace of [`TRACES`] holds the
 /// bound at the first, tenth and last pass, and the pool makes one driver
 /// allocation in all of them: its home segment, which every step fits in. (The
-/// smallest home each trace needed over ten passes: 1.009-1.141x of live, mean
-/// 1.081x, fifty-second session; without an initial size the same path reaches
+/// smallest home each trace needed over ten passes: 1.009-1.139x of live, mean
+/// 1.080x, fifty-second session; without an initial size the same path reaches
 /// up to 1.576x, [`TRACES`].)
 #[test]
 fn an_initial_size_from_a_previous_run_holds_every_trace_in_one_segment() {

@@ -8,8 +8,9 @@
 Per trace: peak reserved over peak live after ``--passes`` passes of the path's
 default (``EMM_POOL_EXPANDABLE=0``), then with a home of ``--factor`` times the
 peak live bytes of a first pass (what a user sets from a previous run) and the
-driver allocations of all passes; with ``--bisect``, the smallest factor (to
-within 0.4 %) whose home holds every pass without another segment.
+driver allocations of all passes; with ``--bisect``, the smallest factor whose
+home holds every pass without another segment, as ``emm replay --initial-size``
+finds it.
 """
 import argparse
 import json
@@ -27,38 +28,25 @@ def traces():
     return re.findall(r'\(\s*"([^"]+\.(?:csv|pickle))",\s*(?:None|Some\([\d.]+\))', src)
 
 
-def replay(emm, path, passes, extra):
+def replay(emm, path, passes, extra, flags=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMM_POOL_")}
     env.update({"EMM_POOL_EXPANDABLE": "0"}, **extra)
     out = subprocess.run([emm, "replay", os.path.join(ROOT, "crates", path), "-m", "pool",
-                          "--passes", str(passes), "--json"],
+                          "--passes", str(passes), "--json", *flags],
                          capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout)["traces"][0]["managers"][0]["passes"]
-
-
-def with_home(emm, path, passes, live, factor):
-    size = int(live * factor) // PAGE * PAGE
-    ps = replay(emm, path, passes, {"EMM_POOL_INITIAL_SIZE": str(size)})
-    peak = max(p["peak_reserved_bytes"] for p in ps)
-    return peak / live, sum(p["driver"]["allocs"] for p in ps), peak <= size
+    return json.loads(out.stdout)["traces"][0]
 
 
 def one(args, path):
-    default = replay(args.emm, path, args.passes, {})
-    live = default[0]["peak_live_bytes"]
-    base = max(p["peak_reserved_bytes"] for p in default) / live
-    ratio, allocs, _ = with_home(args.emm, path, args.passes, live, args.factor)
-    smallest = None
-    if args.bisect:
-        lo, hi = 1.0, 1.3
-        if with_home(args.emm, path, args.passes, live, hi)[2]:
-            while hi - lo > 0.004:
-                mid = (lo + hi) / 2
-                if with_home(args.emm, path, args.passes, live, mid)[2]:
-                    hi = mid
-                else:
-                    lo = mid
-            smallest = hi
+    default = replay(args.emm, path, args.passes, {}, ["--initial-size"] if args.bisect else [])
+    ps = default["managers"][0]["passes"]
+    live = ps[0]["peak_live_bytes"]
+    base = max(p["peak_reserved_bytes"] for p in ps) / live
+    size = int(live * args.factor) // PAGE * PAGE
+    ps = replay(args.emm, path, args.passes, {"EMM_POOL_INITIAL_SIZE": str(size)})["managers"][0]["passes"]
+    ratio = max(p["peak_reserved_bytes"] for p in ps) / live
+    allocs = sum(p["driver"]["allocs"] for p in ps)
+    smallest = (default.get("initial_size") or {}).get("over_live")
     return os.path.basename(path), base, ratio, allocs, smallest
 
 

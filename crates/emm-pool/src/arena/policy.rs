@@ -152,7 +152,7 @@ pub struct SegmentPolicy {
     /// sized from a previous run (1.15x of its peak of allocated bytes), one
     /// home held all twenty-one at that 1.15x over 100 passes with no driver
     /// allocation after the first: the smallest home each needed was
-    /// 1.009-1.141x of live (mean 1.081x; `legacy_steady.rs`,
+    /// 1.009-1.139x of live (mean 1.080x; `legacy_steady.rs`,
     /// `docs/benchmarks.md`, fifty-second session), but one of two held-out
     /// traces (Wav2Vec2 training) needed 1.171x: a request the home cannot
     /// hold is counted (`home_overflows`) and the first logged as a warning.
