@@ -45,6 +45,11 @@ pub struct Report {
     /// What failed, a line each.
     pub errors: Vec<String>,
     pub traces: Vec<TraceReport>,
+    /// The pool replayed without its expandable segment and without an
+    /// initial size (`EMM_POOL_EXPANDABLE=0`, no `EMM_POOL_INITIAL_SIZE`): a
+    /// loose footprint gets a line naming `--initial-size` ([`home_hint_line`]).
+    #[serde(skip)]
+    pub pool_without_home: bool,
 }
 
 /// `--fit`: the smallest device on which a manager ran the trace.
@@ -520,7 +525,7 @@ pub fn table(out: &mut Out, r: &Report) -> io::Result<()> {
         }
     }
     for t in &r.traces {
-        if let Some(l) = home_line(t) {
+        if let Some(l) = home_line(t).or_else(|| home_hint_line(r, t)) {
             out.line(l)?;
         }
     }
@@ -661,6 +666,31 @@ pub fn home_line(t: &TraceReport) -> Option<String> {
     Some(format!(
         "{}: without virtual memory (EMM_POOL_EXPANDABLE=0): {what}; {} replays",
         t.trace, h.runs
+    ))
+}
+
+/// Above this footprint (reserved over live) the pool without virtual memory
+/// and without an initial size gets [`home_hint_line`]: the smallest home held
+/// each of the 21 recorded traces at 1.009-1.139x of live.
+const HOME_HINT_ABOVE: f64 = 1.10;
+
+/// `trace: without virtual memory … --initial-size …`, where the pool replayed
+/// without its expandable segment and without a home segment, and reserved
+/// more than [`HOME_HINT_ABOVE`] times live: its peak is set before it knows
+/// how large the steps get, and `--initial-size` names the size that holds the
+/// trace in one segment (not run unasked: it takes about 15 replays).
+pub fn home_hint_line(r: &Report, t: &TraceReport) -> Option<String> {
+    if !r.pool_without_home || t.initial_size.is_some() {
+        return None;
+    }
+    let m = t
+        .managers
+        .iter()
+        .find(|m| m.manager == "pool" && !m.failed)?;
+    let x = m.reserved_over_live.filter(|&x| x > HOME_HINT_ABOVE)?;
+    Some(format!(
+        "{}: without virtual memory (EMM_POOL_EXPANDABLE=0) the pool held {x:.3}x of live, its segments made before it knew how large the steps get; --initial-size names the EMM_POOL_INITIAL_SIZE whose one segment holds this trace",
+        t.trace
     ))
 }
 
@@ -895,6 +925,7 @@ mod tests {
                 initial_size: None,
                 source: None,
             }],
+            pool_without_home: false,
         }
     }
 
@@ -937,5 +968,37 @@ mod tests {
         }
         assert_eq!(last_label(&report(manager("steady", 13), true)), "steady");
         assert_eq!(last_label(&report(manager("passes", 3), false)), "pass 3");
+    }
+
+    /// The pool without virtual memory and without a home, looser than the
+    /// smallest homes were, names `--initial-size`; not with a home or the
+    /// expandable segment, not once `--initial-size` answered, not for a tight
+    /// footprint or another manager.
+    #[test]
+    fn a_loose_pool_without_virtual_memory_names_the_initial_size() {
+        let mut r = report(manager("passes", 3), false);
+        assert_eq!(home_hint_line(&r, &r.traces[0]), None);
+        r.pool_without_home = true;
+        let line = home_hint_line(&r, &r.traces[0]).expect("1.2x is loose");
+        assert!(
+            line.starts_with("t.csv: ")
+                && line.contains("1.200x")
+                && line.contains("--initial-size"),
+            "{line}"
+        );
+        r.traces[0].managers[0].reserved_over_live = Some(1.08);
+        assert_eq!(home_hint_line(&r, &r.traces[0]), None);
+        r.traces[0].managers[0].reserved_over_live = Some(1.2);
+        r.traces[0].managers[0].manager = "default".into();
+        assert_eq!(home_hint_line(&r, &r.traces[0]), None);
+        r.traces[0].managers[0].manager = "pool".into();
+        r.traces[0].initial_size = Some(HomeReport {
+            bytes: Some(1100),
+            over_live: Some(1.1),
+            larger_failed_bytes: None,
+            passes: 3,
+            runs: 9,
+        });
+        assert_eq!(home_hint_line(&r, &r.traces[0]), None);
     }
 }

@@ -1541,6 +1541,31 @@ fn initial_size_finds_the_home_that_holds_the_trace_in_one_segment() {
         )),
         "{out}"
     );
+    // Unasked, a loose footprint without a home names the search; with a home
+    // set, or with the expandable segment, nothing does.
+    let table = |env: &[(&str, &str)]| {
+        let mut c = emm();
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c
+            .args(["replay", "-m", "pool", "--passes", "3"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let hint = "--initial-size names the EMM_POOL_INITIAL_SIZE";
+    let out = table(&[("EMM_POOL_EXPANDABLE", "0")]);
+    assert!(out.contains(hint), "{out}");
+    let size = bytes.to_string();
+    let out = table(&[
+        ("EMM_POOL_EXPANDABLE", "0"),
+        ("EMM_POOL_INITIAL_SIZE", &size),
+    ]);
+    assert!(!out.contains(hint), "{out}");
+    let out = table(&[]);
+    assert!(!out.contains(hint), "{out}");
     // Without the pool among the managers it says so and runs the rest.
     let o = run(&["replay", "-m", "default", "--passes", "1", "--initial-size"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
