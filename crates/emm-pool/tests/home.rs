@@ -248,3 +248,100 @@ fn with_the_expandable_segment_an_initial_size_changes_nothing() {
     assert!(p.stats().reserved_bytes < 64 * MIB);
     drop((a, b));
 }
+
+/// A pool with `config` over the host stand-in of `capacity` bytes, without
+/// virtual memory, whose events complete only when waited for (a device
+/// behind the host) with `manual`, else at once.
+fn without_vmm(capacity: usize, config: PoolConfig, manual: bool) -> PoolManager {
+    let events = if manual {
+        HostEvents::manual()
+    } else {
+        HostEvents::immediate()
+    };
+    PoolManager::with_config(
+        PoolUpstream::Custom(
+            Box::new(HostUpstream::new(capacity, false)),
+            Box::new(events),
+            None,
+            None,
+        ),
+        config,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_small_request_finds_the_home_once_another_streams_blocks_are_usable() {
+    // 17 MiB of device for a home of 16 MiB: no room for a segment beside it.
+    let p = without_vmm(17 * MIB, config(16 * MIB), true);
+    let live = p.memalloc_async(4 * MIB, S).unwrap();
+    let home = segment_of(&p, &live);
+    let a = p.memalloc_async(12 * MIB, stream(0x10)).unwrap();
+    drop(a);
+    // The home's other 12 MiB wait for stream 0x10's work. A small request on
+    // another stream gets them once the device is waited for, as a large one
+    // would: not an out-of-memory error while the home holds room.
+    let b = p.memalloc_async(256, S).unwrap();
+    assert_eq!(segment_of(&p, &b), home);
+    let stats = p.stats();
+    assert_eq!((stats.segments, stats.num_ooms), (1, 0));
+    // Served by the home, so not counted as a request it could not hold.
+    assert_eq!(stats.counts.home_overflows, 0);
+    drop((live, b));
+    p.check().unwrap();
+}
+
+#[test]
+fn after_the_out_of_memory_ladder_gave_the_home_back_the_next_allocation_makes_it_again() {
+    // 20 MiB of device, a home of 16 MiB.
+    let p = without_vmm(20 * MIB, config(16 * MIB), false);
+    drop(p.memalloc_async(MIB, S).unwrap());
+    // 18 MiB cannot come beside the home: the ladder gives the wholly free
+    // home back, and the request gets the device.
+    let big = p.memalloc_async(18 * MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &big).1, 18 * MIB);
+    assert_eq!(p.stats().reserved_bytes, 18 * MIB);
+    drop(big);
+    // The home is asked for again, and the wholly free segment beside it
+    // goes back to make room for it.
+    let c = p.memalloc_async(MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &c).1, 16 * MIB);
+    let stats = p.stats();
+    assert_eq!((stats.segments, stats.reserved_bytes), (1, 16 * MIB));
+    let d = p.memalloc_async(8 * MIB, S).unwrap();
+    assert_eq!(segment_of(&p, &d), segment_of(&p, &c));
+    drop((c, d));
+    p.check().unwrap();
+}
+
+#[test]
+fn an_initial_size_larger_than_any_device_leaves_the_pool_working_without_a_home() {
+    for initial in [usize::MAX, usize::MAX - MIB, 1 << 62] {
+        let p = PoolManager::host(1 << 30, config(initial)).unwrap();
+        let a = p.memalloc_async(MIB, S).unwrap();
+        assert!(segment_of(&p, &a).1 < 64 * MIB, "{initial}");
+        let b = p.memalloc_async(30 * MIB, S).unwrap();
+        assert_eq!(p.stats().counts.home_overflows, 0, "no home, no overflow");
+        drop((a, b));
+        p.check().unwrap();
+    }
+}
+
+#[test]
+fn with_the_expandable_segment_asked_for_and_no_virtual_memory_the_first_allocation_makes_the_home()
+{
+    let mut c = config(16 * MIB);
+    c.segments.expandable = true;
+    let p = without_vmm(1 << 30, c, false);
+    // A small request first: no growth of the expandable segment ever tells
+    // the pool there is none; it knows from its upstream.
+    let a = p.memalloc_async(256, S).unwrap();
+    let home = segment_of(&p, &a);
+    assert_eq!(home.1, 16 * MIB);
+    let b = p.memalloc_async(4 * MIB, S).unwrap();
+    let c2 = p.memalloc_async(4 * MIB, S).unwrap();
+    assert_eq!((segment_of(&p, &b), segment_of(&p, &c2)), (home, home));
+    assert_eq!(p.stats().segments, 1);
+    drop((a, b, c2));
+    p.check().unwrap();
+}

@@ -65,6 +65,15 @@ pub(super) struct AddressSpace {
 }
 
 impl AddressSpace {
+    /// An address space never to be had: the upstream has no virtual memory
+    /// (known before any growth asks).
+    pub fn unavailable() -> Self {
+        AddressSpace {
+            state: Reservation::Unavailable,
+            ..AddressSpace::default()
+        }
+    }
+
     /// The base, when reserved.
     pub fn base(&self) -> Option<CUdeviceptr> {
         match self.state {

@@ -34,6 +34,14 @@ pub(super) struct ExpandableSegment {
 }
 
 impl ExpandableSegment {
+    /// One never to be had: the upstream has no virtual memory.
+    pub(super) fn without_virtual_memory() -> Self {
+        ExpandableSegment {
+            space: AddressSpace::unavailable(),
+            ..ExpandableSegment::default()
+        }
+    }
+
     /// Its base, once its address space is reserved.
     pub(super) fn base(&self) -> Option<CUdeviceptr> {
         self.space.base()

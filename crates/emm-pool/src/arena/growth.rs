@@ -48,7 +48,7 @@ impl Arena {
         home: bool,
     ) -> Result<CUdeviceptr> {
         if let Some(limit) = self.limit() {
-            if self.family_reserved() + seg > limit {
+            if self.family_reserved().saturating_add(seg) > limit {
                 let (free, total) = source.device_info();
                 return Err(EmmError::OutOfMemory {
                     what: "device",

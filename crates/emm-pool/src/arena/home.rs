@@ -10,8 +10,9 @@
 //! ones too, so that every block shares one range and free space coalesces
 //! across all of it. Other segments come only for what the home cannot hold,
 //! and go as they do without one (tightening, merging); the home itself goes
-//! back only on `trim` (`Arena::release_free_segments`), when wholly free, and
-//! the next allocation makes it again.
+//! back only when wholly free, on `trim` or on the out-of-memory ladder's
+//! second step (both `Arena::release_free_segments`), and the next allocation
+//! makes it again.
 
 use emm_core::Result;
 use emm_sys::CUdeviceptr;
@@ -39,9 +40,11 @@ impl Arena {
     /// The best-fitting free block of the home segment for `size` bytes on
     /// `stream`, else a settled one there, split off as [`Arena::take_fit`]
     /// does. With `grow`, makes the home first when there is none: a device
-    /// (or byte limit) that cannot hold it leaves the pool without one, with a
-    /// warning, until a `trim` or reset; another failure of the upstream is
-    /// returned, and the next allocation asks again.
+    /// (or byte limit) that cannot hold it, even once the wholly free segments
+    /// beside it went back, leaves the pool without one, with a warning, until
+    /// a `trim`, a reset or the out-of-memory ladder; so does an initial size
+    /// larger than any device. Another failure of the upstream is returned,
+    /// and the next allocation asks again.
     pub(super) fn take_home(
         &mut self,
         size: usize,
@@ -52,9 +55,33 @@ impl Arena {
         let base = match self.segments.home() {
             Some(base) => base,
             None if grow && !self.home.refused => {
-                let want = self.policy.initial_size.div_ceil(self.policy.large_round)
-                    * self.policy.large_round;
-                match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
+                // (A size no page count can round is more than any device holds.)
+                let Some(want) = self
+                    .policy
+                    .initial_size
+                    .checked_next_multiple_of(self.policy.large_round)
+                else {
+                    tracing::warn!(
+                        initial_size = self.policy.initial_size,
+                        "the pool's initial size (EMM_POOL_INITIAL_SIZE) is larger than any device holds; going on without a home segment"
+                    );
+                    self.home.refused = true;
+                    return Ok(None);
+                };
+                // Out of memory, the wholly free segments beside it go back
+                // first (the out-of-memory ladder may have given the home back
+                // for a request it could not hold, whose segment is free now),
+                // and it is asked for once more.
+                let made = match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
+                    Err(e)
+                        if e.is_out_of_memory()
+                            && self.release_whole_segments(source, None) > 0 =>
+                    {
+                        self.grow_plain(want, Kind::Large, SETTLED, source, true)
+                    }
+                    made => made,
+                };
+                match made {
                     Ok(base) => base,
                     Err(e) if e.is_out_of_memory() => {
                         tracing::warn!(
@@ -78,8 +105,29 @@ impl Arena {
         Ok(None)
     }
 
-    /// Gives the home segment back when it is wholly free (`trim`); returns the
-    /// bytes released. Either way the next allocation that finds none asks for
+    /// As [`Arena::take_fit`], the home segment's best fit first where the
+    /// arena keeps one, whatever the request's kind (the home's blocks are all
+    /// large): for the retries after a step made more free blocks usable
+    /// (pending blocks collected, other streams' blocks taken, the device
+    /// waited for), where a small request would otherwise look only among
+    /// small segments and grow, or fail, while the home holds room.
+    pub(super) fn take_fit_home_first(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+    ) -> Option<(CUdeviceptr, CUdeviceptr)> {
+        if let Some(base) = self.segments.home() {
+            if let Some(a) = self.take_fit_in(size, Kind::Large, stream, Some(base)) {
+                return Some(a);
+            }
+        }
+        self.take_fit(size, kind, stream)
+    }
+
+    /// Gives the home segment back when it is wholly free (`trim`, and the
+    /// out-of-memory ladder through [`Arena::release_free_segments`]); returns
+    /// the bytes released. Either way the next allocation that finds none asks for
     /// it again, also after the device could not hold it.
     pub(super) fn release_home(&mut self, source: &dyn SegmentSource) -> usize {
         self.ask_home_again();
@@ -98,10 +146,12 @@ impl Arena {
         self.home.refused = false;
     }
 
-    /// A request of `size` bytes is about to take a new segment while the
-    /// arena has a home: counted (`emm.home_overflows`), and the first one
-    /// logged as a warning, since the initial size is then smaller than the
-    /// job needs and every such request costs its whole size beside the home.
+    /// A request of `size` bytes took a new segment while the arena has a
+    /// home: counted (`emm.home_overflows`), and the first one logged as a
+    /// warning, since the initial size is then smaller than the job needs
+    /// (its live blocks, and on several streams the free blocks still waiting
+    /// for another stream's work) and every such request costs its whole size
+    /// beside the home.
     pub(super) fn note_home_overflow(&mut self, size: usize) {
         let Some(base) = self.segments.home() else {
             return;

@@ -200,11 +200,24 @@ impl Arena {
     /// An arena of `family`, whose byte limit and release threshold it shares
     /// with the family's other arenas (a pool and its tag and stream pools). Arenas check
     /// the limit under their own locks: two growing at once can pass it by one
-    /// growth.
-    pub(crate) fn in_family(policy: SegmentPolicy, family: std::sync::Arc<Family>) -> Self {
+    /// growth. Without `virtual_memory` (the upstream has none) the arena knows
+    /// from the start that no expandable segment is to be had, so that its
+    /// first allocation already follows the path without it (a home segment
+    /// made there, `home.rs`) instead of learning it at its first growth.
+    pub(crate) fn in_family(
+        policy: SegmentPolicy,
+        family: std::sync::Arc<Family>,
+        virtual_memory: bool,
+    ) -> Self {
+        let expandable = if virtual_memory {
+            expandable::ExpandableSegment::default()
+        } else {
+            expandable::ExpandableSegment::without_virtual_memory()
+        };
         Arena {
             policy,
             family,
+            expandable,
             ..Arena::default()
         }
     }
@@ -316,7 +329,9 @@ impl Arena {
             self.stats.hits += 1;
             return Ok(Some(self.finish(a, size)));
         }
-        let settled = |me: &mut Self| me.take_fit(size, kind, SETTLED);
+        // (From here on, blocks that were not usable before may be: the home
+        // segment's are looked at again first, for a small request too.)
+        let settled = |me: &mut Self| me.take_fit_home_first(size, kind, SETTLED);
         if let Some(a) = settled(self) {
             self.stats.hits += 1;
             return Ok(Some(self.finish(a, size)));
@@ -330,7 +345,7 @@ impl Arena {
         // This stream's own blocks that another stream asked for and could not
         // take yet: stream order makes them this stream's to reuse at once.
         if self.take_back_parked(stream, events) {
-            if let Some(a) = self.take_fit(size, kind, stream) {
+            if let Some(a) = self.take_fit_home_first(size, kind, stream) {
                 self.stats.hits += 1;
                 return Ok(Some(self.finish(a, size)));
             }
@@ -357,7 +372,7 @@ impl Arena {
             }
         }
         if self.adopt_parked(size, kind, stream, events) {
-            if let Some(a) = self.take_fit(size, kind, stream) {
+            if let Some(a) = self.take_fit_home_first(size, kind, stream) {
                 self.stats.hits += 1;
                 return Ok(Some(self.finish(a, size)));
             }
@@ -407,7 +422,6 @@ impl Arena {
             }
         }
         let seg = self.policy.segment_for(size, kind);
-        self.note_home_overflow(size);
         let base = match self.grow(seg, kind, stream, source) {
             Ok(b) => b,
             Err(e) if e.is_out_of_memory() => {
@@ -419,6 +433,7 @@ impl Arena {
         };
         self.stats.counts.misses += 1;
         call_work::note(Work::Grew);
+        self.note_home_overflow(size);
         if kind == Kind::Large && self.merges() {
             self.merge.grew(seg, self.stats.live);
         }

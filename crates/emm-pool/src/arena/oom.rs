@@ -23,10 +23,12 @@ impl Arena {
         // 1. Wait for the work of every stream holding free blocks; those blocks
         //    become usable by any stream, and coalesce.
         self.consolidate(events)?;
-        if let Some(a) = self.take_fit(size, kind, SETTLED) {
+        if let Some(a) = self.take_fit_home_first(size, kind, SETTLED) {
             return Ok(self.finish(a, size));
         }
-        // 2. Give back every wholly free segment.
+        // 2. Give back every wholly free segment (the home segment too: it
+        //    could not hold this request, and the next allocation asks for it
+        //    again).
         self.release_free_segments(source, events);
         // 3. Retry the upstream, unless the device cannot hold even an exact
         //    segment: then say no at once (a failing driver allocation costs more
@@ -51,6 +53,7 @@ impl Arena {
         match retry {
             Ok(_) => {
                 self.stats.counts.misses += 1;
+                self.note_home_overflow(size);
                 let a = self
                     .take_fit(size, kind, stream)
                     .or_else(|| self.take_fit(size, kind, SETTLED))

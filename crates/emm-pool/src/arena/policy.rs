@@ -144,8 +144,8 @@ pub struct SegmentPolicy {
     /// home, as RMM's pool takes an initial size (`home.rs`). Every request,
     /// small ones too, takes the best-fitting free block there first; other
     /// segments come only for what it cannot hold, and tightening, merging and
-    /// the release threshold never give it back (`trim` does, when it is
-    /// wholly free; the next allocation makes it again). Without virtual
+    /// the release threshold never give it back (`trim` and the out-of-memory
+    /// ladder do, when it is wholly free; the next allocation makes it again). Without virtual
     /// memory a segment cannot grow in place, so each trace's peak is set in
     /// its first pass, before the pool knows how large the steps get (mean
     /// 1.203x of live over the twenty-one recorded traces of 64 MiB or more);

@@ -151,7 +151,7 @@ pub(super) fn make_core(
     Ok(Arc::new(Core {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         name,
-        arena: Mutex::new(Arena::in_family(config.segments, family)),
+        arena: Mutex::new(Arena::in_family(config.segments, family, vmm.is_some())),
         upstream: up,
         vmm,
         events,
