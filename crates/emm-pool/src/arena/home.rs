@@ -18,6 +18,7 @@ use emm_core::Result;
 use emm_sys::CUdeviceptr;
 
 use super::*;
+use crate::events::EventSource;
 
 /// What an arena knows of its home segment beyond its base (which `Segments`
 /// keeps).
@@ -49,6 +50,7 @@ impl Arena {
         &mut self,
         size: usize,
         stream: StreamKey,
+        events: &dyn EventSource,
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr)>> {
@@ -69,12 +71,14 @@ impl Arena {
                     return Ok(None);
                 };
                 // Out of memory, the wholly free segments beside it go back
-                // first (the out-of-memory ladder may have given the home back
-                // for a request it could not hold, whose segment is free now),
-                // and it is asked for once more.
+                // first, once the device is done with their blocks (the
+                // out-of-memory ladder may have given the home back for a
+                // request it could not hold, whose segment is free now), and it
+                // is asked for once more.
                 let made = match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
                     Err(e)
                         if e.is_out_of_memory()
+                            && self.consolidate(events).is_ok()
                             && self.release_whole_segments(source, None) > 0 =>
                     {
                         self.grow_plain(want, Kind::Large, SETTLED, source, true)
