@@ -364,8 +364,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         failed: false,
         errors: Vec::new(),
         traces: Vec::new(),
-        pool_without_home: emm::emm_pool::PoolConfig::from_env()
-            .is_ok_and(|c| !c.segments.expandable && c.segments.initial_size == 0),
+        // (Not with --initial-size: its answer, or why there is none, is said.)
+        pool_without_home: !args.initial_size
+            && emm::emm_pool::PoolConfig::from_env()
+                .is_ok_and(|c| !c.segments.expandable && c.segments.initial_size == 0),
     };
     let mut skipped_said: Vec<String> = Vec::new();
     let costs = args.costs();

@@ -265,3 +265,32 @@ fn a_reservation_smaller_than_a_page_is_a_configuration_error() {
     };
     assert!(e.to_string().contains("segments.expandable_reserve"), "{e}");
 }
+
+/// Without the expandable segment (`EMM_POOL_EXPANDABLE=0`) a tag's pool,
+/// which serves every request from one range when it has one, places small
+/// requests in small segments as the pool does: it knows from the start that
+/// no range is to be had (it took a 4 KiB request as a large one, a 20 MiB
+/// segment, while it waited for a growth to tell it).
+#[test]
+fn without_the_expandable_segment_a_tags_small_request_takes_a_small_segment() {
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expandable: false,
+            ..SegmentPolicy::default()
+        },
+        ..PoolConfig::default()
+    };
+    let p = PoolManager::host(GIB, config).unwrap();
+    let t = emm_core::Tag::named("reserve-small").unwrap();
+    let a = {
+        let _in = emm_core::Region::of(t);
+        p.memalloc_async(4096, emm_core::SYNC_STREAM).unwrap()
+    };
+    let tag = p
+        .tag_stats()
+        .into_iter()
+        .find(|s| s.tag == "reserve-small")
+        .unwrap();
+    assert_eq!(tag.reserved_bytes, 2 * MIB);
+    drop(a);
+}

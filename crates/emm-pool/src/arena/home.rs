@@ -18,17 +18,19 @@ use emm_core::Result;
 use emm_sys::CUdeviceptr;
 
 use super::*;
-use crate::events::EventSource;
 
 /// What an arena knows of its home segment beyond its base (which `Segments`
 /// keeps).
 #[derive(Debug, Default)]
 pub(super) struct HomeState {
     /// The home could not be had for lack of memory: none is asked for until
-    /// a `trim` or reset.
+    /// a `trim`, a reset or the out-of-memory ladder (which gives memory back).
     refused: bool,
     /// A request the home could not hold was logged (once an arena).
     warned: bool,
+    /// That the home cannot be had was logged as a warning (once an arena;
+    /// later refusals at debug level).
+    refusal_logged: bool,
 }
 
 impl Arena {
@@ -41,16 +43,21 @@ impl Arena {
     /// The best-fitting free block of the home segment for `size` bytes on
     /// `stream`, else a settled one there, split off as [`Arena::take_fit`]
     /// does. With `grow`, makes the home first when there is none: a device
-    /// (or byte limit) that cannot hold it, even once the wholly free segments
-    /// beside it went back, leaves the pool without one, with a warning, until
-    /// a `trim`, a reset or the out-of-memory ladder; so does an initial size
-    /// larger than any device. Another failure of the upstream is returned,
-    /// and the next allocation asks again.
+    /// (or byte limit) that cannot hold it leaves the pool without one, with a
+    /// warning, until a `trim`, a reset or the out-of-memory ladder asks again;
+    /// so does an initial size larger than any device. Another failure of the
+    /// upstream is returned, and the next allocation asks again.
+    ///
+    /// The free segments beside it are not given back to make room for it: a
+    /// job whose request the home could not hold (the out-of-memory ladder then
+    /// gives a wholly free home back for it) would give that request's segment
+    /// back for the home at its next small request and the home back again at
+    /// its next large one, two driver allocations, two frees and a device-wide
+    /// wait a cycle, where without the home it settles.
     pub(super) fn take_home(
         &mut self,
         size: usize,
         stream: StreamKey,
-        events: &dyn EventSource,
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr)>> {
@@ -70,29 +77,20 @@ impl Arena {
                     self.home.refused = true;
                     return Ok(None);
                 };
-                // Out of memory, the wholly free segments beside it go back
-                // first, once the device is done with their blocks (the
-                // out-of-memory ladder may have given the home back for a
-                // request it could not hold, whose segment is free now), and it
-                // is asked for once more.
-                let made = match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
-                    Err(e)
-                        if e.is_out_of_memory()
-                            && self.consolidate(events).is_ok()
-                            && self.release_whole_segments(source, None) > 0 =>
-                    {
-                        self.grow_plain(want, Kind::Large, SETTLED, source, true)
-                    }
-                    made => made,
-                };
-                match made {
+                match self.grow_plain(want, Kind::Large, SETTLED, source, true) {
                     Ok(base) => base,
                     Err(e) if e.is_out_of_memory() => {
-                        tracing::warn!(
-                            error = %e,
-                            initial_size = want,
-                            "the pool's initial size (EMM_POOL_INITIAL_SIZE) cannot be had; going on without a home segment"
-                        );
+                        // Once a warning; asked again after each out-of-memory
+                        // ladder, a device that stays full would repeat it.
+                        if std::mem::replace(&mut self.home.refusal_logged, true) {
+                            tracing::debug!(error = %e, initial_size = want, "the home segment still cannot be had");
+                        } else {
+                            tracing::warn!(
+                                error = %e,
+                                initial_size = want,
+                                "the pool's initial size (EMM_POOL_INITIAL_SIZE) cannot be had; going on without a home segment"
+                            );
+                        }
                         self.home.refused = true;
                         return Ok(None);
                     }
@@ -121,7 +119,7 @@ impl Arena {
         kind: Kind,
         stream: StreamKey,
     ) -> Option<(CUdeviceptr, CUdeviceptr)> {
-        if let Some(base) = self.segments.home() {
+        if let Some(base) = self.segments.home().filter(|_| self.wants_home()) {
             if let Some(a) = self.take_fit_in(size, Kind::Large, stream, Some(base)) {
                 return Some(a);
             }
@@ -157,15 +155,26 @@ impl Arena {
     /// for another stream's work) and every such request costs its whole size
     /// beside the home.
     pub(super) fn note_home_overflow(&mut self, size: usize) {
-        let Some(base) = self.segments.home() else {
-            return;
-        };
+        if let Some(home) = self.home_size() {
+            self.count_home_overflow(size, home);
+        }
+    }
+
+    /// The size of the home segment, where the arena keeps one.
+    pub(super) fn home_size(&self) -> Option<usize> {
+        let base = self.segments.home().filter(|_| self.wants_home())?;
+        self.segments.get(&base).map(|s| s.size)
+    }
+
+    /// As [`Arena::note_home_overflow`], for a home of `home` bytes that was
+    /// there when the request came (the out-of-memory ladder may have given it
+    /// back for the request since).
+    pub(super) fn count_home_overflow(&mut self, size: usize, home: usize) {
         self.stats.counts.home_overflows += 1;
         if self.home.warned {
             return;
         }
         self.home.warned = true;
-        let home = self.segments.get(&base).map_or(0, |s| s.size);
         tracing::warn!(
             request = size,
             home,

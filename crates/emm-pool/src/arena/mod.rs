@@ -315,7 +315,7 @@ impl Arena {
         }
         if self.wants_home() {
             let made = self.stats.upstream_allocs;
-            if let Some(a) = self.take_home(size, stream, events, source, grow)? {
+            if let Some(a) = self.take_home(size, stream, source, grow)? {
                 // (Served by the home just made: a miss, as any growth.)
                 if self.stats.upstream_allocs > made {
                     self.stats.counts.misses += 1;

@@ -29,6 +29,7 @@ impl Arena {
         // 2. Give back every wholly free segment (the home segment too: it
         //    could not hold this request, and the next allocation asks for it
         //    again).
+        let home = self.home_size();
         self.release_free_segments(source, events);
         // 3. Retry the upstream, unless the device cannot hold even an exact
         //    segment: then say no at once (a failing driver allocation costs more
@@ -53,7 +54,9 @@ impl Arena {
         match retry {
             Ok(_) => {
                 self.stats.counts.misses += 1;
-                self.note_home_overflow(size);
+                if let Some(home) = home {
+                    self.count_home_overflow(size, home);
+                }
                 let a = self
                     .take_fit(size, kind, stream)
                     .or_else(|| self.take_fit(size, kind, SETTLED))
