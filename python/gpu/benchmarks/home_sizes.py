@@ -4,13 +4,17 @@
 
     python3 python/gpu/benchmarks/home_sizes.py [--passes 10] [--factor 1.15]
                                                 [--bisect] [--emm target/release/emm]
+                                                [--traces NAME ...]
 
 Per trace: peak reserved over peak live after ``--passes`` passes of the path's
 default (``EMM_POOL_EXPANDABLE=0``), then with a home of ``--factor`` times the
 peak live bytes of a first pass (what a user sets from a previous run) and the
 driver allocations of all passes; with ``--bisect``, the smallest factor whose
 home holds every pass without another segment, as ``emm replay --initial-size``
-finds it.
+finds it. ``--traces``: only the traces whose file name contains one of the
+names. On a GPU machine ``emm replay`` replays on the device (``--emm
+gpu-bundle/emm``; its first line says which), with real ``cuMemAlloc``
+segments.
 """
 import argparse
 import json
@@ -57,9 +61,15 @@ def main():
     p.add_argument("--bisect", action="store_true")
     p.add_argument("--emm", default=os.path.join(ROOT, "target/release/emm"))
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--traces", nargs="+", metavar="NAME",
+                   help="only the traces whose file name contains one of these")
     args = p.parse_args()
+    chosen = [t for t in traces()
+              if not args.traces or any(n in os.path.basename(t) for n in args.traces)]
+    if not chosen:
+        p.error(f"no trace of legacy_steady.rs matches {args.traces}")
     with ThreadPoolExecutor(args.jobs) as ex:
-        rows = list(ex.map(lambda t: one(args, t), traces()))
+        rows = list(ex.map(lambda t: one(args, t), chosen))
     print(f"{'trace':36s} {'default':>8s} {'home':>7s} {'driver':>6s} {'smallest':>8s}")
     for name, base, ratio, allocs, smallest in rows:
         s = f"{smallest:.3f}" if smallest else "-"
