@@ -12,7 +12,7 @@
 //! and go as they do without one (tightening, merging); the home itself goes
 //! back only when wholly free, on `trim` or on the out-of-memory ladder's
 //! second step (both `Arena::release_free_segments`), and the next allocation
-//! makes it again.
+//! asks for it again.
 
 use emm_core::Result;
 use emm_sys::CUdeviceptr;

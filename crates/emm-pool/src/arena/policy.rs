@@ -145,9 +145,10 @@ pub struct SegmentPolicy {
     /// small ones too, takes the best-fitting free block there first; other
     /// segments come only for what it cannot hold, and tightening, merging and
     /// the release threshold never give it back (`trim` and the out-of-memory
-    /// ladder do, when it is wholly free; the next allocation makes it again). Without virtual
-    /// memory a segment cannot grow in place, so each trace's peak is set in
-    /// its first pass, before the pool knows how large the steps get (mean
+    /// ladder do, when it is wholly free; the next allocation asks for it
+    /// again). Without virtual memory a segment cannot grow in place, so each
+    /// trace's peak is set in its first pass, before the pool knows how large
+    /// the steps get (mean
     /// 1.203x of live over the twenty-one recorded traces of 64 MiB or more);
     /// sized from a previous run (1.15x of its peak of allocated bytes), one
     /// home held all twenty-one at that 1.15x over 100 passes with no driver
