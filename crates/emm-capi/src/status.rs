@@ -1,6 +1,6 @@
 //! The plumbing every entry point shares: the status codes and the ABI version,
 //! the calling thread's last error and out-of-memory figures, the mapping of
-//! [`EmmError`] to a status, and [`guard`] (no panic and no forked child crosses
+//! [`EmmError`] to a status, and [`guard`](crate::guard::guard) (no panic and no forked child crosses
 //! the boundary).
 
 use std::cell::RefCell;

@@ -4,7 +4,7 @@
 //! ([`end`]), `releasePool` ([`release`]), `checkPoolLiveAllocations`
 //! ([`live`]), `getPoolUseCount` and the pool's figures ([`info`]), and the
 //! frees held back for captures that are over going ahead.
-//! The state is [`GraphPools`] (`graph_pools.rs`, which describes the protocol),
+//! The state is [`GraphPools`](super::graph_pools::GraphPools) (`graph_pools.rs`, which describes the protocol),
 //! a field of the device's state (`devices.rs`); this file sits above both. The
 //! C functions in `graph_hooks.rs` only convert arguments and report.
 

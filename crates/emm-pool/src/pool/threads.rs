@@ -41,7 +41,7 @@ pub(super) struct ThreadCounters {
     /// the other way (set for a stream whose blocks were taken since): that
     /// costs a claim that finds nothing, as before the mask.
     pub(super) cached_streams: AtomicU64,
-    /// The thread's cached blocks, per stream: at most [`MAX_STREAM_CACHES`],
+    /// The thread's cached blocks, per stream: at most [`MAX_STREAM_CACHES`](super::config::MAX_STREAM_CACHES),
     /// oldest first. Its own thread enters it on every call (a biased lock, no
     /// atomic read-modify-write); another thread only claims it, while it holds
     /// the arena, to take blocks back before the pool grows, on out of memory or
