@@ -18,6 +18,10 @@ pub struct Fit {
 /// larger size that fails.
 const PROBES_ABOVE: u64 = 4;
 
+/// How many times [`smallest`] doubles `high` when the run fails there: the
+/// largest size tried is `high` times 2 to this power.
+pub const DOUBLINGS: u32 = 3;
+
 /// The smallest size in `[low, high]`, to within `step`, on which `runs_at`
 /// succeeds: a bisection (`high` is expected to succeed; every size it settles on
 /// has run), then [`PROBES_ABOVE`] sizes evenly between the answer and `high`,
@@ -44,7 +48,7 @@ pub fn smallest(
     // (the GPU, or a device of another size): should it fail here, look higher.
     let mut top = high;
     let mut ok = try_at(top, &mut runs, &mut failed_at)?;
-    for _ in 0..3 {
+    for _ in 0..DOUBLINGS {
         if ok {
             break;
         }
@@ -100,6 +104,13 @@ mod tests {
         // Fits only above the given top: found by looking higher.
         let f = smallest(0, 1000, 1, |c| Ok(c >= 1500)).unwrap();
         assert_eq!(f.needs, Some(1500));
+        // Up to `DOUBLINGS` doublings of the top, and no further.
+        let most = 1000 << DOUBLINGS;
+        assert_eq!(
+            smallest(0, 1000, 1, |c| Ok(c >= most)).unwrap().needs,
+            Some(most)
+        );
+        assert_eq!(smallest(0, 1000, 1, |c| Ok(c > most)).unwrap().needs, None);
         assert!(smallest(0, 10, 1, |_| Err("no".into())).is_err());
     }
 }

@@ -17,7 +17,8 @@ fn step(live: u64) -> u64 {
     (2 << 20).max(live / 1000)
 }
 
-/// The smallest initial size between `live` and twice it whose home holds `t`
+/// The smallest initial size from `live` up to twice it (higher, up to
+/// [`fit::DOUBLINGS`] doublings of that, where twice does not hold) whose home holds `t`
 /// over `passes` passes (`events` requests a pass) with no request beside it
 /// (`emm.home_overflows` 0) and no failed request. `Err` names what could not
 /// be run at all. The pool's warnings (a home too small, which most sizes

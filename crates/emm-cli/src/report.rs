@@ -71,8 +71,8 @@ pub struct FitReport {
 /// memory that held the trace.
 #[derive(Serialize)]
 pub struct HomeReport {
-    /// `EMM_POOL_INITIAL_SIZE` to set (`null`: not even twice the peak of live
-    /// bytes held it).
+    /// `EMM_POOL_INITIAL_SIZE` to set (`null`: not even 16 times the peak of
+    /// live bytes held it, `fit::DOUBLINGS`).
     pub bytes: Option<u64>,
     /// The same over the peak of live bytes.
     pub over_live: Option<f64>,
@@ -659,7 +659,8 @@ pub fn home_line(t: &TraceReport) -> Option<String> {
             )),
         ),
         _ => format!(
-            "no home segment up to twice the peak of live bytes held it over {} passes",
+            "no home segment up to {} times the peak of live bytes held it over {} passes",
+            2u64 << crate::fit::DOUBLINGS,
             h.passes
         ),
     };
@@ -1000,5 +1001,23 @@ mod tests {
             runs: 9,
         });
         assert_eq!(home_hint_line(&r, &r.traces[0]), None);
+    }
+
+    /// Where no home held the trace, the line says how far the search looked.
+    #[test]
+    fn the_home_line_says_how_far_the_search_looked_when_nothing_held() {
+        let mut r = report(manager("passes", 3), false);
+        r.traces[0].initial_size = Some(HomeReport {
+            bytes: None,
+            over_live: None,
+            larger_failed_bytes: None,
+            passes: 3,
+            runs: 4,
+        });
+        let line = home_line(&r.traces[0]).expect("a line");
+        assert!(
+            line.contains("no home segment up to 16 times the peak"),
+            "{line}"
+        );
     }
 }
