@@ -216,10 +216,9 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             return Ok(ExitCode::from(1));
         }
     };
-    let per_thread = 4_000_000usize;
     // The streams first: a stream the driver refuses is reported, not a panic in
     // a thread that the others would wait for at the barrier.
-    let streams = match (0..16)
+    let streams = match (0..THREADS)
         .map(|_| Stream::new(ctx))
         .collect::<Result<Vec<_>, _>>()
     {
@@ -229,45 +228,56 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             return Ok(ExitCode::from(1));
         }
     };
-    // Each thread sets up (context, stream, first pairs) before the clock starts;
-    // the clock stops when the last thread is done.
-    let run = |n: usize| -> f64 {
-        let ready = std::sync::Barrier::new(n + 1);
-        let done = std::sync::Barrier::new(n + 1);
-        let mut elapsed = 0.0;
-        std::thread::scope(|sc| {
-            for t in 0..n {
-                let (pool, ready, done, stream) = (&pool, &ready, &done, &streams[t]);
-                sc.spawn(move || {
-                    let _ = ctx.set_current();
-                    let sizes = [256usize, 4096, 65_536, 1 << 20];
-                    for &s in &sizes {
-                        drop(pool.memalloc_async(s, stream.raw()));
-                    }
-                    ready.wait();
-                    for i in 0..per_thread {
-                        let size = sizes[(i + t) % 4];
-                        drop(pool.memalloc_async(size, stream.raw()));
-                    }
-                    done.wait();
-                    let _ = stream.synchronize();
-                });
+    let sizes = [256usize, 4096, 65_536, 1 << 20];
+    let pool_run = |n: usize| {
+        scaling(n, |t, ready: &dyn Fn()| {
+            let _ = ctx.set_current();
+            let stream = &streams[t];
+            for &s in &sizes {
+                drop(pool.memalloc_async(s, stream.raw()));
             }
-            ready.wait();
-            let start = Instant::now();
-            done.wait();
-            elapsed = start.elapsed().as_secs_f64();
-        });
-        (n * per_thread) as f64 / elapsed
+            ready();
+            for i in 0..PER_THREAD {
+                let size = sizes[(i + t) % 4];
+                drop(pool.memalloc_async(size, stream.raw()));
+            }
+        })
     };
-    run(1); // warm up
-    let one = run(1);
-    let sixteen = run(16);
+    // The same loop over libc's allocator, whose per-thread caches share nothing
+    // either: how far this host's cores let sixteen threads go at all.
+    let libc_run = |n: usize| {
+        scaling(n, |t, ready: &dyn Fn()| {
+            ready();
+            for i in 0..PER_THREAD {
+                let v: Vec<u8> = Vec::with_capacity(sizes[(i + t) % 4]);
+                std::hint::black_box(&v);
+            }
+        })
+    };
+    pool_run(1); // warm up
+    libc_run(1);
+    let one = pool_run(1);
+    let sixteen = pool_run(THREADS);
+    let floor_one = libc_run(1);
+    let floor_sixteen = libc_run(THREADS);
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // The frees were stream-ordered: the streams finish before they are dropped.
+    for stream in &streams {
+        if let Err(e) = stream.synchronize() {
+            note(format_args!(
+                "emm bench: synchronizing a stream failed: {e}"
+            ));
+            return Ok(ExitCode::from(1));
+        }
+    }
     if json {
         out.line(serde_json::json!({
             "path": "emm pool threads",
             "pairs_per_second_1": one.round(),
             "pairs_per_second_16": sixteen.round(),
+            "libc_pairs_per_second_1": floor_one.round(),
+            "libc_pairs_per_second_16": floor_sixteen.round(),
+            "logical_cpus": cpus,
         }))?;
     } else {
         out.line(format_args!(
@@ -276,6 +286,42 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             sixteen / 1e6,
             sixteen / one
         ))?;
+        out.line(format_args!(
+            "libc malloc + free, the same sizes (this host's floor): 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x; {cpus} logical CPUs)",
+            floor_one / 1e6,
+            floor_sixteen / 1e6,
+            floor_sixteen / floor_one
+        ))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Pairs each thread makes in [`scaling`].
+const PER_THREAD: usize = 4_000_000;
+/// Threads of the many-thread run.
+const THREADS: usize = 16;
+
+/// Aggregate pairs a second of `n` threads each running `body(t, ready)`:
+/// `body` sets up, calls `ready()` (the clock starts when every thread has),
+/// then makes [`PER_THREAD`] pairs; the clock stops when the last is done.
+fn scaling(n: usize, body: impl Fn(usize, &dyn Fn()) + Sync) -> f64 {
+    let ready = std::sync::Barrier::new(n + 1);
+    let done = std::sync::Barrier::new(n + 1);
+    let mut elapsed = 0.0;
+    std::thread::scope(|sc| {
+        for t in 0..n {
+            let (ready, done, body) = (&ready, &done, &body);
+            sc.spawn(move || {
+                body(t, &|| {
+                    ready.wait();
+                });
+                done.wait();
+            });
+        }
+        ready.wait();
+        let start = Instant::now();
+        done.wait();
+        elapsed = start.elapsed().as_secs_f64();
+    });
+    (n * PER_THREAD) as f64 / elapsed
 }
