@@ -44,7 +44,7 @@ pub struct Report {
     pub traces: Vec<TraceReport>,
     /// The pool replayed without its expandable segment and without an
     /// initial size (`EMM_POOL_EXPANDABLE=0`, no `EMM_POOL_INITIAL_SIZE`): a
-    /// loose footprint gets a line naming `--initial-size` ([`home_hint_line`]).
+    /// loose footprint gets a line naming `--initial-size` ([`home_hint_line`](super::home_hint_line)).
     #[serde(skip)]
     pub pool_without_home: bool,
 }
