@@ -314,8 +314,7 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
         ));
         return Ok(ExitCode::from(1));
     }
-    let cpus = std::thread::available_parallelism()
-        .map_or_else(|_| "unknown".to_owned(), |n| n.to_string());
+    let cpus = std::thread::available_parallelism().ok().map(|n| n.get());
     // The frees were stream-ordered: the streams finish before they are dropped.
     for stream in &streams {
         if let Err(e) = stream.synchronize() {
@@ -332,7 +331,7 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             "pairs_per_second_16": sixteen.round(),
             "libc_pairs_per_second_1": libc_one.round(),
             "libc_pairs_per_second_16": libc_sixteen.round(),
-            "available_cpus": std::thread::available_parallelism().ok().map(|n| n.get()),
+            "available_cpus": cpus,
         }))?;
     } else {
         out.line(format_args!(
@@ -345,7 +344,8 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             "libc malloc + free, the same loop (a reference): 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x; {cpus} CPUs available to this process)",
             libc_one / 1e6,
             libc_sixteen / 1e6,
-            libc_sixteen / libc_one
+            libc_sixteen / libc_one,
+            cpus = cpus.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
         ))?;
     }
     Ok(ExitCode::SUCCESS)

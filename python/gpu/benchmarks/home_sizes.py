@@ -13,8 +13,8 @@ driver allocations of all passes; with ``--bisect``, the smallest factor whose
 home holds every pass without another segment, as ``emm replay --initial-size``
 finds it. ``--traces``: only the traces whose file name contains one of the
 names. On a GPU machine ``emm replay`` replays on the device (``--emm
-gpu-bundle/emm``; its first line says which), with real ``cuMemAlloc``
-segments.
+gpu-bundle/emm``), with real ``cuMemAlloc`` segments; the last lines name
+the backend the replays ran on (``gpu`` or ``host``).
 """
 import argparse
 import json
@@ -38,20 +38,22 @@ def replay(emm, path, passes, extra, flags=()):
     out = subprocess.run([emm, "replay", os.path.join(ROOT, "crates", path), "-m", "pool",
                           "--passes", str(passes), "--json", *flags],
                          capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout)["traces"][0]
+    doc = json.loads(out.stdout)
+    return doc["backend"], doc["traces"][0]
 
 
 def one(args, path):
-    default = replay(args.emm, path, args.passes, {}, ["--initial-size"] if args.bisect else [])
+    backend, default = replay(args.emm, path, args.passes, {},
+                              ["--initial-size"] if args.bisect else [])
     ps = default["managers"][0]["passes"]
     live = ps[0]["peak_live_bytes"]
     base = max(p["peak_reserved_bytes"] for p in ps) / live
     size = int(live * args.factor) // PAGE * PAGE
-    ps = replay(args.emm, path, args.passes, {"EMM_POOL_INITIAL_SIZE": str(size)})["managers"][0]["passes"]
+    ps = replay(args.emm, path, args.passes, {"EMM_POOL_INITIAL_SIZE": str(size)})[1]["managers"][0]["passes"]
     ratio = max(p["peak_reserved_bytes"] for p in ps) / live
     allocs = sum(p["driver"]["allocs"] for p in ps)
     smallest = (default.get("initial_size") or {}).get("over_live")
-    return os.path.basename(path), base, ratio, allocs, smallest
+    return os.path.basename(path), base, ratio, allocs, smallest, backend
 
 
 def main():
@@ -71,13 +73,14 @@ def main():
     with ThreadPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(lambda t: one(args, t), chosen))
     print(f"{'trace':36s} {'default':>8s} {'home':>7s} {'driver':>6s} {'smallest':>8s}")
-    for name, base, ratio, allocs, smallest in rows:
+    for name, base, ratio, allocs, smallest, _ in rows:
         s = f"{smallest:.3f}" if smallest else "-"
         print(f"{name:36s} {base:8.3f} {ratio:7.3f} {allocs:6d} {s:>8s}")
     n = len(rows)
     print(f"mean {sum(r[1] for r in rows) / n:.4f} default, {sum(r[2] for r in rows) / n:.4f} "
           f"with a home of {args.factor}x; within 1.15x: {sum(r[1] <= 1.15 for r in rows)} and "
           f"{sum(r[2] <= 1.15 for r in rows)} of {n}")
+    print(f"emm replay's backend: {', '.join(sorted({r[5] for r in rows}))}")
     found = [r[4] for r in rows if r[4]]
     if found:
         print(f"smallest home: mean {sum(found) / len(found):.4f}, most {max(found):.3f} "
