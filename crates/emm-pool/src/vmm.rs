@@ -665,6 +665,12 @@ impl Drop for DriverVmm {
     }
 }
 
+/// The granularity the host stand-in's virtual memory stands for: a GPU's
+/// recommended one (2 MiB on current GPUs). A pool maps pieces of its
+/// `large_round`, and gets the stand-in's virtual memory only where that is a
+/// multiple of this (`pool::upstream::host_parts`), as over the driver.
+pub(crate) const HOST_GRANULARITY: usize = 2 << 20;
+
 /// Virtual memory for the host stand-in: address space from a counter, memory
 /// accounted against the stand-in's capacity.
 pub struct HostVmm {

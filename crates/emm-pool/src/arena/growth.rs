@@ -118,7 +118,7 @@ impl Arena {
             piece = piece.max(pages * page);
         }
         if self.policy.replace_pieces > 0 {
-            piece = piece.min(self.policy.replace_pieces * page);
+            piece = piece.min(self.policy.replace_pieces.saturating_mul(page));
             self.refresh_idle(stream, events);
             for _ in 0..REPLACE_ROUNDS {
                 let runs = match &plan {
@@ -332,7 +332,9 @@ impl Arena {
             .ending_at(end)
             .filter(|(_, b)| b.segment == base && b.state == State::Free(stream))
             .map(|(a, b)| (a, b.size));
-        let tail_need = size - tail.map_or(0, |t| t.1);
+        // (Best fit tried this stream's blocks first, so a free tail is smaller
+        // than the request; saturating all the same.)
+        let tail_need = size.saturating_sub(tail.map_or(0, |t| t.1));
         let mut best: Vec<Target> = Vec::new();
         // A gap when it needs no more than the end would, or when the end is past
         // the reservation (moving memory retires the ranges it leaves, so the end
@@ -499,7 +501,8 @@ impl Arena {
 /// change showed in the step times (runs 138, 139, 146).
 fn fresh_pieces(bytes: usize, page: usize, piece: usize) -> Vec<usize> {
     let pages = bytes / page;
-    let per = pages.clamp(1, piece / page);
+    // (A piece is at least a page, whatever the settings made of it.)
+    let per = pages.clamp(1, (piece / page).max(1));
     let mut out = vec![per * page; pages / per];
     if pages % per > 0 {
         out.push((pages % per) * page);

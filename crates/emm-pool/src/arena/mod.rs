@@ -438,8 +438,31 @@ impl Arena {
             self.merge.grew(seg, self.stats.live);
         }
         let _ = self.cover_fresh(stream, events);
-        let a = self.take_fit(size, kind, stream).unwrap_or((base, base));
-        Ok(Some(self.finish(a, size)))
+        match self.take_grown(size, kind, stream, base) {
+            Some(a) => Ok(Some(self.finish(a, size))),
+            None => unreachable_fit(size),
+        }
+    }
+
+    /// After a plain segment at `base` was made for `size` bytes of `stream`:
+    /// best fit (which may find a better block now), else the new segment's
+    /// own free block, taken there. Best fit can pass that block over: the
+    /// exclusive rule judges a block by its segment's size, and a segment
+    /// rounded far past the request (`SegmentPolicy::large_round` of a GiB)
+    /// wastes more than it allows. (Before, the segment's base was handed out
+    /// with its block still free in the books, for the next request to take
+    /// again.) `None` only where the new segment holds no such block.
+    fn take_grown(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        stream: StreamKey,
+        base: CUdeviceptr,
+    ) -> Option<(CUdeviceptr, CUdeviceptr)> {
+        if let Some(a) = self.take_fit(size, kind, stream) {
+            return Some(a);
+        }
+        self.heap.take(base, size).map(|segment| (base, segment))
     }
 
     /// Counts the block at `addr` of `segment` (from `take_fit`) live; returns its

@@ -52,13 +52,13 @@ impl Arena {
                 .map_err(|_| ())
         };
         match retry {
-            Ok(_) => {
+            Ok(base) => {
                 self.stats.counts.misses += 1;
                 if let Some(home) = home {
                     self.count_home_overflow(size, home);
                 }
                 let a = self
-                    .take_fit(size, kind, stream)
+                    .take_grown(size, kind, stream, base)
                     .or_else(|| self.take_fit(size, kind, SETTLED))
                     .ok_or_else(|| first.clone())?;
                 Ok(self.finish(a, size))

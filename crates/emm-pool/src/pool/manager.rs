@@ -108,7 +108,7 @@ impl PoolManager {
                 // thread (its events complete when waited for: a helper's
                 // timing would move a replay's figures).
                 let host = Arc::new(HostUpstream::new(capacity, touch));
-                let (up, vmm) = host_parts(&host, touch, config.segments.expandable);
+                let (up, vmm) = host_parts(&host, touch, &config.segments);
                 let config = PoolConfig {
                     background_unmap: false,
                     ..config
@@ -161,7 +161,7 @@ impl PoolManager {
         clock: Arc<emm_core::HostClock>,
     ) -> Result<PoolManager> {
         let host = Arc::new(HostUpstream::new(capacity, false));
-        let (up, vmm) = host_parts(&host, false, config.segments.expandable);
+        let (up, vmm) = host_parts(&host, false, &config.segments);
         // As over the plain stand-in, moved pieces are unmapped on the replaying
         // thread, so a replay gives the same figures every time.
         let config = PoolConfig {

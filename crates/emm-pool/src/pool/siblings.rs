@@ -76,11 +76,11 @@ impl Siblings {
         let upstream = match &self.recipe {
             Recipe::Driver(ctx) => PoolUpstream::Driver(ctx.clone()),
             Recipe::Host { host, touch } => {
-                let (up, vmm) = host_parts(host, *touch, config.segments.expandable);
+                let (up, vmm) = host_parts(host, *touch, &config.segments);
                 PoolUpstream::Custom(up, Box::new(HostEvents::immediate()), vmm, None)
             }
             Recipe::Lagged { host, clock } => {
-                let (up, vmm) = host_parts(host, false, config.segments.expandable);
+                let (up, vmm) = host_parts(host, false, &config.segments);
                 PoolUpstream::Custom(
                     up,
                     Box::new(crate::LaggedEvents::new(clock.clone())),

@@ -12,7 +12,7 @@ use emm_driver::Context;
 use super::config::PoolConfig;
 use super::shared::Core;
 use super::threads::{ThreadCounters, NEXT_ID};
-use crate::arena::Arena;
+use crate::arena::{Arena, SegmentPolicy};
 use crate::events::{DriverEvents, EventSource, HostEvents};
 use crate::family::Family;
 use crate::unmapper::Unmapper;
@@ -42,11 +42,19 @@ pub enum PoolUpstream {
 /// The upstream and virtual memory of a pool over the host stand-in `host`,
 /// which a pool and its tag and stream pools share: one device, whose capacity
 /// they all count against.
+///
+/// As over the driver, whose virtual memory a pool uses only when its
+/// `large_round` is a multiple of the driver's granularity, the stand-in's
+/// comes only with a `large_round` that is a multiple of
+/// [`HOST_GRANULARITY`](crate::vmm::HOST_GRANULARITY): pieces of a few bytes
+/// would make every growth and release walk millions of them.
 pub(super) fn host_parts(
     host: &Arc<HostUpstream>,
     touch: bool,
-    expandable: bool,
+    segments: &SegmentPolicy,
 ) -> (Box<dyn Upstream>, Option<Box<dyn VirtualMemory>>) {
+    let expandable =
+        segments.expandable && segments.large_round % crate::vmm::HOST_GRANULARITY == 0;
     let vmm: Option<Box<dyn VirtualMemory>> = if expandable && !touch {
         Some(Box::new(HostVmm::new(host.clone())))
     } else {
@@ -70,11 +78,19 @@ pub(super) fn make_core(
         ("segments.large_segment", seg.large_segment),
         ("segments.expand_step", seg.expand_step),
     ] {
-        if value == 0 || (name == "segments.large_round" && !value.is_power_of_two()) {
+        // (Past half of `isize::MAX` no device holds it, and the pool's sums of
+        // segment sizes could overflow: a request that large is refused too.)
+        if value == 0
+            || value > isize::MAX as usize / 2
+            || (name == "segments.large_round" && !value.is_power_of_two())
+        {
             return Err(EmmError::InvalidConfig {
                 name: name.into(),
                 value: value.to_string(),
-                reason: "a positive size (the rounding a power of two)".into(),
+                reason: format!(
+                    "a positive size of at most {} bytes (the rounding a power of two)",
+                    isize::MAX as usize / 2
+                ),
             });
         }
     }
@@ -131,7 +147,7 @@ pub(super) fn make_core(
         }
         PoolUpstream::Host { capacity, touch } => {
             let host = Arc::new(HostUpstream::new(capacity, touch));
-            let (host, vmm) = host_parts(&host, touch, config.segments.expandable);
+            let (host, vmm) = host_parts(&host, touch, &config.segments);
             (host, Box::new(HostEvents::immediate()), vmm, None)
         }
         PoolUpstream::Custom(u, e, v, ctx) => (u, e, v, ctx),
