@@ -123,16 +123,28 @@ impl DetailsBuilder {
     }
 
     /// The number of `frames` as a stack (kept once).
+    #[cfg(test)]
     pub(crate) fn stack(&mut self, frames: impl Iterator<Item = Frame>) -> Option<u32> {
         let mut ids = Vec::new();
         for f in frames.take(MAX_FRAMES) {
-            let next = u32::try_from(self.frames.len()).ok()?;
-            let id = *self.frame_ids.entry(f).or_insert_with_key(|f| {
-                self.frames.push(f.clone());
-                next
-            });
-            ids.push(id);
+            ids.push(self.frame(f)?);
         }
+        self.stack_of_frames(ids)
+    }
+
+    /// The number of frame `f` (kept once).
+    pub(crate) fn frame(&mut self, f: Frame) -> Option<u32> {
+        let next = u32::try_from(self.frames.len()).ok()?;
+        Some(*self.frame_ids.entry(f).or_insert_with_key(|f| {
+            self.frames.push(f.clone());
+            next
+        }))
+    }
+
+    /// The number of the stack of frames numbered `ids` by [`Self::frame`],
+    /// innermost first, at most [`MAX_FRAMES`] of them (kept once).
+    pub(crate) fn stack_of_frames(&mut self, mut ids: Vec<u32>) -> Option<u32> {
+        ids.truncate(MAX_FRAMES);
         if ids.is_empty() {
             return None;
         }

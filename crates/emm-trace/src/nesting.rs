@@ -131,6 +131,22 @@ pub(crate) fn max_memo(len: usize) -> usize {
     len / 8 + 4096
 }
 
+/// The most items the pickle machine's stack, or its marks, may hold at once.
+/// Python's pickler writes a container's items in batches of 1,000, so a
+/// snapshot's stack holds a few thousand at most; a file of bare `NONE` or
+/// `MARK` opcodes, each a byte that pushes an item of 8 to 24 bytes, is
+/// refused here instead of taking up to 26 bytes of memory per byte of input.
+pub(crate) const MAX_STACK: usize = 1 << 20;
+
+/// The error once `stack` or `marks` items passed [`MAX_STACK`].
+pub(crate) fn stack_passed(stack: usize, marks: usize) -> Option<String> {
+    (stack > MAX_STACK || marks > MAX_STACK).then(|| {
+        format!(
+            "the stack passed {MAX_STACK} items ({stack} items, {marks} marks; a snapshot's holds a few thousand)"
+        )
+    })
+}
+
 /// The deepest nesting of containers in `data`; `Err` says why the pickle cannot
 /// be read (the decoder would refuse it too) or that it nests deeper than `limit`.
 pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
@@ -310,6 +326,9 @@ pub(crate) fn depth(data: &[u8], limit: usize) -> Result<usize, String> {
                 m.stack.push(it);
             }
             other => return Err(format!("unknown opcode {other:#04x}")),
+        }
+        if let Some(e) = stack_passed(m.stack.len(), m.marks.len()) {
+            return Err(format!("{e} at byte {at}"));
         }
     }
     if !stopped {

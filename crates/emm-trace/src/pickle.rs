@@ -16,7 +16,7 @@
 //! [`Val::Object`], which a snapshot reader reports as unexpected where it needs
 //! a value.
 
-use crate::nesting::{le, line, max_containers, max_memo, take};
+use crate::nesting::{le, line, max_containers, max_memo, stack_passed, take};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -660,6 +660,9 @@ pub(crate) fn decode(data: &[u8]) -> R<Pickle> {
             Ok(true) => break,
             Err(e) => return Err(format!("{e} (opcode {op:#04x} at byte {pos})")),
         }
+        if let Some(e) = stack_passed(m.stack.len(), m.marks.len()) {
+            return Err(format!("{e} at byte {pos}"));
+        }
     }
     let root = m.pop()?;
     Ok(Pickle {
@@ -723,6 +726,27 @@ mod tests {
         let e = decode(&p).unwrap_err();
         assert!(e.contains("more than 16596 memo entries"), "{e}");
         assert!(crate::nesting::depth(&p, 10).is_err());
+    }
+
+    #[test]
+    fn the_stack_and_its_marks_are_bounded() {
+        use crate::nesting::MAX_STACK;
+        // A byte an item: `NONE`s, then `MARK`s; a list just under the bound
+        // (MARK, its items, APPENDS) is read.
+        for op in [b'N', b'('] {
+            let mut p = vec![0x80, 2];
+            p.extend(std::iter::repeat_n(op, MAX_STACK + 1));
+            p.push(b'.');
+            let e = decode(&p).unwrap_err();
+            assert!(e.contains("the stack passed 1048576 items"), "{e}");
+            let e = crate::nesting::depth(&p, 10).unwrap_err();
+            assert!(e.contains("the stack passed"), "{e}");
+        }
+        let mut p = vec![0x80, 2, b']', b'('];
+        p.extend(std::iter::repeat_n(b'N', MAX_STACK - 2));
+        p.extend([b'e', b'.']);
+        let k = decode(&p).unwrap();
+        assert_eq!(k.list(&k.root).map(<[Val]>::len), Some(MAX_STACK - 2));
     }
 
     #[test]

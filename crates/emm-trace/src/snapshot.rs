@@ -16,8 +16,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::rc::Rc;
+use std::sync::Arc;
 
-use crate::details::{DetailsBuilder, Frame, TraceDetails};
+use crate::details::{DetailsBuilder, Frame, TraceDetails, MAX_FRAMES};
 use crate::diagnostics::Diagnostics;
 use crate::error::{excerpt, TraceError};
 use crate::op::Op;
@@ -313,7 +314,7 @@ fn device_trace(
     let (mut delta, mut max_delta, mut min_delta) = (0i128, 0i128, 0i128);
     let mut details = DetailsBuilder::default();
     // Each frames list read once (by its container), however many entries share it.
-    let mut stacks: HashMap<u32, Option<u32>> = HashMap::new();
+    let mut stacks = StackCache::default();
     for (i, e) in entries.iter().enumerate() {
         let Some(d) = cx.dict(e) else {
             diag.push_with(i as u64, || {
@@ -439,28 +440,168 @@ fn device_trace(
     })
 }
 
-/// The stack of the allocation entry `d` (its `frames`), kept once in `details`;
-/// `cache` holds what each frames list already gave.
+/// The most bytes of a frame's function or file name kept: PyTorch's are a few
+/// dozen; a longer one is cut at a character boundary and ends with `…`.
+const MAX_FRAME_TEXT: usize = 1024;
+
+/// `s` cut to at most [`MAX_FRAME_TEXT`] bytes (and the `…` after them).
+fn frame_text(s: &str) -> Arc<str> {
+    if s.len() <= MAX_FRAME_TEXT {
+        return s.into();
+    }
+    let mut end = MAX_FRAME_TEXT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
+/// What the snapshot's frames and frame lists already gave, by container
+/// (a snapshot shares them through the pickle's memo).
+#[derive(Default)]
+struct StackCache {
+    /// A frames list's stack.
+    lists: HashMap<u32, Option<u32>>,
+    /// A frame's number (`DetailsBuilder::frame`).
+    frames: HashMap<u32, Option<u32>>,
+}
+
+/// The stack of the allocation entry `d` (its `frames`), kept once in `details`.
+/// Each frames list and each frame dict is read once: a frame whose name is one
+/// long string shared by many frames through the memo was copied and hashed
+/// again for every list, seconds for a file of a few megabytes.
 fn stack_of(
     cx: &Ctx<'_>,
     d: &Dict,
     details: &mut DetailsBuilder,
-    cache: &mut HashMap<u32, Option<u32>>,
+    cache: &mut StackCache,
 ) -> Option<u32> {
     let v = key(d, "frames")?;
     let Val::Node(node) = v else { return None };
-    if let Some(&s) = cache.get(node) {
+    if let Some(&s) = cache.lists.get(node) {
         return s;
     }
-    let frames = cx.list(v)?.iter().filter_map(|f| {
-        let f = cx.dict(f)?;
-        Some(Frame {
-            name: as_str(key(f, "name")).unwrap_or("?").into(),
-            filename: as_str(key(f, "filename")).unwrap_or("??").into(),
-            line: as_int(key(f, "line")).unwrap_or(0),
-        })
-    });
-    let s = details.stack(frames);
-    cache.insert(*node, s);
+    let mut ids = Vec::new();
+    for f in cx.list(v)?.iter() {
+        if ids.len() == MAX_FRAMES {
+            break;
+        }
+        let id = match f {
+            Val::Node(n) => match cache.frames.get(n) {
+                Some(&id) => id,
+                None => {
+                    let id = frame_of(cx, f).and_then(|fr| details.frame(fr));
+                    cache.frames.insert(*n, id);
+                    id
+                }
+            },
+            _ => None,
+        };
+        ids.extend(id);
+    }
+    let s = details.stack_of_frames(ids);
+    cache.lists.insert(*node, s);
     s
+}
+
+/// Frame dict `f` as a [`Frame`].
+fn frame_of(cx: &Ctx<'_>, f: &Val) -> Option<Frame> {
+    let f = cx.dict(f)?;
+    Some(Frame {
+        name: frame_text(as_str(key(f, "name")).unwrap_or("?")),
+        filename: frame_text(as_str(key(f, "filename")).unwrap_or("??")),
+        line: as_int(key(f, "line")).unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A protocol 2 pickle, written by hand.
+    #[derive(Default)]
+    struct Writer(Vec<u8>);
+
+    impl Writer {
+        fn op(&mut self, b: &[u8]) -> &mut Self {
+            self.0.extend_from_slice(b);
+            self
+        }
+        fn str(&mut self, s: &str) -> &mut Self {
+            self.op(b"X");
+            let n = u32::try_from(s.len()).unwrap().to_le_bytes();
+            self.op(&n).op(s.as_bytes())
+        }
+        fn int(&mut self, v: i32) -> &mut Self {
+            self.op(b"J").op(&v.to_le_bytes())
+        }
+        fn put(&mut self, memo: u32) -> &mut Self {
+            self.op(b"r").op(&memo.to_le_bytes())
+        }
+        fn get(&mut self, memo: u32) -> &mut Self {
+            self.op(b"j").op(&memo.to_le_bytes())
+        }
+    }
+
+    #[test]
+    fn a_long_name_shared_by_many_frames_is_read_once_and_cut() {
+        // One frame dict with a 4 MiB name, memoized; then 50 allocations,
+        // each with its own list of 64 references to it.
+        let long = "n".repeat(4 << 20);
+        let mut w = Writer::default();
+        w.op(b"\x80\x02}(")
+            .str("segments")
+            .op(b"]")
+            .str("device_traces")
+            .op(b"](](");
+        for k in 0..50 {
+            w.op(b"}(")
+                .str("action")
+                .str("alloc")
+                .str("addr")
+                .int(4096 * (k + 1));
+            w.str("size")
+                .int(512)
+                .str("stream")
+                .int(0)
+                .str("frames")
+                .op(b"](");
+            for i in 0..64 {
+                if k == 0 && i == 0 {
+                    w.op(b"}(")
+                        .str("name")
+                        .str(&long)
+                        .str("filename")
+                        .str("f.py");
+                    w.str("line").int(7).op(b"u").put(1);
+                } else {
+                    w.get(1);
+                }
+            }
+            w.op(b"e").op(b"u");
+        }
+        w.op(b"e").op(b"e").op(b"u.");
+        let traces = read_snapshot(&w.0[..], "t.pickle").unwrap();
+        let d = &traces[0].details;
+        assert_eq!(traces[0].ops.len(), 50);
+        let stacks: Vec<_> = (0..50).map(|e| d.stack_of(e).unwrap()).collect();
+        assert!(
+            stacks.iter().all(|&s| s == stacks[0]),
+            "one stack: {stacks:?}"
+        );
+        let frames: Vec<_> = d.stack(stacks[0]).collect();
+        assert_eq!(frames.len(), MAX_FRAMES);
+        let name = &frames[0].name;
+        assert_eq!(name.len(), MAX_FRAME_TEXT + '…'.len_utf8(), "cut to 1 KiB");
+        assert!(name.ends_with('…') && name.starts_with("nnn"));
+        assert_eq!((&*frames[0].filename, frames[0].line), ("f.py", 7));
+    }
+
+    #[test]
+    fn frame_text_cuts_at_a_character_boundary() {
+        let s = format!("{}é", "a".repeat(MAX_FRAME_TEXT - 1));
+        let t = frame_text(&s);
+        assert_eq!(&*t, format!("{}…", "a".repeat(MAX_FRAME_TEXT - 1)));
+        assert_eq!(&*frame_text("short"), "short");
+    }
 }

@@ -21,6 +21,9 @@ const MIN_LARGE_ALLOC: u64 = 10 << 20;
 const LARGE_BUFFER: u64 = 20 << 20;
 /// `kRoundLarge`: larger segments are rounded up to 2 MiB.
 const ROUND_LARGE: u64 = 2 << 20;
+/// The model's addresses stay below this: a block's end (an address plus a
+/// size of at most 2^56 and a bit) then never wraps.
+const ADDRESS_LIMIT: u64 = 1 << 62;
 
 /// How the device is limited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +242,12 @@ impl State {
             Some(Limit::Device(cap)) => cap,
             _ => self.device_total,
         };
-        self.stats.reserved.saturating_add(bytes) <= cap
+        // (Checked: with a cap of `u64::MAX` a saturating sum would pass at
+        // the overflow.)
+        self.stats
+            .reserved
+            .checked_add(bytes)
+            .is_some_and(|total| total <= cap)
     }
 
     /// `round_size`.
@@ -248,7 +256,7 @@ impl State {
             return MIN_BLOCK;
         }
         let divisions = self.conf.divisions_for(size);
-        if divisions > 1 && size > MIN_BLOCK * divisions {
+        if divisions > 1 && size > MIN_BLOCK.saturating_mul(divisions) {
             roundup_power2_next_division(size, divisions)
         } else {
             size.div_ceil(MIN_BLOCK) * MIN_BLOCK
@@ -386,7 +394,7 @@ impl State {
         if !self.device_has(alloc_size) {
             return None;
         }
-        let ptr = self.reserve_address(alloc_size);
+        let ptr = self.reserve_address(alloc_size)?;
         let i = self.new_block(Block {
             ptr,
             size: alloc_size,
@@ -399,12 +407,20 @@ impl State {
         Some(i)
     }
 
-    fn reserve_address(&mut self, bytes: u64) -> u64 {
+    /// Address space for a segment of `bytes`: the model's own addresses,
+    /// never given back (PyTorch's come from the driver and are reused). `None`
+    /// once they would pass [`ADDRESS_LIMIT`]: the request then fails as out of
+    /// memory, as a process out of address space does, instead of addresses
+    /// (and a block's end) wrapping past `u64::MAX` after very many segments on
+    /// a very large device.
+    fn reserve_address(&mut self, bytes: u64) -> Option<u64> {
         let at = self.next_address;
-        self.next_address = self
-            .next_address
-            .saturating_add(bytes.div_ceil(ROUND_LARGE) * ROUND_LARGE);
-        at
+        let next = bytes
+            .checked_next_multiple_of(ROUND_LARGE)
+            .and_then(|span| at.checked_add(span))
+            .filter(|&next| next <= ADDRESS_LIMIT)?;
+        self.next_address = next;
+        Some(at)
     }
 
     /// `should_split`.
@@ -497,7 +513,7 @@ impl State {
     /// `find_expandable_block`: the lowest address of the stream's expandable
     /// segments with room for `size` in free and unmapped blocks, or a new
     /// segment.
-    fn find_expandable_block(&mut self, p: usize, stream: u64, size: u64) -> usize {
+    fn find_expandable_block(&mut self, p: usize, stream: u64, size: u64) -> Option<usize> {
         let allocatable = |s: &State, i: Option<usize>| i.is_some_and(|i| !s.b(i).allocated);
         let has_room = |s: &State, mut c: Option<usize>| {
             let mut bytes = 0;
@@ -518,7 +534,7 @@ impl State {
                 c = prev;
             }
             if has_room(self, Some(c)) {
-                return c;
+                return Some(c);
             }
         }
         let page = if p == 0 { SMALL_BUFFER } else { LARGE_BUFFER };
@@ -529,7 +545,7 @@ impl State {
             .saturating_add(self.device_total.min(1 << 56) / 8)
             .div_ceil(page)
             * page;
-        let base = self.reserve_address(span);
+        let base = self.reserve_address(span)?;
         self.segments.push(Segment { base, page });
         let i = self.new_block(Block {
             ptr: base,
@@ -542,7 +558,7 @@ impl State {
         });
         let k = self.ukey(i);
         self.pools[p].unmapped.insert(k);
-        i
+        Some(i)
     }
 
     /// `map_block`: maps the pages under the first `size` bytes of the unmapped
@@ -596,7 +612,7 @@ impl State {
 
     /// `try_allocate_expandable_block`.
     fn try_allocate_expandable_block(&mut self, p: usize, stream: u64, size: u64) -> Option<usize> {
-        let mut c = self.find_expandable_block(p, stream, size);
+        let mut c = self.find_expandable_block(p, stream, size)?;
         if !self.b(c).mapped {
             let n = self.b(c).size.min(size);
             if !self.map_block(c, n) {
@@ -895,6 +911,50 @@ mod tests {
         assert_eq!(s.stats().reserved, 0);
         let mut big = State::new(TorchConf::default(), u64::MAX, None);
         assert!(big.malloc(1 << 20, 0).is_ok());
+    }
+
+    #[test]
+    fn a_device_of_every_byte_refuses_rather_than_wrapping() {
+        // (`--device-memory 18446744073709551615`: segments of 2^56 bytes until
+        // the model's address space, below 2^62, holds no more; before, the
+        // 256th passed the device's check and wrapped the reserved bytes.)
+        let mut s = State::new(TorchConf::default(), u64::MAX, None);
+        let granted = (0..300).filter(|_| s.malloc(1 << 56, 0).is_ok()).count();
+        assert!(granted > 0 && granted < 300, "{granted}");
+        assert_eq!(s.stats().reserved, (granted as u64) << 56);
+        let mut d = State::new(TorchConf::default(), u64::MAX, None);
+        d.stats.reserved = u64::MAX - (1 << 30);
+        assert!(!d.device_has(2 << 30));
+    }
+
+    #[test]
+    fn the_models_address_space_runs_out_as_out_of_memory_not_wrapping() {
+        // Expandable segments: each stream's segment takes address space for
+        // 9/8 of the device, and the model never gives addresses back.
+        let conf = TorchConf::parse("expandable_segments:True").unwrap();
+        let mut s = State::new(conf, 1 << 56, None);
+        let granted = (0..400).filter(|&k| s.malloc(512, k).is_ok()).count();
+        assert!(granted > 0 && granted < 400, "{granted} of 400 streams");
+        // Native segments a retry gives back, stream after stream.
+        let mut s = State::new(TorchConf::default(), 1 << 50, Some(Limit::Device(1 << 50)));
+        let mut refused = 0;
+        for k in 0..10_000u64 {
+            match s.malloc((1 << 49) + 512, k % 2) {
+                Ok((i, _)) => s.free(i),
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(refused > 0, "the address space never ran out");
+    }
+
+    #[test]
+    fn divisions_past_any_size_round_as_pytorch_does() {
+        // PyTorch's `kMinBlockSize * divisions` wraps to 0 here, and its
+        // division step is then 0: the next power of two.
+        let conf = TorchConf::parse("roundup_power2_divisions:36028797018963968").unwrap();
+        let mut s = State::new(conf, 80 << 30, None);
+        assert_eq!(s.round_size(1000), 1024);
+        assert!(s.malloc(1000, 0).is_ok());
     }
 
     #[test]
