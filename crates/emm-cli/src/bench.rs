@@ -287,16 +287,25 @@ fn threads(backend: &Backend, ctx: &Context, json: bool, out: &mut Out) -> io::R
             }
         })
     };
-    pool_run(1); // warm up
-    libc_run(1);
     // One run of each moves by tens of percent on a shared host: the four are
     // interleaved over `THREAD_REPS` repetitions, and each figure is its median.
     let mut reps: [Vec<f64>; 4] = Default::default();
-    for _ in 0..THREAD_REPS {
-        reps[0].push(pool_run(1));
-        reps[1].push(pool_run(THREADS));
-        reps[2].push(libc_run(1));
-        reps[3].push(libc_run(THREADS));
+    let mut runs = || -> std::io::Result<()> {
+        pool_run(1)?; // warm up
+        libc_run(1)?;
+        for _ in 0..THREAD_REPS {
+            reps[0].push(pool_run(1)?);
+            reps[1].push(pool_run(THREADS)?);
+            reps[2].push(libc_run(1)?);
+            reps[3].push(libc_run(THREADS)?);
+        }
+        Ok(())
+    };
+    if let Err(e) = runs() {
+        note(format_args!(
+            "emm bench: starting the threads of the thread runs failed: {e}"
+        ));
+        return Ok(ExitCode::from(1));
     }
     let [one, sixteen, libc_one, libc_sixteen] = reps.map(|mut v| {
         v.sort_by(f64::total_cmp);
@@ -362,25 +371,76 @@ const THREAD_REPS: usize = 5;
 /// `body` sets up, calls `ready()` once (the clock starts when every thread
 /// has), then makes [`PER_THREAD`] pairs; the clock stops when the last is
 /// done. `body` must call `ready()` exactly once and must not panic, or the
-/// others wait at the barrier for good.
-fn scaling(n: usize, body: impl Fn(usize, &dyn Fn()) + Sync) -> f64 {
+/// others wait at the barrier for good. The threads wait at a gate until all
+/// `n` are started: where the system refuses one, those started leave without
+/// running `body` and the error is returned.
+fn scaling(n: usize, body: impl Fn(usize, &dyn Fn()) + Sync) -> std::io::Result<f64> {
     let ready = std::sync::Barrier::new(n + 1);
     let done = std::sync::Barrier::new(n + 1);
+    // `None` until every thread started; then whether they run.
+    let gate = (Mutex::new(None::<bool>), std::sync::Condvar::new());
+    let open = |run: bool| {
+        let (lock, cv) = &gate;
+        *lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(run);
+        cv.notify_all();
+    };
     let mut elapsed = 0.0;
     std::thread::scope(|sc| {
         for t in 0..n {
-            let (ready, done, body) = (&ready, &done, &body);
-            sc.spawn(move || {
-                body(t, &|| {
-                    ready.wait();
-                });
-                done.wait();
+            let (ready, done, body, gate) = (&ready, &done, &body, &gate);
+            let started = std::thread::Builder::new().spawn_scoped(sc, move || {
+                let (lock, cv) = gate;
+                let mut g = lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                while g.is_none() {
+                    g = cv
+                        .wait(g)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                let run = *g == Some(true);
+                drop(g);
+                if run {
+                    body(t, &|| {
+                        ready.wait();
+                    });
+                    done.wait();
+                }
             });
+            if let Err(e) = started {
+                open(false);
+                return Err(e);
+            }
         }
+        open(true);
         ready.wait();
         let start = Instant::now();
         done.wait();
         elapsed = start.elapsed().as_secs_f64();
-    });
-    (n * PER_THREAD) as f64 / elapsed
+        Ok(())
+    })?;
+    Ok((n * PER_THREAD) as f64 / elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_thread_runs_its_body_once_behind_the_gate() {
+        let ran = AtomicUsize::new(0);
+        let readied = AtomicUsize::new(0);
+        let rate = scaling(3, |t, ready: &dyn Fn()| {
+            assert!(t < 3);
+            ran.fetch_add(1, Ordering::Relaxed);
+            readied.fetch_add(1, Ordering::Relaxed);
+            ready();
+        })
+        .unwrap();
+        assert_eq!(ran.load(Ordering::Relaxed), 3);
+        assert_eq!(readied.load(Ordering::Relaxed), 3);
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+    }
 }
