@@ -1,0 +1,225 @@
+"""Record the allocations of a real PyTorch program on the CPU, as emm's CSV
+trace (``op,id,size,stream``), without a GPU: PyTorch's profiler reports every
+allocation and free of the CPU allocator with its address and size
+(``profile_memory=True``), and each address's allocation and free become one
+id. The program's tensors and their lifetimes are those a GPU run makes (the
+same model code, the same order); what differs is the CPU kernels' own scratch
+buffers, and every event is on one stream.
+
+    python3 python/tools/record_cpu_trace.py --out DIR [--steps N] WORKLOAD...
+    python3 python/tools/record_cpu_trace.py --list
+
+Each workload builds its model with random weights (nothing is downloaded),
+then runs steps of variable shape (batch, sequence length, image size) drawn
+from a fixed seed, as issue 33's workloads do. Needs torch, torchvision and
+transformers (CPU builds suffice). The traces replay with ``emm replay``; a set
+recorded here and never looked at while a policy is tuned is a held-out set
+(``docs/benchmarks.md``, fifty-fifth session).
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def to_csv(chrome_trace, out):
+    """The profiler's CPU memory events of ``chrome_trace`` as emm CSV at
+    ``out``; returns the allocations written."""
+    with open(chrome_trace) as f:
+        d = json.load(f)
+    ev = [e for e in d["traceEvents"]
+          if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    ev.sort(key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+    live = {}
+    nid = 0
+    lines = ["op,id,size,stream"]
+    for e in ev:
+        a = e["args"]
+        b, addr = a["Bytes"], a["Addr"]
+        if b > 0:
+            if addr in live:  # its free was not reported
+                i, s = live.pop(addr)
+                lines.append(f"f,{i},{s},0")
+            live[addr] = (nid, b)
+            lines.append(f"a,{nid},{b},0")
+            nid += 1
+        elif b < 0 and addr in live:
+            i, s = live.pop(addr)
+            lines.append(f"f,{i},{s},0")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return nid
+
+
+def record(name, build, step, steps, out_dir, seed=0):
+    random.seed(seed)
+    torch.manual_seed(seed)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        state = build()
+        for i in range(steps):
+            step(state, i)
+    fd, tmp = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        p.export_chrome_trace(tmp)
+        return to_csv(tmp, os.path.join(out_dir, f"{name}.csv"))
+    finally:
+        os.unlink(tmp)
+
+
+def convnext_train():
+    import torchvision
+    def build():
+        m = torchvision.models.convnext_tiny(num_classes=100)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        return m, opt
+    def step(s, i):
+        m, opt = s
+        b = random.randint(2, 12); hw = random.choice([96, 128, 160, 192])
+        x = torch.randn(b, 3, hw, hw); y = torch.randint(0, 100, (b,))
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    return build, step
+
+def swin_infer():
+    import torchvision
+    def build():
+        m = torchvision.models.swin_t(num_classes=1000).eval()
+        return m
+    def step(m, i):
+        b = random.randint(1, 24)
+        with torch.no_grad():
+            out = m(torch.randn(b, 3, 224, 224))
+        return out.argmax(-1)
+    return build, step
+
+def mobilenet_infer():
+    import torchvision
+    def build():
+        return torchvision.models.mobilenet_v3_large().eval()
+    def step(m, i):
+        b = random.randint(1, 64); hw = random.choice([160, 192, 224, 256])
+        with torch.no_grad():
+            m(torch.randn(b, 3, hw, hw)).softmax(-1)
+    return build, step
+
+def roberta_train():
+    from transformers import RobertaConfig, RobertaForTokenClassification
+    def build():
+        cfg = RobertaConfig(vocab_size=8000, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536, max_position_embeddings=520, num_labels=9)
+        m = RobertaForTokenClassification(cfg)
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-4)
+    def step(s, i):
+        m, opt = s
+        b = random.randint(2, 16); L = random.randint(16, 384)
+        ids = torch.randint(5, 8000, (b, L)); lab = torch.randint(0, 9, (b, L))
+        out = m(input_ids=ids, labels=lab)
+        opt.zero_grad(set_to_none=True); out.loss.backward(); opt.step()
+    return build, step
+
+def opt_generate():
+    from transformers import OPTConfig, OPTForCausalLM
+    def build():
+        cfg = OPTConfig(vocab_size=8000, hidden_size=512, num_hidden_layers=6, ffn_dim=2048, num_attention_heads=8, max_position_embeddings=1024, word_embed_proj_dim=512)
+        return OPTForCausalLM(cfg).eval()
+    def step(m, i):
+        b = random.randint(1, 8); L = random.randint(8, 256)
+        ids = torch.randint(5, 8000, (b, L))
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=1)
+    return build, step
+
+def whisper_train():
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    def build():
+        cfg = WhisperConfig(vocab_size=4000, d_model=256, encoder_layers=4, decoder_layers=4, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80, max_source_positions=750, max_target_positions=256, pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2, suppress_tokens=None, begin_suppress_tokens=None)
+        m = WhisperForConditionalGeneration(cfg)
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-4)
+    def step(s, i):
+        m, opt = s
+        b = random.randint(1, 8); T = random.choice([1500])
+        feats = torch.randn(b, 80, T); L = random.randint(8, 128)
+        lab = torch.randint(5, 4000, (b, L))
+        out = m(input_features=feats, labels=lab)
+        opt.zero_grad(set_to_none=True); out.loss.backward(); opt.step()
+    return build, step
+
+def lstm_train():
+    def build():
+        emb = torch.nn.Embedding(10000, 256); lstm = torch.nn.LSTM(256, 512, num_layers=2, batch_first=True); head = torch.nn.Linear(512, 10000)
+        m = torch.nn.ModuleList([emb, lstm, head])
+        return m, torch.optim.Adam(m.parameters(), lr=1e-3)
+    def step(s, i):
+        m, opt = s
+        emb, lstm, head = m
+        b = random.randint(4, 32); L = random.randint(10, 120)
+        x = torch.randint(0, 10000, (b, L))
+        h, _ = lstm(emb(x)); logits = head(h)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10000), x.reshape(-1))
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    return build, step
+
+def llama_generate():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    def build():
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
+        return LlamaForCausalLM(cfg).eval()
+    def step(m, i):
+        b = random.randint(1, 6); L = random.randint(16, 512)
+        ids = torch.randint(5, 32000, (b, L))
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False, pad_token_id=0)
+    return build, step
+
+def gpt2_sample():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    def build():
+        cfg = GPT2Config(vocab_size=16000, n_embd=768, n_layer=8, n_head=12, n_positions=1024)
+        return GPT2LMHeadModel(cfg).eval()
+    def step(m, i):
+        b = random.randint(1, 4); L = random.randint(8, 300)
+        ids = torch.randint(5, 16000, (b, L))
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=True, top_k=50, num_return_sequences=2, pad_token_id=0)
+    return build, step
+
+W = {"llama_generate": (llama_generate, 10), "gpt2_sample": (gpt2_sample, 12), "convnext_train": (convnext_train, 40), "swin_infer": (swin_infer, 40), "mobilenet_infer": (mobilenet_infer, 80),
+     "roberta_train": (roberta_train, 50), "opt_generate": (opt_generate, 12), "whisper_train": (whisper_train, 30),
+     "lstm_train": (lstm_train, 60)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workloads", nargs="*", help="workloads to record (--list names them)")
+    ap.add_argument("--out", default=".", help="folder for the traces (WORKLOAD.csv)")
+    ap.add_argument("--steps", type=int, help="steps (generations, batches) instead of each workload's own")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--list", action="store_true", help="list the workloads and their steps")
+    a = ap.parse_args()
+    if a.list or not a.workloads:
+        for k, (_, n) in W.items():
+            print(f"{k} ({n} steps)")
+        return 0
+    unknown = [w for w in a.workloads if w not in W]
+    if unknown:
+        print(f"unknown workload(s): {', '.join(unknown)}; --list names them", file=sys.stderr)
+        return 2
+    torch.set_num_threads(a.threads)
+    os.makedirs(a.out, exist_ok=True)
+    for name in a.workloads:
+        f, n = W[name]
+        t = time.time()
+        build, step = f()
+        allocs = record(name, build, step, a.steps or n, a.out)
+        print(f"{name}: {allocs} allocations, {time.time() - t:.0f} s -> {os.path.join(a.out, name + '.csv')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
