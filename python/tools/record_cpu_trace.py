@@ -4,7 +4,10 @@ allocation and free of the CPU allocator with its address and size
 (``profile_memory=True``), and each address's allocation and free become one
 id. The program's tensors and their lifetimes are those a GPU run makes (the
 same model code, the same order); what differs is the CPU kernels' own scratch
-buffers, and every event is on one stream.
+buffers, and every event is on one stream. Events of several threads
+(``--threads``) are ordered by the profiler's timestamps and event numbers; an
+address freed on one thread and taken on another within the same microsecond
+could be ordered wrongly, which ``--threads 1`` avoids.
 
     python3 python/tools/record_cpu_trace.py --out DIR [--steps N] WORKLOAD...
     python3 python/tools/record_cpu_trace.py --list

@@ -53,6 +53,7 @@ pub use kind::{round_size, Kind, ROUND, SMALL_MAX};
 pub use lagged_events::LaggedEvents;
 pub use pool::{
     PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES,
+    MAX_STREAM_POOLS,
 };
 pub use slack::PeakSlack;
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};

@@ -132,7 +132,8 @@ pub(crate) fn max_memo(len: usize) -> usize {
 }
 
 /// The most items the pickle machine's stack, or its marks, may hold at once.
-/// Python's pickler writes a container's items in batches of 1,000, so a
+/// Python's pickler writes a list's, dict's or set's items in batches of
+/// 1,000 (a tuple's at once, and a snapshot's tuples are a few items), so a
 /// snapshot's stack holds a few thousand at most; a file of bare `NONE` or
 /// `MARK` opcodes, each a byte that pushes an item of 8 to 24 bytes, is
 /// refused here instead of taking up to 26 bytes of memory per byte of input.

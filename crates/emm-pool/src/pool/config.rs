@@ -139,6 +139,12 @@ impl Default for PoolConfig {
 /// room; streams past it share the pool's own arena.
 pub const DEFAULT_STREAM_POOLS: usize = 8;
 
+/// The most stream pools a pool may be configured for
+/// ([`PoolConfig::stream_pools`]): each has a slot made with the pool, and a
+/// count near `usize::MAX` could not be allocated at all. As many as tags
+/// ([`MAX_TAGS`](emm_core::tags::MAX_TAGS)).
+pub const MAX_STREAM_POOLS: usize = 4096;
+
 /// Streams a thread keeps cached blocks for, per pool. A thread that frees on more
 /// streams gives the oldest stream's blocks back to the arena: lookups stay a short
 /// scan, and a program that cycles through thousands of streams does not strand a

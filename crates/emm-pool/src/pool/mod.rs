@@ -32,7 +32,7 @@ mod tagged;
 mod threads;
 mod upstream;
 
-pub use config::{PoolConfig, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES};
+pub use config::{PoolConfig, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES, MAX_STREAM_POOLS};
 pub use manager::PoolManager;
 pub use stats::PoolStats;
 pub use upstream::PoolUpstream;

@@ -104,6 +104,16 @@ pub(super) fn make_core(
             ),
         });
     }
+    if config.stream_pools > super::config::MAX_STREAM_POOLS {
+        return Err(EmmError::InvalidConfig {
+            name: "stream_pools".into(),
+            value: config.stream_pools.to_string(),
+            reason: format!(
+                "at most {} stream pools (EMM_POOL_STREAM_POOLS, pool_stream_pools)",
+                super::config::MAX_STREAM_POOLS
+            ),
+        });
+    }
     if let Some(p) = seg.tight_percent.filter(|&p| p < 100) {
         return Err(EmmError::InvalidConfig {
             name: "segments.tight_percent".into(),

@@ -256,7 +256,10 @@ impl State {
             return MIN_BLOCK;
         }
         let divisions = self.conf.divisions_for(size);
-        if divisions > 1 && size > MIN_BLOCK.saturating_mul(divisions) {
+        // (Wrapping, as `kMinBlockSize * divisions` does in PyTorch: past
+        // 2^55 divisions the product is 0 or small, and every size takes the
+        // division step, which is then the next power of two.)
+        if divisions > 1 && size > MIN_BLOCK.wrapping_mul(divisions) {
             roundup_power2_next_division(size, divisions)
         } else {
             size.div_ceil(MIN_BLOCK) * MIN_BLOCK
@@ -954,7 +957,9 @@ mod tests {
         let conf = TorchConf::parse("roundup_power2_divisions:36028797018963968").unwrap();
         let mut s = State::new(conf, 80 << 30, None);
         assert_eq!(s.round_size(1000), 1024);
-        assert!(s.malloc(1000, 0).is_ok());
+        assert_eq!(s.round_size(1500), 2048);
+        assert_eq!(s.round_size((5 << 20) + 7), 8 << 20);
+        assert!(s.malloc(1500, 0).is_ok());
     }
 
     #[test]
