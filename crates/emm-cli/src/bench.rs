@@ -375,6 +375,16 @@ const THREAD_REPS: usize = 5;
 /// `n` are started: where the system refuses one, those started leave without
 /// running `body` and the error is returned.
 fn scaling(n: usize, body: impl Fn(usize, &dyn Fn()) + Sync) -> std::io::Result<f64> {
+    scaling_refusing(n, body, |_| None)
+}
+
+/// As [`scaling`]; `refuse(t)` stands for the system refusing thread `t`
+/// (a test's refusal, where the system's cannot be had at will).
+fn scaling_refusing(
+    n: usize,
+    body: impl Fn(usize, &dyn Fn()) + Sync,
+    refuse: impl Fn(usize) -> Option<std::io::Error>,
+) -> std::io::Result<f64> {
     let ready = std::sync::Barrier::new(n + 1);
     let done = std::sync::Barrier::new(n + 1);
     // `None` until every thread started; then whether they run.
@@ -390,6 +400,10 @@ fn scaling(n: usize, body: impl Fn(usize, &dyn Fn()) + Sync) -> std::io::Result<
     std::thread::scope(|sc| {
         for t in 0..n {
             let (ready, done, body, gate) = (&ready, &done, &body, &gate);
+            if let Some(e) = refuse(t) {
+                open(false);
+                return Err(e);
+            }
             let started = std::thread::Builder::new().spawn_scoped(sc, move || {
                 let (lock, cv) = gate;
                 let mut g = lock
@@ -442,5 +456,21 @@ mod tests {
         assert_eq!(ran.load(Ordering::Relaxed), 3);
         assert_eq!(readied.load(Ordering::Relaxed), 3);
         assert!(rate.is_finite() && rate > 0.0, "{rate}");
+    }
+
+    #[test]
+    fn a_refused_thread_lets_the_started_ones_go_without_running() {
+        let ran = AtomicUsize::new(0);
+        let r = scaling_refusing(
+            3,
+            |_, ready: &dyn Fn()| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                ready();
+            },
+            |t| (t == 2).then(|| std::io::Error::other("no more threads")),
+        );
+        let e = r.unwrap_err();
+        assert_eq!(e.to_string(), "no more threads");
+        assert_eq!(ran.load(Ordering::Relaxed), 0);
     }
 }
