@@ -57,6 +57,15 @@ fn per_thread_key() -> StreamKey {
 /// How many per-thread keys there are (numbers wrap past it).
 pub(crate) const PER_THREAD_THREADS: usize = 1 << 31;
 
+/// Whether `stream` can name a stream: the per-thread default stream's
+/// handle, or a handle without the top bit, which no user-space address has
+/// (`usize::MAX`, for one, would otherwise be taken for [`SETTLED`], blocks
+/// any stream may take at once, and other such handles for a thread's
+/// per-thread stream).
+pub(crate) fn is_stream_handle(stream: emm_sys::CUstream) -> bool {
+    is_per_thread(stream) || (stream.0 as StreamKey) & PER_THREAD_TAG == 0
+}
+
 /// Whether `stream` is the per-thread default stream handle.
 pub(crate) fn is_per_thread(stream: emm_sys::CUstream) -> bool {
     std::ptr::eq(stream.0, emm_sys::CU_STREAM_PER_THREAD.0)

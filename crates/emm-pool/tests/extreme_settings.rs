@@ -253,3 +253,33 @@ fn a_block_from_a_new_segment_best_fit_passes_over_is_taken_in_the_books() {
     assert_eq!(pool.stats().allocated_bytes, 1002 << 20);
     assert_eq!(pool.stats().segments, 1);
 }
+
+/// A stream handle no user-space address can be: refused as an argument. Its
+/// top bit set, the pool would take it for a thread's per-thread stream, and
+/// `usize::MAX` for the key of blocks any stream may take at once (so a block
+/// freed on it would go to another stream with no event).
+#[test]
+fn a_stream_handle_that_is_no_address_is_refused() {
+    let pool = PoolManager::host(CAPACITY, PoolConfig::default()).unwrap();
+    for raw in [usize::MAX, 1 << 63, (1 << 63) | 0x5000, usize::MAX - 1] {
+        let s = CUstream(raw as *mut core::ffi::c_void);
+        match pool.memalloc_async(1 << 20, s) {
+            Err(EmmError::InvalidArgument { what, found, .. }) => {
+                assert_eq!(what, "stream");
+                assert_eq!(found, format!("{raw:#x}"));
+            }
+            other => panic!("stream {raw:#x}: {other:?}"),
+        }
+    }
+    for raw in [0usize, 1, 2, 0x5000] {
+        let a = pool
+            .memalloc_async(1 << 20, stream_handle(raw))
+            .unwrap_or_else(|e| panic!("stream {raw:#x}: {e}"));
+        drop(a);
+    }
+    pool.check().unwrap();
+}
+
+fn stream_handle(raw: usize) -> CUstream {
+    CUstream(raw as *mut core::ffi::c_void)
+}

@@ -24,7 +24,8 @@ use crate::events::EventSource;
 use crate::kind::round_size;
 use crate::owner_lock;
 use crate::stream_key::{
-    is_per_thread, per_thread_key_of, per_thread_number, stream_id, stream_key, StreamKey,
+    is_per_thread, is_stream_handle, per_thread_key_of, per_thread_number, stream_id, stream_key,
+    StreamKey,
 };
 use crate::thread_cache::{Entry, StreamCache};
 use crate::vmm::VirtualMemory;
@@ -227,6 +228,13 @@ impl Core {
             return Err(EmmError::InvalidSize {
                 requested: size,
                 reason: "larger than any device",
+            });
+        }
+        if !is_stream_handle(stream) {
+            return Err(EmmError::InvalidArgument {
+                what: "stream",
+                found: format!("{:#x}", stream.0 as usize),
+                expected: "a stream handle (a user-space address), 0, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD".into(),
             });
         }
         let rsize = round_size(size);
