@@ -126,17 +126,24 @@ def roberta_train():
         opt.zero_grad(set_to_none=True); out.loss.backward(); opt.step()
     return build, step
 
+def generation(model, vocab, batch, prompt, **generate):
+    """A workload of ``generate`` calls on ``model()`` (built in eval mode):
+    each step a batch of ``batch`` prompts of ``prompt`` tokens (inclusive
+    ranges), random ids below ``vocab``, ``generate``'s own arguments beside."""
+    def build():
+        return model().eval()
+    def step(m, i):
+        b = random.randint(*batch); L = random.randint(*prompt)
+        ids = torch.randint(5, vocab, (b, L))
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), **generate)
+    return build, step
+
 def opt_generate():
     from transformers import OPTConfig, OPTForCausalLM
-    def build():
-        cfg = OPTConfig(vocab_size=8000, hidden_size=512, num_hidden_layers=6, ffn_dim=2048, num_attention_heads=8, max_position_embeddings=1024, word_embed_proj_dim=512)
-        return OPTForCausalLM(cfg).eval()
-    def step(m, i):
-        b = random.randint(1, 8); L = random.randint(8, 256)
-        ids = torch.randint(5, 8000, (b, L))
-        with torch.no_grad():
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=1)
-    return build, step
+    cfg = OPTConfig(vocab_size=8000, hidden_size=512, num_hidden_layers=6, ffn_dim=2048, num_attention_heads=8, max_position_embeddings=1024, word_embed_proj_dim=512)
+    return generation(lambda: OPTForCausalLM(cfg), 8000, (1, 8), (8, 256),
+                      max_new_tokens=24, do_sample=False, pad_token_id=1)
 
 def whisper_train():
     from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -170,27 +177,15 @@ def lstm_train():
 
 def llama_generate():
     from transformers import LlamaConfig, LlamaForCausalLM
-    def build():
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
-        return LlamaForCausalLM(cfg).eval()
-    def step(m, i):
-        b = random.randint(1, 6); L = random.randint(16, 512)
-        ids = torch.randint(5, 32000, (b, L))
-        with torch.no_grad():
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False, pad_token_id=0)
-    return build, step
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
+    return generation(lambda: LlamaForCausalLM(cfg), 32000, (1, 6), (16, 512),
+                      max_new_tokens=32, do_sample=False, pad_token_id=0)
 
 def gpt2_sample():
     from transformers import GPT2Config, GPT2LMHeadModel
-    def build():
-        cfg = GPT2Config(vocab_size=16000, n_embd=768, n_layer=8, n_head=12, n_positions=1024)
-        return GPT2LMHeadModel(cfg).eval()
-    def step(m, i):
-        b = random.randint(1, 4); L = random.randint(8, 300)
-        ids = torch.randint(5, 16000, (b, L))
-        with torch.no_grad():
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=True, top_k=50, num_return_sequences=2, pad_token_id=0)
-    return build, step
+    cfg = GPT2Config(vocab_size=16000, n_embd=768, n_layer=8, n_head=12, n_positions=1024)
+    return generation(lambda: GPT2LMHeadModel(cfg), 16000, (1, 4), (8, 300),
+                      max_new_tokens=40, do_sample=True, top_k=50, num_return_sequences=2, pad_token_id=0)
 
 W = {"llama_generate": (llama_generate, 10), "gpt2_sample": (gpt2_sample, 12), "convnext_train": (convnext_train, 40), "swin_infer": (swin_infer, 40), "mobilenet_infer": (mobilenet_infer, 80),
      "roberta_train": (roberta_train, 50), "opt_generate": (opt_generate, 12), "whisper_train": (whisper_train, 30),

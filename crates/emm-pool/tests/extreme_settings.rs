@@ -161,8 +161,7 @@ fn any_step() -> impl Strategy<Value = Step> {
 /// The streams the steps use: the legacy default stream, the per-thread one
 /// and two created ones.
 fn stream(n: usize) -> CUstream {
-    let raw = [0usize, 2, 0x5000, 0x9000][n % 4];
-    CUstream(raw as *mut core::ffi::c_void)
+    stream_handle([0usize, 2, 0x5000, 0x9000][n % 4])
 }
 
 proptest! {
@@ -262,8 +261,7 @@ fn a_block_from_a_new_segment_best_fit_passes_over_is_taken_in_the_books() {
 fn a_stream_handle_that_is_no_address_is_refused() {
     let pool = PoolManager::host(CAPACITY, PoolConfig::default()).unwrap();
     for raw in [usize::MAX, 1 << 63, (1 << 63) | 0x5000, usize::MAX - 1] {
-        let s = CUstream(raw as *mut core::ffi::c_void);
-        match pool.memalloc_async(1 << 20, s) {
+        match pool.memalloc_async(1 << 20, stream_handle(raw)) {
             Err(EmmError::InvalidArgument { what, found, .. }) => {
                 assert_eq!(what, "stream");
                 assert_eq!(found, format!("{raw:#x}"));

@@ -122,16 +122,6 @@ impl DetailsBuilder {
         self.stack_of.push(stack.unwrap_or(NO_STACK));
     }
 
-    /// The number of `frames` as a stack (kept once).
-    #[cfg(test)]
-    pub(crate) fn stack(&mut self, frames: impl Iterator<Item = Frame>) -> Option<u32> {
-        let mut ids = Vec::new();
-        for f in frames.take(MAX_FRAMES) {
-            ids.push(self.frame(f)?);
-        }
-        self.stack_of_frames(ids)
-    }
-
     /// The number of frame `f` (kept once).
     pub(crate) fn frame(&mut self, f: Frame) -> Option<u32> {
         let next = u32::try_from(self.frames.len()).ok()?;
@@ -215,6 +205,15 @@ impl DetailsBuilder {
 mod tests {
     use super::*;
 
+    /// The number of `frames` as a stack, each frame numbered first.
+    fn stack(b: &mut DetailsBuilder, frames: &[Frame]) -> Option<u32> {
+        let ids = frames
+            .iter()
+            .map(|f| b.frame(f.clone()))
+            .collect::<Option<_>>()?;
+        b.stack_of_frames(ids)
+    }
+
     fn frame(name: &str) -> Frame {
         Frame {
             name: name.into(),
@@ -226,9 +225,9 @@ mod tests {
     #[test]
     fn stacks_and_frames_are_kept_once_and_times_never_go_back() {
         let mut b = DetailsBuilder::default();
-        let s1 = b.stack([frame("f"), frame("g")].into_iter());
-        let s2 = b.stack([frame("f"), frame("g")].into_iter());
-        let s3 = b.stack([frame("g")].into_iter());
+        let s1 = stack(&mut b, &[frame("f"), frame("g")]);
+        let s2 = stack(&mut b, &[frame("f"), frame("g")]);
+        let s3 = stack(&mut b, &[frame("g")]);
         assert_eq!(s1, s2);
         assert_ne!(s1, s3);
         b.event(Some(10), s1);

@@ -59,7 +59,6 @@ impl Arena {
                 }
                 let a = self
                     .take_grown(size, kind, stream, base)
-                    .or_else(|| self.take_fit(size, kind, SETTLED))
                     .ok_or_else(|| first.clone())?;
                 Ok(self.finish(a, size))
             }
