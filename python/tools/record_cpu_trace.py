@@ -187,9 +187,51 @@ def gpt2_sample():
     return generation(lambda: GPT2LMHeadModel(cfg), 16000, (1, 4), (8, 300),
                       max_new_tokens=40, do_sample=True, top_k=50, num_return_sequences=2, pad_token_id=0)
 
+def mistral_generate():
+    from transformers import MistralConfig, MistralForCausalLM
+    cfg = MistralConfig(vocab_size=24000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048, sliding_window=None)
+    return generation(lambda: MistralForCausalLM(cfg), 24000, (1, 8), (16, 400),
+                      max_new_tokens=28, do_sample=False, pad_token_id=0)
+
+def neox_generate():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    cfg = GPTNeoXConfig(vocab_size=20000, hidden_size=640, intermediate_size=2560, num_hidden_layers=8, num_attention_heads=10, max_position_embeddings=2048)
+    return generation(lambda: GPTNeoXForCausalLM(cfg), 20000, (1, 6), (8, 320),
+                      max_new_tokens=36, do_sample=True, top_p=0.9, pad_token_id=0)
+
+def bart_generate():
+    from transformers import BartConfig, BartForConditionalGeneration
+    cfg = BartConfig(vocab_size=12000, d_model=512, encoder_layers=4, decoder_layers=4, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    return generation(lambda: BartForConditionalGeneration(cfg), 12000, (1, 8), (16, 480),
+                      max_new_tokens=32, min_new_tokens=32, num_beams=3, early_stopping=False)
+
+def efficientnet_train():
+    import torchvision
+    def build():
+        m = torchvision.models.efficientnet_b0(num_classes=200)
+        return m, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
+    def step(s, i):
+        m, opt = s
+        b = random.randint(2, 24); hw = random.choice([128, 160, 192, 224])
+        x = torch.randn(b, 3, hw, hw); y = torch.randint(0, 200, (b,))
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    return build, step
+
+def densenet_infer():
+    import torchvision
+    def build():
+        return torchvision.models.densenet121().eval()
+    def step(m, i):
+        b = random.randint(1, 32); hw = random.choice([160, 192, 224])
+        with torch.no_grad():
+            m(torch.randn(b, 3, hw, hw)).topk(5)
+    return build, step
+
 W = {"llama_generate": (llama_generate, 10), "gpt2_sample": (gpt2_sample, 12), "convnext_train": (convnext_train, 40), "swin_infer": (swin_infer, 40), "mobilenet_infer": (mobilenet_infer, 80),
      "roberta_train": (roberta_train, 50), "opt_generate": (opt_generate, 12), "whisper_train": (whisper_train, 30),
-     "lstm_train": (lstm_train, 60)}
+     "lstm_train": (lstm_train, 60), "mistral_generate": (mistral_generate, 12), "neox_generate": (neox_generate, 12),
+     "bart_generate": (bart_generate, 10), "efficientnet_train": (efficientnet_train, 40), "densenet_infer": (densenet_infer, 40)}
 
 
 def main():
@@ -197,6 +239,7 @@ def main():
     ap.add_argument("workloads", nargs="*", help="workloads to record (--list names them)")
     ap.add_argument("--out", default=".", help="folder for the traces (WORKLOAD.csv)")
     ap.add_argument("--steps", type=int, help="steps (generations, batches) instead of each workload's own")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the shapes and the weights (another seed, another trace)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--list", action="store_true", help="list the workloads and their steps")
     a = ap.parse_args()
@@ -214,7 +257,7 @@ def main():
         f, n = W[name]
         t = time.time()
         build, step = f()
-        allocs = record(name, build, step, a.steps or n, a.out)
+        allocs = record(name, build, step, a.steps or n, a.out, seed=a.seed)
         print(f"{name}: {allocs} allocations, {time.time() - t:.0f} s -> {os.path.join(a.out, name + '.csv')}", flush=True)
     return 0
 
