@@ -9,15 +9,18 @@ buffers, and every event is on one stream. Events of several threads
 address freed on one thread and taken on another within the same microsecond
 could be ordered wrongly, which ``--threads 1`` avoids.
 
-    python3 python/tools/record_cpu_trace.py --out DIR [--steps N] WORKLOAD...
+    python3 python/tools/record_cpu_trace.py --out DIR [--steps N] [--seed S] WORKLOAD...
     python3 python/tools/record_cpu_trace.py --list
 
 Each workload builds its model with random weights (nothing is downloaded),
 then runs steps of variable shape (batch, sequence length, image size) drawn
-from a fixed seed, as issue 33's workloads do. Needs torch, torchvision and
+from a fixed seed (``--seed``, 0 unless given: another seed draws other
+shapes and weights, so another trace of the same program), as issue 33's
+workloads do. Needs torch, torchvision and
 transformers (CPU builds suffice). The traces replay with ``emm replay``; a set
 recorded here and never looked at while a policy is tuned is a held-out set
-(``docs/benchmarks.md``, fifty-fifth session).
+(``docs/benchmarks.md``: the fifty-fifth session's nine, the fifty-sixth's
+five more).
 """
 import argparse
 import json
