@@ -30,8 +30,11 @@ import sys
 import tempfile
 import time
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+try:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+except ImportError:  # `to_csv` needs neither; recording does (`main` says so)
+    torch = None
 
 
 def to_csv(chrome_trace, out):
@@ -250,6 +253,9 @@ def main():
         for k, (_, n) in W.items():
             print(f"{k} ({n} steps)")
         return 0
+    if torch is None:
+        print("recording needs PyTorch (pip install torch torchvision transformers)", file=sys.stderr)
+        return 2
     unknown = [w for w in a.workloads if w not in W]
     if unknown:
         print(f"unknown workload(s): {', '.join(unknown)}; --list names them", file=sys.stderr)
@@ -266,4 +272,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # a reader that stopped early (`--list | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
