@@ -38,8 +38,8 @@ def test_allocations_and_frees_become_ids_in_the_profilers_order(rec, tmp_path):
     events = [
         mem(30, 0x2000, -256, idx=4),           # out of order in the file: sorted by time
         mem(10, 0x1000, 512, idx=1),
-        mem(20, 0x2000, 256, idx=2),
         mem(20, 0x1000, -512, idx=3),           # same time: the event number decides
+        mem(20, 0x2000, 256, idx=2),
         mem(25, 0x1000, 1024, idx=5),           # the address again: a new id
         {"ph": "X", "name": "aten::add", "ts": 11, "dur": 3, "args": {}},  # not memory
     ]

@@ -33,7 +33,7 @@ import time
 try:
     import torch
     from torch.profiler import ProfilerActivity, profile
-except ImportError:  # `to_csv` needs neither; recording does (`main` says so)
+except (ImportError, OSError):  # `to_csv` needs neither; recording does (`main` says so)
     torch = None
 
 

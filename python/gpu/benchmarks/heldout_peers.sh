@@ -3,7 +3,8 @@
 # allocator, expandable segments and native, and through emm's pool, all on the
 # GPU, PASSES passes each (100 unless set), JOBS replays at a time (12 unless
 # set: footprints only, so processes may share the GPU; the times printed are
-# not a benchmark). One line a replay on standard output:
+# not a benchmark). One line a replay on standard output (a replay that fails or
+# times out: its exit status):
 #   torch CONF TRACE peak_live=... peak_reserved=... reserved/live=...
 #   emm TRACE ... (the pool's line of `emm replay`'s table: pass 1 and the last)
 #
@@ -14,15 +15,17 @@
 # .peers/torch_replay.cpp and gpu-bundle/emm built by `cargo xtask gpu`.
 set -u
 PASSES=${PASSES:-100}; JOBS=${JOBS:-12}
-D=$(mktemp -d)
+D=$(mktemp -d); trap 'rm -rf "$D"' EXIT
 for s in "$@"; do tar -xJf "$s" -C "$D" || exit 1; done
 T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
 g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
   -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o "$D/torch_replay" || exit 1
 export D PASSES
 find "$D" -name '*.csv' | sort | while read -r t; do echo "$t expandable_segments:True"; echo "$t native"; done |
-  xargs -P "$JOBS" -n 2 sh -c 'c=$1; [ "$c" = native ] && c=; PYTORCH_CUDA_ALLOC_CONF=$c timeout 300 "$D/torch_replay" "$0" 1 --passes "$PASSES" --streams 2>&1 |
-    grep "run=0" | sed "s|^torch-caching replay=[^ ]*|torch ${1%%_*} $(basename "$(dirname "$0")")/$(basename "$0")|"'
-find "$D" -name '*.csv' | sort | xargs -P "$JOBS" -I{} sh -c 'timeout 300 gpu-bundle/emm replay "{}" -m pool --passes "$PASSES" 2>&1 |
-    grep " pool " | head -1 | sed "s|^[^ ]*/\([^/ ]*/[^/ ]*\.csv\)|emm \1|"'
-rm -rf "$D"
+  xargs -P "$JOBS" -n 2 sh -c 'n=$(basename "$(dirname "$0")")/$(basename "$0"); c=$1; [ "$c" = native ] && c=;
+    l=$(PYTORCH_CUDA_ALLOC_CONF=$c timeout 300 "$D/torch_replay" "$0" 1 --passes "$PASSES" --streams 2>&1 | grep "run=0");
+    [ -n "$l" ] && echo "$l" | sed "s|^torch-caching replay=[^ ]*|torch ${1%%_*} $n|" || echo "torch ${1%%_*} $n: no result"'
+# (`emm replay`'s table shortens a long path: the line is named here instead.)
+find "$D" -name '*.csv' | sort | xargs -P "$JOBS" -n 1 sh -c 'n=$(basename "$(dirname "$0")")/$(basename "$0");
+    timeout 300 gpu-bundle/emm replay "$0" -m pool --passes "$PASSES" > "$0.emm" 2>&1 || echo "emm $n: rc=$?";
+    grep " pool " "$0.emm" | head -1 | sed "s|^[^ ]*|emm $n|"'
