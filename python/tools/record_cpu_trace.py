@@ -82,19 +82,25 @@ def record(name, build, step, steps, out_dir, seed=0):
         os.unlink(tmp)
 
 
-def convnext_train():
-    import torchvision
+def image_training(model, optimizer, classes, batch, sizes):
+    """A workload of classifier training steps on ``model()`` with
+    ``optimizer(parameters)``: each step a batch of ``batch`` images (an
+    inclusive range) of a side drawn from ``sizes``, labels below ``classes``."""
     def build():
-        m = torchvision.models.convnext_tiny(num_classes=100)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        return m, opt
+        m = model()
+        return m, optimizer(m.parameters())
     def step(s, i):
         m, opt = s
-        b = random.randint(2, 12); hw = random.choice([96, 128, 160, 192])
-        x = torch.randn(b, 3, hw, hw); y = torch.randint(0, 100, (b,))
+        b = random.randint(*batch); hw = random.choice(sizes)
+        x = torch.randn(b, 3, hw, hw); y = torch.randint(0, classes, (b,))
         loss = torch.nn.functional.cross_entropy(m(x), y)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
     return build, step
+
+def convnext_train():
+    import torchvision
+    return image_training(lambda: torchvision.models.convnext_tiny(num_classes=100),
+                          lambda p: torch.optim.AdamW(p, lr=1e-4), 100, (2, 12), [96, 128, 160, 192])
 
 def swin_infer():
     import torchvision
@@ -213,16 +219,8 @@ def bart_generate():
 
 def efficientnet_train():
     import torchvision
-    def build():
-        m = torchvision.models.efficientnet_b0(num_classes=200)
-        return m, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
-    def step(s, i):
-        m, opt = s
-        b = random.randint(2, 24); hw = random.choice([128, 160, 192, 224])
-        x = torch.randn(b, 3, hw, hw); y = torch.randint(0, 200, (b,))
-        loss = torch.nn.functional.cross_entropy(m(x), y)
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-    return build, step
+    return image_training(lambda: torchvision.models.efficientnet_b0(num_classes=200),
+                          lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9), 200, (2, 24), [128, 160, 192, 224])
 
 def densenet_infer():
     import torchvision
