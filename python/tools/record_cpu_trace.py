@@ -19,8 +19,8 @@ shapes and weights, so another trace of the same program), as issue 33's
 workloads do. Needs torch, torchvision and
 transformers (CPU builds suffice). The traces replay with ``emm replay``; a set
 recorded here and never looked at while a policy is tuned is a held-out set
-(``docs/benchmarks.md``: the fifty-fifth session's nine, the fifty-sixth's
-five more).
+(``docs/benchmarks.md``: the fifty-fifth session's nine; the fifty-sixth's
+five more, then all fourteen with ``--seed 7``).
 """
 import argparse
 import json
