@@ -17,9 +17,7 @@ set -u
 PASSES=${PASSES:-100}; JOBS=${JOBS:-12}
 D=$(mktemp -d); trap 'rm -rf "$D"' EXIT
 for s in "$@"; do tar -xJf "$s" -C "$D" || exit 1; done
-T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
-g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
-  -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o "$D/torch_replay" || exit 1
+bash python/gpu/benchmarks/build_torch_replay.sh "$D/torch_replay" || exit 1
 export D PASSES
 find "$D" -name '*.csv' | sort | while read -r t; do echo "$t expandable_segments:True"; echo "$t native"; done |
   xargs -P "$JOBS" -n 2 sh -c 'n=$(basename "$(dirname "$0")")/$(basename "$0"); c=$1; [ "$c" = native ] && c=;

@@ -13,9 +13,7 @@
 # and the two snapshots as CSV in .peers/ (see python/gpu/benchmarks/replay_peers.sh).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
-g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
-  -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o /tmp/torch_replay || exit 1
+bash python/gpu/benchmarks/build_torch_replay.sh /tmp/torch_replay || exit 1
 run() { # TRACE STREAMS(yes|no)
   for conf in "" "expandable_segments:True"; do for p in 1 100; do
     flag=""; [ "$2" = yes ] && flag=--streams

@@ -15,9 +15,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
-g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
-  -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o /tmp/torch_replay || exit 1
+bash python/gpu/benchmarks/build_torch_replay.sh /tmp/torch_replay || exit 1
 if [ $# -gt 0 ]; then TR="$*"; else
   TR="$(ls crates/emm-cli/traces/*.csv crates/emm-trace/tests/fixtures/*.csv) .peers/h200_infer.csv .peers/h200_train_midway.csv"
 fi

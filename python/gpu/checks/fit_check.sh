@@ -14,9 +14,7 @@
 # copied to .peers/ beforehand, as python/gpu/benchmarks/replay_peers.sh expects).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
-g++ -O2 -std=c++17 .peers/torch_replay.cpp -I"$T/include" -I/usr/local/cuda/include \
-  -L"$T/lib" -L/usr/local/cuda/lib64 -lc10 -lc10_cuda -lcudart -Wl,-rpath,"$T/lib" -o /tmp/torch_replay || exit 1
+bash python/gpu/benchmarks/build_torch_replay.sh /tmp/torch_replay || exit 1
 TOTAL=$(python3 -c "import torch; print(torch.cuda.mem_get_info()[1])")
 echo "device total $TOTAL bytes"
 while read -r trace variant bytes; do
