@@ -41,7 +41,9 @@ mod unmapper;
 mod vmm;
 mod vmm_export;
 
-pub use arena::{ArenaStats, SegmentPolicy, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_SHARE};
+pub use arena::{
+    ArenaStats, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_SHARE,
+};
 pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};
 pub use export::ExportedRange;
@@ -52,8 +54,8 @@ pub use graph::{
 pub use kind::{round_size, Kind, ROUND, SMALL_MAX};
 pub use lagged_events::LaggedEvents;
 pub use pool::{
-    PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES,
-    MAX_STREAM_POOLS,
+    PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS,
+    DEFAULT_THREAD_CACHE_LARGEST, MAX_STREAM_CACHES, MAX_STREAM_POOLS,
 };
 pub use slack::PeakSlack;
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};

@@ -97,6 +97,30 @@ pub static THREAD_CACHE: Setting<usize> = Setting::new(
     parse::bytes,
 );
 
+/// `pool_thread_cache_largest` (`EMM_POOL_THREAD_CACHE_LARGEST`).
+pub static THREAD_CACHE_LARGEST: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_thread_cache_largest",
+        "EMM_POOL_THREAD_CACHE_LARGEST",
+        ValueKind::BytesOrMax,
+        "max",
+        "largest block a thread keeps in its cache; larger ones go straight back to the shared arena, where they join their free neighbours (`max`: any block)",
+    ),
+    parse::bytes_or_max,
+);
+
+/// `pool_expand_step` (`EMM_POOL_EXPAND_STEP`).
+pub static EXPAND_STEP: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_expand_step",
+        "EMM_POOL_EXPAND_STEP",
+        ValueKind::Bytes,
+        "20M",
+        "growth at the end of the expandable segment maps at least this much, or a 32nd of what the pool reserves where that is less (2M, a page: only what the request lacks)",
+    ),
+    parse::bytes,
+);
+
 /// `pool_adopt_parked` (`EMM_POOL_ADOPT_PARKED`).
 pub static ADOPT_PARKED: Setting<bool> = Setting::new(
     Key::new(
@@ -178,6 +202,8 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &LEGACY_MERGE,
     &INITIAL_SIZE,
     &THREAD_CACHE,
+    &THREAD_CACHE_LARGEST,
+    &EXPAND_STEP,
     &ADOPT_PARKED,
     &WAIT_PARKED,
     &REPLACE_PIECES,

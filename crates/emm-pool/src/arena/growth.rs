@@ -15,7 +15,7 @@ use crate::events::EventSource;
 /// Growth at the expandable segment's end maps at most this share of what the
 /// pool reserves beyond what the request lacks (a 32nd: about 3 % of the
 /// footprint), up to [`SegmentPolicy::expand_step`] (reached at 640 MiB reserved
-/// with the default 20 MiB step).
+/// with the default 20 MiB step; `pool_expand_step`).
 pub(super) const GROWTH_SHARE: usize = 32;
 
 /// An arena holding less than this share of its family's reserved bytes maps

@@ -21,6 +21,16 @@ use crate::kind::Kind;
 /// against 1.15x on `h200_train_midway.pickle`, now 1.18x against 1.16x.)
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
+/// The default [`SegmentPolicy::expand_step`]: 20 MiB, or a 32nd of what the
+/// pool reserves where that is less (`growth.rs`). A step past the request is
+/// reserved at the moment of a new peak: at the peak of a Mistral-style
+/// generation (429 MiB live) growth mapped 14 MiB where the request lacked 4.
+/// A page (`pool_expand_step=2M`) maps only what a request lacks; judged with
+/// and without threads caching only small blocks (`pool_thread_cache_largest`),
+/// it moved the held-out traces both ways (`docs/benchmarks.md`, fifty-sixth
+/// and fifty-seventh sessions).
+pub const DEFAULT_EXPAND_STEP: usize = 20 << 20;
+
 /// The default [`SegmentPolicy::piece_share`]: new memory of the expandable
 /// segment comes in pieces of at least a 4096th of what the arena reserves: two
 /// 2 MiB pages from 16 GiB reserved, the most (eight pages) from 64 GiB. The
@@ -48,8 +58,10 @@ pub struct SegmentPolicy {
     /// refuses it, a quarter of it and so on (`AddressSpace::reserve_range`). At
     /// least [`SegmentPolicy::large_round`].
     pub expandable_reserve: usize,
-    /// The expandable segment grows by at least this much at a time, or by a
-    /// 32nd of what the pool reserves when that is less (`growth.rs`).
+    /// The expandable segment grows at its end by at least this much at a
+    /// time, or by a 32nd of what the pool reserves when that is less
+    /// (`growth.rs`; `pool_expand_step`). [`DEFAULT_EXPAND_STEP`] by default;
+    /// a page maps only what a request lacks.
     pub expand_step: usize,
     /// Size of a small-block segment.
     pub small_segment: usize,
@@ -173,7 +185,7 @@ impl Default for SegmentPolicy {
         SegmentPolicy {
             expandable: true,
             expandable_reserve: 1 << 40,
-            expand_step: 20 << 20,
+            expand_step: DEFAULT_EXPAND_STEP,
             small_segment: 2 << 20,
             large_segment: 20 << 20,
             large_round: 2 << 20,

@@ -17,6 +17,11 @@ pub struct PoolConfig {
     pub thread_cache_blocks: usize,
     /// Bytes a thread keeps per stream for immediate reuse.
     pub thread_cache_bytes: usize,
+    /// The largest block a thread keeps in its cache
+    /// (`pool_thread_cache_largest`; [`DEFAULT_THREAD_CACHE_LARGEST`] by
+    /// default, `usize::MAX` for any): a larger one goes back to the shared
+    /// arena at once, where it joins its free neighbours.
+    pub thread_cache_largest: usize,
     /// Reserved bytes above which the pool gives free memory back to the device
     /// once the streams that freed it are idle (`usize::MAX`, the default: only
     /// on `trim()`, `release_cached` or out of memory). Checked at each free that
@@ -67,7 +72,8 @@ impl PoolConfig {
     /// large segments when live bytes fall to 1/n of reserved, or back within
     /// 1/n of the way from their low to reserved after a step; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
-    /// stream; 0 turns thread caches off), `pool_adopt_parked`, `pool_wait_parked`,
+    /// stream; 0 turns thread caches off), `pool_thread_cache_largest`,
+    /// `pool_expand_step`, `pool_adopt_parked`, `pool_wait_parked`,
     /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit`,
     /// `pool_release_threshold` and `pool_initial_size`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
@@ -80,6 +86,8 @@ impl PoolConfig {
                 c.thread_cache_blocks = 0;
             }
         }
+        c.thread_cache_largest = settings::THREAD_CACHE_LARGEST.get(c.thread_cache_largest)?;
+        c.segments.expand_step = settings::EXPAND_STEP.get(c.segments.expand_step)?;
         if let Some(n) = settings::LEGACY_MERGE.value()? {
             c.segments.merge_quiet = (n > 0).then_some(n);
         }
@@ -117,6 +125,7 @@ impl Default for PoolConfig {
             limit: None,
             thread_cache_blocks: 256,
             thread_cache_bytes: 512 << 20,
+            thread_cache_largest: DEFAULT_THREAD_CACHE_LARGEST,
             release_threshold: usize::MAX,
             exportable: false,
             background_unmap: true,
@@ -124,6 +133,19 @@ impl Default for PoolConfig {
         }
     }
 }
+
+/// The largest block a thread caches by default
+/// ([`PoolConfig::thread_cache_largest`]): any. With 1 MiB
+/// ([`SMALL_MAX`](crate::SMALL_MAX)) and growth by what a request lacks
+/// (`SegmentPolicy::expand_step` of a page), replayed 100 passes, the
+/// generation traces held out of every policy came 2-4 % of live tighter
+/// (a Mistral-style generation 1.053x to 1.030x, BART's beam search 1.054x
+/// to 1.023x), but FSDP2 of the 1.1 B Llama drifted past 1.05x (1.043x to
+/// 1.059x: its gathered parameters, the same sizes every step, went back to
+/// the arena instead of being taken again as they were) and a GPT-NeoX
+/// generation went from 1.049x to 1.101x, so it is a setting
+/// (`docs/benchmarks.md`, fifty-seventh session).
+pub const DEFAULT_THREAD_CACHE_LARGEST: usize = usize::MAX;
 
 /// Created streams that get a pool of their own by default
 /// ([`PoolConfig::stream_pools`]). FSDP2 of a 1.1 B Llama on four GPUs, five

@@ -32,7 +32,10 @@ mod tagged;
 mod threads;
 mod upstream;
 
-pub use config::{PoolConfig, DEFAULT_STREAM_POOLS, MAX_STREAM_CACHES, MAX_STREAM_POOLS};
+pub use config::{
+    PoolConfig, DEFAULT_STREAM_POOLS, DEFAULT_THREAD_CACHE_LARGEST, MAX_STREAM_CACHES,
+    MAX_STREAM_POOLS,
+};
 pub use manager::PoolManager;
 pub use stats::PoolStats;
 pub use upstream::PoolUpstream;

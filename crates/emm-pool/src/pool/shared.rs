@@ -429,7 +429,7 @@ impl Core {
                     return Some(Freed::Cached); // invalidated by reset
                 }
                 let cap = self.cache_bytes();
-                if cfg.thread_cache_blocks == 0 || rsize > cap {
+                if cfg.thread_cache_blocks == 0 || rsize > cap || rsize > cfg.thread_cache_largest {
                     return Some(Freed::ToArena(local.counters.clone()));
                 }
                 let mut caches = caches_of(&local.counters);

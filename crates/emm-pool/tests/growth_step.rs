@@ -1,0 +1,136 @@
+//! Two settings that shape the expandable segment's free space: the growth step
+//! (`SegmentPolicy::expand_step`, `pool_expand_step`), what growth at the
+//! segment's end maps beyond what a request lacks, and the largest block a
+//! thread caches (`PoolConfig::thread_cache_largest`,
+//! `pool_thread_cache_largest`), past which freed blocks go straight back to the
+//! arena to join their free neighbours.
+
+use emm_core::MemoryManager;
+use emm_pool::{
+    PoolConfig, PoolManager, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_THREAD_CACHE_LARGEST,
+};
+
+const MIB: usize = 1 << 20;
+
+fn pool(expand_step: usize, thread_cache_largest: usize) -> PoolManager {
+    let config = PoolConfig {
+        segments: SegmentPolicy {
+            expand_step,
+            ..SegmentPolicy::default()
+        },
+        thread_cache_largest,
+        stream_pools: 0,
+        ..PoolConfig::default()
+    };
+    PoolManager::host(1 << 40, config).unwrap()
+}
+
+/// Reserved bytes after 640 MiB is held and then 3 MiB more asked for (a growth
+/// at the end of a pool large enough that a 32nd of it is 20 MiB).
+fn reserved_after_a_small_growth(p: &PoolManager) -> usize {
+    let s = emm_core::SYNC_STREAM;
+    let _big = p.memalloc_async(640 * MIB, s).unwrap();
+    let before = p.stats().reserved_bytes;
+    assert_eq!(before, 640 * MIB);
+    let _more = p.memalloc_async(3 * MIB, s).unwrap();
+    p.stats().reserved_bytes - before
+}
+
+#[test]
+fn growth_maps_the_step_or_only_what_the_request_lacks() {
+    // The default step: 20 MiB (a 32nd of 640 MiB is as much).
+    assert_eq!(
+        reserved_after_a_small_growth(&pool(DEFAULT_EXPAND_STEP, usize::MAX)),
+        20 * MIB
+    );
+    // A page: the two pages the 3 MiB needs, nothing past them.
+    assert_eq!(
+        reserved_after_a_small_growth(&pool(2 * MIB, usize::MAX)),
+        4 * MIB
+    );
+    // A step larger than a 32nd of the pool is held to the 32nd.
+    assert_eq!(
+        reserved_after_a_small_growth(&pool(64 * MIB, usize::MAX)),
+        20 * MIB
+    );
+}
+
+#[test]
+fn a_thread_keeps_no_block_larger_than_the_largest_it_caches() {
+    let s = emm_core::SYNC_STREAM;
+    for (largest, kept) in [(usize::MAX, 5 * MIB), (MIB, MIB)] {
+        let p = pool(DEFAULT_EXPAND_STEP, largest);
+        let cached = || p.stats().thread_cached_bytes;
+        // Both freed with no request between (a request that grows the pool
+        // gives the stream's cached blocks back first).
+        let (large, small) = (
+            p.memalloc_async(4 * MIB, s).unwrap(),
+            p.memalloc_async(MIB, s).unwrap(),
+        );
+        drop((small, large));
+        assert_eq!(cached(), kept, "largest {largest}");
+    }
+    // A tensor that grows every step (a KV cache: the larger one made, then
+    // the old one freed): with large blocks not kept, each old one joins the
+    // free memory beside it at once instead of waiting in the cache.
+    let p = pool(DEFAULT_EXPAND_STEP, MIB);
+    let mut prev = p.memalloc_async(8 * MIB, s).unwrap();
+    for step in 1..100usize {
+        let next = p.memalloc_async(8 * MIB + step * 8192, s).unwrap();
+        drop(std::mem::replace(&mut prev, next));
+        assert_eq!(
+            p.stats().thread_cached_bytes,
+            0,
+            "step {step}: a grown block was kept"
+        );
+    }
+    drop(prev);
+}
+
+#[test]
+fn the_settings_read_sizes_and_keep_todays_defaults() {
+    assert_eq!(
+        PoolConfig::default().segments.expand_step,
+        DEFAULT_EXPAND_STEP
+    );
+    assert_eq!(
+        PoolConfig::default().thread_cache_largest,
+        DEFAULT_THREAD_CACHE_LARGEST
+    );
+    assert_eq!(
+        emm_pool::settings::EXPAND_STEP.key().default,
+        "20M",
+        "the documented default"
+    );
+    assert_eq!(DEFAULT_EXPAND_STEP, 20 * MIB);
+    assert_eq!(
+        emm_pool::settings::THREAD_CACHE_LARGEST.key().default,
+        "max"
+    );
+    assert_eq!(DEFAULT_THREAD_CACHE_LARGEST, usize::MAX);
+    // (Set and read back in one test: the variables are the process's.)
+    std::env::set_var("EMM_POOL_EXPAND_STEP", "2M");
+    std::env::set_var("EMM_POOL_THREAD_CACHE_LARGEST", "1M");
+    let c = PoolConfig::from_env();
+    std::env::set_var("EMM_POOL_THREAD_CACHE_LARGEST", "max");
+    let max = PoolConfig::from_env();
+    std::env::set_var("EMM_POOL_EXPAND_STEP", "a lot");
+    let bad = PoolConfig::from_env();
+    std::env::set_var("EMM_POOL_EXPAND_STEP", "0");
+    let zero = PoolConfig::from_env().and_then(|c| PoolManager::host(1 << 30, c));
+    std::env::remove_var("EMM_POOL_EXPAND_STEP");
+    std::env::remove_var("EMM_POOL_THREAD_CACHE_LARGEST");
+    let c = c.unwrap();
+    assert_eq!(
+        (c.segments.expand_step, c.thread_cache_largest),
+        (2 * MIB, MIB)
+    );
+    assert_eq!(max.unwrap().thread_cache_largest, usize::MAX);
+    let msg = bad.unwrap_err().to_string();
+    assert!(msg.contains("EMM_POOL_EXPAND_STEP"), "{msg}");
+    let Err(e) = zero else {
+        panic!("a step of 0 was taken");
+    };
+    let msg = e.to_string();
+    assert!(msg.contains("expand_step"), "{msg}");
+}
