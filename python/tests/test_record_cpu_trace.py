@@ -3,6 +3,7 @@ hand-made traces: the CPU's memory events become emm's CSV, one id an address
 from its allocation to its free, in the profiler's order; the CSV replays."""
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -29,7 +30,7 @@ def mem(ts, addr, nbytes, idx=0, device_type=0):
 
 def convert(rec, tmp_path, events):
     src, out = tmp_path / "trace.json", tmp_path / "trace.csv"
-    src.write_text(__import__("json").dumps({"traceEvents": events}))
+    src.write_text(json.dumps({"traceEvents": events}))
     n = rec.to_csv(str(src), str(out))
     return n, out.read_text().splitlines()
 
