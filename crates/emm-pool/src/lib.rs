@@ -42,7 +42,8 @@ mod vmm;
 mod vmm_export;
 
 pub use arena::{
-    ArenaStats, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_SHARE,
+    ArenaStats, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_PAGES,
+    DEFAULT_PIECE_SHARE,
 };
 pub use counters::Counts;
 pub use events::{DriverEvents, EventId, EventSource, HostEvents};

@@ -103,8 +103,8 @@ pub static THREAD_CACHE_LARGEST: Setting<usize> = Setting::new(
         "pool_thread_cache_largest",
         "EMM_POOL_THREAD_CACHE_LARGEST",
         ValueKind::BytesOrMax,
-        "max",
-        "largest block a thread keeps in its cache; larger ones go straight back to the shared arena, where they join their free neighbours (`max`: any block)",
+        "1M",
+        "largest block a thread keeps in its cache with the expandable segment; larger ones go straight back to the shared arena, where they join their free neighbours (`max`: any block; without the expandable segment, any block within the cache)",
     ),
     parse::bytes_or_max,
 );
@@ -115,7 +115,7 @@ pub static EXPAND_STEP: Setting<usize> = Setting::new(
         "pool_expand_step",
         "EMM_POOL_EXPAND_STEP",
         ValueKind::Bytes,
-        "20M",
+        "2M",
         "growth at the end of the expandable segment maps at least this much, or a 32nd of what the pool reserves where that is less (2M, a page: only what the request lacks)",
     ),
     parse::bytes,
@@ -169,6 +169,18 @@ pub static PIECE_SHARE: Setting<usize> = Setting::new(
     parse::count,
 );
 
+/// `pool_piece_pages` (`EMM_POOL_PIECE_PAGES`).
+pub static PIECE_PAGES: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_piece_pages",
+        "EMM_POOL_PIECE_PAGES",
+        ValueKind::Count,
+        "4",
+        "the most 2 MiB pages in one piece of new memory of the expandable segment: a piece moves only when wholly free, so smaller pieces let more free memory move, larger ones take fewer driver calls (0 counts as 1)",
+    ),
+    parse::count,
+);
+
 /// `pool_background_unmap` (`EMM_POOL_BACKGROUND_UNMAP`).
 pub static BACKGROUND_UNMAP: Setting<bool> = Setting::new(
     Key::new(
@@ -208,6 +220,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &WAIT_PARKED,
     &REPLACE_PIECES,
     &PIECE_SHARE,
+    &PIECE_PAGES,
     &BACKGROUND_UNMAP,
     &STREAM_POOLS,
 ];

@@ -64,6 +64,7 @@ fn any_policy() -> impl Strategy<Value = SegmentPolicy> {
             any::<bool>(),
             any_count(),
             any_count(),
+            any_count(),
             any_size(),
         ),
     )
@@ -71,7 +72,7 @@ fn any_policy() -> impl Strategy<Value = SegmentPolicy> {
             |(
                 (expandable, expandable_reserve, expand_step, small_segment, large_segment),
                 (large_round, tight_percent, exclusive, merge_quiet, one_range),
-                (adopt_parked, wait_parked, replace_pieces, piece_share, initial_size),
+                (adopt_parked, wait_parked, replace_pieces, piece_share, piece_pages, initial_size),
             )| SegmentPolicy {
                 expandable,
                 expandable_reserve,
@@ -87,6 +88,7 @@ fn any_policy() -> impl Strategy<Value = SegmentPolicy> {
                 wait_parked,
                 replace_pieces,
                 piece_share,
+                piece_pages,
                 initial_size,
             },
         )

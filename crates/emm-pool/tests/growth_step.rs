@@ -1,13 +1,15 @@
-//! Two settings that shape the expandable segment's free space: the growth step
-//! (`SegmentPolicy::expand_step`, `pool_expand_step`), what growth at the
-//! segment's end maps beyond what a request lacks, and the largest block a
-//! thread caches (`PoolConfig::thread_cache_largest`,
-//! `pool_thread_cache_largest`), past which freed blocks go straight back to the
-//! arena to join their free neighbours.
+//! Three settings that shape the expandable segment's free space: the growth
+//! step (`SegmentPolicy::expand_step`, `pool_expand_step`), what growth at the
+//! segment's end maps beyond what a request lacks; the largest block a thread
+//! caches (`PoolConfig::thread_cache_largest`, `pool_thread_cache_largest`),
+//! past which freed blocks go straight back to the arena to join their free
+//! neighbours; and the most pages in a piece of new memory
+//! (`SegmentPolicy::piece_pages`, `pool_piece_pages`).
 
 use emm_core::MemoryManager;
 use emm_pool::{
-    PoolConfig, PoolManager, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_THREAD_CACHE_LARGEST,
+    PoolConfig, PoolManager, SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_PIECE_PAGES,
+    DEFAULT_THREAD_CACHE_LARGEST,
 };
 
 const MIB: usize = 1 << 20;
@@ -38,14 +40,15 @@ fn reserved_after_a_small_growth(p: &PoolManager) -> usize {
 
 #[test]
 fn growth_maps_the_step_or_only_what_the_request_lacks() {
-    // The default step: 20 MiB (a 32nd of 640 MiB is as much).
+    // A step of 20 MiB (the default until the fifty-eighth session; a 32nd of
+    // 640 MiB is as much).
     assert_eq!(
-        reserved_after_a_small_growth(&pool(DEFAULT_EXPAND_STEP, usize::MAX)),
+        reserved_after_a_small_growth(&pool(20 * MIB, usize::MAX)),
         20 * MIB
     );
-    // A page: the two pages the 3 MiB needs, nothing past them.
+    // A page, the default: the two pages the 3 MiB needs, nothing past them.
     assert_eq!(
-        reserved_after_a_small_growth(&pool(2 * MIB, usize::MAX)),
+        reserved_after_a_small_growth(&pool(DEFAULT_EXPAND_STEP, usize::MAX)),
         4 * MIB
     );
     // A step larger than a 32nd of the pool is held to the 32nd.
@@ -88,7 +91,7 @@ fn a_thread_keeps_no_block_larger_than_the_largest_it_caches() {
 }
 
 #[test]
-fn the_settings_read_sizes_and_keep_todays_defaults() {
+fn the_settings_read_sizes_and_keep_their_documented_defaults() {
     assert_eq!(
         PoolConfig::default().segments.expand_step,
         DEFAULT_EXPAND_STEP
@@ -98,20 +101,27 @@ fn the_settings_read_sizes_and_keep_todays_defaults() {
         DEFAULT_THREAD_CACHE_LARGEST
     );
     assert_eq!(
+        PoolConfig::default().segments.piece_pages,
+        DEFAULT_PIECE_PAGES
+    );
+    assert_eq!(
         emm_pool::settings::EXPAND_STEP.key().default,
-        "20M",
+        "2M",
         "the documented default"
     );
-    assert_eq!(DEFAULT_EXPAND_STEP, 20 * MIB);
-    assert_eq!(
-        emm_pool::settings::THREAD_CACHE_LARGEST.key().default,
-        "max"
-    );
-    assert_eq!(DEFAULT_THREAD_CACHE_LARGEST, usize::MAX);
+    assert_eq!(DEFAULT_EXPAND_STEP, 2 * MIB);
+    assert_eq!(emm_pool::settings::THREAD_CACHE_LARGEST.key().default, "1M");
+    assert_eq!(DEFAULT_THREAD_CACHE_LARGEST, MIB);
+    assert_eq!(emm_pool::settings::PIECE_PAGES.key().default, "4");
+    assert_eq!(DEFAULT_PIECE_PAGES, 4);
     // (Set and read back in one test: the variables are the process's.)
-    std::env::set_var("EMM_POOL_EXPAND_STEP", "2M");
-    std::env::set_var("EMM_POOL_THREAD_CACHE_LARGEST", "1M");
+    std::env::set_var("EMM_POOL_EXPAND_STEP", "20M");
+    std::env::set_var("EMM_POOL_THREAD_CACHE_LARGEST", "64M");
+    std::env::set_var("EMM_POOL_PIECE_PAGES", "8");
     let c = PoolConfig::from_env();
+    std::env::set_var("EMM_POOL_PIECE_PAGES", "eight");
+    let bad_pages = PoolConfig::from_env();
+    std::env::remove_var("EMM_POOL_PIECE_PAGES");
     std::env::set_var("EMM_POOL_THREAD_CACHE_LARGEST", "max");
     let max = PoolConfig::from_env();
     std::env::set_var("EMM_POOL_EXPAND_STEP", "a lot");
@@ -122,9 +132,15 @@ fn the_settings_read_sizes_and_keep_todays_defaults() {
     std::env::remove_var("EMM_POOL_THREAD_CACHE_LARGEST");
     let c = c.unwrap();
     assert_eq!(
-        (c.segments.expand_step, c.thread_cache_largest),
-        (2 * MIB, MIB)
+        (
+            c.segments.expand_step,
+            c.thread_cache_largest,
+            c.segments.piece_pages
+        ),
+        (20 * MIB, 64 * MIB, 8)
     );
+    let msg = bad_pages.unwrap_err().to_string();
+    assert!(msg.contains("EMM_POOL_PIECE_PAGES"), "{msg}");
     assert_eq!(max.unwrap().thread_cache_largest, usize::MAX);
     let msg = bad.unwrap_err().to_string();
     assert!(msg.contains("EMM_POOL_EXPAND_STEP"), "{msg}");
@@ -133,4 +149,38 @@ fn the_settings_read_sizes_and_keep_todays_defaults() {
     };
     let msg = e.to_string();
     assert!(msg.contains("expand_step"), "{msg}");
+}
+
+/// The pieces one growth for a request of `request` bytes maps, with pieces of
+/// at most `pages` pages.
+fn pieces_for(request: usize, pages: usize) -> usize {
+    let p = PoolManager::host(
+        1 << 40,
+        PoolConfig {
+            segments: SegmentPolicy {
+                piece_pages: pages,
+                ..SegmentPolicy::default()
+            },
+            stream_pools: 0,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let _block = p.memalloc_async(request, emm_core::SYNC_STREAM).unwrap();
+    let stats = p.stats();
+    assert_eq!(stats.reserved_bytes, request, "{pages} pages a piece");
+    stats.counts.pieces_mapped
+}
+
+#[test]
+fn new_memory_comes_in_pieces_of_at_most_the_set_pages() {
+    // 1 GiB: a 64th of it is 16 MiB, eight pages, held to the most.
+    assert_eq!(pieces_for(1 << 30, DEFAULT_PIECE_PAGES), 128);
+    assert_eq!(pieces_for(1 << 30, 8), 64);
+    assert_eq!(pieces_for(1 << 30, 1), 512);
+    // 0 counts as one page; a most above a 64th of the request changes nothing.
+    assert_eq!(pieces_for(1 << 30, 0), 512);
+    assert_eq!(pieces_for(1 << 30, 64), 64);
+    // A request under 128 MiB maps one-page pieces whatever the most.
+    assert_eq!(pieces_for(64 * MIB, 8), 32);
 }

@@ -12,6 +12,16 @@ use emm_sys::CUstream;
 const S: CUstream = emm_core::SYNC_STREAM;
 const MIB: usize = 1 << 20;
 
+/// The defaults with caches that keep blocks of any size: these tests are about
+/// what a cache holds and who takes it back, with large blocks among them (the
+/// default keeps blocks of at most 1 MiB; `growth_step.rs` tests that).
+fn caching() -> PoolConfig {
+    PoolConfig {
+        thread_cache_largest: usize::MAX,
+        ..PoolConfig::default()
+    }
+}
+
 /// Runs `work` on a thread that stays alive (its caches with it) until the
 /// returned sender is dropped.
 fn parked_thread(
@@ -31,7 +41,7 @@ fn parked_thread(
 #[test]
 fn another_threads_cached_blocks_serve_a_request_before_the_pool_grows() {
     for size in [8 * MIB, 512 * 1024] {
-        let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+        let pool = std::sync::Arc::new(PoolManager::host(1 << 36, caching()).unwrap());
         let p = pool.clone();
         // Thread A allocates eight blocks and frees them: they sit in its cache.
         let (release, a) = parked_thread(move || {
@@ -61,7 +71,7 @@ fn another_threads_cached_blocks_serve_a_request_before_the_pool_grows() {
 
 #[test]
 fn a_threads_own_cache_serves_its_next_request_of_the_same_size_without_the_arena() {
-    let pool = PoolManager::host(1 << 36, PoolConfig::default()).unwrap();
+    let pool = PoolManager::host(1 << 36, caching()).unwrap();
     // More distinct sizes than the old scan-based cache held (8): every one is
     // served from the cache on the second pass.
     let sizes: Vec<usize> = (1..=40).map(|i| i * 64 * 1024).collect();
@@ -88,7 +98,7 @@ fn out_of_memory_takes_back_every_threads_cached_blocks_of_any_stream() {
     let config = PoolConfig {
         limit: Some(64 * MIB),
         stream_pools: 0,
-        ..PoolConfig::default()
+        ..caching()
     };
     let pool = std::sync::Arc::new(PoolManager::host(1 << 36, config).unwrap());
     let p = pool.clone();
@@ -110,7 +120,7 @@ fn out_of_memory_takes_back_every_threads_cached_blocks_of_any_stream() {
 
 #[test]
 fn trim_gives_back_the_blocks_other_threads_cached() {
-    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, caching()).unwrap());
     let p = pool.clone();
     let (release, a) = parked_thread(move || {
         let blocks: Vec<_> = (0..4).map(|_| p.alloc(8 * MIB, S).unwrap()).collect();
@@ -169,7 +179,7 @@ fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
     // pool could be claimed for them.
     let config = PoolConfig {
         stream_pools: 0,
-        ..PoolConfig::default()
+        ..caching()
     };
     let pool = std::sync::Arc::new(PoolManager::host(1 << 36, config).unwrap());
     let cache = |stream: CUstream| {

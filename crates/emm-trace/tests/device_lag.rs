@@ -16,8 +16,8 @@
 //! trace replays twice: with stream pools (the default: each created stream's
 //! large blocks in a pool of its own) and with one shared pool
 //! (`pool_stream_pools` 0). Where a configuration does not meet the bound yet
-//! (the shared pool on the same model on four GPUs), the test holds it to
-//! today's figure, so the gap cannot widen unseen.
+//! (the shared pool on the same model on two GPUs, at the larger lag), the test
+//! holds it to today's figure, so the gap cannot widen unseen.
 
 mod common;
 use common::{pool_ratios, pool_ratios_with};
@@ -39,10 +39,14 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
         1.063,
         None,
     ),
+    // The 1.1 B Llama on two GPUs: with one shared pool, 1.0496-1.050x after
+    // 10 passes at a lag of 3,000 since growth maps only what a request lacks
+    // and threads cache only small blocks (the defaults of the fifty-eighth
+    // session; it met the bound before); stream pools hold 1.035x.
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
         1.062,
-        None,
+        Some(1.051),
     ),
     ("emm-trace/tests/fixtures/fsdp2_gpt2_h100.csv", 1.122, None),
     // FSDP2 of the 1.1 B Llama on four GPUs (run 219). Before `pool_wait_parked`
@@ -53,11 +57,13 @@ const MULTI_STREAM: &[(&str, f64, Option<f64>)] = &[
     // peak comes at the peak of live bytes, for want of a hole: 1.058-1.059x
     // here, 1.053-1.062x on the GPU (run 224, every rank of three rounds), all
     // with one shared pool; stream pools hold 1.043x here (1.043-1.044x of
-    // PyTorch's allocated peak on the GPU, runs 236-238).
+    // PyTorch's allocated peak on the GPU, runs 236-238). With the defaults of
+    // the fifty-eighth session (pieces of at most four pages among them) the
+    // shared pool holds 1.037-1.045x, stream pools 1.040x.
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
         1.069,
-        Some(1.059),
+        None,
     ),
 ];
 

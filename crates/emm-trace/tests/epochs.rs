@@ -59,7 +59,8 @@ fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_p
 
 /// Once the pool has its size, a pass of a trace maps or moves at most several
 /// hundred pieces, and the footprint stays near what it is today. Pieces are a
-/// 64th of the request they were made for (1-8 pages): GPT-2 moves 548-897 a
+/// 64th of the request they were made for (1-4 pages; 1-8 before the fifty-eighth
+/// session, the figures here): GPT-2 moves 548-897 a
 /// pass, Llama-style 521-599, bucketed inference 1,103-1,294 (pieces of a 32nd of
 /// the segment moved 200-330, 200-330 and ~500, for 1.03-1.06x of live instead of
 /// 1.01-1.03x after 4 passes). On an H100 the step times did not move with it
@@ -70,17 +71,21 @@ fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_p
 /// medians); these bounds keep the moves from growing further unseen.
 #[test]
 fn later_epochs_move_few_pieces_and_stay_tight() {
-    // (trace, bound on pieces mapped + moved in each pass after the first, bound
+    // (trace, bound on pieces mapped + moved in each pass after the first (GPT-2
+    // inference's second pass moved 262 pieces with the defaults of the
+    // fifty-eighth session), bound
     // on peak reserved / peak live after 4 passes)
     for (name, bound, ratio) in [
         ("gpt2_h200.csv", 1_000, 1.025),
         ("llama_h200.csv", 700, 1.035),
         ("resnet50_h200.csv", 60, 1.01),
-        ("gpt2_infer_h200.csv", 250, 1.01),
+        ("gpt2_infer_h200.csv", 300, 1.01),
         // The benchmark's own bucketed inference (run 91): its 3.8 GB logits come
         // back each step of the largest bucket and take the pieces of ~600 MiB from
-        // the holes the rest of the step left, 1,103-1,294 a pass today.
-        ("gpt2_infer_bucketed_h200.csv", 1_400, 1.015),
+        // the holes the rest of the step left: 1,103-1,294 a pass in pieces of up
+        // to eight pages, 1,335-1,474 in pieces of up to four (the default since
+        // the fifty-eighth session, `SegmentPolicy::piece_pages`).
+        ("gpt2_infer_bucketed_h200.csv", 1_600, 1.015),
     ] {
         let passes = epochs(name, 4);
         println!("{name}: {passes:?}");

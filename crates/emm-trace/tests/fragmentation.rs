@@ -76,9 +76,10 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
 /// step, and GPT-2 inference with variable batch): peak reserved over peak live
 /// through the pool stays within 1.05 (issue 12's goal for real training), and each
 /// within a hair of what it is today (1.003-1.015), so a regression fails; and
-/// the driver mapping calls of the expandable segment stay bounded (2,331-5,948
-/// in this first pass today, old mappings unmapped included). New memory comes in
-/// pieces of a 64th of the request (1-8 pages), so a pool growing from empty makes
+/// the driver mapping calls of the expandable segment stay bounded (2,313-6,410
+/// in this first pass today, old mappings unmapped included; 2,331-5,948 before
+/// growth mapped only what a request lacks, in the fifty-eighth session). New memory comes in
+/// pieces of a 64th of the request (1-4 pages), so a pool growing from empty makes
 /// about three times the calls it made in pieces of a 32nd of the segment (469-1,905):
 /// 2,600 pieces mapped cost about 0.1 s once, at a run's start, on an H200 (run
 /// 83's prices), for a footprint that holds 1.01-1.05x at steady state instead of
@@ -88,9 +89,10 @@ fn recorded_h200_traces_stay_within_their_bounds() {
     // (trace, bound on peak reserved / peak live, bound on the expandable
     // segment's pieces mapped, moved or unmapped: each costs 19-44 us on an H200
     // (run 83), so thousands of them show in a step's time)
+    let mut failures = Vec::new();
     for (name, bound, calls) in [
-        ("gpt2_h200.csv", 1.015, 5_500),
-        ("llama_h200.csv", 1.02, 6_300),
+        ("gpt2_h200.csv", 1.015, 6_500),
+        ("llama_h200.csv", 1.02, 7_000),
         ("resnet50_h200.csv", 1.005, 3_200),
         ("gpt2_infer_h200.csv", 1.006, 4_700),
         // The benchmark's own bucketed ResNet-50 run (run 91): PyTorch with
@@ -103,12 +105,16 @@ fn recorded_h200_traces_stay_within_their_bounds() {
         let t = bundled(name);
         let (_, _, ratio, maps) = through_the_pool_counting(&t, 10);
         println!("{name}: reserved/live {ratio:.4}, {maps} mapping calls");
-        assert!(maps <= calls, "{name}: {maps} mapping calls > {calls}");
-        assert!(
-            ratio <= bound,
-            "{name}: peak reserved / peak live = {ratio:.3} > {bound}"
-        );
+        if maps > calls {
+            failures.push(format!("{name}: {maps} mapping calls > {calls}"));
+        }
+        if ratio > bound {
+            failures.push(format!(
+                "{name}: peak reserved / peak live = {ratio:.3} > {bound}"
+            ));
+        }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Without the expandable segment (what IPC of every block needs), in one pass,

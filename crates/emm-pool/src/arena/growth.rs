@@ -111,10 +111,11 @@ impl Arena {
         // made again over what is left (`replace.rs`): their ranges are gaps now,
         // which new memory may fill. A few rounds at most: each gives back only
         // what the plan before it would have moved.
-        let mut piece = fresh_piece(page, size);
+        let most = self.policy.piece_pages.max(1);
+        let mut piece = fresh_piece(page, size, most);
         if let Some(share) = std::num::NonZeroUsize::new(self.policy.piece_share) {
             // At least an nth of what the arena reserves (`SegmentPolicy::piece_share`).
-            let pages = (self.stats.reserved / share.get() / page).clamp(1, PIECE_PAGES);
+            let pages = (self.stats.reserved / share.get() / page).clamp(1, most);
             piece = piece.max(pages * page);
         }
         if self.policy.replace_pieces > 0 {
@@ -511,17 +512,16 @@ fn fresh_pieces(bytes: usize, page: usize, piece: usize) -> Vec<usize> {
 }
 
 /// The size new memory for a request of `request` bytes comes in (see
-/// `fresh_pieces`): a 64th of the request, at least a page, at most 8.
-fn fresh_piece(page: usize, request: usize) -> usize {
-    (request / page / PIECES_PER_REQUEST).clamp(1, PIECE_PAGES) * page
+/// `fresh_pieces`): a 64th of the request, at least a page, at most `most`
+/// pages (`SegmentPolicy::piece_pages`, at least 1).
+fn fresh_piece(page: usize, request: usize, most: usize) -> usize {
+    (request / page / PIECES_PER_REQUEST).clamp(1, most) * page
 }
 
 /// Rounds of giving small idle pieces back and planning again, at most, in one
 /// growth (see `Arena::expand`).
 const REPLACE_ROUNDS: usize = 3;
 
-/// Pages in a piece of new memory, at most (see `fresh_pieces`).
-const PIECE_PAGES: usize = 8;
 /// A piece of new memory is at most this fraction of the request it is made for
 /// (see `fresh_pieces`).
 const PIECES_PER_REQUEST: usize = 64;

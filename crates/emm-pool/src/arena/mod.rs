@@ -42,7 +42,10 @@ mod policy;
 use crate::kind::Kind;
 use crate::stream_key::{is_default_stream, stream_id, stream_of_key, StreamKey, SETTLED};
 use pieces::Piece;
-pub use policy::{SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_SHARE};
+pub use policy::{
+    SegmentPolicy, DEFAULT_EXPAND_STEP, DEFAULT_LEGACY_MERGE, DEFAULT_PIECE_PAGES,
+    DEFAULT_PIECE_SHARE,
+};
 use segments::{Segment, Segments};
 
 /// Counters kept under the lock.

@@ -21,15 +21,19 @@ use crate::kind::Kind;
 /// against 1.15x on `h200_train_midway.pickle`, now 1.18x against 1.16x.)
 pub const DEFAULT_LEGACY_MERGE: usize = 6;
 
-/// The default [`SegmentPolicy::expand_step`]: 20 MiB, or a 32nd of what the
-/// pool reserves where that is less (`growth.rs`). A step past the request is
-/// reserved at the moment of a new peak: at the peak of a Mistral-style
-/// generation (429 MiB live) growth mapped 14 MiB where the request lacked 4.
-/// A page (`pool_expand_step=2M`) maps only what a request lacks; judged with
-/// and without threads caching only small blocks (`pool_thread_cache_largest`),
-/// it moved the held-out traces both ways (`docs/benchmarks.md`, fifty-sixth
-/// and fifty-seventh sessions).
-pub const DEFAULT_EXPAND_STEP: usize = 20 << 20;
+/// The default [`SegmentPolicy::expand_step`]: a page, so growth at the end of
+/// the expandable segment maps only what a request lacks (`growth.rs`). A step
+/// past the request is reserved at the moment of a new peak: at the peak of a
+/// Mistral-style generation (429 MiB live) a step of 20 MiB (or a 32nd of the
+/// pool), the default until the fifty-eighth session, mapped 14 MiB where the
+/// request lacked 4. Judged alone it moved the held-out traces both ways; with
+/// threads caching only small blocks
+/// ([`DEFAULT_THREAD_CACHE_LARGEST`](crate::DEFAULT_THREAD_CACHE_LARGEST)) and
+/// pieces of at most four pages ([`DEFAULT_PIECE_PAGES`]) it is tighter on the
+/// mean of the recorded and the held-out traces (`docs/benchmarks.md`,
+/// fifty-sixth to fifty-eighth sessions). `pool_expand_step=20M` restores the
+/// old step.
+pub const DEFAULT_EXPAND_STEP: usize = 2 << 20;
 
 /// The default [`SegmentPolicy::piece_share`]: new memory of the expandable
 /// segment comes in pieces of at least a 4096th of what the arena reserves: two
@@ -45,6 +49,16 @@ pub const DEFAULT_EXPAND_STEP: usize = 20 << 20;
 /// rounds of 300 steps (runs 297-298) 0.995, at 39.47 GiB at the device
 /// against their 40.19 (`docs/benchmarks.md`, forty-fourth session).
 pub const DEFAULT_PIECE_SHARE: usize = 4096;
+
+/// The default [`SegmentPolicy::piece_pages`]: new memory of the expandable
+/// segment comes in pieces of at most four 2 MiB pages. A piece moves only when
+/// wholly free: with threads caching only small blocks, FSDP2 of the 1.1 B
+/// Llama drifted from 1.034x of live after one pass to 1.059x after 100 with
+/// pieces of up to eight pages (the most until the fifty-eighth session), its
+/// free memory at the peak (893 MiB) lying in pieces that still held a block;
+/// with four, 1.045x, and 1.038x with one page, which takes about twice the
+/// driver calls in a later pass (`docs/benchmarks.md`, fifty-eighth session).
+pub const DEFAULT_PIECE_PAGES: usize = 4;
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments
 /// for large ones so that reserved memory tracks live memory.
@@ -136,7 +150,7 @@ pub struct SegmentPolicy {
     /// off (`EMM_POOL_REPLACE_PIECES`).
     pub replace_pieces: usize,
     /// With `n` > 0, new memory comes in pieces of at least an `n`th of what
-    /// the arena reserves (rounded down to pages, at most 8 pages; never smaller
+    /// the arena reserves (rounded down to pages, at most [`SegmentPolicy::piece_pages`]; never smaller
     /// than without it, a 64th of the request), so a large pool maps, grants
     /// access to and later moves fewer pieces. The driver charges each mapping,
     /// not each byte: on one H200 (run 289) a T5 step spent 1.6-1.9 ms in its
@@ -150,6 +164,14 @@ pub struct SegmentPolicy {
     /// expandable segments' 40.19). [`DEFAULT_PIECE_SHARE`] by default; 0 turns
     /// it off (`EMM_POOL_PIECE_SHARE`).
     pub piece_share: usize,
+    /// The most 2 MiB pages ([`SegmentPolicy::large_round`]) in one piece of
+    /// new memory, whether sized by the request (a 64th of it) or by
+    /// [`SegmentPolicy::piece_share`]; 0 counts as 1. Growth maps, grants access
+    /// to and later moves each piece whole, and a piece moves only when wholly
+    /// free: larger pieces take fewer driver calls, smaller ones leave less
+    /// free memory stranded beside a block. [`DEFAULT_PIECE_PAGES`] by default
+    /// (`EMM_POOL_PIECE_PAGES`).
+    pub piece_pages: usize,
     /// Without the expandable segment (turned off, or none to be had from the
     /// driver): with `n` > 0, the pool's first allocation makes one plain
     /// segment of `n` bytes (rounded up to [`SegmentPolicy::large_round`]), its
@@ -197,6 +219,7 @@ impl Default for SegmentPolicy {
             wait_parked: true,
             replace_pieces: 0,
             piece_share: DEFAULT_PIECE_SHARE,
+            piece_pages: DEFAULT_PIECE_PAGES,
             initial_size: 0,
         }
     }

@@ -17,10 +17,13 @@ pub struct PoolConfig {
     pub thread_cache_blocks: usize,
     /// Bytes a thread keeps per stream for immediate reuse.
     pub thread_cache_bytes: usize,
-    /// The largest block a thread keeps in its cache
-    /// (`pool_thread_cache_largest`; [`DEFAULT_THREAD_CACHE_LARGEST`] by
-    /// default, `usize::MAX` for any): a larger one goes back to the shared
-    /// arena at once, where it joins its free neighbours.
+    /// The largest block a thread keeps in its cache with the expandable
+    /// segment (`pool_thread_cache_largest`; [`DEFAULT_THREAD_CACHE_LARGEST`]
+    /// by default, `usize::MAX` for any): a larger one goes back to the shared
+    /// arena at once, where it joins its free neighbours. Without the
+    /// expandable segment a thread keeps any block within its cache's bytes:
+    /// plain segments cannot move pieces, and blocks taken again at their own
+    /// size keep their layout.
     pub thread_cache_largest: usize,
     /// Reserved bytes above which the pool gives free memory back to the device
     /// once the streams that freed it are idle (`usize::MAX`, the default: only
@@ -74,7 +77,7 @@ impl PoolConfig {
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_thread_cache_largest`,
     /// `pool_expand_step`, `pool_adopt_parked`, `pool_wait_parked`,
-    /// `pool_replace_pieces`, `pool_piece_share`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit`,
+    /// `pool_replace_pieces`, `pool_piece_share`, `pool_piece_pages`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit`,
     /// `pool_release_threshold` and `pool_initial_size`. An invalid value is an error naming the variable.
     pub fn from_env() -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
@@ -95,6 +98,7 @@ impl PoolConfig {
         c.segments.wait_parked = settings::WAIT_PARKED.get(c.segments.wait_parked)?;
         c.segments.replace_pieces = settings::REPLACE_PIECES.get(c.segments.replace_pieces)?;
         c.segments.piece_share = settings::PIECE_SHARE.get(c.segments.piece_share)?;
+        c.segments.piece_pages = settings::PIECE_PAGES.get(c.segments.piece_pages)?;
         c.background_unmap = settings::BACKGROUND_UNMAP.get(c.background_unmap)?;
         c.stream_pools = settings::STREAM_POOLS.get(c.stream_pools)?;
         c.limit = settings::LIMIT.get(c.limit)?;
@@ -135,17 +139,22 @@ impl Default for PoolConfig {
 }
 
 /// The largest block a thread caches by default
-/// ([`PoolConfig::thread_cache_largest`]): any. With 1 MiB
-/// ([`SMALL_MAX`](crate::SMALL_MAX)) and growth by what a request lacks
-/// (`SegmentPolicy::expand_step` of a page), replayed 100 passes, the
-/// generation traces held out of every policy came 2-4 % of live tighter
-/// (a Mistral-style generation 1.053x to 1.030x, BART's beam search 1.054x
-/// to 1.023x), but FSDP2 of the 1.1 B Llama drifted past 1.05x (1.043x to
-/// 1.059x: its gathered parameters, the same sizes every step, went back to
-/// the arena instead of being taken again as they were) and a GPT-NeoX
-/// generation went from 1.049x to 1.101x, so it is a setting
-/// (`docs/benchmarks.md`, fifty-seventh session).
-pub const DEFAULT_THREAD_CACHE_LARGEST: usize = usize::MAX;
+/// ([`PoolConfig::thread_cache_largest`]): 1 MiB
+/// ([`SMALL_MAX`](crate::SMALL_MAX)); larger blocks go back to the arena at
+/// their free, where they join their free neighbours. With growth by what a
+/// request lacks (`SegmentPolicy::expand_step` of a page) and pieces of at
+/// most four pages (`SegmentPolicy::piece_pages`), replayed 100 passes: the
+/// 21 recorded traces 1.0300x to 1.0220x of live on the mean, every one within
+/// 1.05x (BERT 1.046x to 1.026x, T5 1.034x to 1.021x), the 42 held-out traces
+/// 1.0411x to 1.0340x with 7 above 1.05x instead of 14, and the driver's
+/// estimated time in a later pass of the 21 traces 861 to 610 ms. Alone
+/// (pieces of up to eight pages), FSDP2 of the 1.1 B Llama drifted past 1.05x
+/// (1.043x to 1.059x): its gathered parameters went back to the arena among
+/// pieces of eight pages, which move only when wholly free. The held-out
+/// GPT-NeoX generation of seed 7 went from 1.049x to 1.101x
+/// (`docs/benchmarks.md`, fifty-seventh and fifty-eighth sessions). `max`
+/// keeps every block, as before.
+pub const DEFAULT_THREAD_CACHE_LARGEST: usize = crate::SMALL_MAX;
 
 /// Created streams that get a pool of their own by default
 /// ([`PoolConfig::stream_pools`]). FSDP2 of a 1.1 B Llama on four GPUs, five

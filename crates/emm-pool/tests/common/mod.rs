@@ -24,6 +24,10 @@ pub fn manual_pool(
         .then(|| Box::new(HostVmm::new(host.clone())) as Box<dyn emm_pool::VirtualMemory>);
     let mut config = PoolConfig {
         thread_cache_blocks,
+        // Caches, where a test turns them on, keep blocks of any size: those
+        // tests are about what a cache holds (`growth_step.rs` tests the
+        // default's largest block, 1 MiB).
+        thread_cache_largest: usize::MAX,
         // The stand-in's events complete when waited for: a helper thread
         // unmapping moved pieces would complete them behind the test's back.
         background_unmap: false,
