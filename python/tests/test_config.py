@@ -73,7 +73,8 @@ def test_every_setting_is_accepted_before_first_use_without_a_driver():
         print(emm.configure(pool_limit="max", pool_release_threshold=1 << 30, pool_exportable=True,
                             pool_legacy_merge=2, pool_thread_cache=0, pool_adopt_parked=True,
                             pool_wait_parked=False, pool_replace_pieces=8, pool_piece_share=0,
-                            pool_background_unmap=False,
+                            pool_thread_cache_largest="max", pool_expand_step=20 << 20,
+                            pool_piece_pages=8, pool_background_unmap=False,
                             pool_stream_pools=2, pool_initial_size=1 << 30,
                             hostonly_release_threshold=0,
                             max_pending_deallocs_count=3, max_pending_deallocs_ratio=0.5))

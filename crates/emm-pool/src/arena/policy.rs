@@ -150,8 +150,9 @@ pub struct SegmentPolicy {
     /// off (`EMM_POOL_REPLACE_PIECES`).
     pub replace_pieces: usize,
     /// With `n` > 0, new memory comes in pieces of at least an `n`th of what
-    /// the arena reserves (rounded down to pages, at most [`SegmentPolicy::piece_pages`]; never smaller
-    /// than without it, a 64th of the request), so a large pool maps, grants
+    /// the arena reserves (rounded down to pages, at most
+    /// [`SegmentPolicy::piece_pages`]; never smaller than without it, a 64th
+    /// of the request), so a large pool maps, grants
     /// access to and later moves fewer pieces. The driver charges each mapping,
     /// not each byte: on one H200 (run 289) a T5 step spent 1.6-1.9 ms in its
     /// growths with `n` = 2048 against 2.5-2.7 ms without, a mixture of experts'

@@ -146,7 +146,7 @@ impl Default for PoolConfig {
 /// most four pages (`SegmentPolicy::piece_pages`), replayed 100 passes: the
 /// 21 recorded traces 1.0300x to 1.0220x of live on the mean, every one within
 /// 1.05x (BERT 1.046x to 1.026x, T5 1.034x to 1.021x), the 42 held-out traces
-/// 1.0411x to 1.0340x with 7 above 1.05x instead of 14, and the driver's
+/// 1.0448x to 1.0340x with 7 above 1.05x instead of 15, and the driver's
 /// estimated time in a later pass of the 21 traces 861 to 610 ms. Alone
 /// (pieces of up to eight pages), FSDP2 of the 1.1 B Llama drifted past 1.05x
 /// (1.043x to 1.059x): its gathered parameters went back to the arena among
