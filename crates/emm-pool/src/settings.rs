@@ -104,7 +104,7 @@ pub static THREAD_CACHE_LARGEST: Setting<usize> = Setting::new(
         "EMM_POOL_THREAD_CACHE_LARGEST",
         ValueKind::BytesOrMax,
         "1M",
-        "largest block a thread keeps in its cache with the expandable segment; larger ones go straight back to the shared arena, where they join their free neighbours (`max`: any block; without the expandable segment, any block within the cache)",
+        "largest block a thread files in its cache with the expandable segment; a larger one waits only as the block freed last, taken back if its size is asked for next, then goes back to the shared arena, where it joins its free neighbours (`max`: any block; without the expandable segment, any block within the cache)",
     ),
     parse::bytes_or_max,
 );

@@ -128,6 +128,29 @@ impl StreamCache {
         self.bytes += e.size;
     }
 
+    /// Files a freed block, keeping a block larger than `largest` only in the
+    /// slot for the block freed last: the block freed before this one, when
+    /// larger than `largest`, is not filed but returned, for the arena. So a
+    /// large tensor freed and made again at once is taken back without the
+    /// pool's lock, and one that is not waits for at most one more free.
+    pub fn put_bounded(&mut self, e: Entry, largest: usize) -> Option<Entry> {
+        let evicted = self.take_large_last(largest);
+        self.put(e);
+        evicted
+    }
+
+    /// Takes the block freed last when it is larger than `largest` (see
+    /// [`StreamCache::put_bounded`]).
+    pub fn take_large_last(&mut self, largest: usize) -> Option<Entry> {
+        if self.last.is_none_or(|e| e.size <= largest) {
+            return None;
+        }
+        let e = self.last.take()?;
+        self.blocks -= 1;
+        self.bytes -= e.size;
+        Some(e)
+    }
+
     /// Hands every block to `f` and leaves the cache empty.
     pub fn drain(&mut self, mut f: impl FnMut(Entry)) {
         if let Some(e) = self.last.take() {
@@ -181,6 +204,30 @@ mod tests {
         assert_eq!(c.take(512, 0), None, "no third block of 512");
         assert_eq!(c.take(1536, 0), None, "never a larger block");
         assert_eq!((c.blocks(), c.bytes()), (1, 1024));
+    }
+
+    #[test]
+    fn a_block_larger_than_the_largest_waits_only_in_the_last_slot() {
+        let mut c = StreamCache::new(7);
+        let big = 4 << 20;
+        assert_eq!(c.put_bounded(entry(0x1000, big, 0), 1 << 20), None);
+        // Taken back at once: the same size, from the slot.
+        assert_eq!(c.take(big, 0).map(|e| e.ptr), Some(0x1000));
+        assert_eq!(c.put_bounded(entry(0x1000, big, 0), 1 << 20), None);
+        // The next free sends it on; a small one is filed as usual.
+        assert_eq!(
+            c.put_bounded(entry(0x9000, 512, 0), 1 << 20).map(|e| e.ptr),
+            Some(0x1000)
+        );
+        assert_eq!((c.blocks(), c.bytes()), (1, 512));
+        assert_eq!(c.put_bounded(entry(0xa000, 1024, 0), 1 << 20), None);
+        assert_eq!((c.blocks(), c.bytes()), (2, 1536));
+        // A large block behind small ones: only it leaves.
+        assert_eq!(c.put_bounded(entry(0x2000, big, 0), 1 << 20), None);
+        assert_eq!(c.take_large_last(1 << 20).map(|e| e.ptr), Some(0x2000));
+        assert_eq!(c.take_large_last(1 << 20), None);
+        assert_eq!((c.blocks(), c.bytes()), (2, 1536));
+        assert_eq!(c.take(512, 0).map(|e| e.ptr), Some(0x9000));
     }
 
     #[test]

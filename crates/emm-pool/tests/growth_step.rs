@@ -59,33 +59,52 @@ fn growth_maps_the_step_or_only_what_the_request_lacks() {
 }
 
 #[test]
-fn a_thread_keeps_no_block_larger_than_the_largest_it_caches() {
+fn a_thread_keeps_a_block_larger_than_the_largest_only_until_its_next_call() {
     let s = emm_core::SYNC_STREAM;
     for (largest, kept) in [(usize::MAX, 5 * MIB), (MIB, MIB)] {
         let p = pool(DEFAULT_EXPAND_STEP, largest);
         let cached = || p.stats().thread_cached_bytes;
-        // Both freed with no request between (a request that grows the pool
-        // gives the stream's cached blocks back first).
+        // The large block freed first, then the small one: with `largest` at
+        // 1 MiB the small one's free sends the large one on to the arena.
         let (large, small) = (
             p.memalloc_async(4 * MIB, s).unwrap(),
             p.memalloc_async(MIB, s).unwrap(),
         );
-        drop((small, large));
+        drop(large);
+        drop(small);
         assert_eq!(cached(), kept, "largest {largest}");
     }
-    // A tensor that grows every step (a KV cache: the larger one made, then
-    // the old one freed): with large blocks not kept, each old one joins the
-    // free memory beside it at once instead of waiting in the cache.
+    // A large tensor freed and made again at once (the same-stream pair) is
+    // taken back from the thread without the pool's lock, at the same address.
     let p = pool(DEFAULT_EXPAND_STEP, MIB);
+    let first = p.memalloc_async(64 * MIB, s).unwrap();
+    let addr = first.ptr();
+    drop(first);
+    let locked = p.stats().counts.locked_allocs;
+    for _ in 0..100 {
+        let again = p.memalloc_async(64 * MIB, s).unwrap();
+        assert_eq!(again.ptr(), addr);
+    }
+    assert_eq!(
+        p.stats().counts.locked_allocs,
+        locked,
+        "a pair took the lock"
+    );
+    // A tensor that grows every step (a KV cache: the larger one made, then
+    // the old one freed): each old one waits in the cache only until the next
+    // step's allocation misses, then joins the free memory beside it, so the
+    // cache never holds more than the one block freed last.
     let mut prev = p.memalloc_async(8 * MIB, s).unwrap();
     for step in 1..100usize {
         let next = p.memalloc_async(8 * MIB + step * 8192, s).unwrap();
-        drop(std::mem::replace(&mut prev, next));
         assert_eq!(
             p.stats().thread_cached_bytes,
             0,
-            "step {step}: a grown block was kept"
+            "step {step}: the block freed last was kept past a miss"
         );
+        let freed = emm_pool::round_size(8 * MIB + (step - 1) * 8192);
+        drop(std::mem::replace(&mut prev, next));
+        assert_eq!(p.stats().thread_cached_bytes, freed, "step {step}");
     }
     drop(prev);
 }

@@ -71,40 +71,44 @@ fn epochs_with(name: &str, passes: u32, config: PoolConfig) -> (Vec<Pass>, emm_p
 /// medians); these bounds keep the moves from growing further unseen.
 #[test]
 fn later_epochs_move_few_pieces_and_stay_tight() {
-    // (trace, bound on pieces mapped + moved in each pass after the first (GPT-2
-    // inference's second pass moved 262 pieces with the defaults of the
-    // fifty-eighth session), bound
+    // (trace, bound on pieces mapped + moved in each pass after the first, bound
     // on peak reserved / peak live after 4 passes)
+    let mut failures = Vec::new();
     for (name, bound, ratio) in [
         ("gpt2_h200.csv", 1_000, 1.025),
-        ("llama_h200.csv", 700, 1.035),
+        // (645-739 a pass with the defaults of the fifty-eighth session.)
+        ("llama_h200.csv", 800, 1.035),
         ("resnet50_h200.csv", 60, 1.01),
-        ("gpt2_infer_h200.csv", 300, 1.01),
+        ("gpt2_infer_h200.csv", 250, 1.01),
         // The benchmark's own bucketed inference (run 91): its 3.8 GB logits come
         // back each step of the largest bucket and take the pieces of ~600 MiB from
         // the holes the rest of the step left: 1,103-1,294 a pass in pieces of up
-        // to eight pages, 1,335-1,474 in pieces of up to four (the default since
-        // the fifty-eighth session, `SegmentPolicy::piece_pages`).
-        ("gpt2_infer_bucketed_h200.csv", 1_600, 1.015),
+        // to eight pages, 1,533-1,682 in pieces of up to four with a thread
+        // keeping a large block until its next call (the defaults since the
+        // fifty-eighth session, `SegmentPolicy::piece_pages`); `emm replay`
+        // prices them at 104 ms a pass of 60 steps against 74 before.
+        ("gpt2_infer_bucketed_h200.csv", 1_800, 1.015),
     ] {
         let passes = epochs(name, 4);
         println!("{name}: {passes:?}");
         for (i, p) in passes.iter().enumerate().skip(1) {
-            assert!(
-                p.mapped + p.moved <= bound,
-                "{name}, pass {i}: {} pieces mapped and {} moved > {bound}",
-                p.mapped,
-                p.moved
-            );
+            if p.mapped + p.moved > bound {
+                failures.push(format!(
+                    "{name}, pass {i}: {} pieces mapped and {} moved > {bound}",
+                    p.mapped, p.moved
+                ));
+            }
         }
         let last = passes.last().unwrap();
-        assert!(
-            last.ratio <= ratio,
-            "{name}: peak reserved / peak live = {:.3} after {} passes (at most {ratio})",
-            last.ratio,
-            passes.len()
-        );
+        if last.ratio > ratio {
+            failures.push(format!(
+                "{name}: peak reserved / peak live = {:.3} after {} passes (at most {ratio})",
+                last.ratio,
+                passes.len()
+            ));
+        }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// A long run: pass after pass, moving memory must neither walk the expandable

@@ -76,7 +76,7 @@ fn peak_reserved_stays_within_ten_percent_of_peak_live() {
 /// step, and GPT-2 inference with variable batch): peak reserved over peak live
 /// through the pool stays within 1.05 (issue 12's goal for real training), and each
 /// within a hair of what it is today (1.003-1.015), so a regression fails; and
-/// the driver mapping calls of the expandable segment stay bounded (2,313-6,410
+/// the driver mapping calls of the expandable segment stay bounded (2,331-6,398
 /// in this first pass today, old mappings unmapped included; 2,331-5,948 before
 /// growth mapped only what a request lacks, in the fifty-eighth session). New memory comes in
 /// pieces of a 64th of the request (1-4 pages), so a pool growing from empty makes

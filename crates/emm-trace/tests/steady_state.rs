@@ -57,9 +57,9 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // --snapshot`, run 196) through `snapshot_to_csv.py`. PyTorch's figure is its
     // peak reserved in that recording (16 and 28 steps), not a 100-pass replay.
     // The 1.1 B-parameter Llama (TinyLlama's shape): with stream pools (the
-    // default) 1.033 / 1.035 / 1.045 after 1 / 10 / 100 passes (1.039 / 1.041 /
+    // default) 1.033 / 1.035 / 1.041 after 1 / 10 / 100 passes (1.039 / 1.041 /
     // 1.042 before the fifty-eighth session's defaults); with one shared pool
-    // 1.017 / 1.026 / 1.030 with events that complete at once
+    // 1.017 / 1.033 / 1.035 with events that complete at once
     // (`with_one_shared_pool_the_multi_stream_traces_hold_todays_ceilings`).
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv",
@@ -70,9 +70,9 @@ const TRACES: &[(&str, f64, Option<f64>)] = &[
     // The same model under FSDP2 on four H100s, rank 0 (run 219: 12 steps under
     // expandable segments, `train_bench.py --ddp --fsdp --snapshot`, through
     // `snapshot_to_csv.py`); PyTorch's figure is its peak reserved in that
-    // recording. With stream pools (the default) 1.037 / 1.039 / 1.049 after 1 /
+    // recording. With stream pools (the default) 1.037 / 1.039 / 1.047 after 1 /
     // 10 / 100 passes (1.042 / 1.043 / 1.044 before the fifty-eighth session's
-    // defaults); one shared pool 1.017 / 1.038 / 1.049.
+    // defaults); one shared pool 1.023 / 1.040 / 1.044.
     (
         "emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv",
         1.069,
@@ -174,10 +174,11 @@ fn with_one_shared_pool_the_multi_stream_traces_hold_todays_ceilings() {
     // New pieces by the pool's size (`pool_piece_share`, on by default since
     // runs 291-292) moved the two Llamas from 1.056x and 1.068x after 100
     // passes to 1.065x and 1.062x; the defaults of the fifty-eighth session
-    // (threads caching only small blocks, growth by what a request lacks,
-    // pieces of at most four pages) to 1.030x and 1.049x, within the bound,
-    // and FSDP2's GPT-2 from 1.042x to 1.053x, past it, in a setting that is
-    // not the default; with stream pools all three hold the bound.
+    // (a thread keeping a large block only until its next call, growth by
+    // what a request lacks, pieces of at most four pages) to 1.035x and
+    // 1.044x, within the bound, and FSDP2's GPT-2 from 1.042x to 1.052x, past
+    // it, in a setting that is not the default; with stream pools all three
+    // hold the bound.
     const MULTI_STREAM: &[(&str, Option<f64>)] = &[
         ("emm-trace/tests/fixtures/fsdp2_llama1b_h100.csv", None),
         ("emm-trace/tests/fixtures/fsdp2_llama1b_4gpu_h100.csv", None),

@@ -52,12 +52,13 @@ pub const DEFAULT_PIECE_SHARE: usize = 4096;
 
 /// The default [`SegmentPolicy::piece_pages`]: new memory of the expandable
 /// segment comes in pieces of at most four 2 MiB pages. A piece moves only when
-/// wholly free: with threads caching only small blocks, FSDP2 of the 1.1 B
-/// Llama drifted from 1.034x of live after one pass to 1.059x after 100 with
-/// pieces of up to eight pages (the most until the fifty-eighth session), its
-/// free memory at the peak (893 MiB) lying in pieces that still held a block;
-/// with four, 1.045x, and 1.038x with one page, which takes about twice the
-/// driver calls in a later pass (`docs/benchmarks.md`, fifty-eighth session).
+/// wholly free: with large blocks going back to the arena at their free, FSDP2
+/// of the 1.1 B Llama drifted from 1.034x of live after one pass to 1.059x
+/// after 100 with pieces of up to eight pages (the most until the
+/// fifty-eighth session), its free memory at the peak (893 MiB) lying in
+/// pieces that still held a block; with four, 1.045x (1.041x with the
+/// defaults), and 1.034x with one page, which takes about twice the driver
+/// calls in a later pass (`docs/benchmarks.md`, fifty-eighth session).
 pub const DEFAULT_PIECE_PAGES: usize = 4;
 
 /// Segment sizes: few upstream calls for many small requests, exact-ish segments

@@ -17,10 +17,12 @@ pub struct PoolConfig {
     pub thread_cache_blocks: usize,
     /// Bytes a thread keeps per stream for immediate reuse.
     pub thread_cache_bytes: usize,
-    /// The largest block a thread keeps in its cache with the expandable
+    /// The largest block a thread files in its cache with the expandable
     /// segment (`pool_thread_cache_largest`; [`DEFAULT_THREAD_CACHE_LARGEST`]
-    /// by default, `usize::MAX` for any): a larger one goes back to the shared
-    /// arena at once, where it joins its free neighbours. Without the
+    /// by default, `usize::MAX` for any): a larger one waits only as the
+    /// block freed last, taken back if its size is asked for next, and goes
+    /// on to the shared arena at the stream's next free or next allocation
+    /// that misses, where it joins its free neighbours. Without the
     /// expandable segment a thread keeps any block within its cache's bytes:
     /// plain segments cannot move pieces, and blocks taken again at their own
     /// size keep their layout.
@@ -138,20 +140,22 @@ impl Default for PoolConfig {
     }
 }
 
-/// The largest block a thread caches by default
+/// The largest block a thread files in its cache by default
 /// ([`PoolConfig::thread_cache_largest`]): 1 MiB
-/// ([`SMALL_MAX`](crate::SMALL_MAX)); larger blocks go back to the arena at
-/// their free, where they join their free neighbours. With growth by what a
-/// request lacks (`SegmentPolicy::expand_step` of a page) and pieces of at
-/// most four pages (`SegmentPolicy::piece_pages`), replayed 100 passes: the
-/// 21 recorded traces 1.0300x to 1.0220x of live on the mean, every one within
-/// 1.05x (BERT 1.046x to 1.026x, T5 1.034x to 1.021x), the 42 held-out traces
-/// 1.0448x to 1.0340x with 7 above 1.05x instead of 15, and the driver's
-/// estimated time in a later pass of the 21 traces 861 to 610 ms. Alone
-/// (pieces of up to eight pages), FSDP2 of the 1.1 B Llama drifted past 1.05x
-/// (1.043x to 1.059x): its gathered parameters went back to the arena among
-/// pieces of eight pages, which move only when wholly free. The held-out
-/// GPT-NeoX generation of seed 7 went from 1.049x to 1.101x
+/// ([`SMALL_MAX`](crate::SMALL_MAX)). A larger block waits only in the slot
+/// for the block freed last: taken back without the lock when its size is
+/// asked for next, else sent on to the arena at the stream's next free or
+/// next allocation that misses, where it joins its free neighbours. With
+/// growth by what a request lacks (`SegmentPolicy::expand_step` of a page) and
+/// pieces of at most four pages (`SegmentPolicy::piece_pages`), replayed 100
+/// passes: the 21 recorded traces 1.0300x to 1.0215x of live on the mean,
+/// every one within 1.05x (BERT 1.046x to 1.026x, T5 1.034x to 1.022x), the
+/// 42 held-out traces 1.0448x to 1.0338x with 7 above 1.05x instead of 15,
+/// and the driver's estimated time in a later pass of the 21 traces 861 to
+/// 546 ms. With pieces of up to eight pages, FSDP2 of the 1.1 B Llama drifted
+/// past 1.05x (1.043x to 1.059x): its gathered parameters went back to the
+/// arena among pieces of eight pages, which move only when wholly free. The
+/// held-out GPT-NeoX generation of seed 7 went from 1.049x to 1.095x
 /// (`docs/benchmarks.md`, fifty-seventh and fifty-eighth sessions). `max`
 /// keeps every block, as before.
 pub const DEFAULT_THREAD_CACHE_LARGEST: usize = crate::SMALL_MAX;

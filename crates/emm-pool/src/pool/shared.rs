@@ -160,12 +160,18 @@ impl Core {
         }
     }
 
-    /// The largest block a thread caches: [`PoolConfig::thread_cache_largest`]
-    /// with the expandable segment; without it, any block within the cache's
-    /// bytes. There plain segments cannot move pieces, and a block taken again
-    /// at its own size keeps their layout: with 1 MiB, the recorded traces
-    /// replayed without virtual memory came looser (GPT-2's bucketed inference
-    /// 1.186x to 1.217x of live, the Llama-style training 1.191x to 1.231x).
+    /// The largest block a thread files in its cache:
+    /// [`PoolConfig::thread_cache_largest`] with the expandable segment; without
+    /// it, any block within the cache's bytes. A larger block waits only in the
+    /// slot for the block freed last (`StreamCache::put_bounded`): an
+    /// allocation of its size next takes it back without the lock (a tensor
+    /// freed and made again, the same-stream pair of `emm bench`), and the
+    /// stream's next free, or its next allocation that misses, sends it on to
+    /// the arena, where it joins its free neighbours. Without the expandable
+    /// segment plain segments cannot move pieces, and a block taken again at its
+    /// own size keeps their layout: with 1 MiB, the recorded traces replayed
+    /// without virtual memory came looser (GPT-2's bucketed inference 1.186x to
+    /// 1.217x of live, the Llama-style training 1.191x to 1.231x).
     pub(super) fn cache_largest(&self) -> usize {
         if self.vmm.is_some() && self.config.segments.expandable {
             self.config.thread_cache_largest
@@ -285,6 +291,23 @@ impl Core {
                 let on_thread = other.is_some();
                 let cfg_caches = self.config.thread_cache_blocks > 0;
                 if on_thread {
+                    // A block larger than a thread keeps, waiting in this
+                    // stream's slot for the block freed last, was not taken back
+                    // at once: it joins the arena's free blocks before the
+                    // arena looks (see `Core::cache_largest`).
+                    self.with_local(|local| {
+                        let mut caches = caches_of(&local.counters);
+                        let Some(sc) = caches.iter_mut().find(|s| s.stream == key) else {
+                            return;
+                        };
+                        if let Some(e) = sc.take_large_last(self.cache_largest()) {
+                            add_cached(&local.counters, -(e.size as i64));
+                            if e.generation == gen {
+                                arena.free(e.ptr, key, Some(self.events.as_ref()));
+                            }
+                        }
+                        remark_cached(&local.counters, &caches);
+                    });
                     // A miss: serve it from the arena's free blocks if possible;
                     // before taking new memory, give this stream's cached blocks back
                     // so they can coalesce and serve it.
@@ -443,7 +466,7 @@ impl Core {
                     return Some(Freed::Cached); // invalidated by reset
                 }
                 let cap = self.cache_bytes();
-                if cfg.thread_cache_blocks == 0 || rsize > cap || rsize > self.cache_largest() {
+                if cfg.thread_cache_blocks == 0 || rsize > cap {
                     return Some(Freed::ToArena(local.counters.clone()));
                 }
                 let mut caches = caches_of(&local.counters);
@@ -472,16 +495,28 @@ impl Core {
                     self.flush_stream(&mut arena, sc, &local.counters, gen, true);
                     self.after_free(&mut arena);
                 }
-                sc.put(Entry {
+                // A block larger than the largest a thread keeps waits only in
+                // the slot for the block freed last; the one before it, if such
+                // a block, goes on to the arena now (see `Core::cache_largest`).
+                let entry = Entry {
                     ptr,
                     size: rsize,
                     base: base.0,
                     base_size: base.1,
                     generation: gen,
-                });
+                };
+                let passed_on = sc.put_bounded(entry, self.cache_largest());
                 add_cached(&local.counters, rsize as i64);
                 mark_cached(&local.counters, key);
                 done(&local.counters.live_blocks);
+                if let Some(e) = passed_on {
+                    add_cached(&local.counters, -(e.size as i64));
+                    let mut arena = self.lock();
+                    if e.generation == gen {
+                        arena.free(e.ptr, key, Some(self.events.as_ref()));
+                    }
+                    self.after_free(&mut arena);
+                }
                 Some(Freed::Cached)
             })
             .ok()
