@@ -305,8 +305,8 @@ impl Core {
                             if e.generation == gen {
                                 arena.free(e.ptr, key, Some(self.events.as_ref()));
                             }
+                            remark_cached(&local.counters, &caches);
                         }
-                        remark_cached(&local.counters, &caches);
                     });
                     // A miss: serve it from the arena's free blocks if possible;
                     // before taking new memory, give this stream's cached blocks back
