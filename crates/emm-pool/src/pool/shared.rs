@@ -508,15 +508,19 @@ impl Core {
                 let passed_on = sc.put_bounded(entry, self.cache_largest());
                 add_cached(&local.counters, rsize as i64);
                 mark_cached(&local.counters, key);
-                done(&local.counters.live_blocks);
                 if let Some(e) = passed_on {
                     add_cached(&local.counters, -(e.size as i64));
                     let mut arena = self.lock();
-                    if e.generation == gen {
+                    // Read again under the lock: a reset in between makes the
+                    // block stale (as the allocation path judges it).
+                    if e.generation == self.generation.load(Ordering::Acquire) {
                         arena.free(e.ptr, key, Some(self.events.as_ref()));
                     }
                     self.after_free(&mut arena);
                 }
+                // Counted off only once this free is done with the core (see
+                // `done`): the pool may be retired as soon as nothing is live.
+                done(&local.counters.live_blocks);
                 Some(Freed::Cached)
             })
             .ok()
