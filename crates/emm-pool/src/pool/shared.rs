@@ -264,16 +264,28 @@ impl Core {
         let hit = self.with_local(|local| {
             bump(&local.counters.allocations);
             let mut caches = caches_of(&local.counters);
-            let sc = caches.iter_mut().find(|s| s.stream == key)?;
-            let e = sc.take(rsize, gen)?;
-            add_cached(&local.counters, -(e.size as i64));
-            bump(&local.counters.hits);
-            bump(&local.counters.live_blocks);
-            add(&local.counters.allocated_total, e.size as u64);
-            Some(e)
+            let Some(sc) = caches.iter_mut().find(|s| s.stream == key) else {
+                return Lookup::Miss(None);
+            };
+            if let Some(e) = sc.take(rsize, gen) {
+                add_cached(&local.counters, -(e.size as i64));
+                bump(&local.counters.hits);
+                bump(&local.counters.live_blocks);
+                add(&local.counters.allocated_total, e.size as u64);
+                return Lookup::Hit(e);
+            }
+            // A miss: a block larger than a thread files, waiting in the slot
+            // for the block freed last, was not asked for again; it goes on to
+            // the arena before the arena looks (see `Core::cache_largest`).
+            let passed_on = sc.take_large_last(self.cache_largest());
+            if let Some(e) = passed_on {
+                add_cached(&local.counters, -(e.size as i64));
+                remark_cached(&local.counters, &caches);
+            }
+            Lookup::Miss(passed_on)
         });
         let entry = match hit {
-            Some(Some(e)) => {
+            Some(Lookup::Hit(e)) => {
                 if self.recording.load(Ordering::Relaxed) {
                     self.lock()
                         .history
@@ -290,24 +302,13 @@ impl Core {
                 let mut found = None;
                 let on_thread = other.is_some();
                 let cfg_caches = self.config.thread_cache_blocks > 0;
+                if let Some(Lookup::Miss(Some(e))) = other {
+                    // (Judged by the generation read under the lock.)
+                    if e.generation == gen {
+                        arena.free(e.ptr, key, Some(self.events.as_ref()));
+                    }
+                }
                 if on_thread {
-                    // A block larger than a thread keeps, waiting in this
-                    // stream's slot for the block freed last, was not taken back
-                    // at once: it joins the arena's free blocks before the
-                    // arena looks (see `Core::cache_largest`).
-                    self.with_local(|local| {
-                        let mut caches = caches_of(&local.counters);
-                        let Some(sc) = caches.iter_mut().find(|s| s.stream == key) else {
-                            return;
-                        };
-                        if let Some(e) = sc.take_large_last(self.cache_largest()) {
-                            add_cached(&local.counters, -(e.size as i64));
-                            if e.generation == gen {
-                                arena.free(e.ptr, key, Some(self.events.as_ref()));
-                            }
-                            remark_cached(&local.counters, &caches);
-                        }
-                    });
                     // A miss: serve it from the arena's free blocks if possible;
                     // before taking new memory, give this stream's cached blocks back
                     // so they can coalesce and serve it.
@@ -665,6 +666,15 @@ fn pack_token(generation: usize, key: StreamKey) -> usize {
 fn unpack_token(token: usize) -> (usize, Option<StreamKey>) {
     let n = token >> 32;
     (token & GEN_MASK, (n != 0).then(|| per_thread_key_of(n - 1)))
+}
+
+/// What this thread's cache gave an allocation.
+enum Lookup {
+    /// A cached block of the request's size.
+    Hit(Entry),
+    /// None; with the large block that waited in the slot for the block freed
+    /// last, taken out to go on to the arena.
+    Miss(Option<Entry>),
 }
 
 /// Where a freed block went.
