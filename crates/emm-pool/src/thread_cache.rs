@@ -132,7 +132,9 @@ impl StreamCache {
     /// slot for the block freed last: the block freed before this one, when
     /// larger than `largest`, is not filed but returned, for the arena. So a
     /// large tensor freed and made again at once is taken back without the
-    /// pool's lock, and one that is not waits for at most one more free.
+    /// pool's lock, and one that is not waits only until the stream's next
+    /// call: this free, or an allocation that misses
+    /// ([`StreamCache::take_large_last`]).
     pub fn put_bounded(&mut self, e: Entry, largest: usize) -> Option<Entry> {
         let evicted = self.take_large_last(largest);
         self.put(e);
