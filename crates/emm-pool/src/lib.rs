@@ -56,7 +56,7 @@ pub use kind::{round_size, Kind, ROUND, SMALL_MAX};
 pub use lagged_events::LaggedEvents;
 pub use pool::{
     PoolConfig, PoolManager, PoolStats, PoolUpstream, DEFAULT_STREAM_POOLS,
-    DEFAULT_THREAD_CACHE_LARGEST, MAX_STREAM_CACHES, MAX_STREAM_POOLS,
+    DEFAULT_THREAD_CACHE_KEEP, DEFAULT_THREAD_CACHE_LARGEST, MAX_STREAM_CACHES, MAX_STREAM_POOLS,
 };
 pub use slack::PeakSlack;
 pub use vmm::{DriverVmm, HostVmm, VirtualMemory};

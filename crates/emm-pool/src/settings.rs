@@ -169,6 +169,18 @@ pub static PIECE_SHARE: Setting<usize> = Setting::new(
     parse::count,
 );
 
+/// `pool_thread_cache_keep` (`EMM_POOL_THREAD_CACHE_KEEP`).
+pub static THREAD_CACHE_KEEP: Setting<usize> = Setting::new(
+    Key::new(
+        "pool_thread_cache_keep",
+        "EMM_POOL_THREAD_CACHE_KEEP",
+        ValueKind::Bytes,
+        "1M",
+        "with the expandable segment: a thread's cache of a stream holding less than this is kept when a small request finds no free small block, and a free block of the expandable segment serves the request; holding more, or with no such block, the cache goes back to the arena to coalesce first (0: always, as before the sixtieth session)",
+    ),
+    parse::bytes,
+);
+
 /// `pool_piece_pages` (`EMM_POOL_PIECE_PAGES`).
 pub static PIECE_PAGES: Setting<usize> = Setting::new(
     Key::new(
@@ -215,6 +227,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &INITIAL_SIZE,
     &THREAD_CACHE,
     &THREAD_CACHE_LARGEST,
+    &THREAD_CACHE_KEEP,
     &EXPAND_STEP,
     &ADOPT_PARKED,
     &WAIT_PARKED,

@@ -273,3 +273,67 @@ fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
     a.stop();
     b.stop();
 }
+
+/// A small request that finds no free small block while the thread's cache
+/// holds `cached` small blocks of 512 KiB: returns how many of the cached
+/// blocks' next allocations the cache served, with `keep` as
+/// `PoolConfig::thread_cache_keep`, and the bytes reserved before and after.
+fn small_miss_beside_a_cache(keep: usize, cached: usize) -> (u64, usize, usize) {
+    let pool = PoolManager::host(
+        1 << 36,
+        PoolConfig {
+            thread_cache_keep: keep,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let half = 512 * 1024;
+    // A small segment filled with small blocks (made before the expandable
+    // segment holds anything free, so they take a small segment of their own).
+    let mut small: Vec<_> = (0..4).map(|_| pool.alloc(half, S).unwrap()).collect();
+    // Free memory in the expandable segment: a large block made and freed (it
+    // waits in the thread's slot until the next call, then joins the arena).
+    drop(pool.alloc(16 * MIB, S).unwrap());
+    // `cached` of the small blocks into this thread's cache.
+    for _ in 0..cached {
+        drop(small.pop());
+    }
+    assert_eq!(pool.stats().thread_cached_bytes, cached * half);
+    let reserved = pool.stats().reserved_bytes;
+    // A size the cache lacks, with no free small block for it in the arena.
+    let odd = pool.alloc(768 * 1024, S).unwrap();
+    let hits = pool.stats().thread_cache_hits;
+    let again: Vec<_> = (0..cached).map(|_| pool.alloc(half, S).unwrap()).collect();
+    let served = pool.stats().thread_cache_hits - hits;
+    let after = pool.stats().reserved_bytes;
+    drop((odd, again, small));
+    (served, reserved, after)
+}
+
+#[test]
+fn a_small_miss_keeps_a_cache_holding_little_and_takes_the_expandable_segments_free_memory() {
+    // Holding 512 KiB, below the default 1 MiB: the request took the
+    // expandable segment's free memory, and the cached block served its size
+    // next, without the arena.
+    let (served, before, after) = small_miss_beside_a_cache(emm_pool::DEFAULT_THREAD_CACHE_KEEP, 1);
+    assert_eq!(
+        served, 1,
+        "the cached block went back to the arena at the miss"
+    );
+    assert_eq!(
+        after, before,
+        "the miss grew the pool instead of taking free memory"
+    );
+    // With the setting at 0, the cache goes back to the arena at the miss, as
+    // before: the block's size is served by the arena next.
+    let (served, before, after) = small_miss_beside_a_cache(0, 1);
+    assert_eq!(
+        served, 0,
+        "the cache was kept with pool_thread_cache_keep = 0"
+    );
+    assert_eq!(after, before);
+    // Holding 1 MiB (two blocks), not below the default: it goes back first.
+    let (served, before, after) = small_miss_beside_a_cache(emm_pool::DEFAULT_THREAD_CACHE_KEEP, 2);
+    assert_eq!(served, 0, "a cache of 1 MiB was kept at a miss");
+    assert_eq!(after, before);
+}

@@ -36,6 +36,7 @@ mod segments;
 mod shrink;
 mod stream_order;
 mod streams;
+mod streams_served;
 
 mod policy;
 
@@ -197,6 +198,9 @@ pub(crate) struct Arena {
     idle: FastMap<StreamKey, replace::IdleMarks>,
     /// What the arena knows of its home segment beyond its base (`home.rs`).
     home: home::HomeState,
+    /// Whether the arena's requests came from one stream or several
+    /// (`streams_served.rs`).
+    served: streams_served::StreamsServed,
 }
 
 impl Arena {
@@ -295,6 +299,46 @@ impl Arena {
         }
     }
 
+    /// The kind of block a request of `size` bytes takes: large for every size
+    /// where the pool keeps one range (`SegmentPolicy::one_range`) over a usable
+    /// expandable segment, else by its size.
+    fn kind_for(&self, size: usize) -> Kind {
+        if self.policy.one_range && self.expandable.usable() {
+            Kind::Large
+        } else {
+            Kind::of(size)
+        }
+    }
+
+    /// A small request served from the expandable segment's free blocks, this
+    /// stream's and then settled ones, by best fit, without growth; `None` for
+    /// a large request, without the expandable segment, or where none fits.
+    /// [`Arena::try_alloc`] looks there only once its small blocks failed and
+    /// growth is allowed; the pool asks first where a thread's cache would
+    /// otherwise go back to the arena (`PoolConfig::thread_cache_keep`). Only
+    /// the expandable segment: a plain large segment, which the out-of-memory
+    /// ladder may make, must be able to come free whole.
+    pub fn take_small_in_expandable(
+        &mut self,
+        size: usize,
+        stream: StreamKey,
+    ) -> Option<(CUdeviceptr, CUdeviceptr, usize)> {
+        let small = self.kind_for(size) == Kind::Small;
+        let base = self.expandable.base().filter(|_| small)?;
+        for s in [stream, SETTLED] {
+            if let Some(a) = self.take_fit_in(size, Kind::Large, s, Some(base)) {
+                self.stats.hits += 1;
+                return Some(self.finish(a, size));
+            }
+        }
+        None
+    }
+
+    /// Whether every request the arena took so far was `stream`'s.
+    pub fn serves_only(&self, stream: StreamKey) -> bool {
+        self.served.only(stream)
+    }
+
     /// As [`Arena::alloc`]; with `grow` false, returns `None` instead of taking new
     /// memory from the upstream.
     pub fn try_alloc(
@@ -305,12 +349,9 @@ impl Arena {
         source: &dyn SegmentSource,
         grow: bool,
     ) -> Result<Option<(CUdeviceptr, CUdeviceptr, usize)>> {
-        let kind = if self.policy.one_range && self.expandable.usable() {
-            Kind::Large
-        } else {
-            Kind::of(size)
-        };
+        let kind = self.kind_for(size);
         self.stats.counts.locked_allocs += 1;
+        self.served.note(stream);
         // (Only ever set where the pool has no expandable segment, with merging
         // on: `Arena::merges`.)
         if self.merge.due() && kind == Kind::Large {
@@ -409,15 +450,8 @@ impl Arena {
         // lower, with fewer pieces moved). Only with the expandable segment:
         // without it a small block would keep an exact-size segment from coming
         // free whole (the inference snapshot went from 1.60x to 1.90x).
-        if let Some(base) = self.expandable.base().filter(|_| kind == Kind::Small) {
-            for s in [stream, SETTLED] {
-                // (Only there: a plain large segment, which the out-of-memory
-                // ladder may make, must be able to come free whole.)
-                if let Some(a) = self.take_fit_in(size, Kind::Large, s, Some(base)) {
-                    self.stats.hits += 1;
-                    return Ok(Some(self.finish(a, size)));
-                }
-            }
+        if let Some(a) = self.take_small_in_expandable(size, stream) {
+            return Ok(Some(a));
         }
         if kind == Kind::Large {
             if let Some(a) = self.tighten(size, events, source)? {

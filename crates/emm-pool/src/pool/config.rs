@@ -27,6 +27,14 @@ pub struct PoolConfig {
     /// plain segments cannot move pieces, and blocks taken again at their own
     /// size keep their layout.
     pub thread_cache_largest: usize,
+    /// Bytes below which a thread's cache of a stream is kept at a small
+    /// request's miss (`pool_thread_cache_keep`; [`DEFAULT_THREAD_CACHE_KEEP`]
+    /// by default, 0 never): when the request finds no free small block in the
+    /// arena, a free block of the expandable segment serves it before the
+    /// stream's cached blocks go back to the arena to coalesce, as they do
+    /// where the cache holds this much or more, or where the expandable
+    /// segment has no block for it.
+    pub thread_cache_keep: usize,
     /// Reserved bytes above which the pool gives free memory back to the device
     /// once the streams that freed it are idle (`usize::MAX`, the default: only
     /// on `trim()`, `release_cached` or out of memory). Checked at each free that
@@ -78,6 +86,7 @@ impl PoolConfig {
     /// 1/n of the way from their low to reserved after a step; 0 off, see
     /// `SegmentPolicy::merge_quiet`), `pool_thread_cache` (bytes per thread and
     /// stream; 0 turns thread caches off), `pool_thread_cache_largest`,
+    /// `pool_thread_cache_keep`,
     /// `pool_expand_step`, `pool_adopt_parked`, `pool_wait_parked`,
     /// `pool_replace_pieces`, `pool_piece_share`, `pool_piece_pages`, `pool_background_unmap`, `pool_stream_pools`, `pool_limit`,
     /// `pool_release_threshold` and `pool_initial_size`. An invalid value is an error naming the variable.
@@ -92,6 +101,7 @@ impl PoolConfig {
             }
         }
         c.thread_cache_largest = settings::THREAD_CACHE_LARGEST.get(c.thread_cache_largest)?;
+        c.thread_cache_keep = settings::THREAD_CACHE_KEEP.get(c.thread_cache_keep)?;
         c.segments.expand_step = settings::EXPAND_STEP.get(c.segments.expand_step)?;
         if let Some(n) = settings::LEGACY_MERGE.value()? {
             c.segments.merge_quiet = (n > 0).then_some(n);
@@ -132,6 +142,7 @@ impl Default for PoolConfig {
             thread_cache_blocks: 256,
             thread_cache_bytes: 512 << 20,
             thread_cache_largest: DEFAULT_THREAD_CACHE_LARGEST,
+            thread_cache_keep: DEFAULT_THREAD_CACHE_KEEP,
             release_threshold: usize::MAX,
             exportable: false,
             background_unmap: true,
@@ -159,6 +170,26 @@ impl Default for PoolConfig {
 /// (`docs/benchmarks.md`, fifty-seventh and fifty-eighth sessions). `max`
 /// keeps every block, as before.
 pub const DEFAULT_THREAD_CACHE_LARGEST: usize = crate::SMALL_MAX;
+
+/// Bytes below which a thread's cache of a stream is kept at a small
+/// request's miss by default ([`PoolConfig::thread_cache_keep`]): 1 MiB
+/// ([`SMALL_MAX`](crate::SMALL_MAX)). Where a job's small blocks live in the
+/// expandable segment (its small segments full), every small request whose
+/// size the cache lacked had sent the cache back to the arena, so the next
+/// requests of the sizes it held missed too: replaying the recorded
+/// Llama-style generation through `emm_torch_alloc` over the host stand-in,
+/// the thread's cache served 48 % of allocations, 82 % with this, and a
+/// request took 255-267 ns against 169 (734 against 485 with the host's
+/// caches emptied between requests, as a job's work between calls empties
+/// them). Over 100 replayed passes the 21 recorded traces went from 1.0215x
+/// to 1.0227x of live on the mean, the worst from 1.047x to 1.046x (the GPT-2
+/// beam search 1.013x to 1.034x); keeping the cache at every such miss
+/// loosened the held-out traces (16 of 42 above 1.05x against 7). Off with
+/// stream pools off and in an arena that has served several streams, where
+/// blocks coalesce across streams: FSDP2 of GPT-2 in one shared arena went
+/// from 1.052x to 1.055x over 100 passes (`docs/benchmarks.md`, sixtieth
+/// session).
+pub const DEFAULT_THREAD_CACHE_KEEP: usize = crate::SMALL_MAX;
 
 /// Created streams that get a pool of their own by default
 /// ([`PoolConfig::stream_pools`]). FSDP2 of a 1.1 B Llama on four GPUs, five

@@ -33,8 +33,8 @@ mod threads;
 mod upstream;
 
 pub use config::{
-    PoolConfig, DEFAULT_STREAM_POOLS, DEFAULT_THREAD_CACHE_LARGEST, MAX_STREAM_CACHES,
-    MAX_STREAM_POOLS,
+    PoolConfig, DEFAULT_STREAM_POOLS, DEFAULT_THREAD_CACHE_KEEP, DEFAULT_THREAD_CACHE_LARGEST,
+    MAX_STREAM_CACHES, MAX_STREAM_POOLS,
 };
 pub use manager::PoolManager;
 pub use stats::PoolStats;

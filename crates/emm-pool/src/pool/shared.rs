@@ -160,6 +160,32 @@ impl Core {
         }
     }
 
+    /// Whether a request of `rsize` bytes on `key` that found no free block in
+    /// the arena's small blocks leaves this thread's cache of the stream in
+    /// place while the expandable segment can serve it: a small request, and
+    /// a cache holding less than [`PoolConfig::thread_cache_keep`] (a stream
+    /// the thread has not cached for yet holds nothing). Otherwise, and
+    /// where threads cache nothing, the cache goes back to the arena first,
+    /// to coalesce, as before.
+    fn keeps_cache(self: &Arc<Self>, key: StreamKey, rsize: usize) -> bool {
+        let keep = self.config.thread_cache_keep;
+        let caches_on = self.config.thread_cache_blocks > 0 && self.cache_bytes() > 0;
+        // (With stream pools turned off every stream shares the arena, whose
+        // blocks coalesce across streams: see `PoolConfig::thread_cache_keep`.)
+        let shared_by_streams = self.config.stream_pools == 0;
+        if keep == 0 || !caches_on || shared_by_streams || rsize > crate::SMALL_MAX {
+            return false;
+        }
+        self.with_local(|local| {
+            let caches = caches_of(&local.counters);
+            caches
+                .iter()
+                .find(|sc| sc.stream == key)
+                .is_none_or(|sc| sc.bytes() < keep)
+        })
+        .unwrap_or(false)
+    }
+
     /// The largest block a thread files in its cache:
     /// [`PoolConfig::thread_cache_largest`] with the expandable segment; without
     /// it, any block within the cache's bytes. A larger block waits only in the
@@ -313,6 +339,13 @@ impl Core {
                     // before taking new memory, give this stream's cached blocks back
                     // so they can coalesce and serve it.
                     found = arena.try_alloc(rsize, key, self.events.as_ref(), &source, false)?;
+                    if found.is_none() && self.keeps_cache(key, rsize) && arena.serves_only(key) {
+                        // A small request and a cache holding little: a free
+                        // block of the expandable segment first, so the blocks
+                        // the cache holds are still there for the sizes asked
+                        // next (see `PoolConfig::thread_cache_keep`).
+                        found = arena.take_small_in_expandable(rsize, key);
+                    }
                     if found.is_none() {
                         self.with_local(|local| {
                             let mut caches = caches_of(&local.counters);
