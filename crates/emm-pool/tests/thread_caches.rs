@@ -279,14 +279,18 @@ fn a_miss_on_one_stream_claims_only_the_threads_caching_blocks_of_it() {
 /// blocks' next allocations the cache served, with `keep` as
 /// `PoolConfig::thread_cache_keep`, and the bytes reserved before and after.
 fn small_miss_beside_a_cache(keep: usize, cached: usize) -> (u64, usize, usize) {
-    let pool = PoolManager::host(
-        1 << 36,
-        PoolConfig {
-            thread_cache_keep: keep,
-            ..PoolConfig::default()
-        },
-    )
-    .unwrap();
+    let config = PoolConfig {
+        thread_cache_keep: keep,
+        ..PoolConfig::default()
+    };
+    small_miss_in(config, cached, false)
+}
+
+/// As [`small_miss_beside_a_cache`] with `config`; with `two_streams`, the
+/// per-thread default stream allocates from the same arena just before the
+/// miss.
+fn small_miss_in(config: PoolConfig, cached: usize, two_streams: bool) -> (u64, usize, usize) {
+    let pool = PoolManager::host(1 << 36, config).unwrap();
     let half = 512 * 1024;
     // A small segment filled with small blocks (made before the expandable
     // segment holds anything free, so they take a small segment of their own).
@@ -299,6 +303,9 @@ fn small_miss_beside_a_cache(keep: usize, cached: usize) -> (u64, usize, usize) 
         drop(small.pop());
     }
     assert_eq!(pool.stats().thread_cached_bytes, cached * half);
+    // The other stream's block, held (it takes the expandable segment's free
+    // memory, the small segment being full).
+    let other = two_streams.then(|| pool.alloc(4096, emm_sys::CU_STREAM_PER_THREAD).unwrap());
     let reserved = pool.stats().reserved_bytes;
     // A size the cache lacks, with no free small block for it in the arena.
     let odd = pool.alloc(768 * 1024, S).unwrap();
@@ -306,7 +313,7 @@ fn small_miss_beside_a_cache(keep: usize, cached: usize) -> (u64, usize, usize) 
     let again: Vec<_> = (0..cached).map(|_| pool.alloc(half, S).unwrap()).collect();
     let served = pool.stats().thread_cache_hits - hits;
     let after = pool.stats().reserved_bytes;
-    drop((odd, again, small));
+    drop((odd, again, small, other));
     (served, reserved, after)
 }
 
@@ -336,4 +343,23 @@ fn a_small_miss_keeps_a_cache_holding_little_and_takes_the_expandable_segments_f
     let (served, before, after) = small_miss_beside_a_cache(emm_pool::DEFAULT_THREAD_CACHE_KEEP, 2);
     assert_eq!(served, 0, "a cache of 1 MiB was kept at a miss");
     assert_eq!(after, before);
+}
+
+#[test]
+fn where_streams_share_the_arena_a_small_miss_still_gives_the_cache_back() {
+    // Stream pools off: every stream shares the pool's arena.
+    let shared = PoolConfig {
+        stream_pools: 0,
+        ..PoolConfig::default()
+    };
+    let (served, _, _) = small_miss_in(shared, 1, false);
+    assert_eq!(served, 0, "the cache was kept with stream pools off");
+    // An arena that has served another stream (the per-thread default stream,
+    // which never gets a pool of its own).
+    let (served, before, after) = small_miss_in(PoolConfig::default(), 1, true);
+    assert_eq!(served, 0, "the cache was kept in an arena of two streams");
+    assert_eq!(after, before);
+    // The control: the same without the other stream keeps it.
+    let (served, _, _) = small_miss_in(PoolConfig::default(), 1, false);
+    assert_eq!(served, 1);
 }
