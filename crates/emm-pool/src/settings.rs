@@ -176,7 +176,7 @@ pub static THREAD_CACHE_KEEP: Setting<usize> = Setting::new(
         "EMM_POOL_THREAD_CACHE_KEEP",
         ValueKind::Bytes,
         "1M",
-        "with the expandable segment: a thread's cache of a stream holding less than this is kept when a small request finds no free small block, and a free block of the expandable segment serves the request; holding more, or with no such block, the cache goes back to the arena to coalesce first (0: always, as before the sixtieth session)",
+        "with the expandable segment: a thread's cache of a stream holding blocks, less than this, is kept when a small request finds no free small block, and a free block of the expandable segment serves the request, where no other thread caches blocks of the stream, the pool's arena has served only that stream and stream pools are on; otherwise the cache goes back to the arena to coalesce first (0: it always does, as before the sixtieth session)",
     ),
     parse::bytes,
 );

@@ -363,3 +363,30 @@ fn where_streams_share_the_arena_a_small_miss_still_gives_the_cache_back() {
     let (served, _, _) = small_miss_in(PoolConfig::default(), 1, false);
     assert_eq!(served, 1);
 }
+
+#[test]
+fn a_small_miss_takes_back_another_threads_blocks_of_the_stream_before_keeping_its_own_cache() {
+    let pool = std::sync::Arc::new(PoolManager::host(1 << 36, PoolConfig::default()).unwrap());
+    let half = 512 * 1024;
+    // This thread fills a small segment, and the expandable segment gets free
+    // memory (as in `small_miss_in`).
+    let mut small: Vec<_> = (0..4).map(|_| pool.alloc(half, S).unwrap()).collect();
+    drop(pool.alloc(16 * MIB, S).unwrap());
+    // Another thread caches a block of the same stream (as PyTorch's autograd
+    // thread caches what the backward pass frees).
+    let p = pool.clone();
+    let (release, other) = parked_thread(move || drop(p.alloc(half, S).unwrap()));
+    // This thread caches one block: less than the default 1 MiB.
+    drop(small.pop());
+    assert_eq!(pool.stats().thread_cached_bytes, 2 * half);
+    let reclaims = pool.stats().counts.cache_reclaims;
+    let odd = pool.alloc(768 * 1024, S).unwrap();
+    assert_eq!(
+        pool.stats().counts.cache_reclaims,
+        reclaims + 1,
+        "the other thread's cached block of the stream was not taken back first"
+    );
+    drop((odd, small));
+    drop(release);
+    other.join().unwrap();
+}

@@ -313,9 +313,10 @@ impl Arena {
     /// A small request served from the expandable segment's free blocks, this
     /// stream's and then settled ones, by best fit, without growth; `None` for
     /// a large request, without the expandable segment, or where none fits.
-    /// [`Arena::try_alloc`] looks there only once its small blocks failed and
-    /// growth is allowed; the pool asks first where a thread's cache would
-    /// otherwise go back to the arena (`PoolConfig::thread_cache_keep`). Only
+    /// [`Arena::try_alloc`] looks there only where growth is allowed, after
+    /// its small blocks, stranded memory and parked blocks; the pool asks
+    /// first where a thread's cache would otherwise go back to the arena
+    /// (`PoolConfig::thread_cache_keep`). Only
     /// the expandable segment: a plain large segment, which the out-of-memory
     /// ladder may make, must be able to come free whole.
     pub fn take_small_in_expandable(
@@ -334,9 +335,15 @@ impl Arena {
         None
     }
 
-    /// Whether every request the arena took so far was `stream`'s.
+    /// Whether every request the arena took so far (since its last reset) was
+    /// `stream`'s.
     pub fn serves_only(&self, stream: StreamKey) -> bool {
         self.served.only(stream)
+    }
+
+    /// Forgets which streams the arena served (a reset drains it).
+    fn forget_streams_served(&mut self) {
+        self.served = Default::default();
     }
 
     /// As [`Arena::alloc`]; with `grow` false, returns `None` instead of taking new

@@ -293,6 +293,7 @@ impl Arena {
     ) -> Vec<(CUdeviceptr, usize)> {
         self.forget_merges();
         self.drop_idle_marks(events);
+        self.forget_streams_served();
         self.stats.counts.pieces_unmapped += self.expandable.settle_jobs();
         let mut segs = Vec::new();
         let mut stuck = false;

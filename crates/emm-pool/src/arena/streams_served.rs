@@ -1,8 +1,9 @@
-//! Which streams an arena has served: none yet, one, or several. A thread
-//! keeps its cache at a small request's miss only in an arena that serves one
-//! stream (`Arena::serves_only`): where streams share one arena (stream pools
-//! turned off), their blocks coalesce across streams, and keeping caches
-//! loosened FSDP2's recorded traces.
+//! Which streams an arena has served since its last reset: none yet, one, or
+//! several (for good, until a reset). A thread keeps its cache at a small
+//! request's miss only in an arena that has served one stream
+//! (`Arena::serves_only`): where streams share an arena, their free blocks
+//! coalesce across streams, and keeping caches there loosened the recorded
+//! FSDP2 traces.
 
 use crate::stream_key::StreamKey;
 

@@ -29,11 +29,13 @@ pub struct PoolConfig {
     pub thread_cache_largest: usize,
     /// Bytes below which a thread's cache of a stream is kept at a small
     /// request's miss (`pool_thread_cache_keep`; [`DEFAULT_THREAD_CACHE_KEEP`]
-    /// by default, 0 never): when the request finds no free small block in the
-    /// arena, a free block of the expandable segment serves it before the
-    /// stream's cached blocks go back to the arena to coalesce, as they do
-    /// where the cache holds this much or more, or where the expandable
-    /// segment has no block for it.
+    /// by default; 0: never kept): when the request finds no free small block
+    /// in the arena, a free block of the expandable segment serves it before
+    /// the stream's cached blocks go back to the arena to coalesce. They go
+    /// back first, as before, where the cache is empty or holds this much or
+    /// more, where another thread holds blocks of the stream, where the arena
+    /// has served another stream, with stream pools turned off, and where the
+    /// expandable segment has no block for the request.
     pub thread_cache_keep: usize,
     /// Reserved bytes above which the pool gives free memory back to the device
     /// once the streams that freed it are idle (`usize::MAX`, the default: only
