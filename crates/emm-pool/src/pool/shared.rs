@@ -15,8 +15,8 @@ use emm_sys::{CUdeviceptr, CUstream};
 use super::config::{PoolConfig, MAX_STREAM_CACHES, NO_VMM_CACHE_BYTES};
 use super::source::SourceAdapter;
 use super::threads::{
-    add, add_cached, bump, caches_of, mark_cached, remark_cached, stream_bit, CacheOwner, Local,
-    ThreadCounters, LOCALS,
+    add, add_cached, bump, caches_of, mark_cached, may_cache, remark_cached, stream_bit,
+    CacheOwner, Local, ThreadCounters, LOCALS,
 };
 use crate::arena::Arena;
 use crate::call_work::{self, Work};
@@ -191,15 +191,12 @@ impl Core {
         let Some(Some(me)) = mine else {
             return false;
         };
-        // Any other thread whose mask names the stream (as `reclaim_cached`
-        // would claim it).
+        // Any other thread `reclaim_cached` would claim for the stream.
         let bit = stream_bit(key);
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        !threads.iter().any(|t| {
-            !Arc::ptr_eq(t, &me)
-                && t.cached_bytes.load(Ordering::Relaxed) > 0
-                && t.cached_streams.load(Ordering::Relaxed) & bit != 0
-        })
+        !threads
+            .iter()
+            .any(|t| !Arc::ptr_eq(t, &me) && may_cache(t, bit))
     }
 
     /// The largest block a thread files in its cache:
@@ -248,8 +245,7 @@ impl Core {
         let want = only.map_or(u64::MAX, stream_bit);
         let claims: Vec<_> = threads
             .iter()
-            .filter(|t| t.cached_bytes.load(Ordering::Relaxed) > 0)
-            .filter(|t| t.cached_streams.load(Ordering::Relaxed) & want != 0)
+            .filter(|t| may_cache(t, want))
             .filter_map(|t| Some((t, t.caches.claim()?)))
             .collect();
         if claims.is_empty() {

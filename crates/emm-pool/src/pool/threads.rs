@@ -75,6 +75,13 @@ pub(super) fn stream_bit(stream: StreamKey) -> u64 {
     1 << ((stream as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58)
 }
 
+/// Whether `c`'s thread may hold cached blocks of a stream in `mask` (bits of
+/// [`stream_bit`]; `u64::MAX` for any): what a claim of its caches could take.
+pub(super) fn may_cache(c: &ThreadCounters, mask: u64) -> bool {
+    c.cached_bytes.load(Ordering::Relaxed) > 0
+        && c.cached_streams.load(Ordering::Relaxed) & mask != 0
+}
+
 /// Notes that `c`'s thread cached a block of `stream` (its caches are held).
 pub(super) fn mark_cached(c: &ThreadCounters, stream: StreamKey) {
     let (v, bit) = (c.cached_streams.load(Ordering::Relaxed), stream_bit(stream));
