@@ -80,6 +80,31 @@ def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_b
     assert "| native |" not in out
 
 
+def test_each_rounds_excess_over_the_faster_peer_is_split_by_driver_work(rounds, capsys):
+    # Round 0: expandable is the faster peer; emm moved 40 pieces in its third
+    # step (2 ms over the peer's) and lost 0.2 ms in the other two. Round 1:
+    # native is faster; emm moved nothing and gained 1 ms. The warm-up's change
+    # comes first and is left out.
+    results = {
+        ("gpt2", "native"): [{"round": 0, "total_ms": 9.0, "step_ms": [3.0, 3.0, 3.0]},
+                             {"round": 1, "total_ms": 6.0, "step_ms": [2.0, 2.0, 2.0]}],
+        ("gpt2", "expandable"): [{"round": 0, "total_ms": 6.0, "step_ms": [2.0, 2.0, 2.0]},
+                                 {"round": 1, "total_ms": 9.0, "step_ms": [3.0, 3.0, 3.0]}],
+        ("gpt2", "emm-pool"): [{"round": 1, "total_ms": 5.0, "step_ms": [1.0, 2.0, 2.0],
+                                "step_changes": [{}, {}, {}]},
+                               {"round": 0, "total_ms": 8.2, "step_ms": [2.0, 2.2, 4.0],
+                                "step_changes": [{"pieces_moved": 9}, {}, {"events_recorded": 3},
+                                                 {"pieces_moved": 40, "pieces_unmapped": 40}]}],
+    }
+    rounds.excess_by_round("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool | 1 | 1 (40) | 2.0 | 0.2 |\n| emm-pool | 2 | 0 (0) | 0.0 | -1.0 |" in out, out
+    assert "| native |" not in out and "| expandable |" not in out
+    # Without a peer there is nothing to compare with.
+    rounds.excess_by_round("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    assert capsys.readouterr().out == ""
+
+
 def test_a_variant_with_driver_work_in_every_step_still_has_its_row(rounds, capsys):
     results = {
         ("gpt2", "expandable"): [{"round": 0, "total_ms": 4.0, "step_ms": [2.0, 2.0]}],

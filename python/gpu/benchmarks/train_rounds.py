@@ -30,6 +30,10 @@ in-place kernel launch), so a slow process can be told from a slow allocator.
 Then the steps that ran on a steady host (train_bench.py times a fixed ~1 ms Python
 loop just before each timed step; a step counts when its loop took at most 1.15x the
 fastest of the workload), compared step index by step index (the same shapes).
+Per round, each of emm's variants' excess over the faster PyTorch variant's
+step of the same index, summed over the steps in which its allocator did driver
+work (with the pieces it moved) and over the others: what the moves cost apart
+from the host's noise.
 For emm's variants, what a timed step made the pool do (claims of other threads'
 caches, events recorded and queried, parked blocks taken back, pieces moved and
 unmapped): the median step's count and the total.
@@ -379,6 +383,7 @@ def tables(args, results):
         steady(w, args, results)
         fastest_of_rounds(w, args, results)
         quiet_and_busy(w, args, results)
+        excess_by_round(w, args, results)
         hook_time(w, args, results)
         allocator_work(w, args, results)
         growth_phases(w, args, results)
@@ -517,6 +522,44 @@ def quiet_and_busy(w, args, results):
               "| steps with driver work | their ratio: median / mean |")
         print("|---|---|---|---|---|")
         print("\n".join(lines))
+
+
+def excess_by_round(w, args, results):
+    """Per round, where each variant lost or gained time against the faster
+    PyTorch variant of the same round, step index by step index (the same
+    shapes): the sum of its steps' excess (ms) over the steps in which its
+    allocator did driver work and over the others, with the pieces it moved in
+    the first. What the steps that map or move memory cost the process, apart
+    from the host's noise in the rest."""
+    peers = [v for v in args.variants if is_peer(v)]
+    others = [v for v in args.variants if v not in peers]
+    if not peers or not others:
+        return
+    rows = []
+    for v in others:
+        for x in sorted(results.get((w, v), []), key=lambda x: x["round"]):
+            mates = [y for p in peers for y in results.get((w, p), []) if y["round"] == x["round"]]
+            work = busy_steps(x)
+            if not mates or work is None:
+                continue
+            best = min(mates, key=lambda y: y["total_ms"])["step_ms"]
+            changes = x.get("step_changes", [])[-len(x["step_ms"]):]
+            busy = quiet = 0.0
+            steps = moved = 0
+            for i, (t, b, w_) in enumerate(zip(x["step_ms"], best, work)):
+                if w_:
+                    busy += t - b
+                    steps += 1
+                    moved += changes[i].get("pieces_moved", 0) if i < len(changes) else 0
+                else:
+                    quiet += t - b
+            rows.append(f"| {v} | {x['round'] + 1} | {steps} ({moved}) | {busy:.1f} | {quiet:.1f} |")
+    if rows:
+        print(f"\n{w}, per round: the timed steps' excess over the faster PyTorch variant's step of the same "
+              f"index (ms, summed), in the steps with driver work and in the others:")
+        print("| variant | round | steps with driver work (pieces moved) | their excess, ms | the others' excess, ms |")
+        print("|---|---|---|---|---|")
+        print("\n".join(rows))
 
 
 SLOW_KINDS = ("locked", "reclaim", "events", "parked", "grew", "none")
