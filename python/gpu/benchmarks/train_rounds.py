@@ -528,9 +528,10 @@ def excess_by_round(w, args, results):
     """Per round, where each variant lost or gained time against the faster
     PyTorch variant of the same round, step index by step index (the same
     shapes): the sum of its steps' excess (ms) over the steps in which its
-    allocator did driver work and over the others, with the pieces it moved in
-    the first. What the steps that map or move memory cost the process, apart
-    from the host's noise in the rest."""
+    allocator did driver work (on any rank, as `busy_steps` says) and over the
+    others, with the pieces it moved in the first (rank 0's counters). What the
+    steps that map or move memory cost the process, apart from the host's
+    noise in the rest."""
     peers = [v for v in args.variants if is_peer(v)]
     others = [v for v in args.variants if v not in peers]
     if not peers or not others:
