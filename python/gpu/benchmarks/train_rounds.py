@@ -479,6 +479,26 @@ def fastest_of_rounds(w, args, results):
         print(f"| {v} | {len(results[(w, v)])} | {total:.1f} | {rel} |")
 
 
+def beside_faster_peer(w, args, results):
+    """For each variant that is not PyTorch's (none without a PyTorch variant):
+    the variant and its processes that have a PyTorch variant in the same round
+    and counters for every timed step, each as (the process, the step times of
+    the faster PyTorch process of its round, `busy_steps` of the process)."""
+    peers = [v for v in args.variants if is_peer(v)]
+    if not peers:
+        return []
+    out = []
+    for v in (v for v in args.variants if v not in peers):
+        processes = []
+        for x in results.get((w, v), []):
+            mates = [y for p in peers for y in results.get((w, p), []) if y["round"] == x["round"]]
+            work = busy_steps(x)
+            if mates and work is not None:
+                processes.append((x, min(mates, key=lambda y: y["total_ms"])["step_ms"], work))
+        out.append((v, processes))
+    return out
+
+
 def quiet_and_busy(w, args, results):
     """Each variant's timed steps against the faster PyTorch variant's step of the
     same index in the same round (the same shapes, adjacent in time), split by
@@ -487,21 +507,10 @@ def quiet_and_busy(w, args, results):
     not (there only its host time on the allocation path can differ). Per
     variant: the median ratio of each kind of step (each round's median of the
     steps without driver work), and the mean."""
-    peers = [v for v in args.variants if is_peer(v)]
-    others = [v for v in args.variants if v not in peers]
-    if not peers or not others:
-        return
     lines = []
-    for v in others:
+    for v, processes in beside_faster_peer(w, args, results):
         quiet, busy, per_round = [], [], []
-        for x in results.get((w, v), []):
-            mates = [y for p in peers for y in results.get((w, p), []) if y["round"] == x["round"]]
-            if not mates:
-                continue
-            best = min(mates, key=lambda y: y["total_ms"])["step_ms"]
-            work = busy_steps(x)
-            if work is None:
-                continue
+        for x, best, work in processes:
             q = []
             for t, b, w_ in zip(x["step_ms"], best, work):
                 (busy if w_ else q).append(t / b)
@@ -532,18 +541,9 @@ def excess_by_round(w, args, results):
     others, with the pieces it moved in the first (rank 0's counters). What the
     steps that map or move memory cost the process, apart from the host's
     noise in the rest."""
-    peers = [v for v in args.variants if is_peer(v)]
-    others = [v for v in args.variants if v not in peers]
-    if not peers or not others:
-        return
     rows = []
-    for v in others:
-        for x in sorted(results.get((w, v), []), key=lambda x: x["round"]):
-            mates = [y for p in peers for y in results.get((w, p), []) if y["round"] == x["round"]]
-            work = busy_steps(x)
-            if not mates or work is None:
-                continue
-            best = min(mates, key=lambda y: y["total_ms"])["step_ms"]
+    for v, processes in beside_faster_peer(w, args, results):
+        for x, best, work in sorted(processes, key=lambda p: p[0]["round"]):
             changes = x.get("step_changes", [])[-len(x["step_ms"]):]
             busy = quiet = 0.0
             steps = moved = 0
