@@ -148,9 +148,9 @@ def _log(path, rounds_and_variants, first):
              "== gpt2 native round=0 rc=0 gpu={}",
              "RESULT " + json.dumps({"workload": "gpt2", "variant": "stale", "step_ms": [1.0]})]
     lines.append('=== train_rounds ' + json.dumps({"sdpa": "auto", "argv": ["--first-round", str(first)]}))
-    for r, v in rounds_and_variants:
+    for r, v, *ms in rounds_and_variants:
         lines.append(f"== gpt2 {v} round={r} rc=0 gpu={{}}")
-        lines.append("RESULT " + json.dumps({"workload": "gpt2", "variant": v, "step_ms": [10.0, 20.0],
+        lines.append("RESULT " + json.dumps({"workload": "gpt2", "variant": v, "step_ms": ms or [10.0, 20.0],
                                              "steps": 2, "shapes": "bucketed", "world": 1}))
     path.write_text("\n".join(lines) + "\n")
 
@@ -168,6 +168,25 @@ def test_logs_of_rounds_split_over_calls_table_together(rounds, tmp_path):
     assert sorted(x["round"] for x in results[("gpt2", "native")]) == [0, 1, 2]
     assert args.rounds == 3
     assert all(x["total_ms"] == 30.0 for rs in results.values() for x in rs)
+
+
+def test_a_round_run_again_by_the_next_call_keeps_only_its_later_process(rounds, tmp_path, capsys):
+    # The first call was stopped after round 2's native process; the next call
+    # (--first-round 2) ran round 2 again from its start, native included.
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    _log(a, [(0, "native"), (0, "emm-pool"), (1, "native", 40.0, 50.0)], 1)
+    _log(b, [(1, "native", 11.0, 12.0), (1, "emm-pool"), (2, "emm-pool"), (2, "native")], 2)
+    args = argparse.Namespace(from_log=[str(a), str(b)], sdpa="auto", fsdp=False,
+                              workloads=None, variants=None, rounds=0, steps=0, shapes=None, ddp=0)
+    results = rounds.from_log(args)
+    native = sorted(results[("gpt2", "native")], key=lambda x: x["round"])
+    assert [x["round"] for x in native] == [0, 1, 2], "one process a round"
+    assert native[1]["total_ms"] == 23.0, "the later process of round 2 is kept"
+    assert len(results[("gpt2", "emm-pool")]) == 3
+    assert args.rounds == 3
+    out = capsys.readouterr().out
+    assert "gpt2 native: round 2 is in the logs twice" in out
+    assert "(total 23.0 ms), the earlier left out (90.0 ms)" in out
 
 
 def test_a_variant_may_carry_settings_for_its_process(rounds):

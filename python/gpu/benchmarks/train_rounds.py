@@ -282,6 +282,7 @@ def from_log(args):
     for path in args.from_log:
         for key, runs in last_run_of(path, args).items():
             results.setdefault(key, []).extend(runs)
+    results = one_process_a_round(results)
     ws = list(dict.fromkeys(w for w, _ in results))
     vs = list(dict.fromkeys(v for _, v in results))
     args.workloads, args.variants = ws, vs
@@ -292,6 +293,23 @@ def from_log(args):
         args.steps, args.shapes = first["steps"], first["shapes"]
         args.ddp = first["world"] if first["world"] > 1 else 0
     return results
+
+
+def one_process_a_round(results):
+    """Each variant's processes, one a round: where the logs hold a round twice for
+    a variant (a call stopped in the middle of a round, which the next call ran
+    again from its start), the later process is kept, the one that ran beside the
+    round's other variants, and a line says which was left out."""
+    kept = {}
+    for (w, v), runs in results.items():
+        by_round = {}
+        for x in runs:
+            if x["round"] in by_round:
+                print(f"{w} {v}: round {x['round'] + 1} is in the logs twice; the later process is kept "
+                      f"(total {x['total_ms']:.1f} ms), the earlier left out ({by_round[x['round']]['total_ms']:.1f} ms)")
+            by_round[x["round"]] = x
+        kept[(w, v)] = list(by_round.values())
+    return kept
 
 
 def last_run_of(path, args):
