@@ -266,3 +266,32 @@ def test_steady_steps_that_share_no_index_are_said_to_be_none(rounds, capsys):
     assert "compared at the 0 step indices" in out, out
     assert "none: no step index has a steady step in every variant (steady steps: native 2, emm-pool 1)" in out, out
     assert "| variant |" not in out
+
+
+def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(rounds, capsys):
+    # emm's process ran its steps with the host probe at 1.2 ms against native's
+    # 1.0 (past 1.15x, within 1.3x) but for its first step: at 1.15x one index of
+    # twenty is compared, so the table is given again at 1.3x over all twenty.
+    n = 20
+    results = {
+        ("gpt2", "native"): [{"step_ms": [2.0] * n, "probe_ms": [1.0] * n}],
+        ("gpt2", "emm-pool"): [{"step_ms": [3.0] + [2.2] * (n - 1), "probe_ms": [1.0] + [1.2] * (n - 1)}],
+    }
+    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "1.15 x the fastest probe of the workload), compared at the 1 step indices" in out, out
+    assert "| emm-pool | 1 | 3.0 | 1.500 |" in out, out
+    assert "1.30 x the fastest probe of the workload), compared at the 20 step indices" in out, out
+    assert "| emm-pool | 20 | 44.8 | 1.120 |" in out, out
+
+
+def test_the_looser_steady_bound_is_left_out_where_the_first_compares_enough(rounds, capsys):
+    n = 20
+    results = {
+        ("gpt2", "native"): [{"step_ms": [2.0] * n, "probe_ms": [1.0] * n}],
+        ("gpt2", "emm-pool"): [{"step_ms": [2.2] * n, "probe_ms": [1.1] * 2 + [1.2] * (n - 2)}],
+    }
+    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "compared at the 2 step indices" in out, out
+    assert "1.30 x" not in out, out
