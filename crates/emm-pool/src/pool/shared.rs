@@ -186,7 +186,9 @@ impl Core {
                 .iter()
                 .find(|sc| sc.stream == key)
                 .is_some_and(|sc| sc.blocks() > 0 && sc.bytes() < keep);
-            holds.then(|| local.counters.clone())
+            // Only this thread's identity is needed below: its address, not
+            // another count on its counters.
+            holds.then_some(Arc::as_ptr(&local.counters))
         });
         let Some(Some(me)) = mine else {
             return false;
@@ -196,7 +198,7 @@ impl Core {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         !threads
             .iter()
-            .any(|t| !Arc::ptr_eq(t, &me) && may_cache(t, bit))
+            .any(|t| !std::ptr::eq(Arc::as_ptr(t), me) && may_cache(t, bit))
     }
 
     /// The largest block a thread files in its cache:
