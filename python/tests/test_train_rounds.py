@@ -264,8 +264,21 @@ def test_steady_steps_that_share_no_index_are_said_to_be_none(rounds, capsys):
     rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "compared at the 0 step indices" in out, out
-    assert "none: no step index has a steady step in every variant (steady steps: native 2, emm-pool 1)" in out, out
+    assert "none: no step index has a steady step in every variant (steady steps: native 2, emm-pool 1)\n" in out, out
+    assert "1.30 x the fastest" in out, "under a tenth of the indices: the looser bound is tried too"
+    assert out.count("the rounds' other comparisons stand alone") == 1, "said once, after the last bound"
     assert "| variant |" not in out
+
+
+def test_a_log_without_probes_gets_one_steady_bound(rounds, capsys):
+    results = {
+        ("gpt2", "native"): [{"step_ms": [2.0] * 20, "probe_ms": [1.0] * 20}],
+        ("gpt2", "emm-pool"): [{"step_ms": [2.0] * 20}],
+    }
+    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "1.15 x the fastest" in out and "1.30 x" not in out, out
+    assert "(steady steps: native 20, emm-pool 0); the rounds' other comparisons stand alone" in out, out
 
 
 def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(rounds, capsys):

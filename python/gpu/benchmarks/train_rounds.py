@@ -300,7 +300,8 @@ def one_process_a_round(results):
     """Each variant's processes, one a round: where the logs hold a round twice for
     a variant (a call stopped in the middle of a round, which the next call ran
     again from its start), the later process is kept, the one that ran beside the
-    round's other variants, and a line says which was left out."""
+    round's other variants, and a line says which was left out. Later means later
+    in the order the logs are given to --from-log (give them in the order they ran)."""
     kept = {}
     for (w, v), runs in results.items():
         by_round = {}
@@ -450,15 +451,18 @@ def steady(w, args, results):
     if not probes:
         return
     steps = max((len(x["step_ms"]) for v in args.variants for x in results.get((w, v), [])), default=0)
-    for factor in (STEADY, STEADY_WIDE):
-        common = steady_at(w, args, results, min(probes), factor)
+    # A variant whose log has no probes (older logs) has no steady step at any bound.
+    probed = all(x.get("probe_ms") for v in args.variants for x in results.get((w, v), []))
+    factors = (STEADY, STEADY_WIDE) if probed else (STEADY,)
+    for n, factor in enumerate(factors):
+        common = steady_at(w, args, results, min(probes), factor, last=n == len(factors) - 1)
         if common * 10 >= steps:
             break
 
 
-def steady_at(w, args, results, fastest, factor):
+def steady_at(w, args, results, fastest, factor, last=True):
     """steady's table with the bound at `factor` x the fastest probe; returns how
-    many step indices it compared."""
+    many step indices it compared. `last`: no looser bound follows."""
     bound = fastest * factor
     at = {v: {} for v in args.variants}
     for v in args.variants:
@@ -474,8 +478,8 @@ def steady_at(w, args, results, fastest, factor):
         # Say why the table is missing: every variant needs a steady step at an
         # index, and a process that ran on a slow host all along has none.
         counts = ", ".join(f"{v} {sum(len(t) for t in at[v].values())}" for v in args.variants)
-        print(f"  none: no step index has a steady step in every variant (steady steps: {counts}); "
-              "the rounds' other comparisons stand alone")
+        print(f"  none: no step index has a steady step in every variant (steady steps: {counts})"
+              + ("; the rounds' other comparisons stand alone" if last else ""))
         return 0
     print("| variant | steady steps | sum over those indices of the median step, ms | / faster peer's |")
     print("|---|---|---|---|")
