@@ -308,3 +308,18 @@ def test_the_looser_steady_bound_is_left_out_where_the_first_compares_enough(rou
     out = capsys.readouterr().out
     assert "compared at the 2 step indices" in out, out
     assert "1.30 x" not in out, out
+
+
+def test_each_rounds_total_says_how_fast_the_processes_host_was(rounds, capsys):
+    # emm's process was calibrated as fast at its end but probed slow before its
+    # steps: the per-round table shows both, beside its ratio to the faster peer.
+    results = {
+        ("gpt2", "native"): [{"round": 0, "total_ms": 100.0, "calib": {"cpu_ms": 8.0, "launch_us": 6.0},
+                              "probe_ms": [0.8, 0.7, 0.9]}],
+        ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 110.0, "calib": {"cpu_ms": 8.5, "launch_us": 6.1},
+                                "probe_ms": [1.3, 1.2, 1.4]}],
+    }
+    rounds.paired("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| 1 | 100.0 (host 8.0 ms, launch 6.00 us, probe 0.80 ms) | 110.0 (host 8.5 ms, launch 6.10 us, " \
+           "probe 1.30 ms) | 1.100 |" in out, out

@@ -703,13 +703,16 @@ def growth_phases(w, args, results):
 
 def paired(w, args, results):
     """Per round: every variant's total beside the faster PyTorch variant's total of
-    the same round, and the GPU's clock while each ran."""
+    the same round, the GPU's clock while each ran, and how fast each process's host
+    was (its calibration at the end, and the median of the probes before its steps)."""
     peers = [v for v in args.variants if is_peer(v)]
     others = [v for v in args.variants if v not in peers]
     if not peers or not others:
         return
     print(f"\n{w}, per round: total ms of the timed steps (the GPU's median SM clock during them; "
-          f"the process's host calibration: a fixed Python loop, and one in-place kernel launch); "
+          f"the process's host calibration: a fixed Python loop, and one in-place kernel launch; the "
+          f"median of the host probe timed before each step, which shows a host slowed for a stretch "
+          f"of the process where the calibration at its end may not); "
           f"ratio = variant / faster of {' and '.join(peers)} in the same round (a strict test: the "
           f"faster of two noisy peers; a variant exactly as fast as one peer is at or below it in about "
           f"a third of rounds)")
@@ -731,7 +734,8 @@ def paired(w, args, results):
             c = x.get("calib") or {}
             notes = ([f"GPU {g['device']}"] if "device" in g else []) + (
                 [f"{g['sm_mhz_median']:.0f} MHz"] if g.get("sm_mhz_median") else []) + (
-                [f"host {c['cpu_ms']:.1f} ms", f"launch {c['launch_us']:.2f} us"] if c else [])
+                [f"host {c['cpu_ms']:.1f} ms", f"launch {c['launch_us']:.2f} us"] if c else []) + (
+                [f"probe {statistics.median(x['probe_ms']):.2f} ms"] if x.get("probe_ms") else [])
             cells.append(f"{x['total_ms']:.1f}" + (f" ({', '.join(notes)})" if notes else ""))
         best = min((got[v]["total_ms"] for v in peers if got[v]), default=None)
         rcells = []
