@@ -186,8 +186,8 @@ impl Core {
                 .iter()
                 .find(|sc| sc.stream == key)
                 .is_some_and(|sc| sc.blocks() > 0 && sc.bytes() < keep);
-            // Only this thread's identity is needed below: its address, not
-            // another count on its counters.
+            // Only this thread's identity is needed below: the address of its
+            // counters, not another reference count on their `Arc`.
             holds.then_some(Arc::as_ptr(&local.counters))
         });
         let Some(Some(me)) = mine else {
