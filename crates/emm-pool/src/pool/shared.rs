@@ -186,9 +186,7 @@ impl Core {
                 .iter()
                 .find(|sc| sc.stream == key)
                 .is_some_and(|sc| sc.blocks() > 0 && sc.bytes() < keep);
-            // Only this thread's identity is needed below: the address of its
-            // counters, not another reference count on their `Arc`.
-            holds.then_some(Arc::as_ptr(&local.counters))
+            holds.then(|| local.counters.clone())
         });
         let Some(Some(me)) = mine else {
             return false;
@@ -198,7 +196,7 @@ impl Core {
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         !threads
             .iter()
-            .any(|t| !std::ptr::eq(Arc::as_ptr(t), me) && may_cache(t, bit))
+            .any(|t| !Arc::ptr_eq(t, &me) && may_cache(t, bit))
     }
 
     /// The largest block a thread files in its cache:
