@@ -323,3 +323,75 @@ def test_each_rounds_total_says_how_fast_the_processes_host_was(rounds, capsys):
     out = capsys.readouterr().out
     assert "| 1 | 100.0 (host 8.0 ms, launch 6.00 us, probe 0.80 ms) | 110.0 (host 8.5 ms, launch 6.10 us, " \
            "probe 1.30 ms) | 1.100 |" in out, out
+
+
+def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5):
+    """Rounds of native, expandable and emm: each step index costs what its shapes
+    cost; a step's time moves with its host probe to the power `slope`; emm's
+    steps cost `ratio` x expandable's, native's 1.1 x; emm's processes ran on a
+    host `emm_host` x slower (with the probe's own wobble), so their medians are
+    slower than `ratio` says."""
+    import random
+
+    r = random.Random(7)
+    cost = [r.uniform(20.0, 200.0) for _ in range(steps)]
+    own = {"native": 1.1, "expandable": 1.0, "emm-pool": ratio}
+    results = {}
+    for rnd in range(1, rounds_ + 1):
+        for v in own:
+            host = emm_host if v == "emm-pool" else 1.0
+            probes = [host * r.uniform(0.8, 1.6) for _ in range(steps)]
+            steps_ms = [c * own[v] * p ** slope for c, p in zip(cost, probes)]
+            results.setdefault(("gpt2", v), []).append({"round": rnd, "step_ms": steps_ms, "probe_ms": probes})
+    return results
+
+
+def test_the_host_fit_finds_the_allocators_ratio_under_a_slowed_host(rounds):
+    fit = rounds.host_fit.fit
+    results = synthetic_rounds(ratio=1.05, slope=0.4)
+    f = fit({(v, x["round"]): (x["step_ms"], x["probe_ms"]) for (_, v), xs in results.items() for x in xs})
+    assert abs(f.slope - 0.4) < 1e-9
+    for rnd in (1, 2, 3):
+        assert abs(f.ratio(("emm-pool", rnd), ("expandable", rnd)) - 1.05) < 1e-9
+        assert abs(f.ratio(("native", rnd), ("expandable", rnd)) - 1.1) < 1e-9
+    # The medians alone would blame emm for its host: 1.05 x 1.5 ** 0.4 = 1.24.
+    import statistics
+    med = {v: statistics.mean(statistics.median(x["step_ms"]) for x in results[("gpt2", v)])
+           for v in ("expandable", "emm-pool")}
+    assert med["emm-pool"] / med["expandable"] > 1.15
+
+
+def test_the_host_fit_converges_where_processes_timed_different_steps(rounds):
+    # Round 2's emm process stopped after 25 of 40 steps: the panel is unbalanced
+    # and the demeaning must sweep until it settles.
+    results = synthetic_rounds(ratio=0.97, slope=0.3)
+    x = results[("gpt2", "emm-pool")][1]
+    x["step_ms"], x["probe_ms"] = x["step_ms"][:25], x["probe_ms"][:25]
+    f = rounds.host_fit.fit({(v, y["round"]): (y["step_ms"], y["probe_ms"]) for (_, v), ys in results.items() for y in ys})
+    assert abs(f.slope - 0.3) < 1e-6
+    assert abs(f.ratio(("emm-pool", 2), ("expandable", 2)) - 0.97) < 1e-6
+
+
+def test_the_host_fit_has_nothing_to_say_without_two_processes_or_a_varying_probe(rounds):
+    fit = rounds.host_fit.fit
+    assert fit({("emm-pool", 1): ([1.0, 2.0], [1.0, 1.1])}) is None
+    assert fit({("emm-pool", 1): ([1.0, 2.0], [1.0, 1.0]), ("native", 1): ([1.1, 2.2], [1.2, 1.2])}) is None
+    assert fit({}) is None
+
+
+def test_host_adjusted_tables_each_variant_and_round_beside_the_faster_peer(rounds, capsys):
+    results = synthetic_rounds(ratio=1.05, slope=0.4)
+    args = argparse.Namespace(variants=["native", "expandable", "emm-pool"])
+    rounds.host_adjusted("gpt2", args, results)
+    out = capsys.readouterr().out
+    assert "360 timed steps; a step's time moved as the probe's to the power 0.400" in out, out
+    assert "| emm-pool | 3 | 1.050 | 1.050, 1.050, 1.050 |" in out, out
+    assert "| native | 3 | 1.100 | - |" in out, out
+    assert "| expandable | 3 | - | - |" in out, out
+
+
+def test_host_adjusted_says_nothing_for_a_log_without_probes(rounds, capsys):
+    results = synthetic_rounds(ratio=1.05, slope=0.4)
+    del results[("gpt2", "native")][0]["probe_ms"]
+    rounds.host_adjusted("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    assert capsys.readouterr().out == ""

@@ -30,7 +30,10 @@ in-place kernel launch), so a slow process can be told from a slow allocator.
 Then the steps that ran on a steady host (train_bench.py times a fixed ~1 ms Python
 loop just before each timed step; a step counts when its loop took at most 1.15x the
 fastest of the workload, and again at 1.3x where 1.15x leaves under a tenth of the
-step indices), compared step index by step index (the same shapes).
+step indices), compared step index by step index (the same shapes). And every
+timed step in one least-squares fit of its log time on its step index, its process
+and the log of its host probe (host_fit.py): each variant's steps beside the faster
+PyTorch variant's at equal shapes and host speed, over its rounds and round by round.
 Per round, each of emm's variants' excess over the faster PyTorch variant's
 step of the same index, summed over the steps in which its allocator did driver
 work (with the pieces it moved) and over the others: what the moves cost apart
@@ -42,6 +45,7 @@ unmapped): the median step's count and the total.
 import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import re
@@ -53,6 +57,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import host_fit  # noqa: E402  (beside this file; python/gpu is no package)
 
 
 LOG_LOCK = threading.Lock()
@@ -401,6 +407,7 @@ def tables(args, results):
                   f"{rs[-1]['final_loss']:.5f} |")
         device_time(w, args, results)
         steady(w, args, results)
+        host_adjusted(w, args, results)
         fastest_of_rounds(w, args, results)
         quiet_and_busy(w, args, results)
         excess_by_round(w, args, results)
@@ -490,6 +497,48 @@ def steady_at(w, args, results, fastest, factor, last=True):
         rel = f"{sums[v] / peer:.3f}" if peer and not is_peer(v) else "-"
         print(f"| {v} | {n} | {sums[v]:.1f} | {rel} |")
     return len(common)
+
+
+def host_adjusted(w, args, results):
+    """Every timed step of every process in one fit that takes out the step
+    index's shapes and the host's speed at the step (`host_fit.py`): per variant,
+    how much slower its processes' steps ran than the faster PyTorch variant's at
+    equal shapes and host speed, over all its rounds and round by round (beside
+    the faster PyTorch process of the same round). Needs a host probe at every
+    step of every process and a PyTorch variant."""
+    procs = {(v, x["round"]): (x["step_ms"], x.get("probe_ms", []))
+             for v in args.variants for x in results.get((w, v), [])}
+    if not procs or not all(p for _, p in procs.values()):
+        return
+    peers = [v for v in args.variants if is_peer(v)]
+    f = host_fit.fit(procs)
+    if f is None or not peers:
+        return
+
+    def mean_effect(v):
+        e = [f.effects[k] for k in procs if k[0] == v]
+        return sum(e) / len(e) if e else None
+
+    means = {v: mean_effect(v) for v in args.variants}
+    best = min((means[p] for p in peers if means[p] is not None), default=None)
+    if best is None:
+        return
+    print(f"\n{w}, step time at equal shapes and host speed (one least-squares fit of log step time on the "
+          f"step index, the process and the log of the step's host probe, {f.steps} timed steps; a step's time "
+          f"moved as the probe's to the power {f.slope:.3f}):")
+    print("| variant | rounds | / faster PyTorch variant, over its rounds | each round / that round's faster PyTorch process |")
+    print("|---|---|---|---|")
+    for v in args.variants:
+        if means[v] is None:
+            continue
+        keys = sorted(k for k in procs if k[0] == v)
+        each = []
+        for _, r in keys:
+            mates = [f.effects[(p, r)] for p in peers if (p, r) in f.effects]
+            if mates and not is_peer(v):
+                each.append(f"{math.exp(f.effects[(v, r)] - min(mates)):.3f}")
+        rel = "-" if is_peer(v) and means[v] == best else f"{math.exp(means[v] - best):.3f}"
+        print(f"| {v} | {len(keys)} | {rel} | {', '.join(each) or '-'} |")
 
 
 def fastest_of_rounds(w, args, results):
