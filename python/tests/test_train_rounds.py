@@ -1,5 +1,7 @@
-"""python/gpu/benchmarks/train_rounds.py's reading of the call-timing counters: emm's time
-inside PyTorch's allocator hooks per step, and the part of it in slow calls."""
+"""python/gpu/benchmarks/train_rounds.py and the modules beside it: reading rounds back
+from logs (train_rounds.py), the variants' names and settings (round_variants.py), the
+tables (rounds_tables.py: emm's time inside PyTorch's hooks, steps beside the faster
+peer's, steady-host steps) and the fit at equal shapes and host speed (host_fit.py)."""
 
 import argparse
 
@@ -12,7 +14,22 @@ def rounds():
     return load_gpu_script("train_rounds")
 
 
-def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(rounds, capsys):
+@pytest.fixture(scope="module")
+def tables():
+    return load_gpu_script("rounds_tables")
+
+
+@pytest.fixture(scope="module")
+def variants():
+    return load_gpu_script("round_variants")
+
+
+@pytest.fixture(scope="module")
+def host_fit():
+    return load_gpu_script("host_fit")
+
+
+def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(tables, capsys):
     # Two warm-up steps' changes come first and are left out (only the last
     # len(step_ms) changes belong to timed steps).
     warm = {"torch_alloc_ns": 9_000_000, "torch_alloc_calls": 10}
@@ -20,7 +37,7 @@ def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(roun
             "torch_free_calls": 300, "torch_alloc_slow_calls": 2, "torch_alloc_slow_ns": 40_000,
             "torch_free_slow_calls": 1, "torch_free_slow_ns": 10_000}
     results = {("gpt2", "emm-pool"): [{"step_changes": [warm, warm, step, step], "step_ms": [20.0, 30.0]}]}
-    rounds.hook_time("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.hook_time("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "emm-pool: time inside emm's PyTorch hooks per timed step: median 0.300 ms" in out
     assert "600 calls per step" in out
@@ -28,43 +45,43 @@ def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(roun
     assert "native" not in out
 
 
-def test_hook_time_splits_the_slow_calls_by_what_the_pool_did(rounds, capsys):
+def test_hook_time_splits_the_slow_calls_by_what_the_pool_did(tables, capsys):
     step = {"torch_alloc_ns": 200_000, "torch_alloc_calls": 300, "torch_alloc_slow_calls": 3,
             "torch_alloc_slow_ns": 60_000, "torch_alloc_slow_locked_calls": 2, "torch_alloc_slow_locked_ns": 50_000,
             "torch_alloc_slow_reclaim_calls": 1, "torch_alloc_slow_reclaim_ns": 30_000,
             "torch_free_slow_none_calls": 1, "torch_free_slow_none_ns": 10_000}
     results = {("gpt2", "emm-pool"): [{"step_changes": [step, step], "step_ms": [20.0, 30.0]}]}
-    rounds.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    tables.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == (
         "emm-pool: slow calls by what the pool did in them (a call under each kind it did): "
         "locked 4 (0.100 ms), reclaim 2 (0.060 ms), none 2 (0.020 ms)"), out
 
 
-def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(rounds, capsys):
+def test_hook_time_of_a_library_without_slow_call_time_says_nothing_of_it(tables, capsys):
     step = {"torch_alloc_ns": 200_000, "torch_free_ns": 100_000, "torch_alloc_calls": 300,
             "torch_free_calls": 300, "torch_alloc_slow_calls": 2}
     results = {("gpt2", "emm-pool"): [{"step_changes": [step], "step_ms": [20.0]}]}
-    rounds.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    tables.hook_time("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
     out = capsys.readouterr().out
     assert out.rstrip().endswith("2 calls of 4 us or more in 1 steps"), out
 
 
-def test_allocator_work_gives_each_counters_median_and_total_over_the_timed_steps(rounds, capsys):
+def test_allocator_work_gives_each_counters_median_and_total_over_the_timed_steps(tables, capsys):
     warm = {"pieces_moved": 900, "cache_reclaims": 50}
     results = {("gpt2", "emm-pool"): [
         {"step_changes": [warm, {"cache_reclaims": 2, "events_recorded": 9},
                           {"cache_reclaims": 4, "pieces_moved": 120}, {}], "step_ms": [1.0, 2.0, 3.0]},
         {"step_changes": [{"cache_reclaims": 3}], "step_ms": [1.0]},
     ], ("gpt2", "native"): [{"step_changes": [{"num_device_alloc": 1}], "step_ms": [1.0]}]}
-    rounds.allocator_work("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.allocator_work("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     # Four timed steps (the warm-up's change left out): reclaims 2, 4, 0, 3.
     assert out.strip() == ("emm-pool: allocator work per timed step, median (total over 4 steps): "
                            "cache_reclaims 2.5 (9), events_recorded 0 (9), pieces_moved 0 (120)"), out
 
 
-def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_by_driver_work(rounds, capsys):
+def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_by_driver_work(tables, capsys):
     # Round 0: expandable is the faster peer (total 6 against native's 9); the
     # warm-up's change comes first and is left out.
     results = {
@@ -74,13 +91,13 @@ def test_steps_are_compared_with_the_faster_peers_step_of_the_same_index_split_b
                                 "step_changes": [{"pieces_moved": 9}, {}, {"events_recorded": 3},
                                                  {"pieces_moved": 40}]}],
     }
-    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    tables.quiet_and_busy("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "| emm-pool | 2 | 1.050 / 1.050 (1.050) | 1 | 2.500 / 2.500 |" in out, out
     assert "| native |" not in out
 
 
-def test_each_rounds_excess_over_the_faster_peer_is_split_by_driver_work(rounds, capsys):
+def test_each_rounds_excess_over_the_faster_peer_is_split_by_driver_work(tables, capsys):
     # Round 0: expandable is the faster peer; emm moved 40 pieces in its third
     # step (2 ms over the peer's) and lost 0.2 ms in the other two. Round 1:
     # native is faster; emm moved nothing and gained 1 ms. The warm-up's change
@@ -96,27 +113,27 @@ def test_each_rounds_excess_over_the_faster_peer_is_split_by_driver_work(rounds,
                                 "step_changes": [{"pieces_moved": 9}, {}, {"events_recorded": 3},
                                                  {"pieces_moved": 40, "pieces_unmapped": 40}]}],
     }
-    rounds.excess_by_round("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    tables.excess_by_round("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "| emm-pool | 1 | 1 (40) | 2.0 | 0.2 |\n| emm-pool | 2 | 0 (0) | 0.0 | -1.0 |" in out, out
     assert "| native |" not in out and "| expandable |" not in out
     # Without a peer there is nothing to compare with.
-    rounds.excess_by_round("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
+    tables.excess_by_round("gpt2", argparse.Namespace(variants=["emm-pool"]), results)
     assert capsys.readouterr().out == ""
 
 
-def test_a_variant_with_driver_work_in_every_step_still_has_its_row(rounds, capsys):
+def test_a_variant_with_driver_work_in_every_step_still_has_its_row(tables, capsys):
     results = {
         ("gpt2", "expandable"): [{"round": 0, "total_ms": 4.0, "step_ms": [2.0, 2.0]}],
         ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 6.0, "step_ms": [3.0, 3.0],
                                 "step_changes": [{"pieces_moved": 1}, {"pieces_mapped": 2}]}],
     }
-    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    tables.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "| emm-pool | 0 | - | 2 | 1.500 / 1.500 |" in out, out
 
 
-def test_a_step_in_which_another_rank_did_driver_work_is_not_quiet(rounds, capsys):
+def test_a_step_in_which_another_rank_did_driver_work_is_not_quiet(tables, capsys):
     # Rank 0 moved nothing in the second step, rank 1 did: a step of DDP or FSDP2
     # waits for its slowest rank, so the step counts as one with driver work.
     results = {
@@ -126,17 +143,17 @@ def test_a_step_in_which_another_rank_did_driver_work_is_not_quiet(rounds, capsy
                                 "step_changes_ranks": [[{}, {}, {}],
                                                        [{}, {"pieces_moved": 7}, {}]]}],
     }
-    rounds.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    tables.quiet_and_busy("gpt2", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "| emm-pool | 2 | 1.050 / 1.050 (1.050) | 1 | 2.000 / 2.000 |" in out, out
-    assert rounds.busy_steps(results[("gpt2", "emm-pool")][0]) == [False, True, False]
+    assert tables.busy_steps(results[("gpt2", "emm-pool")][0]) == [False, True, False]
 
 
-def test_a_log_without_every_ranks_counters_falls_back_to_rank_0s(rounds):
+def test_a_log_without_every_ranks_counters_falls_back_to_rank_0s(tables):
     x = {"step_ms": [1.0, 1.0], "step_changes": [{"pieces_moved": 3}, {"num_device_alloc": 1}, {}]}
-    assert rounds.busy_steps(x) == [True, False]
+    assert tables.busy_steps(x) == [True, False]
     # Counters that do not cover every timed step say nothing.
-    assert rounds.busy_steps({"step_ms": [1.0, 1.0], "step_changes": [{}]}) is None
+    assert tables.busy_steps({"step_ms": [1.0, 1.0], "step_changes": [{}]}) is None
 
 
 def _log(path, rounds_and_variants, first):
@@ -189,15 +206,15 @@ def test_a_round_run_again_by_the_next_call_keeps_only_its_later_process(rounds,
     assert "(total 23.0 ms), the earlier left out (90.0 ms)" in out
 
 
-def test_a_variant_may_carry_settings_for_its_process(rounds):
-    assert rounds.split_variant("expandable") == ("expandable", {})
-    assert rounds.split_variant("emm-pool:EMM_POOL_WAIT_PARKED=0,EMM_POOL_THREAD_CACHE=64M") == (
+def test_a_variant_may_carry_settings_for_its_process(variants):
+    assert variants.split_variant("expandable") == ("expandable", {})
+    assert variants.split_variant("emm-pool:EMM_POOL_WAIT_PARKED=0,EMM_POOL_THREAD_CACHE=64M") == (
         "emm-pool", {"EMM_POOL_WAIT_PARKED": "0", "EMM_POOL_THREAD_CACHE": "64M"})
-    assert rounds.split_variant("emm-pool:EMM_X=") == ("emm-pool", {"EMM_X": ""})
+    assert variants.split_variant("emm-pool:EMM_X=") == ("emm-pool", {"EMM_X": ""})
     for bad in ("emm-pool:", "emm-pool:WAIT", "emm-pool:lower=1", ":EMM_X=1", "emm-pool:EMM X=1",
                 "emm-pool:EMM_X=a b"):
         with pytest.raises(ValueError, match="variant"):
-            rounds.split_variant(bad)
+            variants.split_variant(bad)
 
 
 def test_a_log_keys_results_by_the_variant_as_named_with_its_settings(rounds, tmp_path):
@@ -218,10 +235,10 @@ def test_a_log_keys_results_by_the_variant_as_named_with_its_settings(rounds, tm
     assert args.variants == ["emm-pool", "emm-pool:EMM_POOL_WAIT_PARKED=0"]
 
 
-def test_pytorchs_variants_with_settings_are_still_the_peers(rounds):
-    assert rounds.is_peer("native") and rounds.is_peer("expandable")
-    assert rounds.is_peer("native:PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128")
-    assert not rounds.is_peer("emm-pool") and not rounds.is_peer("emm-pool:EMM_POOL_WAIT_PARKED=0")
+def test_pytorchs_variants_with_settings_are_still_the_peers(variants):
+    assert variants.is_peer("native") and variants.is_peer("expandable")
+    assert variants.is_peer("native:PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128")
+    assert not variants.is_peer("emm-pool") and not variants.is_peer("emm-pool:EMM_POOL_WAIT_PARKED=0")
 
 
 def test_the_bench_reads_every_phase_the_pool_times():
@@ -239,14 +256,14 @@ def test_the_bench_reads_every_phase_the_pool_times():
     assert read == set(names)
 
 
-def test_growth_phases_sum_each_phase_over_the_timed_steps_only(rounds, capsys):
+def test_growth_phases_sum_each_phase_over_the_timed_steps_only(tables, capsys):
     warm = {"pool_expand_calls": 50, "pool_expand_ns": 900_000_000}
     step = {"pool_expand_calls": 1, "pool_expand_ns": 2_000_000, "pool_access_calls": 1,
             "pool_access_ns": 1_500_000, "pool_create_calls": 4, "pool_create_ns": 60_000,
             "pieces_mapped": 4, "pieces_moved": 6}
     results = {("gpt2", "emm-pool"): [{"step_changes": [warm, step, {}], "step_ms": [20.0, 30.0]}],
                ("gpt2", "native"): [{"step_changes": [{"num_device_alloc": 1}], "step_ms": [1.0]}]}
-    rounds.growth_phases("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.growth_phases("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert out.rstrip() == (
         "emm-pool: growth phases over 2 timed steps (nested; `unmap` on the helper thread): "
@@ -254,14 +271,14 @@ def test_growth_phases_sum_each_phase_over_the_timed_steps_only(rounds, capsys):
         "access 1 calls 1.5 ms (0.750 ms a step); pieces mapped new 4, moved 6"), out
 
 
-def test_steady_steps_that_share_no_index_are_said_to_be_none(rounds, capsys):
+def test_steady_steps_that_share_no_index_are_said_to_be_none(tables, capsys):
     # Native's probes are all fast (the bound is 1.15 x 1.0 ms); emm's steps ran on
     # a slow host except its second, at an index where native's was slow too.
     results = {
         ("gpt2", "native"): [{"step_ms": [2.0, 2.0, 2.0], "probe_ms": [1.0, 2.0, 1.0]}],
         ("gpt2", "emm-pool"): [{"step_ms": [2.0, 2.0, 2.0], "probe_ms": [2.0, 1.1, 2.0]}],
     }
-    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "compared at the 0 step indices" in out, out
     assert "none: no step index has a steady step in every variant (steady steps: native 2, emm-pool 1)\n" in out, out
@@ -270,18 +287,18 @@ def test_steady_steps_that_share_no_index_are_said_to_be_none(rounds, capsys):
     assert "| variant |" not in out
 
 
-def test_a_log_without_probes_gets_one_steady_bound(rounds, capsys):
+def test_a_log_without_probes_gets_one_steady_bound(tables, capsys):
     results = {
         ("gpt2", "native"): [{"step_ms": [2.0] * 20, "probe_ms": [1.0] * 20}],
         ("gpt2", "emm-pool"): [{"step_ms": [2.0] * 20}],
     }
-    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "1.15 x the fastest" in out and "1.30 x" not in out, out
     assert "(steady steps: native 20, emm-pool 0); the rounds' other comparisons stand alone" in out, out
 
 
-def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(rounds, capsys):
+def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(tables, capsys):
     # emm's process ran its steps with the host probe at 1.2 ms against native's
     # 1.0 (past 1.15x, within 1.3x) but for its first step: at 1.15x one index of
     # twenty is compared, so the table is given again at 1.3x over all twenty.
@@ -290,7 +307,7 @@ def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(roun
         ("gpt2", "native"): [{"step_ms": [2.0] * n, "probe_ms": [1.0] * n}],
         ("gpt2", "emm-pool"): [{"step_ms": [3.0] + [2.2] * (n - 1), "probe_ms": [1.0] + [1.2] * (n - 1)}],
     }
-    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "1.15 x the fastest probe of the workload), compared at the 1 step indices" in out, out
     assert "| emm-pool | 1 | 3.0 | 1.500 |" in out, out
@@ -298,19 +315,19 @@ def test_a_looser_steady_bound_is_tabled_where_the_first_leaves_few_indices(roun
     assert "| emm-pool | 20 | 44.8 | 1.120 |" in out, out
 
 
-def test_the_looser_steady_bound_is_left_out_where_the_first_compares_enough(rounds, capsys):
+def test_the_looser_steady_bound_is_left_out_where_the_first_compares_enough(tables, capsys):
     n = 20
     results = {
         ("gpt2", "native"): [{"step_ms": [2.0] * n, "probe_ms": [1.0] * n}],
         ("gpt2", "emm-pool"): [{"step_ms": [2.2] * n, "probe_ms": [1.1] * 2 + [1.2] * (n - 2)}],
     }
-    rounds.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.steady("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "compared at the 2 step indices" in out, out
     assert "1.30 x" not in out, out
 
 
-def test_each_rounds_total_says_how_fast_the_processes_host_was(rounds, capsys):
+def test_each_rounds_total_says_how_fast_the_processes_host_was(tables, capsys):
     # emm's process was calibrated as fast at its end but probed slow before its
     # steps: the per-round table shows both, beside its ratio to the faster peer.
     results = {
@@ -319,7 +336,7 @@ def test_each_rounds_total_says_how_fast_the_processes_host_was(rounds, capsys):
         ("gpt2", "emm-pool"): [{"round": 0, "total_ms": 110.0, "calib": {"cpu_ms": 8.5, "launch_us": 6.1},
                                 "probe_ms": [1.3, 1.2, 1.4]}],
     }
-    rounds.paired("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    tables.paired("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
     out = capsys.readouterr().out
     assert "| 1 | 100.0 (host 8.0 ms, launch 6.00 us, probe 0.80 ms) | 110.0 (host 8.5 ms, launch 6.10 us, " \
            "probe 1.30 ms) | 1.100 |" in out, out
@@ -346,8 +363,8 @@ def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5):
     return results
 
 
-def test_the_host_fit_finds_the_allocators_ratio_under_a_slowed_host(rounds):
-    fit = rounds.host_fit.fit
+def test_the_host_fit_finds_the_allocators_ratio_under_a_slowed_host(host_fit):
+    fit = host_fit.fit
     results = synthetic_rounds(ratio=1.05, slope=0.4)
     f = fit({(v, x["round"]): (x["step_ms"], x["probe_ms"]) for (_, v), xs in results.items() for x in xs})
     assert abs(f.slope - 0.4) < 1e-9
@@ -361,28 +378,28 @@ def test_the_host_fit_finds_the_allocators_ratio_under_a_slowed_host(rounds):
     assert med["emm-pool"] / med["expandable"] > 1.15
 
 
-def test_the_host_fit_converges_where_processes_timed_different_steps(rounds):
+def test_the_host_fit_converges_where_processes_timed_different_steps(host_fit):
     # Round 2's emm process stopped after 25 of 40 steps: the panel is unbalanced
     # and the demeaning must sweep until it settles.
     results = synthetic_rounds(ratio=0.97, slope=0.3)
     x = results[("gpt2", "emm-pool")][1]
     x["step_ms"], x["probe_ms"] = x["step_ms"][:25], x["probe_ms"][:25]
-    f = rounds.host_fit.fit({(v, y["round"]): (y["step_ms"], y["probe_ms"]) for (_, v), ys in results.items() for y in ys})
+    f = host_fit.fit({(v, y["round"]): (y["step_ms"], y["probe_ms"]) for (_, v), ys in results.items() for y in ys})
     assert abs(f.slope - 0.3) < 1e-6
     assert abs(f.ratio(("emm-pool", 2), ("expandable", 2)) - 0.97) < 1e-6
 
 
-def test_the_host_fit_has_nothing_to_say_without_two_processes_or_a_varying_probe(rounds):
-    fit = rounds.host_fit.fit
+def test_the_host_fit_has_nothing_to_say_without_two_processes_or_a_varying_probe(host_fit):
+    fit = host_fit.fit
     assert fit({("emm-pool", 1): ([1.0, 2.0], [1.0, 1.1])}) is None
     assert fit({("emm-pool", 1): ([1.0, 2.0], [1.0, 1.0]), ("native", 1): ([1.1, 2.2], [1.2, 1.2])}) is None
     assert fit({}) is None
 
 
-def test_host_adjusted_tables_each_variant_and_round_beside_the_faster_peer(rounds, capsys):
+def test_host_adjusted_tables_each_variant_and_round_beside_the_faster_peer(tables, capsys):
     results = synthetic_rounds(ratio=1.05, slope=0.4)
     args = argparse.Namespace(variants=["native", "expandable", "emm-pool"])
-    rounds.host_adjusted("gpt2", args, results)
+    tables.host_adjusted("gpt2", args, results)
     out = capsys.readouterr().out
     assert "360 timed steps; a step's time moved as the probe's to the power 0.400" in out, out
     assert "| emm-pool | 3 | 1.050 | 1.050, 1.050, 1.050 |" in out, out
@@ -390,8 +407,8 @@ def test_host_adjusted_tables_each_variant_and_round_beside_the_faster_peer(roun
     assert "| expandable | 3 | - | - |" in out, out
 
 
-def test_host_adjusted_says_nothing_for_a_log_without_probes(rounds, capsys):
+def test_host_adjusted_says_nothing_for_a_log_without_probes(tables, capsys):
     results = synthetic_rounds(ratio=1.05, slope=0.4)
     del results[("gpt2", "native")][0]["probe_ms"]
-    rounds.host_adjusted("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    tables.host_adjusted("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
     assert capsys.readouterr().out == ""
