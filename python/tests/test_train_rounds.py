@@ -4,6 +4,7 @@ tables (rounds_tables.py: emm's time inside PyTorch's hooks, steps beside the fa
 peer's, steady-host steps) and the fit at equal shapes and host speed (host_fit.py)."""
 
 import argparse
+import math
 
 import pytest
 from conftest import load_gpu_script
@@ -342,13 +343,16 @@ def test_each_rounds_total_says_how_fast_the_processes_host_was(tables, capsys):
            "probe 1.30 ms) | 1.100 |" in out, out
 
 
-def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5):
+def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5, per_round=None, noise=0.0):
     """Rounds of native, expandable and emm: each step index costs what its shapes
     cost; a step's time moves with its host probe to the power `slope`; emm's
-    steps cost `ratio` x expandable's, native's 1.1 x; emm's processes ran on a
-    host `emm_host` x slower (with the probe's own wobble), so their medians are
-    slower than `ratio` says."""
+    steps cost `ratio` x expandable's (times `per_round[k]` in round k+1), native's
+    1.1 x; emm's processes ran on a host `emm_host` x slower (with the probe's own
+    wobble), so their medians are slower than `ratio` says. `noise`: the standard
+    deviation of a log-normal factor on every step."""
+    import math
     import random
+    import statistics
 
     r = random.Random(7)
     cost = [r.uniform(20.0, 200.0) for _ in range(steps)]
@@ -357,10 +361,18 @@ def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5):
     for rnd in range(1, rounds_ + 1):
         for v in own:
             host = emm_host if v == "emm-pool" else 1.0
+            extra = per_round[rnd - 1] if per_round and v == "emm-pool" else 1.0
             probes = [host * r.uniform(0.8, 1.6) for _ in range(steps)]
-            steps_ms = [c * own[v] * p ** slope for c, p in zip(cost, probes)]
-            results.setdefault(("gpt2", v), []).append({"round": rnd, "step_ms": steps_ms, "probe_ms": probes})
+            steps_ms = [c * own[v] * extra * p ** slope * math.exp(r.gauss(0.0, noise)) for c, p in zip(cost, probes)]
+            results.setdefault(("gpt2", v), []).append(
+                {"round": rnd, "step_ms": steps_ms, "probe_ms": probes, "total_ms": sum(steps_ms),
+                 "median_ms": statistics.median(steps_ms), "peak_reserved": 2**30, "peak_allocated": 2**30,
+                 "driver_allocs": 1, "final_loss": 1.0})
     return results
+
+
+def processes(results):
+    return {(v, x["round"]): (x["step_ms"], x["probe_ms"]) for (_, v), xs in results.items() for x in xs}
 
 
 def test_the_host_fit_finds_the_allocators_ratio_under_a_slowed_host(host_fit):
@@ -412,3 +424,58 @@ def test_host_adjusted_says_nothing_for_a_log_without_probes(tables, capsys):
     del results[("gpt2", "native")][0]["probe_ms"]
     tables.host_adjusted("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
     assert capsys.readouterr().out == ""
+
+
+def test_the_host_fit_stays_close_to_the_truth_under_noise(host_fit):
+    f = host_fit.fit(processes(synthetic_rounds(ratio=1.05, slope=0.4, noise=0.05)))
+    assert abs(f.slope - 0.4) < 0.05, f.slope
+    emm = sum(g for k, g in f.effects.items() if k[0] == "emm-pool") / 3
+    exp_ = sum(g for k, g in f.effects.items() if k[0] == "expandable") / 3
+    assert abs(math.exp(emm - exp_) - 1.05) < 0.02
+
+
+def test_host_adjusted_takes_the_mean_of_the_rounds_in_log_space(tables, capsys):
+    # emm's rounds at 1.00, 1.02 and 1.12 x its own cost: over its rounds the
+    # geometric mean, 1.045 (the median would say 1.020).
+    results = synthetic_rounds(ratio=1.0, slope=0.4, per_round=[1.00, 1.02, 1.12])
+    tables.host_adjusted("gpt2", argparse.Namespace(variants=["native", "expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool | 3 | 1.045 | 1.000, 1.020, 1.120 |" in out, out
+
+
+def test_the_tables_include_the_host_fit(tables, capsys):
+    args = argparse.Namespace(variants=["native", "expandable", "emm-pool"], workloads=["gpt2"], ddp=0,
+                              shapes="fresh", sdpa="auto", rounds=3, steps=40)
+    tables.tables(args, synthetic_rounds(ratio=1.05, slope=0.4))
+    out = capsys.readouterr().out
+    assert "gpt2, step time at equal shapes and host speed" in out
+    assert "| emm-pool | 3 | 1.050 | 1.050, 1.050, 1.050 |" in out
+
+
+def test_the_host_fit_leaves_out_steps_without_a_positive_time_or_probe(host_fit):
+    clean = processes(synthetic_rounds(ratio=1.05, slope=0.4))
+    dirty = {k: (list(t) + [0.0, -3.0, 5.0, None], list(p) + [1.0, 1.0, -1.0, 1.0]) for k, (t, p) in clean.items()}
+    a, b = host_fit.fit(clean), host_fit.fit(dirty)
+    assert b.steps == a.steps
+    assert abs(a.slope - b.slope) < 1e-12
+
+
+def test_the_host_fit_gives_nothing_where_processes_share_no_step_index(host_fit):
+    # Two processes on indices 0-9, two more on 10-19: no step ties the pairs, so
+    # how one pair stands against the other is not in the data.
+    def steps(lo, k):
+        probes = [1.0 + 0.01 * k * i * i for i in range(10)]
+        return [0.0] * lo + [(10.0 + i) * p ** 0.5 for i, p in enumerate(probes)], [0.0] * lo + probes
+    procs = {("native", 1): steps(0, 1), ("emm-pool", 1): steps(0, 2), ("native", 2): steps(10, 1),
+             ("emm-pool", 2): steps(10, 2)}
+    assert host_fit.fit(procs) is None
+    procs[("expandable", 1)] = ([10.0] * 20, [1.0 + 0.02 * i for i in range(20)])
+    assert host_fit.fit(procs) is not None, "a process timed on every index joins them"
+
+
+def test_the_host_fit_gives_nothing_where_its_sweeps_do_not_settle(host_fit, monkeypatch):
+    results = synthetic_rounds(ratio=0.97, slope=0.3)
+    x = results[("gpt2", "emm-pool")][1]
+    x["step_ms"], x["probe_ms"] = x["step_ms"][:25], x["probe_ms"][:25]
+    monkeypatch.setattr(host_fit, "SWEEPS", 1)
+    assert host_fit.fit(processes(results)) is None

@@ -16,11 +16,15 @@ exp(g[p] - g[q]) is how much slower p's steps ran than q's at the same shapes
 and host speed. No numpy (the host tests and `--from-log` run without it): the
 two sets of effects are taken out by alternating demeaning (the
 Frisch-Waugh-Lovell way), which is exact in one sweep when every process timed
-every index and converges otherwise.
+every index. Where processes timed different indices, differences of `g` mean
+something only when every process shares step indices, directly or through
+others, with every other (a connected panel), and the sweeps take longer: a
+panel that is not connected, or that has not settled after SWEEPS sweeps, gives
+no fit.
 """
 import math
 
-SWEEPS = 200
+SWEEPS = 500
 TOLERANCE = 1e-12
 
 
@@ -42,40 +46,67 @@ class Fit:
 def fit(processes):
     """`processes`: {key: (step_ms list, probe_ms list)}, the lists of a process
     index by index. Steps with a missing, zero or negative time or probe are left
-    out. Returns a Fit, or None where there is nothing to compare (fewer than two
-    processes with steps, or probes that never vary once the effects are out)."""
+    out. Returns a Fit, or None where there is nothing to compare: fewer than two
+    processes with steps, processes that share no step index (directly or through
+    others), probes that never vary once the effects are out, or sweeps that did
+    not settle."""
     rows = []  # (index, process key, log step, log probe)
     for key, (steps, probes) in processes.items():
         for i, (t, p) in enumerate(zip(steps, probes)):
             if t and p and t > 0 and p > 0:
                 rows.append((i, key, math.log(t), math.log(p)))
-    if len({r[1] for r in rows}) < 2:
+    if len({r[1] for r in rows}) < 2 or not _connected(rows):
         return None
     y = [r[2] for r in rows]
     x = [r[3] for r in rows]
     yt = _within(rows, y)
     xt = _within(rows, x)
+    if yt is None or xt is None:
+        return None
     sxx = sum(v * v for v in xt)
     if sxx <= 1e-18:
         return None
     slope = sum(a * b for a, b in zip(xt, yt)) / sxx
     # The effects of the shapes and the processes in what the probe leaves.
     z = [a - slope * b for a, b in zip(y, x)]
-    _, g = _effects(rows, z)
+    effects = _effects(rows, z)
+    if effects is None:
+        return None
+    g = effects[1]
     mean = sum(g.values()) / len(g)
     return Fit(slope, {k: v - mean for k, v in g.items()}, len(rows))
 
 
+def _connected(rows):
+    """Whether every process reaches every other through the step indices they
+    share (processes and indices as the two sides of one graph)."""
+    parent = {}
+
+    def root(n):
+        while parent.setdefault(n, n) != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for r in rows:
+        parent[root(("p", r[1]))] = root(("i", r[0]))
+    return len({root(("p", r[1])) for r in rows}) == 1
+
+
 def _within(rows, values):
     """`values` with the index and process effects taken out (the residual of a
-    fit on both sets of dummies)."""
-    a, g = _effects(rows, values)
+    fit on both sets of dummies); None where the sweeps did not settle."""
+    effects = _effects(rows, values)
+    if effects is None:
+        return None
+    a, g = effects
     return [v - a[r[0]] - g[r[1]] for r, v in zip(rows, values)]
 
 
 def _effects(rows, values):
     """The index effects and process effects of `values` (least squares, the two
-    sets fitted together by alternating means)."""
+    sets fitted together by alternating means); None where SWEEPS sweeps did not
+    settle them."""
     a = {r[0]: 0.0 for r in rows}
     g = {r[1]: 0.0 for r in rows}
     for _ in range(SWEEPS):
@@ -84,8 +115,8 @@ def _effects(rows, values):
         moved = max(abs(g_new[k] - g[k]) for k in g)
         g = g_new
         if moved < TOLERANCE:
-            break
-    return a, g
+            return a, g
+    return None
 
 
 def _means(rows, values, other_effects, index, other):

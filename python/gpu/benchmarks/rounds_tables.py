@@ -181,7 +181,7 @@ def host_adjusted(w, args, results):
     step of every process and a PyTorch variant."""
     procs = {(v, x["round"]): (x["step_ms"], x.get("probe_ms", []))
              for v in args.variants for x in results.get((w, v), [])}
-    if not procs or not all(p for _, p in procs.values()):
+    if not procs or not all(p and len(p) == len(t) for t, p in procs.values()):
         return
     peers = [v for v in args.variants if is_peer(v)]
     f = host_fit.fit(procs)
@@ -189,7 +189,7 @@ def host_adjusted(w, args, results):
         return
 
     def mean_effect(v):
-        e = [f.effects[k] for k in procs if k[0] == v]
+        e = [g for k, g in f.effects.items() if k[0] == v]
         return sum(e) / len(e) if e else None
 
     means = {v: mean_effect(v) for v in args.variants}
@@ -204,7 +204,7 @@ def host_adjusted(w, args, results):
     for v in args.variants:
         if means[v] is None:
             continue
-        keys = sorted(k for k in procs if k[0] == v)
+        keys = sorted(k for k in f.effects if k[0] == v)
         each = []
         for _, r in keys:
             mates = [f.effects[(p, r)] for p in peers if (p, r) in f.effects]
