@@ -10,24 +10,15 @@ import pytest
 from conftest import load_gpu_script
 
 
-@pytest.fixture(scope="module")
-def rounds():
-    return load_gpu_script("train_rounds")
+def _script(fixture, name):
+    """A module-scoped fixture `fixture`: python/gpu's script `name`, loaded."""
+    return pytest.fixture(scope="module", name=fixture)(lambda: load_gpu_script(name))
 
 
-@pytest.fixture(scope="module")
-def tables():
-    return load_gpu_script("rounds_tables")
-
-
-@pytest.fixture(scope="module")
-def variants():
-    return load_gpu_script("round_variants")
-
-
-@pytest.fixture(scope="module")
-def host_fit():
-    return load_gpu_script("host_fit")
+rounds = _script("rounds", "train_rounds")
+tables = _script("tables", "rounds_tables")
+variants = _script("variants", "round_variants")
+host_fit = _script("host_fit", "host_fit")
 
 
 def test_hook_time_sums_the_hooks_and_their_slow_calls_over_the_timed_steps(tables, capsys):

@@ -59,20 +59,17 @@ def fit(processes):
         return None
     y = [r[2] for r in rows]
     x = [r[3] for r in rows]
-    yt = _within(rows, y)
-    xt = _within(rows, x)
-    if yt is None or xt is None:
+    ey, ex = _effects(rows, y), _effects(rows, x)
+    if ey is None or ex is None:
         return None
+    yt, xt = _residual(rows, y, ey), _residual(rows, x, ex)
     sxx = sum(v * v for v in xt)
     if sxx <= 1e-18:
         return None
     slope = sum(a * b for a, b in zip(xt, yt)) / sxx
-    # The effects of the shapes and the processes in what the probe leaves.
-    z = [a - slope * b for a, b in zip(y, x)]
-    effects = _effects(rows, z)
-    if effects is None:
-        return None
-    g = effects[1]
+    # The effects are linear in what they are fitted to: those of log step less
+    # slope x log probe are the step's less slope x the probe's.
+    g = {k: ey[1][k] - slope * ex[1][k] for k in ey[1]}
     mean = sum(g.values()) / len(g)
     return Fit(slope, {k: v - mean for k, v in g.items()}, len(rows))
 
@@ -93,12 +90,9 @@ def _connected(rows):
     return len({root(("p", r[1])) for r in rows}) == 1
 
 
-def _within(rows, values):
-    """`values` with the index and process effects taken out (the residual of a
-    fit on both sets of dummies); None where the sweeps did not settle."""
-    effects = _effects(rows, values)
-    if effects is None:
-        return None
+def _residual(rows, values, effects):
+    """`values` with the index and process `effects` taken out (the residual of a
+    fit on both sets of dummies)."""
     a, g = effects
     return [v - a[r[0]] - g[r[1]] for r, v in zip(rows, values)]
 
