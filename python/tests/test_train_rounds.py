@@ -470,3 +470,57 @@ def test_the_host_fit_gives_nothing_where_its_sweeps_do_not_settle(host_fit, mon
     x["step_ms"], x["probe_ms"] = x["step_ms"][:25], x["probe_ms"][:25]
     monkeypatch.setattr(host_fit, "SWEEPS", 1)
     assert host_fit.fit(processes(results)) is None
+
+
+def test_each_round_rotates_the_order_by_one(rounds):
+    vs = ["native", "expandable", "emm-pool"]
+    assert rounds.round_order(vs, "bert", 0) == vs
+    assert rounds.round_order(vs, "bert", 1) == ["expandable", "emm-pool", "native"]
+    assert rounds.round_order(vs, "bert", 5) == ["emm-pool", "native", "expandable"]
+
+
+def test_a_resumed_round_runs_only_the_processes_the_earlier_call_did_not_finish(rounds, tmp_path):
+    # The earlier call finished round 3's first process (expandable, in that
+    # round's rotated order) and was stopped in its second.
+    path = tmp_path / "a.log"
+    _log(path, [(1, "native"), (1, "expandable"), (1, "emm-pool"), (2, "expandable")], 2)
+    args = argparse.Namespace(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0)
+    results = rounds.resumed(str(path), args)
+    finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
+    vs = ["native", "expandable", "emm-pool"]
+    assert rounds.round_order(vs, "gpt2", 2, finished) == ["emm-pool", "native"]
+    assert rounds.round_order(vs, "gpt2", 1, finished) == []
+    assert rounds.round_order(vs, "gpt2", 3, finished) == vs
+    assert rounds.round_order(vs, "bert", 2, finished) == ["emm-pool", "native", "expandable"], "another workload"
+    assert sorted(x["round"] for x in results[("gpt2", "expandable")]) == [1, 2]
+
+
+def test_resuming_a_run_of_other_steps_or_shapes_is_refused(rounds, tmp_path):
+    path = tmp_path / "a.log"
+    _log(path, [(0, "native")], 1)
+    for other in ({"steps": 300}, {"shapes": "fresh"}, {"ddp": 2}, {"sdpa": "flash"}):
+        args = argparse.Namespace(**{**dict(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0), **other})
+        with pytest.raises(SystemExit, match="not one run"):
+            rounds.resumed(str(path), args)
+
+
+def test_a_resumed_run_starts_only_the_unfinished_processes_and_tables_all(rounds, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "a.log"
+    _log(path, [(1, "native"), (1, "emm-pool"), (1, "expandable"), (2, "expandable")], 2)
+    ran, tabled = [], {}
+
+    def fake_run(args, w, v, r, log, gpu=None):
+        ran.append((v, r))
+        return {"workload": w, "variant": v, "round": r, "step_ms": [5.0, 5.0], "total_ms": 10.0,
+                "median_ms": 5.0, "peak_reserved": 0, "final_loss": 0.0, "gpu": {}}
+    monkeypatch.setattr(rounds, "run_one", fake_run)
+    monkeypatch.setattr(rounds, "tables", lambda args, results: tabled.update(rounds=args.rounds, results=results))
+    monkeypatch.setattr("sys.argv", ["train_rounds.py", "--workloads", "gpt2", "--variants", "native", "expandable",
+                                     "emm-pool", "--steps", "2", "--shapes", "bucketed", "--rounds", "2",
+                                     "--first-round", "3", "--resume", str(path), "--log", str(tmp_path / "b.log"),
+                                     "--no-telemetry"])
+    rounds.main()
+    assert ran == [("emm-pool", 2), ("native", 2), ("native", 3), ("expandable", 3), ("emm-pool", 3)]
+    assert tabled["rounds"] == 3, "rounds 2-4: the resumed log's and this run's"
+    assert sorted(x["round"] for x in tabled["results"][("gpt2", "expandable")]) == [1, 2, 3]
+    assert "round 3 gpt2       expandable       in" in capsys.readouterr().out

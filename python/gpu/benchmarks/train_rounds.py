@@ -6,12 +6,16 @@ the order rotated each round, one process each; then one table per workload.
                                         emm-pool:EMM_POOL_WAIT_PARKED=0]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
                             [--pin CPUS] [--gpus G] [--log FILE] [--no-telemetry]
-                            [--first-round N]
+                            [--first-round N] [--resume LOG]
     python3 train_rounds.py --from-log FILE [FILE ...]
 
 A variant VARIANT:NAME=VALUE[,NAME=VALUE...] runs train_bench.py's VARIANT with
 those environment variables set in its process, under that whole name (two
 settings of emm's pool as two variants of the same rotated rounds).
+--resume LOG goes on with a run a call's limit stopped in the middle of a round:
+the processes whose results the last run in LOG holds are not run again (their
+results join this run's tables), the others run in the order their rounds rotate
+to, in the next call on the same machine.
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
 --fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
 --gpus G runs a round's variants at once, one per GPU, each variant moving to the
@@ -179,6 +183,9 @@ def main():
                    help="number the rounds from this one (and rotate the order as that round would): a "
                         "run too long for one call goes on in the next, and --from-log tables the logs of "
                         "both together")
+    p.add_argument("--resume", metavar="LOG",
+                   help="do not run again the processes whose results the last run in LOG holds (an "
+                        "earlier call's, stopped in the middle of a round); they join this run's tables")
     p.add_argument("--workloads", nargs="+", default=["gpt2", "resnet50", "gpt2-infer"])
     p.add_argument("--variants", nargs="+", default=["native", "expandable", "emm-pool", "emm-hostonly"])
     p.add_argument("--steps", type=int, default=30)
@@ -214,7 +221,12 @@ def main():
         results = from_log(args)
         tables(args, results)
         return
-    results = {}
+    results = resumed(args.resume, args) if args.resume else {}
+    for w, v in results:
+        if w not in args.workloads or v not in args.variants:
+            print(f"--resume {args.resume}: {w} {v} is not among this run's workloads and variants; "
+                  f"its processes are not tabled", flush=True)
+    finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
     with open(args.log, "a") as log:
         # Marks where this run starts in a log that may hold earlier ones.
         log.write("=== train_rounds " + json.dumps({"sdpa": args.sdpa, "argv": sys.argv[1:]}) + "\n")
@@ -224,16 +236,18 @@ def main():
             p.error("--first-round counts from 1")
         for r in range(args.first_round - 1, args.first_round - 1 + args.rounds):
             for w in args.workloads:
-                k = r % len(args.variants)
+                for v in args.variants:
+                    if (w, v, r) in finished:
+                        print(f"round {r + 1} {w:10} {v:16} in {args.resume}: not run again", flush=True)
                 if args.gpus:
                     # Variant j on GPU (j + r) mod G: each variant moves to the
                     # next GPU every round.
                     with ThreadPoolExecutor(len(args.variants)) as pool:
                         done = list(pool.map(
                             lambda jv: (jv[1], run_one(args, w, jv[1], r, log, gpu=str((jv[0] + r) % args.gpus))),
-                            enumerate(args.variants)))
+                            [(j, v) for j, v in enumerate(args.variants) if (w, v, r) not in finished]))
                 else:
-                    done = ((v, run_one(args, w, v, r, log)) for v in args.variants[k:] + args.variants[:k])
+                    done = ((v, run_one(args, w, v, r, log)) for v in round_order(args.variants, w, r, finished))
                 for v, res in done:
                     if res:
                         results.setdefault((w, v), []).append(res)
@@ -244,7 +258,30 @@ def main():
                               f" ms  reserved {gib(res['peak_reserved'])} GiB  device {gib(res.get('device_used_peak', 0))} GiB"
                               f"  loss {res['final_loss']:.5f}{clock}",
                               flush=True)
+    # The rounds tabled: this run's and those of the run it resumed.
+    args.rounds = len({x["round"] for runs in results.values() for x in runs}) or args.rounds
     tables(args, results)
+
+
+def round_order(variants, workload, rnd, finished=frozenset()):
+    """The variants round `rnd` (from 0) runs, in its order: rotated by one a round,
+    less those whose (workload, variant, round) is in `finished`."""
+    k = rnd % len(variants)
+    return [v for v in variants[k:] + variants[:k] if (workload, v, rnd) not in finished]
+
+
+def resumed(path, args):
+    """The results of the last run in the log at `path` (an earlier call's), for
+    --resume: this run does not run them again, and tables them with its own."""
+    seen = argparse.Namespace(sdpa=args.sdpa, fsdp=args.fsdp)  # last_run_of notes what the log ran with
+    results = last_run_of(path, seen)
+    ran = {(x["steps"], x["shapes"], x["world"] if x["world"] > 1 else 0, seen.sdpa, seen.fsdp)
+           for runs in results.values() for x in runs}
+    this = (args.steps, args.shapes, args.ddp, args.sdpa, args.fsdp)
+    if ran - {this}:
+        raise SystemExit(f"--resume {path}: its processes ran (steps, shapes, GPUs, sdpa, fsdp) "
+                         f"{sorted(ran - {this})}, this run {this}: not one run")
+    return results
 
 
 def from_log(args):
