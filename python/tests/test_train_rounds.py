@@ -524,3 +524,16 @@ def test_a_resumed_run_starts_only_the_unfinished_processes_and_tables_all(round
     assert tabled["rounds"] == 3, "rounds 2-4: the resumed log's and this run's"
     assert sorted(x["round"] for x in tabled["results"][("gpt2", "expandable")]) == [1, 2, 3]
     assert "round 3 gpt2       expandable       in" in capsys.readouterr().out
+
+
+def test_each_workloads_heading_counts_its_own_rounds(tables, capsys):
+    # A run cut short in its last round: gpt2 has three rounds, bert two.
+    results = synthetic_rounds(ratio=1.0, slope=0.2)
+    for v in ("native", "expandable", "emm-pool"):
+        results[("bert", v)] = [dict(x) for x in results[("gpt2", v)] if x["round"] < 3]
+    args = argparse.Namespace(variants=["native", "expandable", "emm-pool"], workloads=["gpt2", "bert"], ddp=0,
+                              shapes="fresh", sdpa="auto", rounds=3, steps=40)
+    tables.tables(args, results)
+    out = capsys.readouterr().out
+    assert "## gpt2, fresh shapes: 3 interleaved rounds" in out
+    assert "## bert, fresh shapes: 2 interleaved rounds" in out

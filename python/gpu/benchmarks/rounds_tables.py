@@ -50,7 +50,9 @@ def busy_steps(x):
 def tables(args, results):
     world = (f", {args.ddp} GPUs ({'FSDP2' if getattr(args, 'fsdp', False) else 'DDP'})" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
-        print(f"\n## {w}{world}: {args.rounds} interleaved rounds, {args.steps} timed steps each")
+        # This workload's rounds (a run cut short holds fewer of its last workloads').
+        n_rounds = len({x["round"] for v in args.variants for x in results.get((w, v), [])}) or args.rounds
+        print(f"\n## {w}{world}: {n_rounds} interleaved rounds, {args.steps} timed steps each")
         print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "
               "| step ms: mean of round medians (each round's median) "
               "| all timed steps: median / mean | timed steps with driver work | peak reserved GiB "
