@@ -537,3 +537,17 @@ def test_each_workloads_heading_counts_its_own_rounds(tables, capsys):
     out = capsys.readouterr().out
     assert "## gpt2, fresh shapes: 3 interleaved rounds" in out
     assert "## bert, fresh shapes: 2 interleaved rounds" in out
+
+
+def test_resuming_into_the_resumed_log_is_refused(rounds, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "a.log"
+    _log(path, [(0, "native")], 1)
+    monkeypatch.setattr(rounds, "run_one", lambda *a, **k: None)
+    monkeypatch.setattr(rounds, "tables", lambda args, results: None)
+    monkeypatch.setattr("sys.argv", ["train_rounds.py", "--workloads", "gpt2", "--variants", "native", "--steps", "2",
+                                     "--shapes", "bucketed", "--rounds", "1", "--resume", str(path), "--log", str(path),
+                                     "--no-telemetry"])
+    with pytest.raises(SystemExit):
+        rounds.main()
+    assert "--resume needs a --log of its own" in capsys.readouterr().err
+    assert path.read_text().count("=== train_rounds") == 2, "the log is left as it was"

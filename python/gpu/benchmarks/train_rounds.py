@@ -221,6 +221,9 @@ def main():
         results = from_log(args)
         tables(args, results)
         return
+    if args.resume and os.path.abspath(args.resume) == os.path.abspath(args.log):
+        # A run marks its start in its log, and only a log's last run is read back.
+        p.error("--resume needs a --log of its own: the resumed run's results would be read back no more")
     results = resumed(args.resume, args) if args.resume else {}
     for w, v in results:
         if w not in args.workloads or v not in args.variants:
@@ -275,7 +278,7 @@ def resumed(path, args):
     --resume: this run does not run them again, and tables them with its own."""
     seen = argparse.Namespace(sdpa=args.sdpa, fsdp=args.fsdp)  # last_run_of notes what the log ran with
     results = last_run_of(path, seen)
-    ran = {(x["steps"], x["shapes"], x["world"] if x["world"] > 1 else 0, seen.sdpa, seen.fsdp)
+    ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0, seen.sdpa, seen.fsdp)
            for runs in results.values() for x in runs}
     this = (args.steps, args.shapes, args.ddp, args.sdpa, args.fsdp)
     if ran - {this}:
