@@ -480,37 +480,63 @@ def test_each_round_rotates_the_order_by_one(rounds):
 
 
 def test_a_resumed_round_runs_only_the_processes_the_earlier_call_did_not_finish(rounds, tmp_path):
-    # The earlier call finished round 3's first process (expandable, in that
-    # round's rotated order) and was stopped in its second.
+    # The earlier call ran round 2 (index 1: expandable, emm-pool, native) and
+    # finished round 3's first process (index 2: emm-pool first) before its limit.
     path = tmp_path / "a.log"
-    _log(path, [(1, "native"), (1, "expandable"), (1, "emm-pool"), (2, "expandable")], 2)
+    _log(path, [(1, "expandable"), (1, "emm-pool"), (1, "native"), (2, "emm-pool")], 2)
     args = argparse.Namespace(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0)
-    results = rounds.resumed(str(path), args)
+    results = rounds.resumed([str(path)], args)
     finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
     vs = ["native", "expandable", "emm-pool"]
-    assert rounds.round_order(vs, "gpt2", 2, finished) == ["emm-pool", "native"]
+    assert rounds.round_order(vs, "gpt2", 2, finished) == ["native", "expandable"]
     assert rounds.round_order(vs, "gpt2", 1, finished) == []
     assert rounds.round_order(vs, "gpt2", 3, finished) == vs
     assert rounds.round_order(vs, "bert", 2, finished) == ["emm-pool", "native", "expandable"], "another workload"
-    assert sorted(x["round"] for x in results[("gpt2", "expandable")]) == [1, 2]
+    assert sorted(x["round"] for x in results[("gpt2", "emm-pool")]) == [1, 2]
+
+
+def test_resumes_chain_over_the_logs_of_several_calls(rounds, tmp_path, capsys):
+    # Call 1 stopped in round 2, call 2 (resuming call 1) in round 3: call 3
+    # resumes both, and a process both logs hold is kept once (the later).
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    _log(a, [(0, "native"), (0, "emm-pool"), (1, "emm-pool", 40.0)], 1)
+    _log(b, [(1, "emm-pool", 4.0), (1, "native"), (2, "native")], 2)
+    args = argparse.Namespace(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0)
+    results = rounds.resumed([str(a), str(b)], args)
+    finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
+    assert finished == {("gpt2", "native", 0), ("gpt2", "emm-pool", 0), ("gpt2", "emm-pool", 1),
+                        ("gpt2", "native", 1), ("gpt2", "native", 2)}
+    assert [x["total_ms"] for x in results[("gpt2", "emm-pool")] if x["round"] == 1] == [4.0]
+    assert "round 2 is in the logs twice" in capsys.readouterr().out
+
+
+def test_a_resumed_log_without_a_finished_process_is_said_so(rounds, tmp_path, capsys):
+    path = tmp_path / "a.log"
+    _log(path, [], 1)
+    args = argparse.Namespace(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0)
+    assert rounds.resumed([str(path)], args) == {}
+    assert "no finished process in its last run" in capsys.readouterr().out
+    flash = argparse.Namespace(sdpa="flash", fsdp=False, steps=2, shapes="bucketed", ddp=0)
+    with pytest.raises(SystemExit, match="not one run"):
+        rounds.resumed([str(path)], flash)
 
 
 def test_resuming_a_run_of_other_steps_or_shapes_is_refused(rounds, tmp_path):
     path = tmp_path / "a.log"
     _log(path, [(0, "native")], 1)
-    for other in ({"steps": 300}, {"shapes": "fresh"}, {"ddp": 2}, {"sdpa": "flash"}):
+    for other in ({"steps": 300}, {"shapes": "fresh"}, {"ddp": 2}, {"sdpa": "flash"}, {"fsdp": True}):
         args = argparse.Namespace(**{**dict(sdpa="auto", fsdp=False, steps=2, shapes="bucketed", ddp=0), **other})
         with pytest.raises(SystemExit, match="not one run"):
-            rounds.resumed(str(path), args)
+            rounds.resumed([str(path)], args)
 
 
 def test_a_resumed_run_starts_only_the_unfinished_processes_and_tables_all(rounds, tmp_path, monkeypatch, capsys):
     path = tmp_path / "a.log"
-    _log(path, [(1, "native"), (1, "emm-pool"), (1, "expandable"), (2, "expandable")], 2)
+    _log(path, [(1, "expandable"), (1, "emm-pool"), (1, "native"), (2, "emm-pool")], 2)
     ran, tabled = [], {}
 
     def fake_run(args, w, v, r, log, gpu=None):
-        ran.append((v, r))
+        ran.append((v, r) if gpu is None else (v, r, gpu))
         return {"workload": w, "variant": v, "round": r, "step_ms": [5.0, 5.0], "total_ms": 10.0,
                 "median_ms": 5.0, "peak_reserved": 0, "final_loss": 0.0, "gpu": {}}
     monkeypatch.setattr(rounds, "run_one", fake_run)
@@ -520,10 +546,32 @@ def test_a_resumed_run_starts_only_the_unfinished_processes_and_tables_all(round
                                      "--first-round", "3", "--resume", str(path), "--log", str(tmp_path / "b.log"),
                                      "--no-telemetry"])
     rounds.main()
-    assert ran == [("emm-pool", 2), ("native", 2), ("native", 3), ("expandable", 3), ("emm-pool", 3)]
+    assert ran == [("native", 2), ("expandable", 2), ("native", 3), ("expandable", 3), ("emm-pool", 3)]
     assert tabled["rounds"] == 3, "rounds 2-4: the resumed log's and this run's"
-    assert sorted(x["round"] for x in tabled["results"][("gpt2", "expandable")]) == [1, 2, 3]
-    assert "round 3 gpt2       expandable       in" in capsys.readouterr().out
+    assert sorted(x["round"] for x in tabled["results"][("gpt2", "emm-pool")]) == [1, 2, 3]
+    assert "round 3 gpt2       emm-pool         in a resumed log: not run again" in capsys.readouterr().out
+    # With a GPU a variant, each unfinished process keeps the GPU its round gives it.
+    ran.clear()
+    gpus_log = tmp_path / "g.log"
+    _log(gpus_log, [(2, "native")], 3)
+    monkeypatch.setattr("sys.argv", ["train_rounds.py", "--workloads", "gpt2", "--variants", "native", "expandable",
+                                     "emm-pool", "--steps", "2", "--shapes", "bucketed", "--rounds", "1",
+                                     "--first-round", "3", "--gpus", "3", "--resume", str(gpus_log),
+                                     "--log", str(tmp_path / "c.log"), "--no-telemetry"])
+    rounds.main()
+    assert sorted(ran) == [("emm-pool", 2, "1"), ("expandable", 2, "0")]
+
+
+def test_a_resumed_round_outside_this_runs_rounds_is_said_to_stay_short(rounds, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "a.log"
+    _log(path, [(5, "native")], 6)
+    monkeypatch.setattr(rounds, "run_one", lambda *a, **k: None)
+    monkeypatch.setattr(rounds, "tables", lambda args, results: None)
+    monkeypatch.setattr("sys.argv", ["train_rounds.py", "--workloads", "gpt2", "--variants", "native", "emm-pool",
+                                     "--steps", "2", "--shapes", "bucketed", "--rounds", "1", "--resume", str(path),
+                                     "--log", str(tmp_path / "b.log"), "--no-telemetry"])
+    rounds.main()
+    assert "round 6 of gpt2 is outside this run's rounds and lacks emm-pool" in capsys.readouterr().out
 
 
 def test_each_workloads_heading_counts_its_own_rounds(tables, capsys):
@@ -537,6 +585,10 @@ def test_each_workloads_heading_counts_its_own_rounds(tables, capsys):
     out = capsys.readouterr().out
     assert "## gpt2, fresh shapes: 3 interleaved rounds" in out
     assert "## bert, fresh shapes: 2 interleaved rounds" in out
+    # A variant the last round did not reach: the heading gives the range.
+    results[("bert", "emm-pool")] = results[("bert", "emm-pool")][:1]
+    tables.tables(args, results)
+    assert "## bert, fresh shapes: 1-2 interleaved rounds" in capsys.readouterr().out
 
 
 def test_resuming_into_the_resumed_log_is_refused(rounds, tmp_path, monkeypatch, capsys):

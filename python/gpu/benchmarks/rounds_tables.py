@@ -50,8 +50,10 @@ def busy_steps(x):
 def tables(args, results):
     world = (f", {args.ddp} GPUs ({'FSDP2' if getattr(args, 'fsdp', False) else 'DDP'})" if args.ddp else "") + f", {args.shapes} shapes" + (", flash attention" if args.sdpa == "flash" else "")
     for w in args.workloads:
-        # This workload's rounds (a run cut short holds fewer of its last workloads').
-        n_rounds = len({x["round"] for v in args.variants for x in results.get((w, v), [])}) or args.rounds
+        # This workload's rounds, each variant's (a run cut short holds fewer of its
+        # last workload's, and of the variants its last round did not reach).
+        counts = [len({x["round"] for x in results.get((w, v), [])}) for v in args.variants] or [args.rounds]
+        n_rounds = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
         print(f"\n## {w}{world}: {n_rounds} interleaved rounds, {args.steps} timed steps each")
         print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "
               "| step ms: mean of round medians (each round's median) "

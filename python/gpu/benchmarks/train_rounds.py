@@ -12,10 +12,11 @@ the order rotated each round, one process each; then one table per workload.
 A variant VARIANT:NAME=VALUE[,NAME=VALUE...] runs train_bench.py's VARIANT with
 those environment variables set in its process, under that whole name (two
 settings of emm's pool as two variants of the same rotated rounds).
---resume LOG goes on with a run a call's limit stopped in the middle of a round:
-the processes whose results the last run in LOG holds are not run again (their
-results join this run's tables), the others run in the order their rounds rotate
-to, in the next call on the same machine.
+--resume LOG [LOG ...] goes on with a run a call's limit stopped in the middle of
+a round: the processes whose results the last run of each LOG holds (the earlier
+calls' logs, in the order they ran) are not run again and join this run's tables;
+the others run in the order their rounds rotate to. Meant for the next call on
+the same machine, which nothing here checks (nor the warmup).
 --ddp G runs each process under torchrun on G GPUs (workload gpt2 or llama);
 --fsdp makes that FSDP2 (fully_shard per block, bf16) instead of DDP.
 --gpus G runs a round's variants at once, one per GPU, each variant moving to the
@@ -183,9 +184,10 @@ def main():
                    help="number the rounds from this one (and rotate the order as that round would): a "
                         "run too long for one call goes on in the next, and --from-log tables the logs of "
                         "both together")
-    p.add_argument("--resume", metavar="LOG",
-                   help="do not run again the processes whose results the last run in LOG holds (an "
-                        "earlier call's, stopped in the middle of a round); they join this run's tables")
+    p.add_argument("--resume", metavar="LOG", nargs="+",
+                   help="do not run again the processes whose results the last run of each LOG holds "
+                        "(earlier calls', stopped in the middle of a round, in the order they ran); they "
+                        "join this run's tables")
     p.add_argument("--workloads", nargs="+", default=["gpt2", "resnet50", "gpt2-infer"])
     p.add_argument("--variants", nargs="+", default=["native", "expandable", "emm-pool", "emm-hostonly"])
     p.add_argument("--steps", type=int, default=30)
@@ -221,27 +223,34 @@ def main():
         results = from_log(args)
         tables(args, results)
         return
-    if args.resume and os.path.abspath(args.resume) == os.path.abspath(args.log):
+    if args.gpus and (args.ddp or args.gpus < len(args.variants)):
+        p.error("--gpus needs at least one GPU per variant and no --ddp")
+    if args.first_round < 1:
+        p.error("--first-round counts from 1")
+    if any(os.path.abspath(r) == os.path.abspath(args.log) for r in args.resume or []):
         # A run marks its start in its log, and only a log's last run is read back.
         p.error("--resume needs a --log of its own: the resumed run's results would be read back no more")
     results = resumed(args.resume, args) if args.resume else {}
+    finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
+    this_run = range(args.first_round - 1, args.first_round - 1 + args.rounds)
     for w, v in results:
         if w not in args.workloads or v not in args.variants:
-            print(f"--resume {args.resume}: {w} {v} is not among this run's workloads and variants; "
+            print(f"--resume: {w} {v} is not among this run's workloads and variants; "
                   f"its processes are not tabled", flush=True)
-    finished = {(w, v, x["round"]) for (w, v), runs in results.items() for x in runs}
+    for w in args.workloads:
+        for r in sorted({r for (w_, _, r) in finished if w_ == w} - set(this_run)):
+            left = [v for v in args.variants if (w, v, r) not in finished]
+            if left:
+                print(f"--resume: round {r + 1} of {w} is outside this run's rounds and lacks {' '.join(left)}; "
+                      f"it stays short (see --first-round)", flush=True)
     with open(args.log, "a") as log:
         # Marks where this run starts in a log that may hold earlier ones.
         log.write("=== train_rounds " + json.dumps({"sdpa": args.sdpa, "argv": sys.argv[1:]}) + "\n")
-        if args.gpus and (args.ddp or args.gpus < len(args.variants)):
-            p.error("--gpus needs at least one GPU per variant and no --ddp")
-        if args.first_round < 1:
-            p.error("--first-round counts from 1")
-        for r in range(args.first_round - 1, args.first_round - 1 + args.rounds):
+        for r in this_run:
             for w in args.workloads:
                 for v in args.variants:
                     if (w, v, r) in finished:
-                        print(f"round {r + 1} {w:10} {v:16} in {args.resume}: not run again", flush=True)
+                        print(f"round {r + 1} {w:10} {v:16} in a resumed log: not run again", flush=True)
                 if args.gpus:
                     # Variant j on GPU (j + r) mod G: each variant moves to the
                     # next GPU every round.
@@ -273,18 +282,29 @@ def round_order(variants, workload, rnd, finished=frozenset()):
     return [v for v in variants[k:] + variants[:k] if (workload, v, rnd) not in finished]
 
 
-def resumed(path, args):
-    """The results of the last run in the log at `path` (an earlier call's), for
-    --resume: this run does not run them again, and tables them with its own."""
-    seen = argparse.Namespace(sdpa=args.sdpa, fsdp=args.fsdp)  # last_run_of notes what the log ran with
-    results = last_run_of(path, seen)
-    ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0, seen.sdpa, seen.fsdp)
-           for runs in results.values() for x in runs}
+def resumed(paths, args):
+    """The results of the last run of each log in `paths` (earlier calls', in the
+    order they ran; one process a round, the later kept), for --resume: this run
+    does not run them again, and tables them with its own. A log whose run had
+    other settings is refused."""
+    results = {}
     this = (args.steps, args.shapes, args.ddp, args.sdpa, args.fsdp)
-    if ran - {this}:
-        raise SystemExit(f"--resume {path}: its processes ran (steps, shapes, GPUs, sdpa, fsdp) "
-                         f"{sorted(ran - {this})}, this run {this}: not one run")
-    return results
+    for path in paths:
+        seen = argparse.Namespace(sdpa=None, fsdp=None)  # last_run_of notes what the log's run had
+        found = last_run_of(path, seen)
+        if seen.sdpa is None:
+            raise SystemExit(f"--resume {path}: no run of train_rounds.py in it")
+        ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0)
+               for runs in found.values() for x in runs}
+        ran = {k + (seen.sdpa, seen.fsdp) for k in ran} or {this[:3] + (seen.sdpa, seen.fsdp)}
+        if ran - {this}:
+            raise SystemExit(f"--resume {path}: its run had (steps, shapes, GPUs, sdpa, fsdp) "
+                             f"{sorted(ran - {this}, key=str)}, this run {this}: not one run")
+        if not found:
+            print(f"--resume {path}: no finished process in its last run", flush=True)
+        for key, runs in found.items():
+            results.setdefault(key, []).extend(runs)
+    return one_process_a_round(results)
 
 
 def from_log(args):
