@@ -341,7 +341,6 @@ def synthetic_rounds(ratio, slope, rounds_=3, steps=40, emm_host=1.5, per_round=
     1.1 x; emm's processes ran on a host `emm_host` x slower (with the probe's own
     wobble), so their medians are slower than `ratio` says. `noise`: the standard
     deviation of a log-normal factor on every step."""
-    import math
     import random
     import statistics
 

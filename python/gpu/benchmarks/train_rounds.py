@@ -294,12 +294,13 @@ def resumed(paths, args):
         found = last_run_of(path, seen)
         if seen.sdpa is None:
             raise SystemExit(f"--resume {path}: no run of train_rounds.py in it")
-        ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0)
-               for runs in found.values() for x in runs}
-        ran = {k + (seen.sdpa, seen.fsdp) for k in ran} or {this[:3] + (seen.sdpa, seen.fsdp)}
-        if ran - {this}:
+        # What the log's run had: its marker's sdpa and fsdp, each process's steps, shapes and GPUs.
+        ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0,
+                seen.sdpa, seen.fsdp) for runs in found.values() for x in runs}
+        if (seen.sdpa, seen.fsdp) != this[3:] or ran - {this}:
             raise SystemExit(f"--resume {path}: its run had (steps, shapes, GPUs, sdpa, fsdp) "
-                             f"{sorted(ran - {this}, key=str)}, this run {this}: not one run")
+                             f"{sorted(ran - {this}, key=str) or (seen.sdpa, seen.fsdp)}, this run {this}: "
+                             f"not one run")
         if not found:
             print(f"--resume {path}: no finished process in its last run", flush=True)
         for key, runs in found.items():
