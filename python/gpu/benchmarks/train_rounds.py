@@ -288,19 +288,19 @@ def resumed(paths, args):
     does not run them again, and tables them with its own. A log whose run had
     other settings is refused."""
     results = {}
-    this = (args.steps, args.shapes, args.ddp, args.sdpa, args.fsdp)
+    this_run, this_marker = (args.steps, args.shapes, args.ddp), (args.sdpa, args.fsdp)
     for path in paths:
         seen = argparse.Namespace(sdpa=None, fsdp=None)  # last_run_of notes what the log's run had
         found = last_run_of(path, seen)
         if seen.sdpa is None:
             raise SystemExit(f"--resume {path}: no run of train_rounds.py in it")
-        # What the log's run had: its marker's sdpa and fsdp, each process's steps, shapes and GPUs.
-        ran = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0,
-                seen.sdpa, seen.fsdp) for runs in found.values() for x in runs}
-        if (seen.sdpa, seen.fsdp) != this[3:] or ran - {this}:
-            raise SystemExit(f"--resume {path}: its run had (steps, shapes, GPUs, sdpa, fsdp) "
-                             f"{sorted(ran - {this}, key=str) or (seen.sdpa, seen.fsdp)}, this run {this}: "
-                             f"not one run")
+        # Its marker's attention and FSDP settings, and each process's steps, shapes and GPUs.
+        marker = (seen.sdpa, seen.fsdp)
+        other = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0)
+                 for runs in found.values() for x in runs} - {this_run}
+        if marker != this_marker or other:
+            raise SystemExit(f"--resume {path}: its run had (steps, shapes, GPUs) {sorted(other, key=str)} "
+                             f"and (sdpa, fsdp) {marker}, this run {this_run} and {this_marker}: not one run")
         if not found:
             print(f"--resume {path}: no finished process in its last run", flush=True)
         for key, runs in found.items():
