@@ -287,7 +287,7 @@ def resumed(paths, args):
     order they ran; one process a round, the later kept), for --resume: this run
     does not run them again, and tables them with its own. A log whose run had
     other settings is refused."""
-    results = {}
+    logs = []
     this_run, this_marker = (args.steps, args.shapes, args.ddp), (args.sdpa, args.fsdp)
     for path in paths:
         seen = argparse.Namespace(sdpa=None, fsdp=None)  # last_run_of notes what the log's run had
@@ -303,20 +303,15 @@ def resumed(paths, args):
                              f"and (sdpa, fsdp) {marker}, this run {this_run} and {this_marker}: not one run")
         if not found:
             print(f"--resume {path}: no finished process in its last run", flush=True)
-        for key, runs in found.items():
-            results.setdefault(key, []).extend(runs)
-    return one_process_a_round(results)
+        logs.append(found)
+    return joined(logs)
 
 
 def from_log(args):
     """The results of the last run in each earlier log (rounds split over calls with
     --first-round go together), keyed as a run keys them; the workloads, variants
     and round count are taken from the logs."""
-    results = {}
-    for path in args.from_log:
-        for key, runs in last_run_of(path, args).items():
-            results.setdefault(key, []).extend(runs)
-    results = one_process_a_round(results)
+    results = joined(last_run_of(path, args) for path in args.from_log)
     ws = list(dict.fromkeys(w for w, _ in results))
     vs = list(dict.fromkeys(v for _, v in results))
     args.workloads, args.variants = ws, vs
@@ -327,6 +322,16 @@ def from_log(args):
         args.steps, args.shapes = first["steps"], first["shapes"]
         args.ddp = first["world"] if first["world"] > 1 else 0
     return results
+
+
+def joined(logs):
+    """The results of several logs' last runs (as `last_run_of` gives them, in the
+    order the runs ran) as one run's, one process a round (`one_process_a_round`)."""
+    results = {}
+    for found in logs:
+        for key, runs in found.items():
+            results.setdefault(key, []).extend(runs)
+    return one_process_a_round(results)
 
 
 def one_process_a_round(results):
