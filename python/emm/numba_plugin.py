@@ -30,7 +30,10 @@ Use it with ``NUMBA_CUDA_MEMORY_MANAGER=emm.numba_plugin`` or
   themselves need legacy handles for every block: set ``EMM_POOL_EXPANDABLE=0``
   (or ``emm.configure(expandable=False)``) before the first allocation; the pool
   then uses plain ``cuMemAlloc`` segments (more reserved memory at steady
-  state). As with legacy IPC, the exporter keeps the block alive while another
+  state: 1.04-1.58 times live on the repository's recorded traces, set by the
+  first steps' placement; ``EMM_POOL_INITIAL_SIZE`` from a previous run, which
+  ``emm replay TRACE --initial-size`` names from a recorded trace, held them
+  at 1.15). As with legacy IPC, the exporter keeps the block alive while another
   process uses it. ``hostonly``'s stream-ordered pool exports no legacy handle
   either (its blocks raise).
 - ``get_memory_info``: the device's free and total memory.
