@@ -296,7 +296,7 @@ def resumed(paths, args):
             raise SystemExit(f"--resume {path}: no run of train_rounds.py in it")
         # Its marker's attention and FSDP settings, and each process's steps, shapes and GPUs.
         marker = (seen.sdpa, seen.fsdp)
-        other = {(x.get("steps"), x.get("shapes"), x.get("world", 1) if x.get("world", 1) > 1 else 0)
+        other = {(x.get("steps"), x.get("shapes"), ddp_of(x))
                  for runs in found.values() for x in runs} - {this_run}
         if marker != this_marker or other:
             raise SystemExit(f"--resume {path}: its run had (steps, shapes, GPUs) {sorted(other, key=str)} "
@@ -320,8 +320,14 @@ def from_log(args):
     if results:
         first = next(iter(results.values()))[0]
         args.steps, args.shapes = first["steps"], first["shapes"]
-        args.ddp = first["world"] if first["world"] > 1 else 0
+        args.ddp = ddp_of(first)
     return results
+
+
+def ddp_of(result):
+    """What --ddp was for the process of `result`: its GPUs when more than one, else 0."""
+    world = result.get("world", 1)
+    return world if world > 1 else 0
 
 
 def joined(logs):
