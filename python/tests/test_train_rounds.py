@@ -602,3 +602,28 @@ def test_resuming_into_the_resumed_log_is_refused(rounds, tmp_path, monkeypatch,
         rounds.main()
     assert "--resume needs a --log of its own" in capsys.readouterr().err
     assert path.read_text().count("=== train_rounds") == 2, "the log is left as it was"
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".gz"])
+def test_a_compressed_log_tables_as_the_plain_one(rounds, tmp_path, suffix):
+    # docs/runs/ keeps the GPU runs' logs compressed; --from-log reads them as they are.
+    import gzip
+    import lzma
+
+    plain = tmp_path / "a.log"
+    _log(plain, [(0, "native", 5.0, 6.0), (0, "emm-pool"), (1, "emm-pool", 7.0), (1, "native")], 1)
+    packed = tmp_path / ("a.log" + suffix)
+    opener = lzma.open if suffix == ".xz" else gzip.open
+    with opener(packed, "wb") as f:
+        f.write(plain.read_bytes())
+
+    def table(path):
+        args = argparse.Namespace(from_log=[str(path)], sdpa="auto", fsdp=False,
+                                  workloads=None, variants=None, rounds=0, steps=0, shapes=None, ddp=0)
+        return rounds.from_log(args), args.rounds
+
+    assert table(packed) == table(plain)
+    results, n = table(packed)
+    assert n == 2
+    assert sorted(x["total_ms"] for x in results[("gpt2", "native")]) == [11.0, 30.0]
+    assert sorted(x["total_ms"] for x in results[("gpt2", "emm-pool")]) == [7.0, 30.0]

@@ -49,7 +49,9 @@ unmapped): the median step's count and the total.
 """
 import argparse
 import datetime
+import gzip
 import json
+import lzma
 import os
 import pathlib
 import statistics
@@ -212,7 +214,8 @@ def main():
     p.add_argument("--from-log", metavar="FILE", nargs="+",
                    help="run nothing: print the tables from the RESULT lines of earlier runs' logs "
                         "(what a run cut short still wrote); with several files, the last run of each, "
-                        "together (rounds split over calls with --first-round)")
+                        "together (rounds split over calls with --first-round); a FILE may be compressed "
+                        "(.xz or .gz, as docs/runs/ keeps them)")
     args = p.parse_args()
     for v in args.variants:
         try:
@@ -358,30 +361,42 @@ def one_process_a_round(results):
     return kept
 
 
+def read_log(path):
+    """The text of the log at `path`, which may be compressed as `docs/runs/` keeps
+    its logs (`.xz`, `.gz`: read with the standard library's lzma and gzip)."""
+    if str(path).endswith(".xz"):
+        return lzma.open(path, "rt")
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt")
+    return open(path)
+
+
 def last_run_of(path, args):
-    """The results of the last run in the log at `path`, keyed as a run keys them."""
+    """The results of the last run in the log at `path` (plain or compressed,
+    `read_log`), keyed as a run keys them."""
     results = {}
     head = None
-    for line in open(path):
-        if line.startswith("=== train_rounds "):
-            # A new run: only the last run of the log is tabled.
-            results, head = {}, None
-            logged = json.loads(line[len("=== train_rounds "):])
-            args.sdpa = logged.get("sdpa", args.sdpa)
-            args.fsdp = "--fsdp" in logged.get("argv", [])
-            continue
-        if line.startswith("== "):
-            parts = line.split()
-            head = {"round": int(parts[3][6:])} if len(parts) > 4 and parts[3].startswith("round=") else None
-            if head is not None:
-                # The variant as --variants named it (with its settings, if any).
-                head["variant"] = parts[2]
-                gpu = line.split(" gpu=", 1)[1] if " gpu=" in line else "{}"
-                head["gpu"] = json.loads(gpu)
-        elif line.startswith("RESULT ") and head is not None:
-            res = json.loads(line[7:])
-            res.update(head, total_ms=sum(res["step_ms"]))
-            results.setdefault((res["workload"], res["variant"]), []).append(res)
+    with read_log(path) as lines:
+        for line in lines:
+            if line.startswith("=== train_rounds "):
+                # A new run: only the last run of the log is tabled.
+                results, head = {}, None
+                logged = json.loads(line[len("=== train_rounds "):])
+                args.sdpa = logged.get("sdpa", args.sdpa)
+                args.fsdp = "--fsdp" in logged.get("argv", [])
+                continue
+            if line.startswith("== "):
+                parts = line.split()
+                head = {"round": int(parts[3][6:])} if len(parts) > 4 and parts[3].startswith("round=") else None
+                if head is not None:
+                    # The variant as --variants named it (with its settings, if any).
+                    head["variant"] = parts[2]
+                    gpu = line.split(" gpu=", 1)[1] if " gpu=" in line else "{}"
+                    head["gpu"] = json.loads(gpu)
+            elif line.startswith("RESULT ") and head is not None:
+                res = json.loads(line[7:])
+                res.update(head, total_ms=sum(res["step_ms"]))
+                results.setdefault((res["workload"], res["variant"]), []).append(res)
     return results
 
 
