@@ -627,3 +627,42 @@ def test_a_compressed_log_tables_as_the_plain_one(rounds, tmp_path, suffix):
     assert n == 2
     assert sorted(x["total_ms"] for x in results[("gpt2", "native")]) == [11.0, 30.0]
     assert sorted(x["total_ms"] for x in results[("gpt2", "emm-pool")]) == [7.0, 30.0]
+
+
+def test_the_rounds_ratio_interval_is_students_t_over_their_logs(tables):
+    # Two rounds at 1.1 and 1/1.1: geometric mean 1; the logs' standard deviation
+    # is sqrt(2) * log 1.1, so the half width is t(1) * log 1.1 = 12.706 * log 1.1.
+    g, lo, hi = tables.ratio_interval([1.1, 1 / 1.1])
+    assert g == pytest.approx(1.0)
+    assert math.log(hi) == pytest.approx(12.706 * math.log(1.1))
+    assert math.log(lo) == pytest.approx(-12.706 * math.log(1.1))
+    # Rounds that agree leave no width; more rounds narrow it.
+    assert tables.ratio_interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
+    five = tables.ratio_interval([1.098, 0.994, 0.991, 1.082, 1.061])
+    ten = tables.ratio_interval([1.098, 0.994, 0.991, 1.082, 1.061] * 2)
+    assert five[1] < ten[1] < ten[2] < five[2]
+    assert five[1] < 1.0 < five[2], "five such rounds cannot tell 1.04 from 1"
+    # Past 30 degrees of freedom the normal's quantile.
+    many = [1.0, 1.2] * 20
+    logs = [math.log(x) for x in many]
+    import statistics
+
+    half = 1.960 * statistics.stdev(logs) / math.sqrt(len(logs))
+    assert math.log(tables.ratio_interval(many)[2]) == pytest.approx(statistics.mean(logs) + half)
+
+
+def test_the_rounds_ratio_interval_needs_two_rounds_of_positive_ratios(tables):
+    assert tables.ratio_interval([]) is None
+    assert tables.ratio_interval([1.05]) is None
+    assert tables.ratio_interval([1.05, 0.0]) is None
+
+
+def test_the_per_round_table_gives_the_ratios_interval(tables, capsys):
+    results = {
+        ("gpt2", "native"): [{"round": r, "total_ms": 100.0} for r in range(3)],
+        ("gpt2", "emm-pool"): [{"round": r, "total_ms": t} for r, t in enumerate((110.0, 95.0, 104.0))],
+    }
+    tables.paired("gpt2", argparse.Namespace(variants=["native", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    g, lo, hi = tables.ratio_interval([1.10, 0.95, 1.04])
+    assert f"emm-pool: the rounds' ratios, geometric mean {g:.3f}, 95 % interval {lo:.3f}-{hi:.3f}" in out, out
