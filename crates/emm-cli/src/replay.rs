@@ -281,7 +281,18 @@ fn progress_bar(total: u64, label: String) -> ProgressBar {
 
 pub fn run(args: &Args) -> io::Result<ExitCode> {
     // The page's file is made before the work, so a path that cannot be written
-    // fails at once, not after minutes of replay.
+    // fails at once, not after minutes of replay; made then, a page named as one
+    // of the traces would empty that trace before it is read.
+    if let Some(page) = &args.html {
+        if let Some(trace) = args.traces.iter().find(|t| same_file(page, t)) {
+            note(format_args!(
+                "emm replay: --html {} is the trace {}: writing the page would overwrite it; name another file",
+                page.display(),
+                trace.display()
+            ));
+            return Ok(ExitCode::from(2));
+        }
+    }
     let html_file = match &args.html {
         Some(path) => match std::fs::File::create(path) {
             Ok(f) => Some(f),
@@ -300,7 +311,9 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
         note("emm replay: --device-lag models the host stand-in's device, and this replay runs on the GPU (whose own events complete when its work does); drop --device-lag, or add --device-memory, which replays emm's managers over the stand-in");
         return Ok(ExitCode::from(2));
     }
-    let mut out = Out::stdout();
+    // A reader that goes away (`| head`) stops the output, not the run: what
+    // failed still reaches stderr and the exit status, and --html its page.
+    let mut out = Out::stdout_past_close();
     if !args.json {
         out.line(backend.describe())?;
         if args.device_lag > 0 {
@@ -655,6 +668,27 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Whether `a` and `b` name one file (both exist; the same device and inode on
+/// Unix, else the same canonical path).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        x.dev() == y.dev() && x.ino() == y.ino()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (x, y);
+        matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(p), Ok(q)) if p == q
+        )
+    }
 }
 
 fn say_diagnostics(t: &Trace, s: &Summary) {

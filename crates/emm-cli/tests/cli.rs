@@ -524,6 +524,51 @@ fn a_closed_pipe_ends_quietly() {
     assert!(o.status.success(), "{:?} {}", o.status, text(&o.stderr));
 }
 
+/// `emm replay` with its standard output closed before it writes (the reader of
+/// `| head` gone): the output stops, the run does not, so a failure still
+/// reaches stderr and the exit status, and `--html` still writes its page.
+fn replay_to_a_closed_pipe(args: &[&str]) -> Output {
+    let mut child = emm()
+        .arg("replay")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    no_panic(&o);
+    o
+}
+
+#[test]
+fn a_closed_pipe_does_not_hide_a_failure_or_the_page() {
+    let missing = "/nonexistent/trace.csv";
+    let o = replay_to_a_closed_pipe(&[missing]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains(missing), "{}", text(&o.stderr));
+
+    let page = std::env::temp_dir().join(format!("emm-cli-closed-{}.html", std::process::id()));
+    let _ = std::fs::remove_file(&page);
+    let o = replay_to_a_closed_pipe(&["--passes", "1", "--html", page.to_str().unwrap()]);
+    assert!(o.status.success(), "{:?} {}", o.status, text(&o.stderr));
+    let written = std::fs::read_to_string(&page).unwrap();
+    assert!(written.contains("</html>"), "{} bytes", written.len());
+    let _ = std::fs::remove_file(&page);
+}
+
+#[test]
+fn a_page_named_as_a_trace_is_refused_and_the_trace_kept() {
+    let body = b"op,id,size,stream\na,1,512,0\nf,1,0,0\n";
+    let t = temp("page_is_trace.csv", body);
+    let o = run(&["replay", "--html", t.to_str().unwrap(), t.to_str().unwrap()]);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("writing the page would overwrite it"), "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), body, "the trace is untouched");
+}
+
 #[test]
 fn a_full_disk_is_an_error_not_a_panic() {
     if !Path::new("/dev/full").exists() {

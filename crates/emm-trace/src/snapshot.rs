@@ -325,9 +325,30 @@ fn device_trace(
             });
             continue;
         };
-        let action = as_str(key(d, "action")).unwrap_or("");
+        let Some(action) = as_str(key(d, "action")) else {
+            diag.push_with(i as u64, || {
+                format!(
+                    "record device_traces[{device}][{i}] has no string `action` (found {})",
+                    key(d, "action").map_or_else(|| "none".to_owned(), |v| cx.describe(v))
+                )
+            });
+            continue;
+        };
         let addr = as_int(key(d, "addr"));
-        let size = as_int(key(d, "size")).unwrap_or(0).max(0) as u64;
+        // A byte count: a non-negative integer (PyTorch's are); anything else is
+        // said, not read as 0, where the event needs it.
+        let size = as_int(key(d, "size")).and_then(|s| u64::try_from(s).ok());
+        let need_size = |diag: &mut Diagnostics| -> Option<u64> {
+            if size.is_none() {
+                diag.push_with(i as u64, || {
+                    format!(
+                        "record device_traces[{device}][{i}] ({action}) has no non-negative integer `size` (found {})",
+                        key(d, "size").map_or_else(|| "none".to_owned(), |v| cx.describe(v))
+                    )
+                });
+            }
+            size
+        };
         let stream = as_int(key(d, "stream")).unwrap_or(0) as u64;
         let time = as_int(key(d, "time_us")).and_then(|t| u64::try_from(t).ok());
         let need_addr = |diag: &mut Diagnostics| -> Option<i64> {
@@ -341,6 +362,9 @@ fn device_trace(
         match action {
             "alloc" => {
                 let Some(a) = need_addr(&mut diag) else {
+                    continue;
+                };
+                let Some(size) = need_size(&mut diag) else {
                     continue;
                 };
                 next += 1;
@@ -363,8 +387,13 @@ fn device_trace(
                 };
                 let id = match live.remove(&a) {
                     Some(id) => id,
-                    // Allocated before recording began.
-                    None => reconstruct(&mut next, &mut pre, &mut fig, size, stream),
+                    // Allocated before recording began: its size makes it.
+                    None => {
+                        let Some(size) = need_size(&mut diag) else {
+                            continue;
+                        };
+                        reconstruct(&mut next, &mut pre, &mut fig, size, stream)
+                    }
                 };
                 ops.push(Op::Free { id });
                 details.event(time, None);
@@ -393,12 +422,18 @@ fn device_trace(
                 }
             }
             "segment_alloc" | "segment_map" => {
+                let Some(size) = need_size(&mut diag) else {
+                    continue;
+                };
                 fig.segment_events += 1;
                 delta += i128::from(size);
                 max_delta = max_delta.max(delta);
                 details.reserved(delta);
             }
             "segment_free" | "segment_unmap" => {
+                let Some(size) = need_size(&mut diag) else {
+                    continue;
+                };
                 fig.segment_events += 1;
                 delta -= i128::from(size);
                 min_delta = min_delta.min(delta);

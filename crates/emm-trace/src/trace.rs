@@ -44,7 +44,8 @@ impl Trace {
     /// Opens `path`, detecting its format from its first bytes (or taking
     /// `format`). A snapshot yields one trace per device with activity; a text
     /// file one trace. Text files are checked up to their header here and read in
-    /// full by each pass.
+    /// full by each pass; a text trace that is not a regular file (a FIFO, a
+    /// pipe) is read once into memory, as [`Trace::from_reader`] reads it.
     pub fn open(path: &Path, format: FormatChoice) -> Result<Vec<Trace>, TraceError> {
         let name = path.display().to_string();
         let io = |source| TraceError::Io {
@@ -90,6 +91,12 @@ impl Trace {
             let limited = reader.take(MAX_SNAPSHOT_BYTES);
             let devices = read_snapshot(limited, &name)?;
             return Ok(snapshot_traces(&name, devices));
+        }
+        if !meta.is_file() {
+            // A FIFO, `/dev/stdin` or a process substitution cannot be opened
+            // again for each pass (and the bytes read above to find the format
+            // would be gone): it is read once, into memory, as standard input is.
+            return Self::from_reader(&name, reader, format);
         }
         let events = TextEvents::new(reader, &name, format)?;
         Ok(vec![Trace {

@@ -478,3 +478,97 @@ fn a_pickle_of_bare_containers_is_refused_before_it_takes_memory() {
     let e = open_one(&temp("nostop.pickle", b"\x80\x02]]]")).unwrap_err();
     assert!(e.to_string().contains("ends without STOP"), "{e}");
 }
+
+/// A snapshot record whose `size` is not a non-negative integer (a string, a
+/// negative number) or whose `action` is not a string is reported and skipped,
+/// saying what was found, not read as an allocation of 0 bytes or as an
+/// unknown action "".
+#[test]
+fn a_record_with_a_bad_size_or_action_is_reported_with_what_it_holds() {
+    fn entry(action: &[u8], addr: u8, size: &[u8]) -> Vec<u8> {
+        let mut e = b"}(".to_vec();
+        e.extend(x("action"));
+        e.extend(action);
+        e.extend(x("addr"));
+        e.extend([b'K', addr]);
+        e.extend(x("size"));
+        e.extend(size);
+        e.push(b'u');
+        e
+    }
+    let mut p = b"\x80\x02}(".to_vec();
+    p.extend(x("segments"));
+    p.push(b']');
+    p.extend(x("device_traces"));
+    p.extend(b"](](");
+    p.extend(entry(&x("alloc"), 1, &x("1024")));
+    p.extend(entry(&x("alloc"), 2, b"J\xfb\xff\xff\xff")); // -5
+    p.extend(entry(b"K\x05", 3, b"K\x10"));
+    p.extend(entry(&x("alloc"), 4, b"K\x10"));
+    p.extend(entry(&x("segment_alloc"), 5, b"N")); // None
+    p.extend(b"eeu.");
+    let t = open_one(&temp("bad_size_action.pickle", &p)).unwrap();
+    let (ops, diag) = ops_of(&t);
+    assert_eq!(
+        ops,
+        vec![Op::Alloc {
+            id: 1,
+            size: 16,
+            stream: 0
+        }],
+        "only the good record is an event"
+    );
+    assert_eq!(diag.bad, 4, "{:?}", diag.first);
+    let said: Vec<&str> = diag.first.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        said[0].contains("(alloc) has no non-negative integer `size` (found String(\"1024\"))"),
+        "{said:?}"
+    );
+    assert!(
+        said[1].contains("(alloc) has no non-negative integer `size` (found Int(-5))"),
+        "{said:?}"
+    );
+    assert!(
+        said[2].contains("has no string `action` (found Int(5))"),
+        "{said:?}"
+    );
+    assert!(
+        said[3].contains("(segment_alloc) has no non-negative integer `size` (found None)"),
+        "{said:?}"
+    );
+}
+
+/// A text trace from a FIFO (as `<(...)` or `/dev/stdin` give one) is read once:
+/// every pass replays all of it. It used to be opened again for each pass, so
+/// the bytes read to find its format were lost (line 1 cut, then every pass
+/// after the first empty or waiting for a writer that was gone).
+#[cfg(unix)]
+#[test]
+fn a_text_trace_from_a_fifo_is_read_once_and_every_pass_has_all_of_it() {
+    let dir = std::env::temp_dir().join(format!("emm-trace-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("trace.csv");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    // More than the 64 KiB the format is found from.
+    let mut text = String::from("op,id,size,stream\n");
+    for i in 0..5_000 {
+        text.push_str(&format!("a,{i},{},0\nf,{i},0,0\n", 512 * (1 + i % 7)));
+    }
+    assert!(text.len() > 64 << 10);
+    let writer = {
+        let (fifo, text) = (fifo.clone(), text.clone());
+        std::thread::spawn(move || std::fs::write(fifo, text))
+    };
+    let t = open_one(&fifo).unwrap();
+    writer.join().unwrap().unwrap();
+    for pass in 0..2 {
+        let s = scan(&t).unwrap();
+        assert_eq!((s.requests, s.diagnostics.bad), (5_000, 0), "pass {pass}");
+    }
+    let _ = std::fs::remove_file(&fifo);
+}
