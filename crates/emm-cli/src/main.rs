@@ -42,6 +42,9 @@ unmapped) and time. A line per manager replayed over several passes splits the d
 (the manager growing) and each later pass. In --json, upstream_allocs counts the allocations the manager \
 took from what it sits on (the driver or the stand-in). A replay with failed requests is marked FAILED."
     )]
+    // --as-fraction changes how --device-memory and --fit cap PyTorch's models:
+    // without either it would do nothing, so it needs one (or both).
+    #[command(group(clap::ArgGroup::new("sizing").multiple(true)))]
     Replay {
         /// Trace files (`-`: standard input); none replays the bundled GPT
         /// training trace.
@@ -83,12 +86,12 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// Replay every manager on a device of SIZE (e.g. `24G`, binary units)
         /// and say which run and which fail; emm's managers then run over the
         /// host stand-in with that capacity, on a GPU too.
-        #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes)]
+        #[arg(long, value_name = "SIZE", value_parser = emm::core::parse_bytes, group = "sizing")]
         device_memory: Option<u64>,
         /// For each manager, search the smallest device it runs the trace on
         /// (bisection, confirmed by a run at the answer; a larger size that
         /// failed is reported).
-        #[arg(long)]
+        #[arg(long, group = "sizing")]
         fit: bool,
         /// For the pool without virtual memory (`EMM_POOL_EXPANDABLE=0`, legacy
         /// IPC's path): search the smallest initial size (`EMM_POOL_INITIAL_SIZE`)
@@ -102,7 +105,7 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// an 80 GB H100, checked against each new segment's rounded size before
         /// it is made), not as a device of that size. emm's managers are capped
         /// as a device either way.
-        #[arg(long)]
+        #[arg(long, requires = "sizing")]
         as_fraction: bool,
         /// What the process holds on the device besides the allocator, added to
         /// `--fit`'s answers. The default is what PyTorch 2.11 held on an H100

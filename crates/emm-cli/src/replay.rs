@@ -590,10 +590,18 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 .find(|m| m.manager == "pool" && !m.failed)
                 .map(|m| u32::try_from(m.steady_passes.max(1)).unwrap_or(u32::MAX));
             match pool {
-                None => note(format_args!(
-                    "emm replay: {}: --initial-size skipped: it needs a replay through the pool (-m pool) that ran",
-                    t.name()
-                )),
+                None => {
+                    // Why: the pool was not asked for, or its replay failed.
+                    let why = if tr.managers.iter().any(|m| m.manager == "pool") {
+                        "the pool's replay failed (a request it could not serve), so no home segment can hold the trace"
+                    } else {
+                        "it needs a replay through the pool (-m pool), and the pool was not among the managers"
+                    };
+                    note(format_args!(
+                        "emm replay: {}: --initial-size skipped: {why}",
+                        t.name()
+                    ))
+                }
                 Some(passes) => {
                     let live = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
                     let mut streams = backend.streams();
@@ -607,10 +615,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                                 runs: f.runs,
                             })
                         }
-                        Err(e) => fail(format!(
-                            "emm replay: {}: --initial-size: {e}",
-                            t.name()
-                        )),
+                        Err(e) => fail(format!("emm replay: {}: --initial-size: {e}", t.name())),
                     }
                 }
             }

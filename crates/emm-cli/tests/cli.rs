@@ -1226,6 +1226,15 @@ fn as_fraction_caps_pytorchs_models_as_set_per_process_memory_fraction() {
     };
     let (device, fraction) = (fit(false), fit(true));
     assert!(fraction >= device, "fraction {fraction} < device {device}");
+    // Alone it would cap nothing: refused, naming what it needs.
+    let o = run(&["replay", "--passes", "1", "--as-fraction"]);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--device-memory <SIZE>|--fit"),
+        "{}",
+        text(&o.stderr)
+    );
     // At the device answer, the fraction refuses or runs as the model says, and
     // the text says how the models were capped.
     let o = run(&[
@@ -1616,6 +1625,27 @@ fn initial_size_finds_the_home_that_holds_the_trace_in_one_segment() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(
         text(&o.stderr).contains("--initial-size skipped: it needs a replay through the pool"),
+        "{}",
+        text(&o.stderr)
+    );
+    // With the pool asked for but its replay failed (a request no device
+    // holds), it says that, not that the pool was missing.
+    let huge = temp(
+        "initial_size_huge.csv",
+        b"op,id,size,stream\na,1,1024,0\na,2,99999999999999,0\nf,1,0,0\nf,2,0,0\n",
+    );
+    let o = run(&[
+        "replay",
+        "-m",
+        "pool",
+        "--passes",
+        "1",
+        "--initial-size",
+        huge.to_str().unwrap(),
+    ]);
+    no_panic(&o);
+    assert!(
+        text(&o.stderr).contains("--initial-size skipped: the pool's replay failed"),
         "{}",
         text(&o.stderr)
     );

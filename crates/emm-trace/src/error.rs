@@ -22,6 +22,17 @@ pub enum TraceError {
         /// What was seen (e.g. "a NUL byte at offset 3").
         found: String,
     },
+    /// `--format pytorch` on text: a snapshot is a pickle, and this does not
+    /// begin as one.
+    #[error("{trace}: was to be read as a PyTorch snapshot (--format pytorch), but it does not begin as a pickle: it begins with the text line {first_line:?}{}; drop --format to detect the format", .header.map(|f| format!(", {}'s header", f.name())).unwrap_or_default())]
+    NotASnapshot {
+        /// The trace.
+        trace: String,
+        /// An excerpt of its first non-blank line.
+        first_line: String,
+        /// The text format whose header that line is, if any.
+        header: Option<crate::op::Format>,
+    },
     /// The first non-blank line is no known header.
     #[error("{trace}:{line}: no usable header: found {found:?}; expected \"op,id,size,stream\" (emm) or \"Thread,Time,Action,Pointer,Size,Stream\" (RMM), or pass --format")]
     MissingHeader {

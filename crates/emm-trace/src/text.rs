@@ -47,6 +47,22 @@ pub(crate) fn sniff(head: &[u8]) -> Sniff {
     Sniff::Text
 }
 
+/// The error for text read as a snapshot (`--format pytorch`): what its first
+/// non-blank line is, from the bytes `head` it begins with.
+pub(crate) fn not_a_snapshot(trace: &str, head: &[u8]) -> TraceError {
+    let text = String::from_utf8_lossy(head);
+    let line = text
+        .lines()
+        .map(|l| l.trim_start_matches('\u{feff}').trim())
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    TraceError::NotASnapshot {
+        trace: trace.to_owned(),
+        first_line: line.chars().take(60).collect(),
+        header: header_format(line),
+    }
+}
+
 fn header_format(line: &str) -> Option<Format> {
     let h: String = line
         .chars()

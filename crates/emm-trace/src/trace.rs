@@ -11,7 +11,7 @@ use crate::diagnostics::Diagnostics;
 use crate::error::TraceError;
 use crate::op::{Format, Op};
 use crate::snapshot::{read_snapshot, TorchFigures, MAX_SNAPSHOT_BYTES};
-use crate::text::{sniff, Sniff, TextEvents};
+use crate::text::{not_a_snapshot, sniff, Sniff, TextEvents};
 
 const READ_BUFFER: usize = 64 << 10;
 
@@ -64,6 +64,7 @@ impl Trace {
         let head = reader.fill_buf().map_err(io)?.to_vec();
         let sniffed = sniff(&head);
         let pickle = match (format, &sniffed) {
+            (Some(Format::TorchSnapshot), Sniff::Text) => return Err(not_a_snapshot(&name, &head)),
             (Some(Format::TorchSnapshot), _) | (None, Sniff::Pickle) => true,
             (_, Sniff::Binary(found)) => {
                 return Err(TraceError::Binary {
@@ -136,6 +137,7 @@ impl Trace {
         }
         let head = &data[..data.len().min(READ_BUFFER)];
         match (format, sniff(head)) {
+            (Some(Format::TorchSnapshot), Sniff::Text) => Err(not_a_snapshot(name, head)),
             (Some(Format::TorchSnapshot), _) | (None, Sniff::Pickle) => {
                 let devices = read_snapshot(&data[..], name)?;
                 Ok(snapshot_traces(name, devices))

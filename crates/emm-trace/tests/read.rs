@@ -340,6 +340,24 @@ fn a_forced_format_on_another_formats_header_says_what_was_expected() {
     );
     // The format the header names is read as before.
     assert!(Trace::open(&p, Some(Format::EmmCsv)).is_ok());
+    // `--format pytorch` on it says it begins as text, with emm's header, not
+    // what the pickle decoder made of it ("no MARK to pop to").
+    for e in [
+        Trace::open(&p, Some(Format::TorchSnapshot)).unwrap_err(),
+        Trace::from_reader(
+            "(standard input)",
+            &b"\n op,id,size,stream\na,1,512,0\n"[..],
+            Some(Format::TorchSnapshot),
+        )
+        .unwrap_err(),
+    ] {
+        assert!(matches!(e, TraceError::NotASnapshot { .. }), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains("it begins with the text line \"op,id,size,stream\", emm-csv's header; drop --format"),
+            "{m}"
+        );
+    }
 }
 
 /// Protocol 2 `SHORT_BINUNICODE`-style string (`X`, 4-byte length).
