@@ -265,16 +265,30 @@ fn parse_rmm(
         ));
     }
     let ptr = hex(f[3]).ok_or_else(|| format!("pointer {:?} is not hex", excerpt(f[3], 24)))?;
-    let stream = hex(f[5]).unwrap_or(0);
     match f[2] {
         "allocate" => {
-            *next += 1;
-            ids.insert(ptr, *next);
-            Ok(Some(Op::Alloc {
-                id: *next,
-                size: num(f[4], "size")?,
-                stream,
-            }))
+            // RMM writes the stream as a pointer (`0x0`); an empty field is the
+            // default stream, anything else that is not hex is said, not read as 0.
+            let field = f[5].trim();
+            let stream = if field.is_empty() {
+                0
+            } else {
+                hex(field).ok_or_else(|| format!("stream {:?} is not hex", excerpt(field, 24)))?
+            };
+            let size = num(f[4], "size")?;
+            // A pointer allocated again while live keeps its id: the replay then
+            // takes the earlier allocation as freed there and counts it, as it
+            // does an emm CSV's reused id (a fresh id left the earlier one live
+            // for ever).
+            let id = match ids.get(&ptr) {
+                Some(&live) => live,
+                None => {
+                    *next += 1;
+                    ids.insert(ptr, *next);
+                    *next
+                }
+            };
+            Ok(Some(Op::Alloc { id, size, stream }))
         }
         "free" => match ids.remove(&ptr) {
             Some(id) => Ok(Some(Op::Free { id })),

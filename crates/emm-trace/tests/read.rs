@@ -61,6 +61,50 @@ fn both_text_formats_parse_and_bad_lines_are_numbered() {
         ]
     );
     assert_eq!(scan(&r).unwrap().diagnostics.first[0].line, 5);
+    // A stream that is not hex is said (the line skipped), not read as stream
+    // 0; an empty one is the default stream; a free's stream is not read.
+    let r = Trace::from_text(
+        "r",
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f00,256,zz\n1,0.2,allocate,0x7f10,64,\n1,0.3,allocate,0x7f20,8,0x1a\n1,0.4,free,0x7f10,64,zz\n",
+    )
+    .unwrap();
+    let ops: Vec<Op> = r.events().unwrap().collect();
+    assert_eq!(
+        ops,
+        vec![
+            Op::Alloc {
+                id: 1,
+                size: 64,
+                stream: 0
+            },
+            Op::Alloc {
+                id: 2,
+                size: 8,
+                stream: 0x1a
+            },
+            Op::Free { id: 1 }
+        ]
+    );
+    let d = scan(&r).unwrap().diagnostics;
+    assert_eq!((d.bad, d.first[0].line), (1, 2));
+    assert!(
+        d.first[0].message.contains("stream \"zz\" is not hex"),
+        "{:?}",
+        d.first
+    );
+    // A pointer allocated again while live is the emm CSV's reused id: the
+    // earlier allocation is taken as freed there, and counted.
+    let r = Trace::from_text(
+        "r",
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f00,256,0x0\n1,0.2,allocate,0x7f00,64,0x0\n1,0.3,free,0x7f00,64,0x0\n",
+    )
+    .unwrap();
+    let s = scan(&r).unwrap();
+    assert_eq!(
+        (s.requests, s.reused_live_ids, s.peak_live_bytes),
+        (2, 1, 256)
+    );
+    assert_eq!(s.unknown_frees, 0);
 }
 
 #[test]
