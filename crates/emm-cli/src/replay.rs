@@ -293,6 +293,10 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
+    if args.traces.iter().filter(|t| t.as_os_str() == "-").count() > 1 {
+        note("emm replay: standard input (-) is named more than once; it can be read once");
+        return Ok(ExitCode::from(2));
+    }
     let html_file = match &args.html {
         Some(path) => match std::fs::File::create(path) {
             Ok(f) => Some(f),

@@ -558,6 +558,18 @@ fn a_closed_pipe_does_not_hide_a_failure_or_the_page() {
 }
 
 #[test]
+fn standard_input_named_twice_is_refused() {
+    let o = run(&["replay", "-", "-"]);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("standard input (-) is named more than once"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
 fn a_page_named_as_a_trace_is_refused_and_the_trace_kept() {
     let body = b"op,id,size,stream\na,1,512,0\nf,1,0,0\n";
     let t = temp("page_is_trace.csv", body);
