@@ -24,7 +24,11 @@ def test_the_cpu_a_thread_burns_shows_under_its_name():
 def test_the_probe_runs_the_bench_and_reports_even_when_it_exits(capsys, monkeypatch):
     probe = load_gpu_script("thread_cpu")
     monkeypatch.setattr(sys, "argv", ["thread_cpu.py", "--help"])
-    probe.main()  # train_bench.py --help exits; the probe still reports
+    assert probe.main() == 0  # train_bench.py --help exits; the probe still reports
     out = capsys.readouterr().out
     assert "--variant" in out
     assert out.strip().splitlines()[-1].startswith("THREADS {")
+    # A bench that fails gives its status back, after the threads' line.
+    monkeypatch.setattr(sys, "argv", ["thread_cpu.py", "--variant", "no-such-variant"])
+    assert probe.main() == 2
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("THREADS {")

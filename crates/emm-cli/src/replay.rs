@@ -284,7 +284,13 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     // fails at once, not after minutes of replay; made then, a page named as one
     // of the traces would empty that trace before it is read.
     if let Some(page) = &args.html {
-        if let Some(trace) = args.traces.iter().find(|t| same_file(page, t)) {
+        // (Standard input is compared as the file it was redirected from.)
+        let stdin = std::path::Path::new("/dev/stdin");
+        if let Some(trace) = args
+            .traces
+            .iter()
+            .find(|t| same_file(page, if t.as_os_str() == "-" { stdin } else { t }))
+        {
             note(format_args!(
                 "emm replay: --html {} is the trace {}: writing the page would overwrite it; name another file",
                 page.display(),
@@ -293,8 +299,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
-    if args.traces.iter().filter(|t| t.as_os_str() == "-").count() > 1 {
-        note("emm replay: standard input (-) is named more than once; it can be read once");
+    if args.traces.iter().filter(|t| is_stdin(t)).count() > 1 {
+        note("emm replay: standard input (-, or /dev/stdin) is named more than once; it can be read once");
         return Ok(ExitCode::from(2));
     }
     let html_file = match &args.html {
@@ -595,11 +601,15 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                 .map(|m| u32::try_from(m.steady_passes.max(1)).unwrap_or(u32::MAX));
             match pool {
                 None => {
-                    // Why: the pool was not asked for, or its replay failed.
-                    let why = if tr.managers.iter().any(|m| m.manager == "pool") {
+                    // Why: the pool was not asked for, its replay failed, or
+                    // it did not replay this trace (skipped, or an error said
+                    // above).
+                    let why = if !args.managers.iter().any(|m| m == "pool") {
+                        "it needs a replay through the pool (-m pool), and the pool was not among the managers"
+                    } else if tr.managers.iter().any(|m| m.manager == "pool") {
                         "the pool's replay failed (a request it could not serve), so no home segment can hold the trace"
                     } else {
-                        "it needs a replay through the pool (-m pool), and the pool was not among the managers"
+                        "the pool did not replay this trace (the reason is said above)"
                     };
                     note(format_args!(
                         "emm replay: {}: --initial-size skipped: {why}",
@@ -677,6 +687,13 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Whether `p` names standard input: `-`, or one of the paths Linux gives it.
+fn is_stdin(p: &std::path::Path) -> bool {
+    ["-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"]
+        .iter()
+        .any(|s| p.as_os_str() == *s)
 }
 
 /// Whether `a` and `b` name one file (both exist; the same device and inode on

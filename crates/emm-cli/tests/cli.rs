@@ -559,14 +559,16 @@ fn a_closed_pipe_does_not_hide_a_failure_or_the_page() {
 
 #[test]
 fn standard_input_named_twice_is_refused() {
-    let o = run(&["replay", "-", "-"]);
-    no_panic(&o);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
-    assert!(
-        text(&o.stderr).contains("standard input (-) is named more than once"),
-        "{}",
-        text(&o.stderr)
-    );
+    for twice in [["-", "-"], ["-", "/dev/stdin"]] {
+        let o = run(&["replay", twice[0], twice[1]]);
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("is named more than once; it can be read once"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
 }
 
 #[test]
@@ -578,6 +580,15 @@ fn a_page_named_as_a_trace_is_refused_and_the_trace_kept() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     let err = text(&o.stderr);
     assert!(err.contains("writing the page would overwrite it"), "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), body, "the trace is untouched");
+    // The same when the trace comes as standard input redirected from it.
+    let o = emm()
+        .args(["replay", "--html", t.to_str().unwrap(), "-"])
+        .stdin(std::fs::File::open(&t).unwrap())
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     assert_eq!(std::fs::read(&t).unwrap(), body, "the trace is untouched");
 }
 

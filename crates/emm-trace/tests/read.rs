@@ -628,9 +628,21 @@ fn a_text_trace_from_a_fifo_is_read_once_and_every_pass_has_all_of_it() {
     };
     let t = open_one(&fifo).unwrap();
     writer.join().unwrap().unwrap();
+    // Passes on a thread of their own: a pass that opened the FIFO again would
+    // wait for a writer for ever, and the test fails after 60 s instead of
+    // hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for _ in 0..2 {
+            let s = scan(&t).map(|s| (s.requests, s.diagnostics.bad));
+            let _ = tx.send(s.map_err(|e| e.to_string()));
+        }
+    });
     for pass in 0..2 {
-        let s = scan(&t).unwrap();
-        assert_eq!((s.requests, s.diagnostics.bad), (5_000, 0), "pass {pass}");
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("pass {pass} did not end: the FIFO was opened again"));
+        assert_eq!(got, Ok((5_000, 0)), "pass {pass}");
     }
     let _ = std::fs::remove_file(&fifo);
 }

@@ -40,19 +40,23 @@ def thread_cpu_ms():
 
 
 def main():
+    """Runs the bench, prints the threads' line, and returns the bench's exit
+    status (the line comes however the bench ended)."""
     start = time.time()
     sys.argv = [BENCH] + sys.argv[1:]
     sys.path.insert(0, os.path.dirname(BENCH))
+    status = 0
     try:
         runpy.run_path(BENCH, run_name="__main__")
-    except SystemExit:
-        pass
+    except SystemExit as e:
+        status = e.code
     finally:
         t = os.times()
         print("THREADS " + json.dumps({"wall_ms": int((time.time() - start) * 1000),
                                        "proc_user_ms": int(t.user * 1000), "proc_sys_ms": int(t.system * 1000),
                                        "threads_ms": thread_cpu_ms()}), flush=True)
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
