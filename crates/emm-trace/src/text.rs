@@ -264,6 +264,10 @@ fn parse_rmm(
             f.len()
         ));
     }
+    if f[2] == "allocate failure" {
+        // No block came of it; its pointer may be written as "(nil)".
+        return Ok(None);
+    }
     let ptr = hex(f[3]).ok_or_else(|| format!("pointer {:?} is not hex", excerpt(f[3], 24)))?;
     match f[2] {
         "allocate" => {
