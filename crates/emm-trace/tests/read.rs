@@ -105,6 +105,20 @@ fn both_text_formats_parse_and_bad_lines_are_numbered() {
         (2, 1, 256)
     );
     assert_eq!(s.unknown_frees, 0);
+    // A failed allocation made no block, whatever its pointer says ("(nil)"
+    // where glibc prints a null pointer).
+    let r = Trace::from_text(
+        "r",
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate failure,(nil),1024,0x0\n1,0.2,allocate,0x7f00,64,0x0\n",
+    )
+    .unwrap();
+    let s = scan(&r).unwrap();
+    assert_eq!(
+        (s.requests, s.diagnostics.bad),
+        (1, 0),
+        "{:?}",
+        s.diagnostics.first
+    );
 }
 
 #[test]
