@@ -696,25 +696,23 @@ fn is_stdin(p: &std::path::Path) -> bool {
         .any(|s| p.as_os_str() == *s)
 }
 
-/// Whether `a` and `b` name one file (both exist; the same device and inode on
-/// Unix, else the same canonical path).
+/// Whether `a` and `b` name one existing file: the same device and inode.
+#[cfg(unix)]
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) else {
-        return false;
-    };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt as _;
-        x.dev() == y.dev() && x.ino() == y.ino()
+    use std::os::unix::fs::MetadataExt as _;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
     }
-    #[cfg(not(unix))]
-    {
-        let _ = (x, y);
-        matches!(
-            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
-            (Ok(p), Ok(q)) if p == q
-        )
-    }
+}
+
+/// Whether `a` and `b` name one existing file: the same canonical path.
+#[cfg(not(unix))]
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    matches!(
+        (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+        (Ok(p), Ok(q)) if p == q
+    )
 }
 
 fn say_diagnostics(t: &Trace, s: &Summary) {
