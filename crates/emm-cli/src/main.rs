@@ -67,7 +67,8 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         /// manager (1: the first pass only). Without it, each manager replays the
         /// trace pass after pass until its peak reserved bytes have not moved for
         /// 10 passes in a row, at most 100 passes and 60 s per trace and manager
-        /// (the table marks a replay stopped by either bound), and the table shows
+        /// (the first pass always runs whole; a later one is stopped where it is
+        /// at 60 s; the table marks a replay stopped by either bound), and the table shows
         /// reserved/live after pass 1 beside the steady figure. Passes repeat the
         /// steps of a long run: what the trace frees is made again each pass; what
         /// it never frees is kept when made in its first half (weights, optimizer

@@ -518,6 +518,7 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                     None => "passes",
                 },
                 steady_from_pass: r.peak_reserved_from_pass() as u64,
+                abandoned_events: r.abandoned_events,
                 requests: r.requests,
                 peak_live_bytes: r.peak_live_bytes,
                 peak_reserved_bytes: r.peak_reserved_bytes,

@@ -49,6 +49,7 @@ pub use peak_map::{LiveBlock, PeakMap};
 pub use record::{RecordingManager, RECORD_ENV};
 pub use replay::{
     replay, scan, PassResult, ReplayOptions, ReplayResult, SteadyRule, SteadyStop, Summary,
+    DEADLINE_EVERY,
 };
 pub use sampling::Sample;
 pub use snapshot::TorchFigures;

@@ -160,8 +160,13 @@ pub struct ReplayOptions {
 /// `quiet_passes` passes in a row, or at `max_passes` passes, or when `max_time`
 /// has run out, whichever comes first.
 ///
-/// The rule is checked after each pass: a pass begun is finished, so the first
-/// pass always runs whole and a replay can overrun `max_time` by up to one pass.
+/// The quiet passes and the cap are checked after each pass. The time is checked
+/// after each pass and, from the second pass on, every [`DEADLINE_EVERY`] events
+/// within one: the first pass always runs whole (it is the first-pass figure),
+/// and a later pass under way when the time runs out is abandoned there, its
+/// figures in no [`PassResult`] (see [`ReplayResult::abandoned_events`]). So a
+/// replay takes at most its first pass, or `max_time` and a few events, whichever
+/// is longer, however slow the manager is on the trace's later passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SteadyRule {
     /// Passes in a row whose peak reserved bytes equal those of the pass before,
@@ -170,9 +175,15 @@ pub struct SteadyRule {
     /// The most passes to replay (0 reads as 1).
     pub max_passes: u32,
     /// The most wall time for the whole replay: no pass begins once this much has
-    /// passed since the first began.
+    /// passed since the first began, and a pass after the first stops where it
+    /// is.
     pub max_time: Duration,
 }
+
+/// How many events of a pass after the first run between two readings of the
+/// clock for [`SteadyRule::max_time`] (a reading costs tens of nanoseconds; a
+/// request to a manager or model, more).
+pub const DEADLINE_EVERY: u64 = 64;
 
 impl SteadyRule {
     /// `emm replay`'s rule: 10 quiet passes, at most 100 passes and 60 s.
@@ -197,7 +208,8 @@ pub enum SteadyStop {
     Settled,
     /// The rule's `max_passes` passes ran before peak reserved bytes held.
     MaxPasses,
-    /// The rule's `max_time` ran out before peak reserved bytes held.
+    /// The rule's `max_time` ran out before peak reserved bytes held (after a
+    /// pass, or within one: see [`ReplayResult::abandoned_events`]).
     MaxTime,
 }
 
@@ -263,6 +275,11 @@ pub struct ReplayResult {
     /// Why the replay stopped under [`ReplayOptions::until_steady`]; `None` for a
     /// fixed number of passes.
     pub steady: Option<SteadyStop>,
+    /// Events of the pass the rule's `max_time` stopped part way (0: none was).
+    /// That pass is in no [`PassResult`]; what it did is counted in this result's
+    /// own figures (requests, failures, driver calls, peaks, samples, peak map),
+    /// as what the manager did during the replay.
+    pub abandoned_events: u64,
     /// The manager's memory at its peak (see [`PeakMap`]), with
     /// [`ReplayOptions::peak_map`] (`None` without it, or when its reserved bytes
     /// never rose).
@@ -437,6 +454,8 @@ pub fn replay<T: ReplayTarget + ?Sized>(
     let mut i = 0u64;
     let mut unknown_frees = 0;
     let mut pass_results = Vec::with_capacity(passes.min(1024) as usize);
+    // Events of a pass abandoned when the rule's time ran out (0: none).
+    let mut abandoned = 0u64;
     let driver_start = manager.driver_calls();
     let mut driver_before = driver_start;
     let start = Instant::now();
@@ -509,6 +528,18 @@ pub fn replay<T: ReplayTarget + ?Sized>(
                 }
             }
             i += 1;
+            // From the second pass on, a pass stops where it is once the rule's
+            // time has run out (its clock leaves out the peak map's time, as below).
+            if let Some(st) = steady
+                .as_ref()
+                .filter(|_| pass > 0 && (k as u64 + 1) % DEADLINE_EVERY == 0)
+            {
+                let spent = watch.as_ref().map_or(Duration::ZERO, |w| w.spent);
+                if start.elapsed().saturating_sub(spent) >= st.rule.max_time {
+                    abandoned = k as u64 + 1;
+                    break;
+                }
+            }
             sampler.live(books.cur);
             if let (Some(w), Some(_)) = (watch.as_mut(), dense) {
                 sampler.reserved(w.read(manager, books.cur));
@@ -519,6 +550,10 @@ pub fn replay<T: ReplayTarget + ?Sized>(
             if i % 4096 == 0 {
                 progress(i);
             }
+        }
+        if abandoned > 0 {
+            stop = Some(SteadyStop::MaxTime);
+            break;
         }
         events.finish()?;
         if pass == 0 {
@@ -611,6 +646,7 @@ pub fn replay<T: ReplayTarget + ?Sized>(
         samples,
         passes: pass_results,
         steady: stop,
+        abandoned_events: abandoned,
         peak_map: watch.and_then(PeakWatch::finish),
         peak_slack,
     })

@@ -236,8 +236,15 @@ pub fn unsettled(m: &ManagerReport, rule: &SteadyRuleReport) -> Option<String> {
         "max_time" => format!("by the time bound ({} s)", rule.max_seconds),
         _ => return None,
     };
+    let part = match m.abandoned_events {
+        0 => String::new(),
+        n => format!(
+            " and {n} events of pass {} (stopped there; its part is in the figures)",
+            m.steady_passes + 1
+        ),
+    };
     Some(format!(
-        "stopped {bound} after {} passes, before peak reserved held for {} in a row (it last rose in pass {}): the steady figure may still grow",
+        "stopped {bound} after {} passes{part}, before peak reserved held for {} in a row (it last rose in pass {}): the steady figure may still grow",
         m.steady_passes, rule.quiet_passes, m.steady_from_pass
     ))
 }

@@ -197,6 +197,10 @@ pub struct ManagerReport {
     pub stopped_by: &'static str,
     /// The pass (from 1) from which peak reserved bytes held their final value.
     pub steady_from_pass: u64,
+    /// Events of a pass the time bound stopped part way, after `steady_passes`
+    /// whole ones (0: none). What that part did is in the manager's own figures
+    /// (requests, peaks, driver calls), not in `passes`.
+    pub abandoned_events: u64,
 }
 
 /// A manager's memory at its peak: the first moment its reserved bytes were at

@@ -30,6 +30,7 @@ fn manager(stopped_by: &'static str, passes: u64) -> ManagerReport {
         steady_reached: stopped_by == "steady",
         stopped_by,
         steady_from_pass: passes,
+        abandoned_events: 0,
     }
 }
 
@@ -112,6 +113,14 @@ fn a_replay_stopped_by_a_bound_is_marked_and_explained() {
     }
     assert_eq!(last_label(&report(manager("steady", 13), true)), "steady");
     assert_eq!(last_label(&report(manager("passes", 3), false)), "pass 3");
+    // A pass the time bound stopped part way is named with its events.
+    let mut m = manager("max_time", 37);
+    m.abandoned_events = 4096;
+    let said = unsettled(&m, &rule).unwrap();
+    assert!(
+        said.contains("after 37 passes and 4096 events of pass 38"),
+        "{said}"
+    );
 }
 
 /// The pool without virtual memory and without a home, looser than the
