@@ -718,11 +718,12 @@ fn python_imports(text: &str) -> Vec<(String, Vec<String>)> {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("xtask-circles-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A folder for one test's sources, removed when the guard goes.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("xtask-circles-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     fn write(dir: &Path, rel: &str, text: &str) {
@@ -733,15 +734,16 @@ mod tests {
 
     #[test]
     fn a_two_file_circle_is_found_with_its_names() {
-        let src = tmp("rust-circle");
-        write(&src, "lib.rs", "mod a;\nmod b;\npub use a::A;\n");
-        write(&src, "a.rs", "use crate::b::B;\npub struct A(B);\n");
+        let dir = tmp("rust-circle");
+        let src = dir.path();
+        write(src, "lib.rs", "mod a;\nmod b;\npub use a::A;\n");
+        write(src, "a.rs", "use crate::b::B;\npub struct A(B);\n");
         write(
-            &src,
+            src,
             "b.rs",
             "pub struct B;\nfn f() -> super::a::A { super::a::A(B) }\n",
         );
-        let found = rust_circles(&src);
+        let found = rust_circles(src);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("a.rs -> b.rs: B"), "{found:?}");
         assert!(found[0].contains("b.rs -> a.rs: A"), "{found:?}");
@@ -749,61 +751,59 @@ mod tests {
 
     #[test]
     fn re_exports_comments_strings_and_test_modules_tie_nothing() {
-        let src = tmp("rust-clean");
+        let dir = tmp("rust-clean");
+        let src = dir.path();
         write(
-            &src,
+            src,
             "lib.rs",
             "mod a;\nmod b;\npub use a::*;\npub use b::{B, helper as h};\npub fn top() {}\n",
         );
         // a uses b's items through the root's re-exports; b uses the root's own fn.
         write(
-            &src,
+            src,
             "a.rs",
             "use crate::{B, h};\n/// [`crate::b::B`] in a comment\npub fn a() { let _ = \"crate::b::x\"; crate::top(); }\n",
         );
         write(
-            &src,
+            src,
             "b.rs",
             "pub struct B;\npub fn helper() {}\nfn g() { crate::top() }\n#[cfg(test)]\nmod tests {\n    use super::*;\n    fn t() { super::helper(); }\n}\n",
         );
-        assert_eq!(rust_circles(&src), Vec::<String>::new());
+        assert_eq!(rust_circles(src), Vec::<String>::new());
         // ... but a glob re-export is followed: b naming crate::a() ties b to a.
         write(
-            &src,
+            src,
             "b.rs",
             "pub struct B;\npub fn helper() { crate::a() }\n",
         );
-        let found = rust_circles(&src);
+        let found = rust_circles(src);
         assert_eq!(found.len(), 1, "{found:?}");
     }
 
     #[test]
     fn python_imports_in_functions_are_edges() {
-        let pkg = tmp("py");
-        write(&pkg, "__init__.py", "from ._lib import load\n");
-        write(&pkg, "_lib.py", "import os\n");
+        let dir = tmp("py");
+        let pkg = dir.path();
+        write(pkg, "__init__.py", "from ._lib import load\n");
+        write(pkg, "_lib.py", "import os\n");
         write(
-            &pkg,
+            pkg,
             "torch.py",
             "from . import _routes\nfrom ._lib import load\n",
         );
         write(
-            &pkg,
+            pkg,
             "_routes.py",
             "\"\"\"Doc.\n\nfrom . import torch\n\"\"\"\ndef f():\n    from . import torch as et\n",
         );
-        let found = python_circles(&pkg);
+        let found = python_circles(pkg);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
             found[0].contains("_routes.py -> torch.py: torch"),
             "{found:?}"
         );
-        write(
-            &pkg,
-            "_routes.py",
-            "import emm._lib\nfrom emm import _lib\n",
-        );
-        assert_eq!(python_circles(&pkg), Vec::<String>::new());
+        write(pkg, "_routes.py", "import emm._lib\nfrom emm import _lib\n");
+        assert_eq!(python_circles(pkg), Vec::<String>::new());
     }
 
     #[test]

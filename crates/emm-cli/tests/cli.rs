@@ -18,12 +18,43 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("emm-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
-    p
+/// A file written for one test, in a folder of its own that goes when this
+/// does (so it must live as long as the command that reads it).
+struct Temp {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Temp {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Temp {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Temp {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
+}
+
+fn temp(name: &str, bytes: &[u8]) -> Temp {
+    let dir = tempfile::Builder::new()
+        .prefix("emm-cli-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+    Temp { path, _dir: dir }
 }
 
 fn snapshot() -> PathBuf {
@@ -541,13 +572,12 @@ fn a_closed_pipe_does_not_hide_a_failure_or_the_page() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains(missing), "{}", text(&o.stderr));
 
-    let page = std::env::temp_dir().join(format!("emm-cli-closed-{}.html", std::process::id()));
-    let _ = std::fs::remove_file(&page);
+    let page = temp("closed.html", b"");
+    std::fs::remove_file(&page).unwrap();
     let o = replay_to_a_closed_pipe(&["--passes", "1", "--html", page.to_str().unwrap()]);
     assert!(o.status.success(), "{:?} {}", o.status, text(&o.stderr));
     let written = std::fs::read_to_string(&page).unwrap();
     assert!(written.contains("</html>"), "{} bytes", written.len());
-    let _ = std::fs::remove_file(&page);
 }
 
 #[test]
@@ -1367,7 +1397,7 @@ fn device_memory_says_which_managers_fit_and_fit_finds_the_smallest_device() {
 
 #[test]
 fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
-    let page = std::env::temp_dir().join(format!("emm-verdict-{}.html", std::process::id()));
+    let page = temp("verdict.html", b"");
     let page_arg = page.to_string_lossy().into_owned();
     let o = run(&[
         "replay",
@@ -1399,7 +1429,6 @@ fn the_verdict_says_what_the_pool_saves_in_the_table_json_and_page() {
         html.contains(env!("CARGO_PKG_VERSION")) && html.contains("--html"),
         "version and command"
     );
-    let _ = std::fs::remove_file(&page);
     // With a device that PyTorch's default does not fit on, the verdict says so.
     let o = run(&[
         "replay",

@@ -12,12 +12,32 @@ fn fixture(name: &str) -> PathBuf {
     data("emm-trace/tests/fixtures").join(name)
 }
 
-fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("emm-trace-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
-    p
+/// A file written for one test, in a folder of its own that goes when this
+/// does. Text traces are read from their file again on every pass, so it must
+/// outlive the trace's last pass.
+struct Temp {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Temp {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn temp(name: &str, bytes: &[u8]) -> Temp {
+    let dir = tempfile::Builder::new()
+        .prefix("emm-trace-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+    Temp { path, _dir: dir }
 }
 
 fn open_one(p: &Path) -> Result<Trace, TraceError> {
@@ -156,14 +176,16 @@ fn a_missing_header_is_an_error_naming_file_and_line() {
 fn an_empty_or_all_bad_file_is_an_error() {
     let e = open_one(&temp("empty.csv", b"")).unwrap_err();
     assert!(matches!(e, TraceError::NoUsableEvent { .. }), "{e}");
-    let t = open_one(&temp("bad.csv", b"op,id,size,stream\nhello\nworld\n")).unwrap();
+    let f = temp("bad.csv", b"op,id,size,stream\nhello\nworld\n");
+    let t = open_one(&f).unwrap();
     let e = scan(&t).unwrap_err();
     let msg = e.to_string();
     assert!(
         msg.contains("all 2 lines") && msg.contains("line 2"),
         "{msg}"
     );
-    let t = open_one(&temp("headeronly.csv", b"op,id,size,stream\n")).unwrap();
+    let f = temp("headeronly.csv", b"op,id,size,stream\n");
+    let t = open_one(&f).unwrap();
     assert!(matches!(scan(&t), Err(TraceError::NoUsableEvent { .. })));
 }
 
@@ -173,7 +195,8 @@ fn many_bad_lines_end_promptly_and_keep_only_a_few() {
     for _ in 0..100_000 {
         text.extend_from_slice(b"garbage line\n");
     }
-    let t = open_one(&temp("garbage.csv", &text)).unwrap();
+    let f = temp("garbage.csv", &text);
+    let t = open_one(&f).unwrap();
     let e = scan(&t).unwrap_err();
     assert!(e.to_string().contains("first 1000 lines"), "{e}");
     // Mixed: counted, only the first few kept.
@@ -181,7 +204,8 @@ fn many_bad_lines_end_promptly_and_keep_only_a_few() {
     for _ in 0..5000 {
         text.extend_from_slice(b"x,1,2,3\n");
     }
-    let s = scan(&open_one(&temp("mixed.csv", &text)).unwrap()).unwrap();
+    let f = temp("mixed.csv", &text);
+    let s = scan(&open_one(&f).unwrap()).unwrap();
     assert_eq!(s.diagnostics.bad, 5000);
     assert_eq!(s.diagnostics.first.len(), emm_trace::KEPT_LINE_ERRORS);
 }
@@ -194,7 +218,8 @@ fn binary_input_and_endless_lines_are_rejected_at_once() {
     assert!(e.to_string().contains("invalid UTF-8"), "{e}");
     let mut long = b"op,id,size,stream\n".to_vec();
     long.extend(std::iter::repeat_n(b'1', MAX_LINE * 4));
-    let t = open_one(&temp("long.csv", &long)).unwrap();
+    let f = temp("long.csv", &long);
+    let t = open_one(&f).unwrap();
     assert!(matches!(
         scan(&t),
         Err(TraceError::LineTooLong { line: 2, .. })
@@ -478,7 +503,8 @@ fn segments_shared_many_times_are_read_in_linear_time() {
     let (k, n) = (3_000u128, 3_000u128);
     let p = shared_segments(k as usize, n as usize);
     let t0 = std::time::Instant::now();
-    let t = open_one(&temp("shared_segments.pickle", &p)).unwrap();
+    let f = temp("shared_segments.pickle", &p);
+    let t = open_one(&f).unwrap();
     let took = t0.elapsed();
     let f = *t.torch_figures().unwrap();
     assert_eq!(f.reserved_at_dump, 16 * n);
@@ -526,7 +552,8 @@ fn a_huge_shared_string_as_bad_entries_is_reported_promptly() {
     p.extend(b"h\x00".repeat(m - 1));
     p.extend(b"eeu.");
     let t0 = std::time::Instant::now();
-    let t = open_one(&temp("shared_string.pickle", &p)).unwrap();
+    let f = temp("shared_string.pickle", &p);
+    let t = open_one(&f).unwrap();
     let (_, diag) = ops_of(&t);
     let took = t0.elapsed();
     assert_eq!(diag.bad, m as u64);
@@ -583,7 +610,8 @@ fn a_record_with_a_bad_size_or_action_is_reported_with_what_it_holds() {
     p.extend(entry(&x("alloc"), 4, b"K\x10"));
     p.extend(entry(&x("segment_alloc"), 5, b"N")); // None
     p.extend(b"eeu.");
-    let t = open_one(&temp("bad_size_action.pickle", &p)).unwrap();
+    let f = temp("bad_size_action.pickle", &p);
+    let t = open_one(&f).unwrap();
     let (ops, diag) = ops_of(&t);
     assert_eq!(
         ops,
@@ -621,10 +649,11 @@ fn a_record_with_a_bad_size_or_action_is_reported_with_what_it_holds() {
 #[cfg(unix)]
 #[test]
 fn a_text_trace_from_a_fifo_is_read_once_and_every_pass_has_all_of_it() {
-    let dir = std::env::temp_dir().join(format!("emm-trace-fifo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let fifo = dir.join("trace.csv");
-    let _ = std::fs::remove_file(&fifo);
+    let dir = tempfile::Builder::new()
+        .prefix("emm-trace-fifo-")
+        .tempdir()
+        .unwrap();
+    let fifo = dir.path().join("trace.csv");
     let made = std::process::Command::new("mkfifo")
         .arg(&fifo)
         .status()
