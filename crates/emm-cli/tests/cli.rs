@@ -18,43 +18,12 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A file written for one test, in a folder of its own that goes when this
-/// does (so it must live as long as the command that reads it).
-struct Temp {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl std::ops::Deref for Temp {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsRef<Path> for Temp {
-    fn as_ref(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for Temp {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.path.as_os_str()
-    }
-}
+#[path = "../../emm-trace/tests/common/temp.rs"]
+mod temp;
+use temp::Temp;
 
 fn temp(name: &str, bytes: &[u8]) -> Temp {
-    let dir = tempfile::Builder::new()
-        .prefix("emm-cli-test-")
-        .tempdir()
-        .unwrap();
-    let path = dir.path().join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
-    Temp { path, _dir: dir }
+    temp::temp_in("emm-cli-test-", name, bytes)
 }
 
 fn snapshot() -> PathBuf {

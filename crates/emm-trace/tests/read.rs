@@ -1,6 +1,5 @@
 //! Reading traces: formats, tolerance, and the typed errors of bad input.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use emm_trace::{scan, Format, Op, Trace, TraceError, MAX_LINE};
@@ -12,32 +11,12 @@ fn fixture(name: &str) -> PathBuf {
     data("emm-trace/tests/fixtures").join(name)
 }
 
-/// A file written for one test, in a folder of its own that goes when this
-/// does. Text traces are read from their file again on every pass, so it must
-/// outlive the trace's last pass.
-struct Temp {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl std::ops::Deref for Temp {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.path
-    }
-}
+#[path = "common/temp.rs"]
+mod temp;
+use temp::Temp;
 
 fn temp(name: &str, bytes: &[u8]) -> Temp {
-    let dir = tempfile::Builder::new()
-        .prefix("emm-trace-test-")
-        .tempdir()
-        .unwrap();
-    let path = dir.path().join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
-    Temp { path, _dir: dir }
+    temp::temp_in("emm-trace-test-", name, bytes)
 }
 
 fn open_one(p: &Path) -> Result<Trace, TraceError> {

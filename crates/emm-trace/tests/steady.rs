@@ -22,18 +22,39 @@ const GROWTH: usize = 1 << 20;
 /// A host pool whose peak reserved bytes, as `stats()` tells them, grow by
 /// [`GROWTH`] with each pass replayed (counted from its allocations) for its first
 /// `growing` passes, then hold: a manager whose footprint settles when told to.
+/// With `fast` allocations made, each later one sleeps [`Growing::NAP`]: a
+/// manager slow on a trace's later passes.
 struct Growing {
     inner: PoolManager,
     allocs: AtomicU64,
     growing: u64,
+    fast: u64,
 }
 
 impl Growing {
+    const NAP: Duration = Duration::from_millis(5);
+
     fn new(growing: u64) -> Self {
         Growing {
             inner: PoolManager::host(1 << 30, PoolConfig::default()).unwrap(),
             allocs: AtomicU64::new(0),
             growing,
+            fast: u64::MAX,
+        }
+    }
+
+    /// A pool that never grows and sleeps in every allocation after `fast`.
+    fn slow_after(fast: u64) -> Self {
+        Growing {
+            fast,
+            ..Growing::new(0)
+        }
+    }
+
+    /// Counts an allocation, sleeping past the first `fast`.
+    fn count(&self) {
+        if self.allocs.fetch_add(1, Ordering::Relaxed) >= self.fast {
+            std::thread::sleep(Growing::NAP);
         }
     }
 }
@@ -46,11 +67,11 @@ impl MemoryManager for Growing {
         self.inner.initialize()
     }
     fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
-        self.allocs.fetch_add(1, Ordering::Relaxed);
+        self.count();
         self.inner.memalloc(size)
     }
     fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
-        self.allocs.fetch_add(1, Ordering::Relaxed);
+        self.count();
         self.inner.memalloc_async(size, stream)
     }
     fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
@@ -172,58 +193,6 @@ fn a_replay_stops_when_its_time_runs_out() {
     assert_eq!((r.steady, r.passes.len()), (Some(SteadyStop::MaxTime), 1));
 }
 
-/// A host pool that sleeps [`Slow::NAP`] in every allocation after its first
-/// `fast` ones: a manager (or model) slow on the trace's later passes.
-struct Slow {
-    inner: PoolManager,
-    allocs: AtomicU64,
-    fast: u64,
-}
-
-impl Slow {
-    const NAP: Duration = Duration::from_millis(5);
-}
-
-impl MemoryManager for Slow {
-    fn name(&self) -> &str {
-        "slow"
-    }
-    fn initialize(&self) -> Result<()> {
-        self.inner.initialize()
-    }
-    fn memalloc(&self, size: usize) -> Result<DeviceAllocation> {
-        self.memalloc_async(size, SYNC_STREAM)
-    }
-    fn memalloc_async(&self, size: usize, stream: CUstream) -> Result<DeviceAllocation> {
-        if self.allocs.fetch_add(1, Ordering::Relaxed) >= self.fast {
-            std::thread::sleep(Slow::NAP);
-        }
-        self.inner.memalloc_async(size, stream)
-    }
-    fn memhostalloc(&self, size: usize, flags: HostAllocFlags) -> Result<HostMemory> {
-        self.inner.memhostalloc(size, flags)
-    }
-    unsafe fn mempin(&self, ptr: *mut u8, len: usize, mapped: bool) -> Result<HostMemory> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.inner.mempin(ptr, len, mapped) }
-    }
-    fn get_memory_info(&self) -> Result<MemoryInfo> {
-        self.inner.get_memory_info()
-    }
-    fn get_ipc_handle(&self, view: DeviceView<'_>) -> Result<IpcHandle> {
-        self.inner.get_ipc_handle(view)
-    }
-    fn reset(&self) -> Result<()> {
-        self.inner.reset()
-    }
-    fn defer_cleanup(&self) -> DeferGuard {
-        self.inner.defer_cleanup()
-    }
-    fn stats(&self) -> ManagerStats {
-        MemoryManager::stats(&self.inner)
-    }
-}
-
 /// A pass after the first stops where it is once the time has run out, not at
 /// its end: the first pass runs whole, the second (200 requests of 5 ms each,
 /// a second in all) stops at the first reading of the clock, after
@@ -236,11 +205,7 @@ fn a_slow_later_pass_stops_part_way_when_the_time_runs_out() {
         text += &format!("a,{id},4096,0\nf,{id},0,0\n");
     }
     let t = Trace::from_text("t.csv", text).unwrap();
-    let slow = Slow {
-        inner: PoolManager::host(1 << 30, PoolConfig::default()).unwrap(),
-        allocs: AtomicU64::new(0),
-        fast: pairs,
-    };
+    let slow = Growing::slow_after(pairs);
     let options = ReplayOptions {
         until_steady: Some(SteadyRule {
             max_time: Duration::from_millis(20),
@@ -255,7 +220,7 @@ fn a_slow_later_pass_stops_part_way_when_the_time_runs_out() {
     // Every other event of the abandoned part is an allocation.
     assert_eq!(r.requests, pairs + emm_trace::DEADLINE_EVERY / 2);
     assert_eq!(r.failures, 0, "{:?}", r.first_failure);
-    let whole_pass = Slow::NAP * pairs as u32;
+    let whole_pass = Growing::NAP * pairs as u32;
     assert!(
         r.elapsed < whole_pass,
         "{:?} took a whole slow pass",

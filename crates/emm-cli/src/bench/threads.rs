@@ -157,20 +157,18 @@ pub(super) fn threads(
             "available_cpus": cpus,
         }))?;
     } else {
-        out.line(format_args!(
-            "emm pool, mixed sizes, own stream per thread (median of {THREAD_REPS}): 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x); {}",
-            one.rate / 1e6,
-            sixteen.rate / 1e6,
-            sixteen.rate / one.rate,
-            sixteen.threads_line(one.rate),
+        let cpus = cpus.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        out.line(Scaling::line(
+            &format!("emm pool, mixed sizes, own stream per thread (median of {THREAD_REPS})"),
+            &one,
+            &sixteen,
+            "",
         ))?;
-        out.line(format_args!(
-            "libc malloc + free, the same loop (a reference): 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x; {cpus} CPUs available to this process); {}",
-            libc_one.rate / 1e6,
-            libc_sixteen.rate / 1e6,
-            libc_sixteen.rate / libc_one.rate,
-            libc_sixteen.threads_line(libc_one.rate),
-            cpus = cpus.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+        out.line(Scaling::line(
+            "libc malloc + free, the same loop (a reference)",
+            &libc_one,
+            &libc_sixteen,
+            &format!("; {cpus} CPUs available to this process"),
         ))?;
     }
     Ok(ExitCode::SUCCESS)
@@ -211,13 +209,17 @@ impl Scaling {
         }
     }
 
-    /// The sentence on the threads' own rates, against one thread's `one`.
-    fn threads_line(&self, one: f64) -> String {
+    /// The line on `what`: one thread's rate, sixteen's, and the threads' own
+    /// rates summed (`note` added inside the first parentheses).
+    fn line(what: &str, one: &Scaling, sixteen: &Scaling, note: &str) -> String {
         format!(
-            "each thread's own rate summed {:.1} M pairs/s ({:.1}x), the slowest thread taking {:.2}x the fastest's time",
-            self.summed / 1e6,
-            self.summed / one,
-            self.spread
+            "{what}: 1 thread {:.1} M pairs/s, 16 threads {:.1} M pairs/s ({:.1}x{note}); each thread's own rate summed {:.1} M pairs/s ({:.1}x), the slowest thread taking {:.2}x the fastest's time",
+            one.rate / 1e6,
+            sixteen.rate / 1e6,
+            sixteen.rate / one.rate,
+            sixteen.summed / 1e6,
+            sixteen.summed / one.rate,
+            sixteen.spread
         )
     }
 }
@@ -351,6 +353,25 @@ mod tests {
         // Summed: each thread's pairs over its own time, more than the rate.
         assert!(s.summed > s.rate * 1.4, "{s:?}");
         assert!(s.spread > 2.0, "{s:?}");
+    }
+
+    #[test]
+    fn the_line_names_both_rates_the_sum_and_the_spread() {
+        let one = Scaling {
+            rate: 2e6,
+            summed: 2e6,
+            spread: 1.0,
+        };
+        let sixteen = Scaling {
+            rate: 20e6,
+            summed: 30e6,
+            spread: 1.5,
+        };
+        let l = Scaling::line("loop", &one, &sixteen, "; 16 CPUs");
+        assert_eq!(
+            l,
+            "loop: 1 thread 2.0 M pairs/s, 16 threads 20.0 M pairs/s (10.0x; 16 CPUs); each thread's own rate summed 30.0 M pairs/s (15.0x), the slowest thread taking 1.50x the fastest's time"
+        );
     }
 
     #[test]
