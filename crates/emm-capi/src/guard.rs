@@ -13,8 +13,10 @@ pub(crate) fn guard(f: impl FnOnce() -> emm_status) -> emm_status {
     if let Err(e) = emm_core::check_not_forked() {
         return fail(e);
     }
-    crate::log::init();
-    match catch_unwind(AssertUnwindSafe(f)) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        crate::log::init();
+        f()
+    })) {
         Ok(code) => {
             if code == EMM_OK {
                 let _ = LAST_ERROR.try_with(|e| e.borrow_mut().0 = EMM_OK);

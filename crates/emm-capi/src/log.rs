@@ -58,11 +58,24 @@ pub(crate) fn init() {
         let subscriber = tracing_subscriber::registry().with(filter).with(Output);
         if tracing::subscriber::set_global_default(subscriber).is_ok() {
             if let Some(text) = rejected {
-                eprintln!("emm: {} {}: {text}", Level::WARN, module_path!());
+                to_stderr(format_args!(
+                    "emm: {} {}: {text}",
+                    Level::WARN,
+                    module_path!()
+                ));
                 push(EMM_LOG_WARN, text);
             }
         }
     });
+}
+
+/// Writes one line to standard error. A line that cannot be written (standard
+/// error closed, or on a full disk) is dropped: the log has nowhere else to
+/// go, and `eprintln!` would panic there, across the C boundary for the events
+/// a call logs after its guard.
+fn to_stderr(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The filter for the value of `EMM_LOG` (`None`: unset), and, when the value was
@@ -155,7 +168,7 @@ impl<S: Subscriber> Layer<S> for Output {
             };
             push(code, text);
         } else {
-            eprintln!("emm: {level} {}: {text}", meta.target());
+            to_stderr(format_args!("emm: {level} {}: {text}", meta.target()));
         }
     }
 }

@@ -85,3 +85,54 @@ fn an_invalid_emm_log_is_replaced_by_warn_and_said_once() {
         said[0]
     );
 }
+
+const QUIET_CHILD: &str = "EMM_LOG_TEST_FULL_STDERR";
+
+/// With standard error unwritable (`/dev/full`: every write fails), the log's
+/// lines are dropped: the invalid `EMM_LOG` notice at the first call, and the
+/// warning or error an entry point logs after its guard. They used to panic
+/// (`eprintln!`): at the first call inside the guard, a correct status became
+/// `EMM_ERR_PANIC`; after the guard (`emm_cupy_free`'s error), the panic crossed
+/// the C boundary and aborted the process.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_standard_error_drops_log_lines_without_a_panic() {
+    if std::env::var_os(QUIET_CHILD).is_some() {
+        // A pool never begun: invalid argument, logged as a warning.
+        let code = emm_torch_graph_pool_release(0, 7, 7);
+        assert_eq!(code, EMM_ERR_INVALID_ARGUMENT, "{code}");
+        // An address emm never gave (no driver here, or not emm's): an error
+        // logged after the guard.
+        emm_cupy_free(std::ptr::null_mut(), 0x1234 as *mut _, 0);
+        let code = emm_last_error_code();
+        assert!(code != EMM_OK && code != EMM_ERR_PANIC, "{code}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "an_unwritable_standard_error_drops_log_lines_without_a_panic",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(QUIET_CHILD, "1")
+        .env("EMM_LOG", BAD)
+        .stderr(full)
+        .output()
+        .expect("the test runs itself");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed ({:?}):\n{stdout}",
+        out.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran the test: {stdout}"
+    );
+}
