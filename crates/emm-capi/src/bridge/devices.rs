@@ -37,8 +37,10 @@ const LIVE_DEVICES: usize = 64;
 /// Each device's state once made (see [`live_device`]).
 static DEVICES: [Slot; LIVE_DEVICES] = [const { OnceLock::new() }; LIVE_DEVICES];
 
-/// One device's state once made, or why it could not be.
-type Slot = OnceLock<Result<LiveDevice, (emm_status, String)>>;
+/// One device's state once made. A failure to make it is not kept: the next
+/// call tries again, so a fault that clears (a driver call refused once) does
+/// not leave the device without the hooks for the life of the process.
+type Slot = OnceLock<LiveDevice>;
 
 /// The slot of `device`; `None` outside `0..64`.
 pub(crate) fn slot(device: c_int) -> Option<&'static Slot> {
@@ -62,33 +64,28 @@ pub(crate) fn any_capture_routing() -> bool {
 
 /// The state in `slot` if the device was set up, without setting it up.
 pub(crate) fn set_up(slot: &'static Slot) -> Option<&'static LiveDevice> {
-    slot.get()?.as_ref().ok()
+    slot.get()
 }
 
 /// The device's state, created on first use, or the status of why it cannot be
-/// (recorded again for `emm_last_error` at every call, as each caller needs it): a
-/// device outside `0..64`, or no manager could be made.
+/// now (recorded for `emm_last_error`): a device outside `0..64`, or no manager
+/// could be made, which the next call tries again. Two threads making it at once
+/// both ask for the device's manager (the process's one, `emm::memory_manager`);
+/// one state is kept.
 pub(crate) fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_status> {
     let Some(slot) = slot(device) else {
         return Err(out_of_range(device));
     };
-    let state = slot.get_or_init(|| match manager_for(None, device) {
-        Ok((manager, _)) => Ok(LiveDevice {
-            manager,
-            live: Mutex::new(LiveTable::default()),
-            uses: StreamUses::default(),
-            graphs: GraphPools::default(),
-        }),
-        Err(e) => {
-            let code = fail(e);
-            let msg = crate::status::last_error_message();
-            Err((code, msg))
-        }
-    });
-    match state {
-        Ok(d) => Ok(d),
-        Err((code, msg)) => Err(crate::status::set_error(*code, msg.clone())),
+    if let Some(d) = slot.get() {
+        return Ok(d);
     }
+    let (manager, _) = manager_for(None, device).map_err(fail)?;
+    Ok(slot.get_or_init(|| LiveDevice {
+        manager,
+        live: Mutex::new(LiveTable::default()),
+        uses: StreamUses::default(),
+        graphs: GraphPools::default(),
+    }))
 }
 
 /// The state of `device` if emm has set it up (an allocation was asked for on
