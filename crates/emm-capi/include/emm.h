@@ -642,8 +642,8 @@ emm_status emm_manager_create(const char *name, int device, struct emm_manager *
 void emm_manager_destroy(struct emm_manager *m);
 
 /**
- * The name of the manager behind `m` (static storage; NULL for a handle that is
- * not live).
+ * The name of the manager behind `m`, as it was registered (static storage, kept
+ * for the life of the process; NULL for a handle that is not live).
  */
 const char *emm_manager_name(const struct emm_manager *m);
 
@@ -671,8 +671,8 @@ emm_status emm_free(struct emm_manager *m, uint64_t ptr, void *stream);
 
 /**
  * Pinned host memory of `size` bytes into `*out_host`: `flags` bit 0 mapped, bit 1
- * portable, bit 2 write-combined. `out_dev` (may be NULL) gets the device address
- * of mapped memory.
+ * portable, bit 2 write-combined; any other bit is `EMM_ERR_INVALID_ARGUMENT`.
+ * `out_dev` (may be NULL) gets the device address of mapped memory.
  */
 emm_status emm_host_alloc(struct emm_manager *m,
                           size_t size,

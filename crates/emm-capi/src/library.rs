@@ -79,7 +79,9 @@ pub unsafe extern "C" fn emm_last_oom(
     total: *mut usize,
 ) -> emm_status {
     let Some((r, f, t)) = LAST_OOM.try_with(|o| o.get()).ok().flatten() else {
-        return EMM_ERR_INVALID_ARGUMENT;
+        return crate::status::invalid(
+            "emm_last_oom: the last failure on this thread was not out of memory",
+        );
     };
     for (p, v) in [(requested, r), (free, f), (total, t)] {
         if !p.is_null() {

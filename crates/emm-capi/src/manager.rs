@@ -119,22 +119,35 @@ pub(crate) fn with_manager(
     })
 }
 
-/// The name of the manager behind `m` (static storage; NULL for a handle that is
-/// not live).
+/// The name of the manager behind `m`, as it was registered (static storage, kept
+/// for the life of the process; NULL for a handle that is not live).
 #[no_mangle]
 pub unsafe extern "C" fn emm_manager_name(m: *const emm_manager) -> *const c_char {
     if emm_sys::forked() {
         return core::ptr::null(); // the handle table is the parent's
     }
     match handle(m).map(|h| h.manager.name().to_owned()) {
-        Ok(n) => match n.as_str() {
-            "default" => c"default".as_ptr(),
-            "pool" => c"pool".as_ptr(),
-            "hostonly" => c"hostonly".as_ptr(),
-            _ => c"other".as_ptr(),
-        },
+        Ok(n) => interned(&n).as_ptr(),
         Err(_) => core::ptr::null(),
     }
+}
+
+/// `name` as a C string in static storage: each distinct name is made once and
+/// kept (managers' names are few: the built-in three and those registered). A
+/// name holding a NUL byte, which C cannot read, is cut there.
+fn interned(name: &str) -> &'static std::ffi::CStr {
+    static NAMES: Mutex<Vec<&'static std::ffi::CStr>> = Mutex::new(Vec::new());
+    let name = name.split('\0').next().unwrap_or_default();
+    let mut names = lock(&NAMES);
+    if let Some(c) = names.iter().find(|c| c.to_bytes() == name.as_bytes()) {
+        return c;
+    }
+    let c: &'static std::ffi::CStr = match std::ffi::CString::new(name) {
+        Ok(c) => Box::leak(c.into_boxed_c_str()),
+        Err(_) => c"",
+    };
+    names.push(c);
+    c
 }
 
 /// Allocates `size` bytes of device memory ordered on `stream` (NULL: the legacy
@@ -225,8 +238,8 @@ pub unsafe extern "C" fn emm_free(
 }
 
 /// Pinned host memory of `size` bytes into `*out_host`: `flags` bit 0 mapped, bit 1
-/// portable, bit 2 write-combined. `out_dev` (may be NULL) gets the device address
-/// of mapped memory.
+/// portable, bit 2 write-combined; any other bit is `EMM_ERR_INVALID_ARGUMENT`.
+/// `out_dev` (may be NULL) gets the device address of mapped memory.
 #[no_mangle]
 pub unsafe extern "C" fn emm_host_alloc(
     m: *mut emm_manager,
@@ -238,6 +251,11 @@ pub unsafe extern "C" fn emm_host_alloc(
     with_manager(m, |h| {
         if out_host.is_null() {
             return invalid("emm_host_alloc: `out_host` is null");
+        }
+        if flags & !7 != 0 {
+            return invalid(format!(
+                "emm_host_alloc: flags {flags:#x} has bits past the three it knows (1 mapped, 2 portable, 4 write-combined)"
+            ));
         }
         let f = HostAllocFlags {
             mapped: flags & 1 != 0,

@@ -469,6 +469,20 @@ mod standin {
                 );
                 case(&format!("host alloc {size:#x}"), s, s);
             }
+            // A flag bit past the three known ones is refused, not ignored.
+            for flags in [8u32, 0x80, 1 << 31] {
+                case(
+                    &format!("host alloc flags {flags:#x}"),
+                    emm_host_alloc(m, 16, flags, &mut host, null_mut()),
+                    inv,
+                );
+                assert!(last_message().contains("flags"), "{}", last_message());
+            }
+            // The name the manager was registered under, kept.
+            let name = emm_manager_name(m);
+            assert!(!name.is_null());
+            assert_eq!(std::ffi::CStr::from_ptr(name).to_str(), Ok("default"));
+            assert_eq!(emm_manager_name(m), name, "one string a name");
             // Torch's pair: negative and absurd sizes, devices out of range.
             assert!(emm_torch_alloc(-1, 0, null_mut()).is_null());
             case("torch alloc -1", emm_last_error_code(), inv);
@@ -577,6 +591,20 @@ mod standin {
             let (mut r, mut f, mut t) = (0usize, 0usize, 0usize);
             case("last oom", emm_last_oom(&mut r, &mut f, &mut t), EMM_OK);
             assert_eq!((r, t), (big, total));
+            // After a failure that was not out of memory, the refusal says so
+            // (its own code and message, not the earlier call's).
+            case("not oom", emm_free_managed(m, 0x10), inv);
+            case(
+                "last oom after another failure",
+                emm_last_oom(&mut r, &mut f, &mut t),
+                inv,
+            );
+            assert!(
+                last_message().contains("emm_last_oom")
+                    && last_message().contains("not out of memory"),
+                "{}",
+                last_message()
+            );
             // A real one: the host's address is the device's (stand-in memory).
             for flags in [EMM_MEM_ATTACH_GLOBAL, EMM_MEM_ATTACH_HOST] {
                 case("alloc", emm_alloc_managed(m, 4096, flags, &mut p), EMM_OK);
