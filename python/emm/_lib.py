@@ -312,8 +312,14 @@ def load() -> ctypes.CDLL:
     if _LIB is not None:
         return _LIB
     path = library_path()
-    lib = ctypes.CDLL(str(path))
-    version = lib.emm_abi_version()
+    try:
+        lib = ctypes.CDLL(str(path))
+        version = lib.emm_abi_version()
+    except (OSError, AttributeError) as e:
+        origin = " (EMM_LIBRARY)" if os.environ.get("EMM_LIBRARY") else ""
+        raise EmmError(EMM_ERR_DRIVER,
+                       f"{path}{origin} could not be loaded as emm's C library: {e} (point EMM_LIBRARY "
+                       f"at libemm_capi.so, or rebuild it with `cargo build --release -p emm-capi`)") from e
     if version < ABI_NEEDED or version // 10000 != ABI_NEEDED // 10000:
         raise EmmError(EMM_ERR_UNSUPPORTED,
                        f"{path} has C ABI {version}; these bindings need {ABI_NEEDED} or a later "
@@ -369,14 +375,22 @@ def _raise_last(lib: ctypes.CDLL, status: int) -> None:
         r, f, t = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
         if lib.emm_last_oom(ctypes.byref(r), ctypes.byref(f), ctypes.byref(t)) == EMM_OK:
             oom = (r.value, f.value, t.value)
-    emit_warnings(lib, stacklevel=4)
     if status == EMM_ERR_OUT_OF_MEMORY:
-        raise OutOfMemoryError(message, *oom) if oom else OutOfMemoryError(message)
-    if status == EMM_ERR_FORKED:
-        raise ForkedError(message)
-    if status == EMM_ERR_TAG_STATE:
-        raise TagStateError(message)
-    raise EmmError(status, message)
+        error: EmmError = OutOfMemoryError(message, *oom) if oom else OutOfMemoryError(message)
+    elif status == EMM_ERR_FORKED:
+        error = ForkedError(message)
+    elif status == EMM_ERR_TAG_STATE:
+        error = TagStateError(message)
+    else:
+        error = EmmError(status, message)
+    # The queued warnings go out first; one that the warnings filter turns into
+    # an exception (``-W error``) does not take the failure's place: the failure
+    # is raised, the warning's exception its context.
+    try:
+        emit_warnings(lib, stacklevel=4)
+    except Warning as w:
+        raise error from w
+    raise error
 
 
 def _check(lib: ctypes.CDLL, status: int) -> None:
@@ -586,14 +600,18 @@ class Manager(_Owner):
         served memory raises :class:`EmmError` (``EMM_ERR_ALREADY_IN_USE``)."""
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, not {type(name).__name__}")
+        if name is not None and "\0" in name:
+            raise ValueError(f"a manager's name cannot hold a NUL character: {name!r}")
         device = check_uint(device, "device", INT_MAX)
         lib = load()
         h = ctypes.c_void_p()
         status = lib.emm_manager_create(None if name is None else name.encode(), device, ctypes.byref(h))
         if status != EMM_OK:
             _raise_last(lib, status)
-        emit_warnings(lib)
+        # Attached before the warnings go out: one raised as an exception
+        # (``-W error``) leaves a handle this object destroys, not a lost one.
         self._attach(lib, h.value, device, lib.emm_manager_name(h).decode())
+        emit_warnings(lib)
 
     def _attach(self, lib: Any, handle: int, device: int, name: str) -> None:
         self._lib = lib

@@ -56,7 +56,9 @@ def replay(
     else:
         paths = [os.fspath(t) for t in traces]
     args: List[str] = [str(exe), "replay", "--json", *paths]
-    for m in managers or ():
+    # One name is a list of one, as for ``traces`` (a str would otherwise be
+    # taken letter by letter).
+    for m in [managers] if isinstance(managers, str) else managers or ():
         args += ["-m", str(m)]
     if passes is not None:
         args += ["--passes", str(int(passes))]

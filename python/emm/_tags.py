@@ -53,14 +53,22 @@ __all__ = ["pause", "region", "resume", "tag_stats"]
 _KEEP = {"none": 0, "host": 1}
 
 
+def _tag_bytes(tag: object) -> bytes:
+    """``tag`` as the C ABI takes it: a str without NUL (C would read a tag cut
+    at the NUL, another tag's name)."""
+    if not isinstance(tag, str):
+        raise TypeError(f"a tag is a str, not {type(tag).__name__}")
+    if "\0" in tag:
+        raise ValueError(f"a tag cannot hold a NUL character: {tag!r}")
+    return tag.encode("utf-8")
+
+
 def _names(tags: Union[str, Iterable[str]]) -> List[bytes]:
+    if isinstance(tags, (bytes, bytearray)):
+        raise TypeError(f"a tag is a str, not {type(tags).__name__}")
     if isinstance(tags, str):
         tags = [tags]
-    out = []
-    for t in tags:
-        if not isinstance(t, str):
-            raise TypeError(f"a tag is a str, not {type(t).__name__}")
-        out.append(t.encode("utf-8"))
+    out = [_tag_bytes(t) for t in tags]
     if not out:
         raise ValueError("no tag given")
     return out
@@ -76,11 +84,10 @@ def region(tag: str) -> Iterator[None]:
     documentation). Open regions form one process-wide stack: the most recently
     opened one still open is current, and a region closed out of order (another
     thread's) is taken out wherever it is."""
-    if not isinstance(tag, str):
-        raise TypeError(f"a tag is a str, not {type(tag).__name__}")
+    name = _tag_bytes(tag)
     lib = load()
     region_id = ctypes.c_uint64()
-    _check(lib, lib.emm_region_enter(tag.encode("utf-8"), ctypes.byref(region_id)))
+    _check(lib, lib.emm_region_enter(name, ctypes.byref(region_id)))
     try:
         yield
     finally:
@@ -122,12 +129,11 @@ def tag_stats(tag: str) -> Dict[str, int]:
     ``reserved_bytes`` (paused memory excluded), ``paused_bytes``,
     ``host_copy_bytes`` (pinned host memory held for its copies) and ``paused``
     (0 or 1)."""
-    if not isinstance(tag, str):
-        raise TypeError(f"a tag is a str, not {type(tag).__name__}")
+    name = _tag_bytes(tag)
     lib = load()
     a, r, p, h = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     paused = ctypes.c_int()
-    _check(lib, lib.emm_tag_stats(tag.encode("utf-8"), ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
+    _check(lib, lib.emm_tag_stats(name, ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
                                   ctypes.byref(h), ctypes.byref(paused)))
     return {"allocated_bytes": a.value, "reserved_bytes": r.value, "paused_bytes": p.value,
             "host_copy_bytes": h.value, "paused": paused.value}

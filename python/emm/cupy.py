@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import sys
+import threading
 import warnings
 from typing import Any, Callable, Dict, Optional
 
@@ -63,10 +64,20 @@ class _Block:
             self.mgr.free(self.ptr, self.stream)
 
 
+_managers_lock = threading.Lock()
+
+
 def _manager(dev: int) -> Any:
+    """The device's one manager handle, made at its first use. Made under a
+    lock: two handles made by threads racing to a device's first allocation
+    would leave one unreferenced, and its collection would free the blocks it
+    gave CuPy while CuPy used them."""
     mgr = _managers.get(dev)
     if mgr is None:
-        mgr = _managers[dev] = Manager(None, dev)
+        with _managers_lock:
+            mgr = _managers.get(dev)
+            if mgr is None:
+                mgr = _managers[dev] = Manager(None, dev)
     return mgr
 
 

@@ -337,12 +337,8 @@ def _route_cupy(device: int) -> None:
 
 
 def _route_rmm(device: int) -> None:
-    if importlib.util.find_spec("emm.rmm") is None:
-        raise ImportError(
-            "EmmPlugin(rmm=True) needs emm.rmm (emm's RMM installer: emm.rmm.install() makes emm RMM's "
-            "current device resource), which this installation of emm lacks; pass rmm=False, or install "
-            "an emm that has it"
-        )
+    # emm.rmm is part of this package; without RMM its install() raises an
+    # ImportError naming the extra to install.
     importlib.import_module("emm.rmm").install(device=device)
 
 

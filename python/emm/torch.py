@@ -213,9 +213,15 @@ def mem_pool_stats(pool: Any, device: Any = None) -> Dict[str, int]:
 
 
 def empty_cache() -> None:
-    """Gives cached memory back to the device, on every device used so far."""
-    if not _torch_state.MANAGERS:
-        _torch_state.manager(None)
+    """Gives cached memory back to the device, on every device used so far: each
+    device PyTorch's allocator hooks allocated on (``emm_torch_empty_cache``) and
+    each one this module's functions opened. It opens no device itself."""
+    from ._lib import EMM_OK, _raise_last
+
+    lib = load()
+    status = lib.emm_torch_empty_cache(-1, None)
+    if status != EMM_OK:
+        _raise_last(lib, status)
     for m in _torch_state.MANAGERS.values():
         m.trim()
 

@@ -79,3 +79,44 @@ def test_the_c_path_errors_take_their_details_from_the_library(lib):
     assert isinstance(oom, MemoryError) and isinstance(oom, emm.OutOfMemoryError)
     assert (oom.requested, oom.free, oom.total) == (0, 0, 0)  # the last failure was no OOM
 
+
+def test_threads_racing_to_a_devices_first_allocation_share_one_manager(monkeypatch):
+    """Eight threads making a device's first allocation at once get one manager
+    handle: with one each, all but the last went unreferenced, and collecting
+    them freed the blocks CuPy still held (the later frees then failed)."""
+    import threading
+
+    import emm.cupy as ec
+
+    made = []
+
+    class SlowManager(FakeManager):
+        def __init__(self, *args):
+            super().__init__(fail=False)
+            made.append(self)
+            time.sleep(0.05)  # as creating a handle releases the GIL
+
+    import time
+
+    class Stream:
+        ptr = 0
+
+    monkeypatch.setattr(ec, "_current_stream", Stream)
+    monkeypatch.setattr(ec, "Manager", SlowManager)
+    monkeypatch.setattr(ec, "_managers", {})
+    n = 8
+    barrier = threading.Barrier(n)
+    got = [None] * n
+
+    def first(i):
+        barrier.wait()
+        got[i] = ec.malloc(64, 3)
+
+    threads = [threading.Thread(target=first, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1, f"{len(made)} handles made for one device"
+    assert got == [0x3000] * n
+    assert ec._managers[3] is made[0]

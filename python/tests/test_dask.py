@@ -154,10 +154,13 @@ def test_frameworks_that_are_missing_are_named():
                 raise AssertionError(f"no error without {{f}}")
             except ImportError as e:
                 assert f"{{f}}=False" in str(e), e
+        import importlib.util
         try:
             emm.dask.setup_worker("pool", numba=False, cupy=False, rmm=True)
         except ImportError as e:
-            assert "emm.rmm" in str(e) or "rmm" in str(e), e
+            assert "emm.rmm needs 'rmm'" in str(e) and "emm-cuda[rmm]" in str(e), e
+        else:
+            assert importlib.util.find_spec("rmm") is not None, "rmm=True without RMM raised nothing"
         print("ok")
     """)
     assert out.strip() == "ok"

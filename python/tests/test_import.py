@@ -67,6 +67,22 @@ def test_emm_library_overrides_the_search(tmp_path):
     assert emm.library_path() != fake
 
 
+def test_a_file_that_is_not_emms_library_is_a_typed_error(tmp_path):
+    """``EMM_LIBRARY`` naming a file that is no shared library (or not emm's)
+    raises EmmError naming the path and the variable, not the loader's raw
+    OSError or AttributeError."""
+    fake = tmp_path / "libemm_capi.so"
+    fake.write_bytes(b"not a library")
+    code = ("import emm\n"
+            "try:\n    emm.load()\n"
+            "except emm.EmmError as e:\n    print('EmmError', e.code, e)\n")
+    env = dict(os.environ, EMM_LIBRARY=str(fake))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("EmmError 3 "), out.stdout
+    assert str(fake) in out.stdout and "EMM_LIBRARY" in out.stdout, out.stdout
+
+
 def test_a_manager_without_a_driver_is_a_typed_error():
     import emm
 
@@ -82,6 +98,9 @@ def test_a_manager_without_a_driver_is_a_typed_error():
 
 def test_unknown_manager_names_the_known_ones():
     import emm
+
+    with pytest.raises(ValueError, match="NUL"):
+        emm.Manager("pool\0x", 0)  # C would read "pool"
 
     with pytest.raises(emm.EmmError) as e:
         emm.Manager("poool", 0)

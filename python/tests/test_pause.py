@@ -103,3 +103,19 @@ def test_regions_nest_and_check_their_arguments(mgr):
         emm.pause([])
     for p in (a, b, c):
         mgr.free(p)
+
+
+def test_a_tag_that_c_would_misread_is_refused():
+    """Bytes are refused as bytes (they used to be named by their first
+    element's type, int); a NUL in a tag is refused, since C would read the tag
+    cut there, another tag's name."""
+    for call in (emm.pause, emm.resume):
+        with pytest.raises(TypeError, match="not bytes"):
+            call(b"py-weights")
+        with pytest.raises(ValueError, match="NUL"):
+            call("py-weights\0-v2")
+    with pytest.raises(ValueError, match="NUL"):
+        emm.tag_stats("py-weights\0-v2")
+    with pytest.raises(ValueError, match="NUL"):
+        with emm.region("py-weights\0-v2"):
+            pass

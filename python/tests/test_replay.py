@@ -43,6 +43,14 @@ def test_device_lag_reaches_the_command():
     assert emm.replay(managers=["pool"], passes=1)["device_lag_requests"] == 0
 
 
+def test_one_manager_may_be_named_as_a_str():
+    """``managers="pool"`` is the list of one, as ``traces`` takes a str (it
+    was taken letter by letter: ``-m p -m o -m o -m l``)."""
+    doc = emm.replay(managers="pool", passes=1)
+    assert doc["exit_status"] == 0, doc["messages"]
+    assert [m["manager"] for m in doc["traces"][0]["managers"]] == ["pool"]
+
+
 def test_arguments_the_command_refuses_raise_value_error():
     with pytest.raises(ValueError, match="max_split_size_mb"):
         emm.replay(managers=["pytorch-native"], pytorch_conf="max_split_size_mb:5")
