@@ -889,8 +889,11 @@ void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * for (the stream was destroyed), the block is freed after a synchronization of
  * the device (or, while a CUDA graph capture runs, once the captures end), with a
  * warning; only if that fails too is the status an error, and the block then
- * stays live for a later release. Every failure is also logged as a warning
- * (`EMM_LOG`). Since ABI 306.
+ * stays live for a later release. A free the manager refuses (a driver call
+ * failed) returns that status and the block is kept: emm frees it again at the
+ * next free on its device, at `emm_torch_empty_cache`, or when `ptr` is
+ * released again. Every failure is also logged as a warning (`EMM_LOG`).
+ * Since ABI 306.
  */
 emm_status emm_torch_release(void *ptr, int device);
 
@@ -943,12 +946,14 @@ emm_status emm_torch_reset_peak_stats(int device);
  * `device` is -1 (the manager's `release_cached`: its idle device memory, and the
  * pinned host and managed memory it caches), and the segments of CUDA graph
  * pools that every graph released and nothing in them lives (none while a
- * capture runs); `*released` (may be NULL) gets the bytes given back, of all
- * four. Every device is tried; the status is the first
- * failure's. A device emm has not set up holds nothing; one outside `-1..64` is
+ * capture runs), after freeing again the blocks whose free by address the
+ * manager refused (a driver call failed; see `emm_torch_release`);
+ * `*released` (may be NULL) gets the bytes given back, of all five. Every
+ * device is tried; the status is the first failure's. A device emm has not set up holds nothing; one outside `-1..64` is
  * `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
  */
-emm_status emm_torch_empty_cache(int device, size_t *released);
+emm_status emm_torch_empty_cache(int device,
+                                 size_t *released);
 
 /**
  * The allocator's `cacheInfo`, which cuDNN asks to bound the workspace it

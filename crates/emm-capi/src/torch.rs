@@ -79,8 +79,11 @@ pub extern "C" fn emm_torch_free(
 /// for (the stream was destroyed), the block is freed after a synchronization of
 /// the device (or, while a CUDA graph capture runs, once the captures end), with a
 /// warning; only if that fails too is the status an error, and the block then
-/// stays live for a later release. Every failure is also logged as a warning
-/// (`EMM_LOG`). Since ABI 306.
+/// stays live for a later release. A free the manager refuses (a driver call
+/// failed) returns that status and the block is kept: emm frees it again at the
+/// next free on its device, at `emm_torch_empty_cache`, or when `ptr` is
+/// released again. Every failure is also logged as a warning (`EMM_LOG`).
+/// Since ABI 306.
 #[no_mangle]
 pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_status {
     timing::timed(Hook::Free, || {
@@ -93,14 +96,14 @@ pub extern "C" fn emm_torch_release(ptr: *mut c_void, device: c_int) -> emm_stat
                 return live_free_any(what, ptr as u64);
             }
             // Only a device emm has set up can hold it (a free sets none up).
-            let known = known_device(device);
-            match known.and_then(|d| Some((d, take_live(d, ptr as u64)?))) {
-                Some((d, (a, used_on))) => release_taken(what, d, a, used_on, None),
-                None => invalid(format!(
-                    "{what}: {:#x} is not an emm allocation of device {device}",
-                    ptr as u64
-                )),
-            }
+            known_device(device)
+                .and_then(|d| free_known(what, d, ptr as u64, None))
+                .unwrap_or_else(|| {
+                    invalid(format!(
+                        "{what}: {:#x} is not an emm allocation of device {device}",
+                        ptr as u64
+                    ))
+                })
         });
         if code != EMM_OK {
             let msg = crate::status::last_error_message();

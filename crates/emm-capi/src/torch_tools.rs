@@ -154,9 +154,10 @@ pub extern "C" fn emm_torch_reset_peak_stats(device: c_int) -> emm_status {
 /// `device` is -1 (the manager's `release_cached`: its idle device memory, and the
 /// pinned host and managed memory it caches), and the segments of CUDA graph
 /// pools that every graph released and nothing in them lives (none while a
-/// capture runs); `*released` (may be NULL) gets the bytes given back, of all
-/// four. Every device is tried; the status is the first
-/// failure's. A device emm has not set up holds nothing; one outside `-1..64` is
+/// capture runs), after freeing again the blocks whose free by address the
+/// manager refused (a driver call failed; see `emm_torch_release`);
+/// `*released` (may be NULL) gets the bytes given back, of all five. Every
+/// device is tried; the status is the first failure's. A device emm has not set up holds nothing; one outside `-1..64` is
 /// `EMM_ERR_INVALID_ARGUMENT`. Since ABI 307.
 #[no_mangle]
 pub unsafe extern "C" fn emm_torch_empty_cache(device: c_int, released: *mut usize) -> emm_status {
@@ -177,7 +178,12 @@ pub unsafe extern "C" fn emm_torch_empty_cache(device: c_int, released: *mut usi
         let mut total = 0usize;
         let mut status = EMM_OK;
         for d in devices {
-            for result in [d.manager.release_cached(), d.graphs.reclaim()] {
+            // Blocks whose free was refused first: what they free can go back too.
+            for result in [
+                d.refused.retry(),
+                d.manager.release_cached(),
+                d.graphs.reclaim(),
+            ] {
                 match result {
                     Ok(n) => total = total.saturating_add(n),
                     Err(e) if status == EMM_OK => status = fail(e),

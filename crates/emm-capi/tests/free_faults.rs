@@ -115,3 +115,90 @@ fn a_refused_free_is_returned_and_the_block_kept_for_a_retry() {
         emm_manager_destroy(m);
     }
 }
+
+/// A free by address (PyTorch's and CuPy's hooks) that the manager refuses says
+/// so, and the block is kept, not lost: the caller takes the address as freed,
+/// so emm frees it again itself, when the address is freed again, at the next
+/// free on the device, or at `emm_torch_empty_cache`. It used to return
+/// `EMM_OK` and leave the block allocated for good (its error surfacing at some
+/// later, unrelated call).
+#[test]
+fn a_refused_free_by_address_is_said_and_the_block_freed_again_later() {
+    let _serial = serial();
+    let s = standin();
+    s.reset().unwrap();
+    let mib = 1u64 << 20;
+    let live = |s: &emm_sys::StandIn<'_>| s.control("live_bytes").unwrap();
+    let refuse = |s: &emm_sys::StandIn<'_>, on: bool| {
+        let cmd = if on {
+            "fail_frees CUDA_ERROR_UNKNOWN"
+        } else {
+            "fail_frees off"
+        };
+        s.control(cmd).unwrap();
+    };
+    // The process's manager is `hostonly` (as for the other cases): it frees
+    // through the driver, where the pool would cache the block.
+    let mut m: *mut emm_manager = null_mut();
+    // SAFETY: a live local, as the contract asks.
+    let made = unsafe { emm_manager_create(c"hostonly".as_ptr(), 0, &mut m) };
+    case("create", made, EMM_OK);
+    // Warm: the device's state and the manager exist before the counts.
+    let p = emm_torch_alloc(mib as isize, 0, null_mut());
+    assert!(!p.is_null(), "{}", last_message());
+    case("release", emm_torch_release(p, 0), EMM_OK);
+    let base = counters(&s);
+
+    // The address freed again: freed then.
+    let p = emm_torch_alloc(mib as isize, 0, null_mut());
+    assert!(!p.is_null(), "{}", last_message());
+    refuse(&s, true);
+    case("refused", emm_torch_release(p, 0), EMM_ERR_DRIVER);
+    let msg = last_message();
+    assert!(
+        msg.contains("CUDA_ERROR_UNKNOWN") && msg.contains("emm keeps the block"),
+        "{msg}"
+    );
+    assert_eq!(live(&s), base.0 + mib, "kept, still allocated");
+    refuse(&s, false);
+    case("freed again", emm_torch_release(p, 0), EMM_OK);
+    assert_eq!(counters(&s), base, "freed once");
+    case(
+        "then unknown",
+        emm_torch_release(p, 0),
+        EMM_ERR_INVALID_ARGUMENT,
+    );
+
+    // The next free on the device frees it too.
+    let p = emm_torch_alloc(mib as isize, 0, null_mut());
+    refuse(&s, true);
+    case("refused", emm_torch_release(p, 0), EMM_ERR_DRIVER);
+    refuse(&s, false);
+    let q = emm_torch_alloc(4096, 0, null_mut());
+    assert!(!q.is_null(), "{}", last_message());
+    case("another free", emm_torch_release(q, 0), EMM_OK);
+    assert_eq!(counters(&s), base, "the kept block freed with it");
+
+    // So does emptying the cache, which counts its bytes.
+    let p = emm_torch_alloc(mib as isize, 0, null_mut());
+    refuse(&s, true);
+    case("refused", emm_torch_release(p, 0), EMM_ERR_DRIVER);
+    // Refused again while the fault lasts: still kept.
+    let mut released = 0usize;
+    // SAFETY: `released` is a live local.
+    let code = unsafe { emm_torch_empty_cache(0, &mut released) };
+    case("empty cache while refused", code, EMM_ERR_DRIVER);
+    assert_eq!(live(&s), base.0 + mib);
+    refuse(&s, false);
+    // SAFETY: as above.
+    case(
+        "empty cache",
+        unsafe { emm_torch_empty_cache(0, &mut released) },
+        EMM_OK,
+    );
+    assert!(released >= mib as usize, "released {released}");
+    assert_eq!(counters(&s), base, "nothing leaked, nothing freed twice");
+    // SAFETY: the live handle made above, destroyed once.
+    unsafe { emm_manager_destroy(m) };
+    s.reset().unwrap();
+}

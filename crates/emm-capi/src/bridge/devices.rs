@@ -15,6 +15,7 @@ use emm_sys::{CUresult, CUstream};
 
 use super::graph_pools::GraphPools;
 use super::live_table::LiveTable;
+use super::refused_frees::RefusedFrees;
 use super::stream_uses::{self, StreamUses};
 use crate::ffi::lock;
 use crate::ffi::manager_for;
@@ -30,6 +31,8 @@ pub(crate) struct LiveDevice {
     /// The private pools of CUDA graph captures, and the frees held back while a
     /// capture runs.
     pub(crate) graphs: GraphPools,
+    /// Blocks whose free the manager refused, freed again later.
+    pub(crate) refused: RefusedFrees,
 }
 
 const LIVE_DEVICES: usize = 64;
@@ -85,6 +88,7 @@ pub(crate) fn live_device(device: c_int) -> Result<&'static LiveDevice, emm_stat
         live: Mutex::new(LiveTable::default()),
         uses: StreamUses::default(),
         graphs: GraphPools::default(),
+        refused: RefusedFrees::default(),
     }))
 }
 
@@ -146,20 +150,37 @@ pub(crate) fn live_free(
         Ok(d) => d,
         Err(code) => return code,
     };
-    let Some((a, used_on)) = take_live(d, ptr) else {
-        return invalid(format!(
+    free_known(what, d, ptr, stream).unwrap_or_else(|| {
+        invalid(format!(
             "{what}: {ptr:#x} is not an emm allocation of device {device}"
-        ));
-    };
-    release_taken(what, d, a, used_on, stream)
+        ))
+    })
+}
+
+/// Frees `ptr` if `d` holds it: a live allocation (see [`live_free`]), or a
+/// block whose free was refused before, freed again now. `None` when `d` holds
+/// nothing there.
+pub(crate) fn free_known(
+    what: &str,
+    d: &LiveDevice,
+    ptr: u64,
+    stream: Option<CUstream>,
+) -> Option<emm_status> {
+    if let Some((a, used_on)) = take_live(d, ptr) {
+        return Some(release_taken(what, d, a, used_on, stream));
+    }
+    d.refused.retry_at(ptr).map(|r| match r {
+        Ok(()) => EMM_OK,
+        Err(e) => refused_status(what, ptr, &e),
+    })
 }
 
 /// [`live_free`] on the allocation's own stream, on whichever device whose state
 /// exists holds `ptr` (the devices in order).
 pub(crate) fn live_free_any(what: &str, ptr: u64) -> emm_status {
     for d in DEVICES.iter().filter_map(set_up) {
-        if let Some((a, used_on)) = take_live(d, ptr) {
-            return release_taken(what, d, a, used_on, None);
+        if let Some(code) = free_known(what, d, ptr, None) {
+            return code;
         }
     }
     invalid(format!(
@@ -208,12 +229,40 @@ pub(crate) fn release_now(
     used_on: &[CUstream],
 ) -> emm_status {
     match wait_for_other_streams(what, d, &a, used_on) {
-        Ok(()) => {
-            drop(a);
-            EMM_OK
-        }
+        Ok(()) => free_or_keep(what, d, a),
         Err(e) => release_after_device_sync(what, d, a, used_on, &e),
     }
+}
+
+/// Frees `a` (its stream's order arranged): `EMM_OK`, or, where the manager
+/// refuses (a driver call failed), the refusal's status, with `a` kept by
+/// [`RefusedFrees`] and freed again later. First, blocks refused before are
+/// freed again (a failure there is logged: this call's status is its own).
+fn free_or_keep(what: &str, d: &LiveDevice, a: DeviceAllocation) -> emm_status {
+    if let Err(e) = d.refused.retry() {
+        let (n, bytes) = d.refused.held();
+        tracing::warn!(
+            "{what}: {n} blocks ({bytes} bytes) whose free was refused were refused again ({e}); emm keeps them and tries again"
+        );
+    }
+    let ptr = a.ptr();
+    match a.free() {
+        Ok(()) => EMM_OK,
+        Err(refused) => {
+            let e = d.refused.keep(*refused);
+            refused_status(what, ptr, &e)
+        }
+    }
+}
+
+/// The status of a free of `ptr` the manager refused with `e`, the block kept.
+fn refused_status(what: &str, ptr: u64, e: &EmmError) -> emm_status {
+    crate::status::set_error(
+        crate::status::code_of(e),
+        format!(
+            "{what}: freeing {ptr:#x} failed ({e}); emm keeps the block and frees it again at the next free on its device, at emm_torch_empty_cache, or when it is freed again"
+        ),
+    )
 }
 
 /// The fallback of [`release_now`] when the work of a stream `a` was used on
@@ -234,8 +283,8 @@ pub(crate) fn release_after_device_sync(
 ) -> emm_status {
     let (ptr, size) = (a.ptr(), a.size());
     let Some(ctx) = d.manager.context() else {
-        drop(a); // no device work to wait for (see `wait_for_other_streams`)
-        return EMM_OK;
+        // No device work to wait for (see `wait_for_other_streams`).
+        return free_or_keep(what, d, a);
     };
     let a = match d.graphs.hold_until_captures_end(a, used_on.to_vec()) {
         None => {
@@ -251,8 +300,7 @@ pub(crate) fn release_after_device_sync(
             tracing::warn!(
                 "{what}: {ptr:#x} ({size} bytes) is used on other streams {used_on:?}, whose work could not be waited for ({why}); it was freed after synchronizing the device"
             );
-            drop(a);
-            EMM_OK
+            free_or_keep(what, d, a)
         }
         Err(sync) => {
             {

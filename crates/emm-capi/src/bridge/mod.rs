@@ -11,6 +11,7 @@ pub(crate) mod devices;
 pub(crate) mod graph_capture;
 pub(crate) mod graph_pools;
 pub(crate) mod live_table;
+pub(crate) mod refused_frees;
 pub(crate) mod stream_uses;
 #[cfg(test)]
 mod test_driver;
