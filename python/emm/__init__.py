@@ -39,7 +39,9 @@ and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle),
 :class:`EmmError` (``code`` and message) for the rest. Warnings of the library
 (e.g. ``EMM_MEMORY_MANAGER`` overriding ``configure(manager=...)``) arrive as
 :class:`EmmWarning` through the ``warnings`` module; its errors on the ``emm``
-logger.
+logger. Both are queued by the library and taken at each call of these bindings:
+those of paths that run no Python (the native PyTorch allocator, CuPy's C
+allocator) arrive at the next call, and any left at exit go to stderr.
 """
 
 from ._version import __version__

@@ -9,6 +9,7 @@ non-integer raises ``TypeError``, and nothing reaches the library.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import operator
@@ -331,8 +332,12 @@ def load() -> ctypes.CDLL:
         f.argtypes = args
         f.restype = res
     # Warnings and errors of the library are queued for take_warnings() (and raised
-    # through the warnings module) instead of printed on stderr.
+    # through the warnings module) instead of printed on stderr. What paths that
+    # run no Python (the native PyTorch allocator, CuPy's C allocator) queue is
+    # taken at each later call of the bindings; what is left at exit goes to
+    # stderr then, not lost with the queue.
     lib.emm_capture_warnings(1)
+    atexit.register(_drain_at_exit, lib)
     _LIB = lib
     return lib
 
@@ -352,6 +357,18 @@ def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
         if status != EMM_OK or n.value == 0:
             return out
         out.append((level.value, buf.value.decode("utf-8", "replace")))
+
+
+def _drain_at_exit(lib: ctypes.CDLL) -> None:
+    """At interpreter exit: the library's messages still queued, on stderr (and
+    its errors on the ``emm`` logger), one line each."""
+    try:
+        left = take_warnings(lib)
+    except Exception:  # noqa: BLE001 - at exit, the library may be gone
+        return
+    for level, message in left:
+        kind = "ERROR" if level == 1 else "WARN"
+        print(f"emm: {kind} (queued, not taken before exit): {message}", file=sys.stderr)
 
 
 def emit_warnings(lib: Optional[ctypes.CDLL] = None, stacklevel: int = 3) -> None:
@@ -471,6 +488,8 @@ def _ratio_value(v: Any, name: str) -> str:
 def _manager_value(v: Any, name: str) -> str:
     if not isinstance(v, str) or not v:
         raise TypeError(f"{name} must be a manager name (str), not {v!r}")
+    if "\0" in v:
+        raise ValueError(f"{name} cannot hold a NUL character: {v!r}")
     return v
 
 
@@ -537,7 +556,11 @@ def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int
     else:
         ordinals = [check_uint(devices, "devices", INT_MAX)]
     lib = load()
-    for key, value in pairs:
+    # The settings read at a manager's creation first: once a manager serves,
+    # one is refused unless unchanged, and that refusal then comes before any
+    # run-time setting (which takes effect at once) was applied.
+    runtime = {name for name, s in known.items() if s.runtime}
+    for key, value in sorted(pairs, key=lambda kv: kv[0] in runtime):
         status = lib.emm_configure(key.encode(), value.encode())
         if status != EMM_OK:
             _raise_last(lib, status)

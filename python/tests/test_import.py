@@ -83,6 +83,22 @@ def test_a_file_that_is_not_emms_library_is_a_typed_error(tmp_path):
     assert str(fake) in out.stdout and "EMM_LIBRARY" in out.stdout, out.stdout
 
 
+def test_messages_queued_by_paths_without_python_reach_stderr_at_exit():
+    """The bindings queue the library's messages (``emm_capture_warnings``);
+    those that paths running no Python queue (CuPy's C allocator, the native
+    PyTorch allocator), where no later call of the bindings takes them, go to
+    stderr at exit instead of being lost with the queue."""
+    code = ("import ctypes, emm\n"
+            "lib = emm.load()\n"
+            "lib.emm_cupy_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]\n"
+            "lib.emm_cupy_free(None, 0x1234, 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if "CuPy freed memory emm could not free" in ln]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("emm: ERROR (queued, not taken before exit)"), lines[0]
+
+
 def test_a_manager_without_a_driver_is_a_typed_error():
     import emm
 

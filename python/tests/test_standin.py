@@ -84,6 +84,27 @@ def test_out_of_memory_is_typed_and_says_how_much(mgr):
     mgr.free(p)
 
 
+def test_a_refused_configure_applies_no_setting(mgr):
+    """Once the pool serves, a setting read at its creation can only be
+    repeated: changing it is refused (``EMM_ERR_ALREADY_IN_USE``), and a
+    run-time setting in the same call is not applied either (it was, when it
+    came first in the keywords)."""
+    p = mgr.alloc(1 << 20)
+    mgr.free(p)
+    refused = 0
+    for expandable in (False, True):  # one of them is the value in effect
+        try:
+            emm.configure(pool_limit=1 << 20, pool_expandable=expandable)
+        except emm.EmmError as e:
+            assert e.code == 7, e
+            refused += 1
+            q = mgr.alloc(8 << 20)  # past a 1 MiB limit: the limit was not applied
+            mgr.free(q)
+        finally:
+            emm.configure(pool_limit="max")
+    assert refused == 1
+
+
 @pytest.mark.skipif(not ON_STANDIN, reason="reads device memory through host pointers")
 def test_ipc_round_trip_within_the_process(mgr):
     p = mgr.alloc(4096)
