@@ -207,8 +207,9 @@ _LIB: Optional[ctypes.CDLL] = None
 # tags, pause and resume (emm_region_enter, emm_pause, ...; TagStateError); 311
 # emm_settings (the list of settings, which configure() and settings() read) and
 # run-time settings; 312 torch.cuda.MemPool for the native object
-# (emm_torch_graph_pool_create, emm_torch_graph_pool_info).
-ABI_NEEDED = 312
+# (emm_torch_graph_pool_create, emm_torch_graph_pool_info); 313
+# emm_configure_check (PyTorch's settings checked before any is applied).
+ABI_NEEDED = 313
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -250,6 +251,7 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_last_error_code": ([], ctypes.c_int),
         "emm_last_oom": ([szp, szp, szp], ctypes.c_int),
         "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
+        "emm_configure_check": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
         "emm_settings": ([ctypes.POINTER(_Setting), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_stat_names": ([ctypes.POINTER(_StatName), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_torch_graph_pool_info": ([ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,

@@ -113,6 +113,12 @@ def route_allocator_settings(torch: Any) -> None:
         # refused unless unchanged, and a refusal then comes before any run-time
         # setting was applied.
         pairs = sorted(translate(env, device_memory), key=lambda kv: kv[0] in runtime)
+        # Every value checked before any is applied: emm's own keys come as
+        # PyTorch's text, which only the library parses.
+        for key, value in pairs:
+            status = lib.emm_configure_check(key.encode(), value.encode())
+            if status != EMM_OK:
+                _raise_last(lib, status)
         for key, value in pairs:
             status = lib.emm_configure(key.encode(), value.encode())
             if status != EMM_OK:

@@ -313,6 +313,13 @@ def test_pytorch_allocator_settings_reach_emm_or_are_refused(mgr):
         assert mgr.stats()["reserved_bytes"] <= 17 << 20
         with pytest.raises(ValueError, match="expandable_segments must be True or False"):
             setting("expandable_segments:yes")
+        # A bad value of emm's own (PyTorch's text, which the library parses)
+        # after a good one: refused before either is applied.
+        with pytest.raises(emm.EmmError, match="pool_release_threshold") as e:
+            setting("pool_limit:1M,pool_release_threshold:banana")
+        assert e.value.code == 1, e.value
+        p = mgr.alloc(256 << 20)  # a 1 MiB limit was not applied
+        mgr.free(p)
     finally:
         setting("pool_limit:max,pool_release_threshold:max")
     assert calls == [], "PyTorch's own function never ran"

@@ -73,7 +73,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 312
+#define EMM_ABI_VERSION 313
 
 /**
  * `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
@@ -563,7 +563,8 @@ emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
  * `emm_stat_names` (the statistic names) and
  * run-time settings in `emm_configure` (`pool_limit`,
  * `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
- * (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`).
+ * (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`); 313 added
+ * `emm_configure_check`.
  */
 int emm_abi_version(void);
 
@@ -582,6 +583,16 @@ int emm_abi_version(void);
  * its cached memory back, then refuses what would pass the limit.
  */
 emm_status emm_configure(const char *key, const char *value);
+
+/**
+ * Whether `emm_configure(key, value)` would take the value, applying nothing:
+ * `EMM_OK` for a known key with a value that parses (for "manager", a registered
+ * name), else `EMM_ERR_INVALID_ARGUMENT` (`EMM_ERR_UNKNOWN_MANAGER`) saying why.
+ * Whether a manager has been created, which may refuse a change with
+ * `EMM_ERR_ALREADY_IN_USE`, is not asked. A caller with several settings checks
+ * them all first, so that a bad one applies none. Since ABI 313.
+ */
+emm_status emm_configure_check(const char *key, const char *value);
 
 /**
  * After `EMM_ERR_OUT_OF_MEMORY`: the bytes requested, and the free and total bytes

@@ -32,7 +32,8 @@ use crate::status::*;
 /// `emm_stat_names` (the statistic names) and
 /// run-time settings in `emm_configure` (`pool_limit`,
 /// `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
-/// (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`).
+/// (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`); 313 added
+/// `emm_configure_check`.
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION
@@ -62,6 +63,33 @@ pub unsafe extern "C" fn emm_configure(key: *const c_char, value: *const c_char)
             Err(c) => return c,
         };
         match emm::configure(key, value) {
+            Ok(()) => EMM_OK,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Whether `emm_configure(key, value)` would take the value, applying nothing:
+/// `EMM_OK` for a known key with a value that parses (for "manager", a registered
+/// name), else `EMM_ERR_INVALID_ARGUMENT` (`EMM_ERR_UNKNOWN_MANAGER`) saying why.
+/// Whether a manager has been created, which may refuse a change with
+/// `EMM_ERR_ALREADY_IN_USE`, is not asked. A caller with several settings checks
+/// them all first, so that a bad one applies none. Since ABI 313.
+#[no_mangle]
+pub unsafe extern "C" fn emm_configure_check(
+    key: *const c_char,
+    value: *const c_char,
+) -> emm_status {
+    guard(|| {
+        let key = match c_str(key, "emm_configure_check: `key`") {
+            Ok(k) => k,
+            Err(c) => return c,
+        };
+        let value = match c_str(value, "emm_configure_check: `value`") {
+            Ok(v) => v,
+            Err(c) => return c,
+        };
+        match emm::check_configuration(key, value) {
             Ok(()) => EMM_OK,
             Err(e) => fail(e),
         }

@@ -199,6 +199,50 @@ fn null_and_foreign_manager_handles_are_invalid_arguments() {
     println!("{} manager-handle cases", cases() - before);
 }
 
+/// `emm_configure_check` says whether `emm_configure` would take a value and
+/// applies nothing: null and unknown keys, values that do not parse and
+/// unknown managers are refused with a message naming them.
+#[test]
+fn a_configuration_check_refuses_what_configure_would_and_applies_nothing() {
+    let inv = EMM_ERR_INVALID_ARGUMENT;
+    // SAFETY: NUL-terminated literals or null, as the contract allows.
+    unsafe {
+        case("null key", emm_configure_check(null(), c"1".as_ptr()), inv);
+        case(
+            "null value",
+            emm_configure_check(c"pool_limit".as_ptr(), null()),
+            inv,
+        );
+        case(
+            "unknown key",
+            emm_configure_check(c"pool_limt".as_ptr(), c"1".as_ptr()),
+            inv,
+        );
+        assert!(last_message().contains("pool_limt"), "{}", last_message());
+        case(
+            "bad value",
+            emm_configure_check(c"pool_limit".as_ptr(), c"banana".as_ptr()),
+            inv,
+        );
+        assert!(last_message().contains("banana"), "{}", last_message());
+        case(
+            "unknown manager",
+            emm_configure_check(c"manager".as_ptr(), c"poool".as_ptr()),
+            EMM_ERR_UNKNOWN_MANAGER,
+        );
+        case(
+            "good",
+            emm_configure_check(c"pool_thread_cache".as_ptr(), c"2M".as_ptr()),
+            EMM_OK,
+        );
+        case(
+            "a manager",
+            emm_configure_check(c"EMM_MEMORY_MANAGER".as_ptr(), c"hostonly".as_ptr()),
+            EMM_OK,
+        );
+    }
+}
+
 #[test]
 fn null_and_foreign_array_handles_are_invalid_arguments() {
     let before = cases();

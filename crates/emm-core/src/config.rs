@@ -74,3 +74,36 @@ pub fn configure(key_name: &str, value: &str) -> Result<()> {
         },
     }
 }
+
+/// Whether [`configure`] would take `value` for `key_name`: a known key, a value
+/// that parses, and for `manager` a registered name ([`EmmError::InvalidConfig`],
+/// [`EmmError::UnknownManager`]). Nothing is applied; whether a manager has been
+/// created, which may refuse a change ([`EmmError::ConfiguredTooLate`],
+/// [`EmmError::AlreadyInUse`]), is not asked. A caller with several settings
+/// checks them all first, so that a bad one applies none.
+pub fn check(key_name: &str, value: &str) -> Result<()> {
+    let config = Config::global();
+    match config.key(key_name) {
+        Some(k) if k.kind == ValueKind::Manager => {
+            let name = k
+                .kind
+                .canonical(value)
+                .map_err(|reason| EmmError::InvalidConfig {
+                    name: k.name.to_owned(),
+                    value: value.to_owned(),
+                    reason,
+                })?;
+            let known = Router::global().known();
+            if known.contains(&name) {
+                Ok(())
+            } else {
+                Err(EmmError::UnknownManager {
+                    name,
+                    source_var: None,
+                    known,
+                })
+            }
+        }
+        _ => config.check(key_name, value),
+    }
+}

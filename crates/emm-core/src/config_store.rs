@@ -142,14 +142,23 @@ impl Config {
         self.set_with_env(key_name, value, |k| std::env::var(k).ok())
     }
 
-    fn set_with_env(
-        &self,
+    /// Whether [`set`](Self::set) would take `value` for `key_name`: a known key
+    /// and a value that parses. Nothing is stored, and whether a manager has
+    /// been created (which may refuse the change) is not asked.
+    pub fn check(&self, key_name: &str, value: &str) -> Result<()> {
+        let s = self.lock();
+        Self::validated(&s, key_name, value).map(|_| ())
+    }
+
+    /// The key of `key_name` with `value` validated: its canonical text and its
+    /// parsed value; [`EmmError::InvalidConfig`] for an unknown key or a value
+    /// that does not parse.
+    fn validated(
+        s: &State,
         key_name: &str,
         value: &str,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Applied> {
-        let mut s = self.lock();
-        let d = Self::find(&s, key_name).ok_or_else(|| EmmError::InvalidConfig {
+    ) -> Result<(Key, String, Arc<dyn Any + Send + Sync>)> {
+        let d = Self::find(s, key_name).ok_or_else(|| EmmError::InvalidConfig {
             name: key_name.to_owned(),
             value: value.to_owned(),
             reason: format!(
@@ -169,6 +178,17 @@ impl Config {
         };
         let text = k.kind.canonical(value).map_err(bad)?;
         let parsed = d.parse_any(value).map_err(bad)?;
+        Ok((k, text, parsed))
+    }
+
+    fn set_with_env(
+        &self,
+        key_name: &str,
+        value: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Applied> {
+        let mut s = self.lock();
+        let (k, text, parsed) = Self::validated(&s, key_name, value)?;
         let from_env = env(k.env).filter(|e| !e.trim().is_empty());
         let env_text = from_env.as_ref().map(|e| k.kind.canonical(e));
         if let Some(manager) = s.frozen_by.clone() {
@@ -316,6 +336,23 @@ mod tests {
         let c = Config::new();
         c.declare(&[&LIMIT, &FLAG, &LIVE, &LIMIT]);
         c
+    }
+
+    /// `check` says what `set` would say of a key and value, and stores nothing.
+    #[test]
+    fn a_check_validates_without_storing() {
+        let c = store();
+        c.check("t_limit", "2K").unwrap();
+        c.check("EMM_T_FLAG", "true").unwrap();
+        assert_eq!(c.get("t_limit"), None, "nothing stored");
+        let e = c.check("t_limit", "banana").unwrap_err();
+        assert!(matches!(e, EmmError::InvalidConfig { .. }), "{e}");
+        assert!(e.to_string().contains("banana"), "{e}");
+        let e = c.check("t_nothing", "1").unwrap_err();
+        assert!(
+            e.to_string().contains("known keys: manager, t_limit"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -54,6 +54,17 @@ pub fn configure(key: &str, value: &str) -> Result<()> {
     emm_core::config::configure(key, value)
 }
 
+/// Whether [`configure`] would take `value` for `key`, applying nothing: a known
+/// key, a value that parses, a registered manager's name. Whether a manager has
+/// been created (after which a setting read at creation can only be repeated) is
+/// not asked. Check every setting of a batch first, and a bad one applies none.
+///
+/// Errors: [`EmmError::InvalidConfig`], [`EmmError::UnknownManager`].
+pub fn check_configuration(key: &str, value: &str) -> Result<()> {
+    register_builtin_managers();
+    emm_core::config::check(key, value)
+}
+
 /// Every setting `configure` knows, in the order of the documentation: the
 /// router's `manager`, then those of the registered managers (the built-in ones
 /// are registered first).
