@@ -272,7 +272,7 @@ pub struct HostOnlyManager {
     host: HostOnly,
     managed: Managed,
     defer: Arc<DeferState>,
-    exported_fd: OnceLock<std::result::Result<std::os::fd::OwnedFd, String>>,
+    exported_fd: OnceLock<std::os::fd::OwnedFd>,
     export_error: Option<String>,
 }
 
@@ -412,20 +412,20 @@ impl HostOnlyManager {
         Ok(unsafe { DeviceAllocation::with_releaser(ptr, size, stream, ptr, size, owner, token) })
     }
 
+    /// The pool's exported descriptor, exported at the first call that
+    /// succeeds: a failed export is the call's error (the driver's), and the next
+    /// call tries again, where a kept failure turned IPC off for the manager's
+    /// life over a fault that may clear.
     fn pool_fd(&self) -> Result<i32> {
         use std::os::fd::{AsRawFd, FromRawFd};
-        let fd = self.exported_fd.get_or_init(|| {
-            let fd = self.inner.pool.export_fd().map_err(|e| e.to_string())?;
-            // SAFETY: the driver handed us a new descriptor; we own it from now on.
-            Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-        });
-        match fd {
-            Ok(fd) => Ok(fd.as_raw_fd()),
-            Err(e) => Err(EmmError::Unsupported {
-                manager: format!("hostonly (the pool could not be exported: {e})"),
-                operation: "get_ipc_handle",
-            }),
+        if let Some(fd) = self.exported_fd.get() {
+            return Ok(fd.as_raw_fd());
         }
+        let raw = self.inner.pool.export_fd()?;
+        // SAFETY: the driver handed us a new descriptor; we own it from now on.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // Another thread's export kept first: this one is closed, theirs used.
+        Ok(self.exported_fd.get_or_init(|| fd).as_raw_fd())
     }
 }
 

@@ -212,3 +212,24 @@ fn an_explicit_free_returns_the_refusal_and_the_allocation_for_a_retry() {
     m.reset().unwrap();
     assert_held(&f.s, &m, base, 0);
 }
+
+/// A failed export of the pool for IPC is the call's error, the driver's (it
+/// was `Unsupported`, kept for the manager's life), and the next call exports
+/// once the fault clears.
+#[test]
+fn a_failed_pool_export_is_tried_again_at_the_next_ipc_handle() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let a = m.memalloc(1 << 20).unwrap();
+    f.s.control("fail cuMemPoolExportToShareableHandle 1 CUDA_ERROR_OUT_OF_MEMORY")
+        .unwrap();
+    let e = m.get_ipc_handle(a.as_view()).unwrap_err();
+    assert!(matches!(e, EmmError::Driver(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("cuMemPoolExportToShareableHandle"),
+        "{e}"
+    );
+    f.s.reset().unwrap();
+    m.get_ipc_handle(a.as_view())
+        .expect("exported once the fault cleared");
+}

@@ -136,19 +136,21 @@ pub struct DriverVmm {
 }
 
 impl DriverVmm {
-    /// VMM in `ctx`, or `None` when the driver or device lacks it.
-    pub fn new(ctx: &Context) -> Option<DriverVmm> {
-        if !ctx.device().supports_virtual_memory().unwrap_or(false) {
-            return None;
+    /// VMM in `ctx`, or `None` when the driver or device lacks it; the error of
+    /// the driver's answer when asking failed (a pool made then would go without
+    /// its expandable segment for its whole life over a fault that may clear).
+    pub fn new(ctx: &Context) -> emm_core::Result<Option<DriverVmm>> {
+        if !ctx.device().supports_virtual_memory()? {
+            return Ok(None);
         }
-        Some(DriverVmm {
+        Ok(Some(DriverVmm {
             ctx: ctx.clone(),
             state: Mutex::new(VmmState::default()),
             exportable: false,
             exports: Default::default(),
             pending: AtomicBool::new(false),
             settling: Mutex::new(()),
-        })
+        }))
     }
 
     fn state(&self) -> MutexGuard<'_, VmmState> {

@@ -247,3 +247,93 @@ fn events_do_not_accumulate_with_new_streams_across_trims() {
     drop(m);
     assert_eq!(snapshot(&f.s), before);
 }
+
+/// `release_cached` while the driver refuses the free of a wholly free segment
+/// says so (as `hostonly`'s does), where it returned `Ok` with fewer bytes; the
+/// segment is kept, still reserved, and the next trim once the fault clears
+/// gives it back.
+#[test]
+fn release_cached_reports_a_segment_the_driver_would_not_take_back() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = pool(&f);
+    let small = m.memalloc(1000).unwrap(); // a plain 2 MiB segment
+    drop(small);
+    let reserved = m.stats().reserved_bytes;
+    assert!(reserved > 0);
+    f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+    let e = m.release_cached().unwrap_err();
+    assert!(e.to_string().contains("CUDA_ERROR_UNKNOWN"), "{e}");
+    assert_eq!(m.stats().reserved_bytes, reserved, "kept, still reserved");
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    assert_eq!(m.release_cached().unwrap(), reserved);
+    assert_eq!((m.stats().reserved_bytes, held(&f, &before)), (0, 0));
+}
+
+/// One driver failure while a stream's pool is made no longer turns stream
+/// pools off for the pool's life: the parent serves the streams without one
+/// for a while, then making one is tried again.
+#[test]
+fn a_stream_pool_that_could_not_be_made_is_tried_again_later() {
+    let f = fixture();
+    let m = pool(&f);
+    let expandable = |m: &PoolManager| {
+        m.snapshot()
+            .segments
+            .iter()
+            .filter(|s| s.expandable)
+            .count()
+    };
+    let (s1, s2) = (Stream::new(&f.ctx).unwrap(), Stream::new(&f.ctx).unwrap());
+    let a0 = m
+        .memalloc_async(8 * MIB, Stream::legacy(&f.ctx).raw())
+        .unwrap();
+    f.s.control("fail cuDeviceTotalMem_v2 1 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    let a1 = m.memalloc_async(8 * MIB, s1.raw()).unwrap();
+    f.s.reset().unwrap();
+    assert_eq!(expandable(&m), 1, "s1 served by the parent's");
+    // s2's large requests: served by the parent's for a while, then by its own.
+    let mut own = false;
+    for _ in 0..2_000 {
+        let a = m.memalloc_async(8 * MIB, s2.raw()).unwrap();
+        if expandable(&m) == 2 {
+            own = true;
+            drop(a);
+            break;
+        }
+        drop(a);
+    }
+    assert!(own, "making a stream's pool was tried again");
+    drop((a0, a1));
+    s1.synchronize().unwrap();
+    s2.synchronize().unwrap();
+}
+
+/// A failed query of the device's virtual memory support while the pool is made
+/// is the pool's error: it used to give, silently, a pool without its
+/// expandable segment for its whole life. Made again once the fault clears, the
+/// pool has it.
+#[test]
+fn a_failed_virtual_memory_query_fails_the_pool_rather_than_losing_the_segment() {
+    let f = fixture();
+    f.s.control("fail cuDeviceGetAttribute 1 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    let e = PoolManager::new(&f.ctx)
+        .map(|_| ())
+        .expect_err("the query's failure");
+    assert!(e.to_string().contains("cuDeviceGetAttribute"), "{e}");
+    f.s.reset().unwrap();
+    let m = pool(&f);
+    let a = m.memalloc(8 * MIB).unwrap();
+    assert_eq!(
+        m.snapshot()
+            .segments
+            .iter()
+            .filter(|s| s.expandable)
+            .count(),
+        1
+    );
+    drop(a);
+}

@@ -201,6 +201,10 @@ pub(crate) struct Arena {
     /// Whether the arena's requests came from one stream or several
     /// (`streams_served.rs`).
     served: streams_served::StreamsServed,
+    /// The first refusal of the upstream to take a wholly free segment back
+    /// since it was last taken (`take_refusal`): a trim that gave back less
+    /// than it could says so.
+    refusal: Option<EmmError>,
 }
 
 impl Arena {
@@ -227,6 +231,12 @@ impl Arena {
             expandable,
             ..Arena::default()
         }
+    }
+
+    /// The first refusal of the upstream to take a segment back since the last
+    /// call (see `give_back_segment`), taken.
+    pub(crate) fn take_refusal(&mut self) -> Option<EmmError> {
+        self.refusal.take()
     }
 
     /// The byte limit of the family, if any (it may change while the pool serves).

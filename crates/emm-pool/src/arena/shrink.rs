@@ -271,6 +271,7 @@ impl Arena {
     ) -> bool {
         if let Err(e) = source.free_segment(base, size) {
             tracing::error!(error = %e, base, size, "returning a segment to the upstream failed; keeping it");
+            self.refusal.get_or_insert(e);
             return false;
         }
         self.heap.remove(base);

@@ -223,7 +223,7 @@ impl PoolManager {
                     .chain(self.sibling_cores())
                     .filter(|c| owner.as_ref().is_none_or(|o| !Arc::ptr_eq(c, o)))
                     .collect();
-                let freed: usize = others.iter().map(trim_core).sum();
+                let freed: usize = others.iter().map(|c| trim_core(c).0).sum();
                 if freed == 0 {
                     return Err(self.with_family_figures(e));
                 }
@@ -389,8 +389,29 @@ impl PoolManager {
         if emm_sys::forked() {
             return 0;
         }
-        let siblings: usize = self.sibling_cores().iter().map(trim_core).sum();
-        siblings + trim_core(&self.core)
+        self.trim_reporting().0
+    }
+
+    /// [`PoolManager::trim`], with the first refusal of the upstream to take a
+    /// wholly free segment back (the segment is kept, still reserved).
+    pub(crate) fn trim_reporting(&self) -> (usize, Option<EmmError>) {
+        if emm_sys::forked() {
+            return (0, None);
+        }
+        let mut refusal = None;
+        let mut released = 0usize;
+        for core in self
+            .sibling_cores()
+            .iter()
+            .chain(std::iter::once(&self.core))
+        {
+            let (n, e) = trim_core(core);
+            released += n;
+            if let Some(e) = e {
+                refusal.get_or_insert(e);
+            }
+        }
+        (released, refusal)
     }
 
     /// The byte limit of the pool and its tag pools (`None`: the device's memory).
@@ -457,12 +478,13 @@ fn family_peaks(s: &mut PoolStats, family: &Family) {
         .max(s.allocated_bytes);
 }
 
-/// Trims `core` (see [`PoolManager::trim`]); a paused arena holds no memory to
-/// give back and is left alone.
-fn trim_core(core: &Arc<Core>) -> usize {
+/// Trims `core` (see [`PoolManager::trim`]), with the first refusal of the
+/// upstream to take a segment back; a paused arena holds no memory to give back
+/// and is left alone.
+fn trim_core(core: &Arc<Core>) -> (usize, Option<EmmError>) {
     let mut arena = core.lock();
     if arena.is_paused() {
-        return 0;
+        return (0, None);
     }
     // Pinned host buffers kept for the next pause go too (host memory: not in
     // the bytes returned).
@@ -483,7 +505,7 @@ fn trim_core(core: &Arc<Core>) -> usize {
         // destroyed: the pool keeps only those still in use.
         core.events.release_idle();
     }
-    released
+    (released, arena.take_refusal())
 }
 
 impl PoolManager {

@@ -151,15 +151,24 @@ impl MemoryManager for PoolManager {
         })
     }
 
+    /// [`PoolManager::trim`] and the pinned host and managed memory cached; the
+    /// driver's refusal to take a wholly free segment back is the error (the
+    /// segment is kept, still reserved, and given back by a later trim), as
+    /// `hostonly`'s is, not `Ok` with fewer bytes.
     fn release_cached(&self) -> Result<usize> {
         emm_core::check_not_forked()?;
-        Ok(self.trim()
+        let (trimmed, refusal) = self.trim_reporting();
+        let released = trimmed
             + self.core.host.as_ref().map_or(0, HostOnly::flush)
             + self
                 .core
                 .managed
                 .as_ref()
-                .map_or(0, Managed::release_cached))
+                .map_or(0, Managed::release_cached);
+        match refusal {
+            Some(e) => Err(e),
+            None => Ok(released),
+        }
     }
 
     fn context(&self) -> Option<&Context> {

@@ -36,7 +36,7 @@
 //! handle the driver reuses after a destroy names the same pool, as it names
 //! the same stream's blocks in a shared pool.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use emm_sys::CUstream;
@@ -60,10 +60,17 @@ pub(super) struct StreamPools {
     slots: Box<[OnceLock<StreamPool>]>,
     /// Held while a slot is filled.
     making: Mutex<()>,
-    /// A pool could not be made (logged once): no more are tried, and the
-    /// streams without one share the parent's.
-    gave_up: AtomicBool,
+    /// After a pool could not be made: how many more streams without one are
+    /// served by the parent's before making one is tried again (a driver fault
+    /// may clear; one that does not costs a try every [`RETRY_AFTER`] misses).
+    skip: AtomicU32,
+    /// Whether a failure was logged as a warning (later ones at debug level).
+    warned: AtomicBool,
 }
+
+/// Lookups of streams without a pool served by the parent's after a pool
+/// could not be made, before the next try.
+const RETRY_AFTER: u32 = 1024;
 
 /// What the slots say of a stream.
 enum Lookup<'a> {
@@ -83,14 +90,16 @@ impl StreamPools {
             siblings,
             slots: (0..bound).map(|_| OnceLock::new()).collect(),
             making: Mutex::new(()),
-            gave_up: AtomicBool::new(false),
+            skip: AtomicU32::new(0),
+            warned: AtomicBool::new(false),
         }
     }
 
     /// The pool of `stream`, made with `config` (the parent's) on its first
     /// large allocation; `None` for a default stream, a stream past the bound,
-    /// with stream pools off, or once a pool could not be made (the parent
-    /// serves those). A stream past the bound takes no lock.
+    /// with stream pools off, or for the next [`RETRY_AFTER`] streams without a
+    /// pool after one could not be made (the parent serves those; then making
+    /// one is tried again). A stream past the bound takes no lock.
     pub(super) fn pool_of(&self, stream: CUstream, config: &PoolConfig) -> Option<&Arc<Core>> {
         if self.slots.is_empty() || is_default_stream(stream) {
             return None;
@@ -99,7 +108,7 @@ impl StreamPools {
         match self.find(key) {
             Lookup::Found(p) => return Some(p),
             Lookup::Full => return None,
-            Lookup::Missing if self.gave_up.load(Ordering::Relaxed) => return None,
+            Lookup::Missing if self.skipping() => return None,
             Lookup::Missing => {}
         }
         let _making = self.making.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,8 +122,11 @@ impl StreamPools {
                     let core = match self.siblings.make(config, "a stream pool") {
                         Ok(c) => c,
                         Err(e) => {
-                            if !self.gave_up.swap(true, Ordering::Relaxed) {
-                                tracing::warn!(error = %e, stream = key, "making a stream's pool failed; streams without one share the pool's own from now on");
+                            self.skip.store(RETRY_AFTER, Ordering::Relaxed);
+                            if !self.warned.swap(true, Ordering::Relaxed) {
+                                tracing::warn!(error = %e, stream = key, "making a stream's pool failed; streams without one share the pool's own, and making one is tried again after {RETRY_AFTER} of them");
+                            } else {
+                                tracing::debug!(error = %e, stream = key, "making a stream's pool failed again");
                             }
                             return None;
                         }
@@ -125,6 +137,14 @@ impl StreamPools {
             }
         }
         None
+    }
+
+    /// Whether a failure to make a pool is still being waited out (one lookup
+    /// of the wait counted).
+    fn skipping(&self) -> bool {
+        self.skip
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// What the slots say of the stream with handle `key`.

@@ -134,8 +134,10 @@ pub(super) fn make_core(
     let helper_allowed = !matches!(upstream, PoolUpstream::Host { .. });
     let (up, events, vmm, ctx): Parts = match upstream {
         PoolUpstream::Driver(ctx) => {
+            // A failed query of the device is the pool's error, not a pool
+            // without its expandable segment for good.
             let vmm = if config.segments.expandable {
-                DriverVmm::new(&ctx).map(|mut v| {
+                DriverVmm::new(&ctx)?.map(|mut v| {
                     if config.exportable {
                         v.set_exportable();
                     }
@@ -144,10 +146,12 @@ pub(super) fn make_core(
             } else {
                 None
             };
-            let vmm = vmm.filter(|v| {
-                v.granularity()
-                    .is_ok_and(|g| config.segments.large_round % g == 0)
-            });
+            let vmm = match vmm {
+                Some(v) if config.segments.large_round.checked_rem(v.granularity()?) == Some(0) => {
+                    Some(v)
+                }
+                _ => None,
+            };
             (
                 Box::new(DriverUpstream::new(&ctx)),
                 Box::new(DriverEvents::new(&ctx)),
