@@ -74,8 +74,37 @@ pub struct RawArray {
     manager: Option<(Arc<dyn MemoryManager>, Context)>,
     pending: Option<Event>,
     locks: BTreeSet<u64>,
+    /// The locks held by DLPack exports (also in `locks`): only their deleters
+    /// release them, not [`RawArray::unlock`].
+    export_locks: BTreeSet<u64>,
     next_lock: u64,
     exports: Arc<AtomicUsize>,
+    /// Export locks whose deleters ran, to be taken out of `locks` when the
+    /// array is next locked: a deleter never waits for the array's mutex (it
+    /// may run on a thread inside `with_host`, which holds it).
+    released: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Drop for RawArray {
+    /// Waits for a pending copy before the buffers go: the device block is
+    /// freed in order on the stream it was allocated on, and the pinned host
+    /// mirror at once, neither after a copy queued on another stream. A failed
+    /// wait is recorded on the context (reported by its next call), and the
+    /// stream is waited for instead.
+    fn drop(&mut self) {
+        let Some(e) = self.pending.take() else {
+            return;
+        };
+        if let Err(err) = e.synchronize_keeping_deferred() {
+            if let Some((_, ctx)) = &self.manager {
+                let device_wide = ctx.synchronize_keeping_deferred();
+                ctx.record_drop_error(err);
+                if let Err(sync) = device_wide {
+                    ctx.record_drop_error(sync);
+                }
+            }
+        }
+    }
 }
 
 /// Deleters run so far by every DLPack export of this process (for tests).
@@ -107,20 +136,35 @@ impl RawArray {
                 max: MAX_RANK,
             });
         }
+        if let Some((m, ctx)) = &manager {
+            let context_device = ctx.device().ordinal();
+            if let Some(manager_device) = m.context().map(|c| c.device().ordinal()) {
+                if manager_device != context_device {
+                    return Err(ArrayError::DeviceMismatch {
+                        manager_device,
+                        context_device,
+                    });
+                }
+            }
+        }
         // Extents, strides and bytes must fit `isize` (no allocation is larger,
         // and DLPack's `int64_t` extents and strides are then never negative).
         const MAX: usize = isize::MAX as usize;
+        let too_large = || ArrayError::TooLarge {
+            shape: shape.to_vec(),
+            element_bytes: dtype.size(),
+        };
         if shape.iter().any(|&s| s > MAX) {
-            return Err(ArrayError::TooLarge);
+            return Err(too_large());
         }
         let len = shape
             .iter()
             .try_fold(1usize, |a, &s| a.checked_mul(s))
-            .ok_or(ArrayError::TooLarge)?;
+            .ok_or_else(too_large)?;
         let bytes = len
             .checked_mul(dtype.size())
             .filter(|&b| b <= MAX)
-            .ok_or(ArrayError::TooLarge)?;
+            .ok_or_else(too_large)?;
         // An empty shape (a zero extent) still has strides over the others, and
         // they can overflow where the element count does not (`[0, 2^40, 2^40]`).
         let mut strides = vec![0usize; shape.len()];
@@ -130,7 +174,7 @@ impl RawArray {
             acc = acc
                 .checked_mul(shape[d].max(1))
                 .filter(|&a| a <= MAX)
-                .ok_or(ArrayError::TooLarge)?;
+                .ok_or_else(too_large)?;
         }
         let host = match &manager {
             Some((m, _)) if bytes > 0 => {
@@ -158,8 +202,10 @@ impl RawArray {
             manager,
             pending: None,
             locks: BTreeSet::new(),
+            export_locks: BTreeSet::new(),
             next_lock: 1,
             exports: Arc::new(AtomicUsize::new(0)),
+            released: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -211,8 +257,14 @@ impl RawArray {
         id
     }
 
-    /// Releases lock `id`.
+    /// Releases lock `id`, one [`RawArray::lock`] took. A DLPack export's lock
+    /// is its deleter's to release ([`ArrayError::ExportLock`]): released here,
+    /// the consumer's tensor could change under it.
     pub fn unlock(&mut self, id: u64) -> Result<(), ArrayError> {
+        self.take_released();
+        if self.export_locks.contains(&id) {
+            return Err(ArrayError::ExportLock { id });
+        }
         if self.locks.remove(&id) {
             Ok(())
         } else {
@@ -220,6 +272,16 @@ impl RawArray {
                 id,
                 live: self.locks(),
             })
+        }
+    }
+
+    /// Takes out the export locks whose deleters ran since the array was last
+    /// locked.
+    pub(crate) fn take_released(&mut self) {
+        let ids = std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()));
+        for id in ids {
+            self.export_locks.remove(&id);
+            self.locks.remove(&id);
         }
     }
 
@@ -290,9 +352,25 @@ impl RawArray {
             }
             let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
             let host = self.host.ptr();
+            // A copy still pending (on this stream or another) is ordered before
+            // this one, which reads or writes the same buffers.
+            if let Some(p) = &self.pending {
+                if s.wait_event(p).is_err() {
+                    p.synchronize().map_err(emm_core::EmmError::from)?;
+                }
+            }
+            // The event that marks the copy's end, made before the copy is
+            // queued: a copy must not run untracked.
+            let done = if wait {
+                None
+            } else {
+                Some(Event::sync_only(&ctx).map_err(emm_core::EmmError::from)?)
+            };
             // SAFETY: host and device buffers both hold `bytes` bytes and are owned
-            // by the array, which outlives the copy (it waits for it before handing
-            // out the host data or freeing anything).
+            // by the array, which outlives the copy: the copy is ordered after any
+            // earlier one (above), and the array waits for it (its event, or the
+            // stream when recording the event fails) before handing out the host
+            // data, copying again or dropping its buffers (`Drop`).
             unsafe {
                 match side {
                     Side::Device => memory::copy_htod_async(dev, host, bytes, &s),
@@ -300,24 +378,34 @@ impl RawArray {
                 }
             }
             .map_err(emm_core::EmmError::from)?;
+            match done {
+                None => s.synchronize().map_err(emm_core::EmmError::from)?,
+                Some(e) => {
+                    if let Err(rec) = e.record(&s) {
+                        // Untracked, the copy is waited for here.
+                        tracing::debug!(error = %rec, "recording a copy's event failed; waiting for its stream");
+                        s.synchronize().map_err(emm_core::EmmError::from)?;
+                        self.pending = None;
+                    } else {
+                        self.pending = Some(e);
+                    }
+                }
+            }
             if wait {
-                s.synchronize().map_err(emm_core::EmmError::from)?;
                 self.pending = None;
-            } else {
-                let e = Event::sync_only(&ctx).map_err(emm_core::EmmError::from)?;
-                e.record(&s).map_err(emm_core::EmmError::from)?;
-                self.pending = Some(e);
             }
         }
         self.side = side;
         Ok(true)
     }
 
-    /// Waits for a pending copy.
+    /// Waits for a pending copy. A failed wait keeps it pending (host access
+    /// still refused), not forgotten.
     pub fn synchronize(&mut self) -> Result<(), ArrayError> {
-        if let Some(e) = self.pending.take() {
+        if let Some(e) = &self.pending {
             e.synchronize().map_err(emm_core::EmmError::from)?;
         }
+        self.pending = None;
         Ok(())
     }
 
@@ -438,6 +526,7 @@ struct ExportVersioned {
     array: Arc<Mutex<RawArray>>,
     lock: u64,
     count: Arc<AtomicUsize>,
+    released: Arc<Mutex<Vec<u64>>>,
 }
 
 #[repr(C)]
@@ -448,14 +537,34 @@ struct ExportLegacy {
     array: Arc<Mutex<RawArray>>,
     lock: u64,
     count: Arc<AtomicUsize>,
+    released: Arc<Mutex<Vec<u64>>>,
 }
 
-fn lock_array(a: &Mutex<RawArray>) -> MutexGuard<'_, RawArray> {
-    a.lock().unwrap_or_else(|p| p.into_inner())
+/// Locks the shared array, taking out the export locks whose deleters ran
+/// meanwhile. Every access to a shared [`RawArray`] goes through this (the C
+/// ABI's too).
+pub fn lock_array(a: &Mutex<RawArray>) -> MutexGuard<'_, RawArray> {
+    let mut g = a.lock().unwrap_or_else(|p| p.into_inner());
+    g.take_released();
+    g
 }
 
-fn release(array: &Arc<Mutex<RawArray>>, lock: u64, count: &AtomicUsize) {
-    let _ = lock_array(array).unlock(lock);
+/// A deleter's end of an export: its lock queued for release (taken out at
+/// the array's next locking, now when the array is free), without waiting for
+/// the array's mutex, which a thread running this inside `with_host` holds.
+fn release(
+    array: &Arc<Mutex<RawArray>>,
+    released: &Mutex<Vec<u64>>,
+    lock: u64,
+    count: &AtomicUsize,
+) {
+    released
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(lock);
+    if let Ok(mut a) = array.try_lock() {
+        a.take_released();
+    }
     count.fetch_add(1, Ordering::AcqRel);
     DLPACK_DELETERS_RUN.fetch_add(1, Ordering::AcqRel);
 }
@@ -467,7 +576,7 @@ unsafe extern "C" fn delete_versioned(t: *mut DLManagedTensorVersioned) {
     // SAFETY: `t` is the first field of a boxed `ExportVersioned` (repr(C)) made by
     // `export_versioned`; DLPack calls the deleter once.
     let b = unsafe { Box::from_raw(t.cast::<ExportVersioned>()) };
-    release(&b.array, b.lock, &b.count);
+    release(&b.array, &b.released, b.lock, &b.count);
 }
 
 unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
@@ -476,11 +585,19 @@ unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
     }
     // SAFETY: as in `delete_versioned`, for `ExportLegacy`.
     let b = unsafe { Box::from_raw(t.cast::<ExportLegacy>()) };
-    release(&b.array, b.lock, &b.count);
+    release(&b.array, &b.released, b.lock, &b.count);
 }
 
-/// A tensor, its shape and strides, the export's lock id and the deleter counter.
-type Parts = (DLTensor, Vec<i64>, Vec<i64>, u64, Arc<AtomicUsize>);
+/// A tensor, its shape and strides, the export's lock id, the deleter counter
+/// and the queue its deleter releases the lock through.
+type Parts = (
+    DLTensor,
+    Vec<i64>,
+    Vec<i64>,
+    u64,
+    Arc<AtomicUsize>,
+    Arc<Mutex<Vec<u64>>>,
+);
 
 fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
     let mut a = lock_array(array);
@@ -490,7 +607,12 @@ fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
     // stride is never reported negative.
     let to_i64 = |v: &[usize]| -> Result<Vec<i64>, ArrayError> {
         v.iter()
-            .map(|&s| i64::try_from(s).map_err(|_| ArrayError::TooLarge))
+            .map(|&s| {
+                i64::try_from(s).map_err(|_| ArrayError::TooLarge {
+                    shape: a.shape.clone(),
+                    element_bytes: a.dtype.size(),
+                })
+            })
             .collect()
     };
     let shape = to_i64(&a.shape)?;
@@ -509,7 +631,15 @@ fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
         byte_offset: 0,
     };
     let lock = a.lock();
-    Ok((t, shape, strides, lock, a.exports.clone()))
+    a.export_locks.insert(lock);
+    Ok((
+        t,
+        shape,
+        strides,
+        lock,
+        a.exports.clone(),
+        a.released.clone(),
+    ))
 }
 
 /// Exports the array's current side as a `DLManagedTensorVersioned`. The export
@@ -518,7 +648,7 @@ fn tensor_parts(array: &Arc<Mutex<RawArray>>) -> Result<Parts, ArrayError> {
 pub fn export_versioned(
     array: &Arc<Mutex<RawArray>>,
 ) -> Result<*mut DLManagedTensorVersioned, ArrayError> {
-    let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
+    let (dl_tensor, shape, strides, lock, count, released) = tensor_parts(array)?;
     let mut b = Box::new(ExportVersioned {
         tensor: DLManagedTensorVersioned {
             version: DLPACK_VERSION,
@@ -532,6 +662,7 @@ pub fn export_versioned(
         array: array.clone(),
         lock,
         count,
+        released,
     });
     b.tensor.dl_tensor.shape = b.shape.as_mut_ptr();
     b.tensor.dl_tensor.strides = b.strides.as_mut_ptr();
@@ -544,7 +675,7 @@ pub fn export_versioned(
 /// Exports the array's current side as a legacy `DLManagedTensor` (for consumers
 /// that predate DLPack 1.0). Same ownership rules as [`export_versioned`].
 pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTensor, ArrayError> {
-    let (dl_tensor, shape, strides, lock, count) = tensor_parts(array)?;
+    let (dl_tensor, shape, strides, lock, count, released) = tensor_parts(array)?;
     let mut b = Box::new(ExportLegacy {
         tensor: DLManagedTensor {
             dl_tensor,
@@ -556,6 +687,7 @@ pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTenso
         array: array.clone(),
         lock,
         count,
+        released,
     });
     b.tensor.dl_tensor.shape = b.shape.as_mut_ptr();
     b.tensor.dl_tensor.strides = b.strides.as_mut_ptr();
@@ -605,7 +737,10 @@ impl<T: Element, const N: usize> MemArray<T, N> {
         shape: [usize; N],
         m: Option<(Arc<dyn MemoryManager>, Context)>,
     ) -> Result<Self, ArrayError> {
-        let indexer = Indexer::new(shape).ok_or(ArrayError::TooLarge)?;
+        let indexer = Indexer::new(shape).ok_or_else(|| ArrayError::TooLarge {
+            shape: shape.to_vec(),
+            element_bytes: T::DTYPE.size(),
+        })?;
         let raw = RawArray::new(T::DTYPE, &shape, m)?;
         Ok(MemArray {
             raw: Arc::new(Mutex::new(raw)),

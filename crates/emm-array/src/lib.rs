@@ -20,7 +20,8 @@ mod dtype;
 mod indexer;
 
 pub use array::{
-    export_legacy, export_versioned, MemArray, RawArray, Side, DLPACK_DELETERS_RUN, MAX_RANK,
+    export_legacy, export_versioned, lock_array, MemArray, RawArray, Side, DLPACK_DELETERS_RUN,
+    MAX_RANK,
 };
 pub use dtype::{code, supported_names, DataType, Element, SUPPORTED};
 pub use indexer::{Indexer, KernelIndexer};
@@ -47,9 +48,24 @@ pub enum ArrayError {
         /// Largest rank.
         max: usize,
     },
-    /// The shape's element or byte count overflows.
-    #[error("the array is too large: its size overflows")]
-    TooLarge,
+    /// The shape's element count, byte count or a stride overflows what one
+    /// allocation (and DLPack's `int64_t`) can hold: `isize::MAX`.
+    #[error("an array of shape {shape:?} and {element_bytes}-byte elements is too large: its element count, byte count or a stride passes isize::MAX ({})", isize::MAX)]
+    TooLarge {
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// Bytes an element.
+        element_bytes: usize,
+    },
+    /// A manager of one device with a context of another: the memory would come
+    /// from one device and be copied and exported as the other's.
+    #[error("the manager serves device {manager_device} but the context given is device {context_device}")]
+    DeviceMismatch {
+        /// The manager's device.
+        manager_device: usize,
+        /// The context's device.
+        context_device: usize,
+    },
     /// An index outside the shape.
     #[error("index {index:?} is out of bounds for shape {shape:?}")]
     OutOfBounds {
@@ -95,6 +111,13 @@ pub enum ArrayError {
         id: u64,
         /// Live lock ids.
         live: Vec<u64>,
+    },
+    /// Unlock of a DLPack export's lock: its deleter releases it, once the
+    /// consumer is done with the tensor.
+    #[error("lock {id} is a DLPack export's: its deleter releases it when the consumer is done with the tensor")]
+    ExportLock {
+        /// The id given.
+        id: u64,
     },
     /// A device operation on an array without a manager.
     #[error("the array has no device: it was made without a memory manager")]

@@ -29,8 +29,14 @@ fn overflowing_shapes_are_rejected() {
     assert!(Indexer::new([usize::MAX, 2]).is_none());
     assert!(matches!(
         MemArray::<f64, 2>::on_host([usize::MAX / 4, 3]),
-        Err(ArrayError::TooLarge)
+        Err(ArrayError::TooLarge { ref shape, element_bytes: 8 }) if shape == &[usize::MAX / 4, 3]
     ));
+    let e = MemArray::<f64, 2>::on_host([usize::MAX / 4, 3]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("{:?}", [usize::MAX / 4, 3])),
+        "{e}"
+    );
 }
 
 #[test]
@@ -133,6 +139,45 @@ fn dlpack_exports_lock_until_their_deleter_runs_once() {
         assert_eq!(*((*t).dl_tensor.data as *const f64).add(9), 9.0);
         ((*t).deleter.unwrap())(t);
     }
+}
+
+/// An export's lock is its deleter's: `unlock` refuses it (the consumer's
+/// tensor would change under it), and a deleter run while the array is held
+/// (inside `with_host`, as a consumer dropping an old export there does)
+/// neither deadlocks nor is lost: the lock goes when the array is next used.
+#[test]
+fn an_exports_lock_is_its_deleters_and_a_deleter_never_waits_for_the_array() {
+    let a = MemArray::<f64, 1>::on_host([4]).unwrap();
+    let explicit = a.lock_id();
+    let t = a.to_dlpack().unwrap();
+    let locks = a.raw().lock().unwrap().locks();
+    let export = *locks.iter().find(|&&l| l != explicit).unwrap();
+    assert!(
+        matches!(a.unlock(export), Err(ArrayError::ExportLock { id }) if id == export),
+        "an export's lock refused"
+    );
+    a.unlock(explicit).unwrap();
+    assert!(a.set([0], 1.0).is_err(), "still exported");
+    // The deleter inside `with_host`, on the thread that holds the array.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = t as usize;
+    let a2 = a.clone();
+    std::thread::spawn(move || {
+        let r = a2.with_host(|_| {
+            // SAFETY: the export made above, deleted once.
+            unsafe {
+                let t = t as *mut dlpack::DLManagedTensorVersioned;
+                ((*t).deleter.unwrap())(t);
+            }
+        });
+        let _ = tx.send(r.is_ok());
+    });
+    let ran = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the deleter inside with_host returned (no deadlock)");
+    assert!(ran);
+    assert_eq!(a.deleters_run(), 1);
+    a.set([0], 1.0).unwrap();
 }
 
 #[test]

@@ -27,7 +27,9 @@ fn fail_array(e: ArrayError) -> emm_status {
         | ArrayError::OutOfBounds { .. }
         | ArrayError::TypeMismatch { .. }
         | ArrayError::UnknownLock { .. }
-        | ArrayError::TooLarge => crate::status::EMM_ERR_INVALID_ARGUMENT,
+        | ArrayError::ExportLock { .. }
+        | ArrayError::DeviceMismatch { .. }
+        | ArrayError::TooLarge { .. } => crate::status::EMM_ERR_INVALID_ARGUMENT,
         ArrayError::NoDevice => crate::status::EMM_ERR_UNSUPPORTED,
         _ => crate::status::EMM_ERR_OTHER,
     };
@@ -77,7 +79,7 @@ fn with_array(a: *const emm_array, f: impl FnOnce(&emm_array) -> emm_status) -> 
 }
 
 fn lock(a: &emm_array) -> std::sync::MutexGuard<'_, RawArray> {
-    a.raw.lock().unwrap_or_else(|p| p.into_inner())
+    ::emm_array::lock_array(&a.raw)
 }
 
 /// MemArray: creates a zeroed n-dimensional array of DLPack type `(code, bits)` with

@@ -290,35 +290,3 @@ fn torch_memory_tools_read_and_reset_the_devices_manager_on_the_standin() {
     standin.reset().unwrap();
     println!("{} torch memory-tool stand-in cases", cases() - before);
 }
-
-/// A device whose set-up failed once (the driver refused its context) is set up
-/// at the next call once the fault has cleared: the failure is not kept for the
-/// life of the process, as it was (every later call on the device failed with
-/// the first call's error while `emm_alloc` on it worked).
-#[test]
-fn a_device_whose_set_up_failed_once_is_set_up_at_the_next_call() {
-    let _serial = serial();
-    let standin = standin();
-    assert_eq!(standin.control("devices 4").unwrap(), 4);
-    // Device 3: no other case of this file sets it up.
-    standin
-        .control("fail cuDevicePrimaryCtxRetain 1 CUDA_ERROR_OUT_OF_MEMORY")
-        .unwrap();
-    let p = emm_torch_alloc(4096, 3, null_mut());
-    assert!(p.is_null(), "the refused set-up fails the call");
-    assert_ne!(emm_last_error_code(), EMM_OK);
-    assert!(
-        last_message().contains("CUDA_ERROR_OUT_OF_MEMORY"),
-        "{}",
-        last_message()
-    );
-    let p = emm_torch_alloc(4096, 3, null_mut());
-    assert!(
-        !p.is_null(),
-        "set up once the fault cleared: {}",
-        last_message()
-    );
-    case("release", emm_torch_release(p, 3), EMM_OK);
-    standin.control("devices 1").unwrap();
-    standin.reset().unwrap();
-}
