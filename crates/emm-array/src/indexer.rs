@@ -69,19 +69,24 @@ impl<const N: usize> Indexer<N> {
         Some(idx)
     }
 
-    /// The layout a kernel receives by value (rank ≤ 4).
-    pub fn to_kernel(&self) -> KernelIndexer {
+    /// The layout a kernel receives by value; `None` past rank 4 (the kernel's
+    /// struct holds four extents) or for an extent or stride past `i64::MAX`
+    /// (it would read as negative there).
+    pub fn to_kernel(&self) -> Option<KernelIndexer> {
+        if N > 4 {
+            return None;
+        }
         let mut k = KernelIndexer {
             shape: [1; 4],
             strides: [0; 4],
             rank: N as i32,
             _pad: 0,
         };
-        for d in 0..N.min(4) {
-            k.shape[d] = self.shape[d] as i64;
-            k.strides[d] = self.strides[d] as i64;
+        for d in 0..N {
+            k.shape[d] = i64::try_from(self.shape[d]).ok()?;
+            k.strides[d] = i64::try_from(self.strides[d]).ok()?;
         }
-        k
+        Some(k)
     }
 }
 

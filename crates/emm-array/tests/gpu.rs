@@ -52,7 +52,7 @@ fn run<T: FromIndex, const N: usize>(
     );
     let f = module.function(kernel).unwrap();
     let (mut p, mut k, mut n): (u64, KernelIndexer, i64) =
-        (a.data_ptr(), ix.to_kernel(), ix.len() as i64);
+        (a.data_ptr(), ix.to_kernel().unwrap(), ix.len() as i64);
     let mut params = [
         (&mut p as *mut u64).cast::<c_void>(),
         (&mut k as *mut KernelIndexer).cast(),

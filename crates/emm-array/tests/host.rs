@@ -42,11 +42,14 @@ fn overflowing_shapes_are_rejected() {
 #[test]
 fn kernel_indexer_matches_the_cuda_struct() {
     assert_eq!(core::mem::size_of::<KernelIndexer>(), 72);
-    let k = Indexer::new([2, 3, 4]).unwrap().to_kernel();
+    let k = Indexer::new([2, 3, 4]).unwrap().to_kernel().unwrap();
     assert_eq!(
         (k.shape, k.strides, k.rank),
         ([2, 3, 4, 1], [12, 4, 1, 0], 3)
     );
+    // Past what the kernel's struct holds: no layout, not a wrong one.
+    assert_eq!(Indexer::new([2, 3, 4, 5, 6]).unwrap().to_kernel(), None);
+    assert_eq!(Indexer::new([usize::MAX]).unwrap().to_kernel(), None);
 }
 
 #[test]
