@@ -362,8 +362,8 @@ def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
 
 
 def _drain_at_exit(lib: ctypes.CDLL) -> None:
-    """At interpreter exit: the library's messages still queued, on stderr (and
-    its errors on the ``emm`` logger), one line each."""
+    """At interpreter exit: the library's messages still queued, on stderr, one
+    line each."""
     try:
         left = take_warnings(lib)
     except Exception:  # noqa: BLE001 - at exit, the library may be gone

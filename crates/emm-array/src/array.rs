@@ -370,7 +370,9 @@ impl RawArray {
             // by the array, which outlives the copy: the copy is ordered after any
             // earlier one (above), and the array waits for it (its event, or the
             // stream when recording the event fails) before handing out the host
-            // data, copying again or dropping its buffers (`Drop`).
+            // data, copying again or dropping its buffers (`Drop`). Only where the
+            // driver fails that wait too (a faulted stream, whose work has stopped)
+            // does `move_to` return the error with the copy untracked.
             unsafe {
                 match side {
                     Side::Device => memory::copy_htod_async(dev, host, bytes, &s),

@@ -902,8 +902,9 @@ void emm_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * warning; only if that fails too is the status an error, and the block then
  * stays live for a later release. A free the manager refuses (a driver call
  * failed) returns that status and the block is kept: emm frees it again at the
- * next free on its device, at `emm_torch_empty_cache`, or when `ptr` is
- * released again. Every failure is also logged as a warning (`EMM_LOG`).
+ * next free on its device (at most every 64th while the fault lasts) or at
+ * `emm_torch_empty_cache`; the address is emm's from then on, and releasing it
+ * again is refused. Every failure is also logged as a warning (`EMM_LOG`).
  * Since ABI 306.
  */
 emm_status emm_torch_release(void *ptr, int device);

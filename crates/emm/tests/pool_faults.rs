@@ -337,3 +337,23 @@ fn a_failed_virtual_memory_query_fails_the_pool_rather_than_losing_the_segment()
     );
     drop(a);
 }
+
+/// A refusal met before a trim (the out-of-memory ladder's, logged then) is not
+/// the trim's to report: `release_cached` after it, with the fault cleared,
+/// gives back what it can and says `Ok`.
+#[test]
+fn release_cached_reports_only_its_own_refusals() {
+    let f = fixture();
+    let m = pool(&f);
+    let small = m.memalloc(1000).unwrap(); // a plain segment, wholly free after
+    drop(small);
+    f.s.control("capacity 256M").unwrap();
+    f.s.control("fail_frees CUDA_ERROR_UNKNOWN").unwrap();
+    // Past the device: the ladder gives back the free segment first, refused.
+    assert!(m.memalloc(1 << 30).is_err());
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    m.release_cached()
+        .expect("the ladder's refusal is not this trim's");
+    assert_eq!(m.stats().reserved_bytes, 0);
+}

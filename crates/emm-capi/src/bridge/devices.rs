@@ -157,22 +157,19 @@ pub(crate) fn live_free(
     })
 }
 
-/// Frees `ptr` if `d` holds it: a live allocation (see [`live_free`]), or a
-/// block whose free was refused before, freed again now. `None` when `d` holds
-/// nothing there.
+/// Frees `ptr` if it is one of `d`'s live allocations (see [`live_free`]);
+/// `None` when it is not. A block whose free was refused is not live: it is
+/// emm's, freed again by emm (see [`RefusedFrees`]), and freeing its address
+/// again is the caller's double free (once emm has freed it, the address may
+/// be another block's).
 pub(crate) fn free_known(
     what: &str,
     d: &LiveDevice,
     ptr: u64,
     stream: Option<CUstream>,
 ) -> Option<emm_status> {
-    if let Some((a, used_on)) = take_live(d, ptr) {
-        return Some(release_taken(what, d, a, used_on, stream));
-    }
-    d.refused.retry_at(ptr).map(|r| match r {
-        Ok(()) => EMM_OK,
-        Err(e) => refused_status(what, ptr, &e),
-    })
+    let (a, used_on) = take_live(d, ptr)?;
+    Some(release_taken(what, d, a, used_on, stream))
 }
 
 /// [`live_free`] on the allocation's own stream, on whichever device whose state
@@ -236,10 +233,11 @@ pub(crate) fn release_now(
 
 /// Frees `a` (its stream's order arranged): `EMM_OK`, or, where the manager
 /// refuses (a driver call failed), the refusal's status, with `a` kept by
-/// [`RefusedFrees`] and freed again later. First, blocks refused before are
-/// freed again (a failure there is logged: this call's status is its own).
+/// [`RefusedFrees`] and freed again later. First, when due, blocks refused
+/// before are freed again (a failure there is logged: this call's status is
+/// its own).
 fn free_or_keep(what: &str, d: &LiveDevice, a: DeviceAllocation) -> emm_status {
-    if let Err(e) = d.refused.retry() {
+    if let Err(e) = d.refused.retry_if_due() {
         let (n, bytes) = d.refused.held();
         tracing::warn!(
             "{what}: {n} blocks ({bytes} bytes) whose free was refused were refused again ({e}); emm keeps them and tries again"
@@ -260,7 +258,7 @@ fn refused_status(what: &str, ptr: u64, e: &EmmError) -> emm_status {
     crate::status::set_error(
         crate::status::code_of(e),
         format!(
-            "{what}: freeing {ptr:#x} failed ({e}); emm keeps the block and frees it again at the next free on its device, at emm_torch_empty_cache, or when it is freed again"
+            "{what}: freeing {ptr:#x} failed ({e}); emm keeps the block and frees it again itself (on a later free on its device, or at emm_torch_empty_cache): do not free the address again"
         ),
     )
 }

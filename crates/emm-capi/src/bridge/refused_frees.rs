@@ -1,10 +1,12 @@
 //! Frees by address that the manager refused (a driver call failed): the caller
 //! (PyTorch's allocator, CuPy) takes the address as freed and never frees it
-//! again, so emm keeps each such block and frees it again itself: at the next
-//! free on its device, at `emm_torch_empty_cache`, and when the address is freed
-//! again. A block is never lost and never freed twice.
+//! again, so emm keeps each such block and frees it again itself: on a later
+//! free on its device (every [`RETRY_EVERY`] frees while any is kept, so a
+//! fault that lasts costs a retry now and then, not one a free) and at
+//! `emm_torch_empty_cache`. A block is never lost and never freed twice; its
+//! address is emm's until then, and the caller must not free it again.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use emm_core::{DeviceAllocation, EmmError, NotFreed};
@@ -17,7 +19,12 @@ pub(crate) struct RefusedFrees {
     blocks: Mutex<Vec<DeviceAllocation>>,
     /// Whether `blocks` holds any: the free path reads this, not the lock.
     any: AtomicBool,
+    /// Frees on the device since the last retry while blocks are kept.
+    frees: AtomicU32,
 }
+
+/// Frees on a device between two retries of its kept blocks.
+pub(crate) const RETRY_EVERY: u32 = 64;
 
 impl RefusedFrees {
     /// Keeps the block a refused free gave back; the refusal's error.
@@ -61,18 +68,15 @@ impl RefusedFrees {
         first.map_or(Ok(freed), Err)
     }
 
-    /// Frees the kept block at `ptr` again: `None` when none is kept there.
-    pub(crate) fn retry_at(&self, ptr: u64) -> Option<Result<(), EmmError>> {
+    /// [`RefusedFrees::retry`] on every [`RETRY_EVERY`]-th call while blocks
+    /// are kept (the free path's: one atomic load when none is).
+    pub(crate) fn retry_if_due(&self) -> Result<usize, EmmError> {
         if !self.any.load(Ordering::Acquire) {
-            return None;
+            return Ok(0);
         }
-        let a = {
-            let mut blocks = lock(&self.blocks);
-            let i = blocks.iter().position(|a| a.ptr() == ptr)?;
-            let a = blocks.swap_remove(i);
-            self.any.store(!blocks.is_empty(), Ordering::Release);
-            a
-        };
-        Some(a.free().map_err(|refused| self.keep(*refused)))
+        if self.frees.fetch_add(1, Ordering::Relaxed) % RETRY_EVERY != 0 {
+            return Ok(0);
+        }
+        self.retry()
     }
 }

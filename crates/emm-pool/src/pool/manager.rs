@@ -486,6 +486,9 @@ fn trim_core(core: &Arc<Core>) -> (usize, Option<EmmError>) {
     if arena.is_paused() {
         return (0, None);
     }
+    // Only this trim's refusals are its to report: one of an earlier growth's
+    // out-of-memory ladder or tightening was logged then.
+    let _ = arena.take_refusal();
     // Pinned host buffers kept for the next pause go too (host memory: not in
     // the bytes returned).
     arena.release_spare_copies();
