@@ -90,7 +90,7 @@ impl Drop for RawArray {
     /// freed in order on the stream it was allocated on, and the pinned host
     /// mirror at once, neither after a copy queued on another stream. A failed
     /// wait is recorded on the context (reported by its next call), and the
-    /// stream is waited for instead.
+    /// whole device is waited for instead.
     fn drop(&mut self) {
         let Some(e) = self.pending.take() else {
             return;
