@@ -53,20 +53,7 @@ pub extern "C" fn emm_abi_version() -> c_int {
 /// its cached memory back, then refuses what would pass the limit.
 #[no_mangle]
 pub unsafe extern "C" fn emm_configure(key: *const c_char, value: *const c_char) -> emm_status {
-    guard(|| {
-        let key = match c_str(key, "emm_configure: `key`") {
-            Ok(k) => k,
-            Err(c) => return c,
-        };
-        let value = match c_str(value, "emm_configure: `value`") {
-            Ok(v) => v,
-            Err(c) => return c,
-        };
-        match emm::configure(key, value) {
-            Ok(()) => EMM_OK,
-            Err(e) => fail(e),
-        }
-    })
+    with_key_value("emm_configure", key, value, emm::configure)
 }
 
 /// Whether `emm_configure(key, value)` would take the value, applying nothing:
@@ -80,16 +67,29 @@ pub unsafe extern "C" fn emm_configure_check(
     key: *const c_char,
     value: *const c_char,
 ) -> emm_status {
+    with_key_value("emm_configure_check", key, value, emm::check_configuration)
+}
+
+/// `f(key, value)` under the guard, the two C strings read first (a null or
+/// unreadable one is the status of `what`'s argument), its error as a status.
+/// `key` and `value` are the caller's pointers under its entry point's
+/// contract (null or NUL-terminated), as `c_str` reads them.
+fn with_key_value(
+    what: &str,
+    key: *const c_char,
+    value: *const c_char,
+    f: impl FnOnce(&str, &str) -> emm_core::Result<()>,
+) -> emm_status {
     guard(|| {
-        let key = match c_str(key, "emm_configure_check: `key`") {
+        let key = match c_str(key, &format!("{what}: `key`")) {
             Ok(k) => k,
             Err(c) => return c,
         };
-        let value = match c_str(value, "emm_configure_check: `value`") {
+        let value = match c_str(value, &format!("{what}: `value`")) {
             Ok(v) => v,
             Err(c) => return c,
         };
-        match emm::check_configuration(key, value) {
+        match f(key, value) {
             Ok(()) => EMM_OK,
             Err(e) => fail(e),
         }

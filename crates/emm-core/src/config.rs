@@ -55,15 +55,7 @@ pub fn configure(key_name: &str, value: &str) -> Result<()> {
     let config = Config::global();
     match config.key(key_name) {
         Some(k) if k.kind == ValueKind::Manager => {
-            let name = k
-                .kind
-                .canonical(value)
-                .map_err(|reason| EmmError::InvalidConfig {
-                    name: k.name.to_owned(),
-                    value: value.to_owned(),
-                    reason,
-                })?;
-            Router::global().set_memory_manager(&name)
+            Router::global().set_memory_manager(&manager_name(&k, value)?)
         }
         _ => match config.set(key_name, value)? {
             Applied::AtRunTime => {
@@ -85,25 +77,20 @@ pub fn check(key_name: &str, value: &str) -> Result<()> {
     let config = Config::global();
     match config.key(key_name) {
         Some(k) if k.kind == ValueKind::Manager => {
-            let name = k
-                .kind
-                .canonical(value)
-                .map_err(|reason| EmmError::InvalidConfig {
-                    name: k.name.to_owned(),
-                    value: value.to_owned(),
-                    reason,
-                })?;
-            let known = Router::global().known();
-            if known.contains(&name) {
-                Ok(())
-            } else {
-                Err(EmmError::UnknownManager {
-                    name,
-                    source_var: None,
-                    known,
-                })
-            }
+            Router::global().check_known(&manager_name(&k, value)?)
         }
         _ => config.check(key_name, value),
     }
+}
+
+/// The manager's name `value` gives for key `k` (of kind `Manager`), as
+/// [`configure`] and [`check`] read it.
+fn manager_name(k: &Key, value: &str) -> Result<String> {
+    k.kind
+        .canonical(value)
+        .map_err(|reason| EmmError::InvalidConfig {
+            name: k.name.to_owned(),
+            value: value.to_owned(),
+            reason,
+        })
 }

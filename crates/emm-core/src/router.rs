@@ -63,6 +63,20 @@ struct State {
     managers: Vec<(usize, Arc<dyn MemoryManager>)>,
 }
 
+impl State {
+    /// [`Router::check_known`] under a lock already held.
+    fn check_known(&self, name: &str) -> Result<()> {
+        if self.factories.contains_key(name) {
+            return Ok(());
+        }
+        Err(EmmError::UnknownManager {
+            name: name.to_owned(),
+            source_var: None,
+            known: self.factories.keys().cloned().collect(),
+        })
+    }
+}
+
 /// The routing table. Most programs use the process-wide one ([`Router::global`])
 /// through the free functions of this crate.
 #[derive(Default)]
@@ -124,6 +138,12 @@ impl Router {
         self.read().factories.keys().cloned().collect()
     }
 
+    /// Whether `name` is registered: [`EmmError::UnknownManager`] naming the
+    /// registered ones when it is not.
+    pub fn check_known(&self, name: &str) -> Result<()> {
+        self.read().check_known(name)
+    }
+
     /// Chooses manager `name` for every context not yet served.
     ///
     /// Errors: [`EmmError::UnknownManager`] for a name not registered;
@@ -135,13 +155,7 @@ impl Router {
 
     fn set_memory_manager_with_env(&self, name: &str, env: Option<&str>) -> Result<()> {
         let mut s = self.write();
-        if !s.factories.contains_key(name) {
-            return Err(EmmError::UnknownManager {
-                name: name.to_owned(),
-                source_var: None,
-                known: s.factories.keys().cloned().collect(),
-            });
-        }
+        s.check_known(name)?;
         if let Some(current) = &s.in_use {
             if current != name {
                 return Err(EmmError::AlreadyInUse {
