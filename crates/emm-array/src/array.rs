@@ -312,18 +312,53 @@ impl RawArray {
         Ok(())
     }
 
-    fn context(&self) -> Result<&Context, ArrayError> {
+    fn context(&self, operation: &'static str) -> Result<&Context, ArrayError> {
         self.manager
             .as_ref()
             .map(|(_, c)| c)
-            .ok_or(ArrayError::NoDevice)
+            .ok_or(ArrayError::NoDevice { operation })
     }
 
-    /// Moves the data to `side` on `stream` (null: the legacy default stream).
-    /// Returns `false` when it was already there (nothing copied). With `wait`,
-    /// the copy has finished on return; otherwise host access waits for it (and
-    /// fails with [`ArrayError::CopyPending`] until it has).
+    /// Moves the data to `side` on `stream` (`None`: the legacy default stream
+    /// of the array's context). Returns `false` when it was already there
+    /// (nothing copied). With `wait`, the copy has finished on return;
+    /// otherwise host access waits for it (and fails with
+    /// [`ArrayError::CopyPending`] until it has). A stream of another device
+    /// is [`ArrayError::ForeignStream`].
     pub fn move_to(
+        &mut self,
+        side: Side,
+        stream: Option<&Stream>,
+        wait: bool,
+    ) -> Result<bool, ArrayError> {
+        let raw = match stream {
+            None => CUstream::NULL,
+            Some(s) => {
+                if self.side != side {
+                    let ctx = self.context("move_to")?;
+                    if s.context() != ctx {
+                        return Err(ArrayError::ForeignStream {
+                            array_device: ctx.device().ordinal(),
+                            stream_device: s.context().device().ordinal(),
+                        });
+                    }
+                }
+                s.raw()
+            }
+        };
+        // SAFETY: `raw` is null (the legacy default stream) or a live stream of
+        // the array's context (checked above), borrowed for this call.
+        unsafe { self.move_to_raw(side, raw, wait) }
+    }
+
+    /// [`RawArray::move_to`] on a raw stream handle (null: the legacy default
+    /// stream), for foreign code that holds only the handle (the C ABI).
+    ///
+    /// # Safety
+    /// `stream` must be null, a default-stream handle, or a live stream of the
+    /// array's context that outlives this call (and, when `wait` is false, the
+    /// copy queued on it).
+    pub unsafe fn move_to_raw(
         &mut self,
         side: Side,
         stream: CUstream,
@@ -333,18 +368,20 @@ impl RawArray {
             return Ok(false);
         }
         self.check_unlocked("move_to")?;
-        let ctx = self.context()?.clone();
+        let ctx = self.context("move_to")?.clone();
         let stream_raw = if stream.is_null() {
             emm_core::SYNC_STREAM
         } else {
             stream
         };
         // SAFETY: the caller's stream belongs to the array's context (or is a
-        // default stream) and outlives this call.
+        // default stream) and outlives this call (`move_to_raw`'s contract).
         let s = unsafe { Stream::from_raw(&ctx, stream_raw) };
         let bytes = self.nbytes();
         if bytes > 0 {
-            let (m, _) = self.manager.as_ref().ok_or(ArrayError::NoDevice)?;
+            let (m, _) = self.manager.as_ref().ok_or(ArrayError::NoDevice {
+                operation: "move_to",
+            })?;
             if self.device.is_none() {
                 // Through the process's out-of-memory hook: another manager's
                 // cache can make room.
@@ -495,7 +532,7 @@ impl RawArray {
         Ok(match (self.side, &self.host) {
             (Side::Device, _) => DLDevice {
                 device_type: KDL_CUDA,
-                device_id: self.context()?.device().ordinal() as i32,
+                device_id: self.context("DLPack export")?.device().ordinal() as i32,
             },
             (Side::Host, HostBuf::Pinned(_)) => DLDevice {
                 device_type: KDL_CUDA_HOST,
@@ -708,8 +745,9 @@ pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTenso
 /// let manager = emm_core::memory_manager(&ctx)?;
 /// let a = MemArray::<f32, 2>::new([4, 8], manager, &ctx)?;
 /// a.set([1, 2], 3.5)?;
-/// a.move_to(Side::Device, emm_core::SYNC_STREAM, true)?; // copies once
-/// assert!(!a.move_to(Side::Device, emm_core::SYNC_STREAM, true)?); // already there
+/// let stream = emm_driver::Stream::new(&ctx)?;
+/// a.move_to(Side::Device, Some(&stream), true)?; // copies once
+/// assert!(!a.move_to(Side::Device, None, true)?); // already there
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -826,8 +864,27 @@ impl<T: Element, const N: usize> MemArray<T, N> {
     }
 
     /// See [`RawArray::move_to`].
-    pub fn move_to(&self, side: Side, stream: CUstream, wait: bool) -> Result<bool, ArrayError> {
+    pub fn move_to(
+        &self,
+        side: Side,
+        stream: Option<&Stream>,
+        wait: bool,
+    ) -> Result<bool, ArrayError> {
         self.lock().move_to(side, stream, wait)
+    }
+
+    /// See [`RawArray::move_to_raw`].
+    ///
+    /// # Safety
+    /// As [`RawArray::move_to_raw`]'s.
+    pub unsafe fn move_to_raw(
+        &self,
+        side: Side,
+        stream: CUstream,
+        wait: bool,
+    ) -> Result<bool, ArrayError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.lock().move_to_raw(side, stream, wait) }
     }
 
     /// Waits for a pending copy.

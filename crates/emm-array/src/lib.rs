@@ -120,8 +120,23 @@ pub enum ArrayError {
         id: u64,
     },
     /// A device operation on an array without a manager.
-    #[error("the array has no device: it was made without a memory manager")]
-    NoDevice,
+    #[error(
+        "{operation} needs a device, and the array has none: it was made without a memory manager"
+    )]
+    NoDevice {
+        /// The operation asked for.
+        operation: &'static str,
+    },
+    /// A copy asked on a stream of another device than the array's.
+    #[error(
+        "the stream given is device {stream_device}'s but the array is device {array_device}'s"
+    )]
+    ForeignStream {
+        /// The array's device.
+        array_device: usize,
+        /// The stream's device.
+        stream_device: usize,
+    },
     /// The manager or driver failed.
     #[error(transparent)]
     Memory(#[from] emm_core::EmmError),

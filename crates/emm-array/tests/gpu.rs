@@ -41,9 +41,9 @@ fn run<T: FromIndex, const N: usize>(
         }
     })
     .unwrap();
-    assert!(a.move_to(Side::Device, stream.raw(), false).unwrap());
+    assert!(a.move_to(Side::Device, Some(stream), false).unwrap());
     assert!(
-        !a.move_to(Side::Device, stream.raw(), false).unwrap(),
+        !a.move_to(Side::Device, Some(stream), false).unwrap(),
         "already on the device: no copy"
     );
     assert!(
@@ -68,7 +68,7 @@ fn run<T: FromIndex, const N: usize>(
         )
     }
     .unwrap();
-    assert!(a.move_to(Side::Host, stream.raw(), true).unwrap());
+    assert!(a.move_to(Side::Host, Some(stream), true).unwrap());
     a.with_host(|s| {
         for (i, got) in s.iter().enumerate() {
             let idx = ix.multi(i).unwrap();
@@ -107,8 +107,7 @@ fn a_device_export_is_zero_copy_and_locks_the_array() {
     let ctx = Context::on_device(0).unwrap();
     let m: Arc<dyn MemoryManager> = Arc::new(emm_pool::PoolManager::new(&ctx).unwrap());
     let a = MemArray::<f32, 2>::new([64, 64], m, &ctx).unwrap();
-    a.move_to(Side::Device, emm_core::SYNC_STREAM, true)
-        .unwrap();
+    a.move_to(Side::Device, None, true).unwrap();
     let t = a.to_dlpack().unwrap();
     // SAFETY: a fresh export, released once below.
     unsafe {
@@ -118,11 +117,11 @@ fn a_device_export_is_zero_copy_and_locks_the_array() {
         );
         assert_eq!((*t).dl_tensor.data as u64, a.data_ptr());
         assert!(
-            a.move_to(Side::Host, emm_core::SYNC_STREAM, true).is_err(),
+            a.move_to(Side::Host, None, true).is_err(),
             "locked while exported"
         );
         ((*t).deleter.unwrap())(t);
     }
-    assert!(a.move_to(Side::Host, emm_core::SYNC_STREAM, true).unwrap());
+    assert!(a.move_to(Side::Host, None, true).unwrap());
     assert_eq!(a.deleters_run(), 1);
 }

@@ -95,13 +95,13 @@ fn checked_access_and_locks() {
     a.set([0, 0], 1).unwrap();
     // Moving needs a device.
     assert!(matches!(
-        a.move_to(Side::Device, emm_sys::CUstream::NULL, true),
-        Err(ArrayError::NoDevice)
+        a.move_to(Side::Device, None, true),
+        Err(ArrayError::NoDevice {
+            operation: "move_to"
+        })
     ));
     // Already on the host: an early exit, no device needed.
-    assert!(!a
-        .move_to(Side::Host, emm_sys::CUstream::NULL, true)
-        .unwrap());
+    assert!(!a.move_to(Side::Host, None, true).unwrap());
 }
 
 #[test]

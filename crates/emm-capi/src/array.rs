@@ -29,8 +29,9 @@ fn fail_array(e: ArrayError) -> emm_status {
         | ArrayError::UnknownLock { .. }
         | ArrayError::ExportLock { .. }
         | ArrayError::DeviceMismatch { .. }
+        | ArrayError::ForeignStream { .. }
         | ArrayError::TooLarge { .. } => crate::status::EMM_ERR_INVALID_ARGUMENT,
-        ArrayError::NoDevice => crate::status::EMM_ERR_UNSUPPORTED,
+        ArrayError::NoDevice { .. } => crate::status::EMM_ERR_UNSUPPORTED,
         _ => crate::status::EMM_ERR_OTHER,
     };
     set_error(code, e.to_string())
@@ -165,7 +166,9 @@ pub unsafe extern "C" fn emm_array_move(
             1 => Side::Device,
             s => return invalid(format!("emm_array_move: side {s} (0 host, 1 device)")),
         };
-        match lock(a).move_to(side, stream_of(stream), wait != 0) {
+        // SAFETY: the C contract: `stream` is NULL, a default stream or a live
+        // stream of the array's context that outlives the copy.
+        match unsafe { lock(a).move_to_raw(side, stream_of(stream), wait != 0) } {
             Ok(m) => {
                 if !moved.is_null() {
                     // SAFETY: non-null and writable per the contract.

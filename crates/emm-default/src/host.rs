@@ -11,6 +11,7 @@
 //!   pins the same buffer again right after (Numba's `cuda.pinned` then
 //!   `cuda.mapped` on one array) would otherwise fail with "already registered".
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emm_core::{
@@ -30,6 +31,10 @@ struct Queue {
 #[derive(Debug)]
 struct Shared {
     ctx: Context,
+    /// The manager it serves, for its errors.
+    manager: &'static str,
+    /// Bytes of `memhostalloc` memory not yet freed (handed out or queued).
+    held: AtomicUsize,
     config: PendingConfig,
     capacity: usize,
     defer: Arc<DeferState>,
@@ -51,7 +56,29 @@ impl Drop for Shared {
                 .items,
         );
         self.free_all(drained);
+        // What the driver refused again went back to the queue: nobody is left
+        // to flush it, so the context frees it later.
+        let refused = std::mem::take(
+            &mut self
+                .queue
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .items,
+        );
+        for (addr, size) in refused {
+            // SAFETY: from cuMemHostAlloc in this context, its free just failed,
+            // and with the last owner gone nobody uses it again.
+            unsafe { self.ctx.free_later(emm_driver::Orphan::Host { addr, size }) };
+        }
         self.retry_unpins();
+        let still = self
+            .unpin_retry
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if !still.is_empty() {
+            tracing::error!(ranges = still.len(), "host ranges whose unpinning the driver refused stay page-locked as their manager goes");
+        }
     }
 }
 
@@ -127,6 +154,7 @@ impl Shared {
                 bytes += size;
             }
         }
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
         if !failed.is_empty() {
             let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.bytes += failed.iter().map(|&(_, size)| size).sum::<usize>();
@@ -145,12 +173,15 @@ pub struct HostOnly {
 
 impl HostOnly {
     /// Host memory for `ctx`, flushing by `config` against the device's total
-    /// memory, deferred while any guard of `defer` lives.
+    /// memory, deferred while any guard of `defer` lives. Its errors name the
+    /// manager `hostonly` unless [`HostOnly::for_manager`] names another.
     pub fn new(ctx: &Context, config: PendingConfig, defer: Arc<DeferState>) -> Result<HostOnly> {
         let capacity = ctx.device().total_memory()?;
         Ok(HostOnly {
             shared: Arc::new(Shared {
                 ctx: ctx.clone(),
+                manager: "hostonly",
+                held: AtomicUsize::new(0),
                 config,
                 capacity,
                 defer,
@@ -158,6 +189,15 @@ impl HostOnly {
                 unpin_retry: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// The same, its errors naming `manager` (the manager that composes it);
+    /// on a clone already shared, the name stays.
+    pub fn for_manager(mut self, manager: &'static str) -> HostOnly {
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.manager = manager;
+        }
+        self
     }
 
     /// `(count, bytes)` of pinned frees waiting in the queue.
@@ -196,14 +236,7 @@ impl HostOnly {
                 self.shared.flush();
                 memory::host_alloc(ctx, size, flags.driver_flags()).map_err(|e| {
                     if e.is_out_of_memory() {
-                        EmmError::OutOfMemory {
-                            what: "pinned host",
-                            manager: "HostOnly".into(),
-                            requested: size,
-                            free: 0,
-                            total: 0,
-                            detail: "the driver could not page-lock more host memory".into(),
-                        }
+                        self.out_of_memory(size)
                     } else {
                         e.into()
                     }
@@ -211,6 +244,7 @@ impl HostOnly {
             }
             other => other?,
         };
+        self.shared.held.fetch_add(size, Ordering::Relaxed);
         let shared = self.shared.clone();
         // SAFETY: the driver returned `size` page-locked bytes at `ptr`, freed only
         // by this callback (through the queue).
@@ -221,6 +255,28 @@ impl HostOnly {
             Ok(HostMemory::Mapped(MappedMemory::new(pinned, dptr)))
         } else {
             Ok(HostMemory::Pinned(pinned))
+        }
+    }
+
+    /// The error of a `memhostalloc` of `requested` bytes the driver refused
+    /// after a flush: the host's available and total memory, and what this
+    /// manager holds.
+    fn out_of_memory(&self, requested: usize) -> EmmError {
+        let held = self.shared.held.load(Ordering::Relaxed);
+        let (queued, queued_bytes) = self.pending();
+        let (free, total, host) = match host_memory() {
+            Some((available, total)) => (available, total, String::new()),
+            None => (0, 0, " (the host's memory could not be read)".to_string()),
+        };
+        EmmError::OutOfMemory {
+            what: "pinned host",
+            manager: self.shared.manager.into(),
+            requested,
+            free,
+            total,
+            detail: format!(
+                "the driver could not page-lock more host memory{host}; this manager holds {held} bytes of pinned memory, {queued_bytes} of them in {queued} frees still queued"
+            ),
         }
     }
 
@@ -264,4 +320,21 @@ impl HostOnly {
             None => HostMemory::Pinned(pinned),
         })
     }
+}
+
+/// The host's available and total memory in bytes (`MemAvailable` and
+/// `MemTotal` of `/proc/meminfo`), where it can be read.
+fn host_memory() -> Option<(usize, usize)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<usize> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: usize = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        kib.checked_mul(1024)
+    };
+    Some((field("MemAvailable:")?, field("MemTotal:")?))
 }

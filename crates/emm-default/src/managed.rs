@@ -110,6 +110,17 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let blocks = Self::take_deferred(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
         self.free_all(blocks);
+        // What the driver refused again went back to the queue: nobody is left
+        // to flush it, so the context frees it later.
+        let refused = Self::take_deferred(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (ptr, size) in refused {
+            // SAFETY: from cuMemAllocManaged in this context, its free just
+            // failed, and with the last owner gone nobody uses it again.
+            unsafe {
+                self.ctx
+                    .free_later(emm_driver::Orphan::Device { ptr, size })
+            };
+        }
     }
 }
 

@@ -136,6 +136,20 @@ impl<U: Upstream> Drop for Inner<U> {
     fn drop(&mut self) {
         let blocks = Self::take_pending(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
         self.free_blocks(blocks);
+        // What the driver refused again went back to the queue: nobody is left
+        // to flush it, so it is handed to the upstream to free later.
+        let refused = Self::take_pending(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (ptr, size) in refused {
+            // SAFETY: each block came from `upstream.alloc(size)`, its free just
+            // failed, and with the last owner gone nobody uses it again.
+            if !unsafe { self.upstream.free_later(ptr, size) } {
+                tracing::error!(
+                    ptr = format_args!("{ptr:#x}"),
+                    size,
+                    "a block whose free failed stays allocated as the default manager goes"
+                );
+            }
+        }
         for e in self
             .release_errors
             .get_mut()
@@ -220,7 +234,7 @@ impl DefaultManager<DriverUpstream> {
     /// The default manager of `ctx` with `config`.
     pub fn with_config(ctx: &Context, config: PendingConfig) -> Result<Self> {
         let mut m = DefaultManager::over(DriverUpstream::new(ctx), config);
-        m.host = Some(HostOnly::new(ctx, config, m.inner.defer.clone())?);
+        m.host = Some(HostOnly::new(ctx, config, m.inner.defer.clone())?.for_manager("default"));
         m.managed = Some(Managed::new(ctx, "default", m.inner.defer.clone()));
         m.ctx = Some(ctx.clone());
         Ok(m)

@@ -34,6 +34,20 @@ pub trait Upstream: Send + Sync {
     fn context(&self) -> Option<&Context> {
         None
     }
+
+    /// Hands over a block whose [`Upstream::free`] failed, from a manager that
+    /// is going and cannot try again: the upstream frees it later (the
+    /// driver's upstream through its context's retries,
+    /// [`Context::free_later`]). Returns `false` when it cannot (the default):
+    /// the block then stays allocated.
+    ///
+    /// # Safety
+    /// As [`Upstream::free`]'s, and the free of `ptr` failed: nobody uses or
+    /// frees it again.
+    unsafe fn free_later(&self, ptr: CUdeviceptr, size: usize) -> bool {
+        let _ = (ptr, size);
+        false
+    }
 }
 
 /// Device memory from `cuMemAlloc` / `cuMemFree` in one context.
@@ -70,6 +84,16 @@ impl Upstream for DriverUpstream {
 
     fn context(&self) -> Option<&Context> {
         Some(&self.ctx)
+    }
+
+    unsafe fn free_later(&self, ptr: CUdeviceptr, size: usize) -> bool {
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context, its free failed
+        // and nobody uses it again (the caller's contract).
+        unsafe {
+            self.ctx
+                .free_later(emm_driver::Orphan::Device { ptr, size })
+        };
+        true
     }
 }
 
@@ -302,5 +326,9 @@ impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
     }
     fn context(&self) -> Option<&Context> {
         (**self).context()
+    }
+    unsafe fn free_later(&self, ptr: CUdeviceptr, size: usize) -> bool {
+        // SAFETY: forwarded to the caller.
+        unsafe { (**self).free_later(ptr, size) }
     }
 }

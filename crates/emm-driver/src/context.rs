@@ -4,9 +4,10 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use emm_sys::{CUcontext, CUevent, CUstream, Driver};
+use emm_sys::{CUcontext, Driver};
 
 use crate::device::Device;
+use crate::doomed::{self, Doomed, Orphan};
 use crate::error::{check, driver, DriverError, Result};
 
 /// A device's primary context, retained while any clone (or any stream, event or
@@ -32,49 +33,39 @@ struct Inner {
     deferred: Mutex<Vec<DriverError>>,
 }
 
-/// Streams and events whose destruction failed in their drop (the error was
-/// recorded), with their raw context: destroyed again by the next
-/// [`Context::synchronize`], stream or event creation of any [`Context`] of
-/// that raw context (two retains of a primary context share it: a library's
-/// handle and its caller's), or the release of a retain. Process-wide for that
-/// reason.
-static DOOMED: Mutex<Vec<(usize, Doomed)>> = Mutex::new(Vec::new());
-/// `DOOMED` holds something: one atomic load on the paths that retry.
-static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
-
-/// Takes the doomed handles of raw context `ctx` out of [`DOOMED`].
-fn take_doomed(ctx: CUcontext) -> Vec<Doomed> {
-    if !HAS_DOOMED.load(Ordering::Acquire) {
-        return Vec::new();
-    }
-    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
-    let key = ctx.0 as usize;
-    let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
-        .into_iter()
-        .partition(|&(c, _)| c == key);
-    HAS_DOOMED.store(!rest.is_empty(), Ordering::Release);
-    *list = rest;
-    mine.into_iter().map(|(_, d)| d).collect()
-}
-
-/// Puts `handle` of raw context `ctx` on [`DOOMED`].
-fn put_doomed(ctx: CUcontext, handle: Doomed) {
-    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
-    list.push((ctx.0 as usize, handle));
-    HAS_DOOMED.store(true, Ordering::Release);
-}
-
 impl Drop for Inner {
     fn drop(&mut self) {
-        let doomed = take_doomed(self.raw);
+        let doomed = doomed::take(self.raw);
         if !doomed.is_empty() {
-            // The last chance: the context is still retained here. A failure is
-            // logged (nobody is left to report it to), the stream goes with the
-            // context's release.
-            for (d, r) in destroy(self.drv, doomed) {
-                if let Err(e) = r {
-                    tracing::error!(error = %e, handle = ?d, "destroying a stream or event again failed as its context went");
+            // The last chance: the context is still retained here, and made
+            // current for the calls. A failure is logged (nobody is left to
+            // report it to) and the handle is dropped from the list: what is
+            // left goes with the context's destruction (when this was its last
+            // retain; another retain, the CUDA runtime's say, keeps it held). It
+            // is not kept for a later retain: a context made again may hand out
+            // the same addresses, and a stale free would take a new owner's.
+            let drv = self.drv;
+            let mut prev = CUcontext::NULL;
+            // SAFETY: `prev` is a valid out-pointer; `self.raw` is retained.
+            let pushed = unsafe { (drv.ctx_get_current)(&mut prev) }.is_success()
+                && (prev == self.raw
+                    // SAFETY: as above.
+                    || unsafe { (drv.ctx_push_current)(self.raw) }.is_success());
+            for (d, r) in doomed::destroy(self.drv, doomed) {
+                match r {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, handle = ?d, "destroying or freeing again failed as its context went");
+                    }
+                    None => {
+                        tracing::error!(handle = ?d, "a reservation holding a mapping the driver kept is not freed as its context goes");
+                    }
                 }
+            }
+            if pushed && prev != self.raw {
+                let mut popped = CUcontext::NULL;
+                // SAFETY: pops the context pushed above.
+                let _ = unsafe { (drv.ctx_pop_current)(&mut popped) };
             }
         }
         // SAFETY: this `Inner` holds exactly one retain of the device's primary context.
@@ -197,29 +188,51 @@ impl Context {
     /// [`Context::retry_destroys`] (the failure itself is recorded by the caller
     /// with [`Context::record_drop_error`]).
     pub(crate) fn keep_doomed(&self, handle: Doomed) {
-        put_doomed(self.inner.raw, handle);
+        doomed::put(self.inner.raw, handle);
     }
 
-    /// Streams and events dropped whose destruction failed, waiting for a retry
-    /// (for tests and diagnostics).
+    /// Hands over memory whose release the driver refused, from an owner that
+    /// is going (a memory manager being dropped) and can no longer retry it:
+    /// it is released by the context's retries ([`Context::retry_destroys`]:
+    /// the next synchronize, stream or event creation or device allocation in
+    /// this raw context, or the release of a retain), never leaked while the
+    /// context lives.
+    ///
+    /// # Safety
+    /// `orphan` must be live in this context (made here, its release refused),
+    /// handed over once, and used by nobody again: no queued work may still
+    /// touch it. A mapping's handle and reservation, if handed over too, are
+    /// released after it.
+    pub unsafe fn free_later(&self, orphan: Orphan) {
+        tracing::debug!(
+            ?orphan,
+            "memory the driver would not take back is kept by its context and released again later"
+        );
+        doomed::put(self.inner.raw, Doomed::Orphan(orphan));
+    }
+
+    /// Streams, events and handed-over memory ([`Context::free_later`]) whose
+    /// destruction or release failed, waiting for a retry (for tests and
+    /// diagnostics).
     pub fn doomed_handles(&self) -> usize {
-        let key = self.inner.raw.0 as usize;
-        DOOMED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|&&(c, _)| c == key)
-            .count()
+        doomed::count(self.inner.raw).0
+    }
+
+    /// Bytes of memory handed over with [`Context::free_later`] that wait for
+    /// a retry.
+    pub fn doomed_bytes(&self) -> usize {
+        doomed::count(self.inner.raw).1
     }
 
     /// Destroys again the streams and events whose destruction failed when they
-    /// were dropped (a lost context, say), instead of leaking them: those that
-    /// fail again stay for the next try and the first failure is returned (the
-    /// drop already recorded the original one). Called by
-    /// [`Context::synchronize`] and by stream and event creation; one atomic load
-    /// when there is nothing to retry.
+    /// were dropped (a lost context, say), and releases the memory handed over
+    /// with [`Context::free_later`], instead of leaking them: those that fail
+    /// again stay for the next try and the first failure is returned (the drop
+    /// already recorded the original one). Called by [`Context::synchronize`],
+    /// by stream and event creation and by [`crate::memory::alloc`]; one atomic
+    /// load when there is nothing to retry.
     pub fn retry_destroys(&self) -> Result<()> {
-        let doomed = take_doomed(self.inner.raw);
+        let doomed = doomed::take(self.inner.raw);
         if doomed.is_empty() {
             return Ok(());
         }
@@ -233,10 +246,14 @@ impl Context {
             }
         };
         let mut first = None;
-        for (d, r) in destroy(self.inner.drv, doomed) {
-            if let Err(e) = r {
-                self.keep_doomed(d);
-                first.get_or_insert(e);
+        for (d, r) in doomed::destroy(self.inner.drv, doomed) {
+            match r {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    self.keep_doomed(d);
+                    first.get_or_insert(e);
+                }
+                None => self.keep_doomed(d),
             }
         }
         first.map_or(Ok(()), Err)
@@ -308,41 +325,6 @@ impl Context {
         }
         Err(DriverError::Deferred(Box::new(first)))
     }
-}
-
-/// A stream or event whose destruction failed in its drop, kept for a retry.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Doomed {
-    /// A stream the caller created.
-    Stream(CUstream),
-    /// An event.
-    Event(CUevent),
-}
-
-/// Destroys each of `handles` (of a context the caller keeps retained) once; the
-/// outcome of each.
-fn destroy(drv: &'static Driver, handles: Vec<Doomed>) -> Vec<(Doomed, Result<()>)> {
-    handles
-        .into_iter()
-        .map(|d| {
-            // Each handle was created in this context and its destruction failed,
-            // so it is still live; it is destroyed at most once more here (a
-            // failure puts it back on the list, a success drops it).
-            let r = match d {
-                Doomed::Stream(s) => {
-                    // SAFETY: a live stream of this context, destroyed once (above).
-                    let code = unsafe { (drv.stream_destroy)(s) };
-                    check(drv, "cuStreamDestroy_v2", code)
-                }
-                Doomed::Event(e) => {
-                    // SAFETY: a live event of this context, destroyed once (above).
-                    let code = unsafe { (drv.event_destroy)(e) };
-                    check(drv, "cuEventDestroy_v2", code)
-                }
-            };
-            (d, r)
-        })
-        .collect()
 }
 
 /// Keeps a context current on this thread; pops it on drop. Not `Send`.

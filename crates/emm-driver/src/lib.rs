@@ -30,6 +30,7 @@
 
 mod context;
 mod device;
+mod doomed;
 mod error;
 pub mod memory;
 pub mod mempool;
@@ -39,6 +40,7 @@ pub mod vmm;
 
 pub use context::{Context, ContextGuard};
 pub use device::Device;
+pub use doomed::Orphan;
 pub use error::{check, driver, optional, DriverError, Result};
 pub use module::{Function, LaunchConfig, Module};
 pub use stream::{stream_is_capturing, Event, RelaxedCapture, Stream};

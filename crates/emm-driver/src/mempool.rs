@@ -243,7 +243,16 @@ impl Drop for MemPool {
             // SAFETY: we own this pool and destroy it once.
             let r = unsafe { destroy(self.raw) };
             if let Err(e) = check(drv, "cuMemPoolDestroy", r) {
+                let gone = e.is_shutting_down();
                 self.ctx.record_drop_error(e);
+                if !gone {
+                    // SAFETY: we own this pool, its destruction just failed,
+                    // and nobody uses it after its owner's drop.
+                    unsafe {
+                        self.ctx
+                            .free_later(crate::doomed::Orphan::MemPool(self.raw))
+                    };
+                }
             }
         }
     }

@@ -4,7 +4,8 @@ use emm_sys::{
     event_flags, stream_flags, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };
 
-use crate::context::{Context, Doomed};
+use crate::context::Context;
+use crate::doomed::Doomed;
 use crate::error::{check, Result};
 
 /// A stream of a context: one the caller created (destroyed on drop), or one of

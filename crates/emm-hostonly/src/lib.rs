@@ -260,7 +260,17 @@ impl Drop for Inner {
             tracing::error!(error = %e, "hostonly: synchronizing before its last frees failed");
         }
         if let Err(e) = self.retry_failed() {
-            tracing::error!(error = %e, blocks = self.failed().len(), "hostonly: blocks whose free failed could not be freed at the manager's end; they stay allocated");
+            tracing::error!(error = %e, blocks = self.failed().len(), "hostonly: blocks whose free failed could not be freed at the manager's end; its context frees them later");
+            let kept = std::mem::take(&mut *self.failed());
+            for (ptr, size) in kept {
+                // SAFETY: each block came from this pool, its free failed, and
+                // with the manager and its last allocation gone nobody uses it
+                // again. The driver keeps the pool until its last block is freed.
+                unsafe {
+                    self.ctx
+                        .free_later(emm_driver::Orphan::StreamOrdered { ptr, size })
+                };
+            }
         }
     }
 }

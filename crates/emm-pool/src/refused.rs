@@ -2,7 +2,8 @@
 //! (a reset or the pool's drop: a lost context, a failing `cuMemFree`). The pool
 //! no longer holds them in its arena, so they are kept here, not forgotten, and
 //! freed again by the next trim, reset or drop (as emm-default requeues the
-//! frees its driver refused).
+//! frees its driver refused); those the drop's retry could not free are handed
+//! to the upstream to free later ([`Refused::hand_over`]).
 
 use std::sync::Mutex;
 
@@ -52,5 +53,23 @@ impl Refused {
             }
         }
         freed
+    }
+
+    /// Hands every kept segment to `upstream` to free later, as the pool goes
+    /// and nobody is left to retry ([`Upstream::free_later`]); one it cannot
+    /// take stays allocated (logged).
+    pub(crate) fn hand_over(&self, upstream: &dyn Upstream) {
+        let kept = std::mem::take(&mut *self.segments.lock().unwrap_or_else(|p| p.into_inner()));
+        for (base, size) in kept {
+            // SAFETY: each segment came from this upstream, its free failed, and
+            // the pool that held it is going: nobody uses or frees it again.
+            if !unsafe { upstream.free_later(base, size) } {
+                tracing::error!(
+                    base,
+                    size,
+                    "a segment whose free failed stays allocated as its pool goes"
+                );
+            }
+        }
     }
 }

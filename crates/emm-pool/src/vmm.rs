@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use emm_core::{EmmError, Result};
 use emm_default::{HostUpstream, Upstream};
-use emm_driver::{check, optional, Context};
+use emm_driver::{check, optional, Context, Orphan};
 use emm_sys::{
     CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation,
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -587,9 +587,10 @@ impl Drop for DriverVmm {
     /// Unmaps what is still mapped, releases every handle and frees the
     /// reservations. After a lost context the driver refuses all of it: the first
     /// failure is recorded on the context (reported once, by its next call), the
-    /// others are logged; a reservation with a mapping the driver kept is not
-    /// freed at all (the driver would refuse that too, and report it as an
-    /// invalid reservation).
+    /// others are logged, and what was refused is handed to the context
+    /// ([`Context::free_later`]), which releases it again later, mappings
+    /// before handles before reservations (a reservation with a mapping the
+    /// driver kept is not freed here: the driver would refuse that too).
     fn drop(&mut self) {
         let drv = self.ctx.driver();
         let VmmState {
@@ -618,6 +619,13 @@ impl Drop for DriverVmm {
                 tracing::error!(error = %e, "releasing the pool's virtual memory failed");
             }
         };
+        // What the driver refuses is handed to the context, which releases it
+        // again later (its next synchronize, stream or allocation, or its
+        // release) instead of leaking it with this pool.
+        // SAFETY (of each `free_later` below): the mapping, handle or
+        // reservation is live in this context (its release was just refused),
+        // handed over once, and this pool, its only user, is going.
+        let ctx = &self.ctx;
         for (addr, (_, len)) in mapped {
             // SAFETY: each mapping is undone once.
             if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(addr, len) }) {
@@ -628,6 +636,8 @@ impl Drop for DriverVmm {
                     return;
                 }
                 stuck.push(addr);
+                // SAFETY: see above.
+                unsafe { ctx.free_later(Orphan::Mapping { addr, len }) };
                 note(e);
             }
         }
@@ -635,6 +645,8 @@ impl Drop for DriverVmm {
             // SAFETY: each handle is released once, after its mappings were undone
             // (the memory of one the driver kept mapped goes with that mapping).
             if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
+                // SAFETY: see above.
+                unsafe { ctx.free_later(Orphan::Handle(h)) };
                 note(e);
             }
         }
@@ -643,15 +655,15 @@ impl Drop for DriverVmm {
                 .iter()
                 .any(|&m| (addr..addr + size as u64).contains(&m))
             {
-                tracing::error!(
-                    addr,
-                    size,
-                    "an address reservation keeps a mapping the driver refused to undo; it is not freed"
-                );
+                // Freed by the context after the mapping inside it is undone.
+                // SAFETY: see above.
+                unsafe { ctx.free_later(Orphan::Reservation { addr, size }) };
                 continue;
             }
             // SAFETY: each reservation is freed once, after its mappings.
             if let Err(e) = check(drv, "cuMemAddressFree", unsafe { free(addr, size) }) {
+                // SAFETY: see above.
+                unsafe { ctx.free_later(Orphan::Reservation { addr, size }) };
                 note(e);
             }
         }

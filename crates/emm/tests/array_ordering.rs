@@ -28,9 +28,9 @@ fn a_copy_on_another_stream_is_ordered_after_the_pending_one() {
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
     let (s1, s2) = (Stream::new(&f.ctx).unwrap(), Stream::new(&f.ctx).unwrap());
     let waits = || f.s.control("calls cuStreamWaitEvent").unwrap();
-    a.move_to(Side::Device, s1.raw(), false).unwrap(); // pending on s1
+    a.move_to(Side::Device, Some(&s1), false).unwrap(); // pending on s1
     let before = waits();
-    a.move_to(Side::Host, s2.raw(), true).unwrap();
+    a.move_to(Side::Host, Some(&s2), true).unwrap();
     assert_eq!(waits(), before + 1, "s2 waited for s1's copy");
 }
 
@@ -42,9 +42,9 @@ fn a_dropped_array_waits_for_its_pending_copy() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1 << 18], pool(&f.ctx), &f.ctx).unwrap();
     let (s1, s2) = (Stream::new(&f.ctx).unwrap(), Stream::new(&f.ctx).unwrap());
-    a.move_to(Side::Device, s1.raw(), true).unwrap(); // the block's stream: s1
-    a.move_to(Side::Host, s1.raw(), true).unwrap();
-    a.move_to(Side::Device, s2.raw(), false).unwrap(); // pending on s2
+    a.move_to(Side::Device, Some(&s1), true).unwrap(); // the block's stream: s1
+    a.move_to(Side::Host, Some(&s1), true).unwrap();
+    a.move_to(Side::Device, Some(&s2), false).unwrap(); // pending on s2
     let syncs = || f.s.control("calls cuEventSynchronize").unwrap();
     let before = syncs();
     drop(a);
@@ -57,9 +57,9 @@ fn a_failed_wait_keeps_the_copy_pending() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
     let s = Stream::new(&f.ctx).unwrap();
-    a.move_to(Side::Device, s.raw(), true).unwrap();
+    a.move_to(Side::Device, Some(&s), true).unwrap();
     f.s.control("not_ready 1000000").unwrap(); // the copy does not finish
-    a.move_to(Side::Host, s.raw(), false).unwrap();
+    a.move_to(Side::Host, Some(&s), false).unwrap();
     f.s.control("fail cuEventSynchronize 1 CUDA_ERROR_LAUNCH_FAILED")
         .unwrap();
     assert!(a.synchronize().is_err());
@@ -80,18 +80,18 @@ fn no_copy_is_queued_without_an_event_to_track_it() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
     let s = Stream::new(&f.ctx).unwrap();
-    a.move_to(Side::Device, s.raw(), true).unwrap();
-    a.move_to(Side::Host, s.raw(), true).unwrap();
+    a.move_to(Side::Device, Some(&s), true).unwrap();
+    a.move_to(Side::Host, Some(&s), true).unwrap();
     let copies = || f.s.control("calls cuMemcpyHtoDAsync_v2").unwrap();
     let before = copies();
     f.s.control("fail cuEventCreate 1 CUDA_ERROR_OUT_OF_MEMORY")
         .unwrap();
-    assert!(a.move_to(Side::Device, s.raw(), false).is_err());
+    assert!(a.move_to(Side::Device, Some(&s), false).is_err());
     f.s.reset().unwrap();
     assert_eq!(copies(), before, "no copy queued");
     assert_eq!(a.side(), Side::Host);
     a.set([0], 1.0).unwrap();
-    assert!(a.move_to(Side::Device, s.raw(), false).unwrap());
+    assert!(a.move_to(Side::Device, Some(&s), false).unwrap());
 }
 
 /// A manager of one device with a context of another is refused: the memory
@@ -117,5 +117,33 @@ fn a_manager_and_a_context_of_different_devices_are_refused() {
     );
     MemArray::<f32, 1>::new([16], m1.clone(), &ctx1).unwrap();
     drop(m1);
+    f.s.control("devices 1").unwrap();
+}
+
+/// A copy asked on another device's stream is refused before anything is
+/// queued (safe code used to pass any raw handle); the array stays where it
+/// was and moves on its own device's stream.
+#[test]
+fn a_copy_on_another_devices_stream_is_refused() {
+    let f = fixture();
+    f.s.control("devices 2").unwrap();
+    let ctx1 = Context::on_device(1).unwrap();
+    let other = Stream::new(&ctx1).unwrap();
+    let a = MemArray::<f32, 1>::new([16], pool(&f.ctx), &f.ctx).unwrap();
+    let got = a.move_to(Side::Device, Some(&other), true);
+    assert!(
+        matches!(
+            got,
+            Err(ArrayError::ForeignStream {
+                array_device: 0,
+                stream_device: 1
+            })
+        ),
+        "{got:?}"
+    );
+    assert_eq!(a.side(), Side::Host, "nothing moved");
+    let own = Stream::new(&f.ctx).unwrap();
+    assert!(a.move_to(Side::Device, Some(&own), true).unwrap());
+    drop((other, own, a));
     f.s.control("devices 1").unwrap();
 }

@@ -132,6 +132,13 @@ fn a_teardown_after_a_lost_context_reports_once() {
     let after = snapshot(&f.s);
     assert_eq!(after.invalid_frees, before.invalid_frees);
     assert_eq!(after.double_frees, before.double_frees);
+    // What the driver refused went to the context, not with the pool: once the
+    // driver takes memory back again, the context's next synchronize releases
+    // all of it (mappings before the reservation around them).
+    assert!(f.ctx.doomed_handles() > 0, "handed to the context");
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0);
+    assert_eq!(snapshot(&f.s), before, "everything went back");
 }
 
 /// Defect 3: a reset whose segment free the driver refused forgot the segment.

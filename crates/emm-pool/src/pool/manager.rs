@@ -620,6 +620,7 @@ fn retire_core(core: &Arc<Core>, what: &str) {
         Ok(()) => {}
     }
     core.give_back_all("dropping a pool");
+    core.refused.hand_over(core.upstream.as_ref());
 }
 
 /// `core`'s statistics, under its lock.

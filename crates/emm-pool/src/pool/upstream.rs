@@ -168,7 +168,9 @@ pub(super) fn make_core(
     };
     let name = "pool";
     let host = match &ctx {
-        Some(c) => Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?),
+        Some(c) => {
+            Some(HostOnly::new(c, PendingConfig::from_env()?, defer.clone())?.for_manager("pool"))
+        }
         None => None,
     };
     let managed = ctx.as_ref().map(|c| Managed::new(c, "pool", defer.clone()));

@@ -1,0 +1,257 @@
+//! What the driver refused to destroy or free when its owner went, kept
+//! process-wide by raw context and retried, instead of leaked: streams and
+//! events whose destruction failed in their drop, and memory a manager handed
+//! over as it was dropped ([`Orphan`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use emm_sys::{CUcontext, CUdeviceptr, CUevent, CUmemoryPool, CUstream, Driver};
+
+use crate::error::{check, Result};
+
+/// Memory whose release the driver refused where nobody is left to try again
+/// (a memory manager being dropped): handed to its context with
+/// [`crate::Context::free_later`], and released by the context's next retry.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orphan {
+    /// Device or managed memory from `cuMemAlloc`/`cuMemAllocManaged`
+    /// (released with `cuMemFree`).
+    Device {
+        /// The allocation's address.
+        ptr: CUdeviceptr,
+        /// Its size.
+        size: usize,
+    },
+    /// Memory from the stream-ordered allocator (`cuMemAllocAsync` or a pool):
+    /// released with `cuMemFreeAsync` on the legacy default stream.
+    StreamOrdered {
+        /// The allocation's address.
+        ptr: CUdeviceptr,
+        /// Its size.
+        size: usize,
+    },
+    /// Page-locked host memory from `cuMemHostAlloc` (`cuMemFreeHost`).
+    Host {
+        /// The allocation's address.
+        addr: usize,
+        /// Its size.
+        size: usize,
+    },
+    /// A mapping of `len` bytes at `addr` (`cuMemUnmap`).
+    Mapping {
+        /// The mapping's address.
+        addr: CUdeviceptr,
+        /// Its length.
+        len: usize,
+    },
+    /// A physical allocation handle (`cuMemRelease`); its memory is counted
+    /// with its mappings.
+    Handle(u64),
+    /// A memory pool of the stream-ordered allocator (`cuMemPoolDestroy`),
+    /// destroyed after the memory handed over with it is freed.
+    MemPool(CUmemoryPool),
+    /// An address reservation (`cuMemAddressFree`): freed only once no kept
+    /// [`Orphan::Mapping`] lies inside it.
+    Reservation {
+        /// The reservation's base.
+        addr: CUdeviceptr,
+        /// Its size.
+        size: usize,
+    },
+}
+
+impl Orphan {
+    /// Bytes of memory it holds (0 for a handle, a reservation and a pool: a
+    /// handle's memory is its mappings', a reservation holds address space
+    /// only, a pool's memory is its blocks').
+    pub fn bytes(&self) -> usize {
+        match *self {
+            Orphan::Device { size, .. }
+            | Orphan::StreamOrdered { size, .. }
+            | Orphan::Host { size, .. } => size,
+            Orphan::Mapping { len, .. } => len,
+            Orphan::Reservation { .. } | Orphan::Handle(_) | Orphan::MemPool(_) => 0,
+        }
+    }
+
+    /// The order of release: memory first, then mappings are undone before
+    /// handles are released, both before reservations are freed; pools last.
+    fn phase(&self) -> u8 {
+        match self {
+            Orphan::Mapping { .. } => 1,
+            Orphan::Handle(_) => 2,
+            Orphan::Reservation { .. } => 3,
+            Orphan::MemPool(_) => 4,
+            _ => 0,
+        }
+    }
+}
+
+/// Something whose destruction or release failed, kept for a retry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Doomed {
+    /// A stream the caller created.
+    Stream(CUstream),
+    /// An event.
+    Event(CUevent),
+    /// Memory an owner handed over.
+    Orphan(Orphan),
+}
+
+impl Doomed {
+    fn phase(&self) -> u8 {
+        match self {
+            Doomed::Orphan(o) => o.phase(),
+            _ => 0,
+        }
+    }
+}
+
+/// Every raw context's doomed handles: a stream, event or piece of memory is
+/// retried by the next [`crate::Context::synchronize`], stream or event
+/// creation or device allocation of any [`crate::Context`] of that raw context
+/// (two retains of a primary context share it: a library's handle and its
+/// caller's), or the release of a retain. Process-wide for that reason.
+static DOOMED: Mutex<Vec<(usize, Doomed)>> = Mutex::new(Vec::new());
+/// `DOOMED` holds something: one atomic load on the paths that retry.
+static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
+
+/// Whether anything at all waits for a retry (one atomic load).
+pub(crate) fn any() -> bool {
+    HAS_DOOMED.load(Ordering::Acquire)
+}
+
+/// Takes the doomed handles of raw context `ctx` out of [`DOOMED`].
+pub(crate) fn take(ctx: CUcontext) -> Vec<Doomed> {
+    if !any() {
+        return Vec::new();
+    }
+    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
+    let key = ctx.0 as usize;
+    let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
+        .into_iter()
+        .partition(|&(c, _)| c == key);
+    HAS_DOOMED.store(!rest.is_empty(), Ordering::Release);
+    *list = rest;
+    mine.into_iter().map(|(_, d)| d).collect()
+}
+
+/// Puts `handle` of raw context `ctx` on [`DOOMED`].
+pub(crate) fn put(ctx: CUcontext, handle: Doomed) {
+    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
+    list.push((ctx.0 as usize, handle));
+    HAS_DOOMED.store(true, Ordering::Release);
+}
+
+/// How many handles of raw context `ctx` wait, and the bytes of their memory
+/// ([`Orphan::bytes`]).
+pub(crate) fn count(ctx: CUcontext) -> (usize, usize) {
+    let key = ctx.0 as usize;
+    DOOMED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|&&(c, _)| c == key)
+        .fold((0, 0), |(n, b), (_, d)| {
+            let bytes = match d {
+                Doomed::Orphan(o) => o.bytes(),
+                _ => 0,
+            };
+            (n + 1, b + bytes)
+        })
+}
+
+/// Destroys or releases each of `handles` (of a context the caller keeps
+/// retained and current) once, mappings before handles before reservations; the
+/// outcome of each. A reservation with a mapping still kept inside it is not
+/// freed (the driver would refuse it): it comes back as not attempted (`None`).
+pub(crate) fn destroy(
+    drv: &'static Driver,
+    mut handles: Vec<Doomed>,
+) -> Vec<(Doomed, Option<Result<()>>)> {
+    handles.sort_by_key(Doomed::phase);
+    let mut stuck_mappings: Vec<(CUdeviceptr, usize)> = Vec::new();
+    let mut out = Vec::with_capacity(handles.len());
+    for d in handles {
+        if let Doomed::Orphan(Orphan::Reservation { addr, size }) = d {
+            let end = addr.saturating_add(size as u64);
+            if stuck_mappings
+                .iter()
+                .any(|&(m, _)| (addr..end).contains(&m))
+            {
+                out.push((d, None));
+                continue;
+            }
+        }
+        let r = destroy_one(drv, d);
+        if let (Doomed::Orphan(Orphan::Mapping { addr, len }), Err(_)) = (d, &r) {
+            stuck_mappings.push((addr, len));
+        }
+        out.push((d, Some(r)));
+    }
+    out
+}
+
+/// One destruction or release of `d`.
+fn destroy_one(drv: &'static Driver, d: Doomed) -> Result<()> {
+    // Each handle was created in this context and its destruction or release
+    // failed, so it is still live; it is destroyed at most once more here (a
+    // failure puts it back on the list, a success drops it). Orphans were
+    // handed over by owners that no longer use them (`Context::free_later`'s
+    // contract).
+    match d {
+        Doomed::Stream(s) => {
+            // SAFETY: a live stream of this context, destroyed once (above).
+            check(drv, "cuStreamDestroy_v2", unsafe {
+                (drv.stream_destroy)(s)
+            })
+        }
+        Doomed::Event(e) => {
+            // SAFETY: a live event of this context, destroyed once (above).
+            check(drv, "cuEventDestroy_v2", unsafe { (drv.event_destroy)(e) })
+        }
+        Doomed::Orphan(Orphan::Device { ptr: p, .. }) => {
+            // SAFETY: live device memory of this context, freed once (above).
+            check(drv, "cuMemFree_v2", unsafe { (drv.mem_free)(p) })
+        }
+        Doomed::Orphan(Orphan::StreamOrdered { ptr: p, .. }) => {
+            let f = crate::error::optional(drv, drv.mem_free_async, "cuMemFreeAsync")?;
+            // SAFETY: live stream-ordered memory of this context, freed once
+            // (above), ordered after all work of the legacy default stream.
+            check(drv, "cuMemFreeAsync", unsafe {
+                f(p, emm_sys::CUstream::NULL)
+            })
+        }
+        Doomed::Orphan(Orphan::Host { addr: p, .. }) => {
+            // SAFETY: live page-locked host memory of this context, freed once.
+            check(drv, "cuMemFreeHost", unsafe {
+                (drv.mem_free_host)(p as *mut core::ffi::c_void)
+            })
+        }
+        Doomed::Orphan(Orphan::Mapping { addr, len }) => {
+            let f = crate::error::optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+            // SAFETY: a live mapping of this context, undone once (above).
+            check(drv, "cuMemUnmap", unsafe { f(addr, len) })
+        }
+        Doomed::Orphan(Orphan::Handle(h)) => {
+            let f = crate::error::optional(drv, drv.mem_release, "cuMemRelease")?;
+            // SAFETY: a live handle, released once (above), after its
+            // mappings were undone or handed over before it.
+            check(drv, "cuMemRelease", unsafe { f(h) })
+        }
+        Doomed::Orphan(Orphan::MemPool(p)) => {
+            let f = crate::error::optional(drv, drv.mem_pool_destroy, "cuMemPoolDestroy")?;
+            // SAFETY: a live pool of this context whose destruction failed,
+            // destroyed once (above).
+            check(drv, "cuMemPoolDestroy", unsafe { f(p) })
+        }
+        Doomed::Orphan(Orphan::Reservation { addr, size }) => {
+            let f = crate::error::optional(drv, drv.mem_address_free, "cuMemAddressFree")?;
+            // SAFETY: a live reservation with no kept mapping inside (checked by
+            // `destroy`), freed once (above).
+            check(drv, "cuMemAddressFree", unsafe { f(addr, size) })
+        }
+    }
+}

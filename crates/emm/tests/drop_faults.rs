@@ -1,0 +1,209 @@
+//! A manager dropped while the driver refuses to take its memory back (a lost
+//! context, a failing `cuMemFree`) hands that memory to its context, which
+//! releases it once the driver takes it again, instead of leaking it with the
+//! manager. Against `emm-standin` (host memory, not a GPU); each test fails on
+//! the code before the hand-over (the memory stayed allocated for good).
+//!
+//! The library is found next to the test executable (`target/<profile>/`); build
+//! it first with `cargo build -p emm-standin` (`cargo xtask ci` does).
+
+mod common;
+
+use common::managers::{manager, MANAGERS};
+use common::{fixture, snapshot, Fixture, Snapshot};
+
+use emm::{EmmError, MemoryManager};
+use emm_core::{HostAllocFlags, ManagedAttach};
+
+const MIB: usize = 1 << 20;
+
+/// Drops `m` while every `symbol` call fails, checks the context holds what
+/// was refused, lets the driver take memory back again, and checks the next
+/// synchronize of the context releases all of it.
+fn drop_refused_then_clear(
+    f: &Fixture,
+    before: &Snapshot,
+    m: Box<dyn MemoryManager>,
+    symbols: &[&str],
+    what: &str,
+) {
+    for s in symbols {
+        f.s.control(&format!("fail_always {s} CUDA_ERROR_UNKNOWN"))
+            .unwrap();
+    }
+    drop(m);
+    f.s.reset().unwrap();
+    assert!(
+        f.ctx.doomed_handles() > 0,
+        "{what}: the refused memory was handed to the context"
+    );
+    assert_ne!(&snapshot(&f.s), before, "{what}: still held after the drop");
+    // The drop's recorded error is reported once; the retry releases it all.
+    let _ = f.ctx.take_deferred_errors();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0, "{what}: nothing waits any more");
+    assert_eq!(f.ctx.doomed_bytes(), 0, "{what}");
+    let _ = f.ctx.take_deferred_errors();
+    assert_eq!(&snapshot(&f.s), before, "{what}: everything went back");
+}
+
+#[test]
+fn a_pool_dropped_while_cumemfree_fails_hands_its_segment_to_the_context() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("pool", &f.ctx);
+    // A small block: a legacy segment (`cuMemAlloc`).
+    drop(m.memalloc(4097).unwrap());
+    drop_refused_then_clear(&f, &before, m, &["cuMemFree_v2"], "pool, legacy segment");
+}
+
+#[test]
+fn a_pool_dropped_while_cumemunmap_fails_hands_its_mapping_and_reservation_to_the_context() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("pool", &f.ctx);
+    // A large block: the expandable segment (virtual memory).
+    drop(m.memalloc(8 * MIB).unwrap());
+    drop_refused_then_clear(&f, &before, m, &["cuMemUnmap"], "pool, expandable segment");
+}
+
+#[test]
+fn a_pool_dropped_while_every_vmm_release_fails_hands_all_of_it_to_the_context() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("pool", &f.ctx);
+    drop(m.memalloc(8 * MIB).unwrap());
+    drop_refused_then_clear(
+        &f,
+        &before,
+        m,
+        &["cuMemUnmap", "cuMemRelease", "cuMemAddressFree"],
+        "pool, every virtual-memory release refused",
+    );
+}
+
+#[test]
+fn a_default_manager_dropped_while_cumemfree_fails_hands_its_queued_frees_to_the_context() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("default", &f.ctx);
+    // Queued (below the flush thresholds), freed by the drop.
+    drop(m.memalloc(MIB).unwrap());
+    drop_refused_then_clear(&f, &before, m, &["cuMemFree_v2"], "default");
+}
+
+#[test]
+fn a_hostonly_manager_dropped_while_its_frees_fail_hands_its_blocks_to_the_context() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("hostonly", &f.ctx);
+    let a = m.memalloc(MIB).unwrap();
+    f.s.control("fail_always cuMemFreeAsync CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    // Its free is refused: kept by the manager for the next trim or its drop.
+    drop(a);
+    drop_refused_then_clear(&f, &before, m, &["cuMemFreeAsync"], "hostonly");
+}
+
+#[test]
+fn pinned_memory_queued_when_its_manager_goes_is_handed_to_the_context() {
+    for name in MANAGERS {
+        let f = fixture();
+        let before = snapshot(&f.s);
+        let m = manager(name, &f.ctx);
+        drop(m.memhostalloc(MIB, HostAllocFlags::default()).unwrap());
+        drop_refused_then_clear(&f, &before, m, &["cuMemFreeHost"], name);
+    }
+}
+
+#[test]
+fn managed_memory_queued_when_its_manager_goes_is_handed_to_the_context() {
+    for name in MANAGERS {
+        let f = fixture();
+        let before = snapshot(&f.s);
+        let m = manager(name, &f.ctx);
+        let a = m.memallocmanaged(MIB, ManagedAttach::Global).unwrap();
+        // Held back by a guard, so the free is still queued when the manager goes.
+        let guard = m.defer_cleanup();
+        drop(a);
+        drop(guard);
+        f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        let b = m.memallocmanaged(MIB, ManagedAttach::Global).unwrap();
+        drop(b);
+        drop_refused_then_clear(&f, &before, m, &["cuMemFree_v2"], name);
+        assert_eq!(f.s.control("live_managed").unwrap(), 0, "{name}");
+    }
+}
+
+#[test]
+fn a_refused_pinned_allocation_names_its_manager_and_the_hosts_memory() {
+    for name in MANAGERS {
+        let f = fixture();
+        let m = manager(name, &f.ctx);
+        let held = m.memhostalloc(3 * MIB, HostAllocFlags::default()).unwrap();
+        f.s.control("fail_always cuMemHostAlloc CUDA_ERROR_OUT_OF_MEMORY")
+            .unwrap();
+        let e = m
+            .memhostalloc(MIB, HostAllocFlags::default())
+            .expect_err("the driver refuses");
+        f.s.reset().unwrap();
+        let EmmError::OutOfMemory {
+            what,
+            manager,
+            requested,
+            total,
+            detail,
+            ..
+        } = &e
+        else {
+            panic!("{name}: not an out-of-memory error: {e}");
+        };
+        assert_eq!(
+            (*what, manager.as_str(), *requested),
+            ("pinned host", name, MIB),
+            "{e}"
+        );
+        if cfg!(target_os = "linux") {
+            assert!(*total > 0, "{name}: the host's total memory is read: {e}");
+        }
+        assert!(
+            detail.contains(&format!("holds {} bytes", 3 * MIB)),
+            "{name}: what the manager holds is named: {e}"
+        );
+        drop(held);
+    }
+}
+
+#[test]
+fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("pool", &f.ctx);
+    drop(m.memalloc(8 * MIB).unwrap());
+    f.s.control("fail_always cuMemUnmap CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(m);
+    let waiting = f.ctx.doomed_handles();
+    assert!(
+        waiting >= 2,
+        "a mapping and its reservation wait: {waiting}"
+    );
+    let _ = f.ctx.take_deferred_errors();
+    // The unmap is refused again: the reservation around it is not even tried.
+    assert!(
+        f.ctx.synchronize().is_err(),
+        "the retry's refusal is returned"
+    );
+    assert_eq!(f.ctx.doomed_handles(), waiting, "both still wait");
+    assert_eq!(
+        f.s.live().unwrap().reservations,
+        before.live.reservations + 1,
+        "the reservation is still held"
+    );
+    f.s.reset().unwrap();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0);
+    let _ = f.ctx.take_deferred_errors();
+    assert_eq!(snapshot(&f.s), before);
+}
