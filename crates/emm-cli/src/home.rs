@@ -34,7 +34,7 @@ pub fn smallest_home(
     let high = live.saturating_mul(2).max(step(live));
     let quiet = tracing::subscriber::NoSubscriber::default();
     let _quiet = tracing::subscriber::set_default(quiet);
-    fit::smallest(live, high, step(live), |size| {
+    fit::smallest(live, high, step(live), fit::SEARCH_TIME, |size| {
         let initial_size = usize::try_from(size).map_err(|e| e.to_string())?;
         let config = PoolConfig {
             segments: SegmentPolicy {

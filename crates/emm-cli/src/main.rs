@@ -91,14 +91,16 @@ took from what it sits on (the driver or the stand-in). A replay with failed req
         device_memory: Option<u64>,
         /// For each manager, search the smallest device it runs the trace on
         /// (bisection, confirmed by a run at the answer; a larger size that
-        /// failed is reported).
+        /// failed is reported). A search starts no replay after 120 s: it then
+        /// answers with the smallest size that ran and says how close that is.
         #[arg(long, group = "sizing")]
         fit: bool,
         /// For the pool without virtual memory (`EMM_POOL_EXPANDABLE=0`, legacy
         /// IPC's path): search the smallest initial size (`EMM_POOL_INITIAL_SIZE`)
         /// whose home segment holds the trace over the pool's passes with no
         /// segment beside it, over the host stand-in (bisection, confirmed by a
-        /// run at the answer). Needs the pool among the managers.
+        /// run at the answer; bounded at 120 s as `--fit` is). Needs the pool
+        /// among the managers.
         #[arg(long)]
         initial_size: bool,
         /// With `--device-memory` or `--fit`: cap the PyTorch models as

@@ -141,7 +141,7 @@ fn fit_manager(
 ) -> Result<fit::Fit, String> {
     let low = u64::try_from(summary.peak_live_bytes).unwrap_or(u64::MAX);
     let step = (2 << 20).max(high / 1000);
-    fit::smallest(low, high.max(low), step, |cap| {
+    fit::smallest(low, high.max(low), step, fit::SEARCH_TIME, |cap| {
         let clock = args.clock();
         let target = build_target(
             backend,
@@ -589,6 +589,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                         with_overhead_bytes: f.needs.map(|n| n.saturating_add(args.overhead)),
                         larger_failed_bytes: f.larger_failed,
                         runs: f.runs,
+                        within_bytes: f.within,
+                        stopped_for_time: f.stopped_for_time,
                     }),
                     Err(e) => fail(format!("emm replay: {} through {m}: --fit: {e}", t.name())),
                 }
@@ -628,6 +630,8 @@ pub fn run(args: &Args) -> io::Result<ExitCode> {
                                 larger_failed_bytes: f.larger_failed,
                                 passes,
                                 runs: f.runs,
+                                within_bytes: f.within,
+                                stopped_for_time: f.stopped_for_time,
                             })
                         }
                         Err(e) => fail(format!("emm replay: {}: --initial-size: {e}", t.name())),

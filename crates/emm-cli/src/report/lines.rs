@@ -96,15 +96,24 @@ pub fn fit_line(r: &Report, t: &TraceReport) -> Option<String> {
     answers.sort_by_key(|f| f.needs_bytes.unwrap_or(u64::MAX));
     let parts: Vec<String> = answers
         .iter()
-        .map(|f| match (f.with_overhead_bytes, f.larger_failed_bytes) {
-            (Some(n), None) => format!("{} {}", f.manager, units::bytes(u128::from(n))),
-            (Some(n), Some(l)) => format!(
-                "{} {} (but not {}: not monotone)",
-                f.manager,
-                units::bytes(u128::from(n)),
-                units::bytes(u128::from(l.saturating_add(r.overhead_bytes)))
-            ),
-            (None, _) => format!("{} does not run", f.manager),
+        .map(|f| {
+            let answer = match (f.with_overhead_bytes, f.larger_failed_bytes) {
+                (Some(n), None) => format!("{} {}", f.manager, units::bytes(u128::from(n))),
+                (Some(n), Some(l)) => format!(
+                    "{} {} (but not {}: not monotone)",
+                    f.manager,
+                    units::bytes(u128::from(n)),
+                    units::bytes(u128::from(l.saturating_add(r.overhead_bytes)))
+                ),
+                (None, _) if f.stopped_for_time => {
+                    format!("{} not answered: no size tried ran", f.manager)
+                }
+                (None, _) => format!("{} does not run", f.manager),
+            };
+            format!(
+                "{answer}{}",
+                stopped_note(f.stopped_for_time, f.within_bytes, f.runs)
+            )
         })
         .collect();
     Some(format!(
@@ -136,6 +145,10 @@ pub fn home_line(t: &TraceReport) -> Option<String> {
                 units::bytes(u128::from(l))
             )),
         ),
+        _ if h.stopped_for_time => format!(
+            "no home segment tried held it over {} passes",
+            h.passes
+        ),
         _ => format!(
             "no home segment up to {} times the peak of live bytes held it over {} passes",
             2u64 << crate::fit::DOUBLINGS,
@@ -143,9 +156,28 @@ pub fn home_line(t: &TraceReport) -> Option<String> {
         ),
     };
     Some(format!(
-        "{}: without virtual memory (EMM_POOL_EXPANDABLE=0): {what}; {} replays",
-        t.trace, h.runs
+        "{}: without virtual memory (EMM_POOL_EXPANDABLE=0): {what}; {} replays{}",
+        t.trace,
+        h.runs,
+        stopped_note(h.stopped_for_time, h.within_bytes, h.runs)
     ))
+}
+
+/// ` (search stopped at its 120 s bound after N replays: at most X above the
+/// smallest)` where a `--fit` or `--initial-size` search stopped for time.
+fn stopped_note(stopped: bool, within: u64, runs: u32) -> String {
+    if !stopped {
+        return String::new();
+    }
+    let bound = crate::fit::SEARCH_TIME.as_secs();
+    if within == 0 {
+        format!(" (the search stopped at its {bound} s bound after {runs} replays)")
+    } else {
+        format!(
+            " (the search stopped at its {bound} s bound after {runs} replays: at most {} above the smallest)",
+            units::bytes(u128::from(within))
+        )
+    }
 }
 
 /// Above this footprint (reserved over live) the pool without virtual memory

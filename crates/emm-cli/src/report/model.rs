@@ -62,6 +62,12 @@ pub struct FitReport {
     pub larger_failed_bytes: Option<u64>,
     /// Replays the search made.
     pub runs: u32,
+    /// How far above the smallest device `needs_bytes` may be (the search's
+    /// step, more where it stopped for time).
+    pub within_bytes: u64,
+    /// The search stopped at its time bound (`fit::SEARCH_TIME`) before it
+    /// finished.
+    pub stopped_for_time: bool,
 }
 
 /// `--initial-size`: the smallest home segment of the pool without virtual
@@ -79,6 +85,12 @@ pub struct HomeReport {
     pub passes: u32,
     /// Replays the search made.
     pub runs: u32,
+    /// How far above the smallest home `bytes` may be (the search's step, more
+    /// where it stopped for time).
+    pub within_bytes: u64,
+    /// The search stopped at its time bound (`fit::SEARCH_TIME`) before it
+    /// finished.
+    pub stopped_for_time: bool,
 }
 
 /// emm-trace's `SteadyRule`, as the report gives it.

@@ -149,6 +149,8 @@ fn a_loose_pool_without_virtual_memory_names_the_initial_size() {
         larger_failed_bytes: None,
         passes: 3,
         runs: 9,
+        within_bytes: 0,
+        stopped_for_time: false,
     });
     assert_eq!(home_hint_line(&r, &r.traces[0]), None);
 }
@@ -163,10 +165,50 @@ fn the_home_line_says_how_far_the_search_looked_when_nothing_held() {
         larger_failed_bytes: None,
         passes: 3,
         runs: 4,
+        within_bytes: 0,
+        stopped_for_time: false,
     });
     let line = home_line(&r.traces[0]).expect("a line");
     assert!(
         line.contains("no home segment up to 16 times the peak"),
+        "{line}"
+    );
+}
+
+/// A search stopped for time says so, how many replays it made and how close
+/// its answer is; one that ran nothing says it did not answer, not that the
+/// trace does not fit.
+#[test]
+fn a_search_stopped_for_time_says_how_close_it_got() {
+    let mut r = report(manager("passes", 3), false);
+    r.traces[0].initial_size = Some(HomeReport {
+        bytes: Some(1 << 30),
+        over_live: Some(1.2),
+        larger_failed_bytes: None,
+        passes: 3,
+        runs: 5,
+        within_bytes: 64 << 20,
+        stopped_for_time: true,
+    });
+    let line = home_line(&r.traces[0]).expect("a line");
+    assert!(
+        line.contains(
+            "stopped at its 120 s bound after 5 replays: at most 64.0 MiB above the smallest"
+        ),
+        "{line}"
+    );
+    r.traces[0].initial_size = Some(HomeReport {
+        bytes: None,
+        over_live: None,
+        larger_failed_bytes: None,
+        passes: 3,
+        runs: 1,
+        within_bytes: 0,
+        stopped_for_time: true,
+    });
+    let line = home_line(&r.traces[0]).expect("a line");
+    assert!(
+        line.contains("no home segment tried held it") && !line.contains("16 times"),
         "{line}"
     );
 }
