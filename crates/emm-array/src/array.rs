@@ -334,8 +334,9 @@ impl RawArray {
         let raw = match stream {
             None => CUstream::NULL,
             Some(s) => {
-                if self.side != side {
-                    let ctx = self.context("move_to")?;
+                // An array without a device has nothing to compare; it moves
+                // nowhere but to the host it is on (or says `NoDevice`).
+                if let Some((_, ctx)) = &self.manager {
                     if s.context() != ctx {
                         return Err(ArrayError::ForeignStream {
                             array_device: ctx.device().ordinal(),
@@ -347,7 +348,12 @@ impl RawArray {
             }
         };
         // SAFETY: `raw` is null (the legacy default stream) or a live stream of
-        // the array's context (checked above), borrowed for this call.
+        // the array's context (checked above), borrowed for this call; the copy
+        // it queues is waited for before the array hands out its host data,
+        // copies again or drops its buffers, and the device block lives on the
+        // legacy stream, not on this one, so nothing uses the stream once the
+        // caller may destroy it but the pending copy's event, which the
+        // driver keeps valid past the stream's destruction.
         unsafe { self.move_to_raw(side, raw, wait) }
     }
 
@@ -383,9 +389,18 @@ impl RawArray {
                 operation: "move_to",
             })?;
             if self.device.is_none() {
-                // Through the process's out-of-memory hook: another manager's
-                // cache can make room.
-                self.device = Some(emm_core::alloc_from(m.as_ref(), bytes, stream_raw)?);
+                // On the legacy default stream, which lives as long as the
+                // context: the block is freed on the stream it was allocated
+                // on, when the array goes, and the caller's stream may be gone
+                // by then. Through the process's out-of-memory hook: another
+                // manager's cache can make room.
+                let block = emm_core::alloc_from(m.as_ref(), bytes, emm_core::SYNC_STREAM)?;
+                if stream_raw != emm_core::SYNC_STREAM {
+                    // The caller's stream uses the block after the legacy
+                    // stream's work before it (its last user's free).
+                    order_after_legacy(&ctx, &s)?;
+                }
+                self.device = Some(block);
             }
             let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
             let host = self.host.ptr();
@@ -734,6 +749,21 @@ pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTenso
     // SAFETY: `p` is a fresh, valid box.
     unsafe { (*p).tensor.manager_ctx = p.cast() };
     Ok(p.cast())
+}
+
+/// Makes `s` wait for the work queued so far on `ctx`'s legacy default stream
+/// (an event; where recording or waiting on it fails, the legacy stream is
+/// waited for on the host).
+fn order_after_legacy(ctx: &Context, s: &Stream) -> Result<(), ArrayError> {
+    let legacy = Stream::legacy(ctx);
+    let ordered = Event::sync_only(ctx)
+        .and_then(|e| e.record(&legacy).map(|()| e))
+        .and_then(|e| s.wait_event(&e));
+    if let Err(e) = ordered {
+        tracing::debug!(error = %e, "ordering a stream after the legacy stream by an event failed; waiting for it");
+        legacy.synchronize().map_err(emm_core::EmmError::from)?;
+    }
+    Ok(())
 }
 
 /// A typed `N`-dimensional array of `T` with a host mirror and a device copy,

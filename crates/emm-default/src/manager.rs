@@ -479,6 +479,9 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
         if self.inner.defer.is_deferred() {
             return Ok(0);
         }
+        if let Some(ctx) = &self.ctx {
+            ctx.retry_destroys_in_trim();
+        }
         Ok(self.inner.flush()
             + self.host.as_ref().map_or(0, HostOnly::flush)
             + self.managed.as_ref().map_or(0, Managed::release_cached))

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use emm_sys::{CUcontext, Driver};
 
 use crate::device::Device;
-use crate::doomed::{self, Doomed, Orphan};
+use crate::doomed::{self, Doomed, Key, Orphan, Which};
 use crate::error::{check, driver, DriverError, Result};
 
 /// A device's primary context, retained while any clone (or any stream, event or
@@ -27,6 +27,9 @@ pub struct Context {
 
 struct Inner {
     raw: CUcontext,
+    /// `cuCtxGetId` when retained (0 where the driver has none): the key of
+    /// what is kept for a retry when the driver cannot say it now.
+    id: u64,
     device: Device,
     drv: &'static Driver,
     has_deferred: AtomicBool,
@@ -35,7 +38,13 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let doomed = doomed::take(self.raw);
+        // Only emm's last retain takes the last chance: another one (a
+        // library's handle beside its caller's) retries later.
+        let last = doomed::released(self.raw);
+        let doomed = match (last, ctx_id(self.drv, self.raw)) {
+            (true, Some(id)) => doomed::take(Key::new(self.raw, id), Which::All),
+            _ => Vec::new(),
+        };
         if !doomed.is_empty() {
             // The last chance: the context is still retained here, and made
             // current for the calls. A failure is logged (nobody is left to
@@ -54,6 +63,10 @@ impl Drop for Inner {
             for (d, r) in doomed::destroy(self.drv, doomed) {
                 match r {
                     Some(Ok(())) => {}
+                    // A driver shutting down (the process exiting) frees it all.
+                    Some(Err(e)) if e.is_shutting_down() => {
+                        tracing::debug!(error = %e, handle = ?d, "the driver is shutting down; it goes with it");
+                    }
                     Some(Err(e)) => {
                         tracing::error!(error = %e, handle = ?d, "destroying or freeing again failed as its context went");
                     }
@@ -81,6 +94,18 @@ impl Drop for Inner {
     }
 }
 
+/// `cuCtxGetId` of `raw`: `Some(0)` where the driver has no such call (before
+/// CUDA 12.0: contexts are then told apart by handle alone), `None` where the
+/// call fails (a lost context).
+fn ctx_id(drv: &'static Driver, raw: CUcontext) -> Option<u64> {
+    let Some(f) = drv.ctx_get_id else {
+        return Some(0);
+    };
+    let mut id = 0u64;
+    // SAFETY: `raw` is retained by the caller; `id` is a valid out-pointer.
+    unsafe { f(raw, &mut id) }.is_success().then_some(id)
+}
+
 impl core::fmt::Debug for Context {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Context")
@@ -106,9 +131,11 @@ impl Context {
         check(drv, "cuDevicePrimaryCtxRetain", unsafe {
             (drv.device_primary_ctx_retain)(&mut raw, device.raw())
         })?;
+        doomed::retained(raw);
         Ok(Context {
             inner: Arc::new(Inner {
                 raw,
+                id: ctx_id(drv, raw).unwrap_or(0),
                 device,
                 drv,
                 has_deferred: AtomicBool::new(false),
@@ -188,15 +215,26 @@ impl Context {
     /// [`Context::retry_destroys`] (the failure itself is recorded by the caller
     /// with [`Context::record_drop_error`]).
     pub(crate) fn keep_doomed(&self, handle: Doomed) {
-        doomed::put(self.inner.raw, handle);
+        doomed::put(self.key(), handle);
+    }
+
+    /// The key of what is kept for a retry now: the raw handle and the
+    /// context's id, or the id it had when retained where the driver cannot
+    /// say (a lost context).
+    fn key(&self) -> Key {
+        let id = ctx_id(self.inner.drv, self.inner.raw).unwrap_or(self.inner.id);
+        Key::new(self.inner.raw, id)
     }
 
     /// Hands over memory whose release the driver refused, from an owner that
     /// is going (a memory manager being dropped) and can no longer retry it:
     /// it is released by the context's retries ([`Context::retry_destroys`]:
-    /// the next synchronize, stream or event creation or device allocation in
-    /// this raw context, or the release of a retain), never leaked while the
-    /// context lives.
+    /// the next synchronize or trim of a manager of this raw context, and last
+    /// the release of emm's last retain of it). A context reset meanwhile
+    /// (`cuDevicePrimaryCtxReset`, Numba's `cuda.close()`) took it with it: it
+    /// is then dropped, never released in the new context. Where emm's last
+    /// retain goes and the driver still refuses, it stays until the context's
+    /// destruction (logged).
     ///
     /// # Safety
     /// `orphan` must be live in this context (made here, its release refused),
@@ -208,7 +246,7 @@ impl Context {
             ?orphan,
             "memory the driver would not take back is kept by its context and released again later"
         );
-        doomed::put(self.inner.raw, Doomed::Orphan(orphan));
+        doomed::put(self.key(), Doomed::Orphan(orphan));
     }
 
     /// Streams, events and handed-over memory ([`Context::free_later`]) whose
@@ -228,11 +266,39 @@ impl Context {
     /// were dropped (a lost context, say), and releases the memory handed over
     /// with [`Context::free_later`], instead of leaking them: those that fail
     /// again stay for the next try and the first failure is returned (the drop
-    /// already recorded the original one). Called by [`Context::synchronize`],
-    /// by stream and event creation and by [`crate::memory::alloc`]; one atomic
-    /// load when there is nothing to retry.
+    /// already recorded the original one). Called by [`Context::synchronize`]
+    /// and the managers' trims (`release_cached`); one atomic load when there
+    /// is nothing to retry. Not where work may be being captured into a graph:
+    /// `cuMemFree` synchronizes the device.
     pub fn retry_destroys(&self) -> Result<()> {
-        let doomed = doomed::take(self.inner.raw);
+        self.retry(Which::All)
+    }
+
+    /// [`Context::retry_destroys`] for a manager's trim (`release_cached`):
+    /// a refusal again is logged, not returned (the first one was recorded
+    /// when it happened, and the trim's own result is about its own memory).
+    pub fn retry_destroys_in_trim(&self) {
+        if let Err(e) = self.retry_destroys() {
+            tracing::debug!(error = %e, "releasing what the driver refused earlier failed again; kept for the next try");
+        }
+    }
+
+    /// Destroys again the streams and events only (see
+    /// [`Context::retry_destroys`]): what their creation does, which may run
+    /// during a graph capture.
+    pub(crate) fn retry_handles(&self) -> Result<()> {
+        self.retry(Which::Handles)
+    }
+
+    fn retry(&self, which: Which) -> Result<()> {
+        // The context's id now: a reset since a handle was kept drops it
+        // (`doomed::take`); a driver that cannot say (a lost context) retries
+        // nothing.
+        let Some(id) = ctx_id(self.inner.drv, self.inner.raw) else {
+            return Ok(());
+        };
+        let key = Key::new(self.inner.raw, id);
+        let doomed = doomed::take(key, which);
         if doomed.is_empty() {
             return Ok(());
         }
@@ -240,7 +306,7 @@ impl Context {
             Ok(g) => g,
             Err(e) => {
                 for d in doomed {
-                    self.keep_doomed(d);
+                    doomed::put(key, d);
                 }
                 return Err(e);
             }
@@ -250,10 +316,10 @@ impl Context {
             match r {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
-                    self.keep_doomed(d);
+                    doomed::put(key, d);
                     first.get_or_insert(e);
                 }
-                None => self.keep_doomed(d),
+                None => doomed::put(key, d),
             }
         }
         first.map_or(Ok(()), Err)

@@ -109,51 +109,108 @@ impl Doomed {
     }
 }
 
-/// Every raw context's doomed handles: a stream, event or piece of memory is
-/// retried by the next [`crate::Context::synchronize`], stream or event
-/// creation or device allocation of any [`crate::Context`] of that raw context
-/// (two retains of a primary context share it: a library's handle and its
-/// caller's), or the release of a retain. Process-wide for that reason.
-static DOOMED: Mutex<Vec<(usize, Doomed)>> = Mutex::new(Vec::new());
+/// Every context's doomed handles, by raw handle and context id (`cuCtxGetId`,
+/// 0 where the driver has none): a stream, event or piece of memory is
+/// retried by the next [`crate::Context::synchronize`] (streams and events
+/// also by the next stream or event creation) of any [`crate::Context`] of
+/// that raw context (two retains of a primary context share it: a library's
+/// handle and its caller's), or at the release of emm's last retain of it.
+/// Process-wide for that reason. A reset context keeps its handle but gets a
+/// new id: what was kept for the old one went with it, and is dropped, never
+/// freed in the new one (whose memory may sit at the same addresses).
+static DOOMED: Mutex<Vec<(Key, Doomed)>> = Mutex::new(Vec::new());
 /// `DOOMED` holds something: one atomic load on the paths that retry.
 static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
+/// emm's retains of each raw context (`crate::Context::primary`), so that only
+/// the release of the last one takes the last chance at its doomed handles.
+static RETAINS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
-/// Whether anything at all waits for a retry (one atomic load).
-pub(crate) fn any() -> bool {
-    HAS_DOOMED.load(Ordering::Acquire)
+/// A raw context and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key {
+    /// The raw handle.
+    pub(crate) raw: usize,
+    /// `cuCtxGetId`'s answer, 0 where the driver has none.
+    pub(crate) id: u64,
 }
 
-/// Takes the doomed handles of raw context `ctx` out of [`DOOMED`].
-pub(crate) fn take(ctx: CUcontext) -> Vec<Doomed> {
-    if !any() {
+impl Key {
+    pub(crate) fn new(ctx: CUcontext, id: u64) -> Key {
+        Key {
+            raw: ctx.0 as usize,
+            id,
+        }
+    }
+}
+
+/// Which doomed handles a retry takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Which {
+    /// Streams and events only: safe where work may be being captured into a
+    /// graph (their creation), where freeing memory (`cuMemFree` synchronizes
+    /// the device) is not.
+    Handles,
+    /// Everything.
+    All,
+}
+
+impl Doomed {
+    fn taken_by(&self, which: Which) -> bool {
+        which == Which::All || !matches!(self, Doomed::Orphan(_))
+    }
+}
+
+/// Takes the doomed handles of `key` that `which` names out of [`DOOMED`];
+/// those of the same raw context under another id (it was reset since) are
+/// dropped, logged.
+pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
+    if !HAS_DOOMED.load(Ordering::Acquire) {
         return Vec::new();
     }
     let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
-    let key = ctx.0 as usize;
-    let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
-        .into_iter()
-        .partition(|&(c, _)| c == key);
-    HAS_DOOMED.store(!rest.is_empty(), Ordering::Release);
-    *list = rest;
-    mine.into_iter().map(|(_, d)| d).collect()
+    let mut mine = Vec::new();
+    let mut stale = 0usize;
+    list.retain(|&(k, d)| {
+        if k.raw != key.raw {
+            return true;
+        }
+        if k.id != key.id && k.id != 0 && key.id != 0 {
+            stale += 1;
+            return false;
+        }
+        if d.taken_by(which) {
+            mine.push(d);
+            return false;
+        }
+        true
+    });
+    HAS_DOOMED.store(!list.is_empty(), Ordering::Release);
+    drop(list);
+    if stale > 0 {
+        tracing::debug!(
+            stale,
+            "handles kept for a retry went with their context's reset; dropped"
+        );
+    }
+    mine
 }
 
-/// Puts `handle` of raw context `ctx` on [`DOOMED`].
-pub(crate) fn put(ctx: CUcontext, handle: Doomed) {
+/// Puts `handle` of `key` on [`DOOMED`].
+pub(crate) fn put(key: Key, handle: Doomed) {
     let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
-    list.push((ctx.0 as usize, handle));
+    list.push((key, handle));
     HAS_DOOMED.store(true, Ordering::Release);
 }
 
-/// How many handles of raw context `ctx` wait, and the bytes of their memory
+/// How many handles of raw context `raw` wait, and the bytes of their memory
 /// ([`Orphan::bytes`]).
-pub(crate) fn count(ctx: CUcontext) -> (usize, usize) {
-    let key = ctx.0 as usize;
+pub(crate) fn count(raw: CUcontext) -> (usize, usize) {
+    let raw = raw.0 as usize;
     DOOMED
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .filter(|&&(c, _)| c == key)
+        .filter(|(k, _)| k.raw == raw)
         .fold((0, 0), |(n, b), (_, d)| {
             let bytes = match d {
                 Doomed::Orphan(o) => o.bytes(),
@@ -161,6 +218,32 @@ pub(crate) fn count(ctx: CUcontext) -> (usize, usize) {
             };
             (n + 1, b + bytes)
         })
+}
+
+/// One more of emm's retains of raw context `raw`.
+pub(crate) fn retained(raw: CUcontext) {
+    let raw = raw.0 as usize;
+    let mut list = RETAINS.lock().unwrap_or_else(|p| p.into_inner());
+    match list.iter_mut().find(|(r, _)| *r == raw) {
+        Some((_, n)) => *n += 1,
+        None => list.push((raw, 1)),
+    }
+}
+
+/// One of emm's retains of raw context `raw` goes; whether it was the last.
+pub(crate) fn released(raw: CUcontext) -> bool {
+    let raw = raw.0 as usize;
+    let mut list = RETAINS.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(i) = list.iter().position(|(r, _)| *r == raw) else {
+        return true;
+    };
+    list[i].1 = list[i].1.saturating_sub(1);
+    if list[i].1 == 0 {
+        list.swap_remove(i);
+        true
+    } else {
+        false
+    }
 }
 
 /// Destroys or releases each of `handles` (of a context the caller keeps

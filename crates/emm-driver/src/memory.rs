@@ -24,9 +24,6 @@ pub fn alloc(ctx: &Context, size: usize) -> Result<CUdeviceptr> {
         ));
     }
     let _g = ctx.push()?;
-    // Memory handed over for a later release goes first (a failure again is
-    // not this call's: it stays for the next try).
-    let _ = ctx.retry_destroys();
     let drv = ctx.driver();
     let mut p: CUdeviceptr = 0;
     // SAFETY: the context is current; `p` is a valid out-pointer.

@@ -555,6 +555,7 @@ impl MemoryManager for HostOnlyManager {
     }
 
     fn release_cached(&self) -> Result<usize> {
+        self.inner.ctx.retry_destroys_in_trim();
         Ok(self.trim(0)? as usize + self.host.flush() + self.managed.release_cached())
     }
 

@@ -83,6 +83,9 @@ pub fn pop() -> u64 {
 pub struct Contexts {
     /// Retains per device.
     pub refs: Vec<u32>,
+    /// Resets per device (`cuDevicePrimaryCtxReset`): a reset context is a new
+    /// one, with a new `cuCtxGetId`.
+    pub resets: Vec<u64>,
     /// Peer access enabled, as `(from, to)` device pairs.
     pub peers: Vec<(i32, i32)>,
 }

@@ -6,6 +6,7 @@
 //! | `is_standin` | 1 |
 //! | `capacity [BYTES]` | sets (K/M/G suffixes allowed) / answers the capacity per device |
 //! | `devices [N]` | sets / answers the device count |
+//! | `reset_primary D` | device `D`'s primary context is reset (a new `cuCtxGetId`; allocations stay, as in `cuDevicePrimaryCtxReset_v2`); answers its resets |
 //! | `vmm 0\|1`, `mempools 0\|1`, `managed 0\|1` | whether devices report VMM / memory pools / managed memory |
 //! | `not_ready N` | the first N queries after each record report `CUDA_ERROR_NOT_READY` |
 //! | `capturing HANDLE\|off` | `cuStreamIsCapturing` reports the stream HANDLE (a number; 0 is the null stream) as capturing |
@@ -61,6 +62,17 @@ pub fn run(st: &mut State, command: &str) -> Result<u64, CUresult> {
                 st.config.capacity = parse_bytes(w).ok_or(bad)?;
             }
             st.config.capacity as u64
+        }
+        "reset_primary" => {
+            // As `cuDevicePrimaryCtxReset` would: the device's context gets a
+            // new `cuCtxGetId`.
+            let d = num(1)? as usize;
+            let resets = &mut st.contexts.resets;
+            if resets.len() <= d {
+                resets.resize(d + 1, 0);
+            }
+            resets[d] += 1;
+            resets[d]
         }
         "devices" => {
             if let Ok(n) = num(1) {

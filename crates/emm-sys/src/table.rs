@@ -144,6 +144,7 @@ driver_table! {
         pointer_get_attribute = "cuPointerGetAttribute"(*mut c_void, CUpointer_attribute, CUdeviceptr);
     }
     optional {
+        ctx_get_id = "cuCtxGetId"(CUcontext, *mut u64);
         mem_alloc_managed = "cuMemAllocManaged"(*mut CUdeviceptr, usize, c_uint);
         mem_alloc_async = "cuMemAllocAsync"(*mut CUdeviceptr, usize, CUstream);
         mem_free_async = "cuMemFreeAsync"(CUdeviceptr, CUstream);

@@ -142,8 +142,40 @@ fn a_copy_on_another_devices_stream_is_refused() {
         "{got:?}"
     );
     assert_eq!(a.side(), Side::Host, "nothing moved");
+    // Already on the host: refused all the same, not passed over silently.
+    assert!(matches!(
+        a.move_to(Side::Host, Some(&other), true),
+        Err(ArrayError::ForeignStream { .. })
+    ));
     let own = Stream::new(&f.ctx).unwrap();
     assert!(a.move_to(Side::Device, Some(&own), true).unwrap());
     drop((other, own, a));
     f.s.control("devices 1").unwrap();
+}
+
+/// The device block lives on the legacy default stream, not on the stream of
+/// the copy that made it: safe code may destroy that stream before the array,
+/// whose block is then freed on a stream that still exists. Found by review:
+/// the block was freed on the destroyed stream (`CUDA_ERROR_INVALID_HANDLE`).
+#[test]
+fn the_array_outlives_the_stream_it_was_moved_on() {
+    let f = fixture();
+    let before = common::snapshot(&f.s);
+    for name in common::managers::MANAGERS {
+        let m: Arc<dyn MemoryManager> = Arc::from(common::managers::manager(name, &f.ctx));
+        let a = MemArray::<f32, 1>::new([1024], m.clone(), &f.ctx).unwrap();
+        let s = Stream::new(&f.ctx).unwrap();
+        a.move_to(Side::Device, Some(&s), false).unwrap();
+        a.synchronize().unwrap();
+        drop(s);
+        a.move_to(Side::Host, None, true).unwrap();
+        a.move_to(Side::Device, None, true).unwrap();
+        drop(a);
+        m.release_cached().unwrap();
+        drop(m);
+        let errors = f.ctx.take_deferred_errors();
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+        f.ctx.synchronize().unwrap();
+        assert_eq!(common::snapshot(&f.s), before, "{name}");
+    }
 }

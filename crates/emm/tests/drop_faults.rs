@@ -12,7 +12,7 @@ mod common;
 use common::managers::{manager, MANAGERS};
 use common::{fixture, snapshot, Fixture, Snapshot};
 
-use emm::{EmmError, MemoryManager};
+use emm::{Context, EmmError, MemoryManager};
 use emm_core::{HostAllocFlags, ManagedAttach};
 
 const MIB: usize = 1 << 20;
@@ -191,9 +191,16 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
     );
     let _ = f.ctx.take_deferred_errors();
     // The unmap is refused again: the reservation around it is not even tried.
+    let address_frees = || f.s.control("calls cuMemAddressFree").unwrap();
+    let tried = address_frees();
     assert!(
         f.ctx.synchronize().is_err(),
         "the retry's refusal is returned"
+    );
+    assert_eq!(
+        address_frees(),
+        tried,
+        "no cuMemAddressFree with a mapping inside"
     );
     assert_eq!(f.ctx.doomed_handles(), waiting, "both still wait");
     assert_eq!(
@@ -206,4 +213,79 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
     assert_eq!(f.ctx.doomed_handles(), 0);
     let _ = f.ctx.take_deferred_errors();
     assert_eq!(snapshot(&f.s), before);
+}
+
+/// Another retain of the same context going (the C ABI makes and drops one per
+/// call) does not take the last chance at what was handed over: the memory
+/// stays for the retain that lives on, which frees it once the driver takes
+/// frees again. Found by review: the first retain dropped threw it away.
+#[test]
+fn another_retain_going_keeps_what_was_handed_over() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("default", &f.ctx);
+    drop(m.memalloc(MIB).unwrap());
+    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(m);
+    let waiting = f.ctx.doomed_handles();
+    assert!(waiting > 0);
+    drop(Context::on_device(0).unwrap());
+    assert_eq!(f.ctx.doomed_handles(), waiting, "still kept");
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(snapshot(&f.s), before);
+}
+
+/// A context reset (`cuDevicePrimaryCtxReset`, as `numba.cuda.close()` does)
+/// takes what was handed over with it: the new context under the same handle
+/// may have handed the same addresses to new owners, so nothing kept for the
+/// old one is freed in it. Found by review.
+#[test]
+fn a_context_reset_drops_what_was_kept_for_the_old_context_unfreed() {
+    let f = fixture();
+    let m = manager("default", &f.ctx);
+    let a = m.memalloc(MIB).unwrap();
+    let ptr = a.ptr();
+    drop(a);
+    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(m);
+    assert!(f.ctx.doomed_handles() > 0);
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    f.s.control("reset_primary 0").unwrap();
+    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
+    let before = frees();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(frees(), before, "nothing freed in the new context");
+    assert_eq!(f.ctx.doomed_handles(), 0, "dropped with the old context");
+    // The stand-in's reset keeps allocations (a real one frees them): give
+    // this one back so the next test starts clean.
+    // SAFETY: the block above, still allocated in the stand-in, freed once.
+    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+}
+
+/// A manager's trim (`release_cached`) releases what another manager of the
+/// same context handed over, once the driver takes it again.
+#[test]
+fn a_trim_releases_what_another_manager_handed_over() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    for name in MANAGERS {
+        let m = manager("default", &f.ctx);
+        drop(m.memalloc(MIB).unwrap());
+        f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        drop(m);
+        f.s.reset().unwrap();
+        let _ = f.ctx.take_deferred_errors();
+        assert!(f.ctx.doomed_handles() > 0, "{name}");
+        let other = manager(name, &f.ctx);
+        other.release_cached().unwrap();
+        assert_eq!(f.ctx.doomed_handles(), 0, "{name}: its trim released it");
+        drop(other);
+        assert_eq!(snapshot(&f.s), before, "{name}");
+    }
 }

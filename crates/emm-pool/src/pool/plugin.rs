@@ -157,6 +157,9 @@ impl MemoryManager for PoolManager {
     /// `hostonly`'s is, not `Ok` with fewer bytes.
     fn release_cached(&self) -> Result<usize> {
         emm_core::check_not_forked()?;
+        if let Some(ctx) = &self.core.ctx {
+            ctx.retry_destroys_in_trim();
+        }
         let (trimmed, refusal) = self.trim_reporting();
         let released = trimmed
             + self.core.host.as_ref().map_or(0, HostOnly::flush)

@@ -163,7 +163,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(d: CUdevice) -> CUresult {
 }
 
 /// `cuDevicePrimaryCtxReset_v2` (what `numba.cuda.close()` calls last): the
-/// device is checked and nothing else changes. The model keeps the context's
+/// device is checked and the context gets a new `cuCtxGetId` (a reset context
+/// is a new one under the same handle). The model keeps the context's
 /// allocations and retain count: a real reset destroys the allocations, which the
 /// stand-in leaves alive so that a manager's later frees of them stay valid frees.
 ///
@@ -172,7 +173,33 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(d: CUdevice) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(d: CUdevice) -> CUresult {
     call("cuDevicePrimaryCtxReset_v2", |st| {
-        check_device(st, d).map(|_| ())
+        let o = check_device(st, d)? as usize;
+        let resets = &mut st.contexts.resets;
+        if resets.len() <= o {
+            resets.resize(o + 1, 0);
+        }
+        resets[o] += 1;
+        Ok(())
+    })
+}
+
+/// `cuCtxGetId` (CUDA 12.0): a context's id, unique in the process; the
+/// primary context of device `d` after `r` resets is `(d + 1) << 32 | r`.
+///
+/// # Safety
+/// See [the module docs](crate::exports).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(c: CUcontext, id: *mut u64) -> CUresult {
+    call("cuCtxGetId", |st| {
+        let h = if c.is_null() {
+            context::current()
+        } else {
+            check_ctx(st, c)?
+        };
+        let d = ctx_device(h, st.config.devices).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        let resets = st.contexts.resets.get(d as usize).copied().unwrap_or(0);
+        // SAFETY: forwarded to the caller.
+        unsafe { put(id, ((d as u64 + 1) << 32) | resets) }
     })
 }
 

@@ -69,6 +69,7 @@ entries! {
     "cuCtxPopCurrent" => [4000: device::cuCtxPopCurrent_v2],
     "cuCtxSynchronize" => [2000: device::cuCtxSynchronize],
     "cuCtxGetDevice" => [2000: device::cuCtxGetDevice],
+    "cuCtxGetId" => [12000: device::cuCtxGetId],
     "cuCtxEnablePeerAccess" => [4000: device::cuCtxEnablePeerAccess],
     "cuMemGetInfo" => [3020: device::cuMemGetInfo_v2],
     "cuMemAlloc" => [3020: memory::cuMemAlloc_v2],
