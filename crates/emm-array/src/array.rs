@@ -70,6 +70,10 @@ pub struct RawArray {
     len: usize,
     host: HostBuf,
     device: Option<DeviceAllocation>,
+    /// The stream the device block was allocated on, when [`RawArray::move_to`]
+    /// was given one: kept alive until the block is freed on it (declared
+    /// after `device`, so dropped after it).
+    block_stream: Option<Arc<Stream>>,
     side: Side,
     manager: Option<(Arc<dyn MemoryManager>, Context)>,
     pending: Option<Event>,
@@ -198,6 +202,7 @@ impl RawArray {
             len,
             host,
             device: None,
+            block_stream: None,
             side: Side::Host,
             manager,
             pending: None,
@@ -325,10 +330,16 @@ impl RawArray {
     /// otherwise host access waits for it (and fails with
     /// [`ArrayError::CopyPending`] until it has). A stream of another device
     /// is [`ArrayError::ForeignStream`].
+    ///
+    /// The device block is allocated on the stream of the first copy that
+    /// needs it and belongs to it, as a stream-ordered allocator's blocks do:
+    /// kernels using [`RawArray::data_ptr`] go on that stream (or are ordered
+    /// before it), and the block is freed on it, after them, when the array
+    /// goes. The array keeps that stream (its `Arc`) alive until then.
     pub fn move_to(
         &mut self,
         side: Side,
-        stream: Option<&Stream>,
+        stream: Option<&Arc<Stream>>,
         wait: bool,
     ) -> Result<bool, ArrayError> {
         let raw = match stream {
@@ -347,14 +358,18 @@ impl RawArray {
                 s.raw()
             }
         };
+        let had_block = self.device.is_some();
         // SAFETY: `raw` is null (the legacy default stream) or a live stream of
-        // the array's context (checked above), borrowed for this call; the copy
-        // it queues is waited for before the array hands out its host data,
-        // copies again or drops its buffers, and the device block lives on the
-        // legacy stream, not on this one, so nothing uses the stream once the
-        // caller may destroy it but the pending copy's event, which the
-        // driver keeps valid past the stream's destruction.
-        unsafe { self.move_to_raw(side, raw, wait) }
+        // the array's context (checked above); if the call allocates the
+        // device block on it, the array keeps the stream alive (below) until
+        // the block is freed on it, and the copy queued on it is waited for
+        // before the array hands out its host data, copies again or drops its
+        // buffers.
+        let moved = unsafe { self.move_to_raw(side, raw, wait) };
+        if !had_block && self.device.is_some() {
+            self.block_stream = stream.cloned();
+        }
+        moved
     }
 
     /// [`RawArray::move_to`] on a raw stream handle (null: the legacy default
@@ -362,8 +377,10 @@ impl RawArray {
     ///
     /// # Safety
     /// `stream` must be null, a default-stream handle, or a live stream of the
-    /// array's context that outlives this call (and, when `wait` is false, the
-    /// copy queued on it).
+    /// array's context that outlives this call and the copy queued on it, and,
+    /// where this call allocates the device block on it (the array's first
+    /// move to the device), the array itself: the block is freed on it when
+    /// the array goes.
     pub unsafe fn move_to_raw(
         &mut self,
         side: Side,
@@ -389,18 +406,12 @@ impl RawArray {
                 operation: "move_to",
             })?;
             if self.device.is_none() {
-                // On the legacy default stream, which lives as long as the
-                // context: the block is freed on the stream it was allocated
-                // on, when the array goes, and the caller's stream may be gone
-                // by then. Through the process's out-of-memory hook: another
-                // manager's cache can make room.
-                let block = emm_core::alloc_from(m.as_ref(), bytes, emm_core::SYNC_STREAM)?;
-                if stream_raw != emm_core::SYNC_STREAM {
-                    // The caller's stream uses the block after the legacy
-                    // stream's work before it (its last user's free).
-                    order_after_legacy(&ctx, &s)?;
-                }
-                self.device = Some(block);
+                // On the copy's stream, which the block belongs to from now
+                // on: it is freed there when the array goes, after the work
+                // queued there (the caller's kernels on `data_ptr()`). Through
+                // the process's out-of-memory hook: another manager's cache
+                // can make room.
+                self.device = Some(emm_core::alloc_from(m.as_ref(), bytes, stream_raw)?);
             }
             let dev = self.device.as_ref().map(DeviceAllocation::ptr).unwrap_or(0);
             let host = self.host.ptr();
@@ -751,21 +762,6 @@ pub fn export_legacy(array: &Arc<Mutex<RawArray>>) -> Result<*mut DLManagedTenso
     Ok(p.cast())
 }
 
-/// Makes `s` wait for the work queued so far on `ctx`'s legacy default stream
-/// (an event; where recording or waiting on it fails, the legacy stream is
-/// waited for on the host).
-fn order_after_legacy(ctx: &Context, s: &Stream) -> Result<(), ArrayError> {
-    let legacy = Stream::legacy(ctx);
-    let ordered = Event::sync_only(ctx)
-        .and_then(|e| e.record(&legacy).map(|()| e))
-        .and_then(|e| s.wait_event(&e));
-    if let Err(e) = ordered {
-        tracing::debug!(error = %e, "ordering a stream after the legacy stream by an event failed; waiting for it");
-        legacy.synchronize().map_err(emm_core::EmmError::from)?;
-    }
-    Ok(())
-}
-
 /// A typed `N`-dimensional array of `T` with a host mirror and a device copy,
 /// every byte from an emm manager.
 ///
@@ -775,8 +771,8 @@ fn order_after_legacy(ctx: &Context, s: &Stream) -> Result<(), ArrayError> {
 /// let manager = emm_core::memory_manager(&ctx)?;
 /// let a = MemArray::<f32, 2>::new([4, 8], manager, &ctx)?;
 /// a.set([1, 2], 3.5)?;
-/// let stream = emm_driver::Stream::new(&ctx)?;
-/// a.move_to(Side::Device, Some(&stream), true)?; // copies once
+/// let stream = std::sync::Arc::new(emm_driver::Stream::new(&ctx)?);
+/// a.move_to(Side::Device, Some(&stream), true)?; // copies once; the block is the stream's
 /// assert!(!a.move_to(Side::Device, None, true)?); // already there
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -897,7 +893,7 @@ impl<T: Element, const N: usize> MemArray<T, N> {
     pub fn move_to(
         &self,
         side: Side,
-        stream: Option<&Stream>,
+        stream: Option<&Arc<Stream>>,
         wait: bool,
     ) -> Result<bool, ArrayError> {
         self.lock().move_to(side, stream, wait)

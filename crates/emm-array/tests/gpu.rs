@@ -31,7 +31,7 @@ fn run<T: FromIndex, const N: usize>(
     m: &Arc<dyn MemoryManager>,
     ctx: &Context,
     module: &Module,
-    stream: &Stream,
+    stream: &Arc<Stream>,
 ) {
     let a = MemArray::<T, N>::new(shape, m.clone(), ctx).unwrap();
     let ix = a.indexer();
@@ -86,7 +86,7 @@ fn kernel_adds_index_sums_for_every_type_and_rank() {
     ctx.set_current().unwrap();
     let m: Arc<dyn MemoryManager> = Arc::new(emm_pool::PoolManager::new(&ctx).unwrap());
     let module = Module::load_ptx(&ctx, PTX).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let stream = std::sync::Arc::new(Stream::new(&ctx).unwrap());
     macro_rules! all_ranks {
         ($t:ty, $k:expr) => {
             run::<$t, 1>($k, [1000], &m, &ctx, &module, &stream);

@@ -333,6 +333,10 @@ void emm_array_destroy(struct emm_array *a);
 /**
  * Moves the array to `side` (0 host, 1 device) on `stream`; `wait` non-zero waits
  * for the copy; `*moved` (may be NULL) gets 0 when it was already there.
+ * `stream` is NULL (the legacy default stream) or a stream of the array's
+ * context that outlives the copy; the first move to the device allocates the
+ * array's device block on it and frees it there when the array is destroyed,
+ * so that stream must outlive the array too.
  */
 emm_status emm_array_move(struct emm_array *a, int side, void *stream, int wait, int *moved);
 

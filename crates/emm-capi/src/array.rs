@@ -152,6 +152,10 @@ pub unsafe extern "C" fn emm_array_destroy(a: *mut emm_array) {
 
 /// Moves the array to `side` (0 host, 1 device) on `stream`; `wait` non-zero waits
 /// for the copy; `*moved` (may be NULL) gets 0 when it was already there.
+/// `stream` is NULL (the legacy default stream) or a stream of the array's
+/// context that outlives the copy; the first move to the device allocates the
+/// array's device block on it and frees it there when the array is destroyed,
+/// so that stream must outlive the array too.
 #[no_mangle]
 pub unsafe extern "C" fn emm_array_move(
     a: *mut emm_array,
@@ -166,8 +170,9 @@ pub unsafe extern "C" fn emm_array_move(
             1 => Side::Device,
             s => return invalid(format!("emm_array_move: side {s} (0 host, 1 device)")),
         };
-        // SAFETY: the C contract: `stream` is NULL, a default stream or a live
-        // stream of the array's context that outlives the copy.
+        // SAFETY: the C contract (above): `stream` is NULL, a default stream
+        // or a live stream of the array's context that outlives the copy and,
+        // where the block is allocated on it, the array.
         match unsafe { lock(a).move_to_raw(side, stream_of(stream), wait != 0) } {
             Ok(m) => {
                 if !moved.is_null() {

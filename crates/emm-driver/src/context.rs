@@ -39,11 +39,22 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Only emm's last retain takes the last chance: another one (a
-        // library's handle beside its caller's) retries later.
-        let last = doomed::released(self.raw);
-        let doomed = match (last, ctx_id(self.drv, self.raw)) {
-            (true, Some(id)) => doomed::take(Key::new(self.raw, id), Which::All),
-            _ => Vec::new(),
+        // library's handle beside its caller's) retries later. In a forked
+        // child the context is the parent's: nothing of it is touched.
+        let last = !emm_sys::forked() && doomed::released(self.raw);
+        let doomed = if !last || !doomed::any() {
+            Vec::new()
+        } else {
+            match ctx_id(self.drv, self.raw) {
+                Some(id) => doomed::take(Key::new(self.raw, id), Which::All),
+                None => {
+                    // The context cannot say which it is (lost): nothing is
+                    // released, and nothing is kept past emm's last retain.
+                    let n = doomed::forget(self.raw);
+                    tracing::error!(handles = n, "handles kept for a retry are dropped unreleased: their context is lost as emm's last retain of it goes");
+                    Vec::new()
+                }
+            }
         };
         if !doomed.is_empty() {
             // The last chance: the context is still retained here, and made
@@ -97,6 +108,13 @@ impl Drop for Inner {
 /// `cuCtxGetId` of `raw`: `Some(0)` where the driver has no such call (before
 /// CUDA 12.0: contexts are then told apart by handle alone), `None` where the
 /// call fails (a lost context).
+///
+/// What is kept for a retry is keyed with the id its context had when emm
+/// retained it ([`Inner`]'s), and released only while the context still has
+/// that id: a context reset since (a new context under the same handle) may
+/// have handed the same addresses to new owners. Memory of the new context
+/// kept through a retain made before the reset is so dropped unreleased (a
+/// leak), never released in a context it may not belong to.
 fn ctx_id(drv: &'static Driver, raw: CUcontext) -> Option<u64> {
     let Some(f) = drv.ctx_get_id else {
         return Some(0);
@@ -135,7 +153,7 @@ impl Context {
         Ok(Context {
             inner: Arc::new(Inner {
                 raw,
-                id: ctx_id(drv, raw).unwrap_or(0),
+                id: ctx_id(drv, raw).unwrap_or(doomed::UNKNOWN_ID),
                 device,
                 drv,
                 has_deferred: AtomicBool::new(false),
@@ -218,12 +236,10 @@ impl Context {
         doomed::put(self.key(), handle);
     }
 
-    /// The key of what is kept for a retry now: the raw handle and the
-    /// context's id, or the id it had when retained where the driver cannot
-    /// say (a lost context).
+    /// The key of what is kept for a retry: the raw handle and the id the
+    /// context had when retained (see [`ctx_id`]).
     fn key(&self) -> Key {
-        let id = ctx_id(self.inner.drv, self.inner.raw).unwrap_or(self.inner.id);
-        Key::new(self.inner.raw, id)
+        Key::new(self.inner.raw, self.inner.id)
     }
 
     /// Hands over memory whose release the driver refused, from an owner that
@@ -291,11 +307,18 @@ impl Context {
     }
 
     fn retry(&self, which: Which) -> Result<()> {
+        if !doomed::any() {
+            return Ok(());
+        }
         // The context's id now: a reset since a handle was kept drops it
         // (`doomed::take`); a driver that cannot say (a lost context) retries
-        // nothing.
+        // nothing, and says so.
         let Some(id) = ctx_id(self.inner.drv, self.inner.raw) else {
-            return Ok(());
+            let drv = self.inner.drv;
+            let mut id = 0u64;
+            let f = crate::error::optional(drv, drv.ctx_get_id, "cuCtxGetId")?;
+            // SAFETY: our raw context is retained; `id` is a valid out-pointer.
+            return check(drv, "cuCtxGetId", unsafe { f(self.inner.raw, &mut id) });
         };
         let key = Key::new(self.inner.raw, id);
         let doomed = doomed::take(key, which);

@@ -160,11 +160,21 @@ impl Doomed {
     }
 }
 
-/// Takes the doomed handles of `key` that `which` names out of [`DOOMED`];
-/// those of the same raw context under another id (it was reset since) are
-/// dropped, logged.
+/// The id of a context whose `cuCtxGetId` failed when emm retained it: it
+/// matches no context, so what is kept under it is never released (only
+/// dropped at emm's last retain of the raw context).
+pub(crate) const UNKNOWN_ID: u64 = u64::MAX;
+
+/// Whether anything waits for a retry (one atomic load).
+pub(crate) fn any() -> bool {
+    HAS_DOOMED.load(Ordering::Acquire)
+}
+
+/// Takes the doomed handles of `key` (`key.id`: the context's id now) that
+/// `which` names out of [`DOOMED`]; those of the same raw context under
+/// another id (it was reset since, or its id was unknown) are dropped, logged.
 pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
-    if !HAS_DOOMED.load(Ordering::Acquire) {
+    if !any() {
         return Vec::new();
     }
     let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
@@ -174,7 +184,7 @@ pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
         if k.raw != key.raw {
             return true;
         }
-        if k.id != key.id && k.id != 0 && key.id != 0 {
+        if k.id != key.id || k.id == UNKNOWN_ID {
             stale += 1;
             return false;
         }
@@ -193,6 +203,16 @@ pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
         );
     }
     mine
+}
+
+/// Drops every handle kept for raw context `raw`, unreleased; how many.
+pub(crate) fn forget(raw: CUcontext) -> usize {
+    let raw = raw.0 as usize;
+    let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
+    let before = list.len();
+    list.retain(|(k, _)| k.raw != raw);
+    HAS_DOOMED.store(!list.is_empty(), Ordering::Release);
+    before - list.len()
 }
 
 /// Puts `handle` of `key` on [`DOOMED`].

@@ -26,7 +26,10 @@ fn pool(ctx: &Context) -> Arc<dyn MemoryManager> {
 fn a_copy_on_another_stream_is_ordered_after_the_pending_one() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
-    let (s1, s2) = (Stream::new(&f.ctx).unwrap(), Stream::new(&f.ctx).unwrap());
+    let (s1, s2) = (
+        Arc::new(Stream::new(&f.ctx).unwrap()),
+        Arc::new(Stream::new(&f.ctx).unwrap()),
+    );
     let waits = || f.s.control("calls cuStreamWaitEvent").unwrap();
     a.move_to(Side::Device, Some(&s1), false).unwrap(); // pending on s1
     let before = waits();
@@ -41,7 +44,10 @@ fn a_copy_on_another_stream_is_ordered_after_the_pending_one() {
 fn a_dropped_array_waits_for_its_pending_copy() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1 << 18], pool(&f.ctx), &f.ctx).unwrap();
-    let (s1, s2) = (Stream::new(&f.ctx).unwrap(), Stream::new(&f.ctx).unwrap());
+    let (s1, s2) = (
+        Arc::new(Stream::new(&f.ctx).unwrap()),
+        Arc::new(Stream::new(&f.ctx).unwrap()),
+    );
     a.move_to(Side::Device, Some(&s1), true).unwrap(); // the block's stream: s1
     a.move_to(Side::Host, Some(&s1), true).unwrap();
     a.move_to(Side::Device, Some(&s2), false).unwrap(); // pending on s2
@@ -56,7 +62,7 @@ fn a_dropped_array_waits_for_its_pending_copy() {
 fn a_failed_wait_keeps_the_copy_pending() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
-    let s = Stream::new(&f.ctx).unwrap();
+    let s = Arc::new(Stream::new(&f.ctx).unwrap());
     a.move_to(Side::Device, Some(&s), true).unwrap();
     f.s.control("not_ready 1000000").unwrap(); // the copy does not finish
     a.move_to(Side::Host, Some(&s), false).unwrap();
@@ -79,7 +85,7 @@ fn a_failed_wait_keeps_the_copy_pending() {
 fn no_copy_is_queued_without_an_event_to_track_it() {
     let f = fixture();
     let a = MemArray::<f32, 1>::new([1024], pool(&f.ctx), &f.ctx).unwrap();
-    let s = Stream::new(&f.ctx).unwrap();
+    let s = Arc::new(Stream::new(&f.ctx).unwrap());
     a.move_to(Side::Device, Some(&s), true).unwrap();
     a.move_to(Side::Host, Some(&s), true).unwrap();
     let copies = || f.s.control("calls cuMemcpyHtoDAsync_v2").unwrap();
@@ -128,7 +134,7 @@ fn a_copy_on_another_devices_stream_is_refused() {
     let f = fixture();
     f.s.control("devices 2").unwrap();
     let ctx1 = Context::on_device(1).unwrap();
-    let other = Stream::new(&ctx1).unwrap();
+    let other = Arc::new(Stream::new(&ctx1).unwrap());
     let a = MemArray::<f32, 1>::new([16], pool(&f.ctx), &f.ctx).unwrap();
     let got = a.move_to(Side::Device, Some(&other), true);
     assert!(
@@ -147,27 +153,34 @@ fn a_copy_on_another_devices_stream_is_refused() {
         a.move_to(Side::Host, Some(&other), true),
         Err(ArrayError::ForeignStream { .. })
     ));
-    let own = Stream::new(&f.ctx).unwrap();
+    let own = Arc::new(Stream::new(&f.ctx).unwrap());
     assert!(a.move_to(Side::Device, Some(&own), true).unwrap());
     drop((other, own, a));
     f.s.control("devices 1").unwrap();
 }
 
-/// The device block lives on the legacy default stream, not on the stream of
-/// the copy that made it: safe code may destroy that stream before the array,
-/// whose block is then freed on a stream that still exists. Found by review:
-/// the block was freed on the destroyed stream (`CUDA_ERROR_INVALID_HANDLE`).
+/// The device block belongs to the stream of the copy that made it and is
+/// freed there when the array goes; the array keeps that stream alive until
+/// then, so safe code dropping its handle first cannot leave the free on a
+/// destroyed stream. Found by review: the block was freed on the destroyed
+/// stream (`CUDA_ERROR_INVALID_HANDLE`).
 #[test]
-fn the_array_outlives_the_stream_it_was_moved_on() {
+fn the_array_keeps_the_stream_its_block_belongs_to() {
     let f = fixture();
     let before = common::snapshot(&f.s);
     for name in common::managers::MANAGERS {
         let m: Arc<dyn MemoryManager> = Arc::from(common::managers::manager(name, &f.ctx));
         let a = MemArray::<f32, 1>::new([1024], m.clone(), &f.ctx).unwrap();
-        let s = Stream::new(&f.ctx).unwrap();
+        let s = Arc::new(Stream::new(&f.ctx).unwrap());
         a.move_to(Side::Device, Some(&s), false).unwrap();
         a.synchronize().unwrap();
+        let streams = f.s.live().unwrap().streams;
         drop(s);
+        assert_eq!(
+            f.s.live().unwrap().streams,
+            streams,
+            "{name}: the array keeps its block's stream"
+        );
         a.move_to(Side::Host, None, true).unwrap();
         a.move_to(Side::Device, None, true).unwrap();
         drop(a);
@@ -176,6 +189,10 @@ fn the_array_outlives_the_stream_it_was_moved_on() {
         let errors = f.ctx.take_deferred_errors();
         assert!(errors.is_empty(), "{name}: {errors:?}");
         f.ctx.synchronize().unwrap();
-        assert_eq!(common::snapshot(&f.s), before, "{name}");
+        assert_eq!(
+            common::snapshot(&f.s),
+            before,
+            "{name}: the stream went with the array"
+        );
     }
 }

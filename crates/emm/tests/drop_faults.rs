@@ -289,3 +289,58 @@ fn a_trim_releases_what_another_manager_handed_over() {
         assert_eq!(snapshot(&f.s), before, "{name}");
     }
 }
+
+/// Memory handed over by a manager made before a context reset and dropped
+/// after it is keyed with the old context's id, so it is dropped, not freed in
+/// the new context (where its address may be another owner's). Found by
+/// review: the hand-over took the id of the moment, the new context's.
+#[test]
+fn a_manager_of_the_old_context_dropped_after_a_reset_frees_nothing_in_the_new_one() {
+    let f = fixture();
+    let m = manager("default", &f.ctx);
+    let a = m.memalloc(MIB).unwrap();
+    let ptr = a.ptr();
+    drop(a);
+    f.s.control("reset_primary 0").unwrap();
+    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_INVALID_VALUE")
+        .unwrap();
+    drop(m);
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
+    let before = frees();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(frees(), before, "nothing freed in the new context");
+    assert_eq!(f.ctx.doomed_handles(), 0);
+    // The stand-in's reset keeps allocations (a real one frees them).
+    // SAFETY: the block above, still allocated in the stand-in, freed once.
+    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+}
+
+/// A retain whose context id could not be read keys what it hands over with
+/// an id that matches no context: never freed (a context it cannot name may
+/// be a new one), dropped at the next retry.
+#[test]
+fn what_a_retain_of_unknown_id_hands_over_is_never_freed() {
+    let f = fixture();
+    f.s.control("fail cuCtxGetId 1 CUDA_ERROR_UNKNOWN").unwrap();
+    let ctx = Context::on_device(0).unwrap();
+    f.s.reset().unwrap();
+    let m = manager("default", &ctx);
+    let a = m.memalloc(MIB).unwrap();
+    let ptr = a.ptr();
+    drop(a);
+    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(m);
+    f.s.reset().unwrap();
+    let _ = ctx.take_deferred_errors();
+    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
+    let before = frees();
+    ctx.synchronize().unwrap();
+    assert_eq!(frees(), before, "not freed under an unknown id");
+    assert_eq!(ctx.doomed_handles(), 0, "dropped");
+    drop(ctx);
+    // SAFETY: the block above, still allocated in the stand-in, freed once.
+    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+}
