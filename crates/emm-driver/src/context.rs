@@ -71,6 +71,13 @@ impl Drop for Inner {
                 && (prev == self.raw
                     // SAFETY: as above.
                     || unsafe { (drv.ctx_push_current)(self.raw) }.is_success());
+            if !pushed {
+                tracing::error!(
+                    handles = doomed.len(),
+                    "handles kept for a retry are dropped unreleased: their context could not be made current as emm's last retain of it goes"
+                );
+            }
+            let doomed = if pushed { doomed } else { Vec::new() };
             for (d, r) in doomed::destroy(self.drv, doomed) {
                 match r {
                     Some(Ok(())) => {}
