@@ -109,15 +109,17 @@ impl Doomed {
     }
 }
 
-/// Every context's doomed handles, by raw handle and context id (`cuCtxGetId`,
-/// 0 where the driver has none): a stream, event or piece of memory is
-/// retried by the next [`crate::Context::synchronize`] (streams and events
-/// also by the next stream or event creation) of any [`crate::Context`] of
-/// that raw context (two retains of a primary context share it: a library's
-/// handle and its caller's), or at the release of emm's last retain of it.
-/// Process-wide for that reason. A reset context keeps its handle but gets a
-/// new id: what was kept for the old one went with it, and is dropped, never
-/// freed in the new one (whose memory may sit at the same addresses).
+/// Every context's doomed handles, by raw handle and the context id its
+/// retain read (`cuCtxGetId`; 0 where the driver has none, [`UNKNOWN_ID`]
+/// where the call failed): a stream, event or piece of memory is retried by
+/// the next [`crate::Context::synchronize`] or manager's trim (streams and
+/// events also by the next stream or event creation) of any
+/// [`crate::Context`] of that raw context (two retains of a primary context
+/// share it: a library's handle and its caller's), and last at the release of
+/// emm's last retain of it. Process-wide for that reason. A reset context
+/// keeps its handle but gets a new id: what was kept for the old one went
+/// with it, and is dropped, never freed in the new one (whose memory may sit
+/// at the same addresses).
 static DOOMED: Mutex<Vec<(Key, Doomed)>> = Mutex::new(Vec::new());
 /// `DOOMED` holds something: one atomic load on the paths that retry.
 static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
@@ -130,7 +132,8 @@ static RETAINS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 pub(crate) struct Key {
     /// The raw handle.
     pub(crate) raw: usize,
-    /// `cuCtxGetId`'s answer, 0 where the driver has none.
+    /// `cuCtxGetId`'s answer, 0 where the driver has none, [`UNKNOWN_ID`]
+    /// where it failed.
     pub(crate) id: u64,
 }
 
@@ -197,9 +200,9 @@ pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
     HAS_DOOMED.store(!list.is_empty(), Ordering::Release);
     drop(list);
     if stale > 0 {
-        tracing::debug!(
+        tracing::warn!(
             stale,
-            "handles kept for a retry went with their context's reset; dropped"
+            "handles kept for a retry are dropped unreleased: their context was reset since (or its id was unknown), and their addresses may be another owner's now"
         );
     }
     mine
