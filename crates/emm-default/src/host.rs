@@ -48,23 +48,11 @@ struct Shared {
 /// dropped, but a manager a program makes and drops must not leak pinned memory).
 impl Drop for Shared {
     fn drop(&mut self) {
-        let drained = std::mem::take(
-            &mut self
-                .queue
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .items,
-        );
+        let drained = self.take_queued();
         self.free_all(drained);
         // What the driver refused again went back to the queue: nobody is left
         // to flush it, so the context frees it later.
-        let refused = std::mem::take(
-            &mut self
-                .queue
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .items,
-        );
+        let refused = self.take_queued();
         for (addr, size) in refused {
             // SAFETY: from cuMemHostAlloc in this context, its free just failed,
             // and with the last owner gone nobody uses it again.
@@ -83,6 +71,13 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// Takes every queued block out of the queue (in the drop: no lock taken).
+    fn take_queued(&mut self) -> Vec<(usize, usize)> {
+        let q = self.queue.get_mut().unwrap_or_else(|p| p.into_inner());
+        q.bytes = 0;
+        std::mem::take(&mut q.items)
+    }
+
     /// Unregisters `ptr` (a `mempin` range whose owner is gone); a refusal is
     /// recorded on the context (reported by its next fallible call) and the range
     /// kept for [`Shared::retry_unpins`].

@@ -44,8 +44,7 @@ pub trait Upstream: Send + Sync {
     /// # Safety
     /// As [`Upstream::free`]'s, and the free of `ptr` failed: nobody uses or
     /// frees it again.
-    unsafe fn free_later(&self, ptr: CUdeviceptr, size: usize) -> bool {
-        let _ = (ptr, size);
+    unsafe fn free_later(&self, _ptr: CUdeviceptr, _size: usize) -> bool {
         false
     }
 }

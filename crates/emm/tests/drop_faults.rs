@@ -47,36 +47,33 @@ fn drop_refused_then_clear(
     assert_eq!(&snapshot(&f.s), before, "{what}: everything went back");
 }
 
-#[test]
-fn a_pool_dropped_while_cumemfree_fails_hands_its_segment_to_the_context() {
+/// A fresh `name` manager with one `size`-byte block allocated and dropped
+/// (queued or cached), then [`drop_refused_then_clear`].
+fn handed_over_at_drop(name: &str, size: usize, symbols: &[&str], what: &str) {
     let f = fixture();
     let before = snapshot(&f.s);
-    let m = manager("pool", &f.ctx);
+    let m = manager(name, &f.ctx);
+    drop(m.memalloc(size).unwrap());
+    drop_refused_then_clear(&f, &before, m, symbols, what);
+}
+
+#[test]
+fn a_pool_dropped_while_cumemfree_fails_hands_its_segment_to_the_context() {
     // A small block: a legacy segment (`cuMemAlloc`).
-    drop(m.memalloc(4097).unwrap());
-    drop_refused_then_clear(&f, &before, m, &["cuMemFree_v2"], "pool, legacy segment");
+    handed_over_at_drop("pool", 4097, &["cuMemFree_v2"], "pool, legacy segment");
 }
 
 #[test]
 fn a_pool_dropped_while_cumemunmap_fails_hands_its_mapping_and_reservation_to_the_context() {
-    let f = fixture();
-    let before = snapshot(&f.s);
-    let m = manager("pool", &f.ctx);
     // A large block: the expandable segment (virtual memory).
-    drop(m.memalloc(8 * MIB).unwrap());
-    drop_refused_then_clear(&f, &before, m, &["cuMemUnmap"], "pool, expandable segment");
+    handed_over_at_drop("pool", 8 * MIB, &["cuMemUnmap"], "pool, expandable segment");
 }
 
 #[test]
 fn a_pool_dropped_while_every_vmm_release_fails_hands_all_of_it_to_the_context() {
-    let f = fixture();
-    let before = snapshot(&f.s);
-    let m = manager("pool", &f.ctx);
-    drop(m.memalloc(8 * MIB).unwrap());
-    drop_refused_then_clear(
-        &f,
-        &before,
-        m,
+    handed_over_at_drop(
+        "pool",
+        8 * MIB,
         &["cuMemUnmap", "cuMemRelease", "cuMemAddressFree"],
         "pool, every virtual-memory release refused",
     );
@@ -84,12 +81,8 @@ fn a_pool_dropped_while_every_vmm_release_fails_hands_all_of_it_to_the_context()
 
 #[test]
 fn a_default_manager_dropped_while_cumemfree_fails_hands_its_queued_frees_to_the_context() {
-    let f = fixture();
-    let before = snapshot(&f.s);
-    let m = manager("default", &f.ctx);
     // Queued (below the flush thresholds), freed by the drop.
-    drop(m.memalloc(MIB).unwrap());
-    drop_refused_then_clear(&f, &before, m, &["cuMemFree_v2"], "default");
+    handed_over_at_drop("default", MIB, &["cuMemFree_v2"], "default");
 }
 
 #[test]
@@ -238,6 +231,29 @@ fn another_retain_going_keeps_what_was_handed_over() {
     assert_eq!(snapshot(&f.s), before);
 }
 
+/// A default manager of `ctx` with one block whose free is queued; its
+/// address.
+fn default_with_a_queued_free(ctx: &Context) -> (Box<dyn MemoryManager>, u64) {
+    let m = manager("default", ctx);
+    let a = m.memalloc(MIB).unwrap();
+    let ptr = a.ptr();
+    drop(a);
+    (m, ptr)
+}
+
+/// The next synchronize of `ctx` frees nothing (`cuMemFree_v2` not called)
+/// and drops what waits; then `ptr`, which the stand-in's reset keeps (a real
+/// one frees it), is freed here so the next test starts clean.
+fn assert_dropped_unfreed(f: &Fixture, ctx: &Context, ptr: u64, what: &str) {
+    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
+    let before = frees();
+    ctx.synchronize().unwrap();
+    assert_eq!(frees(), before, "{what}");
+    assert_eq!(ctx.doomed_handles(), 0, "{what}: dropped");
+    // SAFETY: a block still allocated in the stand-in, freed once.
+    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+}
+
 /// A context reset (`cuDevicePrimaryCtxReset`, as `numba.cuda.close()` does)
 /// takes what was handed over with it: the new context under the same handle
 /// may have handed the same addresses to new owners, so nothing kept for the
@@ -245,10 +261,7 @@ fn another_retain_going_keeps_what_was_handed_over() {
 #[test]
 fn a_context_reset_drops_what_was_kept_for_the_old_context_unfreed() {
     let f = fixture();
-    let m = manager("default", &f.ctx);
-    let a = m.memalloc(MIB).unwrap();
-    let ptr = a.ptr();
-    drop(a);
+    let (m, ptr) = default_with_a_queued_free(&f.ctx);
     f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
         .unwrap();
     drop(m);
@@ -256,15 +269,7 @@ fn a_context_reset_drops_what_was_kept_for_the_old_context_unfreed() {
     f.s.reset().unwrap();
     let _ = f.ctx.take_deferred_errors();
     f.s.control("reset_primary 0").unwrap();
-    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
-    let before = frees();
-    f.ctx.synchronize().unwrap();
-    assert_eq!(frees(), before, "nothing freed in the new context");
-    assert_eq!(f.ctx.doomed_handles(), 0, "dropped with the old context");
-    // The stand-in's reset keeps allocations (a real one frees them): give
-    // this one back so the next test starts clean.
-    // SAFETY: the block above, still allocated in the stand-in, freed once.
-    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+    assert_dropped_unfreed(&f, &f.ctx, ptr, "nothing freed in the new context");
 }
 
 /// A manager's trim (`release_cached`) releases what another manager of the
@@ -297,24 +302,14 @@ fn a_trim_releases_what_another_manager_handed_over() {
 #[test]
 fn a_manager_of_the_old_context_dropped_after_a_reset_frees_nothing_in_the_new_one() {
     let f = fixture();
-    let m = manager("default", &f.ctx);
-    let a = m.memalloc(MIB).unwrap();
-    let ptr = a.ptr();
-    drop(a);
+    let (m, ptr) = default_with_a_queued_free(&f.ctx);
     f.s.control("reset_primary 0").unwrap();
     f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_INVALID_VALUE")
         .unwrap();
     drop(m);
     f.s.reset().unwrap();
     let _ = f.ctx.take_deferred_errors();
-    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
-    let before = frees();
-    f.ctx.synchronize().unwrap();
-    assert_eq!(frees(), before, "nothing freed in the new context");
-    assert_eq!(f.ctx.doomed_handles(), 0);
-    // The stand-in's reset keeps allocations (a real one frees them).
-    // SAFETY: the block above, still allocated in the stand-in, freed once.
-    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+    assert_dropped_unfreed(&f, &f.ctx, ptr, "nothing freed in the new context");
 }
 
 /// A retain whose context id could not be read keys what it hands over with
@@ -326,21 +321,11 @@ fn what_a_retain_of_unknown_id_hands_over_is_never_freed() {
     f.s.control("fail cuCtxGetId 1 CUDA_ERROR_UNKNOWN").unwrap();
     let ctx = Context::on_device(0).unwrap();
     f.s.reset().unwrap();
-    let m = manager("default", &ctx);
-    let a = m.memalloc(MIB).unwrap();
-    let ptr = a.ptr();
-    drop(a);
+    let (m, ptr) = default_with_a_queued_free(&ctx);
     f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
         .unwrap();
     drop(m);
     f.s.reset().unwrap();
     let _ = ctx.take_deferred_errors();
-    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
-    let before = frees();
-    ctx.synchronize().unwrap();
-    assert_eq!(frees(), before, "not freed under an unknown id");
-    assert_eq!(ctx.doomed_handles(), 0, "dropped");
-    drop(ctx);
-    // SAFETY: the block above, still allocated in the stand-in, freed once.
-    unsafe { emm::driver::memory::free(&f.ctx, ptr) }.unwrap();
+    assert_dropped_unfreed(&f, &ctx, ptr, "not freed under an unknown id");
 }
