@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use emm_sys::{CUcontext, Driver};
 
 use crate::device::Device;
-use crate::doomed::{self, Doomed, Key, Orphan, Which};
+use crate::doomed::{self, Doomed, Kept, Key, Orphan, Report, Which};
 use crate::error::{check, driver, DriverError, Result};
 
 /// A device's primary context, retained while any clone (or any stream, event or
@@ -78,7 +78,8 @@ impl Drop for Inner {
                 );
             }
             let doomed = if pushed { doomed } else { Vec::new() };
-            for (d, r) in doomed::destroy(self.drv, doomed) {
+            for (k, r) in doomed::destroy(self.drv, doomed) {
+                let d = k.what;
                 match r {
                     Some(Ok(())) => {}
                     // A driver shutting down (the process exiting) frees it all.
@@ -225,22 +226,29 @@ impl Context {
         })
     }
 
-    /// Waits for all work in the context (then destroys again the streams and
-    /// events whose destruction failed in a drop, see [`Context::retry_destroys`]).
+    /// Waits for all work in the context, then destroys again the streams and
+    /// events whose destruction failed in a drop and releases the memory handed
+    /// over with [`Context::free_later`] (see [`Context::retry_destroys`]).
+    ///
+    /// A retry the driver refuses is returned once for each handle: while the
+    /// driver keeps refusing the same one, later calls log it (debug level)
+    /// and keep it for the next try, so that one piece the driver will not take
+    /// back does not fail every later synchronize. [`Context::retry_destroys`]
+    /// returns every refusal.
     pub fn synchronize(&self) -> Result<()> {
         self.check_deferred()?;
         let _g = self.push()?;
         let drv = self.inner.drv;
         // SAFETY: the context is current.
         check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })?;
-        self.retry_destroys()
+        self.retry(Which::All, Report::Once)
     }
 
     /// Keeps a stream or event whose destruction just failed in a drop, for
     /// [`Context::retry_destroys`] (the failure itself is recorded by the caller
     /// with [`Context::record_drop_error`]).
     pub(crate) fn keep_doomed(&self, handle: Doomed) {
-        doomed::put(self.key(), handle);
+        doomed::put(self.key(), Kept::new(handle));
     }
 
     /// The key of what is kept for a retry: the raw handle and the id the
@@ -269,7 +277,7 @@ impl Context {
             ?orphan,
             "memory the driver would not take back is kept by its context and released again later"
         );
-        doomed::put(self.key(), Doomed::Orphan(orphan));
+        doomed::put(self.key(), Kept::new(Doomed::Orphan(orphan)));
     }
 
     /// Streams, events and handed-over memory ([`Context::free_later`]) whose
@@ -289,31 +297,34 @@ impl Context {
     /// were dropped (a lost context, say), and releases the memory handed over
     /// with [`Context::free_later`], instead of leaking them: those that fail
     /// again stay for the next try and the first failure is returned (the drop
-    /// already recorded the original one). Called by [`Context::synchronize`]
-    /// and the managers' trims (`release_cached`); one atomic load when there
-    /// is nothing to retry. Not where work may be being captured into a graph:
-    /// `cuMemFree` synchronizes the device.
+    /// already recorded the original one). [`Context::synchronize`] retries the
+    /// same way but returns each handle's refusal once, and the managers' trims
+    /// (`release_cached`) log them; one atomic load when there is nothing to
+    /// retry. Not where work may be being captured into a graph: `cuMemFree`
+    /// synchronizes the device.
     pub fn retry_destroys(&self) -> Result<()> {
-        self.retry(Which::All)
+        self.retry(Which::All, Report::Every)
     }
 
     /// [`Context::retry_destroys`] for a manager's trim (`release_cached`):
     /// a refusal again is logged, not returned (the first one was recorded
     /// when it happened, and the trim's own result is about its own memory).
     pub fn retry_destroys_in_trim(&self) {
-        if let Err(e) = self.retry_destroys() {
-            tracing::debug!(error = %e, "releasing what the driver refused earlier failed again; kept for the next try");
+        if let Err(e) = self.retry(Which::All, Report::Never) {
+            tracing::debug!(error = %e, "retrying what the driver refused earlier failed; kept for the next try");
         }
     }
 
     /// Destroys again the streams and events only (see
-    /// [`Context::retry_destroys`]): what their creation does, which may run
-    /// during a graph capture.
-    pub(crate) fn retry_handles(&self) -> Result<()> {
-        self.retry(Which::Handles)
+    /// [`Context::retry_destroys`]), logging a refusal: what their creation
+    /// does, which may run during a graph capture.
+    pub(crate) fn retry_handles(&self) {
+        if let Err(e) = self.retry(Which::Handles, Report::Never) {
+            tracing::debug!(error = %e, "retrying the destruction of streams and events failed; kept for the next try");
+        }
     }
 
-    fn retry(&self, which: Which) -> Result<()> {
+    fn retry(&self, which: Which, report: Report) -> Result<()> {
         if !doomed::any() {
             return Ok(());
         }
@@ -342,14 +353,24 @@ impl Context {
             }
         };
         let mut first = None;
-        for (d, r) in doomed::destroy(self.inner.drv, doomed) {
+        for (mut k, r) in doomed::destroy(self.inner.drv, doomed) {
             match r {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
-                    doomed::put(key, d);
-                    first.get_or_insert(e);
+                    let returned = match report {
+                        Report::Once => !k.reported,
+                        Report::Every => true,
+                        Report::Never => false,
+                    };
+                    if returned {
+                        k.reported = true;
+                        first.get_or_insert(e);
+                    } else {
+                        tracing::debug!(error = %e, handle = ?k.what, "releasing a kept handle was refused again; kept for the next try");
+                    }
+                    doomed::put(key, k);
                 }
-                None => doomed::put(key, d),
+                None => doomed::put(key, k),
             }
         }
         first.map_or(Ok(()), Err)

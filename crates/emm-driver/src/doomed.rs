@@ -109,6 +109,28 @@ impl Doomed {
     }
 }
 
+/// A [`Doomed`] handle on the list, and whether a refusal of its retry was
+/// returned to a caller already.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kept {
+    /// The handle.
+    pub(crate) what: Doomed,
+    /// A refusal of a retry of it was returned already:
+    /// [`crate::Context::synchronize`] returns one per handle, not one at every
+    /// call while the driver keeps refusing.
+    pub(crate) reported: bool,
+}
+
+impl Kept {
+    /// `what`, no refusal of it returned yet.
+    pub(crate) fn new(what: Doomed) -> Kept {
+        Kept {
+            what,
+            reported: false,
+        }
+    }
+}
+
 /// Every context's doomed handles, by raw handle and the context id its
 /// retain read (`cuCtxGetId`; 0 where the driver has none, [`UNKNOWN_ID`]
 /// where the call failed): a stream, event or piece of memory is retried by
@@ -120,7 +142,7 @@ impl Doomed {
 /// keeps its handle but gets a new id: what was kept for the old one went
 /// with it, and is dropped, never freed in the new one (whose memory may sit
 /// at the same addresses).
-static DOOMED: Mutex<Vec<(Key, Doomed)>> = Mutex::new(Vec::new());
+static DOOMED: Mutex<Vec<(Key, Kept)>> = Mutex::new(Vec::new());
 /// `DOOMED` holds something: one atomic load on the paths that retry.
 static HAS_DOOMED: AtomicBool = AtomicBool::new(false);
 /// emm's retains of each raw context (`crate::Context::primary`), so that only
@@ -157,6 +179,19 @@ pub(crate) enum Which {
     All,
 }
 
+/// Which refusals of a retry are returned to its caller (the others are
+/// logged at debug level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// The first of those of handles not reported before ([`Kept::reported`]).
+    Once,
+    /// The first of all.
+    Every,
+    /// None: the caller has no use for them (a trim, a stream's creation),
+    /// and the handles stay unreported for a caller that does.
+    Never,
+}
+
 impl Doomed {
     fn taken_by(&self, which: Which) -> bool {
         which == Which::All || !matches!(self, Doomed::Orphan(_))
@@ -176,7 +211,7 @@ pub(crate) fn any() -> bool {
 /// Takes the doomed handles of `key` (`key.id`: the context's id now) that
 /// `which` names out of [`DOOMED`]; those of the same raw context under
 /// another id (it was reset since, or its id was unknown) are dropped, logged.
-pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
+pub(crate) fn take(key: Key, which: Which) -> Vec<Kept> {
     if !any() {
         return Vec::new();
     }
@@ -191,7 +226,7 @@ pub(crate) fn take(key: Key, which: Which) -> Vec<Doomed> {
             stale += 1;
             return false;
         }
-        if d.taken_by(which) {
+        if d.what.taken_by(which) {
             mine.push(d);
             return false;
         }
@@ -219,7 +254,7 @@ pub(crate) fn forget(raw: CUcontext) -> usize {
 }
 
 /// Puts `handle` of `key` on [`DOOMED`].
-pub(crate) fn put(key: Key, handle: Doomed) {
+pub(crate) fn put(key: Key, handle: Kept) {
     let mut list = DOOMED.lock().unwrap_or_else(|p| p.into_inner());
     list.push((key, handle));
     HAS_DOOMED.store(true, Ordering::Release);
@@ -235,7 +270,7 @@ pub(crate) fn count(raw: CUcontext) -> (usize, usize) {
         .iter()
         .filter(|(k, _)| k.raw == raw)
         .fold((0, 0), |(n, b), (_, d)| {
-            let bytes = match d {
+            let bytes = match d.what {
                 Doomed::Orphan(o) => o.bytes(),
                 _ => 0,
             };
@@ -275,19 +310,20 @@ pub(crate) fn released(raw: CUcontext) -> bool {
 /// freed (the driver would refuse it): it comes back as not attempted (`None`).
 pub(crate) fn destroy(
     drv: &'static Driver,
-    mut handles: Vec<Doomed>,
-) -> Vec<(Doomed, Option<Result<()>>)> {
-    handles.sort_by_key(Doomed::phase);
+    mut handles: Vec<Kept>,
+) -> Vec<(Kept, Option<Result<()>>)> {
+    handles.sort_by_key(|k| k.what.phase());
     let mut stuck_mappings: Vec<(CUdeviceptr, usize)> = Vec::new();
     let mut out = Vec::with_capacity(handles.len());
-    for d in handles {
+    for k in handles {
+        let d = k.what;
         if let Doomed::Orphan(Orphan::Reservation { addr, size }) = d {
             let end = addr.saturating_add(size as u64);
             if stuck_mappings
                 .iter()
                 .any(|&(m, _)| (addr..end).contains(&m))
             {
-                out.push((d, None));
+                out.push((k, None));
                 continue;
             }
         }
@@ -295,7 +331,7 @@ pub(crate) fn destroy(
         if let (Doomed::Orphan(Orphan::Mapping { addr, len }), Err(_)) = (d, &r) {
             stuck_mappings.push((addr, len));
         }
-        out.push((d, Some(r)));
+        out.push((k, Some(r)));
     }
     out
 }

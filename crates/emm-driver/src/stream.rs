@@ -30,7 +30,7 @@ impl Stream {
         let _g = ctx.push()?;
         // Streams whose destruction failed earlier go first (a failure again is
         // not this call's: they stay for the next try).
-        let _ = ctx.retry_handles();
+        ctx.retry_handles();
         let drv = ctx.driver();
         let mut raw = CUstream::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.
@@ -160,7 +160,7 @@ impl Event {
         let _g = ctx.push()?;
         // Events and streams whose destruction failed earlier go first (a
         // failure again is not this call's: they stay for the next try).
-        let _ = ctx.retry_handles();
+        ctx.retry_handles();
         let drv = ctx.driver();
         let mut raw = CUevent::NULL;
         // SAFETY: the context is current; `raw` is a valid out-pointer.

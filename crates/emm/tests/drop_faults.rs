@@ -201,6 +201,13 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
         before.live.reservations + 1,
         "the reservation is still held"
     );
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        address_frees(),
+        tried,
+        "the second retry tries no cuMemAddressFree either"
+    );
+    assert_eq!(f.ctx.doomed_handles(), waiting, "both still wait");
     f.s.reset().unwrap();
     f.ctx.synchronize().unwrap();
     assert_eq!(f.ctx.doomed_handles(), 0);
@@ -328,4 +335,50 @@ fn what_a_retain_of_unknown_id_hands_over_is_never_freed() {
     f.s.reset().unwrap();
     let _ = ctx.take_deferred_errors();
     assert_dropped_unfreed(&f, &ctx, ptr, "not freed under an unknown id");
+}
+
+/// A piece the driver keeps refusing fails one synchronize, not every later
+/// one: it stays kept and retried, [`Context::retry_destroys`] still returns
+/// its refusal, and a trim's retry (whose refusal nobody sees) does not use up
+/// that one report. Before, every synchronize returned the same refusal for as
+/// long as the driver refused.
+#[test]
+fn a_lasting_refusal_fails_one_synchronize_not_every_one() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let m = manager("default", &f.ctx);
+    drop(m.memalloc(MIB).unwrap());
+    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(m);
+    let waiting = f.ctx.doomed_handles();
+    assert!(waiting > 0, "the refused free was handed over");
+    let _ = f.ctx.take_deferred_errors();
+    let frees = || f.s.control("calls cuMemFree_v2").unwrap();
+    let other = manager("pool", &f.ctx);
+    let tried = frees();
+    other.release_cached().unwrap();
+    assert!(frees() > tried, "the trim retried it");
+    let tried = frees();
+    assert!(
+        f.ctx.synchronize().is_err(),
+        "the first synchronize after the trim returns the refusal"
+    );
+    assert!(frees() > tried, "the synchronize retried it");
+    for _ in 0..3 {
+        let tried = frees();
+        f.ctx.synchronize().unwrap();
+        assert!(frees() > tried, "every synchronize retries it");
+    }
+    assert_eq!(f.ctx.doomed_handles(), waiting, "still kept");
+    assert!(
+        f.ctx.retry_destroys().is_err(),
+        "an explicit retry returns the refusal"
+    );
+    f.s.reset().unwrap();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0);
+    drop(other);
+    let _ = f.ctx.take_deferred_errors();
+    assert_eq!(snapshot(&f.s), before, "everything went back");
 }
