@@ -12,6 +12,7 @@ mod common;
 use common::managers::{manager, MANAGERS};
 use common::{fixture, snapshot, Fixture, Snapshot};
 
+use emm::driver::Orphan;
 use emm::{Context, EmmError, MemoryManager};
 use emm_core::{HostAllocFlags, ManagedAttach};
 
@@ -381,4 +382,57 @@ fn a_lasting_refusal_fails_one_synchronize_not_every_one() {
     drop(other);
     let _ = f.ctx.take_deferred_errors();
     assert_eq!(snapshot(&f.s), before, "everything went back");
+}
+
+/// Memory handed over out of its release order (the reservation first, then
+/// the handle, then the mapping inside it) is released in one retry: the
+/// mapping is undone before the handle is released and the reservation freed.
+/// Without that order the reservation's free is refused (a mapping inside it)
+/// and waits for a second retry, and the first synchronize fails.
+#[test]
+fn memory_handed_over_out_of_order_is_released_in_order() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    let drv = emm_sys::driver().unwrap();
+    let len = 2 * MIB;
+    f.ctx.set_current().unwrap();
+    let (mut addr, mut h) = (0, 0);
+    let prop = emm_sys::CUmemAllocationProp {
+        type_: emm_sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        location: emm_sys::CUmemLocation {
+            type_: emm_sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        ..Default::default()
+    };
+    let desc = emm_sys::CUmemAccessDesc {
+        location: prop.location,
+        flags: emm_sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: valid out-pointers and descriptors; the range is reserved, then
+    // mapped once with the handle made for it.
+    unsafe {
+        assert!((drv.mem_address_reserve.unwrap())(&mut addr, len, 0, 0, 0).is_success());
+        assert!((drv.mem_create.unwrap())(&mut h, len, &prop, 0).is_success());
+        assert!((drv.mem_map.unwrap())(addr, len, 0, h, 0).is_success());
+        assert!((drv.mem_set_access.unwrap())(addr, len, &desc, 1).is_success());
+    }
+    assert_ne!(snapshot(&f.s), before);
+    // SAFETY: each is live in this context, handed over once, and nobody uses
+    // it again.
+    unsafe {
+        f.ctx.free_later(Orphan::Reservation { addr, size: len });
+        f.ctx.free_later(Orphan::Handle(h));
+        f.ctx.free_later(Orphan::Mapping { addr, len });
+    }
+    let address_frees = || f.s.control("calls cuMemAddressFree").unwrap();
+    let tried = address_frees();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0, "all three released at once");
+    assert_eq!(
+        address_frees(),
+        tried + 1,
+        "one cuMemAddressFree, not refused"
+    );
+    assert_eq!(snapshot(&f.s), before, "nothing left, no invalid free");
 }
