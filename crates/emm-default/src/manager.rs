@@ -440,7 +440,7 @@ impl<U: Upstream + 'static> MemoryManager for DefaultManager<U> {
         // taken out of the manager: a failure then leaves every block where it
         // was (taken first, they were lost: neither freed nor tracked).
         if let Some(ctx) = &self.ctx {
-            ctx.synchronize()?;
+            ctx.synchronize_for_manager()?;
         }
         let blocks = {
             let mut s = self.inner.lock();

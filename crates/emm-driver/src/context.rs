@@ -230,18 +230,40 @@ impl Context {
     /// events whose destruction failed in a drop and releases the memory handed
     /// over with [`Context::free_later`] (see [`Context::retry_destroys`]).
     ///
-    /// A retry the driver refuses is returned once for each handle: while the
-    /// driver keeps refusing the same one, later calls log it (debug level)
-    /// and keep it for the next try, so that one piece the driver will not take
-    /// back does not fail every later synchronize. [`Context::retry_destroys`]
-    /// returns every refusal.
+    /// A retry the driver refuses is returned once for each handle, one handle
+    /// a call: while the driver keeps refusing one already returned, later
+    /// calls log it (debug level) and keep it for the next try, so that one
+    /// piece the driver will not take back does not fail every later
+    /// synchronize. [`Context::retry_destroys`] returns a refusal whether
+    /// returned before or not.
     pub fn synchronize(&self) -> Result<()> {
+        self.synchronize_then_retry(Report::Once)
+    }
+
+    /// [`Context::synchronize`] as a memory manager's own wait (a trim, a
+    /// reset, a graph pool's reclaim, before it frees its memory): the errors
+    /// recorded in drops are returned as there, but a refused retry is logged,
+    /// not returned: it is not the manager's, and it stays unreported for the
+    /// caller's own synchronize.
+    pub fn synchronize_for_manager(&self) -> Result<()> {
+        self.synchronize_then_retry(Report::Never)
+    }
+
+    fn synchronize_then_retry(&self, report: Report) -> Result<()> {
         self.check_deferred()?;
-        let _g = self.push()?;
-        let drv = self.inner.drv;
-        // SAFETY: the context is current.
-        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })?;
-        self.retry(Which::All, Report::Once)
+        {
+            let _g = self.push()?;
+            let drv = self.inner.drv;
+            // SAFETY: the context is current.
+            check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })?;
+        }
+        match self.retry(Which::All, report) {
+            Err(e) if report == Report::Never => {
+                tracing::debug!(error = %e, "retrying what the driver refused earlier failed; kept for the next try");
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// Keeps a stream or event whose destruction just failed in a drop, for
@@ -296,12 +318,14 @@ impl Context {
     /// Destroys again the streams and events whose destruction failed when they
     /// were dropped (a lost context, say), and releases the memory handed over
     /// with [`Context::free_later`], instead of leaking them: those that fail
-    /// again stay for the next try and the first failure is returned (the drop
-    /// already recorded the original one). [`Context::synchronize`] retries the
-    /// same way but returns each handle's refusal once, and the managers' trims
-    /// (`release_cached`) log them; one atomic load when there is nothing to
-    /// retry. Not where work may be being captured into a graph: `cuMemFree`
-    /// synchronizes the device.
+    /// again stay for the next try and the first failure among those it tried
+    /// is returned (the drop already recorded the original one; what another
+    /// thread's retry holds at that moment is not tried here).
+    /// [`Context::synchronize`] retries the same way but returns a handle's
+    /// refusal once (one a call), and the managers' trims, resets and waits
+    /// ([`Context::synchronize_for_manager`]) log them; one atomic load when
+    /// there is nothing to retry. Not where work may be being captured into a
+    /// graph: `cuMemFree` synchronizes the device.
     pub fn retry_destroys(&self) -> Result<()> {
         self.retry(Which::All, Report::Every)
     }
@@ -362,9 +386,11 @@ impl Context {
                         Report::Every => true,
                         Report::Never => false,
                     };
-                    if returned {
+                    if returned && first.is_none() {
+                        // Only the refusal returned counts as reported: the
+                        // others wait for the next call to return theirs.
                         k.reported = true;
-                        first.get_or_insert(e);
+                        first = Some(e);
                     } else {
                         tracing::debug!(error = %e, handle = ?k.what, "releasing a kept handle was refused again; kept for the next try");
                     }

@@ -366,9 +366,9 @@ impl HostOnlyManager {
     /// in the pool. While it lasts, their error is returned
     /// ([`EmmError::FreeFailed`]) and they are kept for the next call.
     pub fn trim(&self, keep: usize) -> Result<u64> {
-        self.inner.ctx.synchronize()?;
+        self.inner.ctx.synchronize_for_manager()?;
         if self.inner.retry_failed()? > 0 {
-            self.inner.ctx.synchronize()?; // the frees just queued, done
+            self.inner.ctx.synchronize_for_manager()?; // the frees just queued, done
         }
         let before = self.inner.pool.attribute(Attr::RESERVED_MEM_CURRENT)?;
         self.inner.pool.trim_to(keep)?;
@@ -516,7 +516,7 @@ impl MemoryManager for HostOnlyManager {
         // ones, for the next trim.
         let mut blocks = live;
         blocks.append(&mut self.inner.failed());
-        if let Err(e) = self.inner.ctx.synchronize() {
+        if let Err(e) = self.inner.ctx.synchronize_for_manager() {
             self.inner.failed().extend(blocks);
             return Err(e.into());
         }

@@ -288,7 +288,7 @@ impl GraphPool {
             return Ok(0);
         }
         if let Some(ctx) = self.upstream.context() {
-            ctx.synchronize()?;
+            ctx.synchronize_for_manager()?;
         }
         let mut freed = 0;
         let mut first_error = None;

@@ -196,6 +196,12 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
         tried,
         "no cuMemAddressFree with a mapping inside"
     );
+    // Each mapping's refusal is returned once, one a call.
+    let mut refusals = 1;
+    while f.ctx.synchronize().is_err() {
+        refusals += 1;
+        assert!(refusals < waiting, "at most one refusal a mapping");
+    }
     assert_eq!(f.ctx.doomed_handles(), waiting, "both still wait");
     assert_eq!(
         f.s.live().unwrap().reservations,
@@ -206,7 +212,7 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
     assert_eq!(
         address_frees(),
         tried,
-        "the second retry tries no cuMemAddressFree either"
+        "the later retries try no cuMemAddressFree either"
     );
     assert_eq!(f.ctx.doomed_handles(), waiting, "both still wait");
     f.s.reset().unwrap();
@@ -435,4 +441,43 @@ fn memory_handed_over_out_of_order_is_released_in_order() {
         "one cuMemAddressFree, not refused"
     );
     assert_eq!(snapshot(&f.s), before, "nothing left, no invalid free");
+}
+
+/// Two handles the driver keeps refusing: each synchronize returns one
+/// refusal not returned before, so both are reported, one a call, before
+/// synchronize succeeds while they stay kept; a stream's creation (which
+/// retries streams quietly) and a manager's trim, reset or wait use up no
+/// report. Found by review: the first version marked every refused handle
+/// reported while returning only the first refusal, and the hostonly
+/// manager's trim, whose wait is a synchronize, used up the report.
+#[test]
+fn each_lasting_refusal_is_returned_once_by_synchronize() {
+    let f = fixture();
+    let before = snapshot(&f.s);
+    f.s.control("fail_always cuStreamDestroy_v2 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    for _ in 0..2 {
+        drop(emm::Stream::new(&f.ctx).unwrap());
+        // The drop's own error, recorded for the next call.
+        assert_eq!(f.ctx.take_deferred_errors().len(), 1);
+    }
+    assert_eq!(f.ctx.doomed_handles(), 2, "both streams kept");
+    // Quiet retries: a stream's creation and a hostonly manager's trim.
+    let s = emm::Stream::new(&f.ctx).unwrap();
+    let hostonly = manager("hostonly", &f.ctx);
+    hostonly.release_cached().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 2, "still kept");
+    let destroys = || f.s.control("calls cuStreamDestroy_v2").unwrap();
+    let tried = destroys();
+    assert!(f.ctx.synchronize().is_err(), "the first stream's refusal");
+    assert!(f.ctx.synchronize().is_err(), "the second stream's refusal");
+    f.ctx.synchronize().unwrap();
+    assert_eq!(destroys(), tried + 6, "each synchronize retried both");
+    assert_eq!(f.ctx.doomed_handles(), 2, "both still kept");
+    f.s.reset().unwrap();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0);
+    drop((s, hostonly));
+    let _ = f.ctx.take_deferred_errors();
+    assert_eq!(snapshot(&f.s), before, "everything went back");
 }
