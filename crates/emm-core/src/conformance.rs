@@ -408,7 +408,7 @@ fn managed_round_trip(ctx: &Context, a: &ManagedMemory, seed: u64) -> Result<(),
     let data = pattern(seed, n);
     // The host must not touch managed memory while a kernel runs on a device
     // without concurrent managed access: nothing of ours runs after this.
-    ctx.synchronize().map_err(e2s)?;
+    ctx.synchronize_keeping_deferred().map_err(e2s)?;
     // SAFETY: the manager gave `n` bytes that the host may write (synchronized).
     unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), a.host_ptr(), n) };
     let mut back = vec![0u8; n];
@@ -421,7 +421,7 @@ fn managed_round_trip(ctx: &Context, a: &ManagedMemory, seed: u64) -> Result<(),
     }
     // SAFETY: as above.
     unsafe { memory::memset_d8(ctx, a.ptr(), 0xC3, n) }.map_err(e2s)?;
-    ctx.synchronize().map_err(e2s)?;
+    ctx.synchronize_keeping_deferred().map_err(e2s)?;
     // SAFETY: `n` bytes the host may read now (synchronized).
     let host = unsafe { core::slice::from_raw_parts(a.host_ptr(), n) };
     match host.iter().position(|&b| b != 0xC3) {

@@ -257,13 +257,10 @@ impl Context {
             // SAFETY: the context is current.
             check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })?;
         }
-        match self.retry(Which::All, report) {
-            Err(e) if report == Report::Never => {
-                tracing::debug!(error = %e, "retrying what the driver refused earlier failed; kept for the next try");
-                Ok(())
-            }
-            r => r,
-        }
+        // With `Report::Never` only a failure to make the context current or
+        // to read its id comes back: the manager's to report, as it would be
+        // of its own next call.
+        self.retry(Which::All, report)
     }
 
     /// Keeps a stream or event whose destruction just failed in a drop, for
@@ -331,8 +328,11 @@ impl Context {
     }
 
     /// [`Context::retry_destroys`] for a manager's trim (`release_cached`):
-    /// a refusal again is logged, not returned (the first one was recorded
-    /// when it happened, and the trim's own result is about its own memory).
+    /// a refusal again is logged (debug level), not returned: the trim's own
+    /// result is about its own memory, the first refusal was reported when its
+    /// owner handed the handle over (recorded on the context for its next call,
+    /// or logged at error level where the owner's drop had no caller to tell),
+    /// and the next [`Context::synchronize`] returns it once more.
     pub fn retry_destroys_in_trim(&self) {
         if let Err(e) = self.retry(Which::All, Report::Never) {
             tracing::debug!(error = %e, "retrying what the driver refused earlier failed; kept for the next try");

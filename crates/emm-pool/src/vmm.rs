@@ -620,8 +620,8 @@ impl Drop for DriverVmm {
             }
         };
         // What the driver refuses is handed to the context, which releases it
-        // again later (its next synchronize, stream or allocation, or its
-        // release) instead of leaking it with this pool.
+        // again later (its next synchronize or a manager's trim, or emm's last
+        // retain of it) instead of leaking it with this pool.
         // SAFETY (of each `free_later` below): the mapping, handle or
         // reservation is live in this context (its release was just refused),
         // handed over once, and this pool, its only user, is going.
