@@ -334,17 +334,22 @@ impl Context {
     /// or logged at error level where the owner's drop had no caller to tell),
     /// and the next [`Context::synchronize`] returns it once more.
     pub fn retry_destroys_in_trim(&self) {
-        if let Err(e) = self.retry(Which::All, Report::Never) {
-            tracing::debug!(error = %e, "retrying what the driver refused earlier failed; kept for the next try");
-        }
+        self.retry_quietly(Which::All);
     }
 
     /// Destroys again the streams and events only (see
     /// [`Context::retry_destroys`]), logging a refusal: what their creation
     /// does, which may run during a graph capture.
     pub(crate) fn retry_handles(&self) {
-        if let Err(e) = self.retry(Which::Handles, Report::Never) {
-            tracing::debug!(error = %e, "retrying the destruction of streams and events failed; kept for the next try");
+        self.retry_quietly(Which::Handles);
+    }
+
+    /// A retry whose caller has no use for its outcome: nothing returned, every
+    /// refusal logged and left unreported (`Report::Never`), as is a failure to
+    /// make the context current or read its id.
+    fn retry_quietly(&self, which: Which) {
+        if let Err(e) = self.retry(which, Report::Never) {
+            tracing::debug!(error = %e, ?which, "retrying what the driver refused earlier failed; kept for the next try");
         }
     }
 

@@ -229,13 +229,8 @@ fn a_reservation_is_freed_only_after_the_mapping_inside_it() {
 fn another_retain_going_keeps_what_was_handed_over() {
     let f = fixture();
     let before = snapshot(&f.s);
-    let m = manager("default", &f.ctx);
-    drop(m.memalloc(MIB).unwrap());
-    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
-        .unwrap();
-    drop(m);
+    default_refused_at_drop(&f, &f.ctx, "CUDA_ERROR_UNKNOWN");
     let waiting = f.ctx.doomed_handles();
-    assert!(waiting > 0);
     drop(Context::on_device(0).unwrap());
     assert_eq!(f.ctx.doomed_handles(), waiting, "still kept");
     f.s.reset().unwrap();
@@ -252,6 +247,17 @@ fn default_with_a_queued_free(ctx: &Context) -> (Box<dyn MemoryManager>, u64) {
     let ptr = a.ptr();
     drop(a);
     (m, ptr)
+}
+
+/// [`default_with_a_queued_free`], dropped while `cuMemFree_v2` fails with
+/// `code`: the refused free waits on the context (checked); its address.
+fn default_refused_at_drop(f: &Fixture, ctx: &Context, code: &str) -> u64 {
+    let (m, ptr) = default_with_a_queued_free(ctx);
+    f.s.control(&format!("fail_always cuMemFree_v2 {code}"))
+        .unwrap();
+    drop(m);
+    assert!(ctx.doomed_handles() > 0, "the refused free was handed over");
+    ptr
 }
 
 /// The next synchronize of `ctx` frees nothing (`cuMemFree_v2` not called)
@@ -274,11 +280,7 @@ fn assert_dropped_unfreed(f: &Fixture, ctx: &Context, ptr: u64, what: &str) {
 #[test]
 fn a_context_reset_drops_what_was_kept_for_the_old_context_unfreed() {
     let f = fixture();
-    let (m, ptr) = default_with_a_queued_free(&f.ctx);
-    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
-        .unwrap();
-    drop(m);
-    assert!(f.ctx.doomed_handles() > 0);
+    let ptr = default_refused_at_drop(&f, &f.ctx, "CUDA_ERROR_UNKNOWN");
     f.s.reset().unwrap();
     let _ = f.ctx.take_deferred_errors();
     f.s.control("reset_primary 0").unwrap();
@@ -292,14 +294,9 @@ fn a_trim_releases_what_another_manager_handed_over() {
     let f = fixture();
     let before = snapshot(&f.s);
     for name in MANAGERS {
-        let m = manager("default", &f.ctx);
-        drop(m.memalloc(MIB).unwrap());
-        f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
-            .unwrap();
-        drop(m);
+        default_refused_at_drop(&f, &f.ctx, "CUDA_ERROR_UNKNOWN");
         f.s.reset().unwrap();
         let _ = f.ctx.take_deferred_errors();
-        assert!(f.ctx.doomed_handles() > 0, "{name}");
         let other = manager(name, &f.ctx);
         other.release_cached().unwrap();
         assert_eq!(f.ctx.doomed_handles(), 0, "{name}: its trim released it");
@@ -334,10 +331,7 @@ fn what_a_retain_of_unknown_id_hands_over_is_never_freed() {
     f.s.control("fail cuCtxGetId 1 CUDA_ERROR_UNKNOWN").unwrap();
     let ctx = Context::on_device(0).unwrap();
     f.s.reset().unwrap();
-    let (m, ptr) = default_with_a_queued_free(&ctx);
-    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
-        .unwrap();
-    drop(m);
+    let ptr = default_refused_at_drop(&f, &ctx, "CUDA_ERROR_UNKNOWN");
     f.s.reset().unwrap();
     let _ = ctx.take_deferred_errors();
     assert_dropped_unfreed(&f, &ctx, ptr, "not freed under an unknown id");
@@ -352,13 +346,8 @@ fn what_a_retain_of_unknown_id_hands_over_is_never_freed() {
 fn a_lasting_refusal_fails_one_synchronize_not_every_one() {
     let f = fixture();
     let before = snapshot(&f.s);
-    let m = manager("default", &f.ctx);
-    drop(m.memalloc(MIB).unwrap());
-    f.s.control("fail_always cuMemFree_v2 CUDA_ERROR_UNKNOWN")
-        .unwrap();
-    drop(m);
+    default_refused_at_drop(&f, &f.ctx, "CUDA_ERROR_UNKNOWN");
     let waiting = f.ctx.doomed_handles();
-    assert!(waiting > 0, "the refused free was handed over");
     let _ = f.ctx.take_deferred_errors();
     let frees = || f.s.control("calls cuMemFree_v2").unwrap();
     let other = manager("pool", &f.ctx);
