@@ -166,7 +166,9 @@ def _package_libraries(here: pathlib.Path) -> List[pathlib.Path]:
 def _candidates() -> Iterator[pathlib.Path]:
     env = os.environ.get("EMM_LIBRARY")
     if env:
-        yield pathlib.Path(env)
+        # Absolute, so that the loader opens this file and not a library of the
+        # same name on its search path (nor another after a chdir).
+        yield pathlib.Path(env).resolve()
         return
     here = pathlib.Path(__file__).resolve().parent
     found = _package_libraries(here)
@@ -416,6 +418,14 @@ def _check(lib: ctypes.CDLL, status: int) -> None:
     """Raises the failure that ``status`` reports (nothing for ``EMM_OK``)."""
     if status != EMM_OK:
         _raise_last(lib, status)
+
+
+def _check_and_emit(lib: ctypes.CDLL, status: int) -> None:
+    """:func:`_check`, then the library's queued warnings raised
+    (:func:`emit_warnings`): for every call of these bindings but the
+    allocation paths (``alloc``, ``free`` and the like), which stay one C call."""
+    _check(lib, status)
+    emit_warnings(lib, stacklevel=4)
 
 
 class Setting(NamedTuple):
@@ -730,14 +740,14 @@ class Manager(_Owner):
         """``(free, total)`` bytes of the device."""
         h = self._handle()
         f, t = ctypes.c_size_t(), ctypes.c_size_t()
-        _check(self._lib, self._lib.emm_memory_info(h, ctypes.byref(f), ctypes.byref(t)))
+        _check_and_emit(self._lib, self._lib.emm_memory_info(h, ctypes.byref(f), ctypes.byref(t)))
         return f.value, t.value
 
     def stats(self) -> Dict[str, int]:
         """The manager's statistics (PyTorch's names where they fit)."""
         h = self._handle()
         s = _Stats()
-        _check(self._lib, self._lib.emm_get_stats(h, ctypes.byref(s)))
+        _check_and_emit(self._lib, self._lib.emm_get_stats(h, ctypes.byref(s)))
         return {n: getattr(s, n) for n, _ in _Stats._fields_}
 
     def report(self) -> str:
@@ -745,14 +755,21 @@ class Manager(_Owner):
         h = self._handle()
         n = ctypes.c_size_t()
         _check(self._lib, self._lib.emm_manager_report(h, None, 0, ctypes.byref(n)))
-        buf = ctypes.create_string_buffer(n.value + 1)
-        _check(self._lib, self._lib.emm_manager_report(h, buf, n.value + 1, None))
-        return buf.value.decode("utf-8", "replace")
+        # Counters may gain digits between the two calls (other threads work on):
+        # asked again with room to spare until the whole line fits.
+        cap = n.value + 64
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            _check(self._lib, self._lib.emm_manager_report(h, buf, cap, ctypes.byref(n)))
+            if n.value < cap:
+                emit_warnings(self._lib)
+                return buf.value.decode("utf-8", "replace")
+            cap = n.value + 64
 
     def _json(self, fn: str) -> Any:
         h = self._handle()
         out, n = ctypes.c_void_p(), ctypes.c_size_t()
-        _check(self._lib, getattr(self._lib, fn)(h, ctypes.byref(out), ctypes.byref(n)))
+        _check_and_emit(self._lib, getattr(self._lib, fn)(h, ctypes.byref(out), ctypes.byref(n)))
         try:
             text = ctypes.string_at(out.value, n.value).decode("utf-8")
         finally:
@@ -770,14 +787,14 @@ class Manager(_Owner):
     def reset_peak_stats(self) -> None:
         """Sets every peak counter to its current value."""
         h = self._handle()
-        _check(self._lib, self._lib.emm_reset_peak_stats(h))
+        _check_and_emit(self._lib, self._lib.emm_reset_peak_stats(h))
 
     def record_history(self, max_entries: int) -> None:
         """Records the allocation history in a ring of the latest ``max_entries``
         entries (0: stop and drop it)."""
         max_entries = check_uint(max_entries, "max_entries", SIZE_MAX)
         h = self._handle()
-        _check(self._lib, self._lib.emm_record_memory_history(h, max_entries))
+        _check_and_emit(self._lib, self._lib.emm_record_memory_history(h, max_entries))
 
     def snapshot(self) -> Dict[str, Any]:
         """Segments, blocks, the recorded history and the counters, as emm's JSON
@@ -812,11 +829,14 @@ class Manager(_Owner):
             raise TypeError(f"handle must be bytes, not {type(handle).__name__}")
         h = self._handle()
         out = ctypes.c_uint64()
-        _check(self._lib, self._lib.emm_ipc_open(h, bytes(handle), len(handle), ctypes.byref(out)))
+        _check_and_emit(self._lib, self._lib.emm_ipc_open(h, bytes(handle), len(handle), ctypes.byref(out)))
         return out.value
 
     def ipc_close(self, ptr: int) -> None:
-        """Closes memory opened by :meth:`ipc_open` of this handle."""
+        """Closes memory opened by :meth:`ipc_open` of this handle: one close for
+        each open (a driver may give every open of a handle one address). A
+        close the driver refuses raises and leaves the memory open, to be closed
+        again."""
         ptr = check_uint(ptr, "ptr", U64_MAX)
         h = self._handle()
-        _check(self._lib, self._lib.emm_ipc_close(h, ptr))
+        _check_and_emit(self._lib, self._lib.emm_ipc_close(h, ptr))

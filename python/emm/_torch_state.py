@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, List
 
-from ._lib import Manager
+from ._lib import INT_MAX, Manager, check_uint
 
 # The process's manager handle of each device, made on first use by :func:`manager`.
 MANAGERS: Dict[int, Manager] = {}
@@ -18,16 +18,25 @@ MANAGERS: Dict[int, Manager] = {}
 
 def device_index(device: Any = None) -> int:
     """An ordinal from ``None`` (PyTorch's current device, else 0), an int, a
-    ``torch.device`` or a string such as ``"cuda:1"``."""
+    ``torch.device`` or a string such as ``"cuda:1"``. An ordinal that is not an
+    integer in ``0..=INT_MAX`` raises (``TypeError``, ``ValueError`` or
+    ``OverflowError``) before it reaches C, where it would wrap."""
     if device is None:
         torch = sys.modules.get("torch")
         return int(torch.cuda.current_device()) if torch is not None else 0
     if isinstance(device, str):
-        return int(device.split(":", 1)[1]) if ":" in device else device_index(None)
-    index = getattr(device, "index", device)
-    if index is None:
-        return device_index(None)
-    return int(index)
+        if ":" not in device:
+            return device_index(None)
+        text = device.split(":", 1)[1]
+        try:
+            index: Any = int(text)
+        except ValueError:
+            raise ValueError(f"device {device!r} names no ordinal after ':'") from None
+    else:
+        index = getattr(device, "index", device)
+        if index is None:
+            return device_index(None)
+    return check_uint(index, "device", INT_MAX)
 
 
 def manager(device: Any = None) -> Manager:

@@ -200,12 +200,13 @@ class EmmIpcHandle(IpcHandle):
     open_staged = open
 
     def close(self) -> None:
-        """Unmaps what :meth:`open` mapped."""
+        """Unmaps what :meth:`open` mapped. A close the driver refuses raises and
+        leaves the handle open, to be closed again."""
         if self._emm_opened is None:
             raise ValueError("IpcHandle not opened")
         emm, ptr = self._emm_opened
-        self._emm_opened = None
         emm.ipc_close(ptr)
+        self._emm_opened = None
 
     def __reduce__(self) -> Any:
         return (_rebuild_emm_ipc_handle, (self.emm_handle, self.size, self.source_info, self.offset))

@@ -198,15 +198,17 @@ def mem_pool_stats(pool: Any, device: Any = None) -> Dict[str, int]:
     with ``MemPool(allocator=X)`` keeps X's memory, which X counts, not emm."""
     import ctypes
 
-    from ._lib import _GraphPoolInfo, _raise_last
+    from ._lib import U64_MAX, _GraphPoolInfo, _raise_last, check_uint
 
     pool_id = tuple(getattr(pool, "id", pool))
     if len(pool_id) != 2:
         raise ValueError(f"a pool is a torch.cuda.MemPool or an id pair, not {pool!r}")
+    first = check_uint(pool_id[0], "the pool id's first half", U64_MAX)
+    second = check_uint(pool_id[1], "the pool id's second half", U64_MAX)
+    d = _torch_state.device_index(device)
     lib = load()
     info = _GraphPoolInfo()
-    status = lib.emm_torch_graph_pool_info(_torch_state.device_index(device), int(pool_id[0]),
-                                           int(pool_id[1]), ctypes.byref(info))
+    status = lib.emm_torch_graph_pool_info(d, first, second, ctypes.byref(info))
     if status != 0:
         _raise_last(lib, status)
     return {name: int(getattr(info, name)) for name, _ in _GraphPoolInfo._fields_}

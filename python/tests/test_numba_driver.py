@@ -267,6 +267,15 @@ def test_large_arrays_keep_the_expandable_segment_and_export_by_descriptor(ctx, 
     assert (d.copy_to_host()[:16] == 7.0).all(), "written through the import"
     with pytest.raises(ValueError, match="not opened"):
         remote._ipc_handle.close()
+    # A close the driver refuses raises and leaves the handle open for another.
+    again = pickle.loads(pickle.dumps(ipch))._ipc_handle
+    again.open(ctx)
+    _control("fail cuMemUnmap 1 CUDA_ERROR_UNKNOWN")
+    with pytest.raises(emm.EmmError, match="cuMemUnmap"):
+        again.close()
+    again.close()
+    with pytest.raises(ValueError, match="not opened"):
+        again.close()
     view_remote = pickle.loads(pickle.dumps(d[1000:].get_ipc_handle()))
     with view_remote as arr:
         assert (arr.copy_to_host() == host[1000:]).all()

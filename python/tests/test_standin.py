@@ -361,3 +361,40 @@ def test_mem_pool_stats_follow_a_private_pool_through_its_life():
     assert et.mem_pool_stats(pool, 0) == {k: 0 for k in s}, "released by every user"
     with pytest.raises(ValueError):
         et.mem_pool_stats((1, 2, 3), 0)
+
+
+def test_messages_queued_by_c_paths_arrive_at_the_next_binding_call(mgr, caplog):
+    """An error logged where no Python runs (CuPy's C free of an address emm did
+    not hand out) reaches the ``emm`` logger at the next call of these bindings
+    that is not an allocation itself, not only at a failure or at exit."""
+    lib = emm._lib.load()
+    lib.emm_cupy_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.emm_cupy_free.restype = None
+    lib.emm_cupy_free(None, 0x5000_0000_1234, 0)
+    p = mgr.alloc(256)  # an allocation call stays one C call: nothing taken
+    mgr.free(p)
+    with caplog.at_level("ERROR", logger="emm"):
+        mgr.stats()
+    assert any("0x500000001234" in r.getMessage() for r in caplog.records), caplog.records
+    assert emm.take_warnings() == []
+
+
+def test_report_is_whole_while_other_threads_allocate(mgr):
+    import threading
+
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            mgr.free(mgr.alloc(4096))
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        reports = [mgr.report() for _ in range(300)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert all(r.rstrip().endswith("}") for r in reports), [r[-40:] for r in reports if not r.rstrip().endswith("}")][:3]

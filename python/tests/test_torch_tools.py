@@ -109,6 +109,32 @@ def test_device_arguments_are_understood():
     assert _device_index(Dev()) == 3
 
 
+@pytest.mark.parametrize("device, error", [
+    (-1, ValueError), (2**31, OverflowError), (2**32, OverflowError), (1.5, TypeError),
+    ("cuda:x", ValueError), ("cuda:-1", ValueError),
+])
+def test_device_ordinals_are_checked_before_they_reach_c(device, error):
+    # As c_int they would wrap: 2**32 to device 0, -1 to "every device".
+    from emm._torch_state import device_index as _device_index
+
+    with pytest.raises(error):
+        _device_index(device)
+
+
+@pytest.mark.parametrize("pool, error", [
+    ((0, 2**64 + 7), OverflowError), ((0, -(2**64) + 7), ValueError), ((0.9, 7.5), TypeError),
+    ((-1, 7), ValueError),
+])
+def test_pool_ids_are_checked_before_they_reach_c(pool, error):
+    # As c_uint64 they would wrap to another pool's id (2**64 + 7 to 7).
+    import emm.torch as et
+
+    with pytest.raises(error):
+        et.mem_pool_stats(pool, 0)
+    with pytest.raises(OverflowError):
+        et.mem_pool_stats((0, 7), device=2**32)
+
+
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU: a manager must be created")
 def test_the_pool_snapshot_matches_its_statistics():  # pragma: no cover - GPU
     import emm

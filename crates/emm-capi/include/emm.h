@@ -537,7 +537,10 @@ emm_status emm_ipc_export(struct emm_manager *m,
 emm_status emm_ipc_open(struct emm_manager *m, const uint8_t *buf, size_t len, uint64_t *out_ptr);
 
 /**
- * Closes memory opened by `emm_ipc_open` on this handle.
+ * Closes memory opened by `emm_ipc_open` on this handle: one close for each
+ * open (a driver may give one address to every open of a handle). A close the
+ * driver refuses returns its status and leaves the memory open, to be closed
+ * again.
  */
 emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
 
@@ -995,7 +998,8 @@ int emm_capture_warnings(int on);
  * or `EMM_LOG_WARN`, and removes it; `*len` is 0 when none is queued. With `buf`
  * NULL or `cap <= *len` it stays queued and the call returns
  * `EMM_ERR_INVALID_ARGUMENT` with `*len` the length needed (without the NUL). The
- * queue keeps the newest 256.
+ * queue keeps the newest 256; when older ones were dropped, the next message
+ * taken is an error saying how many.
  */
 emm_status emm_take_warning(char *buf, size_t cap, size_t *len, int *level);
 

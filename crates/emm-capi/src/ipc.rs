@@ -74,7 +74,7 @@ pub unsafe extern "C" fn emm_ipc_open(
         match opened {
             Ok(mem) => {
                 let p = mem.ptr();
-                lock(&h.ipc).insert(p, mem);
+                lock(&h.ipc).entry(p).or_default().push(mem);
                 // SAFETY: non-null and writable per the contract.
                 unsafe { *out_ptr = p };
                 EMM_OK
@@ -84,16 +84,33 @@ pub unsafe extern "C" fn emm_ipc_open(
     })
 }
 
-/// Closes memory opened by `emm_ipc_open` on this handle.
+/// Closes memory opened by `emm_ipc_open` on this handle: one close for each
+/// open (a driver may give one address to every open of a handle). A close the
+/// driver refuses returns its status and leaves the memory open, to be closed
+/// again.
 #[no_mangle]
 pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_status {
-    with_manager(m, |h| match lock(&h.ipc).remove(&ptr) {
-        Some(mem) => {
-            mem.close();
-            EMM_OK
+    with_manager(m, |h| {
+        let taken = {
+            let mut map = lock(&h.ipc);
+            let taken = map.get_mut(&ptr).and_then(Vec::pop);
+            if map.get(&ptr).is_some_and(Vec::is_empty) {
+                map.remove(&ptr);
+            }
+            taken
+        };
+        let Some(mut mem) = taken else {
+            return invalid(format!(
+                "emm_ipc_close: {ptr:#x} was not opened through this handle (or closed as often as it was opened)"
+            ));
+        };
+        // Closed outside the lock: the close waits for the device.
+        match mem.close() {
+            Ok(()) => EMM_OK,
+            Err(e) => {
+                lock(&h.ipc).entry(ptr).or_default().push(mem);
+                fail(e)
+            }
         }
-        None => invalid(format!(
-            "emm_ipc_close: {ptr:#x} was not opened through this handle"
-        )),
     })
 }

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
 use tracing::field::{Field, Visit};
@@ -39,6 +39,9 @@ pub const EMM_LOG_WARN: c_int = 2;
 
 pub(crate) static CAPTURE: AtomicBool = AtomicBool::new(false);
 static QUEUE: Mutex<VecDeque<(c_int, String)>> = Mutex::new(VecDeque::new());
+/// Messages dropped from the full queue and not yet said to be
+/// ([`emm_take_warning`](crate::emm_take_warning) says it before the next one).
+pub(crate) static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) fn queue() -> std::sync::MutexGuard<'static, VecDeque<(c_int, String)>> {
     QUEUE.lock().unwrap_or_else(|p| p.into_inner())
@@ -105,6 +108,7 @@ fn push(code: c_int, text: String) {
     let mut q = queue();
     if q.len() >= QUEUE_CAP {
         q.pop_front();
+        DROPPED.fetch_add(1, Ordering::Relaxed);
     }
     q.push_back((code, text));
 }

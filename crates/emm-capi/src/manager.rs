@@ -22,7 +22,10 @@ pub struct emm_manager {
     pub(crate) device: Mutex<HashMap<u64, DeviceAllocation>>,
     pub(crate) host: Mutex<HashMap<usize, HostMemory>>,
     /// Memory opened from other processes (`emm_ipc_open`).
-    pub(crate) ipc: Mutex<HashMap<u64, IpcMemory>>,
+    /// Memory opened by `emm_ipc_open`, by address: a list, since a driver may
+    /// give one address to every open of the same handle (each needs its
+    /// close).
+    pub(crate) ipc: Mutex<HashMap<u64, Vec<IpcMemory>>>,
     /// Managed memory (`emm_alloc_managed`), kept apart from device memory.
     pub(crate) managed: Mutex<HashMap<u64, ManagedMemory>>,
 }

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
 
 use crate::guard::guard;
-use crate::log::{init, queue, CAPTURE};
+use crate::log::{init, queue, CAPTURE, DROPPED, EMM_LOG_ERROR, QUEUE_CAP};
 use crate::status::{emm_status, invalid, EMM_OK};
 
 /// Warnings: `on` != 0 queues emm's warnings and errors for `emm_take_warning`
@@ -22,7 +22,8 @@ pub extern "C" fn emm_capture_warnings(on: c_int) -> c_int {
 /// or `EMM_LOG_WARN`, and removes it; `*len` is 0 when none is queued. With `buf`
 /// NULL or `cap <= *len` it stays queued and the call returns
 /// `EMM_ERR_INVALID_ARGUMENT` with `*len` the length needed (without the NUL). The
-/// queue keeps the newest 256.
+/// queue keeps the newest 256; when older ones were dropped, the next message
+/// taken is an error saying how many.
 #[no_mangle]
 pub unsafe extern "C" fn emm_take_warning(
     buf: *mut c_char,
@@ -35,7 +36,16 @@ pub unsafe extern "C" fn emm_take_warning(
             return invalid("emm_take_warning: `len` is null");
         }
         let mut q = queue();
-        let Some((code, text)) = q.front() else {
+        let dropped = DROPPED.load(Ordering::Relaxed);
+        let notice = (dropped > 0).then(|| {
+            (
+                EMM_LOG_ERROR,
+                format!(
+                    "{dropped} earlier message(s) of emm were dropped: the queue keeps the newest {QUEUE_CAP}; take them more often (emm_take_warning)"
+                ),
+            )
+        });
+        let Some((code, text)) = notice.as_ref().or(q.front()) else {
             // SAFETY: `len` is non-null and writable per the contract.
             unsafe { *len = 0 };
             return EMM_OK;
@@ -57,7 +67,11 @@ pub unsafe extern "C" fn emm_take_warning(
                 *level = *code;
             }
         }
-        q.pop_front();
+        if notice.is_some() {
+            DROPPED.fetch_sub(dropped, Ordering::Relaxed);
+        } else {
+            q.pop_front();
+        }
         EMM_OK
     })
 }
@@ -66,6 +80,56 @@ pub unsafe extern "C" fn emm_take_warning(
 mod tests {
     use super::*;
     use crate::log::*;
+
+    /// The queue is the process's: its tests take turns.
+    static QUEUE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Every message in the queue, oldest first, as `(level, text)`.
+    fn take_all() -> Vec<(c_int, String)> {
+        let mut out = Vec::new();
+        let mut buf = [0 as c_char; 512];
+        let (mut len, mut level) = (0usize, 0);
+        loop {
+            // SAFETY: live locals of the stated sizes.
+            let s = unsafe { emm_take_warning(buf.as_mut_ptr(), buf.len(), &mut len, &mut level) };
+            assert_eq!(s, EMM_OK);
+            if len == 0 {
+                return out;
+            }
+            // SAFETY: NUL-terminated by the call.
+            let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+            out.push((level, text.to_string_lossy().into_owned()));
+        }
+    }
+
+    #[test]
+    fn messages_dropped_from_a_full_queue_are_said_to_be() {
+        let _turn = QUEUE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        init();
+        let before = emm_capture_warnings(1);
+        take_all();
+        for i in 0..QUEUE_CAP + 44 {
+            tracing::error!("flood {i}");
+        }
+        let got = take_all();
+        emm_capture_warnings(before);
+        let (level, notice) = &got[0];
+        assert_eq!(*level, EMM_LOG_ERROR);
+        let n: u64 = notice.split(' ').next().unwrap().parse().unwrap();
+        assert!(
+            n >= 44 && notice.contains("dropped") && notice.contains("256"),
+            "{notice}"
+        );
+        // Another test's message may take a place in the queue meanwhile.
+        let flood: Vec<usize> = got[1..]
+            .iter()
+            .filter_map(|(_, t)| t.strip_prefix("flood ")?.parse().ok())
+            .collect();
+        assert!(flood[0] >= 44, "the oldest were dropped: {flood:?}");
+        assert!(flood.windows(2).all(|w| w[1] == w[0] + 1), "in order");
+        assert_eq!(flood.last(), Some(&(QUEUE_CAP + 43)), "the newest kept");
+        assert!(take_all().is_empty(), "said once");
+    }
 
     #[test]
     fn an_invalid_filter_falls_back_to_warn_and_says_why() {
@@ -89,6 +153,7 @@ mod tests {
 
     #[test]
     fn captured_warnings_are_taken_in_order_and_not_lost_to_a_short_buffer() {
+        let _turn = QUEUE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         init();
         let before = emm_capture_warnings(1);
         // The router's override warning, as NBEP 7 asks for, through the queue.

@@ -432,6 +432,66 @@ mod standin {
     use super::*;
     use crate::common::{serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES};
 
+    /// A driver may give one address to every open of a handle (the stand-in
+    /// does, as it counts opens): each open needs its close, and the first close
+    /// leaves the second open mapped. A close the driver refuses says so and
+    /// leaves the memory open for another try.
+    #[test]
+    fn each_ipc_open_needs_its_close_and_a_refused_close_stays_open() {
+        let _serial = serial();
+        let s = standin();
+        s.reset().unwrap();
+        let mut m: *mut emm_manager = null_mut();
+        // SAFETY: live locals, as the contract asks.
+        unsafe {
+            case(
+                "create",
+                emm_manager_create(c"default".as_ptr(), 0, &mut m),
+                EMM_OK,
+            );
+            let mut p = 0u64;
+            case("alloc", emm_alloc(m, 1 << 20, null_mut(), &mut p), EMM_OK);
+            let mut buf = [0u8; 512];
+            let mut w = 0usize;
+            case(
+                "export",
+                emm_ipc_export(m, p, 0, 1 << 20, buf.as_mut_ptr(), buf.len(), &mut w),
+                EMM_OK,
+            );
+            let (mut a, mut b) = (0u64, 0u64);
+            case("open 1", emm_ipc_open(m, buf.as_ptr(), w, &mut a), EMM_OK);
+            case("open 2", emm_ipc_open(m, buf.as_ptr(), w, &mut b), EMM_OK);
+            assert_eq!(a, b, "the stand-in gives one address to both opens");
+            assert_eq!(s.control("ipc_open").unwrap(), 2, "both opens are live");
+            case("close 1", emm_ipc_close(m, a), EMM_OK);
+            assert_eq!(
+                s.control("ipc_open").unwrap(),
+                1,
+                "the second open stays mapped"
+            );
+
+            s.control("fail cuIpcCloseMemHandle 1 CUDA_ERROR_UNKNOWN")
+                .unwrap();
+            case("close refused", emm_ipc_close(m, b), EMM_ERR_DRIVER);
+            let msg = last_message();
+            assert!(msg.contains("cuIpcCloseMemHandle"), "{msg}");
+            assert_eq!(
+                s.control("ipc_open").unwrap(),
+                1,
+                "still open after the refusal"
+            );
+            case("close again", emm_ipc_close(m, b), EMM_OK);
+            assert_eq!(s.control("ipc_open").unwrap(), 0);
+            case(
+                "a third close",
+                emm_ipc_close(m, b),
+                EMM_ERR_INVALID_ARGUMENT,
+            );
+            case("free", emm_free(m, p, null_mut()), EMM_OK);
+            emm_manager_destroy(m);
+        }
+    }
+
     #[test]
     fn extreme_sizes_and_stale_handles_on_the_standin() {
         let _serial = serial();

@@ -19,6 +19,12 @@ impl TakenFd {
     }
 }
 
+impl AsRawFd for TakenFd {
+    fn as_raw_fd(&self) -> i32 {
+        self.0.as_raw_fd()
+    }
+}
+
 /// Takes a duplicate of descriptor `fd` of process `pid`. Errors:
 /// [`EmmError::IpcExporterGone`] when no process has that pid,
 /// [`EmmError::IpcDescriptorRefused`] when the process will not give it (ptrace
@@ -32,10 +38,13 @@ pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
         // SAFETY: fcntl with integer arguments; a bad fd gives -1.
         let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
         if d < 0 {
+            let err = std::io::Error::last_os_error();
+            if let Some(detail) = out_of_descriptors(&err) {
+                return Err(EmmError::IpcDescriptorRefused { pid, fd, detail });
+            }
             return Err(EmmError::InvalidIpcHandle {
                 reason: format!(
-                    "file descriptor {fd} of this process (the exporter, {pid}) is not open: {} (a stale handle: the exporter freed what it shared)",
-                    std::io::Error::last_os_error()
+                    "file descriptor {fd} of this process (the exporter, {pid}) is not open: {err} (a stale handle: the exporter freed what it shared)"
                 ),
             });
         }
@@ -53,6 +62,9 @@ pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw_pid, 0) };
     if pidfd < 0 {
         let err = std::io::Error::last_os_error();
+        if let Some(detail) = out_of_descriptors(&err) {
+            return Err(EmmError::IpcDescriptorRefused { pid, fd, detail });
+        }
         return Err(match err.raw_os_error() {
             Some(libc::ESRCH) => EmmError::IpcExporterGone {
                 pid,
@@ -74,6 +86,9 @@ pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
     let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if got < 0 {
         let err = std::io::Error::last_os_error();
+        if let Some(detail) = out_of_descriptors(&err) {
+            return Err(EmmError::IpcDescriptorRefused { pid, fd, detail });
+        }
         return Err(match err.raw_os_error() {
             Some(libc::ESRCH) => EmmError::IpcExporterGone {
                 pid,
@@ -102,6 +117,36 @@ pub(crate) fn take_fd(pid: u32, fd: i32) -> Result<TakenFd> {
     }
     // SAFETY: `got` is a fresh descriptor we own.
     Ok(TakenFd(unsafe { OwnedFd::from_raw_fd(got as i32) }))
+}
+
+/// What to say when `err` is this process (`EMFILE`) or the system (`ENFILE`)
+/// out of file descriptors; `None` for any other error.
+#[cfg(target_os = "linux")]
+fn out_of_descriptors(err: &std::io::Error) -> Option<String> {
+    match err.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `lim` is a valid out-pointer.
+            let limits = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+                format!(
+                    "its limit is {} (hard limit {})",
+                    lim.rlim_cur, lim.rlim_max
+                )
+            } else {
+                "its limit could not be read".into()
+            };
+            Some(format!(
+                "this process has as many file descriptors open as it may ({err}; {limits}): raise it (`ulimit -n`, RLIMIT_NOFILE) or close some"
+            ))
+        }
+        Some(libc::ENFILE) => Some(format!(
+            "the system has as many file descriptors open as it may ({err}; /proc/sys/fs/file-max)"
+        )),
+        _ => None,
+    }
 }
 
 /// Yama's ptrace setting as a phrase for error messages.
@@ -156,6 +201,68 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("process 4294967294"), "{e}");
+    }
+
+    /// Set in the child of `out_of_descriptors_is_said_so`.
+    const FD_LIMIT_CHILD: &str = "EMM_TEST_FD_LIMIT_CHILD";
+
+    #[test]
+    fn out_of_descriptors_is_said_so() {
+        // The descriptor limit is the process's: the check runs in a child (this
+        // test binary again, running only `out_of_descriptors_child`).
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "fd::tests::out_of_descriptors_child",
+                "--nocapture",
+            ])
+            .env(FD_LIMIT_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("checked: 1 passed"),
+            "the child ran no check: {text}"
+        );
+    }
+
+    #[test]
+    fn out_of_descriptors_child() {
+        if std::env::var_os(FD_LIMIT_CHILD).is_none() {
+            return; // only in the child of `out_of_descriptors_is_said_so`
+        }
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        let limit = f.as_raw_fd() as u64 + 1;
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid pointers; this child process runs this one test.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            lim.rlim_cur = limit;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+        // Every free number below the limit taken: no descriptor is left.
+        let mut fill = Vec::new();
+        while let Ok(g) = std::fs::File::open("/proc/self/stat") {
+            fill.push(g);
+        }
+        let e = take_fd(std::process::id(), f.as_raw_fd()).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, EmmError::IpcDescriptorRefused { .. }),
+            "not a stale handle: {text}"
+        );
+        assert!(
+            text.contains("as many file descriptors open as it may")
+                && text.contains(&format!("its limit is {limit}"))
+                && !text.contains("stale"),
+            "{text}"
+        );
+        println!("checked: 1 passed ({text})");
     }
 
     #[test]

@@ -48,12 +48,24 @@ impl IpcHandle {
             })?;
         let src_ctx = Context::primary(src_dev)?;
         let (src_ptr, mapping) = self.map(&src_ctx)?;
+        if self.size() == 0 {
+            // Nothing to copy: an empty range opens as it does on its own device
+            // (no staging buffer; `memalloc(0)` has no address to copy to).
+            drop(mapping);
+            return Ok(IpcMemory {
+                ptr: 0,
+                size: 0,
+                inner: Inner::Mapped(None),
+            });
+        }
         let staging = manager.memalloc(self.size())?;
         // SAFETY: the source mapping covers `size` bytes at `src_ptr` (checked when
         // the handle was parsed/opened); staging holds `size` bytes.
         let copied =
             unsafe { memory::copy_peer(ctx, staging.ptr(), &src_ctx, src_ptr, self.size()) };
-        drop(mapping); // closes the source mapping whatever the copy did
+        // The source mapping is closed whatever the copy did; its drop records
+        // a refusal for the context's next call (the copy is made).
+        drop(mapping);
         copied?;
         Ok(IpcMemory {
             ptr: staging.ptr(),
@@ -68,7 +80,7 @@ impl IpcHandle {
                 let base = memory::ipc_open_handle(ctx, handle)?;
                 let mapping = Mapping::Legacy {
                     ctx: ctx.clone(),
-                    base,
+                    base: Some(base),
                 };
                 check_imported(ctx, base, *offset, self.size())?;
                 Ok((at_offset(base, *offset)?, mapping))
@@ -88,8 +100,8 @@ impl IpcHandle {
                 let ptr = pool.import_pointer(export)?;
                 let mapping = Mapping::Pool {
                     ctx: ctx.clone(),
-                    ptr,
-                    pool,
+                    ptr: Some(ptr),
+                    pool: Some(pool),
                 };
                 check_imported(ctx, ptr, *offset, self.size())?;
                 Ok((at_offset(ptr, *offset)?, mapping))
@@ -100,19 +112,13 @@ impl IpcHandle {
                 offset,
                 ..
             } => {
-                // Every descriptor is taken first (each a duplicate in this
-                // process, closed once the pieces are imported).
-                let taken = pieces
-                    .iter()
-                    .map(|&(fd, _)| crate::fd::take_fd(*pid, fd))
-                    .collect::<Result<Vec<_>>>()?;
-                let local: Vec<(i32, usize)> = taken
-                    .iter()
-                    .zip(pieces)
-                    .map(|(t, &(_, len))| (t.raw(), len))
-                    .collect();
-                let range = ImportedRange::import(ctx, &local)?;
-                drop(taken);
+                // Each descriptor is taken (a duplicate in this process) just
+                // before its piece is imported and closed right after: a block
+                // of many pieces needs one descriptor open at a time here.
+                let lens: Vec<usize> = pieces.iter().map(|&(_, len)| len).collect();
+                let range = ImportedRange::import_each(ctx, &lens, |i| {
+                    crate::fd::take_fd(*pid, pieces[i].0)
+                })?;
                 let ptr = at_offset(range.base(), *offset)?;
                 Ok((ptr, Mapping::Vmm(range)))
             }
@@ -122,19 +128,19 @@ impl IpcHandle {
 
 /// The driver knows the real extent of an opened allocation starting at `ptr`: the
 /// shared range must lie in it too (a handle can claim a larger allocation than the
-/// exporter's). Where the driver cannot say, the handle's own check stands.
+/// exporter's, and the staged path copies the range). Where the driver cannot say,
+/// its error is returned: the handle's own claim is not taken on trust.
 fn check_imported(ctx: &Context, ptr: CUdeviceptr, offset: usize, size: usize) -> Result<()> {
-    if let Ok((real_base, real_size)) = memory::address_range(ctx, ptr) {
-        let fits = usize::try_from(ptr.saturating_sub(real_base))
-            .ok()
-            .and_then(|s| s.checked_add(offset))
-            .and_then(|s| s.checked_add(size))
-            .is_some_and(|end| end <= real_size);
-        if !fits {
-            return Err(invalid(format!(
-                "range {offset}+{size} lies outside the opened allocation of {real_size} bytes"
-            )));
-        }
+    let (real_base, real_size) = memory::address_range(ctx, ptr)?;
+    let fits = usize::try_from(ptr.saturating_sub(real_base))
+        .ok()
+        .and_then(|s| s.checked_add(offset))
+        .and_then(|s| s.checked_add(size))
+        .is_some_and(|end| end <= real_size);
+    if !fits {
+        return Err(invalid(format!(
+            "range {offset}+{size} lies outside the opened allocation of {real_size} bytes"
+        )));
     }
     Ok(())
 }
@@ -146,39 +152,67 @@ fn fmt_uuid(u: &[u8; 16]) -> String {
 enum Mapping {
     Legacy {
         ctx: Context,
-        base: CUdeviceptr,
+        /// `None` once closed.
+        base: Option<CUdeviceptr>,
     },
     Pool {
         ctx: Context,
-        ptr: CUdeviceptr,
-        pool: MemPool,
+        /// The imported pointer, `None` once its free was queued.
+        ptr: Option<CUdeviceptr>,
+        /// The imported pool, `None` once closed (after the free completed).
+        pool: Option<MemPool>,
     },
-    /// Imported virtual-memory pieces; unmapped and released by its own drop.
-    Vmm(#[allow(dead_code)] ImportedRange), // reason: held for its Drop
+    /// Imported virtual-memory pieces.
+    Vmm(ImportedRange),
+}
+
+impl Mapping {
+    /// Undoes the mapping. A refusal leaves what was not undone for another
+    /// `close` or the drop (nothing is undone twice) and is returned.
+    fn close(&mut self) -> emm_driver::Result<()> {
+        match self {
+            Mapping::Legacy { ctx, base } => {
+                if let Some(b) = *base {
+                    // SAFETY: `b` came from cuIpcOpenMemHandle and is closed once
+                    // (`base` is cleared when the driver took it back).
+                    unsafe { memory::ipc_close_handle(ctx, b) }?;
+                    *base = None;
+                }
+            }
+            Mapping::Pool { ctx, ptr, pool } => {
+                // An imported pointer is freed in the importer before the exporter
+                // frees it; the wait makes the free complete before the pool goes.
+                let stream = emm_driver::Stream::legacy(ctx);
+                if let Some(p) = *ptr {
+                    // SAFETY: `p` was imported from `pool` and is freed once
+                    // (`ptr` is cleared when the free was queued).
+                    unsafe { emm_driver::mempool::free_async(p, &stream) }?;
+                    *ptr = None;
+                }
+                if pool.is_some() {
+                    stream.synchronize()?;
+                    *pool = None;
+                }
+            }
+            Mapping::Vmm(range) => range.close()?,
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
         match self {
-            Mapping::Legacy { ctx, base } => {
-                // SAFETY: `base` came from cuIpcOpenMemHandle and is closed once.
-                if let Err(e) = unsafe { memory::ipc_close_handle(ctx, *base) } {
-                    ctx.record_drop_error(e);
+            // `ImportedRange`'s own drop closes it and hands what is left to the
+            // context.
+            Mapping::Vmm(_) => {}
+            Mapping::Legacy { .. } | Mapping::Pool { .. } => {
+                if let Err(e) = self.close() {
+                    if let Mapping::Legacy { ctx, .. } | Mapping::Pool { ctx, .. } = self {
+                        ctx.record_drop_error(e);
+                    }
                 }
             }
-            Mapping::Pool { ctx, ptr, pool } => {
-                // An imported pointer is freed in the importer before the exporter
-                // frees it; synchronizing makes the free complete before the pool goes.
-                let stream = emm_driver::Stream::legacy(ctx);
-                // SAFETY: `ptr` was imported from `pool` and is freed once.
-                let r = unsafe { emm_driver::mempool::free_async(*ptr, &stream) }
-                    .and_then(|()| stream.synchronize());
-                if let Err(e) = r {
-                    ctx.record_drop_error(e);
-                }
-                let _ = pool; // dropped after the free
-            }
-            Mapping::Vmm(_) => {} // `ImportedRange`'s drop undoes the import
         }
     }
 }
@@ -223,10 +257,27 @@ impl IpcMemory {
         matches!(self.inner, Inner::Staged(_))
     }
 
-    /// Closes the mapping now (or releases the staging copy).
-    pub fn close(mut self) {
-        if let Inner::Mapped(m) = &mut self.inner {
-            drop(m.take());
+    /// Closes the mapping now, or releases the staging copy. The driver's
+    /// refusal is returned and the memory stays open: call `close` again, or
+    /// drop it, which tries once more and records a refusal for the context's
+    /// next call (what a virtual-memory mapping still holds is handed to the
+    /// context, [`Context::free_later`]). After `Ok` the address is no longer
+    /// valid and the drop does nothing.
+    pub fn close(&mut self) -> Result<()> {
+        match &mut self.inner {
+            Inner::Mapped(m) => {
+                if let Some(mapping) = m {
+                    mapping.close()?;
+                }
+                *m = None;
+            }
+            Inner::Staged(_) => self.inner = Inner::Mapped(None),
         }
+        Ok(())
+    }
+
+    /// `false` once [`IpcMemory::close`] succeeded.
+    pub fn is_open(&self) -> bool {
+        matches!(self.inner, Inner::Mapped(Some(_)) | Inner::Staged(_))
     }
 }

@@ -405,7 +405,7 @@ fn ipc_child_process() {
     let ctx = ctx();
     let m = DefaultManager::new(&ctx).unwrap();
     m.initialize().unwrap();
-    let mem = handle.open(&ctx, &m).unwrap();
+    let mut mem = handle.open(&ctx, &m).unwrap();
     assert!(!mem.is_staged());
     let mut got = vec![0u8; 8192];
     // SAFETY: the mapping covers 8192 bytes.
@@ -418,7 +418,7 @@ fn ipc_child_process() {
     // SAFETY: as above.
     unsafe { memory::memset_d8(&ctx, mem.ptr(), 0xC5, 8192) }.unwrap();
     ctx.synchronize().unwrap();
-    mem.close();
+    mem.close().unwrap();
     println!("child: verified 8192 bytes");
 }
 

@@ -144,8 +144,9 @@ impl MemPool {
         check(drv, "cuMemPoolTrimTo", unsafe { f(self.raw, keep) })
     }
 
-    /// Exports the pool as a POSIX file descriptor (the caller owns and closes it).
-    pub fn export_fd(&self) -> Result<i32> {
+    /// Exports the pool as a new POSIX file descriptor, owned by the caller. A
+    /// negative descriptor from the driver is an error, never owned.
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
         let drv = self.ctx.driver();
         let f = optional(
             drv,
@@ -162,7 +163,15 @@ impl MemPool {
                 0,
             )
         })?;
-        Ok(fd)
+        if fd < 0 {
+            return Err(crate::DriverError::InvalidArgument {
+                what: "descriptor from cuMemPoolExportToShareableHandle",
+                asked: "a file descriptor".into(),
+                found: fd.to_string(),
+            });
+        }
+        // SAFETY: the driver made a fresh descriptor for the caller, who owns it.
+        Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
     }
 
     /// Imports a pool exported by another process as file descriptor `fd` (valid in

@@ -7,7 +7,7 @@
 //! `SCM_RIGHTS`) is the caller's business.
 
 use core::ffi::c_void;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use emm_sys::{
     handle_type, CUdevice_attribute, CUdeviceptr, CUmemAccessDesc, CUmemGenericAllocationHandle,
@@ -88,6 +88,21 @@ impl ImportedRange {
     /// fresh reservation in `ctx`. The descriptors stay the caller's. What was done
     /// before a failure is undone.
     pub fn import(ctx: &Context, pieces: &[(i32, usize)]) -> Result<ImportedRange> {
+        let lens: Vec<usize> = pieces.iter().map(|&(_, len)| len).collect();
+        Self::import_each(ctx, &lens, |i| Ok::<_, DriverError>(RawFd(pieces[i].0)))
+    }
+
+    /// [`ImportedRange::import`] with each piece's descriptor asked of `take`
+    /// (by the piece's index) just before the piece is imported, and dropped
+    /// right after: a range of many pieces never needs more than one of them
+    /// open at once (an 8 GiB block of 8 MiB pieces has 1,024, the default
+    /// limit of open descriptors). `take`'s error is returned as it is; what
+    /// was done before it is undone.
+    pub fn import_each<F: AsRawFd, E: From<DriverError>>(
+        ctx: &Context,
+        lens: &[usize],
+        mut take: impl FnMut(usize) -> core::result::Result<F, E>,
+    ) -> core::result::Result<ImportedRange, E> {
         let drv = ctx.driver();
         let import = optional(
             drv,
@@ -97,33 +112,36 @@ impl ImportedRange {
         let reserve = optional(drv, drv.mem_address_reserve, "cuMemAddressReserve")?;
         let map = optional(drv, drv.mem_map, "cuMemMap")?;
         let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
-        let total = pieces
+        let total = lens
             .iter()
-            .try_fold(0usize, |t, &(_, len)| t.checked_add(len))
+            .try_fold(0usize, |t, &len| t.checked_add(len))
             .filter(|&t| t > 0)
             .ok_or_else(|| DriverError::InvalidArgument {
                 what: "pieces to import",
-                asked: format!("{} pieces", pieces.len()),
+                asked: format!("{} pieces", lens.len()),
                 found: "no bytes, or more than the address space".into(),
             })?;
         let _g = ctx.push()?;
         let mut out = ImportedRange {
             ctx: ctx.clone(),
-            handles: Vec::with_capacity(pieces.len()),
+            handles: Vec::with_capacity(lens.len()),
             reserved: None,
-            mapped: Vec::with_capacity(pieces.len()),
+            mapped: Vec::with_capacity(lens.len()),
         };
-        for &(fd, _) in pieces {
+        for i in 0..lens.len() {
+            let fd = take(i)?;
             let mut h: CUmemGenericAllocationHandle = 0;
             // SAFETY: valid out-pointer; for POSIX_FILE_DESCRIPTOR the OS handle is
-            // the descriptor's value; the driver does not take it over.
+            // the descriptor's value (open while `fd` lives); the driver does not
+            // take it over.
             check(drv, "cuMemImportFromShareableHandle", unsafe {
                 import(
                     &mut h,
-                    fd as isize as *mut c_void,
+                    fd.as_raw_fd() as isize as *mut c_void,
                     handle_type::POSIX_FILE_DESCRIPTOR,
                 )
             })?;
+            drop(fd);
             out.handles.push(h);
         }
         let mut base: CUdeviceptr = 0;
@@ -133,7 +151,7 @@ impl ImportedRange {
         })?;
         out.reserved = Some((base, total));
         let mut at = base;
-        for (&h, &(_, len)) in out.handles.iter().zip(pieces) {
+        for (&h, &len) in out.handles.iter().zip(lens) {
             // SAFETY: `[at, at+len)` lies in the reservation made above and is not
             // mapped; `h` is a live imported handle (the driver checks its size).
             check(drv, "cuMemMap", unsafe { map(at, len, 0, h, 0) })?;
@@ -166,39 +184,93 @@ impl ImportedRange {
     }
 }
 
-impl Drop for ImportedRange {
-    fn drop(&mut self) {
+impl ImportedRange {
+    /// Undoes the import now: waits for the context (the importer's work on
+    /// the memory is done before it goes), unmaps the pieces, releases their
+    /// handles and frees the range. What the driver refuses stays, for another
+    /// `close` or the drop, and the first refusal is returned; what was undone
+    /// is not undone twice. After `Ok` nothing is left and the drop does
+    /// nothing.
+    pub fn close(&mut self) -> Result<()> {
         let drv = self.ctx.driver();
-        let Ok(_g) = self.ctx.push() else {
-            return;
-        };
         if !self.mapped.is_empty() {
-            // The importer's work on the memory is done before it goes.
-            if let Err(e) = self.ctx.synchronize_keeping_deferred() {
-                self.ctx.record_drop_error(e);
-            }
+            self.ctx.synchronize_keeping_deferred()?;
         }
+        let mut first = None;
         if let Some(unmap) = drv.mem_unmap {
-            for &(at, len) in &self.mapped {
-                // SAFETY: each mapping made by `import` is undone once.
-                if let Err(e) = check(drv, "cuMemUnmap", unsafe { unmap(at, len) }) {
-                    self.ctx.record_drop_error(e);
-                }
-            }
+            self.mapped.retain(|&(at, len)| {
+                // SAFETY: each mapping made by `import` is undone once (it
+                // leaves `mapped` when the driver took it back).
+                let r = check(drv, "cuMemUnmap", unsafe { unmap(at, len) });
+                r.map_err(|e| first.get_or_insert(e)).is_err()
+            });
         }
         if let Some(release) = drv.mem_release {
-            for &h in &self.handles {
-                // SAFETY: each imported handle is released once, after its mapping.
-                if let Err(e) = check(drv, "cuMemRelease", unsafe { release(h) }) {
-                    self.ctx.record_drop_error(e);
+            self.handles.retain(|&h| {
+                // SAFETY: each imported handle is released once; memory of one
+                // still mapped goes with that mapping.
+                let r = check(drv, "cuMemRelease", unsafe { release(h) });
+                r.map_err(|e| first.get_or_insert(e)).is_err()
+            });
+        }
+        if let (true, Some((base, size)), Some(free)) =
+            (self.mapped.is_empty(), self.reserved, drv.mem_address_free)
+        {
+            // SAFETY: the reservation is freed once, after its mappings.
+            match check(drv, "cuMemAddressFree", unsafe { free(base, size) }) {
+                Ok(()) => self.reserved = None,
+                Err(e) => {
+                    first.get_or_insert(e);
                 }
             }
         }
-        if let (Some((base, size)), Some(free)) = (self.reserved, drv.mem_address_free) {
-            // SAFETY: the reservation is freed once, after its mappings.
-            if let Err(e) = check(drv, "cuMemAddressFree", unsafe { free(base, size) }) {
-                self.ctx.record_drop_error(e);
-            }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for ImportedRange {
+    /// [`ImportedRange::close`]; what the driver refuses is handed to the
+    /// context ([`Context::free_later`]), which releases it again later, and
+    /// the first refusal is recorded for the context's next call.
+    fn drop(&mut self) {
+        let Err(e) = self.close() else {
+            return;
+        };
+        let shutting_down = e.is_shutting_down();
+        self.ctx.record_drop_error(e);
+        if shutting_down {
+            // The driver has torn down with everything it held (the process
+            // is exiting): nothing is left to hand over.
+            return;
         }
+        let ctx = &self.ctx;
+        // SAFETY (of each `free_later` below): each mapping, handle and reservation
+        // is live in this context (its release was refused, or not tried
+        // after the context's wait failed: a context that cannot be made
+        // current or waited for runs none of the importer's work again),
+        // handed over once (drained from this range), and this range, its
+        // only user, is going. The context releases mappings before handles
+        // before reservations.
+        for (addr, len) in self.mapped.drain(..) {
+            // SAFETY: see above.
+            unsafe { ctx.free_later(crate::Orphan::Mapping { addr, len }) };
+        }
+        for h in self.handles.drain(..) {
+            // SAFETY: see above.
+            unsafe { ctx.free_later(crate::Orphan::Handle(h)) };
+        }
+        if let Some((addr, size)) = self.reserved.take() {
+            // SAFETY: see above.
+            unsafe { ctx.free_later(crate::Orphan::Reservation { addr, size }) };
+        }
+    }
+}
+
+/// A descriptor the caller of [`ImportedRange::import`] keeps open.
+struct RawFd(i32);
+
+impl AsRawFd for RawFd {
+    fn as_raw_fd(&self) -> i32 {
+        self.0
     }
 }

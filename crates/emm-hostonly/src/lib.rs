@@ -427,13 +427,11 @@ impl HostOnlyManager {
     /// call tries again, where a kept failure turned IPC off for the manager's
     /// life over a fault that may clear.
     fn pool_fd(&self) -> Result<i32> {
-        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::fd::AsRawFd;
         if let Some(fd) = self.exported_fd.get() {
             return Ok(fd.as_raw_fd());
         }
-        let raw = self.inner.pool.export_fd()?;
-        // SAFETY: the driver handed us a new descriptor; we own it from now on.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let fd = self.inner.pool.export_fd()?;
         // Another thread's export kept first: this one is closed, theirs used.
         Ok(self.exported_fd.get_or_init(|| fd).as_raw_fd())
     }

@@ -302,7 +302,7 @@ fn vmm_ipc_child_process() {
     let handle = handle.unwrap();
     let ctx = ctx();
     let pool = PoolManager::new(&ctx).unwrap();
-    let mem = handle.open(&ctx, &pool).unwrap();
+    let mut mem = handle.open(&ctx, &pool).unwrap();
     assert!(!mem.is_staged());
     let (off, len) = (3 << 20, 40 << 20);
     let mut got = vec![0u8; len];
@@ -313,7 +313,7 @@ fn vmm_ipc_child_process() {
     // SAFETY: as above.
     unsafe { memory::memset_d8(&ctx, mem.ptr(), 0x6B, len) }.unwrap();
     ctx.synchronize().unwrap();
-    mem.close();
+    mem.close().unwrap();
     println!("child: vmm view verified");
 }
 

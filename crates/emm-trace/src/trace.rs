@@ -47,6 +47,16 @@ impl Trace {
     /// full by each pass; a text trace that is not a regular file (a FIFO, a
     /// pipe) is read once into memory, as [`Trace::from_reader`] reads it.
     pub fn open(path: &Path, format: FormatChoice) -> Result<Vec<Trace>, TraceError> {
+        Self::open_limited(path, format, MAX_SNAPSHOT_BYTES)
+    }
+
+    /// [`Trace::open`] accepting at most `limit` bytes of a snapshot or of a
+    /// trace that is not a regular file (the tests' smaller limit).
+    fn open_limited(
+        path: &Path,
+        format: FormatChoice,
+        limit: u64,
+    ) -> Result<Vec<Trace>, TraceError> {
         let name = path.display().to_string();
         let io = |source| TraceError::Io {
             trace: name.clone(),
@@ -80,24 +90,25 @@ impl Trace {
             }
             _ => false,
         };
-        if pickle {
-            if meta.is_file() && meta.len() > MAX_SNAPSHOT_BYTES {
-                return Err(TraceError::TooLarge {
-                    trace: name,
-                    size: meta.len(),
-                    limit: MAX_SNAPSHOT_BYTES,
-                    what: "a PyTorch snapshot",
-                });
-            }
-            let limited = reader.take(MAX_SNAPSHOT_BYTES);
-            let devices = read_snapshot(limited, &name)?;
-            return Ok(snapshot_traces(&name, devices));
-        }
         if !meta.is_file() {
             // A FIFO, `/dev/stdin` or a process substitution cannot be opened
             // again for each pass (and the bytes read above to find the format
-            // would be gone): it is read once, into memory, as standard input is.
-            return Self::from_reader(&name, reader, format);
+            // would be gone): it is read once, into memory, as standard input is,
+            // and one longer than the limit is too large, not cut short.
+            return Self::from_reader_limited(&name, reader, format, limit);
+        }
+        if pickle {
+            if meta.len() > limit {
+                return Err(TraceError::TooLarge {
+                    trace: name,
+                    size: meta.len(),
+                    limit,
+                    what: "a PyTorch snapshot",
+                });
+            }
+            let limited = reader.take(limit);
+            let devices = read_snapshot(limited, &name)?;
+            return Ok(snapshot_traces(&name, devices));
         }
         let events = TextEvents::new(reader, &name, format)?;
         Ok(vec![Trace {
@@ -119,19 +130,29 @@ impl Trace {
         reader: impl std::io::Read,
         format: FormatChoice,
     ) -> Result<Vec<Trace>, TraceError> {
+        Self::from_reader_limited(name, reader, format, MAX_SNAPSHOT_BYTES)
+    }
+
+    /// [`Trace::from_reader`] accepting at most `limit` bytes.
+    fn from_reader_limited(
+        name: &str,
+        reader: impl std::io::Read,
+        format: FormatChoice,
+        limit: u64,
+    ) -> Result<Vec<Trace>, TraceError> {
         let mut data = Vec::new();
         reader
-            .take(MAX_SNAPSHOT_BYTES + 1)
+            .take(limit + 1)
             .read_to_end(&mut data)
             .map_err(|source| TraceError::Io {
                 trace: name.to_owned(),
                 source,
             })?;
-        if data.len() as u64 > MAX_SNAPSHOT_BYTES {
+        if data.len() as u64 > limit {
             return Err(TraceError::TooLarge {
                 trace: name.to_owned(),
                 size: data.len() as u64,
-                limit: MAX_SNAPSHOT_BYTES,
+                limit,
                 what: "a trace read from a stream",
             });
         }
@@ -298,5 +319,64 @@ impl Events<'_> {
             Some(e) => Err(e),
             None => Ok(self.diag),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A protocol-4 pickle of one bytes object of `n` bytes.
+    fn big_pickle(n: usize) -> Vec<u8> {
+        let mut p = vec![0x80, 4, 0x8e];
+        p.extend((n as u64).to_le_bytes());
+        p.extend(std::iter::repeat_n(0u8, n));
+        p.push(b'.');
+        p
+    }
+
+    /// A snapshot past the limit is too large whether it comes from a file or a
+    /// FIFO (`<(...)`, `/dev/stdin`); from a FIFO it was once cut at the limit
+    /// and called "truncated".
+    #[test]
+    fn a_snapshot_past_the_limit_is_too_large_from_a_file_or_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = big_pickle(4096);
+        let file = dir.path().join("big.pickle");
+        std::fs::write(&file, &data).unwrap();
+        let fifo = dir.path().join("big.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let writer = {
+            let (fifo, data) = (fifo.clone(), data.clone());
+            std::thread::spawn(move || {
+                use std::io::Write as _;
+                // The reader stops at the limit and closes: a broken pipe then.
+                let _ = File::options()
+                    .write(true)
+                    .open(fifo)
+                    .and_then(|mut f| f.write_all(&data));
+            })
+        };
+        for (path, what) in [
+            (&file, "a PyTorch snapshot"),
+            (&fifo, "a trace read from a stream"),
+        ] {
+            let e = Trace::open_limited(path, None, 1024).unwrap_err();
+            assert!(
+                matches!(&e, TraceError::TooLarge { limit: 1024, what: w, .. } if *w == what),
+                "{}: {e}",
+                path.display()
+            );
+        }
+        writer.join().unwrap();
+        // Within the limit, both read.
+        assert!(matches!(
+            Trace::open_limited(&file, None, 8192),
+            Err(TraceError::Snapshot { .. } | TraceError::NoUsableEvent { .. })
+        ));
     }
 }

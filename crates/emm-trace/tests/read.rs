@@ -517,6 +517,57 @@ fn a_trace_list_shared_by_many_devices_is_a_typed_error() {
     assert!(e.to_string().contains("entries so far in a file of"), "{e}");
 }
 
+/// One `blocks` list of `n` distinct active blocks (memo 1), held by `n`
+/// segments of `n` devices: each device reconstructs every block, n² in all
+/// from a file linear in n (a 400 KB file once took 3.5 GB and 77 s). Past one
+/// reconstructed block or entry per byte of the file it is a typed error.
+#[test]
+fn a_blocks_list_shared_by_many_devices_is_a_typed_error() {
+    let n = 2_000u32;
+    let mut p = b"\x80\x02}(".to_vec();
+    p.extend(x("segments"));
+    p.extend(b"](");
+    for d in 0..n {
+        p.extend(b"}(");
+        p.extend(x("device"));
+        p.push(b'J');
+        p.extend(d.to_le_bytes());
+        p.extend(x("total_size"));
+        p.extend(b"K\x10");
+        p.extend(x("blocks"));
+        if d == 0 {
+            p.extend(b"](");
+            for i in 0..n {
+                p.extend(b"}(");
+                p.extend(x("state"));
+                p.extend(x("active_allocated"));
+                p.extend(x("address"));
+                p.push(b'J');
+                p.extend((4096 * (i + 1)).to_le_bytes());
+                p.extend(x("size"));
+                p.extend(b"M\x00\x02u");
+            }
+            p.extend(b"eq\x01");
+        } else {
+            p.extend(b"h\x01");
+        }
+        p.push(b'u');
+    }
+    p.extend(b"e");
+    p.extend(x("device_traces"));
+    p.extend(b"]u.");
+    let t0 = std::time::Instant::now();
+    let e = open_one(&temp("shared_blocks.pickle", &p)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, TraceError::Snapshot { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("allocated block per byte of the file"),
+        "{e}"
+    );
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}
+
 /// A 1 MB string referred to as 2,000 trace entries that are not dicts: the
 /// message of each bad entry once formatted the whole string (2 GB of escaping,
 /// many seconds) before cutting it to 60 characters. Only a prefix is formatted

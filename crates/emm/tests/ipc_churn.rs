@@ -283,7 +283,7 @@ fn ipc_churn_child() {
                         }
                     };
                     trace("opening");
-                    let mem = h.open(&ctx, &pool).map_err(|e| format!("open: {e}"))?;
+                    let mut mem = h.open(&ctx, &pool).map_err(|e| format!("open: {e}"))?;
                     trace("opened");
                     all_words(&ctx, mem.ptr(), size, w)?;
                     trace("checked");
@@ -293,8 +293,7 @@ fn ipc_churn_child() {
                     }
                     .map_err(|e| e.to_string())?;
                     ctx.synchronize().map_err(|e| e.to_string())?;
-                    mem.close();
-                    Ok(())
+                    mem.close().map_err(|e| format!("close: {e}"))
                 })();
                 served += 1;
                 match answer {

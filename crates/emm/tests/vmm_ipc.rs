@@ -123,11 +123,98 @@ fn a_block_of_the_expandable_segment_round_trips_through_its_export() {
         let theirs = pattern(200, MIB);
         write(&f.ctx, block.ptr() + off as u64, &theirs);
         assert_eq!(read(&f.ctx, opened.ptr(), MIB), theirs);
-        opened.close();
+        let mut opened = opened;
+        opened.close().unwrap();
+        assert!(!opened.is_open());
         drop(block);
         pool.check().unwrap();
     }
     assert_clean(&f.s, &f.ctx, &before, fds, "export, open, close, free");
+}
+
+/// Set in the child of `a_block_of_many_pieces_opens_one_descriptor_at_a_time`.
+const FD_LIMIT_CHILD: &str = "EMM_TEST_VMM_FD_LIMIT_CHILD";
+
+#[test]
+fn a_block_of_many_pieces_opens_one_descriptor_at_a_time() {
+    // The descriptor limit is the process's: the check runs in a child (this
+    // test binary again, running only `many_pieces_under_a_descriptor_limit`).
+    // The fixture keeps the other tests, which count this process's
+    // descriptors, waiting while the child's pipes are open.
+    let _f = fixture();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "many_pieces_under_a_descriptor_limit",
+            "--nocapture",
+        ])
+        .env(FD_LIMIT_CHILD, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("opened: 1 check"),
+        "the child ran no check: {text}"
+    );
+}
+
+#[test]
+fn many_pieces_under_a_descriptor_limit() {
+    if std::env::var_os(FD_LIMIT_CHILD).is_none() {
+        return; // only in the child of the test above
+    }
+    let f = fixture();
+    let pool = pool(&f.ctx, true);
+    let block = pool.memalloc(96 * MIB).unwrap();
+    let data = pattern(9, 96 * MIB);
+    write(&f.ctx, block.ptr(), &data);
+    let handle = pool
+        .get_ipc_handle(block.view(0, 96 * MIB).unwrap())
+        .unwrap();
+    let n = vmm_parts(&handle).1.len();
+    assert!(n >= 8, "96 MiB spans pieces of at most 8 MiB: {n}");
+    // Free descriptors for the stand-in's one per imported piece and half as
+    // many again: enough when the opener holds one piece's descriptor at a
+    // time, not when it takes every piece's first (2n).
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let mut fill = Vec::new();
+    // SAFETY: valid pointers; this child process runs this one test.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        let old = lim.rlim_cur;
+        let highest = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        lim.rlim_cur = highest + 1;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        while let Ok(g) = std::fs::File::open("/proc/self/stat") {
+            fill.push(g); // every free number below the limit
+        }
+        lim.rlim_cur = highest + 1 + (n + n / 2) as u64;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        lim.rlim_cur = old;
+    }
+    let opened = handle.open(&f.ctx, &pool);
+    // SAFETY: as above.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    drop(fill);
+    let mut opened =
+        opened.unwrap_or_else(|e| panic!("{n} pieces, {} descriptors free: {e}", n + n / 2));
+    assert_eq!(read(&f.ctx, opened.ptr(), 96 * MIB), data);
+    opened.close().unwrap();
+    drop(block);
+    pool.check().unwrap();
+    println!(
+        "opened: 1 check ({n} pieces with {} descriptors free)",
+        n + n / 2
+    );
 }
 
 #[test]
