@@ -118,6 +118,34 @@ fn as_int(v: Option<&Val>) -> Option<i64> {
     }
 }
 
+/// A byte count or stream of the snapshot: `Ok(None)` when absent, `Ok(n)`
+/// for a non-negative integer, `Err(())` for anything else (a negative
+/// number, a bool, a string: PyTorch writes none of them there).
+fn as_count(v: Option<&Val>) -> Result<Option<u64>, ()> {
+    match v {
+        None => Ok(None),
+        Some(Val::Int(i)) => u64::try_from(*i).map(Some).map_err(|_| ()),
+        Some(_) => Err(()),
+    }
+}
+
+impl Ctx<'_> {
+    /// [`as_count`] of `d[name]`, a present value that is not a count being a
+    /// typed error naming where it is (`at`).
+    fn count(
+        &self,
+        d: &Dict,
+        name: &str,
+        at: impl Fn() -> String,
+    ) -> Result<Option<u64>, TraceError> {
+        let v = key(d, name);
+        as_count(v).map_err(|()| {
+            let v = v.unwrap_or(&Val::None);
+            self.bad(format!("{}.{name}", at()), "a non-negative integer", v)
+        })
+    }
+}
+
 fn as_str(v: Option<&Val>) -> Option<&str> {
     match v {
         Some(Val::Str(s)) => Some(s),
@@ -256,10 +284,12 @@ fn read_blocks(cx: &Ctx<'_>, si: usize, blocks: &[Val]) -> Result<Blocks, TraceE
             .ok_or_else(|| cx.bad(format!("segments[{si}].blocks[{bi}]"), "a dict", b))?;
         let state = as_str(key(b, "state")).unwrap_or("");
         if state.starts_with("active") {
-            let size = as_int(key(b, "requested_size"))
-                .or_else(|| as_int(key(b, "size")))
-                .unwrap_or(0)
-                .max(0) as u64;
+            let at = || format!("segments[{si}].blocks[{bi}]");
+            let requested = cx.count(b, "requested_size", at)?;
+            let size = match requested {
+                Some(n) => n,
+                None => cx.count(b, "size", at)?.unwrap_or(0),
+            };
             if let Some(addr) = as_int(key(b, "address")) {
                 active.insert(addr, size);
                 allocated += u128::from(size);
@@ -285,9 +315,10 @@ fn device_trace(
     // Each segment's blocks list (its node, if a list) and stream, in order.
     let mut held: Vec<(Option<u32>, u64)> = Vec::with_capacity(segs.len());
     for (si, s) in segs.iter().enumerate() {
-        let total = as_int(key(s, "total_size")).unwrap_or(0).max(0) as u128;
+        let at = || format!("the segments of device {device}: [{si}]");
+        let total = u128::from(cx.count(s, "total_size", at)?.unwrap_or(0));
         fig.reserved_at_dump += total;
-        let stream = as_int(key(s, "stream")).unwrap_or(0) as u64;
+        let stream = cx.count(s, "stream", at)?.unwrap_or(0);
         let node = match key(s, "blocks") {
             Some(v @ Val::Node(i)) => cx.list(v).map(|l| (*i, l)),
             _ => None,
@@ -356,7 +387,7 @@ fn device_trace(
         let addr = as_int(key(d, "addr"));
         // A byte count: a non-negative integer (PyTorch's are); anything else is
         // said, not read as 0, where the event needs it.
-        let size = as_int(key(d, "size")).and_then(|s| u64::try_from(s).ok());
+        let size = as_count(key(d, "size")).ok().flatten();
         let need_size = |diag: &mut Diagnostics| -> Option<u64> {
             if size.is_none() {
                 diag.push_with(i as u64, || {
@@ -368,7 +399,15 @@ fn device_trace(
             }
             size
         };
-        let stream = as_int(key(d, "stream")).unwrap_or(0) as u64;
+        let Ok(stream) = as_count(key(d, "stream")).map(Option::unwrap_or_default) else {
+            diag.push_with(i as u64, || {
+                format!(
+                    "record device_traces[{device}][{i}] ({action}) has a `stream` that is not a non-negative integer (found {})",
+                    key(d, "stream").map_or_else(|| "none".to_owned(), |v| cx.describe(v))
+                )
+            });
+            continue;
+        };
         let time = as_int(key(d, "time_us")).and_then(|t| u64::try_from(t).ok());
         let need_addr = |diag: &mut Diagnostics| -> Option<i64> {
             if addr.is_none() {
@@ -716,6 +755,84 @@ mod tests {
                     && Arc::ptr_eq(&f.filename, &first.filename)),
             "one copy of the shared name and file name"
         );
+    }
+
+    /// A snapshot with `seg` as its one segment's extra fields and one alloc
+    /// entry with `entry` as its extra fields.
+    fn with_fields(
+        seg: &[(&str, i32)],
+        block: &[(&str, i32)],
+        entry: &[(&str, Option<i32>)],
+    ) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.op(b"\x80\x02}(").str("segments").op(b"](}(");
+        for &(k, v) in seg {
+            w.str(k).int(v);
+        }
+        w.str("blocks")
+            .op(b"](}(")
+            .str("state")
+            .str("active_allocated")
+            .str("address")
+            .int(4096);
+        for &(k, v) in block {
+            w.str(k).int(v);
+        }
+        w.op(b"ueu").op(b"e").str("device_traces").op(b"](](}(");
+        w.str("action").str("alloc").str("addr").int(8192);
+        for &(k, v) in entry {
+            match v {
+                Some(v) => w.str(k).int(v),
+                None => w.str(k).op(b"\x88"), // True
+            };
+        }
+        w.op(b"ueeu.");
+        w.0
+    }
+
+    /// Negative sizes and streams, and a bool as a size, were read as 0,
+    /// `u64::MAX` and 1 without a word; PyTorch writes none of them. In a
+    /// segment or a block they are a typed error; in a trace entry, a
+    /// diagnostic and the entry skipped, as a missing size was.
+    #[test]
+    fn counts_that_are_not_counts_are_said_not_coerced() {
+        let ok = with_fields(
+            &[("total_size", 4096)],
+            &[("size", 512)],
+            &[("size", Some(512)), ("stream", Some(0))],
+        );
+        let traces = read_snapshot(&ok[..], "t.pickle").unwrap();
+        assert_eq!(traces[0].diagnostics.bad, 0);
+        for (seg, block, what) in [
+            (
+                &[("total_size", -4096)][..],
+                &[("size", 512)][..],
+                "total_size",
+            ),
+            (&[("stream", -1)][..], &[("size", 512)][..], "stream"),
+            (&[][..], &[("size", -100)][..], "blocks[0].size"),
+            (&[][..], &[("requested_size", -1)][..], "requested_size"),
+        ] {
+            let p = with_fields(seg, block, &[("size", Some(512))]);
+            let e = read_snapshot(&p[..], "t.pickle").unwrap_err();
+            assert!(matches!(e, TraceError::Snapshot { .. }), "{what}: {e}");
+            let m = e.to_string();
+            assert!(
+                m.contains(what) && m.contains("a non-negative integer"),
+                "{m}"
+            );
+        }
+        for (entry, what) in [
+            (&[("size", None)][..], "`size`"),
+            (&[("size", Some(-5))][..], "`size`"),
+            (&[("size", Some(512)), ("stream", Some(-1))][..], "`stream`"),
+        ] {
+            let p = with_fields(&[], &[], entry);
+            let t = read_snapshot(&p[..], "t.pickle").unwrap();
+            let d = &t[0].diagnostics;
+            assert_eq!(d.bad, 1, "{what}");
+            assert!(d.first[0].message.contains(what), "{}", d.first[0].message);
+        }
     }
 
     #[test]
