@@ -253,6 +253,17 @@ fn hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim_start_matches("0x").trim_start_matches("0X"), 16).ok()
 }
 
+/// Why `s`, named `what`, is not a 64-bit hex value: not hex at all, or too
+/// large for 64 bits.
+fn not_hex(what: &str, s: &str) -> String {
+    let digits = s.trim_start_matches("0x").trim_start_matches("0X");
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        format!("{what} {:?} is larger than 64 bits", excerpt(s, 24))
+    } else {
+        format!("{what} {:?} is not hex", excerpt(s, 24))
+    }
+}
+
 fn parse_rmm(
     f: &[&str],
     ids: &mut HashMap<u64, u64>,
@@ -268,7 +279,7 @@ fn parse_rmm(
         // No block came of it; its pointer may be written as "(nil)".
         return Ok(None);
     }
-    let ptr = hex(f[3]).ok_or_else(|| format!("pointer {:?} is not hex", excerpt(f[3], 24)))?;
+    let ptr = hex(f[3]).ok_or_else(|| not_hex("pointer", f[3]))?;
     match f[2] {
         "allocate" => {
             // RMM writes the stream as a pointer (`0x0`); an empty field is the
@@ -277,7 +288,7 @@ fn parse_rmm(
             let stream = if field.is_empty() {
                 0
             } else {
-                hex(field).ok_or_else(|| format!("stream {:?} is not hex", excerpt(field, 24)))?
+                hex(field).ok_or_else(|| not_hex("stream", field))?
             };
             let size = num(f[4], "size")?;
             // A pointer allocated again while live keeps its id: the replay then

@@ -91,6 +91,24 @@ fn both_text_formats_parse_and_bad_lines_are_numbered() {
         "{:?}",
         d.first
     );
+    // Hex, but past 64 bits: said as such, not as "not hex".
+    let r = Trace::from_text(
+        "r",
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f00,256,0xffffffffffffffffff\n1,0.2,allocate,0x1ffffffffffffffff,8,0x0\n1,0.3,allocate,0x7f30,8,0x0\n",
+    )
+    .unwrap();
+    let d = scan(&r).unwrap().diagnostics;
+    assert_eq!(d.bad, 2);
+    assert!(
+        d.first[0]
+            .message
+            .contains("stream \"0xffffffffffffffffff\" is larger than 64 bits")
+            && d.first[1]
+                .message
+                .contains("pointer \"0x1ffffffffffffffff\" is larger than 64 bits"),
+        "{:?}",
+        d.first
+    );
     // A pointer allocated again while live is the emm CSV's reused id: the
     // earlier allocation is taken as freed there, and counted.
     let r = Trace::from_text(
