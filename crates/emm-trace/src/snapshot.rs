@@ -652,6 +652,22 @@ mod tests {
         fn get(&mut self, memo: u32) -> &mut Self {
             self.op(b"j").op(&memo.to_le_bytes())
         }
+        /// The top dict's start, no segments, and device 0's trace list opened.
+        fn traces_only(&mut self) -> &mut Self {
+            self.op(b"\x80\x02}(")
+                .str("segments")
+                .op(b"]")
+                .str("device_traces")
+                .op(b"](](")
+        }
+        /// An alloc entry's dict opened, with its action and address.
+        fn alloc_at(&mut self, addr: i32) -> &mut Self {
+            self.op(b"}(")
+                .str("action")
+                .str("alloc")
+                .str("addr")
+                .int(addr)
+        }
     }
 
     #[test]
@@ -660,17 +676,9 @@ mod tests {
         // each with its own list of 64 references to it.
         let long = "n".repeat(4 << 20);
         let mut w = Writer::default();
-        w.op(b"\x80\x02}(")
-            .str("segments")
-            .op(b"]")
-            .str("device_traces")
-            .op(b"](](");
+        w.traces_only();
         for k in 0..50 {
-            w.op(b"}(")
-                .str("action")
-                .str("alloc")
-                .str("addr")
-                .int(4096 * (k + 1));
+            w.alloc_at(4096 * (k + 1));
             w.str("size")
                 .int(512)
                 .str("stream")
@@ -715,17 +723,9 @@ mod tests {
     fn frames_sharing_a_name_keep_one_copy_of_it() {
         let long = "n".repeat(4 << 10);
         let mut w = Writer::default();
-        w.op(b"\x80\x02}(")
-            .str("segments")
-            .op(b"]")
-            .str("device_traces")
-            .op(b"](](");
+        w.traces_only();
         for k in 0..100 {
-            w.op(b"}(")
-                .str("action")
-                .str("alloc")
-                .str("addr")
-                .int(4096 * (k + 1));
+            w.alloc_at(4096 * (k + 1));
             w.str("size").int(512).str("frames").op(b"](");
             for i in 0..20 {
                 w.op(b"}(").str("name");
@@ -778,8 +778,8 @@ mod tests {
         for &(k, v) in block {
             w.str(k).int(v);
         }
-        w.op(b"ueu").op(b"e").str("device_traces").op(b"](](}(");
-        w.str("action").str("alloc").str("addr").int(8192);
+        w.op(b"ueu").op(b"e").str("device_traces").op(b"](](");
+        w.alloc_at(8192);
         for &(k, v) in entry {
             match v {
                 Some(v) => w.str(k).int(v),
