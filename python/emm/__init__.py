@@ -39,13 +39,15 @@ and ``total`` bytes), :class:`ClosedError` (a ``ValueError``: a closed handle),
 :class:`EmmError` (``code`` and message) for the rest. Warnings of the library
 (e.g. ``EMM_MEMORY_MANAGER`` overriding ``configure(manager=...)``) arrive as
 :class:`EmmWarning` through the ``warnings`` module; its errors on the ``emm``
-logger. Both are queued by the library and taken by each call of these bindings
-but the allocation calls themselves (``Manager.alloc``, ``free`` and the like,
-which stay one C call): those of paths that run no Python (the native PyTorch
-allocator, CuPy's C allocator) arrive at the next such call (``stats``,
-``memory_info``, ``snapshot``, ``trim``, a failure, ...), :func:`take_warnings`
-takes them at any time, and any left at exit go to stderr. The queue keeps the
-newest 256; when older ones were dropped, an error says how many.
+logger. Both are queued by the library and taken by the ``Manager``'s calls but
+the allocation calls themselves (``alloc``, ``free`` and the like, which stay one
+C call), by the tag functions and by ``emm.torch``'s statistics, before their C
+call (under ``-W error`` a queued warning stops the call before it acts): those
+of paths that run no Python (the native PyTorch allocator, CuPy's C allocator)
+arrive at the next such call (``stats``, ``memory_info``, ``snapshot``,
+``trim``, a failure, ...), :func:`take_warnings` takes them at any time, and any
+left at exit go to stderr. The queue keeps the newest 256; when older ones were
+dropped, an error says how many.
 """
 
 from ._version import __version__

@@ -346,11 +346,18 @@ def load() -> ctypes.CDLL:
     return lib
 
 
+# Messages taken from the library but not yet raised: those after one that the
+# warnings filter turned into an exception (``emit_warnings``), kept for the next
+# take instead of lost.
+_NOT_RAISED: List[Tuple[int, str]] = []
+
+
 def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
     """Takes the library's queued warnings and errors, oldest first, as
     ``(level, message)`` pairs (level 1: error, 2: warning) without raising them."""
     lib = lib or load()
-    out: List[Tuple[int, str]] = []
+    out: List[Tuple[int, str]] = _NOT_RAISED[:]
+    del _NOT_RAISED[:]
     n, level = ctypes.c_size_t(), ctypes.c_int()
     buf = ctypes.create_string_buffer(256)
     while True:
@@ -377,12 +384,19 @@ def _drain_at_exit(lib: ctypes.CDLL) -> None:
 
 def emit_warnings(lib: Optional[ctypes.CDLL] = None, stacklevel: int = 3) -> None:
     """Raises the library's queued warnings as :class:`EmmWarning` (``warnings``
-    module) and logs its errors on the ``emm`` logger."""
-    for level, message in take_warnings(lib):
-        if level == 1:
-            _log.error("%s", message)
-        else:
-            warnings.warn(message, EmmWarning, stacklevel=stacklevel)
+    module) and logs its errors on the ``emm`` logger. When the filter turns a
+    warning into an exception, the messages after it stay queued for the next
+    call (or :func:`take_warnings`)."""
+    taken = take_warnings(lib)
+    for i, (level, message) in enumerate(taken):
+        try:
+            if level == 1:
+                _log.error("%s", message)
+            else:
+                warnings.warn(message, EmmWarning, stacklevel=stacklevel)
+        except BaseException:
+            _NOT_RAISED[:0] = taken[i + 1:]
+            raise
 
 
 def _raise_last(lib: ctypes.CDLL, status: int) -> None:
@@ -420,11 +434,13 @@ def _check(lib: ctypes.CDLL, status: int) -> None:
         _raise_last(lib, status)
 
 
-def _check_and_emit(lib: ctypes.CDLL, status: int) -> None:
-    """:func:`_check`, then the library's queued warnings raised
-    (:func:`emit_warnings`): for every call of these bindings but the
-    allocation paths (``alloc``, ``free`` and the like), which stay one C call."""
-    _check(lib, status)
+def _emit_queued(lib: ctypes.CDLL) -> None:
+    """The library's queued warnings raised (:func:`emit_warnings`) before a
+    call of these bindings makes its C call: the calls but the allocation paths
+    (``alloc``, ``free`` and the like, which stay one C call). Before, not
+    after: a warning the filter turns into an exception (``-W error``) then
+    stops the call before it changed anything, never after (an IPC mapping
+    opened and its address lost, a region entered and never left)."""
     emit_warnings(lib, stacklevel=4)
 
 
@@ -740,20 +756,23 @@ class Manager(_Owner):
         """``(free, total)`` bytes of the device."""
         h = self._handle()
         f, t = ctypes.c_size_t(), ctypes.c_size_t()
-        _check_and_emit(self._lib, self._lib.emm_memory_info(h, ctypes.byref(f), ctypes.byref(t)))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_memory_info(h, ctypes.byref(f), ctypes.byref(t)))
         return f.value, t.value
 
     def stats(self) -> Dict[str, int]:
         """The manager's statistics (PyTorch's names where they fit)."""
         h = self._handle()
         s = _Stats()
-        _check_and_emit(self._lib, self._lib.emm_get_stats(h, ctypes.byref(s)))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_get_stats(h, ctypes.byref(s)))
         return {n: getattr(s, n) for n, _ in _Stats._fields_}
 
     def report(self) -> str:
         """Every counter the manager keeps, as one line of text (for profiling)."""
         h = self._handle()
         n = ctypes.c_size_t()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_manager_report(h, None, 0, ctypes.byref(n)))
         # Counters may gain digits between the two calls (other threads work on):
         # asked again with room to spare until the whole line fits.
@@ -762,14 +781,14 @@ class Manager(_Owner):
             buf = ctypes.create_string_buffer(cap)
             _check(self._lib, self._lib.emm_manager_report(h, buf, cap, ctypes.byref(n)))
             if n.value < cap:
-                emit_warnings(self._lib)
                 return buf.value.decode("utf-8", "replace")
             cap = n.value + 64
 
     def _json(self, fn: str) -> Any:
         h = self._handle()
         out, n = ctypes.c_void_p(), ctypes.c_size_t()
-        _check_and_emit(self._lib, getattr(self._lib, fn)(h, ctypes.byref(out), ctypes.byref(n)))
+        _emit_queued(self._lib)
+        _check(self._lib, getattr(self._lib, fn)(h, ctypes.byref(out), ctypes.byref(n)))
         try:
             text = ctypes.string_at(out.value, n.value).decode("utf-8")
         finally:
@@ -787,14 +806,16 @@ class Manager(_Owner):
     def reset_peak_stats(self) -> None:
         """Sets every peak counter to its current value."""
         h = self._handle()
-        _check_and_emit(self._lib, self._lib.emm_reset_peak_stats(h))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_reset_peak_stats(h))
 
     def record_history(self, max_entries: int) -> None:
         """Records the allocation history in a ring of the latest ``max_entries``
         entries (0: stop and drop it)."""
         max_entries = check_uint(max_entries, "max_entries", SIZE_MAX)
         h = self._handle()
-        _check_and_emit(self._lib, self._lib.emm_record_memory_history(h, max_entries))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_record_memory_history(h, max_entries))
 
     def snapshot(self) -> Dict[str, Any]:
         """Segments, blocks, the recorded history and the counters, as emm's JSON
@@ -817,6 +838,7 @@ class Manager(_Owner):
         length = check_uint(length, "length", SIZE_MAX)
         h = self._handle()
         n = ctypes.c_size_t()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_ipc_export(h, ptr, offset, length, None, 0, ctypes.byref(n)))
         buf = ctypes.create_string_buffer(n.value)
         _check(self._lib, self._lib.emm_ipc_export(h, ptr, offset, length, buf, n.value, ctypes.byref(n)))
@@ -829,14 +851,16 @@ class Manager(_Owner):
             raise TypeError(f"handle must be bytes, not {type(handle).__name__}")
         h = self._handle()
         out = ctypes.c_uint64()
-        _check_and_emit(self._lib, self._lib.emm_ipc_open(h, bytes(handle), len(handle), ctypes.byref(out)))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_ipc_open(h, bytes(handle), len(handle), ctypes.byref(out)))
         return out.value
 
     def ipc_close(self, ptr: int) -> None:
         """Closes memory opened by :meth:`ipc_open` of this handle: one close for
         each open (a driver may give every open of a handle one address). A
-        close the driver refuses raises and leaves the memory open, to be closed
-        again."""
+        close the driver refuses raises and keeps the memory's record, to be
+        closed again (it may be partly closed: do not use it)."""
         ptr = check_uint(ptr, "ptr", U64_MAX)
         h = self._handle()
-        _check_and_emit(self._lib, self._lib.emm_ipc_close(h, ptr))
+        _emit_queued(self._lib)
+        _check(self._lib, self._lib.emm_ipc_close(h, ptr))

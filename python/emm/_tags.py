@@ -46,7 +46,7 @@ import contextlib
 import ctypes
 from typing import Dict, Iterable, Iterator, List, Union
 
-from ._lib import _check_and_emit, load
+from ._lib import _check, _emit_queued, load
 
 __all__ = ["pause", "region", "resume", "tag_stats"]
 
@@ -87,11 +87,12 @@ def region(tag: str) -> Iterator[None]:
     name = _tag_bytes(tag)
     lib = load()
     region_id = ctypes.c_uint64()
-    _check_and_emit(lib, lib.emm_region_enter(name, ctypes.byref(region_id)))
+    _emit_queued(lib)
+    _check(lib, lib.emm_region_enter(name, ctypes.byref(region_id)))
     try:
         yield
     finally:
-        _check_and_emit(lib, lib.emm_region_exit(region_id.value))
+        _check(lib, lib.emm_region_exit(region_id.value))
 
 
 def pause(tags: Union[str, Iterable[str]], keep: str = "none") -> Dict[str, int]:
@@ -107,7 +108,8 @@ def pause(tags: Union[str, Iterable[str]], keep: str = "none") -> Dict[str, int]
     names = _names(tags)
     lib = load()
     n, c = ctypes.c_size_t(), ctypes.c_size_t()
-    _check_and_emit(lib, lib.emm_pause(_array(names), len(names), _KEEP[keep], ctypes.byref(n), ctypes.byref(c)))
+    _emit_queued(lib)
+    _check(lib, lib.emm_pause(_array(names), len(names), _KEEP[keep], ctypes.byref(n), ctypes.byref(c)))
     return {"bytes": n.value, "copied_bytes": c.value}
 
 
@@ -120,7 +122,8 @@ def resume(tags: Union[str, Iterable[str]]) -> Dict[str, int]:
     names = _names(tags)
     lib = load()
     n, c = ctypes.c_size_t(), ctypes.c_size_t()
-    _check_and_emit(lib, lib.emm_resume(_array(names), len(names), ctypes.byref(n), ctypes.byref(c)))
+    _emit_queued(lib)
+    _check(lib, lib.emm_resume(_array(names), len(names), ctypes.byref(n), ctypes.byref(c)))
     return {"bytes": n.value, "copied_bytes": c.value}
 
 
@@ -133,7 +136,8 @@ def tag_stats(tag: str) -> Dict[str, int]:
     lib = load()
     a, r, p, h = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     paused = ctypes.c_int()
-    _check_and_emit(lib, lib.emm_tag_stats(name, ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
+    _emit_queued(lib)
+    _check(lib, lib.emm_tag_stats(name, ctypes.byref(a), ctypes.byref(r), ctypes.byref(p),
                                   ctypes.byref(h), ctypes.byref(paused)))
     return {"allocated_bytes": a.value, "reserved_bytes": r.value, "paused_bytes": p.value,
             "host_copy_bytes": h.value, "paused": paused.value}

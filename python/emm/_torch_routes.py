@@ -13,7 +13,7 @@ import sys
 from typing import Any, Dict, List
 
 from . import _torch_state
-from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, SIZE_MAX, _raise_last, load
+from ._lib import EMM_ERR_INVALID_ARGUMENT, EMM_OK, SIZE_MAX, _emit_queued, _raise_last, load
 
 
 def _wrap(owner: Any, name: str, fn: Any, doc_prefix: str = "") -> None:
@@ -203,11 +203,14 @@ def route_memory_stats(torch: Any) -> None:
         if not torch.cuda.is_initialized():
             return {}
         d = _torch_state.device_index(device)
+        _emit_queued(lib)
         return nested_stats(torch_counters(lib, d), _RESET_BASE.get(d, {}))
 
     def reset_peak_memory_stats(device: Any = None) -> None:
         if torch.cuda.is_initialized():
-            status = lib.emm_torch_reset_peak_stats(_torch_state.device_index(device))
+            d = _torch_state.device_index(device)
+            _emit_queued(lib)
+            status = lib.emm_torch_reset_peak_stats(d)
             if status != EMM_OK:
                 _raise_last(lib, status)
 
@@ -218,6 +221,7 @@ def route_memory_stats(torch: Any) -> None:
 
     def empty_cache() -> None:
         if torch.cuda.is_initialized():
+            _emit_queued(lib)
             status = lib.emm_torch_empty_cache(-1, None)
             if status != EMM_OK:
                 _raise_last(lib, status)

@@ -201,7 +201,8 @@ class EmmIpcHandle(IpcHandle):
 
     def close(self) -> None:
         """Unmaps what :meth:`open` mapped. A close the driver refuses raises and
-        leaves the handle open, to be closed again."""
+        leaves the handle opened, to be closed again (the memory may be partly
+        unmapped: do not use it)."""
         if self._emm_opened is None:
             raise ValueError("IpcHandle not opened")
         emm, ptr = self._emm_opened

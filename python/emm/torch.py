@@ -198,7 +198,7 @@ def mem_pool_stats(pool: Any, device: Any = None) -> Dict[str, int]:
     with ``MemPool(allocator=X)`` keeps X's memory, which X counts, not emm."""
     import ctypes
 
-    from ._lib import U64_MAX, _GraphPoolInfo, _raise_last, check_uint
+    from ._lib import U64_MAX, _emit_queued, _GraphPoolInfo, _raise_last, check_uint
 
     pool_id = tuple(getattr(pool, "id", pool))
     if len(pool_id) != 2:
@@ -208,6 +208,7 @@ def mem_pool_stats(pool: Any, device: Any = None) -> Dict[str, int]:
     d = _torch_state.device_index(device)
     lib = load()
     info = _GraphPoolInfo()
+    _emit_queued(lib)
     status = lib.emm_torch_graph_pool_info(d, first, second, ctypes.byref(info))
     if status != 0:
         _raise_last(lib, status)

@@ -5,6 +5,7 @@ a GPU; ``-m standin``); on a GPU machine they run on the GPU. Without either the
 are skipped."""
 
 import ctypes
+import os
 
 import pytest
 
@@ -398,3 +399,38 @@ def test_report_is_whole_while_other_threads_allocate(mgr):
         for t in threads:
             t.join()
     assert all(r.rstrip().endswith("}") for r in reports), [r[-40:] for r in reports if not r.rstrip().endswith("}")][:3]
+
+
+def _queue_a_warning(n: int = 1) -> None:
+    """Queues ``n`` warnings of the library the way a native PyTorch free of an
+    address emm did not hand out does (no Python runs there)."""
+    lib = emm._lib.load()
+    lib.emm_torch_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.emm_torch_release.restype = None
+    for i in range(n):
+        lib.emm_torch_release(0x5000_0000_1234 + 16 * i, -1)
+
+
+def test_a_warning_raised_as_an_error_stops_a_call_before_it_acts(mgr):
+    """Under ``-W error`` a queued warning raises at the next binding call: before
+    the call does anything (a region raising after it was entered stayed
+    entered, an IPC mapping raising after it was opened lost its address), and
+    the messages taken with it stay queued for the calls after."""
+    import warnings
+
+    emm.take_warnings()
+    _queue_a_warning(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(emm.EmmWarning):
+            with emm.region("w"):
+                pass
+        with pytest.raises(emm.EmmWarning):
+            mgr.stats()
+        with pytest.raises(emm.EmmWarning):
+            mgr.memory_info()
+        q = mgr.alloc(256)  # the three raised: the calls act again
+        assert mgr.stats()["allocated_bytes"] >= 256
+    assert emm.tag_stats("w")["allocated_bytes"] == 0, "no region was left entered"
+    mgr.free(q)
+    assert emm.take_warnings() == []

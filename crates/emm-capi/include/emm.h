@@ -539,8 +539,9 @@ emm_status emm_ipc_open(struct emm_manager *m, const uint8_t *buf, size_t len, u
 /**
  * Closes memory opened by `emm_ipc_open` on this handle: one close for each
  * open (a driver may give one address to every open of a handle). A close the
- * driver refuses returns its status and leaves the memory open, to be closed
- * again.
+ * driver refuses returns its status and keeps the record, to be closed again;
+ * the memory may be partly closed by then (not to be used again), and what
+ * was undone is not undone twice.
  */
 emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
 

@@ -86,8 +86,9 @@ pub unsafe extern "C" fn emm_ipc_open(
 
 /// Closes memory opened by `emm_ipc_open` on this handle: one close for each
 /// open (a driver may give one address to every open of a handle). A close the
-/// driver refuses returns its status and leaves the memory open, to be closed
-/// again.
+/// driver refuses returns its status and keeps the record, to be closed again;
+/// the memory may be partly closed by then (not to be used again), and what
+/// was undone is not undone twice.
 #[no_mangle]
 pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_status {
     with_manager(m, |h| {

@@ -258,11 +258,14 @@ impl IpcMemory {
     }
 
     /// Closes the mapping now, or releases the staging copy. The driver's
-    /// refusal is returned and the memory stays open: call `close` again, or
-    /// drop it, which tries once more and records a refusal for the context's
-    /// next call (what a virtual-memory mapping still holds is handed to the
-    /// context, [`Context::free_later`]). After `Ok` the address is no longer
-    /// valid and the drop does nothing.
+    /// refusal is returned, and what it refused stays for another `close`:
+    /// the memory may be partly closed then (some pieces of a virtual-memory
+    /// range unmapped, a pool pointer's free queued), so the address is not
+    /// to be used again either way; nothing is undone twice. Call `close`
+    /// again, or drop it, which tries once more and records a refusal for the
+    /// context's next call (what a virtual-memory mapping still holds is
+    /// handed to the context, [`Context::free_later`]). After `Ok` the drop
+    /// does nothing.
     pub fn close(&mut self) -> Result<()> {
         match &mut self.inner {
             Inner::Mapped(m) => {
@@ -276,7 +279,8 @@ impl IpcMemory {
         Ok(())
     }
 
-    /// `false` once [`IpcMemory::close`] succeeded.
+    /// `false` once [`IpcMemory::close`] succeeded, and for an empty range
+    /// opened from another device (nothing was mapped or staged).
     pub fn is_open(&self) -> bool {
         matches!(self.inner, Inner::Mapped(Some(_)) | Inner::Staged(_))
     }
