@@ -210,8 +210,9 @@ _LIB: Optional[ctypes.CDLL] = None
 # emm_settings (the list of settings, which configure() and settings() read) and
 # run-time settings; 312 torch.cuda.MemPool for the native object
 # (emm_torch_graph_pool_create, emm_torch_graph_pool_info); 313
-# emm_configure_check (PyTorch's settings checked before any is applied).
-ABI_NEEDED = 313
+# emm_configure_check (PyTorch's settings checked before any is applied); 314
+# emm_device_count (configure()'s devices checked before anything is applied).
+ABI_NEEDED = 314
 
 # emm_alloc_managed's flags (CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST).
 EMM_MEM_ATTACH_GLOBAL = 1
@@ -253,6 +254,7 @@ def _signatures() -> Dict[str, Tuple[List[Any], Any]]:
         "emm_last_error_code": ([], ctypes.c_int),
         "emm_last_oom": ([szp, szp, szp], ctypes.c_int),
         "emm_configure": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
+        "emm_device_count": ([ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "emm_configure_check": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int),
         "emm_settings": ([ctypes.POINTER(_Setting), ctypes.c_size_t, szp], ctypes.c_int),
         "emm_stat_names": ([ctypes.POINTER(_StatName), ctypes.c_size_t, szp], ctypes.c_int),
@@ -566,14 +568,19 @@ def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int
     """
     known = {s.name: s for s in settings()}
     pairs = []
+    given: Dict[str, str] = {}
     if manager is not None:
         pairs.append(("manager", _manager_value(manager, "manager")))
+        given["manager"] = "manager"
     for arg, value in values.items():
         key = _ALIASES.get(arg, arg)
         setting = known.get(key)
         if setting is None:
             raise TypeError(f"configure() got an unexpected keyword argument {arg!r}; the settings "
                             f"are {', '.join(sorted(known))}")
+        if key in given:
+            raise TypeError(f"configure() got {given[key]!r} and {arg!r}, which both set {key!r}")
+        given[key] = arg
         if value is not None:
             convert = _CONVERT.get(setting.kind, _manager_value)
             pairs.append((key, convert(value, arg)))
@@ -584,6 +591,20 @@ def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int
     else:
         ordinals = [check_uint(devices, "devices", INT_MAX)]
     lib = load()
+    # Everything checked before anything is applied: each value as the library
+    # parses it (a value the pool would refuse at its creation, e.g. a growth
+    # step of 0, is refused here), and the device ordinals against the driver's
+    # count (a bad one used to fail after the settings were applied and the
+    # first device's manager had frozen them).
+    for key, value in pairs:
+        _check(lib, lib.emm_configure_check(key.encode(), value.encode()))
+    if ordinals:
+        count = ctypes.c_int()
+        _check(lib, lib.emm_device_count(ctypes.byref(count)))
+        bad = [d for d in ordinals if d >= count.value]
+        if bad:
+            raise ValueError(f"devices {bad} are past the {count.value} device(s) the driver sees; "
+                             "nothing was applied")
     # The settings read at a manager's creation first: once a manager serves,
     # one is refused unless unchanged, and that refusal then comes before any
     # run-time setting (which takes effect at once) was applied.

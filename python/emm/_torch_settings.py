@@ -21,7 +21,7 @@ they were.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from ._lib import EMM_OK, _raise_last, load, settings
 from ._torch_routes import _wrap
@@ -59,14 +59,25 @@ def _split(text: str) -> List[Tuple[str, str]]:
     return pairs
 
 
-def _fraction(key: str, value: str) -> float:
+def _fraction(key: str, value: str, one: bool = True) -> float:
+    """``value`` as a share in (0, 1] (PyTorch's ``per_process_memory_fraction``),
+    or in (0, 1) with ``one`` false (its ``garbage_collection_threshold``)."""
     try:
         f = float(value)
     except ValueError:
         raise ValueError(f"{key} must be a number between 0 and 1, not {value!r}") from None
-    if not 0.0 < f <= 1.0:
-        raise ValueError(f"{key} must be above 0 and at most 1 (got {value!r})")
+    if not (0.0 < f <= 1.0 if one else 0.0 < f < 1.0):
+        upper = "at most 1" if one else "below 1"
+        raise ValueError(f"{key} must be above 0 and {upper} (got {value!r})")
     return f
+
+
+# emm's setting each of PyTorch's keys sets (emm's own keys set themselves).
+_TARGET = {
+    "expandable_segments": "pool_expandable",
+    "per_process_memory_fraction": "pool_limit",
+    "garbage_collection_threshold": "pool_release_threshold",
+}
 
 
 def translate(text: str, device_memory: Callable[[], int]) -> List[Tuple[str, str]]:
@@ -74,7 +85,15 @@ def translate(text: str, device_memory: Callable[[], int]) -> List[Tuple[str, st
     naming every key emm cannot honour (nothing applied)."""
     own = {s.name for s in settings()}
     out, refused = [], []
+    seen: Dict[str, str] = {}
     for key, value in _split(text):
+        # A key given twice (or two keys that set one setting of emm's): which
+        # value was meant is not guessed (PyTorch lets the last win).
+        target = _TARGET.get(key, key)
+        if target in seen:
+            raise ValueError(f"{key} sets {target}, which {seen[target]} set already in {text!r}; "
+                             "nothing was applied")
+        seen[target] = key
         if key == "expandable_segments":
             if value not in ("True", "False"):
                 raise ValueError(f"expandable_segments must be True or False, not {value!r}")
@@ -82,7 +101,8 @@ def translate(text: str, device_memory: Callable[[], int]) -> List[Tuple[str, st
         elif key == "per_process_memory_fraction":
             out.append(("pool_limit", str(int(_fraction(key, value) * device_memory()))))
         elif key == "garbage_collection_threshold":
-            out.append(("pool_release_threshold", str(int(_fraction(key, value) * device_memory()))))
+            share = _fraction(key, value, one=False)
+            out.append(("pool_release_threshold", str(int(share * device_memory()))))
         elif key in own and key != "manager":
             out.append((key, value))
         else:

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import emm
-from conftest import HAS_GPU
+from conftest import HAS_GPU, ON_STANDIN
 
 
 def child(code, **env):
@@ -37,6 +37,45 @@ def child(code, **env):
 def test_arguments_are_checked_before_anything_is_applied(kwargs, error):
     with pytest.raises(error):
         emm.configure(**kwargs)
+
+
+def test_one_setting_named_twice_is_refused():
+    # `limit` is an alias of `pool_limit`: which of the two was meant is not guessed.
+    with pytest.raises(TypeError, match="both set 'pool_limit'"):
+        emm.configure(limit=1 << 30, pool_limit=2 << 30)
+
+
+def test_values_the_pool_refuses_at_creation_are_refused_by_configure():
+    # A growth step of 0 and more stream pools than a pool has slots for were
+    # taken here and refused only at the first allocation, under internal names.
+    out = child("""
+        import emm
+        for kw in ({"pool_expand_step": 0}, {"pool_stream_pools": 100000}):
+            try:
+                emm.configure(pool_thread_cache=1 << 20, **kw)
+            except emm.EmmError as e:
+                print(e.code, str(e).split(":")[0])
+        emm.configure(pool_thread_cache=2 << 20)  # nothing frozen, nothing half-applied
+        print("ok")
+    """)
+    lines = out.splitlines()
+    assert lines[0].startswith("1 ") and lines[1].startswith("1 "), out  # EMM_ERR_INVALID_ARGUMENT
+    assert lines[-1] == "ok", out
+
+
+@pytest.mark.standin
+@pytest.mark.skipif(not (ON_STANDIN or HAS_GPU), reason="needs a driver to count devices")
+def test_a_device_past_the_driver_applies_nothing():
+    out = child("""
+        import emm
+        try:
+            emm.configure(pool_thread_cache=1 << 20, devices=[0, 99])
+        except ValueError as e:
+            print("refused:", e)
+        emm.configure(pool_thread_cache=2 << 20)  # nothing created, nothing frozen
+        print("ok")
+    """, **{k: v for k, v in os.environ.items() if k == "EMM_CUDA_DRIVER"})
+    assert "refused: devices [99] are past the" in out and out.rstrip().endswith("ok"), out
 
 
 def test_settings_are_read_from_the_library():

@@ -153,3 +153,20 @@ def test_the_pool_snapshot_matches_its_statistics():  # pragma: no cover - GPU
         m.free(p)
     m.record_history(0)
     m.close()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("pool_limit:1G,pool_limit:2G", "pool_limit sets pool_limit"),
+    ("per_process_memory_fraction:0.5,pool_limit:8G", "pool_limit sets pool_limit"),
+    ("expandable_segments:True,pool_expandable:0", "pool_expandable sets pool_expandable"),
+    ("garbage_collection_threshold:1.0", "below 1"),
+    ("expandable_segments:true", "True or False"),
+])
+def test_pytorchs_settings_are_read_as_emm_replay_reads_them(text, message):
+    # A setting given twice (or by two keys) is refused, and the values follow
+    # PyTorch's own rules, as `emm replay --pytorch-conf` does.
+    from emm._torch_settings import translate
+
+    with pytest.raises(ValueError, match=message):
+        translate(text, lambda: 80 << 30)
+    assert translate("garbage_collection_threshold:0.5", lambda: 100) == [("pool_release_threshold", "50")]

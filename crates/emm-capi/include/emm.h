@@ -73,7 +73,7 @@
  * major * 10000 + minor * 100 + patch. A program compares it with
  * `emm_abi_version()`, the version of the library it loaded.
  */
-#define EMM_ABI_VERSION 313
+#define EMM_ABI_VERSION 314
 
 /**
  * `keep` of `emm_pause`: the tagged blocks' contents are not kept (after the
@@ -572,9 +572,16 @@ emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
  * run-time settings in `emm_configure` (`pool_limit`,
  * `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
  * (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`); 313 added
- * `emm_configure_check`.
+ * `emm_configure_check`; 314 added `emm_device_count`.
  */
 int emm_abi_version(void);
+
+/**
+ * The number of CUDA devices the driver sees, in `*out` (a device ordinal is
+ * below it): for checking ordinals before anything is configured or created.
+ * No driver is `EMM_ERR_DRIVER`. Since ABI 314.
+ */
+emm_status emm_device_count(int *out);
 
 /**
  * Configuration in code. Every key mirrors an environment variable, whose name

@@ -33,10 +33,30 @@ use crate::status::*;
 /// run-time settings in `emm_configure` (`pool_limit`,
 /// `pool_release_threshold`); 312 added `torch.cuda.MemPool` for emm's object
 /// (`emm_torch_graph_pool_create`, `emm_torch_graph_pool_info`); 313 added
-/// `emm_configure_check`.
+/// `emm_configure_check`; 314 added `emm_device_count`.
 #[no_mangle]
 pub extern "C" fn emm_abi_version() -> c_int {
     ABI_VERSION
+}
+
+/// The number of CUDA devices the driver sees, in `*out` (a device ordinal is
+/// below it): for checking ordinals before anything is configured or created.
+/// No driver is `EMM_ERR_DRIVER`. Since ABI 314.
+#[no_mangle]
+pub unsafe extern "C" fn emm_device_count(out: *mut c_int) -> emm_status {
+    guard(|| {
+        if out.is_null() {
+            return invalid("emm_device_count: `out` is null");
+        }
+        match emm_driver::Device::count() {
+            Ok(n) => {
+                // SAFETY: `out` is non-null and writable per the contract.
+                unsafe { *out = c_int::try_from(n).unwrap_or(c_int::MAX) };
+                EMM_OK
+            }
+            Err(e) => fail(e.into()),
+        }
+    })
 }
 
 /// Configuration in code. Every key mirrors an environment variable, whose name

@@ -51,7 +51,7 @@ pub const EMM_ERR_TAG_STATE: emm_status = 12;
 /// The version of the C ABI that `include/emm.h` declares (there `EMM_ABI_VERSION`):
 /// major * 10000 + minor * 100 + patch. A program compares it with
 /// `emm_abi_version()`, the version of the library it loaded.
-pub const ABI_VERSION: c_int = 313;
+pub const ABI_VERSION: c_int = 314;
 
 thread_local! {
     pub(crate) static LAST_ERROR: RefCell<(emm_status, String)> = const { RefCell::new((EMM_OK, String::new())) };

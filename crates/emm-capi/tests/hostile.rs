@@ -432,6 +432,26 @@ mod standin {
     use super::*;
     use crate::common::{serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES};
 
+    #[test]
+    fn the_device_count_is_the_drivers() {
+        let _serial = serial();
+        let s = standin();
+        s.reset().unwrap();
+        let mut n = -1;
+        // SAFETY: a live local, then a null the contract refuses.
+        unsafe {
+            case("count", emm_device_count(&mut n), EMM_OK);
+            case(
+                "count null",
+                emm_device_count(null_mut()),
+                EMM_ERR_INVALID_ARGUMENT,
+            );
+        }
+        let want = emm_driver::Device::count().unwrap();
+        assert_eq!(usize::try_from(n).unwrap(), want);
+        assert!(n >= 1);
+    }
+
     /// A driver may give one address to every open of a handle (the stand-in
     /// does, as it counts opens): each open needs its close, and the first close
     /// leaves the second open mapped. A close the driver refuses says so and

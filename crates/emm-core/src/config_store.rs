@@ -282,7 +282,14 @@ impl<T: Clone + Send + Sync + 'static> Setting<T> {
     /// Errors: [`EmmError::InvalidConfig`] naming the variable, when its value
     /// does not parse.
     pub fn value(&self) -> Result<Option<T>> {
-        if let Ok(v) = std::env::var(self.key().env) {
+        if let Some(os) = std::env::var_os(self.key().env) {
+            // Not UTF-8 is not "unset": it is said, as a value that does not
+            // parse is.
+            let v = os.into_string().map_err(|os| EmmError::InvalidConfig {
+                name: self.key().env.to_owned(),
+                value: os.to_string_lossy().into_owned(),
+                reason: "not valid UTF-8".to_owned(),
+            })?;
             if !v.trim().is_empty() {
                 return (self.parse)(v.trim()).map(Some).map_err(|reason| {
                     EmmError::InvalidConfig {
@@ -310,6 +317,32 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    /// A variable whose value is not UTF-8 is an error naming it, not unset
+    /// (the configured value or the default silently served before).
+    #[test]
+    fn a_variable_that_is_not_utf8_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStrExt as _;
+        static ODD: Setting<usize> = Setting::new(
+            Key::new(
+                "t_odd",
+                "EMM_T_NOT_UTF8",
+                ValueKind::Bytes,
+                "",
+                "a test size",
+            ),
+            parse::bytes,
+        );
+        std::env::set_var("EMM_T_NOT_UTF8", std::ffi::OsStr::from_bytes(b"1\xffG"));
+        let e = ODD.value().unwrap_err();
+        std::env::remove_var("EMM_T_NOT_UTF8");
+        assert!(
+            matches!(&e, EmmError::InvalidConfig { name, value, reason }
+                if name == "EMM_T_NOT_UTF8" && value == "1\u{fffd}G" && reason.contains("UTF-8")),
+            "{e}"
+        );
+        assert_eq!(ODD.value().unwrap(), None, "unset again");
     }
 
     static LIMIT: Setting<usize> = Setting::new(

@@ -505,8 +505,18 @@ impl Router {
     }
 }
 
+/// `EMM_MEMORY_MANAGER`, trimmed (blank: unset, as for every `EMM_*`
+/// variable). A value that is not UTF-8 is kept as lossy text, which names no
+/// manager: [`EmmError::UnknownManager`] says what was found, where it once
+/// read as unset and the default served.
 fn env_choice() -> Option<String> {
-    std::env::var(MANAGER_ENV).ok().filter(|v| !v.is_empty())
+    choice_from(std::env::var_os(MANAGER_ENV))
+}
+
+/// [`env_choice`] of the variable's value `os`.
+fn choice_from(os: Option<std::ffi::OsString>) -> Option<String> {
+    let v = os?.to_string_lossy().trim().to_owned();
+    (!v.is_empty()).then_some(v)
 }
 
 /// Registers `name` in the process-wide router.
@@ -577,6 +587,22 @@ mod tests {
     use crate::manager::{DeferGuard, MemoryInfo};
     use crate::pointer::{DeviceView, HostAllocFlags, HostMemory};
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// `EMM_MEMORY_MANAGER` trimmed, blank as unset (as every `EMM_*`), and a
+    /// value that is not UTF-8 kept as lossy text (an unknown manager, said
+    /// so), not read as unset.
+    #[test]
+    fn the_manager_variable_is_trimmed_and_never_silently_unset() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let os = |b: &[u8]| Some(std::ffi::OsString::from_vec(b.to_vec()));
+        assert_eq!(choice_from(None), None);
+        assert_eq!(choice_from(os(b"  ")), None);
+        assert_eq!(choice_from(os(b" default ")).as_deref(), Some("default"));
+        assert_eq!(
+            choice_from(os(b"defa\xfflt")).as_deref(),
+            Some("defa\u{fffd}lt")
+        );
+    }
 
     struct Fake {
         name: &'static str,

@@ -50,7 +50,8 @@ impl ValueKind {
     }
 
     /// Validates `value` and returns its canonical text (what the store keeps and
-    /// compares): bytes as a decimal count, booleans as `0`/`1`.
+    /// compares): bytes as a decimal count, booleans as `0`/`1`, ratios as the
+    /// shortest text of their number (`0.20` and `2e-1` are `0.2`).
     pub fn canonical(self, value: &str) -> core::result::Result<String, String> {
         let v = value.trim();
         match self {
@@ -62,7 +63,7 @@ impl ValueKind {
             }),
             ValueKind::Bool => parse::flag(v).map(|b| if b { "1" } else { "0" }.to_owned()),
             ValueKind::Count => parse::count(v).map(|n| n.to_string()),
-            ValueKind::Ratio => parse::ratio(v).map(|_| v.to_owned()),
+            ValueKind::Ratio => parse::ratio(v).map(|r| r.to_string()),
         }
     }
 }
@@ -242,6 +243,12 @@ mod tests {
         assert_eq!(ValueKind::BytesOrMax.canonical("MAX").unwrap(), "max");
         assert_eq!(ValueKind::Bool.canonical("Yes").unwrap(), "1");
         assert_eq!(ValueKind::Count.canonical("7").unwrap(), "7");
+        // One number, one text: a value in effect written another way is the
+        // same value (it was refused after first use as a change).
+        for v in ["0.2", "0.20", " 2e-1", "0.200000"] {
+            assert_eq!(ValueKind::Ratio.canonical(v).unwrap(), "0.2", "{v}");
+        }
+        assert_eq!(ValueKind::Ratio.canonical("1").unwrap(), "1");
         assert!(ValueKind::Ratio
             .canonical("1.5")
             .unwrap_err()

@@ -1,10 +1,14 @@
 //! Sizes as people write them, for every setting that takes bytes
-//! (`EMM_POOL_LIMIT=8G`, `emm.configure(pool_limit="512MiB")`, `emm replay
-//! --device-memory 24G`): one parser, so the same text means the same everywhere.
+//! (`EMM_POOL_LIMIT=8G`, `emm_configure("pool_limit", "512MiB")`, `emm replay
+//! --device-memory 24G`; Python's `emm.configure` takes integers): one parser, so
+//! the same text means the same everywhere.
 
 /// Parses a size: a number of bytes, or a number (decimals allowed) with a binary
 /// unit `K`, `M`, `G` or `T`, with or without `iB`/`B`, in any case and with or
-/// without a space: `4096`, `24G`, `24GiB`, `512 MiB`, `1.5g`. `Err` says why.
+/// without a space: `4096`, `24G`, `24GiB`, `512 MiB`, `1.5g`. A decimal with
+/// a unit that comes to a fraction of a byte (`1.1K`, 1126.4 bytes) is rounded
+/// down to the whole byte; a plain number of bytes must be whole. `Err` says
+/// why.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t

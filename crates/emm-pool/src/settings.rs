@@ -5,6 +5,34 @@
 
 use emm_core::setting::{parse, AnySetting, Key, Setting, ValueKind};
 
+/// The most stream pools a pool may be configured for
+/// ([`PoolConfig::stream_pools`](crate::PoolConfig::stream_pools)): each has a
+/// slot made with the pool, and a count near `usize::MAX` could not be
+/// allocated at all. As many as tags ([`MAX_TAGS`](emm_core::tags::MAX_TAGS)).
+pub const MAX_STREAM_POOLS: usize = 4096;
+
+/// The largest segment size or growth step: past half of `isize::MAX` no
+/// device holds it, and the pool's sums of segment sizes could overflow.
+pub(crate) const MAX_SEGMENT_BYTES: usize = isize::MAX as usize / 2;
+
+/// A growth step ([`parse::bytes`]), positive and at most
+/// [`MAX_SEGMENT_BYTES`]: refused by `configure`, not at the first allocation.
+fn step_bytes(v: &str) -> Result<usize, String> {
+    match parse::bytes(v)? {
+        0 => Err("a positive size (the least the pool grows by)".to_owned()),
+        n if n > MAX_SEGMENT_BYTES => Err(format!("a size of at most {MAX_SEGMENT_BYTES} bytes")),
+        n => Ok(n),
+    }
+}
+
+/// A stream pool count ([`parse::count`]), at most [`MAX_STREAM_POOLS`].
+fn stream_pool_count(v: &str) -> Result<usize, String> {
+    match parse::count(v)? {
+        n if n > MAX_STREAM_POOLS => Err(format!("at most {MAX_STREAM_POOLS} stream pools")),
+        n => Ok(n),
+    }
+}
+
 /// `pool_limit` (`EMM_POOL_LIMIT`): the most bytes the pool (with its tag pools)
 /// reserves per device. A run-time setting: lowering it below what is reserved
 /// gives cached memory back at once, then refuses what would pass it.
@@ -118,7 +146,7 @@ pub static EXPAND_STEP: Setting<usize> = Setting::new(
         "2M",
         "growth at the end of the expandable segment maps at least this much, or a 32nd of what the pool reserves where that is less (2M, a page: only what the request lacks)",
     ),
-    parse::bytes,
+    step_bytes,
 );
 
 /// `pool_adopt_parked` (`EMM_POOL_ADOPT_PARKED`).
@@ -212,9 +240,9 @@ pub static STREAM_POOLS: Setting<usize> = Setting::new(
         "EMM_POOL_STREAM_POOLS",
         ValueKind::Count,
         "8",
-        "each created stream, up to n, allocates its large blocks from a pool of its own in the pool's family; small blocks, the default streams and streams past n share the pool (0: off)",
+        "each created stream, up to n (at most 4096), allocates its large blocks from a pool of its own in the pool's family; small blocks, the default streams and streams past n share the pool (0: off)",
     ),
-    parse::count,
+    stream_pool_count,
 );
 
 /// Every setting of the pool, in the order the documentation lists them.
@@ -237,3 +265,24 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &BACKGROUND_UNMAP,
     &STREAM_POOLS,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values the pool refuses at its creation are refused by `configure` and
+    /// `emm_configure_check` already (they were refused only at the first
+    /// allocation, under an internal name).
+    #[test]
+    fn the_pools_bounds_are_the_parsers_bounds() {
+        for v in ["0", "0M", "9000000T"] {
+            let e = EXPAND_STEP.parse_any(v).err().unwrap_or_default();
+            assert!(e.contains("size"), "{v}: {e}");
+        }
+        assert!(EXPAND_STEP.parse_any("2M").is_ok());
+        let e = STREAM_POOLS.parse_any("4097").err().unwrap_or_default();
+        assert!(e.contains("at most 4096"), "{e}");
+        assert!(STREAM_POOLS.parse_any("4096").is_ok());
+        assert!(STREAM_POOLS.parse_any("0").is_ok());
+    }
+}

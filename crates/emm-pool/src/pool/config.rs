@@ -210,11 +210,7 @@ pub const DEFAULT_THREAD_CACHE_KEEP: usize = crate::SMALL_MAX;
 /// room; streams past it share the pool's own arena.
 pub const DEFAULT_STREAM_POOLS: usize = 8;
 
-/// The most stream pools a pool may be configured for
-/// ([`PoolConfig::stream_pools`]): each has a slot made with the pool, and a
-/// count near `usize::MAX` could not be allocated at all. As many as tags
-/// ([`MAX_TAGS`](emm_core::tags::MAX_TAGS)).
-pub const MAX_STREAM_POOLS: usize = 4096;
+pub use crate::settings::MAX_STREAM_POOLS;
 
 /// Streams a thread keeps cached blocks for, per pool. A thread that frees on more
 /// streams gives the oldest stream's blocks back to the arena: lookups stay a short

@@ -81,7 +81,7 @@ pub(super) fn make_core(
         // (Past half of `isize::MAX` no device holds it, and the pool's sums of
         // segment sizes could overflow: a request that large is refused too.)
         if value == 0
-            || value > isize::MAX as usize / 2
+            || value > crate::settings::MAX_SEGMENT_BYTES
             || (name == "segments.large_round" && !value.is_power_of_two())
         {
             return Err(EmmError::InvalidConfig {
@@ -89,7 +89,7 @@ pub(super) fn make_core(
                 value: value.to_string(),
                 reason: format!(
                     "a positive size of at most {} bytes (the rounding a power of two)",
-                    isize::MAX as usize / 2
+                    crate::settings::MAX_SEGMENT_BYTES
                 ),
             });
         }

@@ -62,7 +62,13 @@ impl TorchConf {
     /// the defaults.
     pub fn from_env() -> Result<TorchConf, ConfError> {
         for var in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
-            if let Ok(v) = std::env::var(var) {
+            if let Some(os) = std::env::var_os(var) {
+                // Not UTF-8 is said, not read as unset (the next variable).
+                let v = os.into_string().map_err(|os| ConfError {
+                    conf: os.to_string_lossy().into_owned(),
+                    setting: var.to_owned(),
+                    reason: "the variable is not valid UTF-8".to_owned(),
+                })?;
                 return TorchConf::parse(&v);
             }
         }
@@ -93,6 +99,7 @@ impl TorchConf {
             }
         }
         settings.push(&conf[start..]);
+        let mut seen: Vec<&str> = Vec::new();
         for setting in settings
             .into_iter()
             .map(str::trim)
@@ -102,11 +109,18 @@ impl TorchConf {
                 .split_once(':')
                 .ok_or_else(|| err(setting, "expected key:value".into()))?;
             let (key, value) = (key.trim(), value.trim());
+            // PyTorch lets the last of a repeated key win; which one the user
+            // meant is not for the model to guess.
+            if seen.contains(&key) {
+                return Err(err(setting, format!("`{key}` is given more than once")));
+            }
+            seen.push(key);
             match key {
                 "expandable_segments" => {
+                    // PyTorch takes `True` and `False` only (as `emm.torch` does).
                     c.expandable_segments = match value {
-                        "True" | "true" => true,
-                        "False" | "false" => false,
+                        "True" => true,
+                        "False" => false,
                         _ => return Err(err(setting, "expected True or False".into())),
                     }
                 }
@@ -285,6 +299,11 @@ mod tests {
             "nonsense:1",
             "backend:cudaMallocAsync",
             "expandable_segments",
+            // PyTorch takes True and False only (as emm.torch does).
+            "expandable_segments:true",
+            "garbage_collection_threshold:1.0",
+            // A key given twice: which value was meant is not guessed.
+            "max_split_size_mb:128,max_split_size_mb:64",
         ] {
             let e = TorchConf::parse(bad).unwrap_err();
             assert!(
