@@ -166,8 +166,13 @@ fn the_settings_read_sizes_and_keep_their_documented_defaults() {
     let Err(e) = zero else {
         panic!("a step of 0 was taken");
     };
+    // Refused where the variable is read, naming it (not at the pool's
+    // creation under an internal name).
     let msg = e.to_string();
-    assert!(msg.contains("expand_step"), "{msg}");
+    assert!(
+        msg.contains("EMM_POOL_EXPAND_STEP") && msg.contains("positive"),
+        "{msg}"
+    );
 }
 
 /// The pieces one growth for a request of `request` bytes maps, with pieces of
