@@ -16,6 +16,7 @@ import operator
 import os
 import pathlib
 import sys
+import threading
 import warnings
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -350,16 +351,31 @@ def load() -> ctypes.CDLL:
 
 # Messages taken from the library but not yet raised: those after one that the
 # warnings filter turned into an exception (``emit_warnings``), kept for the next
-# take instead of lost.
+# take instead of lost. At most ``_NOT_RAISED_CAP``, the newest, as the library's
+# own queue keeps; the first then says how many older ones were dropped.
 _NOT_RAISED: List[Tuple[int, str]] = []
+_NOT_RAISED_CAP = 256
+_NOT_RAISED_LOCK = threading.Lock()
+
+
+def _keep_not_raised(left: List[Tuple[int, str]]) -> None:
+    """Puts ``left`` (oldest first) back before the messages kept already."""
+    with _NOT_RAISED_LOCK:
+        kept = left + _NOT_RAISED
+        dropped = len(kept) - _NOT_RAISED_CAP
+        if dropped > 0:
+            kept = [(1, f"{dropped} earlier message(s) of emm were dropped: {_NOT_RAISED_CAP} are kept "
+                        "while a warnings filter raises them one call at a time")] + kept[dropped + 1:]
+        _NOT_RAISED[:] = kept
 
 
 def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
     """Takes the library's queued warnings and errors, oldest first, as
     ``(level, message)`` pairs (level 1: error, 2: warning) without raising them."""
     lib = lib or load()
-    out: List[Tuple[int, str]] = _NOT_RAISED[:]
-    del _NOT_RAISED[:]
+    with _NOT_RAISED_LOCK:
+        out: List[Tuple[int, str]] = _NOT_RAISED[:]
+        del _NOT_RAISED[:]
     n, level = ctypes.c_size_t(), ctypes.c_int()
     buf = ctypes.create_string_buffer(256)
     while True:
@@ -397,7 +413,7 @@ def emit_warnings(lib: Optional[ctypes.CDLL] = None, stacklevel: int = 3) -> Non
             else:
                 warnings.warn(message, EmmWarning, stacklevel=stacklevel)
         except BaseException:
-            _NOT_RAISED[:0] = taken[i + 1:]
+            _keep_not_raised(taken[i + 1:])
             raise
 
 
@@ -578,10 +594,10 @@ def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int
         if setting is None:
             raise TypeError(f"configure() got an unexpected keyword argument {arg!r}; the settings "
                             f"are {', '.join(sorted(known))}")
-        if key in given:
+        if value is not None and key in given:
             raise TypeError(f"configure() got {given[key]!r} and {arg!r}, which both set {key!r}")
-        given[key] = arg
         if value is not None:
+            given[key] = arg
             convert = _CONVERT.get(setting.kind, _manager_value)
             pairs.append((key, convert(value, arg)))
     if devices is None:
@@ -847,8 +863,8 @@ class Manager(_Owner):
         """Gives cached memory back to the device; returns the bytes released."""
         h = self._handle()
         n = ctypes.c_size_t()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_trim(h, ctypes.byref(n)))
-        emit_warnings(self._lib)
         return n.value
 
     def ipc_export(self, ptr: int, offset: int, length: int) -> bytes:

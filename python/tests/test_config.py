@@ -43,6 +43,12 @@ def test_one_setting_named_twice_is_refused():
     # `limit` is an alias of `pool_limit`: which of the two was meant is not guessed.
     with pytest.raises(TypeError, match="both set 'pool_limit'"):
         emm.configure(limit=1 << 30, pool_limit=2 << 30)
+    # A keyword given as None leaves its setting alone: no second value.
+    out = child("""
+        import emm
+        print(emm.configure(limit=None, pool_limit=1 << 30))
+    """)
+    assert out.strip() == "[]", out
 
 
 def test_values_the_pool_refuses_at_creation_are_refused_by_configure():

@@ -434,3 +434,37 @@ def test_a_warning_raised_as_an_error_stops_a_call_before_it_acts(mgr):
     assert emm.tag_stats("w")["allocated_bytes"] == 0, "no region was left entered"
     mgr.free(q)
     assert emm.take_warnings() == []
+
+
+def test_trim_under_an_error_filter_gives_nothing_back_before_it_raises(mgr):
+    import warnings
+
+    emm.take_warnings()
+    mgr.free(mgr.alloc(64 << 20))
+    reserved = mgr.stats()["reserved_bytes"]
+    _queue_a_warning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(emm.EmmWarning):
+            mgr.trim()
+    assert mgr.stats()["reserved_bytes"] == reserved, "the raise came before the trim"
+    assert mgr.trim() >= 0
+
+
+def test_messages_kept_past_a_raised_one_stay_bounded(mgr):
+    """Under ``-W error`` each call raises one queued message and keeps the rest;
+    native paths queuing faster than that do not grow what is kept past the
+    library's own 256, and the first kept says how many were dropped."""
+    import warnings
+
+    emm.take_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            _queue_a_warning(300)
+            with pytest.raises(emm.EmmWarning):
+                mgr.stats()
+    assert len(emm._lib._NOT_RAISED) <= 256
+    left = emm.take_warnings()
+    assert left[0][0] == 1 and "dropped" in left[0][1], left[0]
+    assert emm.take_warnings() == []
