@@ -12,7 +12,7 @@ use std::ptr::null_mut;
 use emm_capi::*;
 
 mod common;
-use common::{case, last_message, serial, standin};
+use common::{case, last_message, open_manager, serial, standin};
 
 /// The manager's allocated bytes, through `emm_get_stats`.
 fn allocated(m: *mut emm_manager) -> u64 {
@@ -36,14 +36,9 @@ fn a_refused_free_is_returned_and_the_block_kept_for_a_retry() {
     let _serial = serial();
     let s = standin();
     s.reset().unwrap();
-    let mut m: *mut emm_manager = null_mut();
+    let mut m = open_manager(c"hostonly");
     // SAFETY: live locals, as the contract asks.
     unsafe {
-        case(
-            "create",
-            emm_manager_create(c"hostonly".as_ptr(), 0, &mut m),
-            EMM_OK,
-        );
         let base = counters(&s);
         let before = allocated(m);
         let mut p = 0u64;
@@ -139,10 +134,7 @@ fn a_refused_free_by_address_is_said_and_the_block_freed_again_later() {
     };
     // The process's manager is `hostonly` (as for the other cases): it frees
     // through the driver, where the pool would cache the block.
-    let mut m: *mut emm_manager = null_mut();
-    // SAFETY: a live local, as the contract asks.
-    let made = unsafe { emm_manager_create(c"hostonly".as_ptr(), 0, &mut m) };
-    case("create", made, EMM_OK);
+    let m = open_manager(c"hostonly");
     // Warm: the device's state and the manager exist before the counts.
     let p = emm_torch_alloc(mib as isize, 0, null_mut());
     assert!(!p.is_null(), "{}", last_message());

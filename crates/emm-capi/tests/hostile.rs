@@ -430,7 +430,9 @@ fn extreme_shapes_are_invalid_arguments_and_dlpack_extents_stay_non_negative() {
 
 mod standin {
     use super::*;
-    use crate::common::{serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES};
+    use crate::common::{
+        open_manager, serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES,
+    };
 
     #[test]
     fn the_device_count_is_the_drivers() {
@@ -455,20 +457,15 @@ mod standin {
     /// A driver may give one address to every open of a handle (the stand-in
     /// does, as it counts opens): each open needs its close, and the first close
     /// leaves the second open mapped. A close the driver refuses says so and
-    /// leaves the memory open for another try.
+    /// keeps the record for another try.
     #[test]
     fn each_ipc_open_needs_its_close_and_a_refused_close_stays_open() {
         let _serial = serial();
         let s = standin();
         s.reset().unwrap();
-        let mut m: *mut emm_manager = null_mut();
+        let m = open_manager(c"default");
         // SAFETY: live locals, as the contract asks.
         unsafe {
-            case(
-                "create",
-                emm_manager_create(c"default".as_ptr(), 0, &mut m),
-                EMM_OK,
-            );
             let mut p = 0u64;
             case("alloc", emm_alloc(m, 1 << 20, null_mut(), &mut p), EMM_OK);
             let mut buf = [0u8; 512];
@@ -518,14 +515,9 @@ mod standin {
         use_standin();
         let before = cases();
         let inv = EMM_ERR_INVALID_ARGUMENT;
-        let mut m: *mut emm_manager = null_mut();
+        let mut m = open_manager(c"default");
         // SAFETY: live locals and nulls, as the contract allows.
         unsafe {
-            case(
-                "create",
-                emm_manager_create(c"default".as_ptr(), 0, &mut m),
-                EMM_OK,
-            );
             case(
                 "create device -1",
                 emm_manager_create(null(), -1, &mut m),

@@ -27,6 +27,16 @@ pub fn case(what: &str, got: emm_status, want: emm_status) {
     CASES.with(|c| c.set(c.get() + 1));
 }
 
+/// A handle on manager `name` of device 0, its creation checked as a case.
+#[track_caller]
+pub fn open_manager(name: &std::ffi::CStr) -> *mut emm_manager {
+    let mut m: *mut emm_manager = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated name and a live out-pointer, as the contract asks.
+    let made = unsafe { emm_manager_create(name.as_ptr(), 0, &mut m) };
+    case("create", made, EMM_OK);
+    m
+}
+
 /// The calling thread's last error message.
 pub fn last_message() -> String {
     let mut buf = vec![0u8; 512];
