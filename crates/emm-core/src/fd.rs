@@ -13,12 +13,6 @@ use crate::error::{EmmError, Result};
 #[derive(Debug)]
 pub(crate) struct TakenFd(OwnedFd);
 
-impl TakenFd {
-    pub(crate) fn raw(&self) -> i32 {
-        self.0.as_raw_fd()
-    }
-}
-
 impl AsRawFd for TakenFd {
     fn as_raw_fd(&self) -> i32 {
         self.0.as_raw_fd()
@@ -185,7 +179,7 @@ mod tests {
     fn a_descriptor_of_this_process_is_duplicated() {
         let f = std::fs::File::open("/proc/self/stat").unwrap();
         let t = take_fd(std::process::id(), f.as_raw_fd()).unwrap();
-        assert_ne!(t.raw(), f.as_raw_fd());
+        assert_ne!(t.as_raw_fd(), f.as_raw_fd());
     }
 
     #[test]

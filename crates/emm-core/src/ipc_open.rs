@@ -7,6 +7,8 @@
 //! opening needs a [`MemoryManager`], whose trait in turn names [`IpcHandle`]: the
 //! handle sits below the trait, opening above it.
 
+use std::os::fd::AsRawFd as _;
+
 use emm_driver::memory;
 use emm_driver::mempool::MemPool;
 use emm_driver::vmm::ImportedRange;
@@ -93,7 +95,7 @@ impl IpcHandle {
                 ..
             } => {
                 let fd = crate::fd::take_fd(*pid, *pool_fd)?;
-                let imported = MemPool::import_fd(ctx, fd.raw());
+                let imported = MemPool::import_fd(ctx, fd.as_raw_fd());
                 drop(fd);
                 let pool = imported?;
                 pool.set_access(ctx).ok(); // the owner device may already have access

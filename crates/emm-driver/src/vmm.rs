@@ -89,7 +89,7 @@ impl ImportedRange {
     /// before a failure is undone.
     pub fn import(ctx: &Context, pieces: &[(i32, usize)]) -> Result<ImportedRange> {
         let lens: Vec<usize> = pieces.iter().map(|&(_, len)| len).collect();
-        Self::import_each(ctx, &lens, |i| Ok::<_, DriverError>(RawFd(pieces[i].0)))
+        Self::import_each(ctx, &lens, |i| Ok::<_, DriverError>(CallersFd(pieces[i].0)))
     }
 
     /// [`ImportedRange::import`] with each piece's descriptor asked of `take`
@@ -267,9 +267,9 @@ impl Drop for ImportedRange {
 }
 
 /// A descriptor the caller of [`ImportedRange::import`] keeps open.
-struct RawFd(i32);
+struct CallersFd(i32);
 
-impl AsRawFd for RawFd {
+impl AsRawFd for CallersFd {
     fn as_raw_fd(&self) -> i32 {
         self.0
     }
