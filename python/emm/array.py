@@ -9,6 +9,10 @@ mutation while a lock (an explicit one, or a DLPack export that has not been
 released) lives raises ``EmmError`` instead of corrupting data. Extents, indices,
 streams and integer values are checked before they reach C: negative ones raise
 ``ValueError``, ones too large for their C type ``OverflowError``.
+
+The library's queued warnings (see :func:`emm.take_warnings`) are raised before an
+array is made, moved, locked, unlocked or exported, as before a manager's calls;
+element reads and writes, like allocations, stay one C call each.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ._lib import (
     EmmError,
     Manager,
     _check,
+    _emit_queued,
     _Owner,
     check_uint,
     load,
@@ -102,6 +107,7 @@ class MemArray(_Owner):
         mh = self._manager._handle() if self._manager is not None else None
         cdims = (ctypes.c_size_t * len(shape))(*shape)
         h = ctypes.c_void_p()
+        _emit_queued(lib)
         _check(lib, lib.emm_array_create(mh, code, bits, len(shape), cdims, ctypes.byref(h)))
         self._h = h.value
 
@@ -126,6 +132,7 @@ class MemArray(_Owner):
         s = check_uint(stream or 0, "stream", POINTER_MAX)
         h = self._handle()
         moved = ctypes.c_int()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_array_move(h, side, s or None, int(bool(wait)), ctypes.byref(moved)))
         return bool(moved.value)
 
@@ -181,6 +188,7 @@ class MemArray(_Owner):
         """Takes a lock (mutations fail while it lives); returns its id."""
         h = self._handle()
         i = ctypes.c_uint64()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_array_lock(h, ctypes.byref(i)))
         return i.value
 
@@ -188,6 +196,7 @@ class MemArray(_Owner):
         """Releases the lock ``lock_id`` from :meth:`lock`."""
         lock_id = check_uint(lock_id, "lock_id", U64_MAX)
         h = self._handle()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_array_unlock(h, lock_id))
 
     @property
@@ -213,6 +222,7 @@ class MemArray(_Owner):
         # any consumer stream.
         versioned = max_version is not None and max_version[0] >= 1
         out = ctypes.c_void_p()
+        _emit_queued(self._lib)
         _check(self._lib, self._lib.emm_array_to_dlpack(h, int(versioned), ctypes.byref(out)))
         if versioned:
             return _api.PyCapsule_New(out.value, _NAME_V, _destroy_versioned)
