@@ -510,11 +510,20 @@ def _bool_value(v: Any, name: str) -> str:
 
 
 def _bytes_value(v: Any, name: str) -> str:
+    # Text is a size as the environment variables take it (``"8G"``,
+    # ``"512MiB"``): the library parses it, and configure() has it checked
+    # (``emm_configure_check``) before anything is applied.
+    if isinstance(v, str):
+        if not v.strip():
+            raise ValueError(f"{name} must be a size, not an empty string")
+        if "\0" in v:
+            raise ValueError(f"{name} cannot hold a NUL character: {v!r}")
+        return v
     return str(check_uint(v, name, SIZE_MAX))
 
 
 def _bytes_or_max_value(v: Any, name: str) -> str:
-    if v is None or v == "max":
+    if v is None:
         return "max"
     return _bytes_value(v, name)
 
@@ -562,8 +571,8 @@ def configure(manager: Optional[str] = None, *, devices: Union[int, Sequence[int
     with their documentation), e.g. ``pool_limit``, ``pool_release_threshold``,
     ``pool_expandable``, ``pool_thread_cache``, ``hostonly_release_threshold``,
     ``max_pending_deallocs_count``; ``None`` leaves one alone. Sizes are ints
-    (``bytes_or_max`` settings take ``"max"`` too), so that every argument is
-    checked before any is applied. The short
+    or text as the environment variables take it (``"8G"``, ``"512MiB"``,
+    ``"1.5g"``; ``bytes_or_max`` settings take ``"max"`` too). The short
     keywords ``limit``, ``thread_cache``, ``expandable``, ``release_threshold`` (the
     ``hostonly`` manager's), ``max_pending_count`` and ``max_pending_ratio`` are
     kept. A set environment variable still wins, with an :class:`EmmWarning`

@@ -127,10 +127,11 @@ class EmmPlugin(_WorkerPlugin):  # type: ignore[misc,valid-type]
       ``pool_exportable`` unless ``EMM_POOL_EXPORTABLE`` is set, so Numba's IPC
       handles of its blocks export by file descriptor (``configure={"expandable": False}`` gives
       legacy CUDA IPC handles for every block instead; add ``"pool_initial_size"``,
-      an int of bytes (the role of Dask-CUDA's ``rmm_pool_size``, which also takes
-      strings such as ``"10GB"``; :func:`emm.configure` takes ints only), to hold
-      such a pool in one segment sized from a previous run: ``emm replay TRACE -m
-      pool --initial-size`` names it).
+      bytes as an int or as text such as ``"10G"`` (the role of Dask-CUDA's
+      ``rmm_pool_size``; emm's units are binary, 10 GiB here, where Dask-CUDA
+      reads ``"10GB"`` as 10**10 bytes), to hold such a pool in one segment
+      sized from a previous run: ``emm replay TRACE -m pool --initial-size``
+      names it).
     - ``cupy``: CuPy allocates through emm (:func:`emm.cupy.install`); blocks CuPy's
       own pool cached before are given back.
     - ``rmm``: emm becomes RMM's resource of ``device`` (``emm.rmm.install``).

@@ -25,11 +25,13 @@ def child(code, **env):
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    ({"limit": -1}, ValueError), ({"limit": 2**64}, OverflowError), ({"limit": "8G"}, TypeError),
+    ({"limit": -1}, ValueError), ({"limit": 2**64}, OverflowError), ({"limit": b"8G"}, TypeError),
+    ({"limit": "8X"}, emm.EmmError), ({"limit": " "}, ValueError), ({"limit": "8G\0"}, ValueError),
+    ({"pool_thread_cache": "1.5"}, emm.EmmError), ({"limit": 8.0}, TypeError),
     ({"pool_release_threshold": 1.5}, TypeError), ({"no_such_setting": 1}, TypeError),
     ({"expandable": "yes"}, TypeError), ({"max_pending_ratio": 1.5}, ValueError),
     ({"max_pending_ratio": True}, TypeError), ({"max_pending_count": -1}, ValueError),
-    ({"release_threshold": -1}, ValueError), ({"release_threshold": "min"}, TypeError),
+    ({"release_threshold": -1}, ValueError), ({"release_threshold": "min"}, emm.EmmError),
     ({"devices": [-1]}, ValueError), ({"devices": 2**31}, OverflowError), ({"manager": 5}, TypeError),
     # The bad limit is found before the unknown manager would be.
     ({"manager": "no-such-manager", "limit": -1}, ValueError),
@@ -37,6 +39,34 @@ def child(code, **env):
 def test_arguments_are_checked_before_anything_is_applied(kwargs, error):
     with pytest.raises(error):
         emm.configure(**kwargs)
+
+
+def test_a_size_given_as_text_is_refused_with_what_was_found():
+    with pytest.raises(emm.EmmError) as e:
+        emm.configure(pool_limit="8 gigs")
+    assert e.value.code == 1 and "8 gigs" in str(e.value), e.value
+
+
+@pytest.mark.standin
+@pytest.mark.skipif(not ON_STANDIN, reason="the stand-in driver's device is what the limit is checked against")
+def test_sizes_as_text_mean_what_the_environment_variables_mean():
+    # "3M" is 3 MiB, as EMM_POOL_LIMIT=3M is: 2 MiB fits, 2 MiB more does not.
+    out = child("""
+        import emm
+        (m,) = emm.configure(pool_limit="3M", pool_thread_cache="0", devices=[0])
+        p = m.alloc(2 << 20)
+        try:
+            m.alloc(2 << 20)
+        except emm.OutOfMemoryError as e:
+            print("refused", e.requested)
+        m.free(p)
+        emm.configure(pool_limit="1.5GiB")  # a run-time setting: applied at once
+        q = m.alloc(1 << 30)
+        print("fits", q != 0)
+        m.free(q)
+        emm.configure(pool_limit="MAX")
+    """, **{k: v for k, v in os.environ.items() if k in ("EMM_CUDA_DRIVER", "EMM_STANDIN_CAPACITY")})
+    assert out.split() == ["refused", str(2 << 20), "fits", "True"], out
 
 
 def test_one_setting_named_twice_is_refused():

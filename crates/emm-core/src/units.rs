@@ -1,6 +1,6 @@
 //! Sizes as people write them, for every setting that takes bytes
 //! (`EMM_POOL_LIMIT=8G`, `emm_configure("pool_limit", "512MiB")`, `emm replay
-//! --device-memory 24G`; Python's `emm.configure` takes integers): one parser, so
+//! --device-memory 24G`, `emm.configure(pool_limit="8G")`): one parser, so
 //! the same text means the same everywhere.
 
 /// Parses a size: a number of bytes, or a number (decimals allowed) with a binary
