@@ -358,24 +358,41 @@ _NOT_RAISED_CAP = 256
 _NOT_RAISED_LOCK = threading.Lock()
 
 
+# The notice at the head of ``_NOT_RAISED`` and the count it gives, while it is
+# there: a later overflow adds to it instead of dropping it as a message.
+_NOTICE: Optional[Tuple[Tuple[int, str], int]] = None
+
+
 def _keep_not_raised(left: List[Tuple[int, str]]) -> None:
     """Puts ``left`` (oldest first) back before the messages kept already."""
+    global _NOTICE
     with _NOT_RAISED_LOCK:
         kept = left + _NOT_RAISED
-        dropped = len(kept) - _NOT_RAISED_CAP
-        if dropped > 0:
-            kept = [(1, f"{dropped} earlier message(s) of emm were dropped: {_NOT_RAISED_CAP} are kept "
-                        "while a warnings filter raises them one call at a time")] + kept[dropped + 1:]
+        earlier = 0
+        if _NOTICE is not None and kept and kept[0] is _NOTICE[0]:
+            earlier = _NOTICE[1]
+            kept = kept[1:]
+        _NOTICE = None
+        # The notice takes one of the places: the newest CAP - 1 messages stay.
+        dropped = len(kept) - (_NOT_RAISED_CAP - 1) if earlier or len(kept) > _NOT_RAISED_CAP else 0
+        if dropped > 0 or earlier:
+            dropped = max(dropped, 0)
+            notice = (1, f"{earlier + dropped} earlier message(s) of emm were dropped: {_NOT_RAISED_CAP} "
+                         "are kept while a warnings filter raises them one call at a time")
+            kept = [notice] + kept[dropped:]
+            _NOTICE = (notice, earlier + dropped)
         _NOT_RAISED[:] = kept
 
 
 def take_warnings(lib: Optional[ctypes.CDLL] = None) -> List[Tuple[int, str]]:
     """Takes the library's queued warnings and errors, oldest first, as
     ``(level, message)`` pairs (level 1: error, 2: warning) without raising them."""
+    global _NOTICE
     lib = lib or load()
     with _NOT_RAISED_LOCK:
         out: List[Tuple[int, str]] = _NOT_RAISED[:]
         del _NOT_RAISED[:]
+        _NOTICE = None
     n, level = ctypes.c_size_t(), ctypes.c_int()
     buf = ctypes.create_string_buffer(256)
     while True:

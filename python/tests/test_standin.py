@@ -468,3 +468,23 @@ def test_messages_kept_past_a_raised_one_stay_bounded(mgr):
     left = emm.take_warnings()
     assert left[0][0] == 1 and "dropped" in left[0][1], left[0]
     assert emm.take_warnings() == []
+
+
+def test_the_notice_of_dropped_messages_counts_every_one():
+    """What is kept past a raised message holds the newest 255 and a notice
+    of how many went, counted again when the notice itself is kept once more."""
+    emm.take_warnings()
+    keep = emm._lib._keep_not_raised
+    keep([(2, f"m{i}") for i in range(300)])
+    kept = emm._lib._NOT_RAISED[:]
+    assert len(kept) == 256 and kept[1] == (2, "m45") and kept[-1] == (2, "m299"), kept[:2]
+    assert kept[0][1].startswith("45 earlier message(s) of emm were dropped"), kept[0]
+    # The notice and the rest come back (a raise on the first message after
+    # it), with 20 newer: 20 more go, and the notice says 65, not 20.
+    del emm._lib._NOT_RAISED[:]
+    keep(kept + [(2, f"n{i}") for i in range(20)])
+    kept = emm._lib._NOT_RAISED[:]
+    assert len(kept) == 256 and kept[1] == (2, "m65") and kept[-1] == (2, "n19"), kept[:2]
+    assert kept[0][1].startswith("65 earlier message(s)"), kept[0]
+    assert emm.take_warnings()[:2] == kept[:2]
+    assert emm._lib._NOT_RAISED == [] and emm.take_warnings() == []

@@ -74,7 +74,10 @@ pub unsafe extern "C" fn emm_ipc_open(
         match opened {
             Ok(mem) => {
                 let p = mem.ptr();
-                lock(&h.ipc).entry(p).or_default().push(mem);
+                lock(&h.ipc).entry(p).or_default().push(Opened {
+                    mem,
+                    refused: false,
+                });
                 // SAFETY: non-null and writable per the contract.
                 unsafe { *out_ptr = p };
                 EMM_OK
@@ -88,19 +91,26 @@ pub unsafe extern "C" fn emm_ipc_open(
 /// open (a driver may give one address to every open of a handle). A close the
 /// driver refuses returns its status and keeps the record, to be closed again;
 /// the memory may be partly closed by then (not to be used again), and what
-/// was undone is not undone twice.
+/// was undone is not undone twice. The next close of that address takes it
+/// first, before memory opened at the same address since.
 #[no_mangle]
 pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_status {
     with_manager(m, |h| {
         let taken = {
             let mut map = lock(&h.ipc);
-            let taken = map.get_mut(&ptr).and_then(Vec::pop);
+            let taken = map.get_mut(&ptr).and_then(|opened| {
+                let i = opened
+                    .iter()
+                    .rposition(|o| o.refused)
+                    .or(opened.len().checked_sub(1))?;
+                Some(opened.remove(i))
+            });
             if map.get(&ptr).is_some_and(Vec::is_empty) {
                 map.remove(&ptr);
             }
             taken
         };
-        let Some(mut mem) = taken else {
+        let Some(Opened { mut mem, .. }) = taken else {
             return invalid(format!(
                 "emm_ipc_close: {ptr:#x} was not opened through this handle (or closed as often as it was opened)"
             ));
@@ -109,7 +119,10 @@ pub unsafe extern "C" fn emm_ipc_close(m: *mut emm_manager, ptr: u64) -> emm_sta
         match mem.close() {
             Ok(()) => EMM_OK,
             Err(e) => {
-                lock(&h.ipc).entry(ptr).or_default().push(mem);
+                lock(&h.ipc)
+                    .entry(ptr)
+                    .or_default()
+                    .push(Opened { mem, refused: true });
                 fail(e)
             }
         }

@@ -14,6 +14,14 @@ use emm_core::{
 use emm_driver::Context;
 use emm_sys::CUstream;
 
+/// One `emm_ipc_open`'s memory on a manager handle.
+pub(crate) struct Opened {
+    pub(crate) mem: IpcMemory,
+    /// A close of it was refused: it may be partly closed, and the next close
+    /// of its address takes it before memory opened there since.
+    pub(crate) refused: bool,
+}
+
 /// A manager handle (opaque; from `emm_manager_create`): the shared manager of one
 /// device plus what this handle handed out, so callers free by pointer.
 pub struct emm_manager {
@@ -21,11 +29,10 @@ pub struct emm_manager {
     pub(crate) ctx: Context,
     pub(crate) device: Mutex<HashMap<u64, DeviceAllocation>>,
     pub(crate) host: Mutex<HashMap<usize, HostMemory>>,
-    /// Memory opened from other processes (`emm_ipc_open`).
-    /// Memory opened by `emm_ipc_open`, by address: a list, since a driver may
-    /// give one address to every open of the same handle (each needs its
-    /// close).
-    pub(crate) ipc: Mutex<HashMap<u64, Vec<IpcMemory>>>,
+    /// Memory opened from other processes by `emm_ipc_open`, by address: a
+    /// list, since a driver may give one address to every open of the same
+    /// handle (each needs its close).
+    pub(crate) ipc: Mutex<HashMap<u64, Vec<Opened>>>,
     /// Managed memory (`emm_alloc_managed`), kept apart from device memory.
     pub(crate) managed: Mutex<HashMap<u64, ManagedMemory>>,
 }

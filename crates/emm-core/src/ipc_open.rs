@@ -103,6 +103,7 @@ impl IpcHandle {
                 let mapping = Mapping::Pool {
                     ctx: ctx.clone(),
                     ptr: Some(ptr),
+                    size: self.size(),
                     pool: Some(pool),
                 };
                 check_imported(ctx, ptr, *offset, self.size())?;
@@ -161,6 +162,9 @@ enum Mapping {
         ctx: Context,
         /// The imported pointer, `None` once its free was queued.
         ptr: Option<CUdeviceptr>,
+        /// The bytes shared through it (what a pointer handed to the context
+        /// counts).
+        size: usize,
         /// The imported pool, `None` once closed (after the free completed).
         pool: Option<MemPool>,
     },
@@ -181,9 +185,11 @@ impl Mapping {
                     *base = None;
                 }
             }
-            Mapping::Pool { ctx, ptr, pool } => {
+            Mapping::Pool { ctx, ptr, pool, .. } => {
                 // An imported pointer is freed in the importer before the exporter
                 // frees it; the wait makes the free complete before the pool goes.
+                // The library's own wait, in a drop too: the errors other drops
+                // recorded on the context stay for their callers.
                 let stream = emm_driver::Stream::legacy(ctx);
                 if let Some(p) = *ptr {
                     // SAFETY: `p` was imported from `pool` and is freed once
@@ -192,7 +198,7 @@ impl Mapping {
                     *ptr = None;
                 }
                 if pool.is_some() {
-                    stream.synchronize()?;
+                    stream.synchronize_keeping_deferred()?;
                     *pool = None;
                 }
             }
@@ -209,10 +215,42 @@ impl Drop for Mapping {
             // context.
             Mapping::Vmm(_) => {}
             Mapping::Legacy { .. } | Mapping::Pool { .. } => {
-                if let Err(e) = self.close() {
-                    if let Mapping::Legacy { ctx, .. } | Mapping::Pool { ctx, .. } = self {
+                let Err(e) = self.close() else {
+                    return;
+                };
+                let shutting_down = e.is_shutting_down();
+                match self {
+                    Mapping::Legacy { ctx, .. } => ctx.record_drop_error(e),
+                    Mapping::Pool {
+                        ctx,
+                        ptr,
+                        size,
+                        pool,
+                    } => {
                         ctx.record_drop_error(e);
+                        // A pointer whose free was refused goes to the context,
+                        // and its pool with it, destroyed after the pointer is
+                        // freed (the context frees memory before pools). A free
+                        // that was queued needs nothing more: the pool's own
+                        // drop destroys it, and the driver releases a pool
+                        // once its frees complete.
+                        if let (false, Some(p)) = (shutting_down, ptr.take()) {
+                            // SAFETY: `p` was imported from `pool` in `ctx` and
+                            // its free was refused, so it is live; it is handed
+                            // over once (`ptr` is cleared) and this mapping, its
+                            // only user, is going.
+                            unsafe {
+                                ctx.free_later(emm_driver::Orphan::StreamOrdered {
+                                    ptr: p,
+                                    size: *size,
+                                })
+                            };
+                            if let Some(pool) = pool.take() {
+                                pool.hand_over();
+                            }
+                        }
                     }
+                    Mapping::Vmm(_) => {}
                 }
             }
         }
@@ -259,24 +297,36 @@ impl IpcMemory {
         matches!(self.inner, Inner::Staged(_))
     }
 
-    /// Closes the mapping now, or releases the staging copy. The driver's
-    /// refusal is returned, and what it refused stays for another `close`:
-    /// the memory may be partly closed then (some pieces of a virtual-memory
-    /// range unmapped, a pool pointer's free queued), so the address is not
-    /// to be used again either way; nothing is undone twice. Call `close`
-    /// again, or drop it, which tries once more and records a refusal for the
-    /// context's next call (what a virtual-memory mapping still holds is
-    /// handed to the context, [`Context::free_later`]). After `Ok` the drop
-    /// does nothing.
+    /// Closes the mapping now, or gives the staging copy back to its manager.
+    /// The driver's or the manager's refusal is returned, and what it refused
+    /// stays for another `close`: the memory may be partly closed then (some
+    /// pieces of a virtual-memory range unmapped, a pool pointer's free
+    /// queued), so the address is not to be used again either way; nothing
+    /// is undone twice. Call `close` again, or drop it, which tries once more
+    /// and records a refusal for the context's next call (what a
+    /// virtual-memory mapping still holds, or a pool pointer whose free was
+    /// refused and its pool, is handed to the context,
+    /// [`Context::free_later`]; a staging copy's manager keeps what it could
+    /// not free, as for any allocation dropped). After `Ok` the drop does
+    /// nothing.
     pub fn close(&mut self) -> Result<()> {
-        match &mut self.inner {
-            Inner::Mapped(m) => {
-                if let Some(mapping) = m {
-                    mapping.close()?;
+        // Taken out while it closes; what the driver or the manager refused
+        // goes back.
+        match core::mem::replace(&mut self.inner, Inner::Mapped(None)) {
+            Inner::Mapped(None) => {}
+            Inner::Mapped(Some(mut mapping)) => {
+                if let Err(e) = mapping.close() {
+                    self.inner = Inner::Mapped(Some(mapping));
+                    return Err(e.into());
                 }
-                *m = None;
             }
-            Inner::Staged(_) => self.inner = Inner::Mapped(None),
+            Inner::Staged(staging) => {
+                if let Err(not_freed) = staging.free() {
+                    let crate::pointer::NotFreed { allocation, error } = *not_freed;
+                    self.inner = Inner::Staged(allocation);
+                    return Err(error);
+                }
+            }
         }
         Ok(())
     }

@@ -90,6 +90,25 @@ impl MemPool {
         &self.ctx
     }
 
+    /// Hands an owned pool to its context instead of destroying it now
+    /// ([`Context::free_later`]): for an owner that is going while memory of
+    /// the pool it handed over too is not yet freed (the context frees memory
+    /// before it destroys pools). A pool not owned (the device's default) is
+    /// only let go.
+    pub fn hand_over(mut self) {
+        if !self.owned {
+            return;
+        }
+        self.owned = false;
+        // SAFETY: we owned this pool and give it up here, once (`owned` is
+        // cleared, so our drop does not destroy it); its owner is going and
+        // uses it no more.
+        unsafe {
+            self.ctx
+                .free_later(crate::doomed::Orphan::MemPool(self.raw))
+        };
+    }
+
     /// Queues an allocation of `size` bytes on `stream`.
     pub fn alloc_async(&self, size: usize, stream: &Stream) -> Result<CUdeviceptr> {
         if size == 0 {

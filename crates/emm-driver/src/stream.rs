@@ -96,6 +96,18 @@ impl Stream {
         })
     }
 
+    /// As [`Stream::synchronize`], leaving the errors other drops deferred on
+    /// the context for their callers' next call (a wait of the library's own,
+    /// such as closing an IPC mapping, in a drop too).
+    pub fn synchronize_keeping_deferred(&self) -> Result<()> {
+        let _g = self.ctx.push()?;
+        let drv = self.ctx.driver();
+        // SAFETY: the stream belongs to the current context and is alive.
+        check(drv, "cuStreamSynchronize", unsafe {
+            (drv.stream_synchronize)(self.raw)
+        })
+    }
+
     /// `true` when all work queued on the stream has finished.
     pub fn query(&self) -> Result<bool> {
         let _g = self.ctx.push()?;

@@ -112,6 +112,10 @@ impl ImportedRange {
         let reserve = optional(drv, drv.mem_address_reserve, "cuMemAddressReserve")?;
         let map = optional(drv, drv.mem_map, "cuMemMap")?;
         let access = optional(drv, drv.mem_set_access, "cuMemSetAccess")?;
+        // What `close` needs to undo it, asked for before anything is made.
+        optional(drv, drv.mem_unmap, "cuMemUnmap")?;
+        optional(drv, drv.mem_release, "cuMemRelease")?;
+        optional(drv, drv.mem_address_free, "cuMemAddressFree")?;
         let total = lens
             .iter()
             .try_fold(0usize, |t, &len| t.checked_add(len))
@@ -197,7 +201,8 @@ impl ImportedRange {
             self.ctx.synchronize_keeping_deferred()?;
         }
         let mut first = None;
-        if let Some(unmap) = drv.mem_unmap {
+        if !self.mapped.is_empty() {
+            let unmap = optional(drv, drv.mem_unmap, "cuMemUnmap")?;
             self.mapped.retain(|&(at, len)| {
                 // SAFETY: each mapping made by `import` is undone once (it
                 // leaves `mapped` when the driver took it back).
@@ -205,7 +210,8 @@ impl ImportedRange {
                 r.map_err(|e| first.get_or_insert(e)).is_err()
             });
         }
-        if let Some(release) = drv.mem_release {
+        if !self.handles.is_empty() {
+            let release = optional(drv, drv.mem_release, "cuMemRelease")?;
             self.handles.retain(|&h| {
                 // SAFETY: each imported handle is released once; memory of one
                 // still mapped goes with that mapping.
@@ -213,9 +219,16 @@ impl ImportedRange {
                 r.map_err(|e| first.get_or_insert(e)).is_err()
             });
         }
-        if let (true, Some((base, size)), Some(free)) =
-            (self.mapped.is_empty(), self.reserved, drv.mem_address_free)
-        {
+        // The range is freed last, and only once nothing of the import is
+        // left: while a refused piece is kept, so is its address, and no
+        // later import in this process is given it (a caller that keeps this
+        // range by its address, as the C ABI does, finds it unshared).
+        if let (true, true, Some((base, size))) = (
+            self.mapped.is_empty(),
+            self.handles.is_empty(),
+            self.reserved,
+        ) {
+            let free = optional(drv, drv.mem_address_free, "cuMemAddressFree")?;
             // SAFETY: the reservation is freed once, after its mappings.
             match check(drv, "cuMemAddressFree", unsafe { free(base, size) }) {
                 Ok(()) => self.reserved = None,

@@ -233,3 +233,105 @@ fn a_failed_pool_export_is_tried_again_at_the_next_ipc_handle() {
     m.get_ipc_handle(a.as_view())
         .expect("exported once the fault cleared");
 }
+
+/// A pool pointer opened from an IPC handle whose free the driver refuses as
+/// its mapping is dropped goes to the context with its imported pool: the pool
+/// is not destroyed under the pointer, the refusal reaches the context's next
+/// call, and the context's retry frees the pointer, then the pool.
+#[test]
+fn a_pool_pointer_whose_free_is_refused_in_a_drop_goes_to_the_context_with_its_pool() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let a = m.memalloc(1 << 20).unwrap();
+    let h = m.get_ipc_handle(a.as_view()).unwrap();
+    let pools = f.s.live().unwrap().pools;
+    let opened = h.open(&f.ctx, &m).unwrap();
+    assert_eq!(
+        f.s.live().unwrap().pools,
+        pools + 1,
+        "the import is a pool of its own"
+    );
+    f.s.control("fail cuMemFreeAsync 1 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(opened);
+    assert_eq!(
+        f.ctx.doomed_handles(),
+        2,
+        "the pointer and its pool handed to the context"
+    );
+    assert_eq!(
+        f.s.live().unwrap().pools,
+        pools + 1,
+        "the pool is not destroyed while its pointer is not freed"
+    );
+    let e = f.ctx.synchronize().unwrap_err();
+    assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.ctx.doomed_handles(), 0, "both released by the retry");
+    assert_eq!(f.s.live().unwrap().pools, pools);
+    drop(a);
+    m.trim(0).unwrap();
+    let (_, double, invalid) = counters(&f.s);
+    assert_eq!((double, invalid), (0, 0));
+}
+
+/// Memory of another device opened as a staged copy (NBEP 7 "Staged IPC"):
+/// a close whose free the manager refuses returns the refusal and keeps the
+/// copy, and the next close frees it.
+#[test]
+fn a_staged_copy_whose_free_is_refused_stays_for_the_next_close() {
+    let f = fixture();
+    assert_eq!(f.s.control("devices 2").unwrap(), 2);
+    let result = std::panic::catch_unwind(|| {
+        let m0 = HostOnlyManager::new(&f.ctx).unwrap();
+        let a = m0.memalloc(1 << 20).unwrap();
+        let h = m0.get_ipc_handle(a.as_view()).unwrap();
+        let ctx1 = Context::on_device(1).unwrap();
+        let m1 = HostOnlyManager::new(&ctx1).unwrap();
+        let mut staged = h.open(&ctx1, &m1).unwrap();
+        assert!(staged.is_staged());
+        let held = m1.usage().unwrap().used;
+        assert!(
+            held >= 1 << 20,
+            "the copy is the importing manager's: {held}"
+        );
+        f.s.control("fail cuMemFreeAsync 1 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        let e = staged.close().unwrap_err();
+        assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+        assert!(staged.is_open() && staged.is_staged(), "the copy is kept");
+        assert_eq!(m1.usage().unwrap().used, held, "and still the manager's");
+        staged.close().unwrap();
+        assert!(!staged.is_open());
+        assert_eq!(m1.usage().unwrap().used, held - (1 << 20));
+        drop(a);
+    });
+    f.s.control("devices 1").unwrap();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    let (_, double, invalid) = counters(&f.s);
+    assert_eq!((double, invalid), (0, 0));
+}
+
+/// Closing an opened pool pointer waits for its free with the library's own
+/// wait: an error another owner's drop recorded on the context is neither
+/// returned by the close (which the driver did not refuse) nor lost; the
+/// context's next call reports it.
+#[test]
+fn closing_an_opened_pool_pointer_leaves_other_owners_errors_for_their_next_call() {
+    let f = fixture();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    let a = m.memalloc(1 << 20).unwrap();
+    let h = m.get_ipc_handle(a.as_view()).unwrap();
+    let mut opened = h.open(&f.ctx, &m).unwrap();
+    f.s.control("fail cuStreamDestroy_v2 1 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(Stream::new(&f.ctx).unwrap());
+    opened.close().unwrap();
+    assert!(!opened.is_open());
+    let e = f.ctx.synchronize().unwrap_err();
+    assert!(e.to_string().contains("cuStreamDestroy"), "{e}");
+    f.ctx.synchronize().unwrap();
+    drop(a);
+}

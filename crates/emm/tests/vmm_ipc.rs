@@ -392,3 +392,38 @@ fn garbled_foreign_and_stale_handles_are_typed_errors() {
     }
     assert_clean(&f.s, &f.ctx, &before, fds, "typed errors");
 }
+
+/// A close whose release of a piece the driver refuses keeps the range's
+/// address reserved until a later close releases the piece: no later import
+/// in this process is given the address of a range still kept (the C ABI
+/// keeps opened memory by its address).
+#[test]
+fn a_refused_release_keeps_the_range_reserved_until_a_later_close() {
+    let f = fixture();
+    let (before, fds) = (snapshot(&f.s), open_fds());
+    {
+        let pool = pool(&f.ctx, true);
+        let block = pool.memalloc(24 * MIB).unwrap();
+        let handle = pool.get_ipc_handle(block.as_view()).unwrap();
+        let mut opened = handle.open(&f.ctx, &pool).unwrap();
+        let reservations = f.s.live().unwrap().reservations;
+        f.s.control("fail cuMemRelease 1 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        let e = opened.close().unwrap_err();
+        assert!(e.to_string().contains("cuMemRelease"), "{e}");
+        assert!(opened.is_open(), "the refused piece is kept");
+        assert_eq!(
+            f.s.live().unwrap().reservations,
+            reservations,
+            "the range stays reserved while a piece of it is kept"
+        );
+        let mut other = handle.open(&f.ctx, &pool).unwrap();
+        assert_ne!(other.ptr(), opened.ptr(), "a new import, another address");
+        other.close().unwrap();
+        opened.close().unwrap();
+        assert!(!opened.is_open());
+        assert_eq!(f.s.live().unwrap().reservations, reservations - 1);
+        drop(block);
+    }
+    assert_clean(&f.s, &f.ctx, &before, fds, "a refused release closed again");
+}
