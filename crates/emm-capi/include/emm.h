@@ -541,7 +541,8 @@ emm_status emm_ipc_open(struct emm_manager *m, const uint8_t *buf, size_t len, u
  * open (a driver may give one address to every open of a handle). A close the
  * driver refuses returns its status and keeps the record, to be closed again;
  * the memory may be partly closed by then (not to be used again), and what
- * was undone is not undone twice.
+ * was undone is not undone twice. The next close of that address takes it
+ * first, before memory opened at the same address since.
  */
 emm_status emm_ipc_close(struct emm_manager *m, uint64_t ptr);
 

@@ -308,11 +308,24 @@ pub(crate) fn released(raw: CUcontext) -> bool {
 /// retained and current) once, mappings before handles before reservations; the
 /// outcome of each. A reservation with a mapping still kept inside it is not
 /// freed (the driver would refuse it): it comes back as not attempted (`None`).
+/// Mappings are undone only after a wait of the context: an owner may have
+/// handed one over because its own wait was refused, with the device's work on
+/// it still queued then; a refused wait here keeps every mapping, with that
+/// refusal, for the next try.
 pub(crate) fn destroy(
     drv: &'static Driver,
     mut handles: Vec<Kept>,
 ) -> Vec<(Kept, Option<Result<()>>)> {
     handles.sort_by_key(|k| k.what.phase());
+    let waited = if handles
+        .iter()
+        .any(|k| matches!(k.what, Doomed::Orphan(Orphan::Mapping { .. })))
+    {
+        // SAFETY: the caller keeps the context current.
+        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
+    } else {
+        Ok(())
+    };
     let mut stuck_mappings: Vec<(CUdeviceptr, usize)> = Vec::new();
     let mut out = Vec::with_capacity(handles.len());
     for k in handles {
@@ -327,7 +340,10 @@ pub(crate) fn destroy(
                 continue;
             }
         }
-        let r = destroy_one(drv, d);
+        let r = match (d, &waited) {
+            (Doomed::Orphan(Orphan::Mapping { .. }), Err(e)) => Err(e.clone()),
+            _ => destroy_one(drv, d),
+        };
         if let (Doomed::Orphan(Orphan::Mapping { addr, len }), Err(_)) = (d, &r) {
             stuck_mappings.push((addr, len));
         }

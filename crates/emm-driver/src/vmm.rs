@@ -259,11 +259,11 @@ impl Drop for ImportedRange {
         let ctx = &self.ctx;
         // SAFETY (of each `free_later` below): each mapping, handle and reservation
         // is live in this context (its release was refused, or not tried
-        // after the context's wait failed: a context that cannot be made
-        // current or waited for runs none of the importer's work again),
-        // handed over once (drained from this range), and this range, its
-        // only user, is going. The context releases mappings before handles
-        // before reservations.
+        // after the context's wait failed: the context waits for itself
+        // again before it undoes a mapping handed to it, so work still
+        // queued on one is done first), handed over once (drained from this
+        // range), and this range, its only user, is going. The context
+        // releases mappings before handles before reservations.
         for (addr, len) in self.mapped.drain(..) {
             // SAFETY: see above.
             unsafe { ctx.free_later(crate::Orphan::Mapping { addr, len }) };

@@ -427,3 +427,45 @@ fn a_refused_release_keeps_the_range_reserved_until_a_later_close() {
     }
     assert_clean(&f.s, &f.ctx, &before, fds, "a refused release closed again");
 }
+
+/// An imported range dropped while the context's wait is refused hands all of
+/// it to the context, and the context undoes a mapping only after a wait of its
+/// own succeeds (the importer's work on it may still be queued): a refused
+/// wait at the retry keeps the mappings and the range for the next try.
+#[test]
+fn a_range_dropped_without_its_wait_is_unmapped_only_after_the_contexts_wait() {
+    let f = fixture();
+    let (before, fds) = (snapshot(&f.s), open_fds());
+    {
+        let pool = pool(&f.ctx, true);
+        let block = pool.memalloc(24 * MIB).unwrap();
+        let handle = pool.get_ipc_handle(block.as_view()).unwrap();
+        let opened = handle.open(&f.ctx, &pool).unwrap();
+        let reservations = f.s.live().unwrap().reservations;
+        f.s.control("fail cuCtxSynchronize 1 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        drop(opened);
+        assert!(f.ctx.doomed_handles() >= 3, "mappings, handles, range");
+        let _ = f.ctx.take_deferred_errors();
+        f.s.control("fail cuCtxSynchronize 1 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        let e = f.ctx.retry_destroys().unwrap_err();
+        assert!(e.to_string().contains("cuCtxSynchronize"), "{e}");
+        assert_eq!(
+            f.s.live().unwrap().reservations,
+            reservations,
+            "nothing unmapped, so the range is kept"
+        );
+        f.ctx.retry_destroys().unwrap();
+        assert_eq!(f.ctx.doomed_handles(), 0);
+        assert_eq!(f.s.live().unwrap().reservations, reservations - 1);
+        drop(block);
+    }
+    assert_clean(
+        &f.s,
+        &f.ctx,
+        &before,
+        fds,
+        "a range handed over and released",
+    );
+}
