@@ -358,8 +358,8 @@ _NOT_RAISED_CAP = 256
 _NOT_RAISED_LOCK = threading.Lock()
 
 
-# The notice at the head of ``_NOT_RAISED`` and the count it gives, while it is
-# there: a later overflow adds to it instead of dropping it as a message.
+# The notice in ``_NOT_RAISED`` and the count it gives, while it is there: a
+# later overflow adds to it instead of dropping it as a message.
 _NOTICE: Optional[Tuple[Tuple[int, str], int]] = None
 
 
@@ -369,9 +369,14 @@ def _keep_not_raised(left: List[Tuple[int, str]]) -> None:
     with _NOT_RAISED_LOCK:
         kept = left + _NOT_RAISED
         earlier = 0
-        if _NOTICE is not None and kept and kept[0] is _NOTICE[0]:
-            earlier = _NOTICE[1]
-            kept = kept[1:]
+        # Another thread's notice may lie behind what this one puts back (it
+        # kept an overflow between this thread's take and now): it is taken
+        # out and its count carried into the one notice.
+        if _NOTICE is not None:
+            at = next((k for k, m in enumerate(kept) if m is _NOTICE[0]), None)
+            if at is not None:
+                earlier = _NOTICE[1]
+                del kept[at]
         _NOTICE = None
         # The notice takes one of the places: the newest CAP - 1 messages stay.
         dropped = len(kept) - (_NOT_RAISED_CAP - 1) if earlier or len(kept) > _NOT_RAISED_CAP else 0

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use emm_sys::{CUcontext, Driver};
 
 use crate::device::Device;
-use crate::doomed::{self, Doomed, Kept, Key, Orphan, Report, Which};
+use crate::doomed::{self, Doomed, Kept, Key, MappingWait, Orphan, Report, Which};
 use crate::error::{check, driver, DriverError, Result};
 
 /// A device's primary context, retained while any clone (or any stream, event or
@@ -78,7 +78,7 @@ impl Drop for Inner {
                 );
             }
             let doomed = if pushed { doomed } else { Vec::new() };
-            for (k, r) in doomed::destroy(self.drv, doomed) {
+            for (k, r) in doomed::destroy(self.drv, doomed, MappingWait::Wait) {
                 let d = k.what;
                 match r {
                     Some(Ok(())) => {}
@@ -260,7 +260,7 @@ impl Context {
         // With `Report::Never` only a failure to make the context current or
         // to read its id comes back: the manager's to report, as it would be
         // of its own next call.
-        self.retry(Which::All, report)
+        self.retry(Which::All, report, MappingWait::Waited)
     }
 
     /// Keeps a stream or event whose destruction just failed in a drop, for
@@ -322,9 +322,11 @@ impl Context {
     /// refusal once (one a call), and the managers' trims, resets and waits
     /// ([`Context::synchronize_for_manager`]) log them; one atomic load when
     /// there is nothing to retry. Not where work may be being captured into a
-    /// graph: `cuMemFree` synchronizes the device.
+    /// graph: `cuMemFree` synchronizes the device, and a virtual-memory
+    /// mapping handed over is undone only after a wait of the context (its
+    /// owner may have handed it over because its own wait was refused).
     pub fn retry_destroys(&self) -> Result<()> {
-        self.retry(Which::All, Report::Every)
+        self.retry(Which::All, Report::Every, MappingWait::Wait)
     }
 
     /// [`Context::retry_destroys`] for a manager's trim (`release_cached`):
@@ -332,7 +334,10 @@ impl Context {
     /// result is about its own memory, the first refusal was reported when its
     /// owner handed the handle over (recorded on the context for its next call,
     /// or logged at error level where the owner's drop had no caller to tell),
-    /// and the next [`Context::synchronize`] returns it once more.
+    /// and the next [`Context::synchronize`] returns it once more. It adds no
+    /// wait of the context: virtual-memory mappings handed over stay for a
+    /// retry after one ([`Context::synchronize`],
+    /// [`Context::synchronize_for_manager`], [`Context::retry_destroys`]).
     pub fn retry_destroys_in_trim(&self) {
         self.retry_quietly(Which::All);
     }
@@ -348,12 +353,12 @@ impl Context {
     /// refusal logged and left unreported (`Report::Never`), as is a failure to
     /// make the context current or read its id.
     fn retry_quietly(&self, which: Which) {
-        if let Err(e) = self.retry(which, Report::Never) {
+        if let Err(e) = self.retry(which, Report::Never, MappingWait::Skip) {
             tracing::debug!(error = %e, ?which, "retrying what the driver refused earlier failed; kept for the next try");
         }
     }
 
-    fn retry(&self, which: Which, report: Report) -> Result<()> {
+    fn retry(&self, which: Which, report: Report, wait: MappingWait) -> Result<()> {
         if !doomed::any() {
             return Ok(());
         }
@@ -382,7 +387,7 @@ impl Context {
             }
         };
         let mut first = None;
-        for (mut k, r) in doomed::destroy(self.inner.drv, doomed) {
+        for (mut k, r) in doomed::destroy(self.inner.drv, doomed, wait) {
             match r {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {

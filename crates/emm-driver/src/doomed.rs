@@ -179,6 +179,22 @@ pub(crate) enum Which {
     All,
 }
 
+/// Whether a retry may undo the mappings handed to the context: their owner
+/// may have handed them over because its own wait was refused, with the
+/// device's work on them still queued, so a mapping is undone only after a
+/// wait of the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MappingWait {
+    /// The caller waited for the context just before.
+    Waited,
+    /// Wait here first, once, if a mapping is among those taken.
+    Wait,
+    /// No wait here (a trim's quiet retry, where a device-wide wait would
+    /// cost every trim and break another thread's capture): mappings come
+    /// back not attempted, for a retry that waits.
+    Skip,
+}
+
 /// Which refusals of a retry are returned to its caller (the others are
 /// logged at debug level).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,24 +324,34 @@ pub(crate) fn released(raw: CUcontext) -> bool {
 /// retained and current) once, mappings before handles before reservations; the
 /// outcome of each. A reservation with a mapping still kept inside it is not
 /// freed (the driver would refuse it): it comes back as not attempted (`None`).
-/// Mappings are undone only after a wait of the context: an owner may have
-/// handed one over because its own wait was refused, with the device's work on
-/// it still queued then; a refused wait here keeps every mapping, with that
-/// refusal, for the next try.
+/// Mappings are undone only after a wait of the context (`wait`); one not
+/// undone for that comes back with the wait's refusal, or not attempted. A
+/// pool is not destroyed in a call where a stream-ordered free was refused
+/// (the pointer may be the pool's own, handed over with it): it comes back
+/// not attempted.
 pub(crate) fn destroy(
     drv: &'static Driver,
     mut handles: Vec<Kept>,
+    wait: MappingWait,
 ) -> Vec<(Kept, Option<Result<()>>)> {
     handles.sort_by_key(|k| k.what.phase());
-    let waited = if handles
+    let any_mapping = handles
         .iter()
-        .any(|k| matches!(k.what, Doomed::Orphan(Orphan::Mapping { .. })))
-    {
-        // SAFETY: the caller keeps the context current.
-        check(drv, "cuCtxSynchronize", unsafe { (drv.ctx_synchronize)() })
-    } else {
-        Ok(())
+        .any(|k| matches!(k.what, Doomed::Orphan(Orphan::Mapping { .. })));
+    // `Some(Ok)`: mappings may be undone; `Some(Err)`: the wait's refusal;
+    // `None`: not attempted.
+    let mappings: Option<Result<()>> = match wait {
+        MappingWait::Waited => Some(Ok(())),
+        MappingWait::Wait if any_mapping => {
+            // SAFETY: the caller keeps the context current.
+            Some(check(drv, "cuCtxSynchronize", unsafe {
+                (drv.ctx_synchronize)()
+            }))
+        }
+        MappingWait::Wait => Some(Ok(())),
+        MappingWait::Skip => None,
     };
+    let mut free_refused = false;
     let mut stuck_mappings: Vec<(CUdeviceptr, usize)> = Vec::new();
     let mut out = Vec::with_capacity(handles.len());
     for k in handles {
@@ -340,14 +366,20 @@ pub(crate) fn destroy(
                 continue;
             }
         }
-        let r = match (d, &waited) {
-            (Doomed::Orphan(Orphan::Mapping { .. }), Err(e)) => Err(e.clone()),
-            _ => destroy_one(drv, d),
+        let r = match (d, &mappings) {
+            (Doomed::Orphan(Orphan::Mapping { .. }), Some(Err(e))) => Some(Err(e.clone())),
+            (Doomed::Orphan(Orphan::Mapping { .. }), None) => None,
+            (Doomed::Orphan(Orphan::MemPool(_)), _) if free_refused => None,
+            _ => Some(destroy_one(drv, d)),
         };
-        if let (Doomed::Orphan(Orphan::Mapping { addr, len }), Err(_)) = (d, &r) {
-            stuck_mappings.push((addr, len));
+        match (d, &r) {
+            (Doomed::Orphan(Orphan::Mapping { addr, len }), Some(Err(_)) | None) => {
+                stuck_mappings.push((addr, len));
+            }
+            (Doomed::Orphan(Orphan::StreamOrdered { .. }), Some(Err(_))) => free_refused = true,
+            _ => {}
         }
-        out.push((k, Some(r)));
+        out.push((k, r));
     }
     out
 }

@@ -266,6 +266,13 @@ fn a_pool_pointer_whose_free_is_refused_in_a_drop_goes_to_the_context_with_its_p
     );
     let e = f.ctx.synchronize().unwrap_err();
     assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+    // The retry's free refused again: the pool is kept with its pointer.
+    f.s.control("fail cuMemFreeAsync 1 CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    let e = f.ctx.synchronize().unwrap_err();
+    assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+    assert_eq!(f.ctx.doomed_handles(), 2);
+    assert_eq!(f.s.live().unwrap().pools, pools + 1);
     f.ctx.synchronize().unwrap();
     assert_eq!(f.ctx.doomed_handles(), 0, "both released by the retry");
     assert_eq!(f.s.live().unwrap().pools, pools);

@@ -447,6 +447,11 @@ fn a_range_dropped_without_its_wait_is_unmapped_only_after_the_contexts_wait() {
         drop(opened);
         assert!(f.ctx.doomed_handles() >= 3, "mappings, handles, range");
         let _ = f.ctx.take_deferred_errors();
+        // A trim's quiet retry adds no wait of the context: the mappings stay.
+        let waits = f.s.control("calls cuCtxSynchronize").unwrap();
+        f.ctx.retry_destroys_in_trim();
+        assert_eq!(f.s.control("calls cuCtxSynchronize").unwrap(), waits);
+        assert_eq!(f.s.live().unwrap().reservations, reservations);
         f.s.control("fail cuCtxSynchronize 1 CUDA_ERROR_UNKNOWN")
             .unwrap();
         let e = f.ctx.retry_destroys().unwrap_err();
