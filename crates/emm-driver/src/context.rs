@@ -90,7 +90,7 @@ impl Drop for Inner {
                         tracing::error!(error = %e, handle = ?d, "destroying or freeing again failed as its context went");
                     }
                     None => {
-                        tracing::error!(handle = ?d, "a reservation holding a mapping the driver kept is not freed as its context goes");
+                        tracing::error!(handle = ?d, "not released as its context goes: a reservation holding a mapping the driver kept, or a pool whose memory's free it refused");
                     }
                 }
             }
