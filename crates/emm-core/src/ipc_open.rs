@@ -53,7 +53,7 @@ impl IpcHandle {
         if self.size() == 0 {
             // Nothing to copy: an empty range opens as it does on its own device
             // (no staging buffer; `memalloc(0)` has no address to copy to).
-            drop(mapping);
+            close_source(ctx, mapping);
             return Ok(IpcMemory {
                 ptr: 0,
                 size: 0,
@@ -65,9 +65,8 @@ impl IpcHandle {
         // the handle was parsed/opened); staging holds `size` bytes.
         let copied =
             unsafe { memory::copy_peer(ctx, staging.ptr(), &src_ctx, src_ptr, self.size()) };
-        // The source mapping is closed whatever the copy did; its drop records
-        // a refusal for the context's next call (the copy is made).
-        drop(mapping);
+        // The source mapping is closed whatever the copy did.
+        close_source(ctx, mapping);
         copied?;
         Ok(IpcMemory {
             ptr: staging.ptr(),
@@ -126,6 +125,17 @@ impl IpcHandle {
                 Ok((ptr, Mapping::Vmm(range)))
             }
         }
+    }
+}
+
+/// Closes the mapping of the source device's memory that a staged open copied
+/// from. A refusal is recorded on `ctx`, the caller's context, for its next
+/// call: the source's is another device's primary context, which the caller
+/// may never call on. The mapping's drop then tries once more (recording a
+/// second refusal on the source's context, handing over what it may).
+fn close_source(ctx: &Context, mut mapping: Mapping) {
+    if let Err(e) = mapping.close() {
+        ctx.record_drop_error(e);
     }
 }
 

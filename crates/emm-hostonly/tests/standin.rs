@@ -342,3 +342,35 @@ fn closing_an_opened_pool_pointer_leaves_other_owners_errors_for_their_next_call
     f.ctx.synchronize().unwrap();
     drop(a);
 }
+
+/// A staged open closes its mapping of the other device's memory once the
+/// copy is made; a refusal of that close reaches the caller's context (the
+/// one it opened on), not the other device's, which it may never call on.
+#[test]
+fn a_refused_close_of_a_staged_opens_source_reaches_the_callers_context() {
+    let f = fixture();
+    assert_eq!(f.s.control("devices 2").unwrap(), 2);
+    let result = std::panic::catch_unwind(|| {
+        let m0 = HostOnlyManager::new(&f.ctx).unwrap();
+        let a = m0.memalloc(1 << 20).unwrap();
+        let h = m0.get_ipc_handle(a.as_view()).unwrap();
+        let ctx1 = Context::on_device(1).unwrap();
+        let m1 = HostOnlyManager::new(&ctx1).unwrap();
+        // The first stream-ordered free of the open is its source's close.
+        f.s.control("fail cuMemFreeAsync 1 CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        let mut staged = h.open(&ctx1, &m1).unwrap();
+        assert!(staged.is_staged());
+        let e = ctx1.synchronize().unwrap_err();
+        assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
+        f.ctx.synchronize().unwrap();
+        staged.close().unwrap();
+        drop(a);
+    });
+    f.s.control("devices 1").unwrap();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    let (_, double, invalid) = counters(&f.s);
+    assert_eq!((double, invalid), (0, 0));
+}
