@@ -431,7 +431,8 @@ fn extreme_shapes_are_invalid_arguments_and_dlpack_extents_stay_non_negative() {
 mod standin {
     use super::*;
     use crate::common::{
-        open_manager, serial, side_stream, standin, torch_stats, use_standin, TOOL_NAMES,
+        open_manager, serial, shared_block, side_stream, standin, torch_stats, use_standin,
+        TOOL_NAMES,
     };
 
     #[test]
@@ -466,15 +467,8 @@ mod standin {
         let m = open_manager(c"default");
         // SAFETY: live locals, as the contract asks.
         unsafe {
-            let mut p = 0u64;
-            case("alloc", emm_alloc(m, 1 << 20, null_mut(), &mut p), EMM_OK);
-            let mut buf = [0u8; 512];
-            let mut w = 0usize;
-            case(
-                "export",
-                emm_ipc_export(m, p, 0, 1 << 20, buf.as_mut_ptr(), buf.len(), &mut w),
-                EMM_OK,
-            );
+            let (p, buf) = shared_block(m);
+            let w = buf.len();
             let (mut a, mut b) = (0u64, 0u64);
             case("open 1", emm_ipc_open(m, buf.as_ptr(), w, &mut a), EMM_OK);
             case("open 2", emm_ipc_open(m, buf.as_ptr(), w, &mut b), EMM_OK);

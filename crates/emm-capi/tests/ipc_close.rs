@@ -11,7 +11,7 @@ use std::ptr::null_mut;
 use emm_capi::*;
 
 mod common;
-use common::{case, open_manager, serial, standin};
+use common::{case, open_manager, serial, shared_block, standin};
 
 /// A close refused after it undid part of an opening (a pool pointer's
 /// free queued, the wait refused) keeps that record, and the next close of
@@ -25,15 +25,8 @@ fn a_partly_closed_opening_is_closed_before_a_newer_one_at_its_address() {
     let m = open_manager(c"hostonly");
     // SAFETY: live locals, as the contract asks.
     unsafe {
-        let mut p = 0u64;
-        case("alloc", emm_alloc(m, 1 << 20, null_mut(), &mut p), EMM_OK);
-        let mut buf = [0u8; 512];
-        let mut w = 0usize;
-        case(
-            "export",
-            emm_ipc_export(m, p, 0, 1 << 20, buf.as_mut_ptr(), buf.len(), &mut w),
-            EMM_OK,
-        );
+        let (p, buf) = shared_block(m);
+        let w = buf.len();
         let (mut a, mut b) = (0u64, 0u64);
         case("open 1", emm_ipc_open(m, buf.as_ptr(), w, &mut a), EMM_OK);
         let frees = || s.control("calls cuMemFreeAsync").unwrap();

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, Once};
 
-use emm_core::{EmmError, MemoryManager};
+use emm_core::{EmmError, IpcHandle, MemoryManager};
 use emm_driver::{Context, DriverError, Stream};
 use emm_hostonly::HostOnlyManager;
 use emm_sys::StandIn;
@@ -282,20 +282,37 @@ fn a_pool_pointer_whose_free_is_refused_in_a_drop_goes_to_the_context_with_its_p
     assert_eq!((double, invalid), (0, 0));
 }
 
+/// Runs `body` with the stand-in showing two devices (one again after it,
+/// whether or not `body` panics), given the IPC handle of a block of device
+/// 0's `hostonly` manager, device 1's context and a `hostonly` manager of it;
+/// nothing freed twice or by a wrong address.
+fn on_two_devices(f: &Fixture, body: impl FnOnce(&IpcHandle, &Context, &HostOnlyManager)) {
+    assert_eq!(f.s.control("devices 2").unwrap(), 2);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let m0 = HostOnlyManager::new(&f.ctx).unwrap();
+        let a = m0.memalloc(1 << 20).unwrap();
+        let h = m0.get_ipc_handle(a.as_view()).unwrap();
+        let ctx1 = Context::on_device(1).unwrap();
+        let m1 = HostOnlyManager::new(&ctx1).unwrap();
+        body(&h, &ctx1, &m1);
+        drop(a);
+    }));
+    f.s.control("devices 1").unwrap();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    let (_, double, invalid) = counters(&f.s);
+    assert_eq!((double, invalid), (0, 0));
+}
+
 /// Memory of another device opened as a staged copy (NBEP 7 "Staged IPC"):
 /// a close whose free the manager refuses returns the refusal and keeps the
 /// copy, and the next close frees it.
 #[test]
 fn a_staged_copy_whose_free_is_refused_stays_for_the_next_close() {
     let f = fixture();
-    assert_eq!(f.s.control("devices 2").unwrap(), 2);
-    let result = std::panic::catch_unwind(|| {
-        let m0 = HostOnlyManager::new(&f.ctx).unwrap();
-        let a = m0.memalloc(1 << 20).unwrap();
-        let h = m0.get_ipc_handle(a.as_view()).unwrap();
-        let ctx1 = Context::on_device(1).unwrap();
-        let m1 = HostOnlyManager::new(&ctx1).unwrap();
-        let mut staged = h.open(&ctx1, &m1).unwrap();
+    on_two_devices(&f, |h, ctx1, m1| {
+        let mut staged = h.open(ctx1, m1).unwrap();
         assert!(staged.is_staged());
         let held = m1.usage().unwrap().used;
         assert!(
@@ -311,14 +328,7 @@ fn a_staged_copy_whose_free_is_refused_stays_for_the_next_close() {
         staged.close().unwrap();
         assert!(!staged.is_open());
         assert_eq!(m1.usage().unwrap().used, held - (1 << 20));
-        drop(a);
     });
-    f.s.control("devices 1").unwrap();
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
-    let (_, double, invalid) = counters(&f.s);
-    assert_eq!((double, invalid), (0, 0));
 }
 
 /// Closing an opened pool pointer waits for its free with the library's own
@@ -349,28 +359,15 @@ fn closing_an_opened_pool_pointer_leaves_other_owners_errors_for_their_next_call
 #[test]
 fn a_refused_close_of_a_staged_opens_source_reaches_the_callers_context() {
     let f = fixture();
-    assert_eq!(f.s.control("devices 2").unwrap(), 2);
-    let result = std::panic::catch_unwind(|| {
-        let m0 = HostOnlyManager::new(&f.ctx).unwrap();
-        let a = m0.memalloc(1 << 20).unwrap();
-        let h = m0.get_ipc_handle(a.as_view()).unwrap();
-        let ctx1 = Context::on_device(1).unwrap();
-        let m1 = HostOnlyManager::new(&ctx1).unwrap();
+    on_two_devices(&f, |h, ctx1, m1| {
         // The first stream-ordered free of the open is its source's close.
         f.s.control("fail cuMemFreeAsync 1 CUDA_ERROR_UNKNOWN")
             .unwrap();
-        let mut staged = h.open(&ctx1, &m1).unwrap();
+        let mut staged = h.open(ctx1, m1).unwrap();
         assert!(staged.is_staged());
         let e = ctx1.synchronize().unwrap_err();
         assert!(e.to_string().contains("cuMemFreeAsync"), "{e}");
         f.ctx.synchronize().unwrap();
         staged.close().unwrap();
-        drop(a);
     });
-    f.s.control("devices 1").unwrap();
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
-    let (_, double, invalid) = counters(&f.s);
-    assert_eq!((double, invalid), (0, 0));
 }

@@ -137,3 +137,25 @@ pub fn torch_stats(device: std::ffi::c_int, names: &[&str]) -> (emm_status, Vec<
     };
     (code, values, found)
 }
+
+/// A 1 MiB block allocated through `m` and its IPC handle bytes: `(address,
+/// handle bytes)`, each call checked.
+pub fn shared_block(m: *mut emm_manager) -> (u64, Vec<u8>) {
+    let mut p = 0u64;
+    let mut buf = [0u8; 512];
+    let mut w = 0usize;
+    // SAFETY: `m` is a live handle of the caller's; live locals for the outputs.
+    unsafe {
+        case(
+            "alloc",
+            emm_alloc(m, 1 << 20, std::ptr::null_mut(), &mut p),
+            EMM_OK,
+        );
+        case(
+            "export",
+            emm_ipc_export(m, p, 0, 1 << 20, buf.as_mut_ptr(), buf.len(), &mut w),
+            EMM_OK,
+        );
+    }
+    (p, buf[..w].to_vec())
+}
