@@ -378,10 +378,9 @@ def _keep_not_raised(left: List[Tuple[int, str]]) -> None:
                 earlier = _NOTICE[1]
                 del kept[at]
         _NOTICE = None
-        # The notice takes one of the places: the newest CAP - 1 messages stay.
-        dropped = len(kept) - (_NOT_RAISED_CAP - 1) if earlier or len(kept) > _NOT_RAISED_CAP else 0
-        if dropped > 0 or earlier:
-            dropped = max(dropped, 0)
+        if earlier or len(kept) > _NOT_RAISED_CAP:
+            # The notice takes one of the places: the newest CAP - 1 stay.
+            dropped = max(len(kept) - (_NOT_RAISED_CAP - 1), 0)
             notice = (1, f"{earlier + dropped} earlier message(s) of emm were dropped: {_NOT_RAISED_CAP} "
                          "are kept while a warnings filter raises them one call at a time")
             kept = [notice] + kept[dropped:]
@@ -544,12 +543,6 @@ def _bytes_value(v: Any, name: str) -> str:
     return str(check_uint(v, name, SIZE_MAX))
 
 
-def _bytes_or_max_value(v: Any, name: str) -> str:
-    if v is None:
-        return "max"
-    return _bytes_value(v, name)
-
-
 def _count_value(v: Any, name: str) -> str:
     return str(check_uint(v, name, SIZE_MAX))
 
@@ -570,7 +563,8 @@ def _manager_value(v: Any, name: str) -> str:
     return v
 
 
-_CONVERT = {"bool": _bool_value, "bytes": _bytes_value, "bytes_or_max": _bytes_or_max_value,
+# ``"max"`` is text the library reads for ``bytes_or_max`` settings.
+_CONVERT = {"bool": _bool_value, "bytes": _bytes_value, "bytes_or_max": _bytes_value,
             "count": _count_value, "ratio": _ratio_value, "manager": _manager_value}
 
 # Short keywords of configure() kept for the programs that use them.

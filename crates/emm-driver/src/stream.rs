@@ -88,12 +88,7 @@ impl Stream {
     /// Waits until all work queued on the stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.check_deferred()?;
-        let _g = self.ctx.push()?;
-        let drv = self.ctx.driver();
-        // SAFETY: the stream belongs to the current context and is alive.
-        check(drv, "cuStreamSynchronize", unsafe {
-            (drv.stream_synchronize)(self.raw)
-        })
+        self.synchronize_keeping_deferred()
     }
 
     /// As [`Stream::synchronize`], leaving the errors other drops deferred on
