@@ -58,7 +58,7 @@ def tables(args, results):
         print("| variant | timed steps, total ms: median of rounds | spread (rounds) | step ms: median of round medians "
               "| step ms: mean of round medians (each round's median) "
               "| all timed steps: median / mean | timed steps with driver work | peak reserved GiB "
-              "| peak allocated GiB | reserved/allocated | device-used peak GiB (cuMemGetInfo) | driver allocs | final loss |")
+              "| peak allocated GiB | reserved/allocated | device-used peak GiB (cuMemGetInfo; in lockstep the process's own, NVML) | driver allocs | final loss |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for v in args.variants:
             rs = results.get((w, v), [])
@@ -75,12 +75,14 @@ def tables(args, results):
             res = max(x["peak_reserved"] for x in rs)
             alloc = max(x["peak_allocated"] for x in rs)
             ratio = res / alloc if alloc else float("nan")
-            device = max(x.get("device_used_peak", 0) for x in rs)
+            # None where the process could not read it (taking turns without NVML).
+            used = [x.get("device_used_peak", 0) for x in rs]
+            device = None if None in used else max(used)
             each = ", ".join(f"{m:.2f}" for m in meds)
             print(f"| {v} | {statistics.median(totals):.1f} | {min(totals):.1f}-{max(totals):.1f} | "
                   f"{statistics.median(meds):.2f} | {statistics.mean(meds):.2f} ({each}) | "
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
-                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {gib(device)} | {max(x['driver_allocs'] for x in rs)} | "
+                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {'-' if device is None else gib(device)} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
         device_time(w, args, results)
         steady(w, args, results)
@@ -92,6 +94,7 @@ def tables(args, results):
         allocator_work(w, args, results)
         growth_phases(w, args, results)
         paired(w, args, results)
+        lockstep_pairs(w, args, results)
 
 
 def device_time(w, args, results):
@@ -484,6 +487,75 @@ def paired(w, args, results):
                 print(f"{v}: the rounds' ratios, geometric mean {g:.3f}, 95 % interval {lo:.3f}-{hi:.3f} "
                       f"(Student's t over the logs of {len(rs)} rounds: what the rounds cannot tell apart "
                       f"from the mean)")
+
+
+# Consecutive step indices per block in lockstep_pairs' interval: a host stretch
+# that slows one process's steps more than another's lasts a few steps, so the
+# interval is taken over blocks' means rather than over single steps.
+BLOCK = 10
+
+
+def lockstep_pairs(w, args, results):
+    """Rounds whose processes took turns step by step (train_rounds.py --lockstep):
+    each of emm's variants beside each PyTorch variant step index by step index
+    (the same shapes, run within one turn of the ring of each other), for the
+    steps' wall time and their device time (CUDA events). Per round and over all
+    lockstep rounds: the geometric mean of the per-index ratios and its 95 %
+    interval (Student's t over the means of blocks of BLOCK consecutive
+    indices)."""
+    peers = [v for v in args.variants if is_peer(v)]
+    others = [v for v in args.variants if v not in peers]
+    rounds = sorted({x["round"] for v in args.variants for x in results.get((w, v), []) if x.get("lockstep")})
+    if not peers or not others or not rounds:
+        return
+    print(f"\n{w}, lockstep rounds ({len(rounds)}): each step beside the same step index of a PyTorch variant, "
+          f"taken in turns on one GPU; geometric mean of the per-step ratios, 95 % interval over blocks of "
+          f"{BLOCK} steps")
+    print("| variant / peer | time | round | steps paired | ratio | 95 % interval |")
+    print("|---|---|---|---|---|---|")
+    for v in others:
+        for peer in peers:
+            for key, label in (("step_ms", "wall"), ("device_ms", "device")):
+                pooled = []
+                for r in rounds + ([None] if len(rounds) > 1 else []):
+                    if r is None:
+                        logs = pooled
+                        name = "all"
+                    else:
+                        logs = pair_logs(results, w, v, peer, r, key)
+                        pooled.extend(logs)
+                        name = str(r + 1)
+                    if not logs:
+                        continue
+                    g, lo, hi = block_interval(logs)
+                    band = "-" if lo is None else f"{lo:.3f}-{hi:.3f}"
+                    print(f"| {v} / {peer} | {label} | {name} | {len(logs)} | {g:.3f} | {band} |")
+
+
+def pair_logs(results, w, v, peer, rnd, key):
+    """log(v's step / peer's step) at each timed step index of round `rnd` where
+    both took turns and both times are above 0; [] where either is missing."""
+    def find(variant):
+        return next((x for x in results.get((w, variant), []) if x["round"] == rnd and x.get("lockstep")), None)
+
+    a, b = find(v), find(peer)
+    if a is None or b is None or not a.get(key) or not b.get(key):
+        return []
+    return [math.log(x / y) for x, y in zip(a[key], b[key]) if x > 0 and y > 0]
+
+
+def block_interval(logs):
+    """The geometric mean of the ratios whose logs are `logs`, and its 95 %
+    interval from Student's t over the means of consecutive blocks of BLOCK (the
+    last block may be shorter): (mean, low, high), low and high None under two
+    blocks."""
+    g = math.exp(statistics.mean(logs))
+    blocks = [statistics.mean(logs[i:i + BLOCK]) for i in range(0, len(logs), BLOCK)]
+    if len(blocks) < 2:
+        return g, None, None
+    half = (T95[len(blocks) - 2] if len(blocks) - 1 <= len(T95) else 1.960) * statistics.stdev(blocks) / math.sqrt(len(blocks))
+    m = statistics.mean(blocks)
+    return g, math.exp(m - half), math.exp(m + half)
 
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom, 1 to 30; past 30

@@ -79,6 +79,9 @@ import statistics
 import sys
 import time
 
+from own_memory import OwnMemory  # the modules beside this script
+from turns import Turns
+
 VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
             "emm-pool-nocache",
             "emm-hostonly", "pluggable-floor")
@@ -110,7 +113,14 @@ def parse():
     p.add_argument("--sdpa", choices=("auto", "flash"), default="auto",
                    help="attention backend: PyTorch's choice (cuDNN on Hopper), or flash (cuDNN's off)")
     p.add_argument("--snapshot", metavar="FILE", help="record PyTorch's memory history and dump it here")
-    return p.parse_args()
+    p.add_argument("--turn-fds", metavar="IN,OUT",
+                   help="take turns with other processes on the same GPU (train_rounds.py --lockstep, "
+                        "turns.py): read a byte from descriptor IN before each step and the calibration, "
+                        "write it to OUT after; the device-used peak is then this process's own (NVML)")
+    args = p.parse_args()
+    if args.turn_fds and (args.ddp or args.profile or args.snapshot):
+        p.error("--turn-fds is for one process a variant on one GPU: not with --ddp, --profile or --snapshot")
+    return args
 
 
 def setup_allocator(variant):
@@ -487,6 +497,7 @@ def main():
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     dev = torch.device("cuda", rank)
+    turns = Turns.parse(args.turn_fds)
     if args.sdpa == "flash":
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.snapshot:  # from the start, so the model's own blocks are in the trace
@@ -494,7 +505,17 @@ def main():
     # The device's own view (cuMemGetInfo), beside the allocator's counters: bytes
     # in use before the model, and the most in use after any step.
     free, total_mem = torch.cuda.mem_get_info(dev)
-    device_base = total_mem - free
+    # Taking turns, other processes share the device: this process's own bytes
+    # (NVML) instead, None where NVML cannot tell.
+    own = OwnMemory(torch.cuda.get_device_properties(dev).uuid) if turns else None
+
+    def device_used():
+        if own is not None:
+            return own.read()
+        free, _ = torch.cuda.mem_get_info(dev)
+        return total_mem - free
+
+    device_base = device_used()
     device_peak = device_base
     torch.manual_seed(args.seed)
     model = build(args.workload, dev)
@@ -537,6 +558,8 @@ def main():
     changes = []
     window = [0.0, 0.0]  # wall-clock seconds of the first and last timed step
     for i in range(args.warmup + args.steps):
+        if turns:
+            turns.take()
         if i == args.warmup:
             window[0] = time.time()
         torch.cuda.synchronize(dev)
@@ -550,14 +573,21 @@ def main():
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
             device_times.append(start.elapsed_time(end))
-        free, _ = torch.cuda.mem_get_info(dev)
-        device_peak = max(device_peak, total_mem - free)
+        used = device_used()
+        device_peak = None if used is None or device_peak is None else max(device_peak, used)
         after = counters()
         changes.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
         before = after
+        if turns and i + 1 < args.warmup + args.steps:
+            turns.give()
     window[1] = time.time()
     final_loss = float(loss.detach().float().item())
     calib = calibrate(dev)
+    if turns:
+        # The calibration in the same turn as the last step: no other process's
+        # work beside it. Then the ring goes on without this process.
+        turns.give()
+        turns.close()
     if args.snapshot:
         # Each rank its own file under DDP (one file written by two ranks at once
         # is no pickle): FILE for rank 0, FILE.rank<N> for the others.
@@ -577,7 +607,9 @@ def main():
         "median_ms": statistics.median(times), "final_loss": final_loss, **mem,
         "step_changes": changes, "timed_window": window, "calib": calib, "probe_ms": probes,
         "torch_allocator": torch_allocator(),
-        "device_used_peak": device_peak - device_base,
+        "device_used_peak": None if device_peak is None else device_peak - device_base,
+        "device_used_by": "nvml-process" if turns else "cuMemGetInfo",
+        "lockstep": bool(turns),
         "peak_slack": peak_slack(args.variant, dev),
     }
     if args.ddp:

@@ -71,12 +71,23 @@ LOG_LOCK = threading.Lock()
 
 
 def run_one(args, workload, variant, rnd, log, gpu=None):
+    """One process of `variant` on `workload`, run to its end: its RESULT record
+    (with the round, its GPU telemetry and total), or None."""
+    return collect(args, workload, variant, rnd, log, *launch(args, workload, variant, gpu), gpu=gpu)
+
+
+def launch(args, workload, variant, gpu=None, turn_fds=None):
+    """Starts one process of `variant` on `workload` (taking turns through the two
+    descriptors `turn_fds` where given, which it inherits) and the GPU's sampler
+    beside it: (process, sampler)."""
     bench, extra = split_variant(variant)
     cmd = [sys.executable, str(HERE / "train_bench.py"), "--variant", bench, "--workload", workload,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sdpa", args.sdpa,
            "--shapes", args.shapes]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if turn_fds:
+        cmd += ["--turn-fds", ",".join(str(fd) for fd in turn_fds)]
     if args.ddp:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ddp}",
                *cmd[1:], "--ddp"] + (["--fsdp"] if args.fsdp else [])
@@ -92,21 +103,35 @@ def run_one(args, workload, variant, rnd, log, gpu=None):
         for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
             env.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
     sampler = Telemetry(gpu) if args.telemetry else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            pass_fds=tuple(turn_fds or ()))
+    return proc, sampler
+
+
+def collect(args, workload, variant, rnd, log, proc, sampler, gpu=None, note=None):
+    """Waits for a process `launch` started (killed past --timeout), logs its
+    output and returns its RESULT record with the round, telemetry and total (and
+    `note`'s keys), or None."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+        try:
+            out, err = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\ntrain_rounds: killed after --timeout {args.timeout} s"
     finally:
         samples = sampler.stop() if sampler else []
     window = None
-    for line in p.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("RESULT "):
             window = json.loads(line[7:]).get("timed_window")
     telemetry = Telemetry.summary(samples, window)
     if gpu is not None:
         telemetry["device"] = gpu
     with LOG_LOCK:
-        log.write(f"== {workload} {variant} round={rnd} rc={p.returncode} gpu={json.dumps(telemetry)}\n{p.stdout}\n{p.stderr[-4000:]}\n")
+        log.write(f"== {workload} {variant} round={rnd} rc={proc.returncode} gpu={json.dumps(telemetry)}\n{out}\n{err[-4000:]}\n")
         log.flush()
-    for line in p.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("PROFILE "):
             print(line, flush=True)
         if line.startswith("RESULT "):
@@ -115,9 +140,46 @@ def run_one(args, workload, variant, rnd, log, gpu=None):
             res["total_ms"] = sum(res["step_ms"])
             res["round"] = rnd
             res["variant"] = variant  # with its settings, as --variants named it
+            res.update(note or {})
             return res
-    print(f"{workload} {variant}: no result (rc={p.returncode}); see the log", file=sys.stderr)
+    print(f"{workload} {variant}: no result (rc={proc.returncode}); see the log", file=sys.stderr)
     return None
+
+
+def lockstep(args, workload, variants, rnd, log):
+    """A round's variants at once on one GPU, taking turns step by step (turns.py):
+    a ring of pipes, process j reading from pipe j and writing to pipe j + 1, the
+    first turn handed to the first. Every variant's step i then runs within one
+    ring's time of the others' on the same host. [(variant, result or None)]."""
+    pipes = [os.pipe() for _ in variants]
+    started = []
+    try:
+        for j, v in enumerate(variants):
+            turn_fds = (pipes[j][0], pipes[(j + 1) % len(variants)][1])
+            started.append((v, *launch(args, workload, v, turn_fds=turn_fds)))
+    finally:
+        # Only the processes hold the ring now: one that ends closes its ends, so
+        # the next reads end of file rather than waiting forever. The first turn
+        # is written before the launcher lets go of the first pipe.
+        if started:
+            os.write(pipes[0][1], b"t")
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+    ring = [v for v, _, _ in started]
+    with ThreadPoolExecutor(len(started)) as pool:
+        # Every process's output read at once (one blocked on a full pipe would
+        # stop the ring).
+        return list(pool.map(
+            lambda j: (started[j][0], collect(args, workload, started[j][0], rnd, log, started[j][1], started[j][2],
+                                              note={"lockstep": {"ring": ring, "position": j}})),
+            range(len(started))))
+
+
+def used_text(res):
+    """The process's device-used peak in GiB, or '-' where it could not be read."""
+    used = res.get("device_used_peak", 0)
+    return "-" if used is None else gib(used)
 
 
 def first_visible_gpu():
@@ -204,6 +266,10 @@ def main():
                    help="run a round's variants at once, each on a GPU of its own (one process per GPU), "
                         "the GPUs rotated between rounds so each variant meets each GPU; needs as many "
                         "GPUs as variants (not with --ddp)")
+    p.add_argument("--lockstep", action="store_true",
+                   help="run a round's variants at once on one GPU, taking turns step by step (turns.py): "
+                        "each step index of every variant on the same host stretch; the device-used peak "
+                        "is then each process's own, from NVML")
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--profile", metavar="DIR",
                    help="each process also runs 6 steps under PyTorch's profiler after its timed ones "
@@ -228,6 +294,8 @@ def main():
         return
     if args.gpus and (args.ddp or args.gpus < len(args.variants)):
         p.error("--gpus needs at least one GPU per variant and no --ddp")
+    if args.lockstep and (args.gpus or args.ddp or args.profile):
+        p.error("--lockstep runs a round's processes on one GPU: not with --gpus, --ddp or --profile")
     if args.first_round < 1:
         p.error("--first-round counts from 1")
     if any(os.path.abspath(r) == os.path.abspath(args.log) for r in args.resume or []):
@@ -254,7 +322,12 @@ def main():
                 for v in args.variants:
                     if (w, v, r) in finished:
                         print(f"round {r + 1} {w:10} {v:16} in a resumed log: not run again", flush=True)
-                if args.gpus:
+                if args.lockstep:
+                    # The ring's order rotates each round, its direction turns
+                    # every other round: each variant follows each other one.
+                    order = round_order(args.variants, w, r, finished)
+                    done = lockstep(args, w, order[::-1] if r % 2 else order, r, log)
+                elif args.gpus:
                     # Variant j on GPU (j + r) mod G: each variant moves to the
                     # next GPU every round.
                     with ThreadPoolExecutor(len(args.variants)) as pool:
@@ -270,7 +343,7 @@ def main():
                         clock = f"  SM {g['sm_mhz_median']:.0f} MHz (min {g['sm_mhz_min']:.0f})" if g.get("sm_mhz_median") else ""
                         clock += f"  GPU {g['device']}" if "device" in g else ""
                         print(f"round {r + 1} {w:10} {v:16} total {res['total_ms']:8.1f} ms  median {res['median_ms']:7.2f}"
-                              f" ms  reserved {gib(res['peak_reserved'])} GiB  device {gib(res.get('device_used_peak', 0))} GiB"
+                              f" ms  reserved {gib(res['peak_reserved'])} GiB  device {used_text(res)} GiB"
                               f"  loss {res['final_loss']:.5f}{clock}",
                               flush=True)
     # The rounds tabled: this run's and those of the run it resumed.
