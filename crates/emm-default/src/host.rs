@@ -39,9 +39,10 @@ struct Shared {
     capacity: usize,
     defer: Arc<DeferState>,
     queue: Mutex<Queue>,
-    /// `mempin` ranges whose unregistration the driver refused: still pinned, so
-    /// the next flush (or `mempin`, or the drop) tries again.
-    unpin_retry: Mutex<Vec<usize>>,
+    /// `mempin` ranges `(start, length)` whose unregistration the driver
+    /// refused: still pinned, so the next flush (or `mempin`, or the drop) tries
+    /// again.
+    unpin_retry: Mutex<Vec<(usize, usize)>>,
 }
 
 /// The last owner frees what is still queued (a process-wide manager is never
@@ -63,9 +64,15 @@ impl Drop for Shared {
             .unpin_retry
             .get_mut()
             .map(std::mem::take)
-            .unwrap_or_default();
-        if !still.is_empty() {
-            tracing::error!(ranges = still.len(), "host ranges whose unpinning the driver refused stay page-locked as their manager goes");
+            .unwrap_or_else(|p| std::mem::take(p.into_inner()));
+        for (addr, len) in still {
+            // SAFETY: registered by mempin in this context, its unregistration
+            // just refused again, and its owner gone: nobody unregisters it but
+            // the context's retry.
+            unsafe {
+                self.ctx
+                    .free_later(emm_driver::Orphan::Registration { addr, len })
+            };
         }
     }
 }
@@ -78,10 +85,10 @@ impl Shared {
         std::mem::take(&mut q.items)
     }
 
-    /// Unregisters `ptr` (a `mempin` range whose owner is gone); a refusal is
-    /// recorded on the context (reported by its next fallible call) and the range
-    /// kept for [`Shared::retry_unpins`].
-    fn unpin(&self, ptr: usize) {
+    /// Unregisters the range of `len` bytes at `ptr` (a `mempin` range whose
+    /// owner is gone); a refusal is recorded on the context (reported by its next
+    /// fallible call) and the range kept for [`Shared::retry_unpins`].
+    fn unpin(&self, ptr: usize, len: usize) {
         // SAFETY: registered by mempin; its owner is gone, and the range is
         // unregistered at most once (a refusal unregisters nothing).
         if let Err(e) = unsafe { memory::host_unregister(&self.ctx, ptr as *mut u8) } {
@@ -89,7 +96,7 @@ impl Shared {
             self.ctx.record_drop_error(e);
             if !gone {
                 let mut r = self.unpin_retry.lock().unwrap_or_else(|p| p.into_inner());
-                r.push(ptr);
+                r.push((ptr, len));
             }
         }
     }
@@ -98,8 +105,8 @@ impl Shared {
     fn retry_unpins(&self) {
         let retry =
             std::mem::take(&mut *self.unpin_retry.lock().unwrap_or_else(|p| p.into_inner()));
-        for ptr in retry {
-            self.unpin(ptr);
+        for (ptr, len) in retry {
+            self.unpin(ptr, len);
         }
     }
 
@@ -299,7 +306,7 @@ impl HostOnly {
                 Err(e) => {
                     // Registered just above: unregistered once, or (refused) kept
                     // for the next flush to try again rather than left pinned.
-                    self.shared.unpin(ptr as usize);
+                    self.shared.unpin(ptr as usize, len);
                     return Err(e.into());
                 }
             }
@@ -307,7 +314,7 @@ impl HostOnly {
             None
         };
         let shared = self.shared.clone();
-        let unpin = move |p: *mut u8, _: usize| shared.unpin(p as usize);
+        let unpin = move |p: *mut u8, len: usize| shared.unpin(p as usize, len);
         // SAFETY: the range stays pinned until `unpin` unregisters it.
         let pinned = unsafe { PinnedMemory::from_raw_parts(ptr, len, unpin) };
         Ok(match dptr {

@@ -39,6 +39,16 @@ pub enum Orphan {
         /// Its size.
         size: usize,
     },
+    /// A caller's host range registered with `cuMemHostRegister` (`mempin`)
+    /// whose unregistration the driver refused (`cuMemHostUnregister`); the
+    /// range is the caller's memory, pinned until then. A range the driver no
+    /// longer holds registered (`CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`) is done.
+    Registration {
+        /// The range's start.
+        addr: usize,
+        /// Its length.
+        len: usize,
+    },
     /// A mapping of `len` bytes at `addr` (`cuMemUnmap`).
     Mapping {
         /// The mapping's address.
@@ -71,7 +81,7 @@ impl Orphan {
             Orphan::Device { size, .. }
             | Orphan::StreamOrdered { size, .. }
             | Orphan::Host { size, .. } => size,
-            Orphan::Mapping { len, .. } => len,
+            Orphan::Mapping { len, .. } | Orphan::Registration { len, .. } => len,
             Orphan::Reservation { .. } | Orphan::Handle(_) | Orphan::MemPool(_) => 0,
         }
     }
@@ -419,6 +429,19 @@ fn destroy_one(drv: &'static Driver, d: Doomed) -> Result<()> {
             check(drv, "cuMemFreeHost", unsafe {
                 (drv.mem_free_host)(p as *mut core::ffi::c_void)
             })
+        }
+        Doomed::Orphan(Orphan::Registration { addr, .. }) => {
+            // SAFETY: a range this context registered, whose unregistration was
+            // refused; its owner no longer uses it pinned, and it is unregistered
+            // at most once more (above). The driver checks the address.
+            match check(drv, "cuMemHostUnregister", unsafe {
+                (drv.mem_host_unregister)(addr as *mut core::ffi::c_void)
+            }) {
+                Err(e) if e.code() == Some(emm_sys::CUresult::ERROR_HOST_MEMORY_NOT_REGISTERED) => {
+                    Ok(())
+                }
+                other => other,
+            }
         }
         Doomed::Orphan(Orphan::Mapping { addr, len }) => {
             let f = crate::error::optional(drv, drv.mem_unmap, "cuMemUnmap")?;

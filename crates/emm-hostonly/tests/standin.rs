@@ -165,6 +165,49 @@ fn the_managers_end_frees_blocks_whose_free_failed() {
     assert_eq!(counters(&f.s), base, "nothing leaked, nothing freed twice");
 }
 
+/// A `mempin` range whose unpinning the driver refuses even as its manager goes
+/// is handed to the context, not left pinned: the context's next synchronize
+/// unregisters it once the fault clears (before, the manager's drop logged it
+/// and the range stayed page-locked for the process's life).
+#[test]
+fn a_range_the_driver_would_not_unpin_goes_to_the_context_with_the_manager() {
+    let f = fixture();
+    let pinned_before = f.s.control("live_host").unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    {
+        let m = HostOnlyManager::new(&f.ctx).unwrap();
+        // SAFETY: `buf` outlives the pinned range and every retry of its unpinning.
+        let pinned = unsafe { m.mempin(buf.as_mut_ptr(), buf.len(), false) }.unwrap();
+        assert_eq!(f.s.control("live_host").unwrap(), pinned_before + 1);
+        f.s.control("fail_always cuMemHostUnregister CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        drop(pinned);
+        // The manager's own retry at its end is refused too.
+    }
+    assert_eq!(
+        f.s.control("live_host").unwrap(),
+        pinned_before + 1,
+        "still registered while the driver refuses"
+    );
+    assert!(
+        f.ctx.synchronize().is_err(),
+        "the refusals are reported to the context's next call"
+    );
+    let _ = f.ctx.take_deferred_errors();
+    f.s.reset().unwrap();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(
+        f.s.control("live_host").unwrap(),
+        pinned_before,
+        "the context unregistered the range once the driver took it"
+    );
+    // Done for good: another synchronize has nothing left to unregister.
+    let calls = f.s.control("calls cuMemHostUnregister").unwrap();
+    f.ctx.synchronize().unwrap();
+    assert_eq!(f.s.control("calls cuMemHostUnregister").unwrap(), calls);
+    drop(buf);
+}
+
 /// An explicit free ([`emm_core::DeviceAllocation::free`]) returns the refused
 /// free as [`EmmError::FreeFailed`] with the allocation, still live; freeing it
 /// again once the fault clears works. `reset` also frees blocks whose free failed.
