@@ -5,6 +5,7 @@ peer's, steady-host steps) and the fit at equal shapes and host speed (host_fit.
 
 import argparse
 import math
+import pathlib
 
 import pytest
 from conftest import load_gpu_script
@@ -666,3 +667,139 @@ def test_the_per_round_table_gives_the_ratios_interval(tables, capsys):
     out = capsys.readouterr().out
     g, lo, hi = tables.ratio_interval([1.10, 0.95, 1.04])
     assert f"emm-pool: the rounds' ratios, geometric mean {g:.3f}, 95 % interval {lo:.3f}-{hi:.3f}" in out, out
+
+
+turns = _script("turns", "turns")
+
+# A stand-in for train_bench.py under --lockstep: takes its turns as the real one
+# does (every step, then one more for the calibration) and prints the wall-clock
+# time of each turn in its RESULT line; the variant "die" ends at its third turn.
+_TAKER = r'''
+import argparse, json, sys, time
+sys.path.insert(0, sys.argv.pop(1))
+from turns import Turns
+p = argparse.ArgumentParser()
+for a in ("--variant", "--workload", "--steps", "--warmup", "--sdpa", "--shapes", "--turn-fds"):
+    p.add_argument(a)
+a = p.parse_args()
+t = Turns.parse(a.turn_fds)
+n = int(a.steps) + int(a.warmup)
+stamps, steps = [], []
+for i in range(n):
+    t.take()
+    stamps.append(time.time())
+    if a.variant == "die" and i == 2:
+        sys.exit(3)
+    time.sleep(0.002)
+    if i >= int(a.warmup):
+        steps.append(10.0 if a.variant == "native" else 11.0)
+    if i + 1 < n:
+        t.give()
+t.give()
+t.close()
+print("RESULT " + json.dumps({"variant": a.variant, "workload": a.workload, "steps": int(a.steps),
+      "shapes": a.shapes, "step_ms": steps, "device_ms": steps, "median_ms": steps[0], "final_loss": 0.0,
+      "peak_reserved": 1, "peak_allocated": 1, "driver_allocs": 0, "device_used_peak": None,
+      "lockstep": True, "stamps": stamps}))
+'''
+
+
+def _lockstep_args(rounds, tmp_path, monkeypatch, variants):
+    """train_rounds' arguments for `variants` under --lockstep, its processes the
+    stand-in above (launched with the directory of turns.py first)."""
+    script = tmp_path / "train_bench.py"
+    script.write_text(_TAKER)
+    monkeypatch.setattr(rounds, "HERE", tmp_path)
+    real = rounds.subprocess.Popen
+    here = str(pathlib.Path(rounds.__file__).parent)  # turns.py lies beside it
+    monkeypatch.setattr(rounds.subprocess, "Popen",
+                        lambda cmd, **kw: real([cmd[0], cmd[1], here, *cmd[2:]], **kw))
+    return argparse.Namespace(steps=6, warmup=2, sdpa="auto", shapes="fresh", profile=None, ddp=0, fsdp=False,
+                              pin=None, telemetry=False, timeout=30, variants=variants)
+
+
+def test_lockstep_runs_every_step_of_a_round_in_turn_around_the_ring(rounds, tmp_path, monkeypatch):
+    args = _lockstep_args(rounds, tmp_path, monkeypatch, ["native", "expandable", "emm-pool"])
+    with open(tmp_path / "run.log", "w") as log:
+        done = rounds.lockstep(args, "gpt2", ["emm-pool", "native", "expandable"], 0, log)
+    got = {v: res for v, res in done}
+    assert all(got.values()), done
+    turns_taken = sorted((t, v) for v, res in got.items() for t in res["stamps"])
+    order = [v for _, v in turns_taken]
+    # 8 steps and the calibration: each process's turns follow the ring's order.
+    assert order == ["emm-pool", "native", "expandable"] * 8, order
+    assert got["native"]["lockstep"] == {"ring": ["emm-pool", "native", "expandable"], "position": 1}
+
+
+def test_a_process_that_ends_early_ends_the_ring_without_a_hang(rounds, tmp_path, monkeypatch):
+    args = _lockstep_args(rounds, tmp_path, monkeypatch, ["native", "die", "emm-pool"])
+    with open(tmp_path / "run.log", "w") as log:
+        done = dict(rounds.lockstep(args, "gpt2", ["native", "die", "emm-pool"], 0, log))
+    assert done == {"native": None, "die": None, "emm-pool": None}
+    text = (tmp_path / "run.log").read_text()
+    assert "the process before this one in the ring ended" in text, text
+
+
+def test_turns_alternate_between_two_threads_and_a_closed_ring_reads_as_gone(turns):
+    import os
+    import threading
+
+    a_in, b_out = os.pipe()
+    b_in, a_out = os.pipe()
+    first, second = turns.Turns(a_in, a_out), turns.Turns(b_in, b_out)
+    seen = []
+
+    def run(me, name, n):
+        for _ in range(n):
+            me.take()
+            seen.append(name)
+            me.give()
+
+    os.write(b_out, b"t")  # the first turn is the first one's
+    ts = [threading.Thread(target=run, args=(first, "a", 4)), threading.Thread(target=run, args=(second, "b", 4))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(5)
+    assert seen == ["a", "b"] * 4
+    second.close()  # its end of the first's pipe too
+    os.read(a_in, 1)  # the last turn the second gave
+    with pytest.raises(turns.PeerGone):
+        first.take()
+    first.close()
+
+
+def test_turn_fds_must_be_two_numbers(turns):
+    assert turns.Turns.parse(None) is None
+    t = turns.Turns.parse("5,6")
+    assert (t.read_fd, t.write_fd) == (5, 6)
+    with pytest.raises(SystemExit, match="two descriptor numbers"):
+        turns.Turns.parse("5")
+
+
+def test_lockstep_pairs_give_each_rounds_per_step_ratio_and_its_interval(tables, capsys):
+    def run(v, r, steps):
+        return {"variant": v, "round": r, "lockstep": True, "step_ms": steps, "device_ms": [s / 2 for s in steps]}
+
+    peer = [100.0 + (i % 7) for i in range(40)]
+    mine = [p * 1.02 for p in peer]
+    results = {("bert", "expandable"): [run("expandable", 0, peer), run("expandable", 1, peer)],
+               ("bert", "emm-pool"): [run("emm-pool", 0, mine), run("emm-pool", 1, peer)]}
+    tables.lockstep_pairs("bert", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool / expandable | wall | 1 | 40 | 1.020 | 1.020-1.020 |" in out, out
+    assert "| emm-pool / expandable | wall | 2 | 40 | 1.000 | 1.000-1.000 |" in out, out
+    assert "| emm-pool / expandable | wall | all | 80 | 1.010 |" in out, out
+    assert "| emm-pool / expandable | device | 1 | 40 | 1.020 |" in out, out
+
+
+def test_lockstep_pairs_leave_out_rounds_that_did_not_take_turns(tables, capsys):
+    results = {("bert", "expandable"): [{"round": 0, "step_ms": [1.0] * 20}],
+               ("bert", "emm-pool"): [{"round": 0, "step_ms": [2.0] * 20}]}
+    tables.lockstep_pairs("bert", argparse.Namespace(variants=["expandable", "emm-pool"]), results)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_device_peak_the_process_could_not_read_is_a_dash(rounds):
+    assert rounds.used_text({"device_used_peak": None}) == "-"
+    assert rounds.used_text({"device_used_peak": 2 << 30}) == "2.00"

@@ -5,7 +5,7 @@ the order rotated each round, one process each; then one table per workload.
                             [--variants native expandable emm-pool emm-hostonly
                                         emm-pool:EMM_POOL_WAIT_PARKED=0]
                             [--steps 30] [--warmup 6] [--ddp G] [--shapes fresh|bucketed]
-                            [--pin CPUS] [--gpus G] [--log FILE] [--no-telemetry]
+                            [--pin CPUS] [--gpus G | --lockstep] [--log FILE] [--no-telemetry]
                             [--first-round N] [--resume LOG]
     python3 train_rounds.py --from-log FILE [FILE ...]
 
@@ -22,6 +22,11 @@ the same machine, which nothing here checks (nor the warmup).
 --gpus G runs a round's variants at once, one per GPU, each variant moving to the
 next GPU every round (G >= the variants; one GPU's speed then weighs on every
 variant alike over G rounds).
+--lockstep runs a round's variants at once on one GPU, taking turns step by step
+(turns.py: a ring of pipes; the ring's order rotates each round and its direction
+turns every other round), so each step index of every variant runs on the same
+stretch of the host; the tables then add each of emm's variants beside each
+PyTorch variant step by step, with a 95 % interval over blocks of ten steps.
 Prints, per workload and variant: the time of all timed steps of a process (what
 the user waits for: an epoch of those steps), median over rounds and its spread;
 the median of each round's median step; the median and mean of every timed step of
