@@ -12,6 +12,12 @@ The processes form a ring of pipes made by the launcher: a process reads one byt
 from the pipe before it (its turn) and writes it to the pipe after it (the next
 one's turn). Only the process holding the byte launches work, so the GPU runs one
 process's step at a time.
+
+What a process does outside its turn is not in its steps' times: emm's pool
+unmaps moved pieces on a helper thread (`EMM_POOL_BACKGROUND_UNMAP`), whose work
+after a step may fall in the next process's turn (its CPU time was 0.09-0.30 s
+over a whole process in run 368). `lockstep_rounds.sh` runs emm's pool with the
+helper off beside it, which keeps that work inside emm's own turns.
 """
 import os
 
