@@ -6,6 +6,7 @@ peer's, steady-host steps) and the fit at equal shapes and host speed (host_fit.
 import argparse
 import math
 import pathlib
+import statistics
 
 import pytest
 from conftest import load_gpu_script
@@ -791,6 +792,20 @@ def test_lockstep_pairs_give_each_rounds_per_step_ratio_and_its_interval(tables,
     assert "| emm-pool / expandable | wall | 2 | 40 | 1.000 | 1.000-1.000 |" in out, out
     assert "| emm-pool / expandable | wall | all | 80 | 1.010 |" in out, out
     assert "| emm-pool / expandable | device | 1 | 40 | 1.020 |" in out, out
+
+
+def test_the_lockstep_interval_widens_with_blocks_that_disagree(tables):
+    # Blocks of ten steps at 1.03 and 1.01 by turns: the mean between them, and an
+    # interval (Student's t over four block means, 3 degrees of freedom) that
+    # holds it and both blocks' figures but not 1.00.
+    logs = [math.log(1.03 if (i // 10) % 2 == 0 else 1.01) for i in range(40)]
+    g, lo, hi = tables.block_interval(logs)
+    assert g == pytest.approx(math.sqrt(1.03 * 1.01), rel=1e-9)
+    half = 3.182 * statistics.stdev([math.log(1.03), math.log(1.01)] * 2) / 2
+    assert (lo, hi) == pytest.approx((g * math.exp(-half), g * math.exp(half)), rel=1e-9)
+    assert 1.0 < lo < 1.01 and 1.03 < hi
+    # A single block gives no interval.
+    assert tables.block_interval(logs[:10])[1:] == (None, None)
 
 
 def test_lockstep_pairs_leave_out_rounds_that_did_not_take_turns(tables, capsys):
