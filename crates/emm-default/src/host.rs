@@ -283,7 +283,12 @@ impl HostOnly {
     }
 
     /// NBEP 7 `mempin`: page-locks the caller's range (portable; mapped when
-    /// `mapped`); unpinned at once when the result drops.
+    /// `mapped`); unpinned at once when the result drops. An unpinning the
+    /// driver refuses is tried again later: by this manager's next flush or
+    /// `mempin`, and once the manager is gone by its context
+    /// ([`emm_driver::Orphan::Registration`]); the range stays registered with
+    /// the driver until then. A range another manager's refused unpinning
+    /// still holds registered is unpinned by the context's retry first.
     ///
     /// # Safety
     /// `[ptr, ptr+len)` must be a live host allocation that outlives the result.
@@ -299,7 +304,17 @@ impl HostOnly {
         let ctx = self.shared.ctx.clone();
         let flags = host_register::PORTABLE | if mapped { host_register::DEVICEMAP } else { 0 };
         // SAFETY: forwarded to the caller.
-        unsafe { memory::host_register(&ctx, ptr, len, flags) }?;
+        match unsafe { memory::host_register(&ctx, ptr, len, flags) } {
+            Err(e) if e.code() == Some(emm_sys::CUresult::ERROR_HOST_MEMORY_ALREADY_REGISTERED) => {
+                // A manager that went may have handed this range to the context,
+                // its unpinning refused: the context's retry first (quiet: a
+                // refusal there stays for its next synchronize), then once more.
+                ctx.retry_destroys_in_trim();
+                // SAFETY: as above.
+                unsafe { memory::host_register(&ctx, ptr, len, flags) }?;
+            }
+            other => other?,
+        }
         let dptr = if mapped {
             match memory::host_device_pointer(&ctx, ptr) {
                 Ok(d) => Some(d),

@@ -195,16 +195,48 @@ fn a_range_the_driver_would_not_unpin_goes_to_the_context_with_the_manager() {
     );
     let _ = f.ctx.take_deferred_errors();
     f.s.reset().unwrap();
+    let calls = f.s.control("calls cuMemHostUnregister").unwrap();
     f.ctx.synchronize().unwrap();
     assert_eq!(
         f.s.control("live_host").unwrap(),
         pinned_before,
         "the context unregistered the range once the driver took it"
     );
-    // Done for good: another synchronize has nothing left to unregister.
-    let calls = f.s.control("calls cuMemHostUnregister").unwrap();
+    // Once, and done for good: another synchronize has nothing left to
+    // unregister.
+    assert_eq!(f.s.control("calls cuMemHostUnregister").unwrap(), calls + 1);
     f.ctx.synchronize().unwrap();
-    assert_eq!(f.s.control("calls cuMemHostUnregister").unwrap(), calls);
+    assert_eq!(f.s.control("calls cuMemHostUnregister").unwrap(), calls + 1);
+    drop(buf);
+}
+
+/// Another manager pinning a range that a gone manager's refused unpinning
+/// left registered (handed to the context) gets it: the context's retry
+/// unregisters it first, instead of `mempin` failing with "already
+/// registered" until the context's next synchronize.
+#[test]
+fn a_range_left_registered_by_a_gone_manager_can_be_pinned_again() {
+    let f = fixture();
+    let pinned_before = f.s.control("live_host").unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    {
+        let m = HostOnlyManager::new(&f.ctx).unwrap();
+        // SAFETY: `buf` outlives the pinned range and every retry of its unpinning.
+        let pinned = unsafe { m.mempin(buf.as_mut_ptr(), buf.len(), false) }.unwrap();
+        f.s.control("fail_always cuMemHostUnregister CUDA_ERROR_UNKNOWN")
+            .unwrap();
+        drop(pinned);
+    }
+    f.s.reset().unwrap();
+    let _ = f.ctx.take_deferred_errors();
+    let other = HostOnlyManager::new(&f.ctx).unwrap();
+    // SAFETY: as above.
+    let again = unsafe { other.mempin(buf.as_mut_ptr(), buf.len(), true) }
+        .expect("the context's retry unregistered the old range first");
+    assert_eq!(f.s.control("live_host").unwrap(), pinned_before + 1);
+    drop(again);
+    assert_eq!(f.s.control("live_host").unwrap(), pinned_before);
+    assert!(f.ctx.take_deferred_errors().is_empty());
     drop(buf);
 }
 
