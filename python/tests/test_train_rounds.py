@@ -673,12 +673,13 @@ def test_the_per_round_table_gives_the_ratios_interval(tables, capsys):
 turns = _script("turns", "turns")
 
 # A stand-in for train_bench.py under --lockstep: takes its turns as the real one
-# does (every step, then one more for the calibration) and prints the wall-clock
-# time of each turn in its RESULT line; the variant "die" ends at its third turn.
+# does (one a step, then one more to wait for every process's last step) and
+# prints the wall-clock time of each step's turn in its RESULT line; the variant
+# "die" ends at its third turn.
 _TAKER = r'''
 import argparse, json, sys, time
 sys.path.insert(0, sys.argv.pop(1))
-from turns import Turns
+from turns import PeerGone, Turns
 p = argparse.ArgumentParser()
 for a in ("--variant", "--workload", "--steps", "--warmup", "--sdpa", "--shapes", "--turn-fds"):
     p.add_argument(a)
@@ -696,6 +697,11 @@ for i in range(n):
         steps.append(10.0 if a.variant == "native" else 11.0)
     if i + 1 < n:
         t.give()
+t.give()
+try:
+    t.take()
+except PeerGone:
+    pass
 t.give()
 t.close()
 print("RESULT " + json.dumps({"variant": a.variant, "workload": a.workload, "steps": int(a.steps),
@@ -727,7 +733,7 @@ def test_lockstep_runs_every_step_of_a_round_in_turn_around_the_ring(rounds, tmp
     assert all(got.values()), done
     turns_taken = sorted((t, v) for v, res in got.items() for t in res["stamps"])
     order = [v for _, v in turns_taken]
-    # 8 steps and the calibration: each process's turns follow the ring's order.
+    # 8 steps: each process's turns follow the ring's order.
     assert order == ["emm-pool", "native", "expandable"] * 8, order
     assert got["native"]["lockstep"] == {"ring": ["emm-pool", "native", "expandable"], "position": 1}
 
@@ -790,7 +796,7 @@ def test_lockstep_pairs_give_each_rounds_per_step_ratio_and_its_interval(tables,
     out = capsys.readouterr().out
     assert "| emm-pool / expandable | wall | 1 | 40 | 1.020 | 1.020-1.020 |" in out, out
     assert "| emm-pool / expandable | wall | 2 | 40 | 1.000 | 1.000-1.000 |" in out, out
-    assert "| emm-pool / expandable | wall | all | 80 | 1.010 |" in out, out
+    assert "| emm-pool / expandable | wall | all (2) | 80 | 1.010 |" in out, out
     assert "| emm-pool / expandable | device | 1 | 40 | 1.020 |" in out, out
 
 
@@ -805,7 +811,54 @@ def test_the_lockstep_interval_widens_with_blocks_that_disagree(tables):
     assert (lo, hi) == pytest.approx((g * math.exp(-half), g * math.exp(half)), rel=1e-9)
     assert 1.0 < lo < 1.01 and 1.03 < hi
     # A single block gives no interval.
-    assert tables.block_interval(logs[:10])[1:] == (None, None)
+    assert tables.block_interval(logs[:19])[1:] == (None, None)
+    # A remainder joins the last block; the centre stays the mean of every step.
+    g, lo, hi = tables.block_interval(logs[:25])
+    assert g == pytest.approx(math.exp(statistics.mean(logs[:25])), rel=1e-12)
+    blocks = [statistics.mean(logs[:10]), statistics.mean(logs[10:25])]
+    half = 12.706 * statistics.stdev(blocks) / math.sqrt(2)
+    assert (lo, hi) == pytest.approx((g * math.exp(-half), g * math.exp(half)), rel=1e-9)
+
+
+def test_a_further_emm_variant_is_paired_with_the_first_too(tables, capsys):
+    def run(v, steps):
+        return {"variant": v, "round": 0, "lockstep": True, "step_ms": steps}
+
+    results = {("bert", "native"): [run("native", [10.0] * 20)],
+               ("bert", "emm-pool"): [run("emm-pool", [11.0] * 20)],
+               ("bert", "emm-pool:X=1"): [run("emm-pool:X=1", [12.1] * 20)]}
+    tables.lockstep_pairs("bert", argparse.Namespace(variants=["native", "emm-pool", "emm-pool:X=1"]), results)
+    out = capsys.readouterr().out
+    assert "| emm-pool:X=1 / native | wall | 1 | 20 | 1.210 |" in out, out
+    assert "| emm-pool:X=1 / emm-pool | wall | 1 | 20 | 1.100 |" in out, out
+    assert "/ emm-pool:X=1 |" not in out, out
+
+
+def test_a_lockstep_round_without_variants_runs_nothing(rounds, tmp_path):
+    with open(tmp_path / "run.log", "w") as log:
+        assert rounds.lockstep(argparse.Namespace(), "gpt2", [], 0, log) == []
+
+
+def test_lockstep_refuses_to_resume(rounds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["train_rounds.py", "--lockstep", "--resume", str(tmp_path / "a.log"),
+                                     "--log", str(tmp_path / "b.log")])
+    with pytest.raises(SystemExit):
+        rounds.main()
+    assert "not with --resume" in capsys.readouterr().err
+
+
+def test_a_process_past_its_time_is_stopped_and_logged(rounds, tmp_path):
+    import subprocess
+    import sys
+
+    args = argparse.Namespace(timeout=1)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "run.log", "w") as log:
+        assert rounds.collect(args, "gpt2", "native", 0, log, proc, None) is None
+    assert proc.poll() is not None, "the process was ended"
+    text = (tmp_path / "run.log").read_text()
+    assert "started" in text and "stopped after --timeout 1 s" in text, text
 
 
 def test_lockstep_pairs_leave_out_rounds_that_did_not_take_turns(tables, capsys):

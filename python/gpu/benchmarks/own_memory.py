@@ -7,6 +7,7 @@ installed on the GPU machine.
 """
 import ctypes
 import os
+import sys
 
 
 class _ProcessInfo(ctypes.Structure):
@@ -15,34 +16,48 @@ class _ProcessInfo(ctypes.Structure):
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
+# NVML's usedGpuMemory when it cannot say (NVML_VALUE_NOT_AVAILABLE).
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+
+
 class OwnMemory:
     """Reads the bytes NVML counts for this process on the GPU whose UUID is given
     (`torch.cuda.get_device_properties(dev).uuid`). `read()` gives None where NVML
-    cannot say (no library, a call refused, the process not listed)."""
+    cannot say: no library or entry point, a call refused, a figure not available,
+    or this process not in the list (a driver that lists processes by the host's
+    process ids in a container; the first such miss is written to stderr with the
+    ids listed)."""
 
     def __init__(self, uuid):
-        self.lib = None
+        self.query = None
         self.device = ctypes.c_void_p()
+        self.told = False
         try:
             lib = ctypes.CDLL("libnvidia-ml.so.1")
+            query = lib.nvmlDeviceGetComputeRunningProcesses_v3
             if lib.nvmlInit_v2() != 0:
                 return
             name = f"GPU-{uuid}" if not str(uuid).startswith("GPU-") else str(uuid)
             if lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(self.device)) != 0:
                 return
-            self.lib = lib
+            self.query = query
         except (OSError, AttributeError):
-            self.lib = None
+            self.query = None
 
     def read(self):
-        if self.lib is None:
+        if self.query is None:
             return None
         count = ctypes.c_uint(64)
         infos = (_ProcessInfo * 64)()
-        if self.lib.nvmlDeviceGetComputeRunningProcesses_v3(self.device, ctypes.byref(count), infos) != 0:
+        if self.query(self.device, ctypes.byref(count), infos) != 0:
             return None
         me = os.getpid()
-        for info in infos[:count.value]:
+        listed = infos[:min(count.value, 64)]
+        for info in listed:
             if info.pid == me:
-                return info.usedGpuMemory
+                return None if info.usedGpuMemory == NOT_AVAILABLE else info.usedGpuMemory
+        if not self.told:
+            self.told = True
+            print(f"own_memory: process {me} is not among those NVML lists on the device "
+                  f"({[i.pid for i in listed]}); its device-used peak is not read", file=sys.stderr)
         return None

@@ -497,39 +497,42 @@ BLOCK = 10
 
 def lockstep_pairs(w, args, results):
     """Rounds whose processes took turns step by step (train_rounds.py --lockstep):
-    each of emm's variants beside each PyTorch variant step index by step index
+    each of emm's variants beside each PyTorch variant, and each further emm
+    variant beside the first (a setting's own cost), step index by step index
     (the same shapes, run within one turn of the ring of each other), for the
-    steps' wall time and their device time (CUDA events). Per round and over all
-    lockstep rounds: the geometric mean of the per-index ratios and its 95 %
-    interval (Student's t over the means of blocks of BLOCK consecutive
-    indices)."""
+    steps' wall time and their device time (CUDA events). Per round: the
+    geometric mean of the per-index ratios and its 95 % interval (Student's t
+    over the means of blocks of BLOCK consecutive indices, the batch-means
+    method). Over the rounds: the geometric mean of the rounds' figures and its
+    interval over the rounds (what differs between rings, their order and the
+    processes' memory, varies by round, so the rounds are what count)."""
     peers = [v for v in args.variants if is_peer(v)]
     others = [v for v in args.variants if v not in peers]
     rounds = sorted({x["round"] for v in args.variants for x in results.get((w, v), []) if x.get("lockstep")})
     if not peers or not others or not rounds:
         return
-    print(f"\n{w}, lockstep rounds ({len(rounds)}): each step beside the same step index of a PyTorch variant, "
+    print(f"\n{w}, lockstep rounds ({len(rounds)}): each step beside the same step index of another variant, "
           f"taken in turns on one GPU; geometric mean of the per-step ratios, 95 % interval over blocks of "
-          f"{BLOCK} steps")
-    print("| variant / peer | time | round | steps paired | ratio | 95 % interval |")
+          f"{BLOCK} steps (a round) or over the rounds (all)")
+    print("| variant / beside | time | round | steps paired | ratio | 95 % interval |")
     print("|---|---|---|---|---|---|")
-    for v in others:
-        for peer in peers:
-            for key, label in (("step_ms", "wall"), ("device_ms", "device")):
-                pooled = []
-                for r in rounds + ([None] if len(rounds) > 1 else []):
-                    if r is None:
-                        logs = pooled
-                        name = "all"
-                    else:
-                        logs = pair_logs(results, w, v, peer, r, key)
-                        pooled.extend(logs)
-                        name = str(r + 1)
-                    if not logs:
-                        continue
-                    g, lo, hi = block_interval(logs)
-                    band = "-" if lo is None else f"{lo:.3f}-{hi:.3f}"
-                    print(f"| {v} / {peer} | {label} | {name} | {len(logs)} | {g:.3f} | {band} |")
+    pairs = [(v, peer) for v in others for peer in peers] + [(v, others[0]) for v in others[1:]]
+    for v, peer in pairs:
+        for key, label in (("step_ms", "wall"), ("device_ms", "device")):
+            means = []
+            paired = 0
+            for r in rounds:
+                logs = pair_logs(results, w, v, peer, r, key)
+                if not logs:
+                    continue
+                g, lo, hi = block_interval(logs)
+                means.append(math.log(g))
+                paired += len(logs)
+                band = "-" if lo is None else f"{lo:.3f}-{hi:.3f}"
+                print(f"| {v} / {peer} | {label} | {r + 1} | {len(logs)} | {g:.3f} | {band} |")
+            if len(means) > 1:
+                g, lo, hi = ratio_interval([math.exp(m) for m in means])
+                print(f"| {v} / {peer} | {label} | all ({len(means)}) | {paired} | {g:.3f} | {lo:.3f}-{hi:.3f} |")
 
 
 def pair_logs(results, w, v, peer, rnd, key):
@@ -546,16 +549,16 @@ def pair_logs(results, w, v, peer, rnd, key):
 
 def block_interval(logs):
     """The geometric mean of the ratios whose logs are `logs`, and its 95 %
-    interval from Student's t over the means of consecutive blocks of BLOCK (the
-    last block may be shorter): (mean, low, high), low and high None under two
-    blocks."""
-    g = math.exp(statistics.mean(logs))
-    blocks = [statistics.mean(logs[i:i + BLOCK]) for i in range(0, len(logs), BLOCK)]
-    if len(blocks) < 2:
-        return g, None, None
-    half = (T95[len(blocks) - 2] if len(blocks) - 1 <= len(T95) else 1.960) * statistics.stdev(blocks) / math.sqrt(len(blocks))
-    m = statistics.mean(blocks)
-    return g, math.exp(m - half), math.exp(m + half)
+    interval by batch means: Student's t over the means of consecutive blocks of
+    BLOCK (a remainder joins the last block), centred on the mean of all logs:
+    (mean, low, high), low and high None under two blocks."""
+    m = statistics.mean(logs)
+    k = len(logs) // BLOCK
+    if k < 2:
+        return math.exp(m), None, None
+    blocks = [statistics.mean(logs[i * BLOCK:(i + 1) * BLOCK if i < k - 1 else len(logs)]) for i in range(k)]
+    half = (T95[k - 2] if k - 1 <= len(T95) else 1.960) * statistics.stdev(blocks) / math.sqrt(k)
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom, 1 to 30; past 30

@@ -80,7 +80,7 @@ import sys
 import time
 
 from own_memory import OwnMemory  # the modules beside this script
-from turns import Turns
+from turns import PeerGone, Turns
 
 VARIANTS = ("native", "expandable", "emm-pool", "emm-pool-prev", "emm-pool-pluggable", "emm-pool-novmm",
             "emm-pool-nocache",
@@ -115,8 +115,10 @@ def parse():
     p.add_argument("--snapshot", metavar="FILE", help="record PyTorch's memory history and dump it here")
     p.add_argument("--turn-fds", metavar="IN,OUT",
                    help="take turns with other processes on the same GPU (train_rounds.py --lockstep, "
-                        "turns.py): read a byte from descriptor IN before each step and the calibration, "
-                        "write it to OUT after; the device-used peak is then this process's own (NVML)")
+                        "turns.py): read a byte from descriptor IN before each step (the last step's turn "
+                        "holds the calibration too) and write it to OUT after, then wait one turn more so "
+                        "that no process ends while another still times steps; the device-used peak is "
+                        "then this process's own (NVML)")
     args = p.parse_args()
     if args.turn_fds and (args.ddp or args.profile or args.snapshot):
         p.error("--turn-fds is for one process a variant on one GPU: not with --ddp, --profile or --snapshot")
@@ -585,7 +587,14 @@ def main():
     calib = calibrate(dev)
     if turns:
         # The calibration in the same turn as the last step: no other process's
-        # work beside it. Then the ring goes on without this process.
+        # work beside it. Then one turn more, which comes once every process
+        # has timed its last step, so that none tears down (tens of GiB freed)
+        # beside another's timed steps; then the ring goes on without this one.
+        turns.give()
+        try:
+            turns.take()
+        except PeerGone:
+            pass  # the one before ended after its last step: nothing waits
         turns.give()
         turns.close()
     if args.snapshot:

@@ -24,7 +24,8 @@ next GPU every round (G >= the variants; one GPU's speed then weighs on every
 variant alike over G rounds).
 --lockstep runs a round's variants at once on one GPU, taking turns step by step
 (turns.py: a ring of pipes; the ring's order rotates each round and its direction
-turns every other round), so each step index of every variant runs on the same
+turns every other round, so with three variants each follows each other one), so
+each step index of every variant runs on the same
 stretch of the host; the tables then add each of emm's variants beside each
 PyTorch variant step by step, with a 95 % interval over blocks of ten steps.
 Prints, per workload and variant: the time of all timed steps of a process (what
@@ -108,22 +109,28 @@ def launch(args, workload, variant, gpu=None, turn_fds=None):
         for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
             env.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
     sampler = Telemetry(gpu) if args.telemetry else None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            pass_fds=tuple(turn_fds or ()))
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                pass_fds=tuple(turn_fds or ()))
+    except BaseException:
+        if sampler:
+            sampler.stop()
+        raise
     return proc, sampler
 
 
 def collect(args, workload, variant, rnd, log, proc, sampler, gpu=None, note=None):
-    """Waits for a process `launch` started (killed past --timeout), logs its
-    output and returns its RESULT record with the round, telemetry and total (and
-    `note`'s keys), or None."""
+    """Waits for a process `launch` started, logs its output and returns its
+    RESULT record with the round, telemetry and total (and `note`'s keys), or
+    None. Past --timeout it is stopped (SIGTERM, which torchrun passes on to its
+    workers, then SIGKILL), what it wrote is logged and the run goes on
+    without it."""
     try:
         try:
             out, err = proc.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            err += f"\ntrain_rounds: killed after --timeout {args.timeout} s"
+            out, err = stop(proc)
+            err += f"\ntrain_rounds: stopped after --timeout {args.timeout} s"
     finally:
         samples = sampler.stop() if sampler else []
     window = None
@@ -151,11 +158,28 @@ def collect(args, workload, variant, rnd, log, proc, sampler, gpu=None, note=Non
     return None
 
 
+def stop(proc):
+    """Ends a process past its time and reads what it wrote: SIGTERM first (torchrun
+    stops its workers, which hold the output pipes, on it), SIGKILL after 30 s;
+    ("", "") where the pipes are still held after that."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "", ""
+
+
 def lockstep(args, workload, variants, rnd, log):
     """A round's variants at once on one GPU, taking turns step by step (turns.py):
     a ring of pipes, process j reading from pipe j and writing to pipe j + 1, the
     first turn handed to the first. Every variant's step i then runs within one
     ring's time of the others' on the same host. [(variant, result or None)]."""
+    if not variants:
+        return []
     pipes = [os.pipe() for _ in variants]
     started = []
     try:
@@ -301,6 +325,9 @@ def main():
         p.error("--gpus needs at least one GPU per variant and no --ddp")
     if args.lockstep and (args.gpus or args.ddp or args.profile):
         p.error("--lockstep runs a round's processes on one GPU: not with --gpus, --ddp or --profile")
+    if args.lockstep and args.resume:
+        # A round's processes pair up step by step only within one ring.
+        p.error("--lockstep runs each round whole: not with --resume (go on with --first-round)")
     if args.first_round < 1:
         p.error("--first-round counts from 1")
     if any(os.path.abspath(r) == os.path.abspath(args.log) for r in args.resume or []):
