@@ -165,6 +165,22 @@ fn the_managers_end_frees_blocks_whose_free_failed() {
     assert_eq!(counters(&f.s), base, "nothing leaked, nothing freed twice");
 }
 
+/// Pins `buf` through a manager made for it, then drops the pinned range and the
+/// manager while the driver refuses every unpinning (the fault stays set).
+/// `buf` must outlive every retry of the unpinning (the caller drops it last).
+fn pin_and_refuse_its_unpinning(f: &Fixture, buf: &mut [u8]) {
+    let pinned_before = f.s.control("live_host").unwrap();
+    let m = HostOnlyManager::new(&f.ctx).unwrap();
+    // SAFETY: the caller keeps `buf` past every retry of its unpinning.
+    let pinned = unsafe { m.mempin(buf.as_mut_ptr(), buf.len(), false) }.unwrap();
+    assert_eq!(f.s.control("live_host").unwrap(), pinned_before + 1);
+    f.s.control("fail_always cuMemHostUnregister CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    drop(pinned);
+    // The manager's own retry at its end is refused too.
+    drop(m);
+}
+
 /// A `mempin` range whose unpinning the driver refuses even as its manager goes
 /// is handed to the context, not left pinned: the context's next synchronize
 /// unregisters it once the fault clears (before, the manager's drop logged it
@@ -174,16 +190,7 @@ fn a_range_the_driver_would_not_unpin_goes_to_the_context_with_the_manager() {
     let f = fixture();
     let pinned_before = f.s.control("live_host").unwrap();
     let mut buf = vec![0u8; 1 << 16];
-    {
-        let m = HostOnlyManager::new(&f.ctx).unwrap();
-        // SAFETY: `buf` outlives the pinned range and every retry of its unpinning.
-        let pinned = unsafe { m.mempin(buf.as_mut_ptr(), buf.len(), false) }.unwrap();
-        assert_eq!(f.s.control("live_host").unwrap(), pinned_before + 1);
-        f.s.control("fail_always cuMemHostUnregister CUDA_ERROR_UNKNOWN")
-            .unwrap();
-        drop(pinned);
-        // The manager's own retry at its end is refused too.
-    }
+    pin_and_refuse_its_unpinning(&f, &mut buf);
     assert_eq!(
         f.s.control("live_host").unwrap(),
         pinned_before + 1,
@@ -219,14 +226,7 @@ fn a_range_left_registered_by_a_gone_manager_can_be_pinned_again() {
     let f = fixture();
     let pinned_before = f.s.control("live_host").unwrap();
     let mut buf = vec![0u8; 1 << 16];
-    {
-        let m = HostOnlyManager::new(&f.ctx).unwrap();
-        // SAFETY: `buf` outlives the pinned range and every retry of its unpinning.
-        let pinned = unsafe { m.mempin(buf.as_mut_ptr(), buf.len(), false) }.unwrap();
-        f.s.control("fail_always cuMemHostUnregister CUDA_ERROR_UNKNOWN")
-            .unwrap();
-        drop(pinned);
-    }
+    pin_and_refuse_its_unpinning(&f, &mut buf);
     f.s.reset().unwrap();
     let _ = f.ctx.take_deferred_errors();
     let other = HostOnlyManager::new(&f.ctx).unwrap();
