@@ -20,6 +20,11 @@ def gib(n):
     return f"{n / 2**30:.2f}"
 
 
+def gib_or_dash(n):
+    """`gib(n)`, or '-' for a figure that could not be read (None)."""
+    return "-" if n is None else gib(n)
+
+
 # Counters whose change over a step means the allocator called the driver for
 # memory in it (allocations, frees, pieces mapped or moved, synchronizations).
 DRIVER_WORK = ("num_device_alloc", "num_device_free", "pieces_mapped", "pieces_moved", "pieces_unmapped",
@@ -82,7 +87,7 @@ def tables(args, results):
             print(f"| {v} | {statistics.median(totals):.1f} | {min(totals):.1f}-{max(totals):.1f} | "
                   f"{statistics.median(meds):.2f} | {statistics.mean(meds):.2f} ({each}) | "
                   f"{statistics.median(steps):.2f} / {statistics.mean(steps):.2f} | {busy} of {len(steps)} | "
-                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {'-' if device is None else gib(device)} | {max(x['driver_allocs'] for x in rs)} | "
+                  f"{gib(res)} | {gib(alloc)} | {ratio:.3f} | {gib_or_dash(device)} | {max(x['driver_allocs'] for x in rs)} | "
                   f"{rs[-1]['final_loss']:.5f} |")
         device_time(w, args, results)
         steady(w, args, results)

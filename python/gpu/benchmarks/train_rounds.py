@@ -70,7 +70,7 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the modules beside this file (python/gpu is no package)
 from round_variants import split_variant  # noqa: E402
-from rounds_tables import gib, tables  # noqa: E402
+from rounds_tables import gib, gib_or_dash, tables  # noqa: E402
 
 
 LOG_LOCK = threading.Lock()
@@ -207,8 +207,7 @@ def lockstep(args, workload, variants, rnd, log):
 
 def used_text(res):
     """The process's device-used peak in GiB, or '-' where it could not be read."""
-    used = res.get("device_used_peak", 0)
-    return "-" if used is None else gib(used)
+    return gib_or_dash(res.get("device_used_peak", 0))
 
 
 def first_visible_gpu():
@@ -356,7 +355,8 @@ def main():
                         print(f"round {r + 1} {w:10} {v:16} in a resumed log: not run again", flush=True)
                 if args.lockstep:
                     # The ring's order rotates each round, its direction turns
-                    # every other round: each variant follows each other one.
+                    # every other round: with three variants each follows each
+                    # other one (with more, a ring's neighbours stay neighbours).
                     order = round_order(args.variants, w, r, finished)
                     done = lockstep(args, w, order[::-1] if r % 2 else order, r, log)
                 elif args.gpus:
